@@ -1,0 +1,68 @@
+# gpuhealth: everything a developer or CI runs. See README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BUILD := build
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help venv control-plane lint typecheck unit integration test demo bench chaos cluster-up cluster-down clean
+
+help:
+	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
+	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
+	@echo "make bench         performance report on 1,000 fake GPU nodes"
+	@echo "make chaos         fault-injection suite"
+	@echo "make cluster-up    start a local control plane with fake GPU nodes (make cluster-down stops it)"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	@touch $@
+
+venv: $(STAMP)
+
+# Builds (first time) or finds (cached) the control-plane binaries; fails loudly.
+control-plane:
+	@bash hack/build-control-plane.sh >/dev/null
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check operator tests hack
+	$(VENV)/bin/ruff format --check operator tests hack
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	@mkdir -p $(BUILD)
+	$(PY) -m pytest tests/unit -q --junitxml=$(BUILD)/junit-unit.xml
+
+integration: $(STAMP) control-plane
+	@mkdir -p $(BUILD)
+	$(PY) -m pytest tests/integration -q --junitxml=$(BUILD)/junit-integration.xml
+
+test: $(STAMP) control-plane lint typecheck
+	@mkdir -p $(BUILD)
+	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
+
+demo: $(STAMP) control-plane
+	$(PY) hack/demo.py $(DEMO_ARGS)
+
+bench: $(STAMP) control-plane
+	$(PY) hack/bench.py $(BENCH_ARGS)
+
+chaos: $(STAMP) control-plane
+	$(PY) hack/chaos.py $(CHAOS_ARGS)
+
+cluster-up: $(STAMP) control-plane
+	$(PY) hack/cluster.py up $(CLUSTER_ARGS)
+
+cluster-down: $(STAMP)
+	$(PY) hack/cluster.py down
+
+clean:
+	rm -rf $(BUILD)

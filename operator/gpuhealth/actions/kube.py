@@ -1,0 +1,136 @@
+"""The operator's only door to the Kubernetes API (plain dicts in, plain dicts out).
+
+Every call here is one request; callers own retries and conflict handling. Objects are returned as
+JSON dicts, not the client's model classes, which are slow to build for thousands of Nodes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.api.timeutil import format_time_precise
+
+log = logging.getLogger(__name__)
+
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+def load_config(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig."""
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = 32
+    return client.ApiClient(cfg)
+
+
+def status_of(e: BaseException) -> int:
+    return int(getattr(e, "status", 0) or 0)
+
+
+def is_conflict(e: BaseException) -> bool:
+    return isinstance(e, ApiException) and e.status == 409
+
+
+def is_not_found(e: BaseException) -> bool:
+    return isinstance(e, ApiException) and e.status == 404
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.event_namespace = event_namespace
+        self.instance = f"{COMPONENT}-{uuid.uuid4().hex[:8]}"
+
+    @staticmethod
+    def _json(resp: Any) -> Any:
+        return json.loads(resp.data)
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._json(self.core.read_node(name, _preload_content=False))  # type: ignore[no-any-return]
+
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cont = None
+        while True:
+            kw: dict[str, Any] = {"label_selector": label_selector, "limit": 500, "_preload_content": False}
+            if cont:
+                kw["_continue"] = cont
+            data = self._json(self.core.list_node(**kw))
+            items.extend(data.get("items") or [])
+            cont = (data.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            self.core.patch_node(name, patch, _content_type=MERGE, _preload_content=False)
+        )
+
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False)
+
+    # -- our CRDs --------------------------------------------------------------------------------
+
+    def list_custom(self, plural: str) -> list[dict[str, Any]]:
+        return list(self.custom.list_cluster_custom_object(GROUP, VERSION, plural).get("items") or [])
+
+    def get_report(self, name: str) -> dict[str, Any]:
+        return self.custom.get_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name)  # type: ignore[no-any-return]
+
+    def create_report(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.custom.create_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, body)  # type: ignore[no-any-return]
+
+    def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_cluster_custom_object_status(  # type: ignore[no-any-return]
+            GROUP, VERSION, REPORT_PLURAL, name, patch, _content_type=MERGE
+        )
+
+    def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def post_event(
+        self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
+    ) -> None:
+        """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it."""
+        now = dt.datetime.now(dt.UTC)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{uuid.uuid4().hex[:6]}",
+                         "namespace": self.event_namespace},
+            "involvedObject": {"kind": kind, "name": name, "uid": uid, "apiVersion": api_version},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "action": reason,
+            "firstTimestamp": format_time_precise(now)[:19] + "Z",
+            "lastTimestamp": format_time_precise(now)[:19] + "Z",
+            "eventTime": format_time_precise(now),
+            "count": 1,
+        }
+        self.core.create_namespaced_event(self.event_namespace, body, _preload_content=False)

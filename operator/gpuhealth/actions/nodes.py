@@ -1,0 +1,201 @@
+"""Pure builders for what gpuhealth writes on a Node: taint, cordon, state label, ownership, condition.
+
+Ownership is recorded on the Node itself, in the same patch as the action, so it is atomic with it:
+the annotation says which taint and which cordon gpuhealth placed. gpuhealth lifts only those. A
+cordon that was already there belongs to someone else and is never lifted. If someone lifts ours,
+that is recorded (the annotation says so) and not fought.
+
+Taints have no merge key, so the whole list is rewritten; every patch carries the resourceVersion it
+was computed from, and the API server refuses it (409) if anyone changed the Node in between.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What gpuhealth wants on the Node."""
+
+    state: State
+    quarantine: bool
+    reason: str = ""
+    effect: str = "NoSchedule"
+    cordon: bool = True
+    since: str = ""
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Parsed ``gpuhealth.dev/quarantine`` annotation."""
+
+    reason: str
+    taint: bool
+    cordon: bool
+    since: str = ""
+    lifted_by_others: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        d: dict[str, Any] = {"reason": self.reason, "taint": self.taint, "cordon": self.cordon, "since": self.since}
+        if self.lifted_by_others:
+            d["liftedByOthers"] = list(self.lifted_by_others)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def parse(text: str | None) -> Ownership | None:
+        if not text:
+            return None
+        try:
+            d = json.loads(text)
+            return Ownership(
+                reason=str(d.get("reason", "")),
+                taint=bool(d.get("taint")),
+                cordon=bool(d.get("cordon")),
+                since=str(d.get("since", "")),
+                lifted_by_others=tuple(d.get("liftedByOthers") or ()),
+            )
+        except (ValueError, AttributeError):
+            # Unreadable: assume we own a taint (our key is ours by definition) but not the cordon.
+            return Ownership(reason="", taint=True, cordon=False)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """A merge patch for the Node (None if nothing to change) and what it means."""
+
+    patch: dict[str, Any] | None
+    actions: tuple[str, ...] = ()  # "taint", "cordon", "untaint", "uncordon", "retaint"
+    lifted_by_others: tuple[str, ...] = ()  # "taint" / "cordon" that someone else removed
+    foreign_cordon: bool = False  # the node was already cordoned by someone else
+    notes: tuple[str, ...] = field(default=())
+
+
+def _our_taint(marks: Marks) -> dict[str, str]:
+    return {"key": TAINT_KEY, "value": marks.reason[:63], "effect": marks.effect}
+
+
+def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
+    """Everything needed to make ``node`` carry ``marks``, preserving every foreign taint and cordon."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    taints: list[dict[str, Any]] = list(spec.get("taints") or [])
+    ours = [t for t in taints if t.get("key") == TAINT_KEY]
+    foreign = [t for t in taints if t.get("key") != TAINT_KEY]
+    unschedulable = bool(spec.get("unschedulable"))
+    owned = Ownership.parse(annotations.get(QUARANTINE_ANNOTATION))
+
+    new_taints = taints
+    new_unschedulable = unschedulable
+    new_owned: Ownership | None = owned
+    actions: list[str] = []
+    lifted: list[str] = []
+    foreign_cordon = False
+
+    if marks.quarantine:
+        if owned is None:
+            # A new quarantine episode: place our taint, and cordon unless someone already did.
+            foreign_cordon = unschedulable
+            want_cordon = marks.cordon and not unschedulable
+            new_taints = [*foreign, _our_taint(marks)]
+            actions.append("taint")
+            if want_cordon:
+                new_unschedulable = True
+                actions.append("cordon")
+            new_owned = Ownership(marks.reason, taint=True, cordon=want_cordon, since=marks.since)
+        else:
+            taint_on, cordon_on = owned.taint, owned.cordon
+            if owned.taint and not ours:
+                lifted.append("taint")
+                taint_on = False
+            if owned.cordon and not unschedulable:
+                lifted.append("cordon")
+                cordon_on = False
+            if taint_on:
+                want = _our_taint(marks)
+                if len(ours) != 1 or {k: ours[0].get(k) for k in ("key", "value", "effect")} != want:
+                    new_taints = [*foreign, want]
+                    actions.append("retaint")
+            elif ours and not owned.taint:
+                pass  # someone else put our key back: leave it alone
+            new_owned = Ownership(
+                marks.reason,
+                taint=taint_on,
+                cordon=cordon_on,
+                since=owned.since or marks.since,
+                lifted_by_others=tuple(sorted(set(owned.lifted_by_others) | set(lifted))),
+            )
+    else:
+        if ours:
+            new_taints = foreign
+            actions.append("untaint")
+        if owned is not None and owned.cordon and unschedulable:
+            new_unschedulable = False
+            actions.append("uncordon")
+        new_owned = None
+
+    patch_meta: dict[str, Any] = {}
+    if labels.get(STATE_LABEL) != str(marks.state):
+        patch_meta["labels"] = {STATE_LABEL: str(marks.state)}
+    new_ann = new_owned.to_json() if new_owned else None
+    if annotations.get(QUARANTINE_ANNOTATION) != new_ann:
+        patch_meta["annotations"] = {QUARANTINE_ANNOTATION: new_ann}
+    patch_spec: dict[str, Any] = {}
+    if new_taints is not taints:
+        patch_spec["taints"] = new_taints or None
+    if new_unschedulable != unschedulable:
+        patch_spec["unschedulable"] = new_unschedulable or None
+    if not patch_meta and not patch_spec:
+        return NodePlan(None, tuple(actions), tuple(lifted), foreign_cordon)
+    patch_meta["resourceVersion"] = meta.get("resourceVersion")
+    patch: dict[str, Any] = {"metadata": patch_meta}
+    if patch_spec:
+        patch["spec"] = patch_spec
+    return NodePlan(patch, tuple(actions), tuple(lifted), foreign_cordon)
+
+
+CONDITION_STATUS = {
+    State.HEALTHY: "True",
+    State.DEGRADED: "True",
+    State.RECOVERING: "True",
+    State.QUARANTINED: "False",
+    State.DRAINING: "False",
+    State.AWAITING_REPAIR: "False",
+    State.UNKNOWN: "Unknown",
+}
+
+
+def plan_condition(node: Mapping[str, Any], state: State, reason: str, message: str, now: str) -> dict[str, Any] | None:
+    """Strategic-merge patch for the Node's GPUHealthy condition, or None if it already says this."""
+    status = CONDITION_STATUS[state]
+    reason = reason or str(state)
+    message = message[:1024]
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == CONDITION_TYPE:
+            if c.get("status") == status and c.get("reason") == reason and c.get("message") == message:
+                return None
+            transition = now if c.get("status") != status else c.get("lastTransitionTime", now)
+            break
+    else:
+        transition = now
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_TYPE,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": transition,
+                }
+            ]
+        }
+    }

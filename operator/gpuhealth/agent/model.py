@@ -1,0 +1,119 @@
+"""Plain data the agent observes: GPU facts, XID events and a whole sample.
+
+Everything here is immutable so a snapshot can be handed from the sampler thread to the
+publisher thread without copies or locks. ``None`` always means "not known" (the query was not
+supported, failed, or the GPU is lost); it is never a stand-in for zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+SourceName = Literal["nvml", "dcgm", "simulated"]
+
+MIG_ENABLED = "Enabled"
+MIG_DISABLED = "Disabled"
+MODE_UNSUPPORTED = "Unsupported"
+
+# Recovery actions as the CRD spells them, keyed by NVML_GPU_RECOVERY_ACTION_* values. Bus
+# reset and system reboot are folded into the closest action the report can express.
+RECOVERY_ACTIONS: dict[int, str] = {
+    0: "None",
+    1: "Reset",
+    2: "Reboot",
+    3: "DrainP2P",
+    4: "DrainAndReset",
+    6: "Reset",
+    7: "Reboot",
+}
+
+# Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
+# HW thermal, HW power brake). Idle, power cap, sync boost and app clocks flip with every
+# workload change, so only these bits count as a change of facts.
+SIGNIFICANT_CLOCK_EVENT_REASONS = 0x08 | 0x20 | 0x40 | 0x80
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    volatile_uncorrected: int | None = None
+    volatile_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    single_bit_ecc: int | None = None
+    double_bit_ecc: int | None = None
+    pending: bool | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    corrected: int | None = None
+    uncorrected: int | None = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+@dataclass(frozen=True)
+class Temperature:
+    current_c: int | None = None
+    slowdown_c: int | None = None
+    shutdown_c: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What one GPU looked like at one sample."""
+
+    index: int
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    model: str | None = None
+    mig_mode: str | None = None
+    ecc_mode: str | None = None
+    lost: bool = False
+    ecc: EccCounts | None = None
+    retired_pages: RetiredPages | None = None
+    remapped_rows: RemappedRows | None = None
+    temperature: Temperature | None = None
+    clock_event_reasons: int | None = None
+    power_w: float | None = None
+    recovery_action: str | None = None
+    unsupported: tuple[str, ...] = ()
+
+    def replace(self, **changes: object) -> DeviceFacts:
+        """Copy with some fields changed (typed shorthand for dataclasses.replace)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class NvmlStatus:
+    available: bool
+    error: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    xid: int
+    time: datetime
+    source: SourceName
+    gpu: int | None = None
+    uuid: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One merged sample of every source, as the publisher sees it."""
+
+    time: datetime
+    nvml: NvmlStatus
+    devices: tuple[DeviceFacts, ...] = ()
+    sources: tuple[SourceName, ...] = ("nvml",)

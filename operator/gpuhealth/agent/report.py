@@ -1,0 +1,430 @@
+"""Pure translation of observed facts into the GPUNodeHealth ``spec`` and its change rules.
+
+Nothing here does I/O or reads clocks: the publisher passes times in. That keeps the rules
+that decide *when* the agent writes (which is what keeps 1,000 agents from flooding the API
+server) testable in isolation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuhealth.agent.model import (
+    SIGNIFICANT_CLOCK_EVENT_REASONS,
+    DeviceFacts,
+    Snapshot,
+    SourceName,
+    XidEvent,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_XID_EVENTS = 64
+DEFAULT_TEMPERATURE_BAND_C = 5
+# A DCGM exporter scrapes every few seconds to a minute; an XID it shows that NVML already
+# delivered within this window is the same event seen twice.
+DEFAULT_DCGM_DEDUPE_S = 120.0
+
+_XID_MIN, _XID_MAX = 1, 1023
+_MAX_DEVICES = 64
+_MAX_UNSUPPORTED = 32
+
+
+def rfc3339(dt: datetime) -> str:
+    """UTC RFC 3339 with a 'Z' suffix, microseconds only when present (both forms are valid)."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    dt = dt.astimezone(UTC)
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if dt.microsecond else "%Y-%m-%dT%H:%M:%SZ"
+    return dt.strftime(fmt)
+
+
+def parse_rfc3339(value: object) -> datetime | None:
+    """Parse a Kubernetes timestamp; None for anything unparsable rather than an exception."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def _truncate(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def _compact(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def device_key(device: DeviceFacts) -> str:
+    """Stable identity of a GPU across samples and restarts: its UUID, else its index."""
+    return device.uuid or f"index-{device.index}"
+
+
+def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dict[str, Any]:
+    """One ``spec.devices[]`` entry; unknown values are omitted, never reported as zero."""
+    out: dict[str, Any] = {"index": device.index, "lost": device.lost}
+    if device.uuid:
+        out["uuid"] = _truncate(device.uuid, 128)
+    if device.pci_bus_id:
+        out["pciBusId"] = _truncate(device.pci_bus_id, 64)
+    if device.model:
+        out["model"] = _truncate(device.model, 128)
+    if device.mig_mode:
+        out["migMode"] = device.mig_mode
+    if device.ecc_mode:
+        out["eccMode"] = device.ecc_mode
+    if device.ecc is not None:
+        ecc = _compact(
+            {
+                "volatileUncorrected": device.ecc.volatile_uncorrected,
+                "volatileCorrected": device.ecc.volatile_corrected,
+                "aggregateUncorrected": device.ecc.aggregate_uncorrected,
+                "aggregateCorrected": device.ecc.aggregate_corrected,
+            }
+        )
+        if ecc:
+            out["ecc"] = ecc
+    if device.retired_pages is not None:
+        pages = _compact(
+            {
+                "singleBitEcc": device.retired_pages.single_bit_ecc,
+                "doubleBitEcc": device.retired_pages.double_bit_ecc,
+                "pending": device.retired_pages.pending,
+            }
+        )
+        if pages:
+            out["retiredPages"] = pages
+    if device.remapped_rows is not None:
+        rows = _compact(
+            {
+                "corrected": device.remapped_rows.corrected,
+                "uncorrected": device.remapped_rows.uncorrected,
+                "pending": device.remapped_rows.pending,
+                "failure": device.remapped_rows.failure,
+            }
+        )
+        if rows:
+            out["remappedRows"] = rows
+    if device.temperature is not None:
+        temp = _compact(
+            {
+                "currentC": device.temperature.current_c,
+                "slowdownC": device.temperature.slowdown_c,
+                "shutdownC": device.temperature.shutdown_c,
+            }
+        )
+        if temp:
+            out["temperature"] = temp
+    if device.clock_event_reasons is not None:
+        out["clockEventReasons"] = device.clock_event_reasons
+        if clock_events_since is not None:
+            out["clockEventsSince"] = rfc3339(clock_events_since)
+    if device.power_w is not None:
+        out["powerW"] = round(device.power_w, 1)
+    if device.recovery_action is not None:
+        out["recoveryAction"] = device.recovery_action
+    if device.unsupported:
+        out["unsupported"] = [_truncate(n, 64) for n in sorted(set(device.unsupported))][:_MAX_UNSUPPORTED]
+    return out
+
+
+def xid_spec(event: XidEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"xid": event.xid, "time": rfc3339(event.time), "source": event.source}
+    if event.gpu is not None:
+        out["gpu"] = event.gpu
+    if event.uuid:
+        out["uuid"] = _truncate(event.uuid, 128)
+    if event.detail:
+        out["detail"] = _truncate(event.detail, 256)
+    return out
+
+
+def temperature_changed(prev: int | None, cur: int | None, band: int, thresholds: Iterable[int | None]) -> bool:
+    """True when a temperature moved by at least ``band`` or crossed a threshold.
+
+    Temperatures wander by a degree or two every sample; writing each wobble would turn every
+    agent into a steady stream of API writes, so only moves that matter count as new facts.
+    """
+    if prev is None or cur is None:
+        return prev != cur
+    if abs(cur - prev) >= band:
+        return True
+    return any(t is not None and (prev >= t) != (cur >= t) for t in thresholds)
+
+
+def _significant(device: DeviceFacts) -> DeviceFacts:
+    """The device with the noisy fields neutralised, for equality comparison."""
+    clock = device.clock_event_reasons
+    temp = device.temperature
+    return device.replace(
+        power_w=None,
+        clock_event_reasons=None if clock is None else clock & SIGNIFICANT_CLOCK_EVENT_REASONS,
+        temperature=None if temp is None else temp.__class__(None, temp.slowdown_c, temp.shutdown_c),
+        unsupported=tuple(sorted(set(device.unsupported))),
+    )
+
+
+def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C) -> bool:
+    """Whether ``cur`` carries facts the last written report (``prev``) does not.
+
+    Power is excluded (it follows the workload; /metrics carries it live), temperature uses a
+    dead-band plus threshold crossings, and clock-event reasons only count the bits that say
+    the hardware is protecting itself.
+    """
+    if prev is None:
+        return True
+    if prev.nvml != cur.nvml or prev.sources != cur.sources:
+        return True
+    if [d.index for d in prev.devices] != [d.index for d in cur.devices]:
+        return True
+    for old, new in zip(prev.devices, cur.devices, strict=True):
+        if _significant(old) != _significant(new):
+            return True
+        old_t = old.temperature.current_c if old.temperature else None
+        new_t = new.temperature.current_c if new.temperature else None
+        thresholds = (new.temperature.slowdown_c, new.temperature.shutdown_c) if new.temperature else ()
+        if temperature_changed(old_t, new_t, temperature_band_c, thresholds):
+            return True
+    return False
+
+
+_MISSING = object()
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 JSON merge patch that turns ``old`` into ``new``.
+
+    Lists are replaced whole (that is what merge patch does with them); keys that vanished are
+    set to null so the server drops them.
+    """
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key, _MISSING)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before is _MISSING or before != value:
+            patch[key] = value
+    return patch
+
+
+class XidHistory:
+    """The bounded, time-ordered list of XID events the report carries."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S) -> None:
+        self._limit = max(1, limit)
+        self._dedupe_s = dcgm_dedupe_s
+        self._events: list[XidEvent] = []
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @property
+    def events(self) -> tuple[XidEvent, ...]:
+        return tuple(self._events)
+
+    def add(self, event: XidEvent, *, baseline: bool = False) -> bool:
+        """Record an event; False when it was dropped as out of range or a duplicate.
+
+        DCGM only shows the *last* XID per GPU, so its events are dropped when NVML (or an
+        earlier DCGM observation) already holds the same XID on the same GPU close in time.
+        ``baseline`` marks the first value a DCGM gauge showed, which may predate this process:
+        it is kept only if no event with that XID on that GPU is known at all.
+        """
+        if not _XID_MIN <= event.xid <= _XID_MAX:
+            log.warning("ignoring XID %d outside the reportable range on GPU %s", event.xid, event.gpu)
+            return False
+        if event.source == "dcgm":
+            for known in self._events:
+                same_gpu = (known.uuid and known.uuid == event.uuid) or (
+                    known.gpu is not None and known.gpu == event.gpu
+                )
+                if not same_gpu or known.xid != event.xid:
+                    continue
+                if baseline or abs((known.time - event.time).total_seconds()) <= self._dedupe_s:
+                    return False
+        self._events.append(event)
+        self._events.sort(key=lambda e: e.time)
+        del self._events[: max(0, len(self._events) - self._limit)]
+        return True
+
+    def restore(self, items: object, boot_time: datetime | None) -> int:
+        """Re-adopt events from an existing report that happened during this host boot.
+
+        Returns how many were kept. Without a known boot time nothing is kept: an XID from a
+        previous boot would keep a healthy, rebooted node out of service.
+        """
+        if boot_time is None or not isinstance(items, list):
+            return 0
+        kept = 0
+        for item in items:
+            if not isinstance(item, Mapping):
+                continue
+            when = parse_rfc3339(item.get("time"))
+            xid = item.get("xid")
+            if when is None or not isinstance(xid, int) or when <= boot_time:
+                continue
+            source = item.get("source")
+            gpu = item.get("gpu")
+            self._events.append(
+                XidEvent(
+                    xid=xid,
+                    time=when,
+                    source=source if source in ("nvml", "dcgm", "simulated") else "nvml",
+                    gpu=gpu if isinstance(gpu, int) else None,
+                    uuid=item.get("uuid") if isinstance(item.get("uuid"), str) else None,
+                    detail=item.get("detail") if isinstance(item.get("detail"), str) else None,
+                )
+            )
+            kept += 1
+        self._events.sort(key=lambda e: e.time)
+        del self._events[: max(0, len(self._events) - self._limit)]
+        return kept
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    version: str
+    sources: tuple[SourceName, ...]
+    boot_time: datetime | None
+
+
+class ReportBuilder:
+    """Owns what the agent last wrote and decides what to write next.
+
+    Single-threaded by design: only the publisher thread (or ``--once``) touches it.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        agent: AgentInfo,
+        *,
+        max_xid_events: int = DEFAULT_MAX_XID_EVENTS,
+        temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C,
+        dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S,
+    ) -> None:
+        self.node_name = node_name
+        self.agent = agent
+        self.history = XidHistory(max_xid_events, dcgm_dedupe_s)
+        self._band = temperature_band_c
+        self._published: Snapshot | None = None
+        self._observed_time: datetime | None = None
+        self._clock_since: dict[str, tuple[int, datetime]] = {}
+        self._xids_dirty = False
+        self._newest_xid: datetime | None = None
+        self.last_spec: dict[str, Any] | None = None
+
+    def restore(self, existing_spec: Mapping[str, Any] | None) -> int:
+        """Adopt the spec found on the server at start; returns how many XIDs were kept."""
+        if existing_spec is None:
+            self.last_spec = None
+            return 0
+        self.last_spec = dict(existing_spec)
+        kept = self.history.restore(existing_spec.get("xidEvents"), self.agent.boot_time)
+        devices = existing_spec.get("devices")
+        for item in devices if isinstance(devices, list) else []:
+            if not isinstance(item, Mapping):
+                continue
+            reasons = item.get("clockEventReasons")
+            since = parse_rfc3339(item.get("clockEventsSince"))
+            uuid = item.get("uuid")
+            key = uuid if isinstance(uuid, str) and uuid else f"index-{item.get('index')}"
+            if isinstance(reasons, int) and since is not None:
+                self._clock_since[key] = (reasons & SIGNIFICANT_CLOCK_EVENT_REASONS, since)
+        return kept
+
+    def add_xid(self, event: XidEvent, *, baseline: bool = False) -> bool:
+        if not self.history.add(event, baseline=baseline):
+            return False
+        self._xids_dirty = True
+        self._newest_xid = event.time if self._newest_xid is None else max(self._newest_xid, event.time)
+        return True
+
+    def needs_write(self, snapshot: Snapshot) -> bool:
+        """True when the report on the server is missing facts that ``snapshot`` has."""
+        return self._xids_dirty or facts_changed(self._published, snapshot, self._band)
+
+    def render(self, snapshot: Snapshot, now: datetime) -> dict[str, Any]:
+        """The full spec for ``snapshot``; does not change state until :meth:`commit`."""
+        observed = self._observed_time
+        if observed is None or facts_changed(self._published, snapshot, self._band):
+            observed = snapshot.time
+        if self._xids_dirty and self._newest_xid is not None:
+            observed = max(observed, self._newest_xid)
+        devices = [
+            device_spec(d, self._clock_since_for(d, snapshot.time)[1])
+            for d in sorted(snapshot.devices, key=lambda d: d.index)[:_MAX_DEVICES]
+        ]
+        nvml: dict[str, Any] = {"available": snapshot.nvml.available}
+        if snapshot.nvml.error:
+            nvml["error"] = _truncate(snapshot.nvml.error, 1024)
+        if snapshot.nvml.driver_version:
+            nvml["driverVersion"] = _truncate(snapshot.nvml.driver_version, 64)
+        if snapshot.nvml.cuda_version:
+            nvml["cudaVersion"] = _truncate(snapshot.nvml.cuda_version, 64)
+        agent: dict[str, Any] = {
+            "version": _truncate(self.agent.version, 64),
+            "sources": list(self.agent.sources),
+        }
+        if self.agent.boot_time is not None:
+            agent["bootTime"] = rfc3339(self.agent.boot_time)
+        return {
+            "nodeName": self.node_name,
+            "agent": agent,
+            "heartbeatTime": rfc3339(now),
+            "observedTime": rfc3339(observed),
+            "nvml": nvml,
+            "devices": devices,
+            "xidEvents": [xid_spec(e) for e in self.history.events],
+        }
+
+    def commit(self, snapshot: Snapshot, spec: dict[str, Any]) -> None:
+        """Record that ``spec`` (rendered from ``snapshot``) is now on the server."""
+        if self._observed_time is None or facts_changed(self._published, snapshot, self._band):
+            self._observed_time = snapshot.time
+        if self._xids_dirty and self._newest_xid is not None:
+            self._observed_time = max(self._observed_time, self._newest_xid)
+        for device in snapshot.devices:
+            masked, since = self._clock_since_for(device, snapshot.time)
+            if masked is not None and since is not None:
+                self._clock_since[device_key(device)] = (masked, since)
+        self._published = snapshot
+        self._xids_dirty = False
+        self.last_spec = spec
+
+    def heartbeat_patch(self, now: datetime) -> dict[str, Any]:
+        return {"heartbeatTime": rfc3339(now)}
+
+    def commit_heartbeat(self, patch: Mapping[str, Any]) -> None:
+        if self.last_spec is not None:
+            self.last_spec.update(patch)
+
+    def _clock_since_for(self, device: DeviceFacts, when: datetime) -> tuple[int | None, datetime | None]:
+        if device.clock_event_reasons is None:
+            return None, None
+        masked = device.clock_event_reasons & SIGNIFICANT_CLOCK_EVENT_REASONS
+        known = self._clock_since.get(device_key(device))
+        if known is not None and known[0] == masked:
+            return masked, known[1]
+        return masked, when
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,86 @@
+"""Names shared by the agent, the operator, the CLI, the manifests and the docs (see DESIGN.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+GROUP = "gpuhealth.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+POLICY_KIND = "GPUHealthPolicy"
+POLICY_PLURAL = "gpuhealthpolicies"
+REPORT_KIND = "GPUNodeHealth"
+REPORT_PLURAL = "gpunodehealths"
+
+TAINT_KEY = f"{GROUP}/unhealthy"
+STATE_LABEL = f"{GROUP}/state"
+CONDITION_TYPE = "GPUHealthy"
+# Written on the Node in the same patch as the taint/cordon, so ownership is atomic with the action.
+QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
+# A human (or `kubectl gpuhealth release`) sets this on the Node to return an AwaitingRepair node.
+RELEASE_ANNOTATION = f"{GROUP}/release"
+
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+COMPONENT = "gpuhealth-operator"
+
+
+class State(StrEnum):
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    QUARANTINED = "Quarantined"
+    DRAINING = "Draining"
+    AWAITING_REPAIR = "AwaitingRepair"
+    RECOVERING = "Recovering"
+    UNKNOWN = "Unknown"
+
+
+# States in which the node is held out of service by gpuhealth: they count against the breaker.
+OUT_OF_SERVICE = frozenset({State.QUARANTINED, State.DRAINING, State.AWAITING_REPAIR, State.RECOVERING})
+
+
+class Action(StrEnum):
+    """What a signal asks for, in increasing severity."""
+
+    IGNORE = "ignore"
+    OBSERVE = "observe"
+    CORDON = "cordon"
+    DRAIN = "drain"
+    REPAIR = "repair"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+    @property
+    def quarantines(self) -> bool:
+        return self.severity >= _SEVERITY[Action.CORDON]
+
+
+_SEVERITY = {Action.IGNORE: 0, Action.OBSERVE: 1, Action.CORDON: 2, Action.DRAIN: 3, Action.REPAIR: 4}
+
+
+class Mode(StrEnum):
+    ENFORCE = "Enforce"
+    DRY_RUN = "DryRun"
+    PAUSED = "Paused"
+
+
+class Signal(StrEnum):
+    """Kinds of evidence; each is also a `reason` (taint value, condition reason)."""
+
+    XID = "XID"
+    APP_XID_REPEATED = "RepeatedAppXID"
+    ECC = "EccUncorrected"
+    ROW_REMAP_FAILURE = "RowRemapFailure"
+    PENDING_REMAP = "PendingRemap"
+    THERMAL = "Thermal"
+    GPU_LOST = "GPULost"
+    GPU_COUNT = "GPUCountMismatch"
+    NVML_UNAVAILABLE = "NVMLUnavailable"
+    AGENT_SILENT = "AgentSilent"
+    RESTART_LOOP = "RestartLoop"
+    FLAPPING = "Flapping"

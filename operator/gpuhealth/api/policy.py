@@ -1,0 +1,287 @@
+"""Typed view of a GPUHealthPolicy.
+
+The API server applies the CRD's defaults and refuses invalid objects; this parser applies the same
+defaults again so that pure logic and tests never depend on a server having defaulted the object,
+and raises PolicyError with the offending field for anything the schema could not catch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.api.durations import parse_duration
+from gpuhealth.api.names import Action, Mode
+
+
+class PolicyError(ValueError):
+    """A policy the operator refuses to act on; the message names the field."""
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for k, v in self.match_labels.items():
+            if labels.get(k) != v:
+                return False
+        for key, op, values in self.match_expressions:
+            present = key in labels
+            if op == "In" and (not present or labels[key] not in values):
+                return False
+            if op == "NotIn" and present and labels[key] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    checkpoint_mode: str = "FromPod"
+    checkpoint_timeout_s: float = 600.0
+    on_checkpoint_timeout: str = "Evict"
+    max_wait_s: float = 3600.0
+    allow_force_delete: bool = False
+    force_delete_after_s: float = 7200.0
+    gang_survives_rank_loss: bool = False
+    system_namespaces: tuple[str, ...] = ("kube-system", "gpuhealth-system")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    generation: int = 0
+    selector: LabelSelector = field(default_factory=LabelSelector)
+    mode: Mode = Mode.ENFORCE
+    priority: int = 0
+    xid_overrides: Mapping[int, Action] = field(default_factory=dict)
+    app_repeat_count: int = 3
+    app_repeat_window_s: float = 600.0
+    app_repeat_action: Action = Action.DRAIN
+    ecc_threshold: int = 1
+    ecc_action: Action = Action.DRAIN
+    row_remap_failure_action: Action = Action.REPAIR
+    pending_remap_action: Action = Action.DRAIN
+    thermal_threshold_c: int = 90
+    thermal_slowdown: bool = True
+    thermal_sustained_s: float = 300.0
+    thermal_action: Action = Action.CORDON
+    gpu_lost_action: Action = Action.DRAIN
+    gpu_count_expected: int | None = None
+    gpu_count_action: Action = Action.CORDON
+    silence_after_s: float = 120.0
+    silence_action: Action = Action.OBSERVE
+    taint_effect: str = "NoSchedule"
+    cordon: bool = True
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    max_unhealthy: int | str = "10%"
+    max_concurrent_drains: int = 1
+    probation_s: float = 600.0
+    flapping_max: int = 3
+    flapping_window_s: float = 86400.0
+    restart_loop_enabled: bool = True
+    restart_loop_window_s: float = 900.0
+    restart_loop_min_workloads: int = 2
+    restart_loop_min_restarts: int = 3
+    restart_loop_action: Action = Action.CORDON
+    gpu_hourly_cost: float | None = None
+    currency: str = "USD"
+
+    def breaker_limit(self, total_nodes: int) -> int:
+        """Most nodes this policy may hold out of service at once."""
+        return breaker_limit(self.max_unhealthy, total_nodes)
+
+
+_PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
+
+
+def breaker_limit(max_unhealthy: int | str, total_nodes: int) -> int:
+    """Percent rounds down (a 5% breaker on 19 nodes allows 0), like maxUnavailable rounds safe."""
+    if isinstance(max_unhealthy, int):
+        return max(0, max_unhealthy)
+    m = _PERCENT.match(str(max_unhealthy))
+    if not m:
+        raise PolicyError(f"spec.safety.maxUnhealthy: invalid value {max_unhealthy!r}")
+    return (total_nodes * int(m.group(1))) // 100
+
+
+def _get(d: Mapping[str, Any], path: str, key: str, default: Any) -> Any:
+    v = d.get(key, default) if isinstance(d, Mapping) else default
+    return default if v is None else v
+
+
+def _section(d: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    v = d.get(key) if isinstance(d, Mapping) else None
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise PolicyError(f"{path}.{key}: must be an object")
+    return v
+
+
+def _action(v: Any, path: str, allowed: frozenset[Action] | None = None) -> Action:
+    try:
+        a = Action(v)
+    except ValueError:
+        raise PolicyError(f"{path}: unknown action {v!r}") from None
+    if allowed is not None and a not in allowed:
+        raise PolicyError(f"{path}: action {v!r} not allowed here")
+    return a
+
+
+def _dur(v: Any, path: str) -> float:
+    try:
+        return parse_duration(v)
+    except ValueError as e:
+        raise PolicyError(f"{path}: {e}") from None
+
+
+def _int(v: Any, path: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise PolicyError(f"{path}: must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def parse_selector(raw: Any, path: str = "spec.nodeSelector") -> LabelSelector:
+    if not raw:
+        return LabelSelector()
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: must be a label selector")
+    labels = raw.get("matchLabels") or {}
+    exprs = []
+    for i, e in enumerate(raw.get("matchExpressions") or []):
+        op = e.get("operator")
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise PolicyError(f"{path}.matchExpressions[{i}].operator: invalid {op!r}")
+        exprs.append((str(e.get("key")), op, tuple(e.get("values") or ())))
+    return LabelSelector(dict(labels), tuple(exprs))
+
+
+def parse_policy(obj: Mapping[str, Any]) -> Policy:
+    """Policy from a GPUHealthPolicy object (as the API returns it)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name", ""))
+    rules = _section(spec, "rules", "spec")
+    xid = _section(rules, "xid", "spec.rules")
+    repeat = _section(xid, "applicationRepeat", "spec.rules.xid")
+    overrides: dict[int, Action] = {}
+    for i, o in enumerate(xid.get("overrides") or []):
+        p = f"spec.rules.xid.overrides[{i}]"
+        code = _int(o.get("code"), f"{p}.code", 1, 1023)
+        if code in overrides:
+            raise PolicyError(f"{p}.code: duplicate XID {code}")
+        overrides[code] = _action(o.get("action"), f"{p}.action")
+    ecc = _section(rules, "ecc", "spec.rules")
+    thermal = _section(rules, "thermal", "spec.rules")
+    count = _section(rules, "gpuCount", "spec.rules")
+    silence = _section(rules, "agentSilence", "spec.rules")
+    actions = _section(spec, "actions", "spec")
+    drain = _section(actions, "drain", "spec.actions")
+    safety = _section(spec, "safety", "spec")
+    flapping = _section(safety, "flapping", "spec.safety")
+    loop = _section(spec, "restartLoop", "spec")
+    cost = _section(spec, "cost", "spec")
+
+    try:
+        mode = Mode(_get(spec, "spec", "mode", "Enforce"))
+    except ValueError:
+        raise PolicyError(f"spec.mode: unknown mode {spec.get('mode')!r}") from None
+    effect = _get(actions, "spec.actions", "taintEffect", "NoSchedule")
+    if effect not in ("NoSchedule", "NoExecute"):
+        raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
+    max_unhealthy = _get(safety, "spec.safety", "maxUnhealthy", "10%")
+    breaker_limit(max_unhealthy, 100)  # validates
+    expected = count.get("expected")
+    hourly = cost.get("gpuHourly")
+    policy = Policy(
+        name=name,
+        generation=int(meta.get("generation") or 0),
+        selector=parse_selector(spec.get("nodeSelector")),
+        mode=mode,
+        priority=_int(_get(spec, "spec", "priority", 0), "spec.priority", -1000, 1000),
+        xid_overrides=overrides,
+        app_repeat_count=_int(_get(repeat, "", "count", 3), "spec.rules.xid.applicationRepeat.count", 2, 1000),
+        app_repeat_window_s=_dur(_get(repeat, "", "window", "10m"), "spec.rules.xid.applicationRepeat.window"),
+        app_repeat_action=_action(
+            _get(repeat, "", "action", "drain"), "spec.rules.xid.applicationRepeat.action"
+        ),
+        ecc_threshold=_int(_get(ecc, "", "uncorrectedThreshold", 1), "spec.rules.ecc.uncorrectedThreshold", 1, 10**6),
+        ecc_action=_action(_get(ecc, "", "action", "drain"), "spec.rules.ecc.action"),
+        row_remap_failure_action=_action(
+            _get(_section(rules, "rowRemapFailure", "spec.rules"), "", "action", "repair"),
+            "spec.rules.rowRemapFailure.action",
+        ),
+        pending_remap_action=_action(
+            _get(_section(rules, "pendingRemap", "spec.rules"), "", "action", "drain"),
+            "spec.rules.pendingRemap.action",
+        ),
+        thermal_threshold_c=_int(
+            _get(thermal, "", "temperatureThresholdC", 90), "spec.rules.thermal.temperatureThresholdC", 30, 150
+        ),
+        thermal_slowdown=bool(_get(thermal, "", "slowdown", True)),
+        thermal_sustained_s=_dur(_get(thermal, "", "sustainedFor", "5m"), "spec.rules.thermal.sustainedFor"),
+        thermal_action=_action(_get(thermal, "", "action", "cordon"), "spec.rules.thermal.action"),
+        gpu_lost_action=_action(
+            _get(_section(rules, "gpuLost", "spec.rules"), "", "action", "drain"), "spec.rules.gpuLost.action"
+        ),
+        gpu_count_expected=None if expected is None else _int(expected, "spec.rules.gpuCount.expected", 1, 64),
+        gpu_count_action=_action(_get(count, "", "action", "cordon"), "spec.rules.gpuCount.action"),
+        silence_after_s=_dur(_get(silence, "", "after", "2m"), "spec.rules.agentSilence.after"),
+        silence_action=_action(
+            _get(silence, "", "action", "observe"),
+            "spec.rules.agentSilence.action",
+            frozenset({Action.OBSERVE, Action.CORDON}),
+        ),
+        taint_effect=effect,
+        cordon=bool(_get(actions, "", "cordon", True)),
+        drain=DrainSettings(
+            checkpoint_mode=str(_get(drain, "", "checkpointMode", "FromPod")),
+            checkpoint_timeout_s=_dur(
+                _get(drain, "", "checkpointTimeout", "10m"), "spec.actions.drain.checkpointTimeout"
+            ),
+            on_checkpoint_timeout=str(_get(drain, "", "onCheckpointTimeout", "Evict")),
+            max_wait_s=_dur(_get(drain, "", "maxWait", "1h"), "spec.actions.drain.maxWait"),
+            allow_force_delete=bool(_get(drain, "", "allowForceDelete", False)),
+            force_delete_after_s=_dur(
+                _get(drain, "", "forceDeleteAfter", "2h"), "spec.actions.drain.forceDeleteAfter"
+            ),
+            gang_survives_rank_loss=bool(_get(drain, "", "gangSurvivesRankLoss", False)),
+            system_namespaces=tuple(_get(drain, "", "systemNamespaces", ["kube-system", "gpuhealth-system"])),
+        ),
+        max_unhealthy=max_unhealthy,
+        max_concurrent_drains=_int(
+            _get(safety, "", "maxConcurrentDrains", 1), "spec.safety.maxConcurrentDrains", 1, 1000
+        ),
+        probation_s=_dur(_get(safety, "", "probation", "10m"), "spec.safety.probation"),
+        flapping_max=_int(_get(flapping, "", "maxQuarantines", 3), "spec.safety.flapping.maxQuarantines", 1, 100),
+        flapping_window_s=_dur(_get(flapping, "", "window", "24h"), "spec.safety.flapping.window"),
+        restart_loop_enabled=bool(_get(loop, "", "enabled", True)),
+        restart_loop_window_s=_dur(_get(loop, "", "window", "15m"), "spec.restartLoop.window"),
+        restart_loop_min_workloads=_int(_get(loop, "", "minWorkloads", 2), "spec.restartLoop.minWorkloads", 2, 100),
+        restart_loop_min_restarts=_int(_get(loop, "", "minRestarts", 3), "spec.restartLoop.minRestarts", 1, 1000),
+        restart_loop_action=_action(_get(loop, "", "action", "cordon"), "spec.restartLoop.action"),
+        gpu_hourly_cost=None if hourly is None else float(hourly),
+        currency=str(_get(cost, "", "currency", "USD")),
+    )
+    if policy.flapping_window_s <= policy.probation_s:
+        raise PolicyError("spec.safety.flapping.window: must be longer than spec.safety.probation")
+    return policy
+
+
+def select_policy(policies: list[Policy], labels: Mapping[str, str]) -> tuple[Policy | None, list[Policy]]:
+    """The governing policy for a node and the other matching ones it overrides.
+
+    Deterministic: highest priority first, then the lexically smallest name.
+    """
+    matching = sorted((p for p in policies if p.selector.matches(labels)), key=lambda p: (-p.priority, p.name))
+    if not matching:
+        return None, []
+    return matching[0], matching[1:]

@@ -1,0 +1,141 @@
+"""Typed view of a GPUNodeHealth report: the agent's facts (spec) and the operator's record (status)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.api.timeutil import parse_time
+
+
+class ReportError(ValueError):
+    """A report that cannot be trusted; it becomes an Event and a metric, never an action."""
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    uuid: str = ""
+    model: str = ""
+    lost: bool = False
+    ecc_volatile_uncorrected: int = 0
+    ecc_aggregate_uncorrected: int = 0
+    retired_pending: bool = False
+    remap_pending: bool = False
+    remap_failure: bool = False
+    temperature_c: int | None = None
+    slowdown_c: int | None = None
+    clock_event_reasons: int = 0
+    clock_events_since: dt.datetime | None = None
+    recovery_action: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How events name a GPU: index and UUID."""
+        return f"GPU {self.index} ({self.uuid})" if self.uuid else f"GPU {self.index}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    xid: int
+    time: dt.datetime
+    gpu: int | None = None
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    node: str
+    heartbeat: dt.datetime | None
+    observed: dt.datetime | None
+    nvml_available: bool = True
+    nvml_error: str = ""
+    devices: tuple[Device, ...] = ()
+    xids: tuple[XidEvent, ...] = ()
+    resource_version: str = ""
+    status: Mapping[str, Any] = field(default_factory=dict)
+
+    def device(self, index: int | None) -> Device | None:
+        for d in self.devices:
+            if d.index == index:
+                return d
+        return None
+
+
+def _int(v: Any, where: str) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ReportError(f"{where}: expected an integer, got {v!r}")
+    return v
+
+
+def parse_report(obj: Mapping[str, Any]) -> Report:
+    """Report from a GPUNodeHealth object; raises ReportError if the agent's facts are unusable."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise ReportError("spec: must be an object")
+    node = spec.get("nodeName", name)
+    if node != name:
+        raise ReportError(f"spec.nodeName: {node!r} does not match the report's name {name!r}")
+    nvml = spec.get("nvml") or {}
+    devices = []
+    seen: set[int] = set()
+    for i, d in enumerate(spec.get("devices") or []):
+        where = f"spec.devices[{i}]"
+        if not isinstance(d, Mapping):
+            raise ReportError(f"{where}: must be an object")
+        idx = _int(d.get("index"), f"{where}.index")
+        if idx in seen:
+            raise ReportError(f"{where}.index: duplicate GPU index {idx}")
+        seen.add(idx)
+        ecc = d.get("ecc") or {}
+        pages = d.get("retiredPages") or {}
+        rows = d.get("remappedRows") or {}
+        temp = d.get("temperature") or {}
+        devices.append(
+            Device(
+                index=idx,
+                uuid=str(d.get("uuid") or ""),
+                model=str(d.get("model") or ""),
+                lost=bool(d.get("lost", False)),
+                ecc_volatile_uncorrected=_int(ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"),
+                ecc_aggregate_uncorrected=_int(
+                    ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"
+                ),
+                retired_pending=bool(pages.get("pending", False)),
+                remap_pending=bool(rows.get("pending", False)),
+                remap_failure=bool(rows.get("failure", False)),
+                temperature_c=temp.get("currentC"),
+                slowdown_c=temp.get("slowdownC"),
+                clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
+                clock_events_since=parse_time(d.get("clockEventsSince")),
+                recovery_action=d.get("recoveryAction"),
+            )
+        )
+    xids = []
+    for i, e in enumerate(spec.get("xidEvents") or []):
+        where = f"spec.xidEvents[{i}]"
+        t = parse_time(e.get("time")) if isinstance(e, Mapping) else None
+        if t is None:
+            raise ReportError(f"{where}.time: missing or not an RFC 3339 timestamp")
+        code = _int(e.get("xid"), f"{where}.xid")
+        if not 1 <= code <= 1023:
+            raise ReportError(f"{where}.xid: {code} is outside 1..1023")
+        gpu = e.get("gpu")
+        xids.append(XidEvent(xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or "")))
+    return Report(
+        node=name,
+        heartbeat=parse_time(spec.get("heartbeatTime")),
+        observed=parse_time(spec.get("observedTime")),
+        nvml_available=bool(nvml.get("available", True)) if nvml else bool(devices),
+        nvml_error=str(nvml.get("error") or ""),
+        devices=tuple(sorted(devices, key=lambda d: d.index)),
+        xids=tuple(sorted(xids, key=lambda e: e.time)),
+        resource_version=str(meta.get("resourceVersion", "")),
+        status=obj.get("status") or {},
+    )

@@ -1,0 +1,258 @@
+"""Pure evaluation: (policy, report, node, prior record, time) -> assessment. No I/O.
+
+An assessment lists the findings (each a signal on a GPU with the action the policy attaches to it)
+and whether the node's facts are fresh. It never decides state; see transitions.py for that.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuhealth.api.names import GPU_COUNT_LABEL, GPU_RESOURCE, Action, Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.report import Device, Report
+from gpuhealth.catalog import xid as catalog
+
+# NVML clock-event reasons that mean the hardware is protecting itself from heat.
+HW_SLOWDOWN = 0x8
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+THERMAL_REASONS = HW_SLOWDOWN | HW_THERMAL
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What evaluation needs to know about a Node."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpu_capacity: int | None = None
+
+    def expected_gpus(self, policy: Policy) -> int | None:
+        if policy.gpu_count_expected is not None:
+            return policy.gpu_count_expected
+        label = self.labels.get(GPU_COUNT_LABEL)
+        if label and label.isdigit():
+            return int(label)
+        return self.gpu_capacity
+
+
+@dataclass(frozen=True)
+class Finding:
+    signal: Signal
+    action: Action
+    detail: str
+    gpu: int | None = None
+    uuid: str = ""
+    code: int | None = None
+    since: dt.datetime | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+
+    @property
+    def reason(self) -> str:
+        """Short machine reason: taint value and condition reason (a valid label value)."""
+        return f"XID{self.code}" if self.signal == Signal.XID else str(self.signal)
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
+        return f"{where}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    findings: tuple[Finding, ...] = ()
+    unknown: bool = False
+    unknown_reason: str = ""
+    pending: Mapping[str, str] = field(default_factory=dict)
+    total_gpus: int = 0
+    healthy_gpus: int = 0
+    last_xid: str = ""
+
+    @property
+    def level(self) -> Action:
+        return max((f.action for f in self.findings), key=lambda a: a.severity, default=Action.IGNORE)
+
+    @property
+    def top(self) -> Finding | None:
+        """The most severe finding; the earliest among equals, so the reason is stable."""
+        if not self.findings:
+            return None
+        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+        return min(self.findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
+
+    def actionable(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.action != Action.IGNORE)
+
+
+def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
+    if code in policy.xid_overrides:
+        return policy.xid_overrides[code]
+    if code == 154 and device is not None and device.recovery_action:
+        return Action(catalog.action_for_recovery(device.recovery_action))
+    return Action(catalog.default_action(code))
+
+
+def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) -> list[Finding]:
+    findings: dict[str, Finding] = {}
+    app_times: dict[tuple[int | None, int], list[dt.datetime]] = defaultdict(list)
+    for ev in report.xids:
+        if cleared is not None and ev.time <= cleared:
+            continue
+        device = report.device(ev.gpu)
+        uuid = ev.uuid or (device.uuid if device else "")
+        action = _xid_action(policy, ev.xid, device)
+        if catalog.is_application_error(ev.xid) and ev.xid not in policy.xid_overrides:
+            app_times[(ev.gpu, ev.xid)].append(ev.time)
+        f = Finding(Signal.XID, action, catalog.describe(ev.xid), ev.gpu, uuid, ev.xid, ev.time)
+        findings[f.key] = f  # the latest occurrence of each (GPU, code) wins
+    window = dt.timedelta(seconds=policy.app_repeat_window_s)
+    for (gpu, code), times in app_times.items():
+        times.sort()
+        lo = 0
+        for hi, t in enumerate(times):
+            while t - times[lo] > window:
+                lo += 1
+            if hi - lo + 1 >= policy.app_repeat_count:
+                device = report.device(gpu)
+                detail = (
+                    f"application XID {code} repeated {hi - lo + 1} times within "
+                    f"{int(window.total_seconds())}s on one GPU: {catalog.describe(code)}"
+                )
+                f = Finding(
+                    Signal.APP_XID_REPEATED,
+                    policy.app_repeat_action,
+                    detail,
+                    gpu,
+                    device.uuid if device else "",
+                    code,
+                    t,
+                )
+                findings[f.key] = f
+                break
+    return list(findings.values())
+
+
+def _assess_device(
+    policy: Policy, d: Device, report: Report, now: dt.datetime, prior_pending: Mapping[str, str], pending: dict[str, str]
+) -> list[Finding]:
+    from gpuhealth.api.timeutil import format_time, parse_time
+
+    out: list[Finding] = []
+    seen = report.observed
+    if d.lost:
+        out.append(Finding(Signal.GPU_LOST, policy.gpu_lost_action, "GPU is lost (NVML: GPU_IS_LOST)", d.index, d.uuid, None, seen))
+        return out
+    if d.ecc_volatile_uncorrected >= policy.ecc_threshold:
+        out.append(
+            Finding(
+                Signal.ECC,
+                policy.ecc_action,
+                f"{d.ecc_volatile_uncorrected} uncorrected ECC errors (threshold {policy.ecc_threshold})",
+                d.index,
+                d.uuid,
+                None,
+                seen,
+            )
+        )
+    if d.remap_failure:
+        out.append(Finding(Signal.ROW_REMAP_FAILURE, policy.row_remap_failure_action, "row remapping failed", d.index, d.uuid, None, seen))
+    if d.remap_pending or d.retired_pending:
+        what = "row remap pending" if d.remap_pending else "page retirement pending"
+        out.append(Finding(Signal.PENDING_REMAP, policy.pending_remap_action, f"{what}: needs a GPU reset", d.index, d.uuid, None, seen))
+    sustained = dt.timedelta(seconds=policy.thermal_sustained_s)
+    if policy.thermal_slowdown and d.clock_event_reasons & THERMAL_REASONS and d.clock_events_since is not None:
+        if now - d.clock_events_since >= sustained:
+            out.append(
+                Finding(
+                    Signal.THERMAL,
+                    policy.thermal_action,
+                    f"hardware thermal slowdown (clock events 0x{d.clock_event_reasons:x}) "
+                    f"for {int((now - d.clock_events_since).total_seconds())}s",
+                    d.index,
+                    d.uuid,
+                    None,
+                    d.clock_events_since,
+                )
+            )
+    if d.temperature_c is not None and d.temperature_c >= policy.thermal_threshold_c:
+        key = f"temp/{d.index}"
+        first = parse_time(prior_pending.get(key)) or now
+        pending[key] = format_time(first)
+        if now - first >= sustained:
+            out.append(
+                Finding(
+                    Signal.THERMAL,
+                    policy.thermal_action,
+                    f"temperature {d.temperature_c}C at or above {policy.thermal_threshold_c}C "
+                    f"for {int((now - first).total_seconds())}s",
+                    d.index,
+                    d.uuid,
+                    None,
+                    first,
+                )
+            )
+    return out
+
+
+def assess(
+    policy: Policy,
+    report: Report | None,
+    node: NodeView,
+    now: dt.datetime,
+    prior_pending: Mapping[str, str] | None = None,
+    cleared_before: dt.datetime | None = None,
+) -> Assessment:
+    """Everything the facts say about the node under ``policy`` at ``now``.
+
+    ``prior_pending`` carries first-seen times of duration-based signals between evaluations;
+    ``cleared_before`` hides evidence a human acknowledged by releasing the node.
+    """
+    prior_pending = prior_pending or {}
+    if report is None:
+        return Assessment(unknown=True, unknown_reason="no GPUNodeHealth report from the node's agent")
+    pending: dict[str, str] = {}
+    findings: list[Finding] = []
+    silent_for = None if report.heartbeat is None else (now - report.heartbeat).total_seconds()
+    unknown = silent_for is None or silent_for > policy.silence_after_s
+    unknown_reason = (
+        "the agent never sent a heartbeat"
+        if silent_for is None
+        else f"no heartbeat from the agent for {int(silent_for)}s (limit {int(policy.silence_after_s)}s)"
+    )
+    if not report.nvml_available:
+        unknown = True
+        unknown_reason = f"the agent cannot read the GPUs: {report.nvml_error or 'NVML unavailable'}"
+    findings.extend(_assess_xids(policy, report, cleared_before))
+    for d in report.devices:
+        findings.extend(_assess_device(policy, d, report, now, prior_pending, pending))
+    expected = node.expected_gpus(policy)
+    if report.nvml_available and expected is not None and len(report.devices) < expected:
+        findings.append(
+            Finding(
+                Signal.GPU_COUNT,
+                policy.gpu_count_action,
+                f"{len(report.devices)} of {expected} GPUs visible",
+                since=report.observed,
+            )
+        )
+    faulty = {f.gpu for f in findings if f.gpu is not None and f.action.quarantines}
+    total = max(len(report.devices), expected or 0)
+    healthy = sum(1 for d in report.devices if d.index not in faulty and not d.lost)
+    last = report.xids[-1] if report.xids else None
+    last_xid = "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
+    return Assessment(
+        findings=tuple(sorted(findings, key=lambda f: f.key)),
+        unknown=unknown,
+        unknown_reason=unknown_reason if unknown else "",
+        pending=pending,
+        total_gpus=total,
+        healthy_gpus=healthy,
+        last_xid=last_xid,
+    )

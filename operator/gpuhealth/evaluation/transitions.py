@@ -1,0 +1,237 @@
+"""The per-node state machine, as a pure function of the persisted record and an assessment.
+
+States: Healthy, Degraded, Quarantined, Draining, AwaitingRepair, Recovering, Unknown. The record
+lives in GPUNodeHealth status, so a restarted operator resumes exactly where it was.
+
+Rules that the property tests hold it to:
+- a node enters quarantine from service only if the breaker admits it;
+- Unknown (stale or missing facts) never leads to Healthy or advances probation;
+- AwaitingRepair is left only through a human release;
+- a node returns to service only after ``probation`` of fresh, clean facts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field, replace
+
+from gpuhealth.api.names import OUT_OF_SERVICE, Action, Signal, State
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.evaluation.assess import Assessment, Finding
+
+MAX_HISTORY = 20
+
+
+@dataclass(frozen=True)
+class Record:
+    """The part of GPUNodeHealth status the state machine owns."""
+
+    state: State = State.HEALTHY
+    reason: str = ""
+    message: str = ""
+    since: dt.datetime | None = None
+    quarantines: tuple[dt.datetime, ...] = ()
+    healthy_since: dt.datetime | None = None
+    cleared_before: dt.datetime | None = None
+    held_by_breaker: bool = False
+    drain_action: str = ""  # the action that started the drain: drain or repair
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.state in OUT_OF_SERVICE
+
+    def to_status(self) -> dict[str, object]:
+        return {
+            "state": str(self.state),
+            "reason": self.reason,
+            "message": self.message,
+            "since": format_time(self.since) if self.since else None,
+            "quarantines": [format_time(t) for t in self.quarantines],
+            "healthySince": format_time(self.healthy_since) if self.healthy_since else None,
+            "clearedBefore": format_time(self.cleared_before) if self.cleared_before else None,
+            "heldByBreaker": self.held_by_breaker,
+            "drainAction": self.drain_action or None,
+        }
+
+    @staticmethod
+    def from_status(status: dict[str, object] | None) -> Record:
+        s = status or {}
+        try:
+            state = State(str(s.get("state") or "Healthy"))
+        except ValueError:
+            state = State.HEALTHY
+        quarantines = tuple(t for t in (parse_time(str(x)) for x in (s.get("quarantines") or [])) if t)  # type: ignore[attr-defined]
+        return Record(
+            state=state,
+            reason=str(s.get("reason") or ""),
+            message=str(s.get("message") or ""),
+            since=parse_time(s.get("since")),  # type: ignore[arg-type]
+            quarantines=quarantines,
+            healthy_since=parse_time(s.get("healthySince")),  # type: ignore[arg-type]
+            cleared_before=parse_time(s.get("clearedBefore")),  # type: ignore[arg-type]
+            held_by_breaker=bool(s.get("heldByBreaker", False)),
+            drain_action=str(s.get("drainAction") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Facts about the world, beyond the assessment, that a transition may depend on."""
+
+    breaker_allows: bool = True
+    drain_complete: bool = False
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: Record
+    new_quarantine: bool = False
+    lift: bool = False
+    events: tuple[tuple[str, str, str], ...] = field(default=())  # (type, reason, message)
+
+    @property
+    def changed_state(self) -> bool:
+        return bool(self.events)
+
+
+def _fault_state(level: Action) -> State:
+    return State.QUARANTINED if level == Action.CORDON else State.DRAINING
+
+
+def _next_step(level: Action) -> str:
+    if level == Action.CORDON:
+        return "tainted and cordoned; running workloads continue; it returns to service after probation once the facts clear"
+    if level == Action.DRAIN:
+        return "tainted, cordoned and being drained (checkpoint first, then evict)"
+    return "tainted, cordoned and being drained; it then waits for a human repair (kubectl gpuhealth release)"
+
+
+def _summary(findings: tuple[Finding, ...]) -> str:
+    return "; ".join(f.describe() for f in findings)
+
+
+def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()) -> Decision:
+    """The next record for a node, and what changed."""
+    rec = prior
+    events: list[tuple[str, str, str]] = []
+    if inputs.released:
+        rec = replace(rec, cleared_before=now, quarantines=())
+        if rec.state == State.AWAITING_REPAIR:
+            rec = replace(rec, state=State.RECOVERING, since=now, healthy_since=None, reason="Released",
+                          message="released by a human; on probation")
+            events.append(("Normal", "Released", "Released by a human after repair; the node is on probation"))
+    window = dt.timedelta(seconds=policy.flapping_window_s)
+    recent = tuple(t for t in rec.quarantines if now - t <= window)
+    rec = replace(rec, quarantines=recent)
+
+    level = a.level
+    top = a.top
+    quarantine_findings = tuple(f for f in a.findings if f.action.quarantines)
+    if a.unknown and policy.silence_action == Action.CORDON and not level.quarantines:
+        level = Action.CORDON
+        top = Finding(Signal.AGENT_SILENT, Action.CORDON, a.unknown_reason)
+        quarantine_findings = (top,)
+
+    if rec.state == State.AWAITING_REPAIR:
+        return Decision(rec, events=tuple(events))
+
+    if level.quarantines:
+        assert top is not None
+        detail = _summary(quarantine_findings)
+        if not rec.out_of_service:
+            if not inputs.breaker_allows:
+                held = replace(rec, state=State.DEGRADED, reason=top.reason,
+                               message=f"quarantine held back: the circuit breaker is open ({detail})",
+                               held_by_breaker=True, since=rec.since if rec.held_by_breaker else now)
+                if not rec.held_by_breaker:
+                    events.append(("Warning", "QuarantineHeldBack",
+                                   f"{detail}. The policy {policy.name!r} breaker is open (maxUnhealthy "
+                                   f"{policy.max_unhealthy}): not quarantining; it will once the fleet is back under the limit"))
+                return Decision(held, events=tuple(events))
+            return _enter_quarantine(rec, top, level, detail, now, policy, events)
+        if rec.state == State.RECOVERING:
+            return _enter_quarantine(rec, top, level, detail, now, policy, events, relapse=True)
+        if rec.state == State.QUARANTINED and level.severity >= Action.DRAIN.severity:
+            rec = replace(rec, state=State.DRAINING, reason=top.reason, since=now, drain_action=str(level),
+                          message=detail)
+            events.append(("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)"))
+            return Decision(rec, events=tuple(events))
+        if rec.state == State.DRAINING and inputs.drain_complete:
+            nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
+            rec = replace(rec, state=nxt, since=now)
+            msg = ("Drain complete; the node waits for a human repair (kubectl gpuhealth release)"
+                   if nxt == State.AWAITING_REPAIR else "Drain complete; the node stays quarantined until the facts clear")
+            events.append(("Normal", "DrainComplete", msg))
+            return Decision(rec, events=tuple(events))
+        return Decision(replace(rec, message=detail), events=tuple(events))
+
+    # No quarantine-level finding.
+    if rec.out_of_service:
+        if a.unknown:
+            # Stale facts: never count them towards probation.
+            return Decision(replace(rec, healthy_since=None), events=tuple(events))
+        if rec.state != State.RECOVERING:
+            rec = replace(rec, state=State.RECOVERING, since=now, healthy_since=now, reason=rec.reason,
+                          message=f"facts are clean; on probation for {int(policy.probation_s)}s")
+            events.append(("Normal", "Recovering",
+                            f"The faults that quarantined the node have cleared; it returns to service after "
+                            f"{int(policy.probation_s)}s of clean reports"))
+            return Decision(rec, events=tuple(events))
+        healthy_since = rec.healthy_since or now
+        rec = replace(rec, healthy_since=healthy_since)
+        if (now - healthy_since).total_seconds() >= policy.probation_s:
+            rec = replace(rec, state=State.HEALTHY, since=now, reason="", message="", healthy_since=None, drain_action="")
+            events.append(("Normal", "ReturnedToService",
+                           f"Healthy for the whole probation ({int(policy.probation_s)}s): lifting gpuhealth's taint and cordon"))
+            return Decision(rec, lift=True, events=tuple(events))
+        return Decision(rec, events=tuple(events))
+
+    if a.unknown:
+        if rec.state != State.UNKNOWN:
+            rec = replace(rec, state=State.UNKNOWN, since=now, reason=str(Signal.AGENT_SILENT), message=a.unknown_reason,
+                          held_by_breaker=False)
+            events.append(("Warning", "AgentSilent", f"{a.unknown_reason}. GPU health is Unknown; nothing is assumed healthy"))
+        return Decision(rec, events=tuple(events))
+
+    observed = tuple(f for f in a.findings if f.action == Action.OBSERVE)
+    if observed:
+        first = observed[0]
+        detail = _summary(observed)
+        if rec.state != State.DEGRADED or rec.reason != first.reason or rec.held_by_breaker:
+            rec = replace(rec, state=State.DEGRADED, since=now, reason=first.reason, message=detail, held_by_breaker=False)
+            events.append(("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy"))
+        return Decision(rec, events=tuple(events))
+
+    if rec.state != State.HEALTHY:
+        rec = replace(rec, state=State.HEALTHY, since=now, reason="", message="", held_by_breaker=False)
+        events.append(("Normal", "Healthy", "Fresh report with no faults: GPUs are healthy"))
+    return Decision(rec, events=tuple(events))
+
+
+def _enter_quarantine(
+    rec: Record,
+    top: Finding,
+    level: Action,
+    detail: str,
+    now: dt.datetime,
+    policy: Policy,
+    events: list[tuple[str, str, str]],
+    relapse: bool = False,
+) -> Decision:
+    quarantines = (*rec.quarantines, now)[-MAX_HISTORY:]
+    if len(quarantines) >= policy.flapping_max:
+        nrec = replace(rec, state=State.AWAITING_REPAIR, since=now, reason=str(Signal.FLAPPING), quarantines=quarantines,
+                       message=f"quarantined {len(quarantines)} times within the flapping window; last: {detail}",
+                       held_by_breaker=False, healthy_since=None, drain_action=str(Action.REPAIR))
+        events.append(("Warning", "Flapping",
+                       f"{detail}. Quarantined {len(quarantines)} times within {int(policy.flapping_window_s)}s: the node "
+                       "stays out of service until a human releases it (kubectl gpuhealth release)"))
+        return Decision(nrec, new_quarantine=True, events=tuple(events))
+    state = _fault_state(level)
+    nrec = replace(rec, state=state, since=now, reason=top.reason, message=detail, quarantines=quarantines,
+                   held_by_breaker=False, healthy_since=None, drain_action=str(level) if state == State.DRAINING else "")
+    verb = "Relapsed during probation" if relapse else "Quarantined"
+    events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level)}"))
+    return Decision(nrec, new_quarantine=True, events=tuple(events))

@@ -1,0 +1,751 @@
+/*
+ * fakenvml: a stand-in for libnvidia-ml.so.1 that the real pynvml can load.
+ *
+ * It exports exactly the NVML symbols the gpuhealth agent calls (through pynvml's ctypes
+ * wrappers, so the struct layouts below mirror pynvml's) and answers from a scenario file
+ * named by $FAKE_NVML_SCENARIO. The file is re-read whenever it changes (path, inode, size or
+ * mtime), so a test can rewrite it while the agent runs; write it atomically (tmp + rename).
+ *
+ * Scenario format: one directive per line, '#' starts a comment.
+ *
+ *   gpus <n>                         number of GPUs (default 8; lowering it "removes" GPUs:
+ *                                    their handles then answer GPU_IS_LOST)
+ *   driver <version>                 driver version string (default 550.90.07)
+ *   cuda <int>                       CUDA driver version as NVML encodes it (default 12040)
+ *   init_error <code>                nvmlInit fails with this NVML return code (e.g. 9)
+ *   missing <symbol>                 that NVML function answers FUNCTION_NOT_FOUND
+ *   gpu <i|*> <key> <value>          per-GPU value; keys: name uuid pci temp slowdown shutdown
+ *                                    power_mw clock_reasons ecc_mode mig recovery_action lost
+ *                                    ecc_volatile_uncorrected ecc_volatile_corrected
+ *                                    ecc_aggregate_uncorrected ecc_aggregate_corrected
+ *                                    retired_sbe retired_dbe retired_pending
+ *                                    remap_corrected remap_uncorrected remap_pending remap_failure
+ *   gpu <i|*> notsupported <query>   that query answers NOT_SUPPORTED; queries: ecc ecc_mode mig
+ *                                    retired_pages remapped_rows temperature thresholds
+ *                                    clock_reasons power recovery_action events all
+ *                                    (case, '_' and '-' are ignored)
+ *   xid <seq> gpu <i> code <n>       an XID delivered once, through nvmlEventSetWait, to an event
+ *                                    set registered for XIDs on that GPU. <seq> identifies it,
+ *                                    so the same code can be injected again with a new seq.
+ *
+ * Numbers accept C syntax (0x48 is hex). The default is 8 healthy "NVIDIA H100 80GB HBM3".
+ * Delivered XID sequence numbers are remembered per process until the scenario path changes.
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_GPUS 64
+#define MAX_XIDS 4096
+#define MAX_MISSING 32
+
+#define EVENT_SBE 0x1ULL
+#define EVENT_DBE 0x2ULL
+#define EVENT_XID 0x8ULL
+#define FIELD_RECOVERY_ACTION 230u
+
+enum {
+    NS_ECC = 1u << 0,
+    NS_ECC_MODE = 1u << 1,
+    NS_MIG = 1u << 2,
+    NS_RETIRED = 1u << 3,
+    NS_REMAP = 1u << 4,
+    NS_TEMP = 1u << 5,
+    NS_THRESH = 1u << 6,
+    NS_CLOCK = 1u << 7,
+    NS_POWER = 1u << 8,
+    NS_RECOVERY = 1u << 9,
+    NS_EVENTS = 1u << 10,
+};
+
+/* Layouts mirror pynvml's ctypes structures. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    void *device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    unsigned int valueType;
+    unsigned int nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+struct fake_gpu {
+    char name[96];
+    char uuid[96];
+    char pci[32];
+    unsigned int temp, slowdown, shutdown, power_mw;
+    unsigned long long clock_reasons;
+    unsigned int ecc_mode, mig_mode;
+    unsigned long long ecc[2][2]; /* [corrected=0|uncorrected=1][volatile=0|aggregate=1] */
+    unsigned int retired_sbe, retired_dbe, retired_pending;
+    unsigned int remap_corrected, remap_uncorrected, remap_pending, remap_failure;
+    unsigned int recovery_action;
+    int lost;
+    unsigned int notsupported;
+};
+
+struct fake_xid {
+    unsigned long long seq;
+    int gpu;
+    unsigned long long code;
+};
+
+struct scenario {
+    int gpus;
+    char driver[80];
+    int cuda;
+    int init_error;
+    char missing[MAX_MISSING][96];
+    int n_missing;
+    struct fake_gpu gpu[MAX_GPUS];
+    struct fake_xid xids[MAX_XIDS];
+    int n_xids;
+};
+
+struct fake_event_set {
+    unsigned long long magic;
+    unsigned long long mask[MAX_GPUS];
+};
+#define EVENT_SET_MAGIC 0x66616b65766e7473ULL
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct scenario S;
+static int init_count;
+static char handles[MAX_GPUS]; /* a device handle is &handles[index] */
+static unsigned long long delivered[MAX_XIDS];
+static int n_delivered;
+static struct {
+    int loaded;
+    int exists;
+    char path[4096];
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} file;
+
+static const unsigned int PCI_BUS[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
+
+static void set_defaults(struct scenario *s) {
+    memset(s, 0, sizeof(*s));
+    s->gpus = 8;
+    snprintf(s->driver, sizeof(s->driver), "550.90.07");
+    s->cuda = 12040;
+    for (int i = 0; i < MAX_GPUS; i++) {
+        struct fake_gpu *g = &s->gpu[i];
+        unsigned int h = 2654435761u * (unsigned int)(i + 1);
+        snprintf(g->name, sizeof(g->name), "NVIDIA H100 80GB HBM3");
+        snprintf(g->uuid, sizeof(g->uuid), "GPU-%08x-fa4e-4a1b-9c2d-%012x", h, (unsigned int)(i + 1) * 0x1111u);
+        snprintf(g->pci, sizeof(g->pci), "00000000:%02X:00.0", i < 8 ? PCI_BUS[i] : 0x40u + (unsigned int)i);
+        g->temp = 35;
+        g->slowdown = 87;
+        g->shutdown = 92;
+        g->power_mw = 120000;
+        g->clock_reasons = 0x1; /* GPU idle */
+        g->ecc_mode = 1;
+    }
+}
+
+static void normalize(const char *in, char *out, size_t n) {
+    size_t j = 0;
+    for (size_t i = 0; in[i] && j + 1 < n; i++) {
+        if (in[i] == '_' || in[i] == '-') continue;
+        out[j++] = (char)tolower((unsigned char)in[i]);
+    }
+    out[j] = '\0';
+}
+
+static unsigned int notsupported_bit(const char *name) {
+    static const struct {
+        const char *name;
+        unsigned int bit;
+    } table[] = {
+        {"ecc", NS_ECC},
+        {"eccerrors", NS_ECC},
+        {"eccmode", NS_ECC_MODE},
+        {"mig", NS_MIG},
+        {"migmode", NS_MIG},
+        {"retiredpages", NS_RETIRED},
+        {"remappedrows", NS_REMAP},
+        {"temp", NS_TEMP},
+        {"temperature", NS_TEMP},
+        {"thresholds", NS_THRESH},
+        {"temperaturethresholds", NS_THRESH},
+        {"clockreasons", NS_CLOCK},
+        {"clockeventreasons", NS_CLOCK},
+        {"power", NS_POWER},
+        {"powerw", NS_POWER},
+        {"recoveryaction", NS_RECOVERY},
+        {"events", NS_EVENTS},
+        {"xidevents", NS_EVENTS},
+        {"all", 0xffffffffu},
+    };
+    char key[64];
+    normalize(name, key, sizeof(key));
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (strcmp(key, table[i].name) == 0) return table[i].bit;
+    return 0;
+}
+
+static int set_gpu_value(struct fake_gpu *g, const char *key, const char *val) {
+    unsigned long long v = strtoull(val, NULL, 0);
+    unsigned int u = (unsigned int)v;
+    if (strcmp(key, "name") == 0) snprintf(g->name, sizeof(g->name), "%s", val);
+    else if (strcmp(key, "uuid") == 0) snprintf(g->uuid, sizeof(g->uuid), "%s", val);
+    else if (strcmp(key, "pci") == 0) snprintf(g->pci, sizeof(g->pci), "%s", val);
+    else if (strcmp(key, "temp") == 0) g->temp = u;
+    else if (strcmp(key, "slowdown") == 0) g->slowdown = u;
+    else if (strcmp(key, "shutdown") == 0) g->shutdown = u;
+    else if (strcmp(key, "power_mw") == 0) g->power_mw = u;
+    else if (strcmp(key, "clock_reasons") == 0) g->clock_reasons = v;
+    else if (strcmp(key, "ecc_mode") == 0) g->ecc_mode = u;
+    else if (strcmp(key, "mig") == 0) g->mig_mode = u;
+    else if (strcmp(key, "recovery_action") == 0) g->recovery_action = u;
+    else if (strcmp(key, "lost") == 0) g->lost = u != 0;
+    else if (strcmp(key, "ecc_volatile_corrected") == 0) g->ecc[0][0] = v;
+    else if (strcmp(key, "ecc_aggregate_corrected") == 0) g->ecc[0][1] = v;
+    else if (strcmp(key, "ecc_volatile_uncorrected") == 0) g->ecc[1][0] = v;
+    else if (strcmp(key, "ecc_aggregate_uncorrected") == 0) g->ecc[1][1] = v;
+    else if (strcmp(key, "retired_sbe") == 0) g->retired_sbe = u;
+    else if (strcmp(key, "retired_dbe") == 0) g->retired_dbe = u;
+    else if (strcmp(key, "retired_pending") == 0) g->retired_pending = u;
+    else if (strcmp(key, "remap_corrected") == 0) g->remap_corrected = u;
+    else if (strcmp(key, "remap_uncorrected") == 0) g->remap_uncorrected = u;
+    else if (strcmp(key, "remap_pending") == 0) g->remap_pending = u;
+    else if (strcmp(key, "remap_failure") == 0) g->remap_failure = u;
+    else if (strcmp(key, "notsupported") == 0) {
+        unsigned int bit = notsupported_bit(val);
+        if (!bit) return -1;
+        g->notsupported |= bit;
+    } else return -1;
+    return 0;
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+/* Splits off the first whitespace-delimited token of *rest. */
+static char *token(char **rest) {
+    char *s = *rest;
+    while (isspace((unsigned char)*s)) s++;
+    if (!*s) return NULL;
+    char *t = s;
+    while (*s && !isspace((unsigned char)*s)) s++;
+    if (*s) *s++ = '\0';
+    *rest = s;
+    return t;
+}
+
+static void parse_line(struct scenario *s, char *line, const char *path, int lineno) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *rest = line;
+    char *verb = token(&rest);
+    if (!verb) return;
+    int ok = 1;
+    if (strcmp(verb, "gpus") == 0) {
+        char *n = token(&rest);
+        if (n) {
+            int v = atoi(n);
+            s->gpus = v < 0 ? 0 : (v > MAX_GPUS ? MAX_GPUS : v);
+        } else ok = 0;
+    } else if (strcmp(verb, "driver") == 0) {
+        snprintf(s->driver, sizeof(s->driver), "%s", trim(rest));
+    } else if (strcmp(verb, "cuda") == 0) {
+        char *n = token(&rest);
+        if (n) s->cuda = (int)strtol(n, NULL, 0); else ok = 0;
+    } else if (strcmp(verb, "init_error") == 0) {
+        char *n = token(&rest);
+        if (n) s->init_error = (int)strtol(n, NULL, 0); else ok = 0;
+    } else if (strcmp(verb, "missing") == 0) {
+        char *n = token(&rest);
+        if (n && s->n_missing < MAX_MISSING)
+            snprintf(s->missing[s->n_missing++], sizeof(s->missing[0]), "%s", n);
+        else ok = 0;
+    } else if (strcmp(verb, "gpu") == 0) {
+        char *sel = token(&rest);
+        char *key = token(&rest);
+        char *val = trim(rest);
+        if (!sel || !key || !*val) ok = 0;
+        else if (strcmp(sel, "*") == 0) {
+            for (int i = 0; i < MAX_GPUS && ok; i++) ok = set_gpu_value(&s->gpu[i], key, val) == 0;
+        } else {
+            int i = atoi(sel);
+            ok = i >= 0 && i < MAX_GPUS && set_gpu_value(&s->gpu[i], key, val) == 0;
+        }
+    } else if (strcmp(verb, "xid") == 0) {
+        char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kc = token(&rest),
+             *code = token(&rest);
+        if (seq && kg && gpu && kc && code && strcmp(kg, "gpu") == 0 && strcmp(kc, "code") == 0 &&
+            s->n_xids < MAX_XIDS) {
+            struct fake_xid *x = &s->xids[s->n_xids++];
+            x->seq = strtoull(seq, NULL, 0);
+            x->gpu = atoi(gpu);
+            x->code = strtoull(code, NULL, 0);
+        } else ok = 0;
+    } else ok = 0;
+    if (!ok) fprintf(stderr, "fakenvml: %s:%d: ignoring unparsable line\n", path, lineno);
+}
+
+/* Re-reads the scenario when its path or file identity changed. Caller holds mu. */
+static void refresh_locked(void) {
+    const char *path = getenv("FAKE_NVML_SCENARIO");
+    if (!path) path = "";
+    struct stat st;
+    int exists = path[0] && stat(path, &st) == 0;
+    int path_changed = strcmp(path, file.path) != 0;
+    if (file.loaded && !path_changed) {
+        if (!exists && !file.exists) return;
+        if (exists && file.exists && st.st_dev == file.dev && st.st_ino == file.ino &&
+            st.st_size == file.size && st.st_mtim.tv_sec == file.mtime.tv_sec &&
+            st.st_mtim.tv_nsec == file.mtime.tv_nsec)
+            return;
+    }
+    if (path_changed) {
+        n_delivered = 0;
+        snprintf(file.path, sizeof(file.path), "%s", path);
+    }
+    set_defaults(&S);
+    file.loaded = 1;
+    file.exists = exists;
+    if (!exists) return;
+    file.dev = st.st_dev;
+    file.ino = st.st_ino;
+    file.size = st.st_size;
+    file.mtime = st.st_mtim;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0;
+    while (getline(&line, &cap, f) >= 0) parse_line(&S, line, path, ++lineno);
+    free(line);
+    fclose(f);
+}
+
+static int is_missing(const char *fn) {
+    for (int i = 0; i < S.n_missing; i++)
+        if (strcmp(S.missing[i], fn) == 0) return 1;
+    return 0;
+}
+
+#define ENTER()                                                                    \
+    pthread_mutex_lock(&mu);                                                       \
+    refresh_locked();                                                              \
+    if (is_missing(__func__)) {                                                    \
+        pthread_mutex_unlock(&mu);                                                 \
+        return NVML_ERROR_FUNCTION_NOT_FOUND;                                      \
+    }
+#define LEAVE(rc)                                                                  \
+    do {                                                                           \
+        nvmlReturn_t rc_ = (rc);                                                   \
+        pthread_mutex_unlock(&mu);                                                 \
+        return rc_;                                                                \
+    } while (0)
+
+/* Resolves a handle to its GPU, applying lost / removed / not-supported rules. */
+static nvmlReturn_t gpu_of(void *handle, unsigned int ns_bit, struct fake_gpu **out) {
+    if (!init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!handle) return NVML_ERROR_INVALID_ARGUMENT;
+    ptrdiff_t i = (char *)handle - handles;
+    if (i < 0 || i >= MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= S.gpus || S.gpu[i].lost) return NVML_ERROR_GPU_IS_LOST;
+    if (S.gpu[i].notsupported & ns_bit) return NVML_ERROR_NOT_SUPPORTED;
+    *out = &S.gpu[i];
+    return NVML_SUCCESS;
+}
+
+#define DEVICE(handle, bit)                                                        \
+    struct fake_gpu *g = NULL;                                                     \
+    {                                                                              \
+        nvmlReturn_t r_ = gpu_of((handle), (bit), &g);                             \
+        if (r_ != NVML_SUCCESS) LEAVE(r_);                                         \
+    }
+
+static nvmlReturn_t copy_string(char *dst, unsigned int len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+/* ---- library lifecycle ------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    ENTER();
+    if (S.init_error) LEAVE(S.init_error);
+    init_count++;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    init_count--;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    default: return "Unknown Error";
+    }
+}
+
+/* ---- system queries ---------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    LEAVE(copy_string(version, length, S.driver));
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    ENTER();
+    if (!version) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *version = S.cuda;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    ENTER();
+    if (!version) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *version = S.cuda;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    if (!count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *count = (unsigned int)S.gpus;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    if (!device || index >= MAX_GPUS || (int)index >= S.gpus) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &handles[index];
+    if (S.gpu[index].lost) LEAVE(NVML_ERROR_GPU_IS_LOST);
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- identity ------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+    ENTER();
+    DEVICE(device, 0);
+    LEAVE(copy_string(name, length, g->name));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
+    ENTER();
+    DEVICE(device, 0);
+    LEAVE(copy_string(uuid, length, g->uuid));
+}
+
+static nvmlReturn_t fill_pci(struct fake_gpu *g, nvmlPciInfo_t *pci) {
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof(*pci));
+    unsigned int domain = 0, bus = 0, dev = 0, fn = 0;
+    sscanf(g->pci, "%x:%x:%x.%x", &domain, &bus, &dev, &fn);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = 0x233010deu; /* H100 SXM5 */
+    pci->pciSubSystemId = 0x16c110deu;
+    snprintf(pci->busId, sizeof(pci->busId), "%s", g->pci);
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X", domain & 0xffffu, bus, dev, fn);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+    ENTER();
+    DEVICE(device, 0);
+    LEAVE(fill_pci(g, pci));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(void *device, nvmlPciInfo_t *pci) {
+    ENTER();
+    DEVICE(device, 0);
+    LEAVE(fill_pci(g, pci));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
+    ENTER();
+    DEVICE(device, NS_MIG);
+    if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *current = g->mig_mode;
+    *pending = g->mig_mode;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(void *device, int *current, int *pending) {
+    ENTER();
+    DEVICE(device, NS_ECC_MODE);
+    if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *current = (int)g->ecc_mode;
+    *pending = (int)g->ecc_mode;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- health counters ----------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned int errorType,
+                                                unsigned int counterType, unsigned long long *count) {
+    ENTER();
+    DEVICE(device, NS_ECC);
+    if (!count || errorType > 1 || counterType > 1) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->ecc_mode) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *count = g->ecc[errorType][counterType];
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, unsigned int cause, unsigned int *pageCount,
+                                              unsigned long long *addresses) {
+    ENTER();
+    DEVICE(device, NS_RETIRED);
+    if (!pageCount || cause > 1) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = cause == 0 ? g->retired_sbe : g->retired_dbe;
+    if (!addresses || *pageCount < n) {
+        *pageCount = n;
+        LEAVE(n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
+    }
+    for (unsigned int i = 0; i < n; i++) addresses[i] = ((unsigned long long)cause << 40) | (0x1000ULL * (i + 1));
+    *pageCount = n;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *device, int *isPending) {
+    ENTER();
+    DEVICE(device, NS_RETIRED);
+    if (!isPending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *isPending = g->retired_pending ? 1 : 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred) {
+    ENTER();
+    DEVICE(device, NS_REMAP);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *corrRows = g->remap_corrected;
+    *uncRows = g->remap_uncorrected;
+    *isPending = g->remap_pending ? 1 : 0;
+    *failureOccurred = g->remap_failure ? 1 : 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned int sensor, unsigned int *temp) {
+    ENTER();
+    DEVICE(device, NS_TEMP);
+    if (!temp || sensor != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *temp = g->temp;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(void *device, unsigned int threshold, unsigned int *temp) {
+    ENTER();
+    DEVICE(device, NS_THRESH);
+    if (!temp) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (threshold == 0) *temp = g->shutdown;
+    else if (threshold == 1) *temp = g->slowdown;
+    else LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+    ENTER();
+    DEVICE(device, NS_CLOCK);
+    if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g->clock_reasons;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsigned long long *reasons) {
+    ENTER();
+    DEVICE(device, NS_CLOCK);
+    if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g->clock_reasons;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *power) {
+    ENTER();
+    DEVICE(device, NS_POWER);
+    if (!power) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *power = g->power_mw;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvmlFieldValue_t *values) {
+    ENTER();
+    DEVICE(device, 0);
+    if (valuesCount < 0 || (valuesCount > 0 && !values)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)tv.tv_sec * 1000000LL + tv.tv_usec;
+        v->latencyUsec = 0;
+        if (v->fieldId == FIELD_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
+            v->valueType = 1; /* unsigned int */
+            v->value.ullVal = 0;
+            v->value.uiVal = g->recovery_action;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- events -------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(struct fake_event_set **set) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    if (!set) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    struct fake_event_set *s = calloc(1, sizeof(*s));
+    if (!s) LEAVE(NVML_ERROR_UNKNOWN);
+    s->magic = EVENT_SET_MAGIC;
+    *set = s;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
+    ENTER();
+    if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    set->magic = 0;
+    free(set);
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *eventTypes) {
+    ENTER();
+    DEVICE(device, 0);
+    if (!eventTypes) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *eventTypes = (g->notsupported & NS_EVENTS) ? 0 : (EVENT_XID | EVENT_SBE | EVENT_DBE);
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long eventTypes,
+                                             struct fake_event_set *set) {
+    ENTER();
+    DEVICE(device, NS_EVENTS);
+    if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~(EVENT_XID | EVENT_SBE | EVENT_DBE)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    set->mask[(char *)device - handles] |= eventTypes;
+    LEAVE(NVML_SUCCESS);
+}
+
+static int was_delivered(unsigned long long seq) {
+    for (int i = 0; i < n_delivered; i++)
+        if (delivered[i] == seq) return 1;
+    return 0;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        ENTER();
+        if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+        if (!set || set->magic != EVENT_SET_MAGIC || !data) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+        for (int i = 0; i < S.n_xids; i++) {
+            struct fake_xid *x = &S.xids[i];
+            if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & EVENT_XID)) continue;
+            if (was_delivered(x->seq)) continue;
+            if (n_delivered < MAX_XIDS) delivered[n_delivered++] = x->seq;
+            memset(data, 0, sizeof(*data));
+            data->device = &handles[x->gpu];
+            data->eventType = EVENT_XID;
+            data->eventData = x->code;
+            data->gpuInstanceId = 0xffffffffu;
+            data->computeInstanceId = 0xffffffffu;
+            LEAVE(NVML_SUCCESS);
+        }
+        pthread_mutex_unlock(&mu);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long elapsed_ms =
+            (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000LL;
+        if (elapsed_ms >= (long long)timeoutms) return NVML_ERROR_TIMEOUT;
+        long long left = (long long)timeoutms - elapsed_ms;
+        struct timespec nap = {0, (left < 5 ? left : 5) * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}

@@ -1,0 +1,522 @@
+"""A real local Kubernetes control plane for tests, the demo and benchmarks.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as plain processes from the
+binaries that ``hack/build-control-plane.sh`` builds; KWOK plays the kubelet of fake GPU nodes.
+Nothing here is a mock: the scheduler really places pods, the controllers really recreate them, and
+the API server really enforces schemas, CEL rules, RBAC, admission and PodDisruptionBudgets.
+
+Only processes this module started are ever stopped, by their pid.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
+CRDS = REPO / "crds"
+
+ADMIN_TOKEN = "gpuhealth-admin-token"  # noqa: S105 - a throwaway local test cluster
+GPU_LABELS = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "accelerator": "nvidia-h100",
+    "type": "kwok",
+}
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/general/pod-create.yaml",
+    "pod/general/pod-init-container-running.yaml",
+    "pod/general/pod-init-container-completed.yaml",
+    "pod/general/pod-ready.yaml",
+    "pod/general/pod-delete.yaml",
+)
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be built or started; tests must fail, never skip."""
+
+
+def control_plane_bin_dir() -> Path:
+    """Build (first time) or locate (cached) the control-plane binaries."""
+    if env := os.environ.get("GPUHEALTH_BIN_DIR"):
+        return Path(env)
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ClusterError(f"hack/build-control-plane.sh failed with exit code {proc.returncode}")
+    return Path(lines[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write_pki(d: Path) -> None:
+    """A CA, the API server's serving cert and the service-account signing key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def key() -> rsa.RSAPrivateKey:
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def pem_key(k: rsa.RSAPrivateKey) -> bytes:
+        return k.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+
+    ca_key = key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuhealth-test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    srv_key = key()
+    import ipaddress
+
+    sans = [
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+    ]
+    srv = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(srv_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    sa_key = key()
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "ca.key").write_bytes(pem_key(ca_key))
+    (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    (d / "apiserver.key").write_bytes(pem_key(srv_key))
+    (d / "sa.key").write_bytes(pem_key(sa_key))
+    (d / "sa.pub").write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuhealth-admin,gpuhealth-admin,"system:masters"\n')
+
+
+def kubeconfig_for(server: str, ca_file: Path, token: str, user: str = "admin") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if not self.popen or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(sig)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+@dataclass
+class LocalCluster:
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok, in ``workdir``."""
+
+    workdir: Path
+    nodes: int = 4
+    bin_dir: Path | None = None
+    apiserver_args: Sequence[str] = ()
+    procs: dict[str, Proc] = field(default_factory=dict)
+    etcd_port: int = 0
+    api_port: int = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def kubectl_bin(self) -> str:
+        return os.environ.get("KUBECTL", str(Path(sys.executable).parent / "kubectl"))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.bin_dir = self.bin_dir or control_plane_bin_dir()
+        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            if not (self.bin_dir / b).exists():
+                raise ClusterError(f"missing control-plane binary {self.bin_dir / b}")
+        pki = self.workdir / "pki"
+        pki.mkdir(exist_ok=True)
+        if not (pki / "ca.crt").exists():
+            _write_pki(pki)
+        self.etcd_port = self.etcd_port or free_port()
+        self.api_port = self.api_port or free_port()
+        self.kubeconfig.write_text(json.dumps(kubeconfig_for(self.server, pki / "ca.crt", ADMIN_TOKEN)))
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._wait_ready()
+            self._start_controllers()
+            self._start_kwok()
+            self._write_pidfile()
+            self.apply(CRDS)
+            self.wait_crds_established()
+            if self.nodes:
+                self.add_gpu_nodes(self.nodes)
+                self.wait_nodes_ready(self.nodes)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _proc(self, name: str, args: list[str]) -> Proc:
+        p = Proc(name, args, self.workdir / f"{name}.log")
+        self.procs[name] = p
+        p.start()
+        return p
+
+    def _start_etcd(self) -> None:
+        peer = free_port()
+        assert self.bin_dir
+        self._proc(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1) as r:
+                    if b"true" in r.read():
+                        return
+            except OSError:
+                pass
+            if not self.procs["etcd"].alive():
+                raise ClusterError(f"etcd exited; see {self.procs['etcd'].log}")
+            time.sleep(0.2)
+        raise ClusterError(f"etcd not healthy in 30s; see {self.procs['etcd'].log}")
+
+    def _start_apiserver(self) -> None:
+        pki = self.workdir / "pki"
+        assert self.bin_dir
+        self._proc(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--event-ttl=2h",
+                "--endpoint-reconciler-type=none",
+                *self.apiserver_args,
+            ],
+        )
+
+    def _wait_ready(self, timeout: float = 90.0) -> None:
+        ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(
+                f"{self.server}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=2, context=ctx) as r:
+                    if r.status == 200:
+                        return
+            except OSError as e:
+                last = str(e)
+            if not self.procs["kube-apiserver"].alive():
+                raise ClusterError(f"kube-apiserver exited; see {self.procs['kube-apiserver'].log}")
+            time.sleep(0.3)
+        raise ClusterError(f"kube-apiserver not ready in {timeout}s ({last}); see its log")
+
+    def _start_controllers(self) -> None:
+        pki = self.workdir / "pki"
+        kc = str(self.kubeconfig)
+        assert self.bin_dir
+        self._proc(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                "--controllers=*",
+                "--concurrent-gc-syncs=5",
+                "--node-monitor-grace-period=60s",
+            ],
+        )
+        self._proc(
+            "kube-scheduler",
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+            ],
+        )
+
+    def _start_kwok(self) -> None:
+        assert self.bin_dir
+        stages = self.bin_dir / "kwok-stages"
+        self._proc(
+            "kwok",
+            [
+                str(self.bin_dir / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{free_port()}",
+                "--cidr=10.64.0.0/12",
+                "--node-ip=10.0.0.1",
+                *[f"--config={stages / s}" for s in KWOK_STAGES],
+            ],
+        )
+
+    def _write_pidfile(self) -> None:
+        pids = {n: p.pid for n, p in self.procs.items()}
+        (self.workdir / "pids.json").write_text(json.dumps(pids))
+
+    def stop(self) -> None:
+        for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            if p := self.procs.get(name):
+                p.stop()
+
+    def restart(self, name: str, down_for: float = 0.0) -> None:
+        """Stop one component and start it again with the same arguments (chaos scenarios)."""
+        p = self.procs[name]
+        p.stop()
+        time.sleep(down_for)
+        p.start()
+        if name == "kube-apiserver":
+            self._wait_ready()
+        self._write_pidfile()
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def apply(self, path: Path | str) -> None:
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+
+    def apply_objects(self, objs: Iterable[dict[str, Any]]) -> None:
+        doc = {"apiVersion": "v1", "kind": "List", "items": list(objs)}
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(doc))
+
+    def wait_crds_established(self) -> None:
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/gpuhealthpolicies.gpuhealth.dev",
+            "crd/gpunodehealths.gpuhealth.dev",
+        )
+
+    def add_gpu_nodes(self, count: int, prefix: str = "gpu-node-", start: int = 0, gpus: int = 8) -> list[str]:
+        names = [f"{prefix}{i:04d}" for i in range(start, start + count)]
+        nodes = [gpu_node_manifest(n, gpus=gpus) for n in names]
+        for i in range(0, len(nodes), 200):
+            chunk = nodes[i : i + 200]
+            self.kubectl(
+                "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk})
+            )
+        return names
+
+    def wait_nodes_ready(self, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        ready = 0
+        while time.monotonic() < deadline:
+            out = self.kubectl(
+                "get",
+                "nodes",
+                "-l",
+                "nvidia.com/gpu.present=true",
+                "-o",
+                "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+            ).stdout
+            ready = out.split().count("True")
+            if ready >= count:
+                return
+            time.sleep(0.5)
+        raise ClusterError(f"only {ready}/{count} fake GPU nodes became Ready in {timeout}s")
+
+
+def gpu_node_manifest(name: str, gpus: int = 8) -> dict[str, Any]:
+    """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
+    labels = dict(GPU_LABELS, **{"kubernetes.io/hostname": name, "nvidia.com/gpu.count": str(gpus)})
+    resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def stop_from_pidfile(workdir: Path) -> list[int]:
+    """Stop the processes recorded by an earlier ``start`` (``make cluster-down``)."""
+    pidfile = workdir / "pids.json"
+    if not pidfile.exists():
+        return []
+    pids: dict[str, int] = json.loads(pidfile.read_text())
+    stopped = []
+    for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        pid = pids.get(name)
+        if not pid or not _is_ours(pid, name):
+            continue
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            if not _alive(pid):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        stopped.append(pid)
+    pidfile.unlink()
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in _status(pid)
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return ""
+
+
+def _is_ours(pid: int, name: str) -> bool:
+    """Guard against pid reuse: only signal a process whose command is the binary we started."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return False
+    return cmd.endswith("/" + name)
