@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
 CRDS = REPO / "crds"
 
-ADMIN_TOKEN = "gpuhealth-admin-token"  # noqa: S105 - a throwaway local test cluster
+ADMIN_TOKEN = "gpuhealth-admin-token"
 GPU_LABELS = {
     "nvidia.com/gpu.present": "true",
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -86,7 +86,9 @@ def _write_pki(d: Path) -> None:
 
     def pem_key(k: rsa.RSAPrivateKey) -> bytes:
         return k.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
         )
 
     ca_key = key()
@@ -401,7 +403,9 @@ class LocalCluster:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True,
@@ -429,9 +433,16 @@ class LocalCluster:
             "crd/gpunodehealths.gpuhealth.dev",
         )
 
-    def add_gpu_nodes(self, count: int, prefix: str = "gpu-node-", start: int = 0, gpus: int = 8) -> list[str]:
+    def add_gpu_nodes(
+        self,
+        count: int,
+        prefix: str = "gpu-node-",
+        start: int = 0,
+        gpus: int = 8,
+        labels: Mapping[str, str] | None = None,
+    ) -> list[str]:
         names = [f"{prefix}{i:04d}" for i in range(start, start + count)]
-        nodes = [gpu_node_manifest(n, gpus=gpus) for n in names]
+        nodes = [gpu_node_manifest(n, gpus=gpus, labels=labels) for n in names]
         for i in range(0, len(nodes), 200):
             chunk = nodes[i : i + 200]
             self.kubectl(
@@ -439,7 +450,9 @@ class LocalCluster:
             )
         return names
 
-    def wait_nodes_ready(self, count: int, timeout: float = 120.0) -> None:
+    def wait_nodes_ready(
+        self, count: int, timeout: float = 120.0, selector: str = "nvidia.com/gpu.present=true"
+    ) -> None:
         deadline = time.monotonic() + timeout
         ready = 0
         while time.monotonic() < deadline:
@@ -447,7 +460,7 @@ class LocalCluster:
                 "get",
                 "nodes",
                 "-l",
-                "nvidia.com/gpu.present=true",
+                selector,
                 "-o",
                 "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
             ).stdout
@@ -458,9 +471,9 @@ class LocalCluster:
         raise ClusterError(f"only {ready}/{count} fake GPU nodes became Ready in {timeout}s")
 
 
-def gpu_node_manifest(name: str, gpus: int = 8) -> dict[str, Any]:
+def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
-    labels = dict(GPU_LABELS, **{"kubernetes.io/hostname": name, "nvidia.com/gpu.count": str(gpus)})
+    labels = {**GPU_LABELS, "kubernetes.io/hostname": name, "nvidia.com/gpu.count": str(gpus), **(labels or {})}
     resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
     return {
         "apiVersion": "v1",

@@ -106,7 +106,9 @@ class Kube:
         )
 
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)
+        self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE
+        )
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -118,8 +120,10 @@ class Kube:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{uuid.uuid4().hex[:6]}",
-                         "namespace": self.event_namespace},
+            "metadata": {
+                "name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{uuid.uuid4().hex[:6]}",
+                "namespace": self.event_namespace,
+            },
             "involvedObject": {"kind": kind, "name": name, "uid": uid, "apiVersion": api_version},
             "reason": reason,
             "message": message[:1024],

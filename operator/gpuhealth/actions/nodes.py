@@ -42,7 +42,12 @@ class Ownership:
     lifted_by_others: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        d: dict[str, Any] = {"reason": self.reason, "taint": self.taint, "cordon": self.cordon, "since": self.since}
+        d: dict[str, Any] = {
+            "reason": self.reason,
+            "taint": self.taint,
+            "cordon": self.cordon,
+            "since": self.since,
+        }
         if self.lifted_by_others:
             d["liftedByOthers"] = list(self.lifted_by_others)
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -172,7 +177,9 @@ CONDITION_STATUS = {
 }
 
 
-def plan_condition(node: Mapping[str, Any], state: State, reason: str, message: str, now: str) -> dict[str, Any] | None:
+def plan_condition(
+    node: Mapping[str, Any], state: State, reason: str, message: str, now: str
+) -> dict[str, Any] | None:
     """Strategic-merge patch for the Node's GPUHealthy condition, or None if it already says this."""
     status = CONDITION_STATUS[state]
     reason = reason or str(state)

@@ -7,17 +7,20 @@ server) testable in isolation.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gpuhealth.agent.model import (
     SIGNIFICANT_CLOCK_EVENT_REASONS,
+    UTC,
     DeviceFacts,
     Snapshot,
     SourceName,
+    Temperature,
     XidEvent,
 )
 
@@ -151,7 +154,9 @@ def xid_spec(event: XidEvent) -> dict[str, Any]:
     return out
 
 
-def temperature_changed(prev: int | None, cur: int | None, band: int, thresholds: Iterable[int | None]) -> bool:
+def temperature_changed(
+    prev: int | None, cur: int | None, band: int, thresholds: Iterable[int | None]
+) -> bool:
     """True when a temperature moved by at least ``band`` or crossed a threshold.
 
     Temperatures wander by a degree or two every sample; writing each wobble would turn every
@@ -171,12 +176,14 @@ def _significant(device: DeviceFacts) -> DeviceFacts:
     return device.replace(
         power_w=None,
         clock_event_reasons=None if clock is None else clock & SIGNIFICANT_CLOCK_EVENT_REASONS,
-        temperature=None if temp is None else temp.__class__(None, temp.slowdown_c, temp.shutdown_c),
+        temperature=None if temp is None else Temperature(None, temp.slowdown_c, temp.shutdown_c),
         unsupported=tuple(sorted(set(device.unsupported))),
     )
 
 
-def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C) -> bool:
+def facts_changed(
+    prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C
+) -> bool:
     """Whether ``cur`` carries facts the last written report (``prev``) does not.
 
     Power is excluded (it follows the workload; /metrics carries it live), temperature uses a
@@ -219,15 +226,35 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
             sub = merge_patch(before, value)
             if sub:
                 patch[key] = sub
-        elif before is _MISSING or before != value:
+        elif before is _MISSING or not _same_json(before, value):
             patch[key] = value
     return patch
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    # Python says 1 == True and 0 == 0.0; JSON (and the API server) does not.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: what a server holds after applying ``patch`` to ``target`` (for fakes/tests)."""
+    if not isinstance(patch, Mapping):
+        return patch
+    result: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
 
 
 class XidHistory:
     """The bounded, time-ordered list of XID events the report carries."""
 
-    def __init__(self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S
+    ) -> None:
         self._limit = max(1, limit)
         self._dedupe_s = dcgm_dedupe_s
         self._events: list[XidEvent] = []

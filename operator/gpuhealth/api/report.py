@@ -103,7 +103,9 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 uuid=str(d.get("uuid") or ""),
                 model=str(d.get("model") or ""),
                 lost=bool(d.get("lost", False)),
-                ecc_volatile_uncorrected=_int(ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"),
+                ecc_volatile_uncorrected=_int(
+                    ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"
+                ),
                 ecc_aggregate_uncorrected=_int(
                     ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"
                 ),
@@ -127,7 +129,11 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
         if not 1 <= code <= 1023:
             raise ReportError(f"{where}.xid: {code} is outside 1..1023")
         gpu = e.get("gpu")
-        xids.append(XidEvent(xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or "")))
+        xids.append(
+            XidEvent(
+                xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or "")
+            )
+        )
     return Report(
         node=name,
         heartbeat=parse_time(spec.get("heartbeatTime")),

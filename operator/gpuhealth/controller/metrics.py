@@ -8,11 +8,15 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 NODES = Gauge("gpuhealth_nodes", "GPU nodes by gpuhealth state", ["policy", "state"], registry=REGISTRY)
 ACTIONS = Counter(
-    "gpuhealth_actions_total", "Actions taken on Nodes, by kind and reason", ["action", "reason", "mode"],
+    "gpuhealth_actions_total",
+    "Actions taken on Nodes, by kind and reason",
+    ["action", "reason", "mode"],
     registry=REGISTRY,
 )
 FAULTS = Counter(
-    "gpuhealth_faults_total", "Faults detected, by signal and XID code (empty if not an XID)", ["signal", "code"],
+    "gpuhealth_faults_total",
+    "Faults detected, by signal and XID code (empty if not an XID)",
+    ["signal", "code"],
     registry=REGISTRY,
 )
 DETECTION_TO_ACTION = Histogram(
@@ -21,13 +25,30 @@ DETECTION_TO_ACTION = Histogram(
     buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
-BREAKER_OPEN = Gauge("gpuhealth_breaker_open", "1 when the policy's circuit breaker holds quarantines back",
-                     ["policy"], registry=REGISTRY)
-INVALID_INPUT = Counter("gpuhealth_invalid_input_total", "Reports or policies refused by the operator",
-                        ["kind"], registry=REGISTRY)
-RECONCILE_ERRORS = Counter("gpuhealth_reconcile_errors_total", "Reconciles that failed and were retried",
-                           registry=REGISTRY)
-CONFLICTS = Counter("gpuhealth_write_conflicts_total", "Optimistic-concurrency conflicts (409) retried",
-                    ["kind"], registry=REGISTRY)
-CAPACITY_GPU_HOURS = Gauge("gpuhealth_gpus_out_of_service", "GPUs held out of service by state",
-                           ["policy", "state"], registry=REGISTRY)
+BREAKER_OPEN = Gauge(
+    "gpuhealth_breaker_open",
+    "1 when the policy's circuit breaker holds quarantines back",
+    ["policy"],
+    registry=REGISTRY,
+)
+INVALID_INPUT = Counter(
+    "gpuhealth_invalid_input_total",
+    "Reports or policies refused by the operator",
+    ["kind"],
+    registry=REGISTRY,
+)
+RECONCILE_ERRORS = Counter(
+    "gpuhealth_reconcile_errors_total", "Reconciles that failed and were retried", registry=REGISTRY
+)
+CONFLICTS = Counter(
+    "gpuhealth_write_conflicts_total",
+    "Optimistic-concurrency conflicts (409) retried",
+    ["kind"],
+    registry=REGISTRY,
+)
+CAPACITY_GPU_HOURS = Gauge(
+    "gpuhealth_gpus_out_of_service",
+    "GPUs held out of service by state",
+    ["policy", "state"],
+    registry=REGISTRY,
+)

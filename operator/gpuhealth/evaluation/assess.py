@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuhealth.api.names import GPU_COUNT_LABEL, GPU_RESOURCE, Action, Signal
+from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
 from gpuhealth.catalog import xid as catalog
@@ -53,7 +53,9 @@ class Finding:
 
     @property
     def key(self) -> str:
-        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+        return (
+            f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+        )
 
     @property
     def reason(self) -> str:
@@ -61,7 +63,9 @@ class Finding:
         return f"XID{self.code}" if self.signal == Signal.XID else str(self.signal)
 
     def describe(self) -> str:
-        where = f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
+        where = (
+            f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
+        )
         return f"{where}: {self.detail}"
 
 
@@ -140,14 +144,29 @@ def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) ->
 
 
 def _assess_device(
-    policy: Policy, d: Device, report: Report, now: dt.datetime, prior_pending: Mapping[str, str], pending: dict[str, str]
+    policy: Policy,
+    d: Device,
+    report: Report,
+    now: dt.datetime,
+    prior_pending: Mapping[str, str],
+    pending: dict[str, str],
 ) -> list[Finding]:
     from gpuhealth.api.timeutil import format_time, parse_time
 
     out: list[Finding] = []
     seen = report.observed
     if d.lost:
-        out.append(Finding(Signal.GPU_LOST, policy.gpu_lost_action, "GPU is lost (NVML: GPU_IS_LOST)", d.index, d.uuid, None, seen))
+        out.append(
+            Finding(
+                Signal.GPU_LOST,
+                policy.gpu_lost_action,
+                "GPU is lost (NVML: GPU_IS_LOST)",
+                d.index,
+                d.uuid,
+                None,
+                seen,
+            )
+        )
         return out
     if d.ecc_volatile_uncorrected >= policy.ecc_threshold:
         out.append(
@@ -162,13 +181,38 @@ def _assess_device(
             )
         )
     if d.remap_failure:
-        out.append(Finding(Signal.ROW_REMAP_FAILURE, policy.row_remap_failure_action, "row remapping failed", d.index, d.uuid, None, seen))
+        out.append(
+            Finding(
+                Signal.ROW_REMAP_FAILURE,
+                policy.row_remap_failure_action,
+                "row remapping failed",
+                d.index,
+                d.uuid,
+                None,
+                seen,
+            )
+        )
     if d.remap_pending or d.retired_pending:
         what = "row remap pending" if d.remap_pending else "page retirement pending"
-        out.append(Finding(Signal.PENDING_REMAP, policy.pending_remap_action, f"{what}: needs a GPU reset", d.index, d.uuid, None, seen))
+        out.append(
+            Finding(
+                Signal.PENDING_REMAP,
+                policy.pending_remap_action,
+                f"{what}: needs a GPU reset",
+                d.index,
+                d.uuid,
+                None,
+                seen,
+            )
+        )
     sustained = dt.timedelta(seconds=policy.thermal_sustained_s)
-    if policy.thermal_slowdown and d.clock_event_reasons & THERMAL_REASONS and d.clock_events_since is not None:
-        if now - d.clock_events_since >= sustained:
+    if (
+        policy.thermal_slowdown
+        and d.clock_event_reasons & THERMAL_REASONS
+        and d.clock_events_since is not None
+        and now - d.clock_events_since >= sustained
+    ):
+        if True:
             out.append(
                 Finding(
                     Signal.THERMAL,
@@ -246,7 +290,9 @@ def assess(
     total = max(len(report.devices), expected or 0)
     healthy = sum(1 for d in report.devices if d.index not in faulty and not d.lost)
     last = report.xids[-1] if report.xids else None
-    last_xid = "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
+    last_xid = (
+        "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
+    )
     return Assessment(
         findings=tuple(sorted(findings, key=lambda f: f.key)),
         unknown=unknown,

@@ -102,7 +102,10 @@ def _fault_state(level: Action) -> State:
 
 def _next_step(level: Action) -> str:
     if level == Action.CORDON:
-        return "tainted and cordoned; running workloads continue; it returns to service after probation once the facts clear"
+        return (
+            "tainted and cordoned; running workloads continue; "
+            "it returns to service after probation once the facts clear"
+        )
     if level == Action.DRAIN:
         return "tainted, cordoned and being drained (checkpoint first, then evict)"
     return "tainted, cordoned and being drained; it then waits for a human repair (kubectl gpuhealth release)"
@@ -112,16 +115,26 @@ def _summary(findings: tuple[Finding, ...]) -> str:
     return "; ".join(f.describe() for f in findings)
 
 
-def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()) -> Decision:
+def decide(
+    prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()
+) -> Decision:
     """The next record for a node, and what changed."""
     rec = prior
     events: list[tuple[str, str, str]] = []
     if inputs.released:
         rec = replace(rec, cleared_before=now, quarantines=())
         if rec.state == State.AWAITING_REPAIR:
-            rec = replace(rec, state=State.RECOVERING, since=now, healthy_since=None, reason="Released",
-                          message="released by a human; on probation")
-            events.append(("Normal", "Released", "Released by a human after repair; the node is on probation"))
+            rec = replace(
+                rec,
+                state=State.RECOVERING,
+                since=now,
+                healthy_since=None,
+                reason="Released",
+                message="released by a human; on probation",
+            )
+            events.append(
+                ("Normal", "Released", "Released by a human after repair; the node is on probation")
+            )
     window = dt.timedelta(seconds=policy.flapping_window_s)
     recent = tuple(t for t in rec.quarantines if now - t <= window)
     rec = replace(rec, quarantines=recent)
@@ -142,27 +155,49 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
         detail = _summary(quarantine_findings)
         if not rec.out_of_service:
             if not inputs.breaker_allows:
-                held = replace(rec, state=State.DEGRADED, reason=top.reason,
-                               message=f"quarantine held back: the circuit breaker is open ({detail})",
-                               held_by_breaker=True, since=rec.since if rec.held_by_breaker else now)
+                held = replace(
+                    rec,
+                    state=State.DEGRADED,
+                    reason=top.reason,
+                    message=f"quarantine held back: the circuit breaker is open ({detail})",
+                    held_by_breaker=True,
+                    since=rec.since if rec.held_by_breaker else now,
+                )
                 if not rec.held_by_breaker:
-                    events.append(("Warning", "QuarantineHeldBack",
-                                   f"{detail}. The policy {policy.name!r} breaker is open (maxUnhealthy "
-                                   f"{policy.max_unhealthy}): not quarantining; it will once the fleet is back under the limit"))
+                    events.append(
+                        (
+                            "Warning",
+                            "QuarantineHeldBack",
+                            f"{detail}. The policy {policy.name!r} breaker is open (maxUnhealthy "
+                            f"{policy.max_unhealthy}): not quarantining; "
+                            "it will once the fleet is back under the limit",
+                        )
+                    )
                 return Decision(held, events=tuple(events))
             return _enter_quarantine(rec, top, level, detail, now, policy, events)
         if rec.state == State.RECOVERING:
             return _enter_quarantine(rec, top, level, detail, now, policy, events, relapse=True)
         if rec.state == State.QUARANTINED and level.severity >= Action.DRAIN.severity:
-            rec = replace(rec, state=State.DRAINING, reason=top.reason, since=now, drain_action=str(level),
-                          message=detail)
-            events.append(("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)"))
+            rec = replace(
+                rec,
+                state=State.DRAINING,
+                reason=top.reason,
+                since=now,
+                drain_action=str(level),
+                message=detail,
+            )
+            events.append(
+                ("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)")
+            )
             return Decision(rec, events=tuple(events))
         if rec.state == State.DRAINING and inputs.drain_complete:
             nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
             rec = replace(rec, state=nxt, since=now)
-            msg = ("Drain complete; the node waits for a human repair (kubectl gpuhealth release)"
-                   if nxt == State.AWAITING_REPAIR else "Drain complete; the node stays quarantined until the facts clear")
+            msg = (
+                "Drain complete; the node waits for a human repair (kubectl gpuhealth release)"
+                if nxt == State.AWAITING_REPAIR
+                else "Drain complete; the node stays quarantined until the facts clear"
+            )
             events.append(("Normal", "DrainComplete", msg))
             return Decision(rec, events=tuple(events))
         return Decision(replace(rec, message=detail), events=tuple(events))
@@ -173,26 +208,63 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
             # Stale facts: never count them towards probation.
             return Decision(replace(rec, healthy_since=None), events=tuple(events))
         if rec.state != State.RECOVERING:
-            rec = replace(rec, state=State.RECOVERING, since=now, healthy_since=now, reason=rec.reason,
-                          message=f"facts are clean; on probation for {int(policy.probation_s)}s")
-            events.append(("Normal", "Recovering",
-                            f"The faults that quarantined the node have cleared; it returns to service after "
-                            f"{int(policy.probation_s)}s of clean reports"))
+            rec = replace(
+                rec,
+                state=State.RECOVERING,
+                since=now,
+                healthy_since=now,
+                reason=rec.reason,
+                message=f"facts are clean; on probation for {int(policy.probation_s)}s",
+            )
+            events.append(
+                (
+                    "Normal",
+                    "Recovering",
+                    f"The faults that quarantined the node have cleared; it returns to service after "
+                    f"{int(policy.probation_s)}s of clean reports",
+                )
+            )
             return Decision(rec, events=tuple(events))
         healthy_since = rec.healthy_since or now
         rec = replace(rec, healthy_since=healthy_since)
         if (now - healthy_since).total_seconds() >= policy.probation_s:
-            rec = replace(rec, state=State.HEALTHY, since=now, reason="", message="", healthy_since=None, drain_action="")
-            events.append(("Normal", "ReturnedToService",
-                           f"Healthy for the whole probation ({int(policy.probation_s)}s): lifting gpuhealth's taint and cordon"))
+            rec = replace(
+                rec,
+                state=State.HEALTHY,
+                since=now,
+                reason="",
+                message="",
+                healthy_since=None,
+                drain_action="",
+            )
+            events.append(
+                (
+                    "Normal",
+                    "ReturnedToService",
+                    f"Healthy for the whole probation ({int(policy.probation_s)}s): "
+                    "lifting gpuhealth's taint and cordon",
+                )
+            )
             return Decision(rec, lift=True, events=tuple(events))
         return Decision(rec, events=tuple(events))
 
     if a.unknown:
         if rec.state != State.UNKNOWN:
-            rec = replace(rec, state=State.UNKNOWN, since=now, reason=str(Signal.AGENT_SILENT), message=a.unknown_reason,
-                          held_by_breaker=False)
-            events.append(("Warning", "AgentSilent", f"{a.unknown_reason}. GPU health is Unknown; nothing is assumed healthy"))
+            rec = replace(
+                rec,
+                state=State.UNKNOWN,
+                since=now,
+                reason=str(Signal.AGENT_SILENT),
+                message=a.unknown_reason,
+                held_by_breaker=False,
+            )
+            events.append(
+                (
+                    "Warning",
+                    "AgentSilent",
+                    f"{a.unknown_reason}. GPU health is Unknown; nothing is assumed healthy",
+                )
+            )
         return Decision(rec, events=tuple(events))
 
     observed = tuple(f for f in a.findings if f.action == Action.OBSERVE)
@@ -200,8 +272,17 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
         first = observed[0]
         detail = _summary(observed)
         if rec.state != State.DEGRADED or rec.reason != first.reason or rec.held_by_breaker:
-            rec = replace(rec, state=State.DEGRADED, since=now, reason=first.reason, message=detail, held_by_breaker=False)
-            events.append(("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy"))
+            rec = replace(
+                rec,
+                state=State.DEGRADED,
+                since=now,
+                reason=first.reason,
+                message=detail,
+                held_by_breaker=False,
+            )
+            events.append(
+                ("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy")
+            )
         return Decision(rec, events=tuple(events))
 
     if rec.state != State.HEALTHY:
@@ -222,16 +303,39 @@ def _enter_quarantine(
 ) -> Decision:
     quarantines = (*rec.quarantines, now)[-MAX_HISTORY:]
     if len(quarantines) >= policy.flapping_max:
-        nrec = replace(rec, state=State.AWAITING_REPAIR, since=now, reason=str(Signal.FLAPPING), quarantines=quarantines,
-                       message=f"quarantined {len(quarantines)} times within the flapping window; last: {detail}",
-                       held_by_breaker=False, healthy_since=None, drain_action=str(Action.REPAIR))
-        events.append(("Warning", "Flapping",
-                       f"{detail}. Quarantined {len(quarantines)} times within {int(policy.flapping_window_s)}s: the node "
-                       "stays out of service until a human releases it (kubectl gpuhealth release)"))
+        nrec = replace(
+            rec,
+            state=State.AWAITING_REPAIR,
+            since=now,
+            reason=str(Signal.FLAPPING),
+            quarantines=quarantines,
+            message=f"quarantined {len(quarantines)} times within the flapping window; last: {detail}",
+            held_by_breaker=False,
+            healthy_since=None,
+            drain_action=str(Action.REPAIR),
+        )
+        events.append(
+            (
+                "Warning",
+                "Flapping",
+                f"{detail}. Quarantined {len(quarantines)} times within "
+                f"{int(policy.flapping_window_s)}s: the node "
+                "stays out of service until a human releases it (kubectl gpuhealth release)",
+            )
+        )
         return Decision(nrec, new_quarantine=True, events=tuple(events))
     state = _fault_state(level)
-    nrec = replace(rec, state=state, since=now, reason=top.reason, message=detail, quarantines=quarantines,
-                   held_by_breaker=False, healthy_since=None, drain_action=str(level) if state == State.DRAINING else "")
+    nrec = replace(
+        rec,
+        state=state,
+        since=now,
+        reason=top.reason,
+        message=detail,
+        quarantines=quarantines,
+        held_by_breaker=False,
+        healthy_since=None,
+        drain_action=str(level) if state == State.DRAINING else "",
+    )
     verb = "Relapsed during probation" if relapse else "Quarantined"
     events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level)}"))
     return Decision(nrec, new_quarantine=True, events=tuple(events))

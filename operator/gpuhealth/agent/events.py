@@ -1,0 +1,98 @@
+"""The XID event thread: waits on the device source and hands events off, never blocking.
+
+NVML delivers events into a per-process queue that can overflow while nobody waits, so this
+thread does nothing but wait and enqueue; all API work happens on the publisher thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from gpuhealth.agent.model import XidEvent
+from gpuhealth.agent.source import DeviceSource
+
+log = logging.getLogger(__name__)
+
+
+class XidBuffer:
+    """Thread-safe hand-off of XID events from producers to the publisher.
+
+    Bounded so an XID storm during a long API outage cannot exhaust memory; the report keeps
+    only the newest events anyway, so dropping the oldest loses nothing it would carry.
+    """
+
+    def __init__(self, maxlen: int = 1024, on_put: Callable[[], None] | None = None) -> None:
+        self._items: deque[tuple[XidEvent, bool]] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+        self._on_put = on_put
+
+    def put(self, event: XidEvent, *, baseline: bool = False) -> None:
+        with self._lock:
+            if len(self._items) == self._items.maxlen:
+                log.warning("XID buffer full; dropping the oldest pending event")
+            self._items.append((event, baseline))
+        if self._on_put is not None:
+            self._on_put()
+
+    def drain(self) -> list[tuple[XidEvent, bool]]:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+        return items
+
+
+class EventWatcher:
+    """Runs ``source.wait_events`` in a loop on a daemon thread until stopped."""
+
+    def __init__(
+        self,
+        source: DeviceSource,
+        buffer: XidBuffer,
+        *,
+        timeout_s: float = 1.0,
+        on_resample: Callable[[], None] | None = None,
+        on_xid: Callable[[XidEvent], None] | None = None,
+    ) -> None:
+        self._source = source
+        self._buffer = buffer
+        self._timeout_s = timeout_s
+        self._on_resample = on_resample
+        self._on_xid = on_xid
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_loop = time.monotonic()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuhealth-xid-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s if timeout_s is not None else self._timeout_s * 3 + 5)
+            if self._thread.is_alive():
+                log.warning("XID event thread did not stop in time")
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.last_loop = time.monotonic()
+            try:
+                batch = self._source.wait_events(self._timeout_s)
+            except Exception:
+                log.exception("XID event wait failed; retrying")
+                self._stop.wait(self._timeout_s)
+                continue
+            for event in batch.xids:
+                self._buffer.put(event)
+                if self._on_xid is not None:
+                    self._on_xid(event)
+            if batch.resample and self._on_resample is not None:
+                self._on_resample()

@@ -1,0 +1,180 @@
+"""``gpuhealth-agent``: the per-node GPU health reporter (command-line entry point)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from gpuhealth.agent.nvml_source import ENV_LIBRARY
+from gpuhealth.agent.runner import Agent, AgentConfig, agent_version, collect_once
+
+log = logging.getLogger("gpuhealth.agent")
+
+EXIT_NVML_UNAVAILABLE = 3
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value else default
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuhealth-agent",
+        description="Report this node's GPU health facts (NVML, optionally DCGM) as a GPUNodeHealth object.",
+    )
+    p.add_argument(
+        "--node-name",
+        default=_env("NODE_NAME"),
+        help="node to report for; the object is named after it (env NODE_NAME, else the hostname)",
+    )
+    p.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)"
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=float(_env("GPUHEALTH_INTERVAL", "10") or 10),
+        help="seconds between samples (env GPUHEALTH_INTERVAL, default 10)",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=_positive,
+        default=float(_env("GPUHEALTH_HEARTBEAT_INTERVAL", "30") or 30),
+        help="seconds between heartbeats when nothing changed (env GPUHEALTH_HEARTBEAT_INTERVAL, default 30)",
+    )
+    p.add_argument(
+        "--event-timeout",
+        type=_positive,
+        default=1.0,
+        help="seconds one nvmlEventSetWait may block; bounds shutdown latency (default 1)",
+    )
+    p.add_argument(
+        "--nvml-library",
+        default=_env(ENV_LIBRARY),
+        help=f"path of the NVML library instead of libnvidia-ml.so.1 (env {ENV_LIBRARY})",
+    )
+    p.add_argument(
+        "--dcgm-url",
+        default=_env("GPUHEALTH_DCGM_URL"),
+        help="DCGM exporter metrics URL, e.g. http://localhost:9400/metrics (env GPUHEALTH_DCGM_URL)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("GPUHEALTH_METRICS_PORT", "9401") or 9401),
+        help="port for /metrics and /healthz; 0 disables (env GPUHEALTH_METRICS_PORT, default 9401)",
+    )
+    p.add_argument(
+        "--metrics-bind", default="0.0.0.0", help="address for the metrics server (default 0.0.0.0)"
+    )
+    p.add_argument(
+        "--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds"
+    )
+    p.add_argument(
+        "--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)"
+    )
+    p.add_argument("--once", action="store_true", help="sample once, write (or print) the report once, exit")
+    p.add_argument(
+        "--dry-run", action="store_true", help="no cluster: print the report instead of writing it"
+    )
+    p.add_argument(
+        "--log-level",
+        default=_env("GPUHEALTH_LOG_LEVEL", "INFO"),
+        help="logging level (env GPUHEALTH_LOG_LEVEL)",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {agent_version()}")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    return AgentConfig(
+        node_name=args.node_name or socket.gethostname(),
+        interval_s=args.interval,
+        heartbeat_interval_s=args.heartbeat_interval,
+        event_timeout_s=args.event_timeout,
+        nvml_library=args.nvml_library,
+        dcgm_url=args.dcgm_url,
+        metrics_port=args.metrics_port,
+        metrics_bind=args.metrics_bind,
+        max_xid_events=args.max_xid_events,
+        max_backoff_s=args.max_backoff,
+    )
+
+
+def kube_api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient from ``--kubeconfig``, else in-cluster config, else $KUBECONFIG/~/.kube."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.node_name:
+        log.warning("NODE_NAME not set; using the hostname %s", socket.gethostname())
+    config = config_from_args(args)
+
+    if args.once and args.dry_run:
+        spec = collect_once(config)
+        sys.stdout.write(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        sys.exit(0 if spec["nvml"]["available"] else EXIT_NVML_UNAVAILABLE)
+
+    from gpuhealth.agent.publisher import KubeTransport, PrintTransport, ReportTransport
+
+    transport: ReportTransport
+    if args.dry_run:
+        transport = PrintTransport(sys.stdout)
+    else:
+        transport = KubeTransport(kube_api_client(args.kubeconfig))
+
+    if args.once:
+        agent = Agent(dataclasses.replace(config, metrics_port=0), transport)
+        kind = agent.run_once()
+        log.info("report %s written once (%s)", config.node_name, kind)
+        snapshot = agent.latest.get()
+        sys.exit(0 if snapshot is not None and snapshot.nvml.available else EXIT_NVML_UNAVAILABLE)
+
+    stop = threading.Event()
+
+    def _handle(signum: int, _frame: FrameType | None) -> None:
+        log.info("received signal %d; stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handle)
+    signal.signal(signal.SIGINT, _handle)
+    Agent(config, transport).run(stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,515 @@
+"""GPU facts and XID events from NVML, through the ``pynvml`` bindings (nvidia-ml-py).
+
+Rules that matter to the operator downstream:
+
+* NVML that cannot be loaded or initialised yields ``available=False`` with the error and no
+  devices; it is retried every sample, so a driver that comes up late is picked up.
+* ``NotSupported`` is not a fault: the query's name goes into the device's ``unsupported``.
+* ``GpuIsLost`` (or a handle that stops answering) marks the GPU ``lost`` and keeps it listed
+  with its last known facts, so a GPU that fell off the bus cannot quietly vanish.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpuhealth.agent.model import (
+    MIG_DISABLED,
+    MIG_ENABLED,
+    MODE_UNSUPPORTED,
+    RECOVERY_ACTIONS,
+    UTC,
+    DeviceFacts,
+    EccCounts,
+    NvmlStatus,
+    RemappedRows,
+    RetiredPages,
+    Temperature,
+    XidEvent,
+)
+from gpuhealth.agent.source import DeviceSample, SourceEvents
+
+log = logging.getLogger(__name__)
+
+ENV_LIBRARY = "GPUHEALTH_NVML_LIBRARY"
+
+# Query names as they appear in spec.devices[].unsupported (the report's field names).
+Q_ECC = "ecc"
+Q_RETIRED = "retiredPages"
+Q_REMAP = "remappedRows"
+Q_TEMP = "temperature"
+Q_THRESHOLDS = "temperatureThresholds"
+Q_CLOCK = "clockEventReasons"
+Q_POWER = "powerW"
+Q_RECOVERY = "recoveryAction"
+Q_EVENTS = "xidEvents"
+
+_EVENT_XID = int(getattr(pynvml, "nvmlEventTypeXidCriticalError", 0x8))
+_EVENT_SBE = int(getattr(pynvml, "nvmlEventTypeSingleBitEccError", 0x1))
+_EVENT_DBE = int(getattr(pynvml, "nvmlEventTypeDoubleBitEccError", 0x2))
+_FI_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
+_VALUE_TYPE_ULL = 3
+_VALUE_TYPE_SLL = 4
+
+T = TypeVar("T")
+
+
+def load_nvml_library(path: str) -> None:
+    """Make pynvml use the NVML shared library at ``path``.
+
+    pynvml hard-codes ``CDLL("libnvidia-ml.so.1")`` on first init but only when its module
+    global ``nvmlLib`` is unset, so preloading that global (under pynvml's own lock, and
+    dropping its cache of resolved function pointers) is the least invasive hook. Used for
+    drivers installed off the loader path and for the fake NVML in tests. Raises OSError.
+    """
+    lib = ctypes.CDLL(path)
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace").rstrip("\x00")
+    return str(value)
+
+
+def _address(handle: object) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+def _error_name(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Lost(Exception):
+    """NVML said GPU_IS_LOST for this device; abandon the rest of its sample."""
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any = None
+    facts: DeviceFacts = field(default_factory=lambda: DeviceFacts(index=0))
+    thresholds: tuple[int | None, int | None] = (None, None)
+    static_unsupported: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)
+
+
+class NvmlSource:
+    """:class:`~gpuhealth.agent.source.DeviceSource` backed by the real pynvml."""
+
+    def __init__(self, library: str | None = None) -> None:
+        self._library = library if library is not None else (os.environ.get(ENV_LIBRARY) or None)
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._status = NvmlStatus(available=False, error="NVML not initialised yet")
+        self._devices: list[_Device] = []
+        self._generation = 0
+        self._clock_fn: Callable[[Any], int] | None = None
+        # Event-thread state (only the thread calling wait_events touches these).
+        self._event_set: Any = None
+        self._event_generation = -1
+        self._event_devices: dict[int, _Device] = {}
+        self._events_unsupported: set[int] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def status(self) -> NvmlStatus:
+        return self._status
+
+    def open(self) -> NvmlStatus:
+        """Initialise NVML and discover GPUs now (``sample`` would do it lazily)."""
+        with self._lock:
+            if not self._initialized:
+                self._init_locked()
+            return self._status
+
+    def close(self) -> None:
+        with self._lock:
+            if self._event_set is not None:
+                try:
+                    pynvml.nvmlEventSetFree(self._event_set)
+                except pynvml.NVMLError as exc:
+                    log.debug("nvmlEventSetFree: %s", exc)
+                self._event_set = None
+            if self._initialized:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError as exc:
+                    log.debug("nvmlShutdown: %s", exc)
+            self._initialized = False
+            self._event_generation = -1
+
+    def _init_locked(self) -> None:
+        if self._library:
+            try:
+                load_nvml_library(self._library)
+            except OSError as exc:
+                self._fail(f"cannot load NVML library {self._library}: {exc}")
+                return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self._fail(f"nvmlInit failed: {exc}")
+            return
+        self._initialized = True
+        driver = self._optional(pynvml.nvmlSystemGetDriverVersion)
+        cuda_raw: int | None = None
+        for name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            fn = getattr(pynvml, name, None)
+            if fn is not None:
+                cuda_raw = self._optional(fn)
+                if cuda_raw is not None:
+                    break
+        cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}" if cuda_raw else None
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as exc:
+            pynvml.nvmlShutdown()
+            self._initialized = False
+            self._fail(f"nvmlDeviceGetCount failed: {exc}")
+            return
+        self._devices = [self._discover(i) for i in range(count)]
+        self._generation += 1
+        self._status = NvmlStatus(
+            available=True,
+            driver_version=_text(driver) if driver is not None else None,
+            cuda_version=cuda,
+        )
+        log.info("NVML initialised: driver %s, CUDA %s, %d GPU(s)", driver, cuda, count)
+
+    def _fail(self, message: str) -> None:
+        if self._status.error != message:
+            log.warning("NVML unavailable: %s", message)
+        self._status = NvmlStatus(available=False, error=message)
+        self._devices = []
+
+    @staticmethod
+    def _optional(fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except pynvml.NVMLError as exc:
+            log.debug("%s: %s", getattr(fn, "__name__", fn), exc)
+            return None
+
+    # ---- discovery -------------------------------------------------------------------------
+
+    def _discover(self, index: int) -> _Device:
+        dev = _Device(index=index, facts=DeviceFacts(index=index))
+        self._acquire_handle(dev)
+        return dev
+
+    def _acquire_handle(self, dev: _Device) -> bool:
+        """Get the device's handle and identity; False (and ``lost``) when NVML cannot."""
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(dev.index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            pci = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError as exc:
+            self._warn_once(dev, "handle", f"GPU {dev.index}: cannot get handle/identity: {exc}")
+            dev.handle = None
+            dev.facts = dev.facts.replace(lost=True)
+            return False
+        dev.handle = handle
+        dev.facts = dev.facts.replace(uuid=uuid or dev.facts.uuid, pci_bus_id=pci or None, model=name or None)
+        dev.static_unsupported = set()
+        shutdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0))
+        slowdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
+        dev.thresholds = (slowdown, shutdown)
+        return True
+
+    def _threshold(self, dev: _Device, which: int) -> int | None:
+        try:
+            return int(pynvml.nvmlDeviceGetTemperatureThreshold(dev.handle, which))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            dev.static_unsupported.add(Q_THRESHOLDS)
+        except pynvml.NVMLError as exc:
+            self._warn_once(dev, Q_THRESHOLDS, f"GPU {dev.index}: temperature threshold: {exc}")
+        return None
+
+    @staticmethod
+    def _warn_once(dev: _Device, key: str, message: str) -> None:
+        if key in dev.warned:
+            log.debug("%s", message)
+        else:
+            dev.warned.add(key)
+            log.warning("%s", message)
+
+    # ---- sampling --------------------------------------------------------------------------
+
+    def sample(self) -> DeviceSample:
+        """Read every GPU's counters now (initialising NVML first if it is not yet up)."""
+        with self._lock:
+            if not self._initialized:
+                self._init_locked()
+            if not self._initialized:
+                return DeviceSample(self._status, ())
+            for dev in self._devices:
+                dev.facts = self._sample_device(dev)
+            return DeviceSample(self._status, tuple(d.facts for d in self._devices))
+
+    def _sample_device(self, dev: _Device) -> DeviceFacts:
+        if dev.handle is None:
+            if not self._acquire_handle(dev):
+                return dev.facts.replace(lost=True)
+            self._generation += 1  # the event thread re-registers the returning GPU
+        unsupported: set[str] = set(dev.static_unsupported)
+        if dev.index in self._events_unsupported:
+            unsupported.add(Q_EVENTS)
+        try:
+            facts = self._read(dev, unsupported)
+        except _Lost:
+            self._warn_once(dev, "lost", f"GPU {dev.index} ({dev.facts.uuid}) is lost")
+            return dev.facts.replace(lost=True)
+        dev.warned.discard("lost")
+        return facts.replace(unsupported=tuple(sorted(unsupported)))
+
+    def _query(self, dev: _Device, name: str, unsupported: set[str], fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except pynvml.NVMLError_GpuIsLost as exc:
+            raise _Lost from exc
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            unsupported.add(name)
+        except pynvml.NVMLError as exc:
+            self._warn_once(dev, name, f"GPU {dev.index}: {name} query failed: {exc}")
+        return None
+
+    def _read(self, dev: _Device, unsupported: set[str]) -> DeviceFacts:
+        h = dev.handle
+        mig = self._mode(dev, lambda: pynvml.nvmlDeviceGetMigMode(h)[0])
+        ecc_mode = self._mode(dev, lambda: pynvml.nvmlDeviceGetEccMode(h)[0])
+
+        def ecc_count(error_type: int, counter: int) -> Callable[[], int]:
+            return lambda: int(pynvml.nvmlDeviceGetTotalEccErrors(h, error_type, counter))
+
+        counters = [
+            self._query(dev, Q_ECC, unsupported, ecc_count(error_type, counter))
+            for error_type in (
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            )
+            for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC)
+        ]
+        vol_unc, agg_unc, vol_cor, agg_cor = counters
+        ecc = None if all(c is None for c in counters) else EccCounts(vol_unc, vol_cor, agg_unc, agg_cor)
+
+        sbe = self._query(
+            dev,
+            Q_RETIRED,
+            unsupported,
+            lambda: len(
+                pynvml.nvmlDeviceGetRetiredPages(
+                    h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+                )
+            ),
+        )
+        retired = None
+        if sbe is not None:
+            dbe = self._query(
+                dev,
+                Q_RETIRED,
+                unsupported,
+                lambda: len(
+                    pynvml.nvmlDeviceGetRetiredPages(
+                        h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+                    )
+                ),
+            )
+            pending = self._query(
+                dev, Q_RETIRED, unsupported, lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h))
+            )
+            retired = RetiredPages(sbe, dbe, pending)
+
+        rows = self._query(dev, Q_REMAP, unsupported, lambda: pynvml.nvmlDeviceGetRemappedRows(h))
+        remapped = (
+            None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
+        )
+
+        current = self._query(
+            dev,
+            Q_TEMP,
+            unsupported,
+            lambda: int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+        )
+        slowdown, shutdown = dev.thresholds
+        temperature = (
+            None
+            if current is None and slowdown is None and shutdown is None
+            else Temperature(current, slowdown, shutdown)
+        )
+
+        clock = self._query(dev, Q_CLOCK, unsupported, lambda: self._clock_reasons(h))
+        power_mw = self._query(dev, Q_POWER, unsupported, lambda: int(pynvml.nvmlDeviceGetPowerUsage(h)))
+        recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: self._recovery_action(h))
+        return dev.facts.replace(
+            lost=False,
+            mig_mode=mig,
+            ecc_mode=ecc_mode,
+            ecc=ecc,
+            retired_pages=retired,
+            remapped_rows=remapped,
+            temperature=temperature,
+            clock_event_reasons=clock,
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            recovery_action=recovery,
+        )
+
+    def _mode(self, dev: _Device, fn: Callable[[], int]) -> str | None:
+        try:
+            value = fn()
+        except pynvml.NVMLError_GpuIsLost as exc:
+            raise _Lost from exc
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return MODE_UNSUPPORTED
+        except pynvml.NVMLError as exc:
+            self._warn_once(dev, "mode", f"GPU {dev.index}: mode query failed: {exc}")
+            return None
+        return MIG_ENABLED if int(value) == 1 else MIG_DISABLED
+
+    def _clock_reasons(self, handle: Any) -> int:
+        """Current clock-event reasons, via the newer name when the driver has it."""
+        if self._clock_fn is not None:
+            return int(self._clock_fn(handle))
+        candidates = [
+            getattr(pynvml, name, None)
+            for name in (
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+            )
+        ]
+        last: Exception = pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        for fn in candidates:
+            if fn is None:
+                continue
+            try:
+                value = int(fn(handle))
+            except pynvml.NVMLError_FunctionNotFound as exc:
+                last = exc
+                continue
+            self._clock_fn = fn
+            return value
+        raise last
+
+    @staticmethod
+    def _recovery_action(handle: Any) -> str | None:
+        values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
+        value = values[0]
+        if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(int(value.nvmlReturn))
+        value_type = int(value.valueType)
+        raw = (
+            int(value.value.ullVal)
+            if value_type == _VALUE_TYPE_ULL
+            else int(value.value.sllVal)
+            if value_type == _VALUE_TYPE_SLL
+            else int(value.value.uiVal)
+        )
+        action = RECOVERY_ACTIONS.get(raw)
+        if action is None:
+            log.info("GPU recovery action %d has no report equivalent; omitted", raw)
+        return action
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def wait_events(self, timeout_s: float) -> SourceEvents:
+        """Wait up to ``timeout_s`` for XID (and ECC) events; call from one thread only."""
+        with self._lock:
+            if not self._initialized:
+                ready = False
+            else:
+                ready = True
+                if self._event_generation != self._generation:
+                    self._setup_events_locked()
+            event_set = self._event_set
+            devices = dict(self._event_devices)
+        if not ready or event_set is None:
+            time.sleep(max(0.0, timeout_s))
+            return SourceEvents()
+        try:
+            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
+        except pynvml.NVMLError_Timeout:
+            return SourceEvents()
+        except pynvml.NVMLError_GpuIsLost:
+            # NVML reports a lost GPU through the wait itself; let the sampler record it.
+            time.sleep(min(timeout_s, 1.0))
+            return SourceEvents(resample=True)
+        except pynvml.NVMLError as exc:
+            log.warning("nvmlEventSetWait failed (%s); recreating the event set", exc)
+            with self._lock:
+                self._event_generation = -1
+            time.sleep(max(0.0, timeout_s))
+            return SourceEvents()
+        event_type = int(data.eventType)
+        if not event_type & _EVENT_XID:
+            return SourceEvents(resample=bool(event_type & (_EVENT_SBE | _EVENT_DBE)))
+        address = _address(data.device)
+        dev = devices.get(address) if address is not None else None
+        xid = XidEvent(
+            xid=int(data.eventData),
+            time=datetime.now(UTC),
+            source="nvml",
+            gpu=dev.index if dev is not None else None,
+            uuid=dev.facts.uuid if dev is not None else None,
+        )
+        log.warning("XID %d on GPU %s (%s)", xid.xid, xid.gpu, xid.uuid)
+        # The counters that go with an XID (ECC, remapping) are worth reading right away.
+        return SourceEvents(xids=(xid,), resample=True)
+
+    def _setup_events_locked(self) -> None:
+        if self._event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(self._event_set)
+            except pynvml.NVMLError as exc:
+                log.debug("nvmlEventSetFree: %s", exc)
+            self._event_set = None
+        self._event_generation = self._generation
+        self._event_devices = {}
+        unsupported = self._events_unsupported
+        unsupported.clear()
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
+            unsupported.update(d.index for d in self._devices)
+            return
+        wanted = _EVENT_XID | _EVENT_SBE | _EVENT_DBE
+        for dev in self._devices:
+            if dev.handle is None:
+                continue
+            try:
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle))
+            except pynvml.NVMLError as exc:
+                log.debug("GPU %d: nvmlDeviceGetSupportedEventTypes: %s", dev.index, exc)
+                supported = _EVENT_XID
+            mask = wanted & supported
+            if not mask & _EVENT_XID:
+                unsupported.add(dev.index)
+            if not mask:
+                continue
+            try:
+                pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d: cannot register for XID events: %s", dev.index, exc)
+                unsupported.add(dev.index)
+                continue
+            address = _address(dev.handle)
+            if address is not None:
+                self._event_devices[address] = dev
+        self._event_set = event_set

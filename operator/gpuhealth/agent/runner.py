@@ -1,0 +1,252 @@
+"""Wires the agent together: sampler, XID event thread, publisher and metrics server.
+
+Threads and what they own:
+
+* sampler: reads every source each ``interval_s`` (sooner after an ECC/XID event) and puts
+  the merged :class:`Snapshot` in a one-slot mailbox;
+* XID events: blocks in ``nvmlEventSetWait`` (bounded) and enqueues, never touching the API;
+* publisher: the only thread that talks to Kubernetes (see ``publisher.py``);
+* metrics server: optional HTTP thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import metadata
+from typing import Any
+
+from gpuhealth.agent.dcgm_source import DcgmSource, merge_dcgm
+from gpuhealth.agent.events import EventWatcher, XidBuffer
+from gpuhealth.agent.host import read_boot_time
+from gpuhealth.agent.metrics import AgentMetrics
+from gpuhealth.agent.model import Snapshot, SourceName
+from gpuhealth.agent.nvml_source import NvmlSource
+from gpuhealth.agent.publisher import LatestSnapshot, Publisher, ReportTransport
+from gpuhealth.agent.report import (
+    DEFAULT_MAX_XID_EVENTS,
+    DEFAULT_TEMPERATURE_BAND_C,
+    AgentInfo,
+    ReportBuilder,
+    now_utc,
+)
+from gpuhealth.agent.server import MetricsServer
+from gpuhealth.agent.source import DeviceSource
+
+log = logging.getLogger(__name__)
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("gpuhealth")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    interval_s: float = 10.0
+    heartbeat_interval_s: float = 30.0
+    event_timeout_s: float = 1.0
+    nvml_library: str | None = None
+    dcgm_url: str | None = None
+    dcgm_timeout_s: float = 3.0
+    metrics_port: int = 9401  # 0 disables the HTTP server
+    metrics_bind: str = "0.0.0.0"
+    max_xid_events: int = DEFAULT_MAX_XID_EVENTS
+    temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    boot_time: datetime | None = None  # None: read from /proc/stat
+
+
+class Agent:
+    """One node's agent; ``start()`` spawns the threads, ``stop()`` joins them.
+
+    ``source`` defaults to the real NVML (honouring ``nvml_library`` /
+    ``GPUHEALTH_NVML_LIBRARY``); ``transport`` is where reports go (``KubeTransport`` in
+    production, a fake in unit tests).
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        transport: ReportTransport,
+        *,
+        source: DeviceSource | None = None,
+        dcgm: DcgmSource | None = None,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self.source: DeviceSource = source if source is not None else NvmlSource(config.nvml_library)
+        if dcgm is None and config.dcgm_url:
+            dcgm = DcgmSource(config.dcgm_url, config.node_name, config.dcgm_timeout_s)
+        self.dcgm = dcgm
+        sources: tuple[SourceName, ...] = ("nvml", "dcgm") if dcgm is not None else ("nvml",)
+        self.sources = sources
+        boot = config.boot_time if config.boot_time is not None else read_boot_time()
+        self.builder = ReportBuilder(
+            config.node_name,
+            AgentInfo(version=agent_version(), sources=sources, boot_time=boot),
+            max_xid_events=config.max_xid_events,
+            temperature_band_c=config.temperature_band_c,
+        )
+        self.latest = LatestSnapshot()
+        self.xids = XidBuffer(on_put=self._wake_publisher)
+        self.publisher = Publisher(
+            transport,
+            self.builder,
+            self.latest,
+            self.xids,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            initial_backoff_s=config.initial_backoff_s,
+            max_backoff_s=config.max_backoff_s,
+            metrics=self.metrics,
+        )
+        self.events = EventWatcher(
+            self.source, self.xids, timeout_s=config.event_timeout_s, on_resample=self.request_sample
+        )
+        self._server: MetricsServer | None = None
+        self._stop = threading.Event()
+        self._resample = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self._last_sample = time.monotonic()
+
+    def _wake_publisher(self) -> None:
+        self.publisher.wake()
+
+    # ---- sampling ------------------------------------------------------------------------
+
+    def sample_once(self) -> Snapshot:
+        """Read every source once, feed DCGM XIDs to the buffer, update metrics."""
+        started = time.monotonic()
+        device_sample = self.source.sample()
+        devices = device_sample.devices
+        if self.dcgm is not None:
+            dcgm = self.dcgm.sample()
+            if dcgm.error is not None:
+                self.metrics.dcgm_errors.inc()
+            elif device_sample.status.available:
+                devices = merge_dcgm(devices, dcgm.devices)
+            for event, baseline in dcgm.xids:
+                self.xids.put(event, baseline=baseline)
+        snapshot = Snapshot(time=now_utc(), nvml=device_sample.status, devices=devices, sources=self.sources)
+        self.metrics.observe(snapshot)
+        self.metrics.sample_duration.set(time.monotonic() - started)
+        return snapshot
+
+    def request_sample(self) -> None:
+        """Sample soon (called by the event thread after XID/ECC events)."""
+        self._resample.set()
+
+    def _sample_loop(self) -> None:
+        min_gap = min(1.0, self.config.interval_s)
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.latest.set(self.sample_once())
+                self.publisher.wake()
+            except Exception:
+                log.exception("sampling failed")
+            self._last_sample = time.monotonic()
+            self._resample.wait(max(0.0, started + self.config.interval_s - time.monotonic()))
+            self._resample.clear()
+            # Bound how often events can force a sample (an SBE storm must not spin us).
+            self._stop.wait(max(0.0, started + min_gap - time.monotonic()))
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.config.metrics_port:
+            self._server = MetricsServer(
+                self.metrics, self.health, self.config.metrics_port, self.config.metrics_bind
+            )
+            self._server.start()
+        self.publisher.start()
+        self._sampler = threading.Thread(target=self._sample_loop, name="gpuhealth-sampler", daemon=True)
+        self._sampler.start()
+        self.events.start()
+        log.info(
+            "agent started for node %s (interval %.1fs, heartbeat %.1fs, sources %s)",
+            self.config.node_name,
+            self.config.interval_s,
+            self.config.heartbeat_interval_s,
+            ",".join(self.sources),
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._resample.set()
+        self.events.stop()
+        if self._sampler is not None:
+            self._sampler.join(timeout_s)
+        self.publisher.stop(timeout_s)
+        if self._server is not None:
+            self._server.stop()
+        if self.events.alive:
+            log.warning("not closing NVML: the event thread is still inside nvmlEventSetWait")
+        else:
+            self.source.close()
+
+    def run_once(self) -> str | None:
+        """Restore, sample once and write the report once (``--once`` without ``--dry-run``)."""
+        self.publisher.give_up_after_s = max(30.0, 4 * self.config.max_backoff_s)
+        try:
+            self.publisher.restore()
+            self.latest.set(self.sample_once())
+            return self.publisher.publish(force=True)
+        finally:
+            self.source.close()
+
+    def run(self, stop: threading.Event) -> None:
+        """Start, block until ``stop`` is set, then stop (what ``main`` does)."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: every loop turned recently. The API being down is not a reason to restart."""
+        now = time.monotonic()
+        problems: list[str] = []
+        sample_budget = max(3 * self.config.interval_s, 30.0)
+        if self._sampler is None or not self._sampler.is_alive():
+            problems.append("sampler thread not running")
+        elif now - self._last_sample > sample_budget:
+            problems.append(f"no sample for {now - self._last_sample:.0f}s")
+        if not self.events.alive:
+            problems.append("XID event thread not running")
+        elif now - self.events.last_loop > max(3 * self.config.event_timeout_s, 30.0):
+            problems.append("XID event thread stuck")
+        if not self.publisher.alive:
+            problems.append("publisher thread not running")
+        return (not problems, "; ".join(problems) or "ok")
+
+
+def collect_once(config: AgentConfig, *, source: DeviceSource | None = None) -> dict[str, Any]:
+    """Discover and sample once and return the report ``spec`` (``--once --dry-run``)."""
+
+    class _NoTransport:
+        def get(self, name: str) -> dict[str, Any] | None:
+            return None
+
+        def create(self, body: dict[str, Any]) -> dict[str, Any]:
+            return body
+
+        def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+            return patch
+
+    agent = Agent(config, _NoTransport(), source=source)
+    try:
+        snapshot = agent.sample_once()
+        for event, baseline in agent.xids.drain():
+            agent.builder.add_xid(event, baseline=baseline)
+        return agent.builder.render(snapshot, now_utc())
+    finally:
+        agent.source.close()

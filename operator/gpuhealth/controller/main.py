@@ -1,0 +1,83 @@
+"""`gpuhealth-operator`: run the operator in-cluster or locally against a kubeconfig."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+from prometheus_client import start_http_server
+
+from gpuhealth.actions.kube import Kube, load_config
+from gpuhealth.controller import metrics
+from gpuhealth.controller.handlers import register
+from gpuhealth.controller.reconciler import Reconciler
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="gpuhealth-operator", description=__doc__)
+    ap.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster, then ~/.kube/config"
+    )
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_METRICS_PORT", "8080")),
+        help="Prometheus /metrics port (0 disables)",
+    )
+    ap.add_argument(
+        "--liveness",
+        default=os.environ.get("GPUHEALTH_LIVENESS", ""),
+        help="Kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz",
+    )
+    ap.add_argument(
+        "--tick",
+        type=float,
+        default=float(os.environ.get("GPUHEALTH_TICK", "5")),
+        help="seconds between sweeps for time-driven transitions (silence, probation, heat)",
+    )
+    ap.add_argument("--workers", type=int, default=16, help="concurrent reconciles (one per node at a time)")
+    ap.add_argument(
+        "--peering",
+        default=os.environ.get("GPUHEALTH_PEERING", ""),
+        help="Kopf peering name for several replicas (one acts); empty runs standalone",
+    )
+    ap.add_argument(
+        "--event-namespace",
+        default=os.environ.get("GPUHEALTH_EVENT_NAMESPACE", "default"),
+        help="namespace for Events about cluster-scoped objects (Nodes, policies)",
+    )
+    ap.add_argument("-v", "--verbose", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # Kopf's own login reads it
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=metrics.REGISTRY)
+    kube = Kube(load_config(args.kubeconfig), event_namespace=args.event_namespace)
+    reconciler = Reconciler(kube, workers=args.workers, tick=args.tick)
+    registry = kopf.OperatorRegistry()
+    register(registry, reconciler)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=True,
+            standalone=not args.peering,
+            peering_name=args.peering or None,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

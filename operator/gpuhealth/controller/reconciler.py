@@ -1,0 +1,623 @@
+"""Turns watched objects into decisions and decisions into idempotent, conflict-safe writes.
+
+Kopf handlers only feed the caches and the work queue (handlers.py). Workers here reconcile one node
+at a time: evaluate (pure), decide (pure), then write in an order that survives a kill at any line:
+
+1. the GPUNodeHealth status (the decision, the write-ahead record), with a resourceVersion
+   precondition so a decision is never based on a stale record;
+2. the Node (taint, cordon, state label and the ownership annotation, in one patch, also with a
+   resourceVersion precondition);
+3. the Node's GPUHealthy condition, then Events.
+
+A restarted operator re-reads everything, finds the record, and converges the Node to it; an action
+Event is posted only by the write that changed the Node, so actions are never announced twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gpuhealth.actions.kube import Kube, is_conflict, is_not_found, status_of
+from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
+from gpuhealth.api.names import (
+    API_VERSION,
+    GPU_PRESENT_LABEL,
+    GPU_RESOURCE,
+    OUT_OF_SERVICE,
+    POLICY_KIND,
+    RELEASE_ANNOTATION,
+    REPORT_KIND,
+    Mode,
+    State,
+)
+from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
+from gpuhealth.api.report import Report, ReportError, parse_report
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.controller import metrics
+from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_EVIDENCE = 16
+NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
+
+
+def _gpu_capacity(node: Mapping[str, Any]) -> int | None:
+    cap = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    try:
+        return int(cap) if cap is not None else None
+    except ValueError:
+        return None
+
+
+def _evidence(a: Assessment) -> list[dict[str, Any]]:
+    out = []
+    for f in a.actionable()[:MAX_EVIDENCE]:
+        e: dict[str, Any] = {
+            "signal": str(f.signal),
+            "reason": f.reason,
+            "action": str(f.action),
+            "detail": f.detail,
+        }
+        if f.gpu is not None:
+            e["gpu"] = f.gpu
+        if f.uuid:
+            e["uuid"] = f.uuid
+        if f.code is not None:
+            e["code"] = f.code
+        if f.since:
+            e["since"] = format_time(f.since)
+        out.append(e)
+    return out
+
+
+@dataclass
+class PolicyView:
+    """What the sweep learned about a policy, for its status."""
+
+    nodes: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    overlaps: dict[str, int] = field(default_factory=dict)
+    held: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        workers: int = 16,
+        tick: float = 5.0,
+    ) -> None:
+        self.kube = kube
+        self.clock = clock
+        self.tick = tick
+        self.workers = workers
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, Policy] = {}
+        self.policy_objs: dict[str, dict[str, Any]] = {}
+        self.invalid_policies: dict[str, str] = {}
+        self.records: dict[str, Record] = {}
+        self.reserved: dict[str, set[str]] = {}
+        self.policy_locks: dict[str, asyncio.Lock] = {}
+        self.breaker_open: dict[str, bool] = {}
+        self.policy_status_cache: dict[str, dict[str, Any]] = {}
+        self.bad_report_versions: dict[str, str] = {}
+        self.first_seen: dict[str, dt.datetime] = {}
+        self.queue = WorkQueue()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready = asyncio.Event()
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def start(self) -> None:
+        """Prime the caches with a full list, so the breaker counts every node before any decision."""
+        nodes, reports, policies = await asyncio.gather(
+            self.call(self.kube.list_nodes, NODE_SELECTOR),
+            self.call(self.kube.list_custom, "gpunodehealths"),
+            self.call(self.kube.list_custom, "gpuhealthpolicies"),
+        )
+        for p in policies:
+            self.on_policy("ADDED", p, enqueue=False)
+        for r in reports:
+            self.on_report("ADDED", r, enqueue=False)
+        for n in nodes:
+            self.on_node("ADDED", n, enqueue=False)
+        for name in self.nodes:
+            self.queue.add(name)
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._sweeper()))
+        self.ready.set()
+        log.info(
+            "watching %d GPU nodes, %d reports, %d policies",
+            len(self.nodes),
+            len(self.reports),
+            len(policies),
+        )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- cache feeders (called by Kopf handlers) ---------------------------------------------------
+
+    def on_node(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.nodes.pop(name, None)
+            self.records.pop(name, None)
+            return
+        self.nodes[name] = dict(body)
+        self.first_seen.setdefault(name, self.clock())
+        if enqueue:
+            self.queue.add(name)
+
+    def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.reports.pop(name, None)
+        else:
+            self.reports[name] = dict(body)
+            if name not in self.records and body.get("status"):
+                self.records[name] = Record.from_status(dict(body["status"]))
+        if enqueue:
+            self.queue.add(name)
+
+    def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.policies.pop(name, None)
+            self.policy_objs.pop(name, None)
+            self.invalid_policies.pop(name, None)
+        else:
+            self.policy_objs[name] = dict(body)
+            try:
+                self.policies[name] = parse_policy(body)
+                self.invalid_policies.pop(name, None)
+            except PolicyError as e:
+                self.policies.pop(name, None)
+                if self.invalid_policies.get(name) != str(e):
+                    self.invalid_policies[name] = str(e)
+                    metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
+                    log.warning("policy %s refused: %s", name, e)
+                    uid = body["metadata"].get("uid", name)
+                    asyncio.get_event_loop().create_task(
+                        self._event(
+                            POLICY_KIND,
+                            name,
+                            uid,
+                            "Warning",
+                            "InvalidPolicy",
+                            f"The operator will not act on this policy: {e}",
+                            API_VERSION,
+                        )
+                    )
+        if enqueue:
+            for n in self.nodes:
+                self.queue.add(n)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    async def _worker(self, i: int) -> None:
+        while True:
+            name = await self.queue.get()
+            try:
+                await self.reconcile(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                metrics.RECONCILE_ERRORS.inc()
+                log.exception("reconcile of %s failed; retrying", name)
+                asyncio.get_running_loop().call_later(1.0, self.queue.add, name)
+            finally:
+                self.queue.done(name)
+
+    async def _sweeper(self) -> None:
+        """Time moves on without events: silence, probation, sustained heat; and policy status."""
+        while True:
+            await asyncio.sleep(self.tick)
+            try:
+                for name in list(self.nodes):
+                    self.queue.add(name)
+                await self.update_policy_statuses()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep failed")
+
+    # -- the reconcile ---------------------------------------------------------------------------
+
+    def governing(self, node: Mapping[str, Any]) -> tuple[Policy | None, list[Policy]]:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return select_policy(list(self.policies.values()), labels)
+
+    def _parse(self, name: str, obj: Mapping[str, Any] | None) -> Report | None:
+        if obj is None:
+            return None
+        try:
+            return parse_report(obj)
+        except ReportError as e:
+            rv = str(obj["metadata"].get("resourceVersion"))
+            if self.bad_report_versions.get(name) != rv:
+                self.bad_report_versions[name] = rv
+                metrics.INVALID_INPUT.labels("GPUNodeHealth").inc()
+                log.warning("report %s ignored: %s", name, e)
+                asyncio.get_running_loop().create_task(
+                    self._event(
+                        "Node",
+                        name,
+                        name,
+                        "Warning",
+                        "InvalidReport",
+                        f"The agent's report is unusable and was ignored (no action taken on it): {e}",
+                    )
+                )
+            return None
+
+    async def reconcile(self, name: str) -> None:
+        for attempt in range(5):
+            try:
+                await self._reconcile_once(name)
+                return
+            except Exception as e:
+                if is_conflict(e) and attempt < 4:
+                    metrics.CONFLICTS.labels("reconcile").inc()
+                    await self._refresh(name)
+                    continue
+                raise
+
+    async def _refresh(self, name: str) -> None:
+        try:
+            self.nodes[name] = await self.call(self.kube.get_node, name)
+        except Exception as e:
+            if is_not_found(e):
+                self.nodes.pop(name, None)
+            else:
+                raise
+        try:
+            report = await self.call(self.kube.get_report, name)
+            self.reports[name] = report
+            self.records[name] = Record.from_status(report.get("status"))
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+
+    async def _reconcile_once(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        policy, overridden = self.governing(node)
+        if policy is None or policy.mode == Mode.PAUSED:
+            return
+        now = self.clock()
+        report_obj = self.reports.get(name)
+        report = self._parse(name, report_obj)
+        status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
+        prior = self.records.get(name) or Record.from_status(dict(status))
+        annotations = node["metadata"].get("annotations") or {}
+        released = RELEASE_ANNOTATION in annotations
+        view = NodeView(name, node["metadata"].get("labels") or {}, _gpu_capacity(node))
+        a = assess(policy, report, view, now, status.get("pending") or {}, prior.cleared_before)
+        drain = status.get("drain") or {}
+        inputs = Inputs(drain_complete=drain.get("phase") == "Completed", released=released)
+        decision = decide(prior, a, policy, now, inputs)
+        if decision.new_quarantine and not prior.out_of_service:
+            decision = await self._admit(name, policy, prior, a, now, inputs, decision)
+        try:
+            await self._persist(name, policy, overridden, report_obj, decision, a, now)
+            if policy.mode == Mode.ENFORCE:
+                await self._converge_node(name, policy, decision.record, a, now)
+                if released:
+                    await self.call(
+                        self.kube.patch_node, name, {"metadata": {"annotations": {RELEASE_ANNOTATION: None}}}
+                    )
+        finally:
+            self.reserved.get(policy.name, set()).discard(name)
+        await self._announce(name, policy, decision, a, now)
+
+    async def _admit(
+        self,
+        name: str,
+        policy: Policy,
+        prior: Record,
+        a: Assessment,
+        now: dt.datetime,
+        inputs: Inputs,
+        d: Decision,
+    ) -> Decision:
+        """The circuit breaker: reserve a slot under the policy's lock, or hold the quarantine back."""
+        lock = self.policy_locks.setdefault(policy.name, asyncio.Lock())
+        async with lock:
+            governed = [n for n, body in self.nodes.items() if self.governing(body)[0] is policy]
+            reserved = self.reserved.setdefault(policy.name, set())
+            out = {
+                n for n in governed if (r := self.records.get(n)) is not None and r.out_of_service
+            } | reserved
+            out.discard(name)
+            if len(out) + 1 <= policy.breaker_limit(len(governed)):
+                reserved.add(name)
+                return d
+        return decide(
+            prior,
+            a,
+            policy,
+            now,
+            Inputs(breaker_allows=False, drain_complete=inputs.drain_complete, released=inputs.released),
+        )
+
+    def _status_body(
+        self,
+        policy: Policy,
+        overridden: list[Policy],
+        decision: Decision,
+        a: Assessment,
+        prev: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = dict(decision.record.to_status())
+        body.update(
+            policy=policy.name,
+            overriddenPolicies=[p.name for p in overridden] or None,
+            dryRun=policy.mode == Mode.DRY_RUN or None,
+            totalGPUs=a.total_gpus,
+            healthyGPUs=a.healthy_gpus,
+            lastXid=a.last_xid or None,
+            evidence=_evidence(a) or None,
+            pending=dict(a.pending) or None,
+        )
+        if decision.record.state == State.UNKNOWN:
+            body["message"] = a.unknown_reason or body.get("message")
+        return body
+
+    async def _persist(
+        self,
+        name: str,
+        policy: Policy,
+        overridden: list[Policy],
+        report_obj: Mapping[str, Any] | None,
+        decision: Decision,
+        a: Assessment,
+        now: dt.datetime,
+    ) -> None:
+        prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
+        body = self._status_body(policy, overridden, decision, a, prev)
+        changed = {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
+        if report_obj is None:
+            # No agent report yet: after the silence period, create a stub so the Unknown verdict has a home.
+            if (now - self.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
+                self.records[name] = decision.record
+                return
+            try:
+                report_obj = await self.call(
+                    self.kube.create_report,
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": REPORT_KIND,
+                        "metadata": {"name": name},
+                        "spec": {"nodeName": name},
+                    },
+                )
+            except Exception as e:
+                if status_of(e) != 409:
+                    raise
+                report_obj = await self.call(self.kube.get_report, name)
+            self.reports[name] = dict(report_obj)
+            changed = body
+        if not changed:
+            self.records[name] = decision.record
+            return
+        patch = {
+            "metadata": {"resourceVersion": report_obj["metadata"]["resourceVersion"]},
+            "status": changed,
+        }
+        result = await self.call(self.kube.patch_report_status, name, patch)
+        self.reports[name] = result
+        self.records[name] = decision.record
+
+    async def _converge_node(
+        self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime
+    ) -> None:
+        node = self.nodes[name]
+        quarantine = rec.state in OUT_OF_SERVICE
+        top = a.top
+        reason = rec.reason or (top.reason if top else "")
+        marks = Marks(
+            state=rec.state,
+            quarantine=quarantine,
+            reason=reason,
+            effect=policy.taint_effect,
+            cordon=policy.cordon,
+            since=format_time(rec.since or now),
+        )
+        plan = plan_node(node, marks)
+        if plan.patch is not None:
+            updated = await self.call(self.kube.patch_node, name, plan.patch)
+            self.nodes[name] = updated
+            node = updated
+            for act in plan.actions:
+                metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
+            if "taint" in plan.actions and top is not None and top.since is not None:
+                metrics.DETECTION_TO_ACTION.observe(max(0.0, (self.clock() - top.since).total_seconds()))
+            await self._announce_node_actions(
+                name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec
+            )
+        cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now))
+        if cond is not None:
+            await self.call(self.kube.patch_node_status, name, cond)
+            # Reflect our own write so the next reconcile does not repeat it before the watch catches up.
+            conds = [
+                c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"
+            ]
+            node.setdefault("status", {})["conditions"] = [*conds, *cond["status"]["conditions"]]
+
+    async def _announce_node_actions(
+        self,
+        name: str,
+        actions: tuple[str, ...],
+        lifted: tuple[str, ...],
+        foreign_cordon: bool,
+        marks: Marks,
+        rec: Record,
+    ) -> None:
+        msgs = []
+        if "taint" in actions:
+            msgs.append(f"Tainted {marks.reason} ({marks.effect})")
+        if "cordon" in actions:
+            msgs.append("Cordoned")
+        if foreign_cordon:
+            msgs.append("Already cordoned by someone else: gpuhealth will leave that cordon in place")
+        if "untaint" in actions:
+            msgs.append("Removed gpuhealth's taint")
+        if "uncordon" in actions:
+            msgs.append("Uncordoned (gpuhealth's own cordon)")
+        if msgs:
+            await self._event(
+                "Node", name, name, "Normal", "GPUHealthAction", "; ".join(msgs) + f". State: {rec.state}"
+            )
+        for what in lifted:
+            await self._event(
+                "Node",
+                name,
+                name,
+                "Warning",
+                "LiftedByOthers",
+                f"Someone else removed gpuhealth's {what} while the node is {rec.state} ({rec.reason}); "
+                "recorded, and not put back for this episode",
+            )
+
+    async def _announce(
+        self, name: str, policy: Policy, d: Decision, a: Assessment, now: dt.datetime
+    ) -> None:
+        dry = policy.mode == Mode.DRY_RUN
+        if d.new_quarantine:
+            for f in a.actionable():
+                metrics.FAULTS.labels(str(f.signal), "" if f.code is None else str(f.code)).inc()
+        for type_, reason, message in d.events:
+            if dry:
+                message = f"DryRun (policy {policy.name}): would act, no Node was changed. {message}"
+                metrics.ACTIONS.labels(reason, d.record.reason or reason, "DryRun").inc()
+            await self._event("Node", name, name, type_, reason, message)
+
+    async def _event(
+        self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
+    ) -> None:
+        try:
+            await self.call(self.kube.post_event, kind, name, uid, type_, reason, message, api_version)
+        except Exception:
+            log.warning("could not post event %s on %s %s", reason, kind, name, exc_info=True)
+
+    # -- policy status -----------------------------------------------------------------------------
+
+    def summarize(self) -> dict[str, PolicyView]:
+        views = {p: PolicyView() for p in self.policies}
+        for name, body in self.nodes.items():
+            winner, others = self.governing(body)
+            if winner is None:
+                continue
+            v = views[winner.name]
+            v.nodes += 1
+            rec = self.records.get(name) or Record()
+            v.counts[str(rec.state)] = v.counts.get(str(rec.state), 0) + 1
+            if rec.held_by_breaker:
+                v.held += 1
+            for o in others:
+                views[o.name].overlaps[winner.name] = views[o.name].overlaps.get(winner.name, 0) + 1
+        return views
+
+    async def update_policy_statuses(self) -> None:
+        views = self.summarize()
+        for pname, v in views.items():
+            policy = self.policies[pname]
+            limit = policy.breaker_limit(v.nodes)
+            out = sum(v.counts.get(str(s), 0) for s in OUT_OF_SERVICE)
+            is_open = v.held > 0
+            for s in State:
+                metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
+            metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
+            was_open = self.breaker_open.get(pname, False)
+            self.breaker_open[pname] = is_open
+            obj = self.policy_objs.get(pname, {})
+            uid = obj.get("metadata", {}).get("uid", pname)
+            if is_open != was_open:
+                if is_open:
+                    await self._event(
+                        POLICY_KIND,
+                        pname,
+                        uid,
+                        "Warning",
+                        "BreakerOpen",
+                        f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back "
+                        f"{v.held} more quarantines",
+                        API_VERSION,
+                    )
+                else:
+                    await self._event(
+                        POLICY_KIND,
+                        pname,
+                        uid,
+                        "Normal",
+                        "BreakerClosed",
+                        f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
+                        API_VERSION,
+                    )
+            overlap_msg = ", ".join(f"{n} nodes governed by {w}" for w, n in sorted(v.overlaps.items()))
+            status: dict[str, Any] = {
+                "observedGeneration": policy.generation,
+                "nodes": v.nodes,
+                "healthy": v.counts.get("Healthy", 0),
+                "degraded": v.counts.get("Degraded", 0),
+                "quarantined": v.counts.get("Quarantined", 0),
+                "draining": v.counts.get("Draining", 0),
+                "awaitingRepair": v.counts.get("AwaitingRepair", 0),
+                "recovering": v.counts.get("Recovering", 0),
+                "unknown": v.counts.get("Unknown", 0),
+                "breaker": "Open" if is_open else "Closed",
+                "breakerLimit": limit,
+                "outOfService": out,
+                "heldBack": v.held,
+                "overlaps": overlap_msg or None,
+            }
+            prev = self.policy_status_cache.get(pname)
+            if prev is None:
+                prev = {k: val for k, val in (obj.get("status") or {}).items() if k in status}
+            if all(prev.get(k) == val for k, val in status.items()):
+                self.policy_status_cache[pname] = status
+                continue
+            status["conditions"] = [
+                {
+                    "type": "BreakerOpen",
+                    "status": "True" if is_open else "False",
+                    "reason": "LimitReached" if is_open else "UnderLimit",
+                    "message": f"{out}/{v.nodes} out of service, limit {limit}",
+                    "lastTransitionTime": format_time(self.clock()),
+                },
+                {
+                    "type": "Overlapping",
+                    "status": "True" if overlap_msg else "False",
+                    "reason": "LowerPriority" if overlap_msg else "NoOverlap",
+                    "message": overlap_msg or "no node matches a higher-priority policy",
+                    "lastTransitionTime": format_time(self.clock()),
+                },
+            ]
+            try:
+                await self.call(self.kube.patch_policy_status, pname, {"status": status})
+                self.policy_status_cache[pname] = {k: v2 for k, v2 in status.items() if k != "conditions"}
+            except Exception as e:
+                if not is_not_found(e):
+                    raise

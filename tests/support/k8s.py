@@ -1,0 +1,180 @@
+"""Small helpers for tests and scripts that talk to the local control plane (real API, no mocks)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+from tests.support.cluster import LocalCluster, free_port
+
+GROUP, VERSION = "gpuhealth.dev", "v1alpha1"
+T = TypeVar("T")
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def wait_for(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> T:
+    """Poll until ``fn`` returns something truthy; fail with the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # the API may be briefly unavailable in chaos scenarios
+            last = e
+        if last and not isinstance(last, Exception):
+            return last  # type: ignore[no-any-return]
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class Kube:
+    """Typed-enough access to the test cluster."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.api = config.new_client_from_config(config_file=str(kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(self.core.read_node(name))  # type: ignore[no-any-return]
+
+    def taints(self, name: str) -> list[dict[str, Any]]:
+        return list(self.node(name)["spec"].get("taints") or [])
+
+    def our_taint(self, name: str) -> dict[str, Any] | None:
+        return next((t for t in self.taints(name) if t["key"] == "gpuhealth.dev/unhealthy"), None)
+
+    def report(self, name: str) -> dict[str, Any]:
+        return self.custom.get_cluster_custom_object(GROUP, VERSION, "gpunodehealths", name)  # type: ignore[no-any-return]
+
+    def state(self, name: str) -> str | None:
+        try:
+            return (self.report(name).get("status") or {}).get("state")
+        except client.ApiException:
+            return None
+
+    def put_report(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Write a report the way the agent does (create or merge-patch the spec)."""
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNodeHealth", "metadata": {"name": name},
+                "spec": {"nodeName": name, **spec}}
+        try:
+            return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpunodehealths", body)  # type: ignore[no-any-return]
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, "gpunodehealths", name, {"spec": dict(spec)},
+            _content_type="application/merge-patch+json",
+        )
+
+    def apply_policy(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUHealthPolicy", "metadata": {"name": name},
+                "spec": dict(spec)}
+        try:
+            return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", body)  # type: ignore[no-any-return]
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, "gpuhealthpolicies", name, {"spec": dict(spec)},
+            _content_type="application/merge-patch+json",
+        )
+
+    def get_policy(self, name: str) -> dict[str, Any]:
+        return self.custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", name)  # type: ignore[no-any-return]
+
+    def delete_policy(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+
+    def node_events(self, name: str, reason: str | None = None) -> list[Any]:
+        evs = self.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+        return [e for e in evs if reason is None or e.reason == reason]
+
+
+def healthy_spec(gpus: int = 8, xids: list[dict[str, Any]] | None = None, **overrides: Any) -> dict[str, Any]:
+    """A fresh report of ``gpus`` healthy H100s, as the agent would publish it."""
+    now = utcnow()
+    devices = [
+        {"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "pciBusId": f"00000000:{0x10 + i:02X}:00.0",
+         "model": "NVIDIA H100 80GB HBM3", "migMode": "Disabled", "eccMode": "Enabled",
+         "ecc": {"volatileUncorrected": 0, "volatileCorrected": 0, "aggregateUncorrected": 0, "aggregateCorrected": 0},
+         "remappedRows": {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False},
+         "temperature": {"currentC": 45, "slowdownC": 90, "shutdownC": 95}, "clockEventReasons": 0}
+        for i in range(gpus)
+    ]
+    spec: dict[str, Any] = {"agent": {"version": "test", "sources": ["simulated"]}, "heartbeatTime": now,
+                            "observedTime": now, "nvml": {"available": True, "driverVersion": "570.00"},
+                            "devices": devices, "xidEvents": xids or []}
+    spec.update(overrides)
+    return spec
+
+
+@dataclass
+class OperatorProcess:
+    """gpuhealth-operator as its own process, against the test cluster."""
+
+    cluster: LocalCluster
+    log: Path
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    def start(self) -> OperatorProcess:
+        self.metrics_port = free_port()
+        exe = Path(sys.executable).parent / "gpuhealth-operator"
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(
+                [str(exe), f"--kubeconfig={self.cluster.kubeconfig}", f"--metrics-port={self.metrics_port}",
+                 "--tick=1", *self.extra_args],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **self.env},
+            )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        import urllib.request
+
+        def up() -> bool:
+            assert self.popen is not None
+            if self.popen.poll() is not None:
+                raise AssertionError(f"operator exited with {self.popen.returncode}; see {self.log}")
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as r:
+                return r.status == 200
+
+        wait_for(up, timeout, what="operator metrics endpoint")
+        time.sleep(1.0)  # watches established after the initial list
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()  # type: ignore[no-any-return]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen and self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            self.popen.wait(15)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
