@@ -112,3 +112,81 @@ def test_dry_run_writes_nothing_to_nodes(cluster: LocalCluster, kube: Kube, oper
     )
     assert not any(c["type"] == "GPUHealthy" for c in after["status"]["conditions"])
     assert kube.report(node)["status"]["dryRun"] is True
+
+
+def _quarantined(kube: Kube, nodes: list[str]) -> list[str]:
+    return [n for n in nodes if kube.our_taint(n) is not None]
+
+
+def test_breaker_holds_at_limit_then_closes_after_recovery(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 10)
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 3, "probation": "2s"},
+                                         rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="all healthy")
+    for n in nodes:
+        kube.put_report(n, healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.get_policy(group).get("status", {}).get("breaker") == "Open", what="breaker open")
+    seen_max = 0
+    for _ in range(15):  # sample: never more than the limit at any instant
+        q = _quarantined(kube, nodes)
+        seen_max = max(seen_max, len(q))
+        time.sleep(0.2)
+    assert seen_max == 3
+    status = kube.get_policy(group)["status"]
+    assert status["quarantined"] == 3 and status["heldBack"] == 7
+    cond = next(c for c in status["conditions"] if c["type"] == "BreakerOpen")
+    assert cond["status"] == "True"
+    assert wait_for(lambda: kube.custom and [e for e in kube.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={group}").items if e.reason == "BreakerOpen"],
+        what="BreakerOpen event")
+    held = [n for n in nodes if kube.state(n) == "Degraded"]
+    assert len(held) == 7 and kube.node_events(held[0], "QuarantineHeldBack")
+    for n in nodes:
+        kube.put_report(n, healthy_spec(xids=[]))
+    wait_for(lambda: kube.get_policy(group)["status"].get("breaker") == "Closed", timeout=40, what="breaker closed")
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=40, what="fleet healthy")
+    assert _quarantined(kube, nodes) == []
+
+
+def _count_actions(kube: Kube, node: str) -> tuple[int, int]:
+    evs = kube.node_events(node)
+    return (sum(1 for e in evs if e.reason == "Quarantined"), sum(1 for e in evs if e.reason == "GPUHealthAction"))
+
+
+def test_operator_killed_mid_quarantine_resumes_without_duplicates(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": "100%", "probation": "2s"},
+                                         rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="healthy")
+    kube.put_report(nodes[0], healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.our_taint(nodes[0]), what="first quarantine")
+    operator.kill()
+    # While the operator is down, another node faults and the first one is still faulty.
+    kube.put_report(nodes[1], healthy_spec(xids=[xid(79)]))
+    operator.start()
+    wait_for(lambda: kube.our_taint(nodes[1]), what="quarantine after restart")
+    time.sleep(3)  # several sweeps
+    assert _count_actions(kube, nodes[0]) == (1, 1), "no duplicate decision or action after restart"
+    assert _count_actions(kube, nodes[1]) == (1, 1)
+    assert kube.state(nodes[0]) == "Quarantined" and kube.report(nodes[0])["status"]["quarantines"].__len__() == 1
+    # A write-ahead record without the Node write (killed in between) converges on restart.
+    operator.kill()
+    kube.custom.patch_cluster_custom_object_status(
+        "gpuhealth.dev", "v1alpha1", "gpunodehealths", nodes[2],
+        {"status": {"state": "Quarantined", "reason": "XID79", "quarantines": [utcnow()[:19] + "Z"]}},
+        _content_type="application/merge-patch+json",
+    )
+    kube.put_report(nodes[2], healthy_spec(xids=[xid(79)]))
+    operator.start()
+    taint = wait_for(lambda: kube.our_taint(nodes[2]), what="node converged to the recorded quarantine")
+    assert taint["value"] == "XID79"
+    time.sleep(2)
+    assert _count_actions(kube, nodes[2]) == (0, 1), "the decision was made before the kill; only the action is new"
