@@ -473,7 +473,12 @@ class LocalCluster:
 
 def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
-    labels = {**GPU_LABELS, "kubernetes.io/hostname": name, "nvidia.com/gpu.count": str(gpus), **(labels or {})}
+    labels = {
+        **GPU_LABELS,
+        "kubernetes.io/hostname": name,
+        "nvidia.com/gpu.count": str(gpus),
+        **(labels or {}),
+    }
     resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
     return {
         "apiVersion": "v1",

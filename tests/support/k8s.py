@@ -71,28 +71,44 @@ class Kube:
 
     def put_report(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         """Write a report the way the agent does (create or merge-patch the spec)."""
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNodeHealth", "metadata": {"name": name},
-                "spec": {"nodeName": name, **spec}}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GPUNodeHealth",
+            "metadata": {"name": name},
+            "spec": {"nodeName": name, **spec},
+        }
         try:
             return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpunodehealths", body)  # type: ignore[no-any-return]
         except client.ApiException as e:
             if e.status != 409:
                 raise
         return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
-            GROUP, VERSION, "gpunodehealths", name, {"spec": dict(spec)},
+            GROUP,
+            VERSION,
+            "gpunodehealths",
+            name,
+            {"spec": dict(spec)},
             _content_type="application/merge-patch+json",
         )
 
     def apply_policy(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUHealthPolicy", "metadata": {"name": name},
-                "spec": dict(spec)}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GPUHealthPolicy",
+            "metadata": {"name": name},
+            "spec": dict(spec),
+        }
         try:
             return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", body)  # type: ignore[no-any-return]
         except client.ApiException as e:
             if e.status != 409:
                 raise
         return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
-            GROUP, VERSION, "gpuhealthpolicies", name, {"spec": dict(spec)},
+            GROUP,
+            VERSION,
+            "gpuhealthpolicies",
+            name,
+            {"spec": dict(spec)},
             _content_type="application/merge-patch+json",
         )
 
@@ -115,16 +131,33 @@ def healthy_spec(gpus: int = 8, xids: list[dict[str, Any]] | None = None, **over
     """A fresh report of ``gpus`` healthy H100s, as the agent would publish it."""
     now = utcnow()
     devices = [
-        {"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "pciBusId": f"00000000:{0x10 + i:02X}:00.0",
-         "model": "NVIDIA H100 80GB HBM3", "migMode": "Disabled", "eccMode": "Enabled",
-         "ecc": {"volatileUncorrected": 0, "volatileCorrected": 0, "aggregateUncorrected": 0, "aggregateCorrected": 0},
-         "remappedRows": {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False},
-         "temperature": {"currentC": 45, "slowdownC": 90, "shutdownC": 95}, "clockEventReasons": 0}
+        {
+            "index": i,
+            "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
+            "pciBusId": f"00000000:{0x10 + i:02X}:00.0",
+            "model": "NVIDIA H100 80GB HBM3",
+            "migMode": "Disabled",
+            "eccMode": "Enabled",
+            "ecc": {
+                "volatileUncorrected": 0,
+                "volatileCorrected": 0,
+                "aggregateUncorrected": 0,
+                "aggregateCorrected": 0,
+            },
+            "remappedRows": {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False},
+            "temperature": {"currentC": 45, "slowdownC": 90, "shutdownC": 95},
+            "clockEventReasons": 0,
+        }
         for i in range(gpus)
     ]
-    spec: dict[str, Any] = {"agent": {"version": "test", "sources": ["simulated"]}, "heartbeatTime": now,
-                            "observedTime": now, "nvml": {"available": True, "driverVersion": "570.00"},
-                            "devices": devices, "xidEvents": xids or []}
+    spec: dict[str, Any] = {
+        "agent": {"version": "test", "sources": ["simulated"]},
+        "heartbeatTime": now,
+        "observedTime": now,
+        "nvml": {"available": True, "driverVersion": "570.00"},
+        "devices": devices,
+        "xidEvents": xids or [],
+    }
     spec.update(overrides)
     return spec
 
@@ -145,9 +178,17 @@ class OperatorProcess:
         exe = Path(sys.executable).parent / "gpuhealth-operator"
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(
-                [str(exe), f"--kubeconfig={self.cluster.kubeconfig}", f"--metrics-port={self.metrics_port}",
-                 "--tick=1", *self.extra_args],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **self.env},
+                [
+                    str(exe),
+                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--metrics-port={self.metrics_port}",
+                    "--tick=1",
+                    *self.extra_args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env},
             )
         self.wait_ready()
         return self

@@ -308,6 +308,8 @@ class Reconciler:
             return
         now = self.clock()
         report_obj = self.reports.get(name)
+        if report_obj is None and (now - self.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
+            return  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
         status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         prior = self.records.get(name) or Record.from_status(dict(status))
@@ -399,10 +401,7 @@ class Reconciler:
         body = self._status_body(policy, overridden, decision, a, prev)
         changed = {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
         if report_obj is None:
-            # No agent report yet: after the silence period, create a stub so the Unknown verdict has a home.
-            if (now - self.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
-                self.records[name] = decision.record
-                return
+            # No agent report after the silence period: create a stub so the Unknown verdict has a home.
             try:
                 report_obj = await self.call(
                     self.kube.create_report,

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""`make demo`: gpuhealth end to end on a local control plane with 8 fake GPU nodes.
+
+Real agents (one per node, reading a fake NVML library) report to the real API server; the real
+operator decides and acts. Faults are injected into the fake NVML: an XID 79 on one node, a
+sustained thermal slowdown on another, and an application XID that must be ignored.
+Prints a timeline, `kubectl get gpuhealth`, `kubectl get gpunodes` and the Node events, and writes
+build/demo/summary.json. `--keep` leaves everything running for exploring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kubernetes import watch  # noqa: E402
+
+from tests.support.agents import AgentFleet  # noqa: E402
+from tests.support.cluster import LocalCluster  # noqa: E402
+from tests.support.k8s import Kube, OperatorProcess, wait_for  # noqa: E402
+
+OUT = REPO / "build" / "demo"
+TAINT = "gpuhealth.dev/unhealthy"
+
+DEMO_POLICY = {
+    "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}},
+    "mode": "Enforce",
+    "rules": {
+        "thermal": {"sustainedFor": "8s", "temperatureThresholdC": 90},
+        "agentSilence": {"after": "30s"},
+    },
+    "safety": {"maxUnhealthy": "25%", "probation": "1m"},
+}
+
+
+class Timeline:
+    """What the operator saw and did, from an independent watch on the Nodes."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.rows: list[tuple[float, str]] = []
+        self.taint_seen: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def add(self, text: str, at: float | None = None) -> None:
+        with self.lock:
+            self.rows.append(((at or time.time()) - self.start, text))
+
+    def print(self) -> None:
+        print("\n== Timeline (seconds since the agents started) ==")
+        for t, text in sorted(self.rows):
+            print(f"  {t:7.2f}s  {text}")
+
+
+def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
+    last: dict[str, tuple[str, bool, bool]] = {}
+    w = watch.Watch()
+    while not stop.is_set():
+        try:
+            for ev in w.stream(
+                kube.core.list_node, label_selector="nvidia.com/gpu.present=true", timeout_seconds=5
+            ):
+                node = ev["object"]
+                name = node.metadata.name
+                taint = next((t for t in node.spec.taints or [] if t.key == TAINT), None)
+                state = (node.metadata.labels or {}).get("gpuhealth.dev/state", "-")
+                key = (state, taint is not None, bool(node.spec.unschedulable))
+                if last.get(name) != key:
+                    if taint is not None and name not in timeline.taint_seen:
+                        timeline.taint_seen[name] = time.time()
+                        timeline.add(
+                            f"{name}: tainted {TAINT}={taint.value}:{taint.effect}"
+                            f"{', cordoned' if node.spec.unschedulable else ''}"
+                        )
+                    if last.get(name, ("",))[0] != state:
+                        timeline.add(f"{name}: state -> {state}")
+                    last[name] = key
+                if stop.is_set():
+                    break
+        except Exception:  # noqa: BLE001 - the watch restarts; the demo goes on
+            time.sleep(0.5)
+
+
+def run_workloads(cluster: LocalCluster, kube: Kube) -> None:
+    """Some GPU work on every node: an inference Deployment."""
+    cluster.apply_objects(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}},
+        ]
+    )
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", "ml"), what="namespace ready")
+    cluster.apply_objects(
+        [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "inference", "namespace": "ml"},
+                "spec": {
+                    "replicas": 8,
+                    "selector": {"matchLabels": {"app": "inference"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "inference"}},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "server",
+                                    "image": "inference:latest",
+                                    "resources": {"limits": {"nvidia.com/gpu": "4"}},
+                                }
+                            ],
+                            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                        },
+                    },
+                },
+            }
+        ]
+    )
+    wait_for(
+        lambda: sum(1 for p in kube.core.list_namespaced_pod("ml").items if p.status.phase == "Running") >= 8,
+        timeout=90,
+        what="inference pods running",
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keep", action="store_true", help="leave the cluster, operator and agents running")
+    ap.add_argument("--nodes", type=int, default=8)
+    args = ap.parse_args()
+
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    print(f"== Starting a local control plane with {args.nodes} fake GPU nodes (logs in {OUT}) ==")
+    cluster = LocalCluster(OUT / "cluster", nodes=args.nodes).start()
+    kube = Kube(cluster.kubeconfig)
+    nodes = sorted(
+        n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items
+    )
+    operator = agents = None
+    stop = threading.Event()
+    try:
+        kube.apply_policy("demo-fleet", DEMO_POLICY)
+        operator = OperatorProcess(cluster, OUT / "operator.log").start()
+        print("== Operator running; starting one real agent per node (fake NVML) ==")
+        t0 = time.time()
+        timeline = Timeline(t0)
+        threading.Thread(target=watch_nodes, args=(kube, timeline, stop), daemon=True).start()
+        agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
+        wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
+        timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
+        print("== Running GPU workloads ==")
+        run_workloads(cluster, kube)
+        timeline.add("8 inference pods running (4 GPUs each)")
+
+        xid_node, hot_node, app_node = nodes[0], nodes[1], nodes[2]
+        print(
+            f"== Injecting faults: XID 79 on {xid_node}, thermal slowdown on {hot_node}, "
+            f"application XID 13 on {app_node} =="
+        )
+        injected: dict[str, float] = {}
+        injected[xid_node] = time.time()
+        agents[xid_node].inject_xid(gpu=3, code=79)
+        timeline.add(f"{xid_node}: fault injected: XID 79 on GPU 3 (fallen off the bus)", injected[xid_node])
+        injected[app_node] = time.time()
+        agents[app_node].inject_xid(gpu=1, code=13)
+        timeline.add(f"{app_node}: fault injected: XID 13 on GPU 1 (application error)", injected[app_node])
+        injected[hot_node] = time.time()
+        agents[hot_node].set("gpu 2 temp 93")
+        agents[hot_node].set("gpu 2 clock_reasons 0x40")
+        timeline.add(
+            f"{hot_node}: fault injected: GPU 2 at 93C with HW thermal slowdown (policy: sustained 8s)",
+            injected[hot_node],
+        )
+
+        wait_for(
+            lambda: xid_node in timeline.taint_seen and hot_node in timeline.taint_seen,
+            timeout=60,
+            what="both hardware faults quarantined",
+        )
+        time.sleep(3)
+        app_taint = kube.our_taint(app_node)
+        app_report = kube.report(app_node)
+        timeline.add(
+            f"{app_node}: still {app_report['status']['state']}, last XID "
+            f"{app_report['status'].get('lastXid')}: the application XID was ignored"
+        )
+        stop.set()
+        timeline.print()
+        print("\n== kubectl get gpuhealth ==")
+        print(cluster.kubectl("get", "gpuhealth").stdout)
+        print("== kubectl get gpunodes ==")
+        print(cluster.kubectl("get", "gpunodes").stdout)
+        print("== Node events from gpuhealth ==")
+        events = [
+            e
+            for e in kube.core.list_namespaced_event("default").items
+            if e.source and e.source.component == "gpuhealth-operator"
+        ]
+        for e in sorted(events, key=lambda e: e.event_time or e.first_timestamp):
+            print(f"  {e.involved_object.kind}/{e.involved_object.name}  {e.type:7s} {e.reason}: {e.message}")
+
+        quarantined = sorted(n for n in nodes if kube.our_taint(n) is not None)
+        summary: dict[str, Any] = {
+            "nodes": len(nodes),
+            "quarantined_nodes": quarantined,
+            "ignored_faults": [{"node": app_node, "xid": 13, "gpu": 1}] if app_taint is None else [],
+            "events": len(events),
+            "detection_to_taint_ms": {
+                n: round((timeline.taint_seen[n] - injected[n]) * 1000, 1) for n in (xid_node, hot_node)
+            },
+            "note": "the thermal fault must be sustained for the policy's 8s before it counts",
+        }
+        (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
+        ok = quarantined == sorted([xid_node, hot_node]) and summary["ignored_faults"]
+        if args.keep:
+            print(
+                f"\nLeft running. export KUBECONFIG={cluster.kubeconfig}; stop with: make cluster-down "
+                "(the operator and agents log to build/demo)"
+            )
+            (OUT.parent / "cluster").mkdir(exist_ok=True)
+            shutil.copy(cluster.workdir / "pids.json", OUT.parent / "cluster" / "pids.json")
+            return 0 if ok else 1
+        return 0 if ok else 1
+    finally:
+        stop.set()
+        if not args.keep:
+            if agents:
+                agents.stop()
+            if operator:
+                operator.stop()
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Real gpuhealth agents, one process per fake node, each reading its own fake NVML scenario."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.fakenvml.build import build_fake_nvml
+
+
+@dataclass
+class Agent:
+    node: str
+    scenario: Path
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    lines: list[str] = field(default_factory=list)
+    xid_seq: int = 0
+
+    def write(self) -> None:
+        tmp = self.scenario.with_suffix(".tmp")
+        tmp.write_text("\n".join(self.lines) + "\n")
+        os.replace(tmp, self.scenario)  # atomic: the library never sees half a file
+
+    def set(self, line: str) -> None:
+        self.lines.append(line)
+        self.write()
+
+    def inject_xid(self, gpu: int, code: int) -> None:
+        self.xid_seq += 1
+        self.set(f"xid {self.xid_seq} gpu {gpu} code {code}")
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+            self.popen.wait(15)
+
+
+@dataclass
+class AgentFleet:
+    kubeconfig: Path
+    workdir: Path
+    interval: float = 1.0
+    heartbeat: float = 5.0
+    agents: dict[str, Agent] = field(default_factory=dict)
+    library: Path | None = None
+
+    def start(self, nodes: list[str]) -> AgentFleet:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.library = self.library or build_fake_nvml(self.workdir / "lib")
+        for node in nodes:
+            agent = Agent(node, self.workdir / f"{node}.scenario", self.workdir / f"{node}.agent.log")
+            agent.write()
+            self.agents[node] = agent
+            self.launch(agent)
+        return self
+
+    def launch(self, agent: Agent) -> None:
+        exe = Path(sys.executable).parent / "gpuhealth-agent"
+        env = {
+            **os.environ,
+            "NODE_NAME": agent.node,
+            "FAKE_NVML_SCENARIO": str(agent.scenario),
+            "GPUHEALTH_NVML_LIBRARY": str(self.library),
+        }
+        with open(agent.log, "ab") as out:
+            agent.popen = subprocess.Popen(
+                [
+                    str(exe),
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--interval={self.interval}",
+                    f"--heartbeat-interval={self.heartbeat}",
+                    "--event-timeout=0.2",
+                    "--metrics-port=0",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    def __getitem__(self, node: str) -> Agent:
+        return self.agents[node]
+
+    def stop(self) -> None:
+        for a in self.agents.values():
+            a.kill(signal.SIGTERM)
