@@ -53,9 +53,7 @@ class Finding:
 
     @property
     def key(self) -> str:
-        return (
-            f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
-        )
+        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
 
     @property
     def reason(self) -> str:
@@ -63,9 +61,7 @@ class Finding:
         return f"XID{self.code}" if self.signal == Signal.XID else str(self.signal)
 
     def describe(self) -> str:
-        where = (
-            f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
-        )
+        where = f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
         return f"{where}: {self.detail}"
 
 
@@ -212,19 +208,18 @@ def _assess_device(
         and d.clock_events_since is not None
         and now - d.clock_events_since >= sustained
     ):
-        if True:
-            out.append(
-                Finding(
-                    Signal.THERMAL,
-                    policy.thermal_action,
-                    f"hardware thermal slowdown (clock events 0x{d.clock_event_reasons:x}) "
-                    f"for {int((now - d.clock_events_since).total_seconds())}s",
-                    d.index,
-                    d.uuid,
-                    None,
-                    d.clock_events_since,
-                )
+        out.append(
+            Finding(
+                Signal.THERMAL,
+                policy.thermal_action,
+                f"hardware thermal slowdown (clock events 0x{d.clock_event_reasons:x}) "
+                f"for {int((now - d.clock_events_since).total_seconds())}s",
+                d.index,
+                d.uuid,
+                None,
+                d.clock_events_since,
             )
+        )
     if d.temperature_c is not None and d.temperature_c >= policy.thermal_threshold_c:
         key = f"temp/{d.index}"
         first = parse_time(prior_pending.get(key)) or now
@@ -290,9 +285,7 @@ def assess(
     total = max(len(report.devices), expected or 0)
     healthy = sum(1 for d in report.devices if d.index not in faulty and not d.lost)
     last = report.xids[-1] if report.xids else None
-    last_xid = (
-        "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
-    )
+    last_xid = "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
     return Assessment(
         findings=tuple(sorted(findings, key=lambda f: f.key)),
         unknown=unknown,

@@ -115,9 +115,7 @@ def _summary(findings: tuple[Finding, ...]) -> str:
     return "; ".join(f.describe() for f in findings)
 
 
-def decide(
-    prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()
-) -> Decision:
+def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()) -> Decision:
     """The next record for a node, and what changed."""
     rec = prior
     events: list[tuple[str, str, str]] = []
@@ -132,9 +130,7 @@ def decide(
                 reason="Released",
                 message="released by a human; on probation",
             )
-            events.append(
-                ("Normal", "Released", "Released by a human after repair; the node is on probation")
-            )
+            events.append(("Normal", "Released", "Released by a human after repair; the node is on probation"))
     window = dt.timedelta(seconds=policy.flapping_window_s)
     recent = tuple(t for t in rec.quarantines if now - t <= window)
     rec = replace(rec, quarantines=recent)
@@ -186,9 +182,7 @@ def decide(
                 drain_action=str(level),
                 message=detail,
             )
-            events.append(
-                ("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)")
-            )
+            events.append(("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)"))
             return Decision(rec, events=tuple(events))
         if rec.state == State.DRAINING and inputs.drain_complete:
             nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
@@ -280,9 +274,7 @@ def decide(
                 message=detail,
                 held_by_breaker=False,
             )
-            events.append(
-                ("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy")
-            )
+            events.append(("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy"))
         return Decision(rec, events=tuple(events))
 
     if rec.state != State.HEALTHY:
