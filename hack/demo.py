@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kubernetes import watch  # noqa: E402
-
 from tests.support.agents import AgentFleet  # noqa: E402
 from tests.support.cluster import LocalCluster  # noqa: E402
 from tests.support.k8s import Kube, OperatorProcess, wait_for  # noqa: E402
@@ -66,9 +65,7 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
     w = watch.Watch()
     while not stop.is_set():
         try:
-            for ev in w.stream(
-                kube.core.list_node, label_selector="nvidia.com/gpu.present=true", timeout_seconds=5
-            ):
+            for ev in w.stream(kube.core.list_node, label_selector="nvidia.com/gpu.present=true", timeout_seconds=5):
                 node = ev["object"]
                 name = node.metadata.name
                 taint = next((t for t in node.spec.taints or [] if t.key == TAINT), None)
@@ -86,7 +83,7 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
                     last[name] = key
                 if stop.is_set():
                     break
-        except Exception:  # noqa: BLE001 - the watch restarts; the demo goes on
+        except Exception:
             time.sleep(0.5)
 
 
@@ -142,9 +139,7 @@ def main() -> int:
     print(f"== Starting a local control plane with {args.nodes} fake GPU nodes (logs in {OUT}) ==")
     cluster = LocalCluster(OUT / "cluster", nodes=args.nodes).start()
     kube = Kube(cluster.kubeconfig)
-    nodes = sorted(
-        n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items
-    )
+    nodes = sorted(n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items)
     operator = agents = None
     stop = threading.Event()
     try:

@@ -24,12 +24,16 @@
  *                                    retired_pages remapped_rows temperature thresholds
  *                                    clock_reasons power recovery_action events all
  *                                    (case, '_' and '-' are ignored)
- *   xid <seq> gpu <i> code <n>       an XID delivered once, through nvmlEventSetWait, to an event
- *                                    set registered for XIDs on that GPU. <seq> identifies it,
- *                                    so the same code can be injected again with a new seq.
+ *   xid <seq> gpu <i> code <n>       an XID, delivered once through nvmlEventSetWait to each event
+ *                                    set registered for XIDs on that GPU. <seq> identifies it, so
+ *                                    the same code can be injected again with a new seq.
+ *
+ * As with the real driver, an XID only reaches event sets that were registered before it
+ * happened: XID lines already in the file when a set registers for a GPU count as past (so a
+ * restarted agent does not see old XIDs again). Inject XIDs after the agent is up; the agent
+ * registers before its first report write.
  *
  * Numbers accept C syntax (0x48 is hex). The default is 8 healthy "NVIDIA H100 80GB HBM3".
- * Delivered XID sequence numbers are remembered per process until the scenario path changes.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -154,6 +158,8 @@ struct scenario {
 struct fake_event_set {
     unsigned long long magic;
     unsigned long long mask[MAX_GPUS];
+    unsigned long long seen[MAX_XIDS]; /* XID seqs delivered to, or predating, this set */
+    int n_seen;
 };
 #define EVENT_SET_MAGIC 0x66616b65766e7473ULL
 
@@ -161,8 +167,6 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct scenario S;
 static int init_count;
 static char handles[MAX_GPUS]; /* a device handle is &handles[index] */
-static unsigned long long delivered[MAX_XIDS];
-static int n_delivered;
 static struct {
     int loaded;
     int exists;
@@ -354,10 +358,7 @@ static void refresh_locked(void) {
             st.st_mtim.tv_nsec == file.mtime.tv_nsec)
             return;
     }
-    if (path_changed) {
-        n_delivered = 0;
-        snprintf(file.path, sizeof(file.path), "%s", path);
-    }
+    if (path_changed) snprintf(file.path, sizeof(file.path), "%s", path);
     set_defaults(&S);
     file.loaded = 1;
     file.exists = exists;
@@ -672,6 +673,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvml
 
 /* ---- events -------------------------------------------------------------------------- */
 
+static int was_seen(const struct fake_event_set *set, unsigned long long seq) {
+    for (int i = 0; i < set->n_seen; i++)
+        if (set->seen[i] == seq) return 1;
+    return 0;
+}
+
+static void mark_seen(struct fake_event_set *set, unsigned long long seq) {
+    if (!was_seen(set, seq) && set->n_seen < MAX_XIDS) set->seen[set->n_seen++] = seq;
+}
+
 EXPORT nvmlReturn_t nvmlEventSetCreate(struct fake_event_set **set) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
@@ -705,14 +716,14 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long ev
     DEVICE(device, NS_EVENTS);
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     if (eventTypes & ~(EVENT_XID | EVENT_SBE | EVENT_DBE)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    set->mask[(char *)device - handles] |= eventTypes;
+    int index = (int)((char *)device - handles);
+    if ((eventTypes & EVENT_XID) && !(set->mask[index] & EVENT_XID)) {
+        /* XIDs that happened before registration are never delivered to this set. */
+        for (int i = 0; i < S.n_xids; i++)
+            if (S.xids[i].gpu == index) mark_seen(set, S.xids[i].seq);
+    }
+    set->mask[index] |= eventTypes;
     LEAVE(NVML_SUCCESS);
-}
-
-static int was_delivered(unsigned long long seq) {
-    for (int i = 0; i < n_delivered; i++)
-        if (delivered[i] == seq) return 1;
-    return 0;
 }
 
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
@@ -725,8 +736,8 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventDat
         for (int i = 0; i < S.n_xids; i++) {
             struct fake_xid *x = &S.xids[i];
             if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & EVENT_XID)) continue;
-            if (was_delivered(x->seq)) continue;
-            if (n_delivered < MAX_XIDS) delivered[n_delivered++] = x->seq;
+            if (was_seen(set, x->seq)) continue;
+            mark_seen(set, x->seq);
             memset(data, 0, sizeof(*data));
             data->device = &handles[x->gpu];
             data->eventType = EVENT_XID;

@@ -19,9 +19,7 @@ def _ns(kube: Kube, name: str) -> str:
     except client.ApiException as e:
         if e.status != 409:
             raise
-    wait_for(
-        lambda: kube.core.read_namespaced_service_account("default", name), what="default service account"
-    )
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), what="default service account")
     return name
 
 
@@ -29,9 +27,7 @@ def _gpu_pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-            ],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
             "tolerations": [{"operator": "Exists"}],
         },
     }
@@ -48,9 +44,7 @@ def test_scheduler_places_gpu_pod_on_fake_gpu_node(cluster: LocalCluster, kube: 
         what="pod Running",
     )
     assert p.spec.node_name == node
-    assert p.status.conditions and any(
-        c.type == "PodScheduled" and c.status == "True" for c in p.status.conditions
-    )
+    assert p.status.conditions and any(c.type == "PodScheduled" and c.status == "True" for c in p.status.conditions)
 
 
 def test_deployment_pod_is_recreated_after_delete(cluster: LocalCluster, kube: Kube) -> None:
@@ -66,9 +60,7 @@ def test_deployment_pod_is_recreated_after_delete(cluster: LocalCluster, kube: K
     kube.apps.create_namespaced_deployment(ns, dep)
     first = wait_for(
         lambda: [
-            p
-            for p in kube.core.list_namespaced_pod(ns, label_selector="app=web").items
-            if p.status.phase == "Running"
+            p for p in kube.core.list_namespaced_pod(ns, label_selector="app=web").items if p.status.phase == "Running"
         ],
         what="first pod",
     )[0]
@@ -88,9 +80,7 @@ def test_deployment_pod_is_recreated_after_delete(cluster: LocalCluster, kube: K
 def test_pdb_blocks_eviction_with_429_then_allows(cluster: LocalCluster, kube: Kube) -> None:
     ns = _ns(kube, "cp-pdb")
     kube.core.create_namespaced_pod(ns, _gpu_pod("guarded", {"app": "guarded"}))
-    wait_for(
-        lambda: kube.core.read_namespaced_pod("guarded", ns).status.phase == "Running", what="pod Running"
-    )
+    wait_for(lambda: kube.core.read_namespaced_pod("guarded", ns).status.phase == "Running", what="pod Running")
     kube.policy.create_namespaced_pod_disruption_budget(
         ns,
         {
@@ -138,11 +128,7 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "xid-duplicate",
-        {
-            "rules": {
-                "xid": {"overrides": [{"code": 79, "action": "drain"}, {"code": 79, "action": "ignore"}]}
-            }
-        },
+        {"rules": {"xid": {"overrides": [{"code": 79, "action": "drain"}, {"code": 79, "action": "ignore"}]}}},
         "spec.rules.xid.overrides[1]",
     ),
     ("ecc-zero", {"rules": {"ecc": {"uncorrectedThreshold": 0}}}, "spec.rules.ecc.uncorrectedThreshold"),
@@ -192,9 +178,7 @@ INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize(("name", "spec", "field"), INVALID_POLICIES, ids=[c[0] for c in INVALID_POLICIES])
-def test_invalid_policy_is_refused_naming_the_field(
-    kube: Kube, name: str, spec: dict[str, Any], field: str
-) -> None:
+def test_invalid_policy_is_refused_naming_the_field(kube: Kube, name: str, spec: dict[str, Any], field: str) -> None:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUHealthPolicy",
@@ -208,9 +192,7 @@ def test_invalid_policy_is_refused_naming_the_field(
 
 
 @pytest.mark.parametrize(("name", "spec", "field"), INVALID_REPORTS, ids=[c[0] for c in INVALID_REPORTS])
-def test_invalid_report_is_refused_naming_the_field(
-    kube: Kube, name: str, spec: dict[str, Any], field: str
-) -> None:
+def test_invalid_report_is_refused_naming_the_field(kube: Kube, name: str, spec: dict[str, Any], field: str) -> None:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUNodeHealth",

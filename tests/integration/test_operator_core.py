@@ -12,12 +12,18 @@ TAINT = "gpuhealth.dev/unhealthy"
 
 
 def xid(code: int, gpu: int = 3) -> dict[str, object]:
-    return {"xid": code, "gpu": gpu, "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000", "time": utcnow(),
-            "source": "simulated"}
+    return {
+        "xid": code,
+        "gpu": gpu,
+        "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000",
+        "time": utcnow(),
+        "source": "simulated",
+    }
 
 
-def test_xid79_taints_cordons_and_explains(cluster: LocalCluster, kube: Kube, operator: OperatorProcess,
-                                          group: str) -> None:
+def test_xid79_taints_cordons_and_explains(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
     (node,) = make_nodes(cluster, group, 1)
     kube.apply_policy(group, policy_spec(group))
     kube.put_report(node, healthy_spec())
@@ -58,10 +64,15 @@ def test_human_cordon_survives_quarantine_and_recovery(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    kube.core.patch_node(node, {"spec": {"unschedulable": True,
-                                         "taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}})
-    kube.apply_policy(group, policy_spec(group, safety={"probation": "3s"},
-                                         rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}))
+    kube.core.patch_node(
+        node, {"spec": {"unschedulable": True, "taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}}
+    )
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group, safety={"probation": "3s"}, rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}
+        ),
+    )
     kube.put_report(node, healthy_spec(xids=[xid(79)]))
     wait_for(lambda: kube.our_taint(node), what="taint")
     assert kube.state(node) == "Quarantined"
@@ -77,11 +88,16 @@ def test_human_cordon_survives_quarantine_and_recovery(
     assert any("someone else" in e.message for e in kube.node_events(node, "GPUHealthAction"))
 
 
-def test_recovery_only_after_probation(cluster: LocalCluster, kube: Kube, operator: OperatorProcess,
-                                       group: str) -> None:
+def test_recovery_only_after_probation(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    kube.apply_policy(group, policy_spec(group, safety={"probation": "6s"},
-                                         rules={"xid": {"overrides": [{"code": 48, "action": "cordon"}]}}))
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group, safety={"probation": "6s"}, rules={"xid": {"overrides": [{"code": 48, "action": "cordon"}]}}
+        ),
+    )
     kube.put_report(node, healthy_spec(xids=[xid(48)]))
     wait_for(lambda: kube.our_taint(node), what="taint")
     kube.put_report(node, healthy_spec(xids=[]))
@@ -96,8 +112,9 @@ def test_recovery_only_after_probation(cluster: LocalCluster, kube: Kube, operat
     assert kube.node_events(node, "ReturnedToService")
 
 
-def test_dry_run_writes_nothing_to_nodes(cluster: LocalCluster, kube: Kube, operator: OperatorProcess,
-                                         group: str) -> None:
+def test_dry_run_writes_nothing_to_nodes(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
     (node,) = make_nodes(cluster, group, 1)
     before = kube.node(node)
     kube.apply_policy(group, policy_spec(group, mode="DryRun"))
@@ -107,7 +124,8 @@ def test_dry_run_writes_nothing_to_nodes(cluster: LocalCluster, kube: Kube, oper
     time.sleep(2)
     after = kube.node(node)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"] or (
-        after["spec"] == before["spec"] and after["metadata"].get("labels") == before["metadata"].get("labels")
+        after["spec"] == before["spec"]
+        and after["metadata"].get("labels") == before["metadata"].get("labels")
         and after["metadata"].get("annotations") == before["metadata"].get("annotations")
     )
     assert not any(c["type"] == "GPUHealthy" for c in after["status"]["conditions"])
@@ -122,8 +140,14 @@ def test_breaker_holds_at_limit_then_closes_after_recovery(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     nodes = make_nodes(cluster, group, 10)
-    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 3, "probation": "2s"},
-                                         rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}))
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"maxUnhealthy": 3, "probation": "2s"},
+            rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}},
+        ),
+    )
     for n in nodes:
         kube.put_report(n, healthy_spec())
     wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="all healthy")
@@ -140,9 +164,17 @@ def test_breaker_holds_at_limit_then_closes_after_recovery(
     assert status["quarantined"] == 3 and status["heldBack"] == 7
     cond = next(c for c in status["conditions"] if c["type"] == "BreakerOpen")
     assert cond["status"] == "True"
-    assert wait_for(lambda: kube.custom and [e for e in kube.core.list_namespaced_event(
-        "default", field_selector=f"involvedObject.name={group}").items if e.reason == "BreakerOpen"],
-        what="BreakerOpen event")
+    assert wait_for(
+        lambda: (
+            kube.custom
+            and [
+                e
+                for e in kube.core.list_namespaced_event("default", field_selector=f"involvedObject.name={group}").items
+                if e.reason == "BreakerOpen"
+            ]
+        ),
+        what="BreakerOpen event",
+    )
     held = [n for n in nodes if kube.state(n) == "Degraded"]
     assert len(held) == 7 and kube.node_events(held[0], "QuarantineHeldBack")
     for n in nodes:
@@ -161,8 +193,14 @@ def test_operator_killed_mid_quarantine_resumes_without_duplicates(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     nodes = make_nodes(cluster, group, 3)
-    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": "100%", "probation": "2s"},
-                                         rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}))
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"maxUnhealthy": "100%", "probation": "2s"},
+            rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}},
+        ),
+    )
     for n in nodes:
         kube.put_report(n, healthy_spec())
     wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="healthy")
@@ -180,7 +218,10 @@ def test_operator_killed_mid_quarantine_resumes_without_duplicates(
     # A write-ahead record without the Node write (killed in between) converges on restart.
     operator.kill()
     kube.custom.patch_cluster_custom_object_status(
-        "gpuhealth.dev", "v1alpha1", "gpunodehealths", nodes[2],
+        "gpuhealth.dev",
+        "v1alpha1",
+        "gpunodehealths",
+        nodes[2],
         {"status": {"state": "Quarantined", "reason": "XID79", "quarantines": [utcnow()[:19] + "Z"]}},
         _content_type="application/merge-patch+json",
     )

@@ -57,9 +57,7 @@ def control_plane_bin_dir() -> Path:
     """Build (first time) or locate (cached) the control-plane binaries."""
     if env := os.environ.get("GPUHEALTH_BIN_DIR"):
         return Path(env)
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False
-    )
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise ClusterError(f"hack/build-control-plane.sh failed with exit code {proc.returncode}")
@@ -132,9 +130,7 @@ def _write_pki(d: Path) -> None:
     (d / "apiserver.key").write_bytes(pem_key(srv_key))
     (d / "sa.key").write_bytes(pem_key(sa_key))
     (d / "sa.pub").write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuhealth-admin,gpuhealth-admin,"system:masters"\n')
 
@@ -316,9 +312,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            req = urllib.request.Request(
-                f"{self.server}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-            )
+            req = urllib.request.Request(f"{self.server}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
             try:
                 with urllib.request.urlopen(req, timeout=2, context=ctx) as r:
                     if r.status == 200:
@@ -374,6 +368,7 @@ class LocalCluster:
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
                 "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{free_port()}",
                 "--cidr=10.64.0.0/12",
@@ -403,9 +398,7 @@ class LocalCluster:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True,
@@ -445,9 +438,7 @@ class LocalCluster:
         nodes = [gpu_node_manifest(n, gpus=gpus, labels=labels) for n in names]
         for i in range(0, len(nodes), 200):
             chunk = nodes[i : i + 200]
-            self.kubectl(
-                "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk})
-            )
+            self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk}))
         return names
 
     def wait_nodes_ready(

@@ -219,3 +219,62 @@ class OperatorProcess:
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
+
+
+def service_account_token(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    pod: Mapping[str, Any] | None = None,
+    expiration_seconds: int = 3600,
+) -> str:
+    """A token for a service account (TokenRequest API), as a pod of that account would get one.
+
+    With ``pod`` (the Pod object, scheduled), the token is bound to that pod: the API server then
+    adds the pod's name, uid and node (``authentication.kubernetes.io/node-name``) to the
+    authenticated user's extra, exactly as for the token the kubelet mounts.
+    """
+    spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
+    if pod is not None:
+        meta = pod["metadata"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+    resp = kube.core.create_namespaced_service_account_token(
+        name, namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    )
+    return str(resp.status.token)
+
+
+def token_kubeconfig(cluster: LocalCluster, token: str, path: Path, user: str = "token-user") -> Path:
+    """Write a kubeconfig for ``token`` against the test cluster (its server and CA) and return its path."""
+    import json
+
+    from tests.support.cluster import kubeconfig_for
+
+    path.write_text(json.dumps(kubeconfig_for(cluster.server, cluster.workdir / "pki" / "ca.crt", token, user)))
+    return path
+
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+GPUHEALTH_NAMESPACE = "gpuhealth-system"
+
+
+def install_gpuhealth(cluster: LocalCluster, kustomization: str = "base") -> subprocess.CompletedProcess[str]:
+    """Install manifests/crds, then ``manifests/<kustomization>`` (server-side apply; idempotent)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(MANIFESTS / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev")
+    return cluster.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(MANIFESTS / kustomization))
+
+
+def remove_gpuhealth_workloads(cluster: LocalCluster) -> None:
+    """Delete the installed operator Deployment and agent DaemonSet (KWOK "runs" their pods on the
+    fake GPU nodes; other tests should not find them there). RBAC, admission policy and namespace stay."""
+    cluster.kubectl(
+        "delete",
+        "-n",
+        GPUHEALTH_NAMESPACE,
+        "deployment/gpuhealth-operator",
+        "daemonset/gpuhealth-agent",
+        "--ignore-not-found",
+        "--wait=false",
+    )

@@ -89,6 +89,43 @@ class Kube:
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False)
 
+    # -- pods ------------------------------------------------------------------------------------
+
+    def list_pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cont = None
+        while True:
+            kw: dict[str, Any] = {"limit": 1000, "_preload_content": False}
+            if cont:
+                kw["_continue"] = cont
+            data = self._json(self.core.list_pod_for_all_namespaces(**kw))
+            items.extend(data.get("items") or [])
+            cont = (data.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            self.core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE, _preload_content=False)
+        )
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        """Eviction API only, so PodDisruptionBudgets hold; the pod's own grace period applies."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+
+    def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        body: dict[str, Any] = {"gracePeriodSeconds": 0}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        self.core.delete_namespaced_pod(name, namespace, body=body, grace_period_seconds=0, _preload_content=False)
+
     # -- our CRDs --------------------------------------------------------------------------------
 
     def list_custom(self, plural: str) -> list[dict[str, Any]]:
@@ -106,9 +143,7 @@ class Kube:
         )
 
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object_status(
-            GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE
-        )
+        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)
 
     # -- events ----------------------------------------------------------------------------------
 

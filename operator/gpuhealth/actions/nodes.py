@@ -177,9 +177,7 @@ CONDITION_STATUS = {
 }
 
 
-def plan_condition(
-    node: Mapping[str, Any], state: State, reason: str, message: str, now: str
-) -> dict[str, Any] | None:
+def plan_condition(node: Mapping[str, Any], state: State, reason: str, message: str, now: str) -> dict[str, Any] | None:
     """Strategic-merge patch for the Node's GPUHealthy condition, or None if it already says this."""
     status = CONDITION_STATUS[state]
     reason = reason or str(state)

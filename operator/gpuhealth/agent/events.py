@@ -67,6 +67,12 @@ class EventWatcher:
         self.last_loop = time.monotonic()
 
     def start(self) -> None:
+        """Register for events now (one zero-timeout wait), then keep waiting on a thread.
+
+        Registering synchronously means that once the agent has written its first report,
+        XIDs are being watched: NVML never delivers events that predate the registration.
+        """
+        self._poll(0.0)
         self._thread = threading.Thread(target=self._run, name="gpuhealth-xid-events", daemon=True)
         self._thread.start()
 
@@ -84,15 +90,20 @@ class EventWatcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.last_loop = time.monotonic()
-            try:
-                batch = self._source.wait_events(self._timeout_s)
-            except Exception:
-                log.exception("XID event wait failed; retrying")
+            if not self._poll(self._timeout_s):
                 self._stop.wait(self._timeout_s)
-                continue
-            for event in batch.xids:
-                self._buffer.put(event)
-                if self._on_xid is not None:
-                    self._on_xid(event)
-            if batch.resample and self._on_resample is not None:
-                self._on_resample()
+
+    def _poll(self, timeout_s: float) -> bool:
+        """One bounded wait; hands events off. False when the wait itself failed."""
+        try:
+            batch = self._source.wait_events(timeout_s)
+        except Exception:
+            log.exception("XID event wait failed; retrying")
+            return False
+        for event in batch.xids:
+            self._buffer.put(event)
+            if self._on_xid is not None:
+                self._on_xid(event)
+        if batch.resample and self._on_resample is not None:
+            self._on_resample()
+        return True

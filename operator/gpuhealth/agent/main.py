@@ -45,9 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("NODE_NAME"),
         help="node to report for; the object is named after it (env NODE_NAME, else the hostname)",
     )
-    p.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)"
-    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument(
         "--interval",
         type=_positive,
@@ -82,19 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(_env("GPUHEALTH_METRICS_PORT", "9401") or 9401),
         help="port for /metrics and /healthz; 0 disables (env GPUHEALTH_METRICS_PORT, default 9401)",
     )
-    p.add_argument(
-        "--metrics-bind", default="0.0.0.0", help="address for the metrics server (default 0.0.0.0)"
-    )
-    p.add_argument(
-        "--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds"
-    )
-    p.add_argument(
-        "--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)"
-    )
+    p.add_argument("--metrics-bind", default="0.0.0.0", help="address for the metrics server (default 0.0.0.0)")
+    p.add_argument("--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds")
+    p.add_argument("--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)")
     p.add_argument("--once", action="store_true", help="sample once, write (or print) the report once, exit")
-    p.add_argument(
-        "--dry-run", action="store_true", help="no cluster: print the report instead of writing it"
-    )
+    p.add_argument("--dry-run", action="store_true", help="no cluster: print the report instead of writing it")
     p.add_argument(
         "--log-level",
         default=_env("GPUHEALTH_LOG_LEVEL", "INFO"),
@@ -152,11 +142,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from gpuhealth.agent.publisher import KubeTransport, PrintTransport, ReportTransport
 
-    transport: ReportTransport
-    if args.dry_run:
-        transport = PrintTransport(sys.stdout)
-    else:
-        transport = KubeTransport(kube_api_client(args.kubeconfig))
+    transport: ReportTransport = (
+        PrintTransport(sys.stdout) if args.dry_run else KubeTransport(kube_api_client(args.kubeconfig))
+    )
 
     if args.once:
         agent = Agent(dataclasses.replace(config, metrics_port=0), transport)

@@ -19,9 +19,7 @@ class AgentMetrics:
         r = self.registry
         self.nvml_available = Gauge("gpuhealth_agent_nvml_available", "1 when NVML answered.", registry=r)
         self.gpus = Gauge("gpuhealth_agent_gpus", "GPUs discovered (lost ones included).", registry=r)
-        self.temperature = Gauge(
-            "gpuhealth_agent_gpu_temperature_celsius", "GPU core temperature.", _GPU, registry=r
-        )
+        self.temperature = Gauge("gpuhealth_agent_gpu_temperature_celsius", "GPU core temperature.", _GPU, registry=r)
         self.temperature_threshold = Gauge(
             "gpuhealth_agent_gpu_temperature_threshold_celsius",
             "Driver temperature thresholds.",
@@ -60,21 +58,15 @@ class AgentMetrics:
         self.xid_events = Counter(
             "gpuhealth_agent_xid_events", "XID events seen.", ("gpu", "xid", "source"), registry=r
         )
-        self.writes = Counter(
-            "gpuhealth_agent_report_writes", "Report writes to the API.", ("kind",), registry=r
-        )
-        self.publish_errors = Counter(
-            "gpuhealth_agent_publish_errors", "Failed report write attempts.", registry=r
-        )
+        self.writes = Counter("gpuhealth_agent_report_writes", "Report writes to the API.", ("kind",), registry=r)
+        self.publish_errors = Counter("gpuhealth_agent_publish_errors", "Failed report write attempts.", registry=r)
         self.last_write = Gauge(
             "gpuhealth_agent_last_write_timestamp_seconds", "When the report was last written.", registry=r
         )
         self.sample_duration = Gauge(
             "gpuhealth_agent_sample_duration_seconds", "How long the last sample took.", registry=r
         )
-        self.dcgm_errors = Counter(
-            "gpuhealth_agent_dcgm_scrape_errors", "Failed DCGM exporter scrapes.", registry=r
-        )
+        self.dcgm_errors = Counter("gpuhealth_agent_dcgm_scrape_errors", "Failed DCGM exporter scrapes.", registry=r)
 
     def observe(self, snapshot: Snapshot) -> None:
         """Mirror one sample into the gauges (live values, unlike the deduplicated report)."""

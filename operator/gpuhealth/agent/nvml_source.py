@@ -315,9 +315,7 @@ class NvmlSource:
             Q_RETIRED,
             unsupported,
             lambda: len(
-                pynvml.nvmlDeviceGetRetiredPages(
-                    h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
-                )
+                pynvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
             ),
         )
         retired = None
@@ -327,9 +325,7 @@ class NvmlSource:
                 Q_RETIRED,
                 unsupported,
                 lambda: len(
-                    pynvml.nvmlDeviceGetRetiredPages(
-                        h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
-                    )
+                    pynvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
                 ),
             )
             pending = self._query(
@@ -338,9 +334,7 @@ class NvmlSource:
             retired = RetiredPages(sbe, dbe, pending)
 
         rows = self._query(dev, Q_REMAP, unsupported, lambda: pynvml.nvmlDeviceGetRemappedRows(h))
-        remapped = (
-            None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
-        )
+        remapped = None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
 
         current = self._query(
             dev,
@@ -411,8 +405,12 @@ class NvmlSource:
     def _recovery_action(handle: Any) -> str | None:
         values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
         value = values[0]
-        if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
-            raise pynvml.NVMLError(int(value.nvmlReturn))
+        ret = int(value.nvmlReturn)
+        if ret in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED):
+            # Drivers that predate the field answer "invalid argument" for its id.
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
         value_type = int(value.valueType)
         raw = (
             int(value.value.ullVal)

@@ -84,9 +84,7 @@ class KubeTransport:
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
-            obj = self._api.get_cluster_custom_object(
-                GROUP, VERSION, PLURAL, name, _request_timeout=self._timeout
-            )
+            obj = self._api.get_cluster_custom_object(GROUP, VERSION, PLURAL, name, _request_timeout=self._timeout)
         except self._api_exception as exc:
             if exc.status == 404:
                 return None
@@ -235,9 +233,7 @@ class Publisher:
         self._exists = existing is not None
         kept = self._builder.restore(spec if isinstance(spec, dict) else None)
         if existing is not None:
-            log.info(
-                "found existing report %s; kept %d XID event(s) from this boot", self._builder.node_name, kept
-            )
+            log.info("found existing report %s; kept %d XID event(s) from this boot", self._builder.node_name, kept)
         self.restored.set()
 
     def publish(self, force: bool = False) -> str | None:

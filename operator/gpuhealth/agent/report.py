@@ -154,9 +154,7 @@ def xid_spec(event: XidEvent) -> dict[str, Any]:
     return out
 
 
-def temperature_changed(
-    prev: int | None, cur: int | None, band: int, thresholds: Iterable[int | None]
-) -> bool:
+def temperature_changed(prev: int | None, cur: int | None, band: int, thresholds: Iterable[int | None]) -> bool:
     """True when a temperature moved by at least ``band`` or crossed a threshold.
 
     Temperatures wander by a degree or two every sample; writing each wobble would turn every
@@ -181,9 +179,7 @@ def _significant(device: DeviceFacts) -> DeviceFacts:
     )
 
 
-def facts_changed(
-    prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C
-) -> bool:
+def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C) -> bool:
     """Whether ``cur`` carries facts the last written report (``prev``) does not.
 
     Power is excluded (it follows the workload; /metrics carries it live), temperature uses a
@@ -252,9 +248,7 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
 class XidHistory:
     """The bounded, time-ordered list of XID events the report carries."""
 
-    def __init__(
-        self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S
-    ) -> None:
+    def __init__(self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S) -> None:
         self._limit = max(1, limit)
         self._dedupe_s = dcgm_dedupe_s
         self._events: list[XidEvent] = []

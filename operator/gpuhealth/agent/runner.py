@@ -145,8 +145,15 @@ class Agent:
         self._resample.set()
 
     def _sample_loop(self) -> None:
+        # start() took the first sample; from here on, one per interval or sooner on request.
         min_gap = min(1.0, self.config.interval_s)
+        started = time.monotonic()
         while not self._stop.is_set():
+            self._resample.wait(max(0.0, started + self.config.interval_s - time.monotonic()))
+            self._resample.clear()
+            # Bound how often events can force a sample (an SBE storm must not spin us).
+            if self._stop.wait(max(0.0, started + min_gap - time.monotonic())):
+                break
             started = time.monotonic()
             try:
                 self.latest.set(self.sample_once())
@@ -154,23 +161,27 @@ class Agent:
             except Exception:
                 log.exception("sampling failed")
             self._last_sample = time.monotonic()
-            self._resample.wait(max(0.0, started + self.config.interval_s - time.monotonic()))
-            self._resample.clear()
-            # Bound how often events can force a sample (an SBE storm must not spin us).
-            self._stop.wait(max(0.0, started + min_gap - time.monotonic()))
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start serving; returns once NVML is initialised and XID events are registered.
+
+        Order matters: the first sample initialises NVML, the event watcher registers before
+        the publisher can write, so a report on the server implies XIDs are being watched.
+        """
         if self.config.metrics_port:
-            self._server = MetricsServer(
-                self.metrics, self.health, self.config.metrics_port, self.config.metrics_bind
-            )
+            self._server = MetricsServer(self.metrics, self.health, self.config.metrics_port, self.config.metrics_bind)
             self._server.start()
+        try:
+            self.latest.set(self.sample_once())
+        except Exception:
+            log.exception("first sample failed; the sampler keeps trying")
+        self._last_sample = time.monotonic()
+        self.events.start()
         self.publisher.start()
         self._sampler = threading.Thread(target=self._sample_loop, name="gpuhealth-sampler", daemon=True)
         self._sampler.start()
-        self.events.start()
         log.info(
             "agent started for node %s (interval %.1fs, heartbeat %.1fs, sources %s)",
             self.config.node_name,

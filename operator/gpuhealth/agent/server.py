@@ -53,9 +53,7 @@ class MetricsServer:
         return int(self._httpd.server_address[1])
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="gpuhealth-metrics", daemon=True
-        )
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="gpuhealth-metrics", daemon=True)
         self._thread.start()
         log.info("serving /metrics and /healthz on port %d", self.port)
 

@@ -11,7 +11,7 @@ _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 def parse_duration(text: str) -> float:
     """Seconds in ``text``; raises ValueError on anything the CRD pattern would refuse."""
-    if not isinstance(text, str) or not _FULL.match(text):
+    if not isinstance(text, str) or not _FULL.fullmatch(text):
         raise ValueError(f"invalid duration {text!r} (expected e.g. 30s, 5m, 1h30m)")
     return sum(float(n) * _UNIT[u] for n, u in _PART.findall(text))
 

@@ -109,7 +109,7 @@ def breaker_limit(max_unhealthy: int | str, total_nodes: int) -> int:
     """
     if isinstance(max_unhealthy, int):
         return max(0, max_unhealthy)
-    m = _PERCENT.match(str(max_unhealthy))
+    m = _PERCENT.fullmatch(str(max_unhealthy))
     if not m:
         raise PolicyError(f"spec.safety.maxUnhealthy: invalid value {max_unhealthy!r}")
     return -(-(total_nodes * int(m.group(1))) // 100)
@@ -211,18 +211,10 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         mode=mode,
         priority=_int(_get(spec, "spec", "priority", 0), "spec.priority", -1000, 1000),
         xid_overrides=overrides,
-        app_repeat_count=_int(
-            _get(repeat, "", "count", 3), "spec.rules.xid.applicationRepeat.count", 2, 1000
-        ),
-        app_repeat_window_s=_dur(
-            _get(repeat, "", "window", "10m"), "spec.rules.xid.applicationRepeat.window"
-        ),
-        app_repeat_action=_action(
-            _get(repeat, "", "action", "drain"), "spec.rules.xid.applicationRepeat.action"
-        ),
-        ecc_threshold=_int(
-            _get(ecc, "", "uncorrectedThreshold", 1), "spec.rules.ecc.uncorrectedThreshold", 1, 10**6
-        ),
+        app_repeat_count=_int(_get(repeat, "", "count", 3), "spec.rules.xid.applicationRepeat.count", 2, 1000),
+        app_repeat_window_s=_dur(_get(repeat, "", "window", "10m"), "spec.rules.xid.applicationRepeat.window"),
+        app_repeat_action=_action(_get(repeat, "", "action", "drain"), "spec.rules.xid.applicationRepeat.action"),
+        ecc_threshold=_int(_get(ecc, "", "uncorrectedThreshold", 1), "spec.rules.ecc.uncorrectedThreshold", 1, 10**6),
         ecc_action=_action(_get(ecc, "", "action", "drain"), "spec.rules.ecc.action"),
         row_remap_failure_action=_action(
             _get(_section(rules, "rowRemapFailure", "spec.rules"), "", "action", "repair"),
@@ -244,9 +236,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         gpu_lost_action=_action(
             _get(_section(rules, "gpuLost", "spec.rules"), "", "action", "drain"), "spec.rules.gpuLost.action"
         ),
-        gpu_count_expected=None
-        if expected is None
-        else _int(expected, "spec.rules.gpuCount.expected", 1, 64),
+        gpu_count_expected=None if expected is None else _int(expected, "spec.rules.gpuCount.expected", 1, 64),
         gpu_count_action=_action(_get(count, "", "action", "cordon"), "spec.rules.gpuCount.action"),
         silence_after_s=_dur(_get(silence, "", "after", "2m"), "spec.rules.agentSilence.after"),
         silence_action=_action(
@@ -264,9 +254,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             on_checkpoint_timeout=str(_get(drain, "", "onCheckpointTimeout", "Evict")),
             max_wait_s=_dur(_get(drain, "", "maxWait", "1h"), "spec.actions.drain.maxWait"),
             allow_force_delete=bool(_get(drain, "", "allowForceDelete", False)),
-            force_delete_after_s=_dur(
-                _get(drain, "", "forceDeleteAfter", "2h"), "spec.actions.drain.forceDeleteAfter"
-            ),
+            force_delete_after_s=_dur(_get(drain, "", "forceDeleteAfter", "2h"), "spec.actions.drain.forceDeleteAfter"),
             gang_survives_rank_loss=bool(_get(drain, "", "gangSurvivesRankLoss", False)),
             system_namespaces=tuple(_get(drain, "", "systemNamespaces", ["kube-system", "gpuhealth-system"])),
         ),
@@ -275,18 +263,12 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             _get(safety, "", "maxConcurrentDrains", 1), "spec.safety.maxConcurrentDrains", 1, 1000
         ),
         probation_s=_dur(_get(safety, "", "probation", "10m"), "spec.safety.probation"),
-        flapping_max=_int(
-            _get(flapping, "", "maxQuarantines", 3), "spec.safety.flapping.maxQuarantines", 1, 100
-        ),
+        flapping_max=_int(_get(flapping, "", "maxQuarantines", 3), "spec.safety.flapping.maxQuarantines", 1, 100),
         flapping_window_s=_dur(_get(flapping, "", "window", "24h"), "spec.safety.flapping.window"),
         restart_loop_enabled=bool(_get(loop, "", "enabled", True)),
         restart_loop_window_s=_dur(_get(loop, "", "window", "15m"), "spec.restartLoop.window"),
-        restart_loop_min_workloads=_int(
-            _get(loop, "", "minWorkloads", 2), "spec.restartLoop.minWorkloads", 2, 100
-        ),
-        restart_loop_min_restarts=_int(
-            _get(loop, "", "minRestarts", 3), "spec.restartLoop.minRestarts", 1, 1000
-        ),
+        restart_loop_min_workloads=_int(_get(loop, "", "minWorkloads", 2), "spec.restartLoop.minWorkloads", 2, 100),
+        restart_loop_min_restarts=_int(_get(loop, "", "minRestarts", 3), "spec.restartLoop.minRestarts", 1, 1000),
         restart_loop_action=_action(_get(loop, "", "action", "cordon"), "spec.restartLoop.action"),
         gpu_hourly_cost=None if hourly is None else float(hourly),
         currency=str(_get(cost, "", "currency", "USD")),
@@ -301,9 +283,7 @@ def select_policy(policies: list[Policy], labels: Mapping[str, str]) -> tuple[Po
 
     Deterministic: highest priority first, then the lexically smallest name.
     """
-    matching = sorted(
-        (p for p in policies if p.selector.matches(labels)), key=lambda p: (-p.priority, p.name)
-    )
+    matching = sorted((p for p in policies if p.selector.matches(labels)), key=lambda p: (-p.priority, p.name))
     if not matching:
         return None, []
     return matching[0], matching[1:]

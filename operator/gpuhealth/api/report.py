@@ -103,12 +103,8 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 uuid=str(d.get("uuid") or ""),
                 model=str(d.get("model") or ""),
                 lost=bool(d.get("lost", False)),
-                ecc_volatile_uncorrected=_int(
-                    ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"
-                ),
-                ecc_aggregate_uncorrected=_int(
-                    ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"
-                ),
+                ecc_volatile_uncorrected=_int(ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"),
+                ecc_aggregate_uncorrected=_int(ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"),
                 retired_pending=bool(pages.get("pending", False)),
                 remap_pending=bool(rows.get("pending", False)),
                 remap_failure=bool(rows.get("failure", False)),
@@ -130,9 +126,7 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
             raise ReportError(f"{where}.xid: {code} is outside 1..1023")
         gpu = e.get("gpu")
         xids.append(
-            XidEvent(
-                xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or "")
-            )
+            XidEvent(xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or ""))
         )
     return Report(
         node=name,

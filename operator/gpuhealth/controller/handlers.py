@@ -50,6 +50,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         await reconciler.ready.wait()
         reconciler.on_report(type, body)
 
+    @kopf.on.event("v1", "pods", registry=registry)
+    async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        await reconciler.ready.wait()
+        reconciler.on_pod(type, body)
+
     @kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     async def policy_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         await reconciler.ready.wait()

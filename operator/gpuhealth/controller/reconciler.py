@@ -34,14 +34,20 @@ from gpuhealth.api.names import (
     RELEASE_ANNOTATION,
     REPORT_KIND,
     Mode,
+    Signal,
     State,
 )
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.report import Report, ReportError, parse_report
-from gpuhealth.api.timeutil import format_time
+from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.catalog import xid as catalog
 from gpuhealth.controller import metrics
+from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.drain import pods as P
+from gpuhealth.drain.plan import plan_drain
 from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.restarts import failure, restart_loop_finding
 from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,16 @@ class PolicyView:
     held: int = 0
 
 
+def _current_drain(record: Mapping[str, Any], rec: Record) -> bool:
+    """The drain record belongs to the current Draining episode (started at or after it began)."""
+    started = parse_time(record.get("startedAt"))
+    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
+
+
+def _drain_done(record: Mapping[str, Any], rec: Record) -> bool:
+    return record.get("phase") == "Completed" and bool(record.get("startedAt")) and _current_drain(record, rec)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -115,6 +131,12 @@ class Reconciler:
         self.policy_status_cache: dict[str, dict[str, Any]] = {}
         self.bad_report_versions: dict[str, str] = {}
         self.first_seen: dict[str, dt.datetime] = {}
+        self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
+        self.active_drains: dict[str, set[str]] = {}
+        self.drainer = Drainer(self)
         self.queue = WorkQueue()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self._tasks: list[asyncio.Task[None]] = []
@@ -127,11 +149,14 @@ class Reconciler:
 
     async def start(self) -> None:
         """Prime the caches with a full list, so the breaker counts every node before any decision."""
-        nodes, reports, policies = await asyncio.gather(
+        nodes, reports, policies, pods = await asyncio.gather(
             self.call(self.kube.list_nodes, NODE_SELECTOR),
             self.call(self.kube.list_custom, "gpunodehealths"),
             self.call(self.kube.list_custom, "gpuhealthpolicies"),
+            self.call(self.kube.list_pods),
         )
+        for pod in pods:
+            self.on_pod("ADDED", pod, enqueue=False)
         for p in policies:
             self.on_policy("ADDED", p, enqueue=False)
         for r in reports:
@@ -179,6 +204,37 @@ class Reconciler:
                 self.records[name] = Record.from_status(dict(body["status"]))
         if enqueue:
             self.queue.add(name)
+
+    def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        """Pods by node, gang and workload: what drains and restart-loop detection need."""
+        uid = body["metadata"].get("uid")
+        if not uid:
+            return
+        old = self.pod_index.pop(uid, None)
+        if old is not None:
+            self.pods_by_node.get(old[0], {}).pop(uid, None)
+            if old[1]:
+                self.pods_by_gang.get(old[1], {}).pop(uid, None)
+            self.pods_by_workload.get(old[2], {}).pop(uid, None)
+        node = str((body.get("spec") or {}).get("nodeName") or "")
+        if event != "DELETED":
+            pod = dict(body)
+            gang, workload = P.gang_key(pod), P.workload_key(pod)
+            self.pod_index[uid] = (node, gang, workload)
+            self.pods_by_node.setdefault(node, {})[uid] = pod
+            if gang:
+                self.pods_by_gang.setdefault(gang, {})[uid] = pod
+            self.pods_by_workload.setdefault(workload, {})[uid] = pod
+        if enqueue:
+            for n in {node, old[0] if old else ""}:
+                if n in self.nodes:
+                    self.queue.add(n)
+            for draining in self.active_drains.values():
+                for n in draining:
+                    self.queue.add(n)
+
+    def queue_later(self, name: str, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.queue.add, name)
 
     def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
@@ -316,9 +372,15 @@ class Reconciler:
         annotations = node["metadata"].get("annotations") or {}
         released = RELEASE_ANNOTATION in annotations
         view = NodeView(name, node["metadata"].get("labels") or {}, _gpu_capacity(node))
-        a = assess(policy, report, view, now, status.get("pending") or {}, prior.cleared_before)
+        node_pods = list(self.pods_by_node.get(name, {}).values())
+        loop = restart_loop_finding(
+            policy, name, node_pods, {k: list(v.values()) for k, v in self.pods_by_workload.items()}, now
+        )
+        a = assess(
+            policy, report, view, now, status.get("pending") or {}, prior.cleared_before, (loop,) if loop else ()
+        )
         drain = status.get("drain") or {}
-        inputs = Inputs(drain_complete=drain.get("phase") == "Completed", released=released)
+        inputs = Inputs(drain_complete=_drain_done(drain, prior), released=released)
         decision = decide(prior, a, policy, now, inputs)
         if decision.new_quarantine and not prior.out_of_service:
             decision = await self._admit(name, policy, prior, a, now, inputs, decision)
@@ -326,6 +388,7 @@ class Reconciler:
             await self._persist(name, policy, overridden, report_obj, decision, a, now)
             if policy.mode == Mode.ENFORCE:
                 await self._converge_node(name, policy, decision.record, a, now)
+                await self._drain(name, policy, decision.record, a, now)
                 if released:
                     await self.call(
                         self.kube.patch_node, name, {"metadata": {"annotations": {RELEASE_ANNOTATION: None}}}
@@ -333,6 +396,105 @@ class Reconciler:
         finally:
             self.reserved.get(policy.name, set()).discard(name)
         await self._announce(name, policy, decision, a, now)
+
+    async def _drain(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
+        """Drain while Draining; evict crash-looping pods from any quarantined node."""
+        status = (self.reports.get(name) or {}).get("status") or {}
+        record = status.get("drain") or {}
+        active = self.active_drains.setdefault(policy.name, set())
+        if rec.state != State.DRAINING:
+            active.discard(name)
+            if rec.state in OUT_OF_SERVICE:
+                await self._evict_crashlooping(name, policy, now)
+            if record and rec.state == State.HEALTHY:
+                await self._write_drain(name, None)
+            return
+        if record and not _current_drain(record, rec):
+            record = {}  # a previous episode's drain: start afresh
+        if record.get("phase") == "Completed":
+            active.discard(name)
+            return
+        if name not in active:
+            lock = self.policy_locks.setdefault(policy.name, asyncio.Lock())
+            async with lock:
+                if len(active) >= policy.max_concurrent_drains:
+                    if record.get("phase") != "Queued":
+                        await self._write_drain(name, {"phase": "Queued"})
+                        await self._event(
+                            "Node",
+                            name,
+                            name,
+                            "Normal",
+                            "DrainQueued",
+                            f"Waiting for a drain slot (maxConcurrentDrains {policy.max_concurrent_drains})",
+                        )
+                    return
+                active.add(name)
+            if record.get("phase") == "Queued":
+                record = {}
+        fatal = any(
+            f.signal in (Signal.GPU_LOST, Signal.NVML_UNAVAILABLE)
+            or (
+                f.signal == Signal.XID
+                and f.code is not None
+                and catalog.lookup(f.code).immediate_action == "REBOOT_NODE"
+            )
+            for f in a.findings
+        )
+        gangs = {k: list(v.values()) for k, v in self.pods_by_gang.items()}
+        plan = plan_drain(name, list(self.pods_by_node.get(name, {}).values()), gangs, policy.drain, fatal, record, now)
+        new_record = await self.drainer.execute(name, plan, now)
+        if plan.complete:
+            active.discard(name)
+            self.queue_later(name, 0.05)  # the state machine moves on with the completed drain
+            await self._event(
+                "Node",
+                name,
+                name,
+                "Normal",
+                "DrainFinished",
+                f"All {new_record.get('total', 0)} workload pods have left the node "
+                f"({new_record.get('evicted', 0)} evicted)",
+            )
+        if new_record != record:
+            await self._write_drain(name, new_record)
+        if not plan.complete:
+            self.queue_later(name, 1.0)
+
+    async def _write_drain(self, name: str, record: Mapping[str, Any] | None) -> None:
+        result = await self.call(
+            self.kube.patch_report_status,
+            name,
+            {"status": {"drain": None}} if record is None else {"status": {"drain": dict(record)}},
+        )
+        self.reports[name] = result
+
+    async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
+        for pod in list(self.pods_by_node.get(name, {}).values()):
+            if P.is_deleting(pod) or P.is_terminal(pod) or P.is_daemonset(pod):
+                continue
+            if pod["metadata"].get("namespace") in policy.drain.system_namespaces:
+                continue
+            f = failure(pod, now, policy.restart_loop_window_s)
+            if f is None or f[0] < policy.restart_loop_min_restarts:
+                continue
+            meta = pod["metadata"]
+            try:
+                await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            except Exception as e:
+                if status_of(e) in (404, 409, 429, 500):
+                    continue
+                raise
+            meta["deletionTimestamp"] = format_time(now)
+            await self._event(
+                "Node",
+                name,
+                name,
+                "Normal",
+                "EvictedCrashLooping",
+                f"Evicted {P.key(pod)} (restarted {f[0]}x on this quarantined node) so its controller "
+                "places it elsewhere",
+            )
 
     async def _admit(
         self,
@@ -349,9 +511,7 @@ class Reconciler:
         async with lock:
             governed = [n for n, body in self.nodes.items() if self.governing(body)[0] is policy]
             reserved = self.reserved.setdefault(policy.name, set())
-            out = {
-                n for n in governed if (r := self.records.get(n)) is not None and r.out_of_service
-            } | reserved
+            out = {n for n in governed if (r := self.records.get(n)) is not None and r.out_of_service} | reserved
             out.discard(name)
             if len(out) + 1 <= policy.breaker_limit(len(governed)):
                 reserved.add(name)
@@ -429,9 +589,7 @@ class Reconciler:
         self.reports[name] = result
         self.records[name] = decision.record
 
-    async def _converge_node(
-        self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime
-    ) -> None:
+    async def _converge_node(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
         node = self.nodes[name]
         quarantine = rec.state in OUT_OF_SERVICE
         top = a.top
@@ -460,9 +618,7 @@ class Reconciler:
         if cond is not None:
             await self.call(self.kube.patch_node_status, name, cond)
             # Reflect our own write so the next reconcile does not repeat it before the watch catches up.
-            conds = [
-                c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"
-            ]
+            conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]
             node.setdefault("status", {})["conditions"] = [*conds, *cond["status"]["conditions"]]
 
     async def _announce_node_actions(
@@ -500,9 +656,7 @@ class Reconciler:
                 "recorded, and not put back for this episode",
             )
 
-    async def _announce(
-        self, name: str, policy: Policy, d: Decision, a: Assessment, now: dt.datetime
-    ) -> None:
+    async def _announce(self, name: str, policy: Policy, d: Decision, a: Assessment, now: dt.datetime) -> None:
         dry = policy.mode == Mode.DRY_RUN
         if d.new_quarantine:
             for f in a.actionable():

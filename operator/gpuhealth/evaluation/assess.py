@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
@@ -101,19 +101,24 @@ def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
 
 def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) -> list[Finding]:
     findings: dict[str, Finding] = {}
-    app_times: dict[tuple[int | None, int], list[dt.datetime]] = defaultdict(list)
+    # Group by GPU index, or by UUID when the agent could not tell the index.
+    app_times: dict[tuple[int | str | None, int], list[dt.datetime]] = defaultdict(list)
+    app_gpu: dict[tuple[int | str | None, int], tuple[int | None, str]] = {}
     for ev in report.xids:
         if cleared is not None and ev.time <= cleared:
             continue
         device = report.device(ev.gpu)
         uuid = ev.uuid or (device.uuid if device else "")
         action = _xid_action(policy, ev.xid, device)
+        gpu_key: int | str | None = ev.gpu if ev.gpu is not None else (uuid or None)
         if catalog.is_application_error(ev.xid) and ev.xid not in policy.xid_overrides:
-            app_times[(ev.gpu, ev.xid)].append(ev.time)
+            app_times[(gpu_key, ev.xid)].append(ev.time)
+            app_gpu[(gpu_key, ev.xid)] = (ev.gpu, uuid)
         f = Finding(Signal.XID, action, catalog.describe(ev.xid), ev.gpu, uuid, ev.xid, ev.time)
-        findings[f.key] = f  # the latest occurrence of each (GPU, code) wins
+        findings[f"{f.key}/{'' if ev.gpu is not None else uuid}"] = f  # the latest of each (GPU, code) wins
     window = dt.timedelta(seconds=policy.app_repeat_window_s)
-    for (gpu, code), times in app_times.items():
+    for (gpu_key, code), times in app_times.items():
+        gpu, gpu_uuid = app_gpu[(gpu_key, code)]
         times.sort()
         lo = 0
         for hi, t in enumerate(times):
@@ -130,11 +135,11 @@ def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) ->
                     policy.app_repeat_action,
                     detail,
                     gpu,
-                    device.uuid if device else "",
+                    device.uuid if device else gpu_uuid,
                     code,
                     t,
                 )
-                findings[f.key] = f
+                findings[f"{f.key}/{gpu_uuid if gpu is None else ''}"] = f
                 break
     return list(findings.values())
 
@@ -247,6 +252,7 @@ def assess(
     now: dt.datetime,
     prior_pending: Mapping[str, str] | None = None,
     cleared_before: dt.datetime | None = None,
+    extra: Sequence[Finding] = (),
 ) -> Assessment:
     """Everything the facts say about the node under ``policy`` at ``now``.
 
@@ -268,6 +274,7 @@ def assess(
     if not report.nvml_available:
         unknown = True
         unknown_reason = f"the agent cannot read the GPUs: {report.nvml_error or 'NVML unavailable'}"
+    findings.extend(extra)
     findings.extend(_assess_xids(policy, report, cleared_before))
     for d in report.devices:
         findings.extend(_assess_device(policy, d, report, now, prior_pending, pending))

@@ -36,6 +36,7 @@ class Record:
     cleared_before: dt.datetime | None = None
     held_by_breaker: bool = False
     drain_action: str = ""  # the action that started the drain: drain or repair
+    drained: bool = False  # this quarantine's drain has completed; never drain twice for it
 
     @property
     def out_of_service(self) -> bool:
@@ -52,6 +53,7 @@ class Record:
             "clearedBefore": format_time(self.cleared_before) if self.cleared_before else None,
             "heldByBreaker": self.held_by_breaker,
             "drainAction": self.drain_action or None,
+            "drained": self.drained or None,
         }
 
     @staticmethod
@@ -72,6 +74,7 @@ class Record:
             cleared_before=parse_time(s.get("clearedBefore")),  # type: ignore[arg-type]
             held_by_breaker=bool(s.get("heldByBreaker", False)),
             drain_action=str(s.get("drainAction") or ""),
+            drained=bool(s.get("drained", False)),
         )
 
 
@@ -146,6 +149,17 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
     if rec.state == State.AWAITING_REPAIR:
         return Decision(rec, events=tuple(events))
 
+    if rec.state == State.DRAINING and inputs.drain_complete:
+        nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
+        rec = replace(rec, state=nxt, since=now, drained=True)
+        msg = (
+            "Drain complete; the node waits for a human repair (kubectl gpuhealth release)"
+            if nxt == State.AWAITING_REPAIR
+            else "Drain complete; the node stays quarantined until the facts clear"
+        )
+        events.append(("Normal", "DrainComplete", msg))
+        return Decision(rec, events=tuple(events))
+
     if level.quarantines:
         assert top is not None
         detail = _summary(quarantine_findings)
@@ -173,7 +187,19 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
             return _enter_quarantine(rec, top, level, detail, now, policy, events)
         if rec.state == State.RECOVERING:
             return _enter_quarantine(rec, top, level, detail, now, policy, events, relapse=True)
-        if rec.state == State.QUARANTINED and level.severity >= Action.DRAIN.severity:
+        if rec.state == State.QUARANTINED and level == Action.REPAIR and rec.drained:
+            # Already drained for this quarantine: a repair-level fault now just needs the human.
+            rec = replace(
+                rec,
+                state=State.AWAITING_REPAIR,
+                since=now,
+                reason=top.reason,
+                message=detail,
+                drain_action=str(Action.REPAIR),
+            )
+            events.append(("Warning", "AwaitingRepair", f"{detail}. The node waits for a human repair"))
+            return Decision(rec, events=tuple(events))
+        if rec.state == State.QUARANTINED and level.severity >= Action.DRAIN.severity and not rec.drained:
             rec = replace(
                 rec,
                 state=State.DRAINING,
@@ -184,20 +210,16 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
             )
             events.append(("Warning", "Draining", f"{detail}. Escalating to a drain (checkpoint first, then evict)"))
             return Decision(rec, events=tuple(events))
-        if rec.state == State.DRAINING and inputs.drain_complete:
-            nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
-            rec = replace(rec, state=nxt, since=now)
-            msg = (
-                "Drain complete; the node waits for a human repair (kubectl gpuhealth release)"
-                if nxt == State.AWAITING_REPAIR
-                else "Drain complete; the node stays quarantined until the facts clear"
-            )
-            events.append(("Normal", "DrainComplete", msg))
-            return Decision(rec, events=tuple(events))
+        if rec.state == State.DRAINING and level == Action.REPAIR and rec.drain_action != Action.REPAIR:
+            rec = replace(rec, drain_action=str(Action.REPAIR), reason=top.reason)
+            events.append(("Warning", "Escalated", f"{detail}. After the drain the node waits for a human repair"))
+            return Decision(replace(rec, message=detail), events=tuple(events))
         return Decision(replace(rec, message=detail), events=tuple(events))
 
     # No quarantine-level finding.
     if rec.out_of_service:
+        if rec.state == State.DRAINING and rec.drain_action == Action.REPAIR:
+            return Decision(rec, events=tuple(events))  # suspect hardware: finish the drain, then a human decides
         if a.unknown:
             # Stale facts: never count them towards probation.
             return Decision(replace(rec, healthy_since=None), events=tuple(events))
@@ -230,6 +252,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                 message="",
                 healthy_since=None,
                 drain_action="",
+                drained=False,
             )
             events.append(
                 (
@@ -327,6 +350,7 @@ def _enter_quarantine(
         held_by_breaker=False,
         healthy_since=None,
         drain_action=str(level) if state == State.DRAINING else "",
+        drained=False,
     )
     verb = "Relapsed during probation" if relapse else "Quarantined"
     events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level)}"))

@@ -169,9 +169,7 @@ def test_source_fetches_and_reports_errors(exporter: Exporter) -> None:
     assert failed.error is not None and failed.devices == {}
 
 
-def test_agent_reports_dcgm_xids_and_facts(
-    make_agent: AgentFactory, scenario: Scenario, exporter: Exporter
-) -> None:
+def test_agent_reports_dcgm_xids_and_facts(make_agent: AgentFactory, scenario: Scenario, exporter: Exporter) -> None:
     scenario.write("gpu 0 notsupported remapped_rows")
     _agent, api = make_agent(dcgm_url=exporter.url, interval_s=0.1)
     wait_for(lambda: api.writes())

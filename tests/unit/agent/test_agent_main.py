@@ -27,9 +27,7 @@ def test_once_dry_run_prints_the_spec(
     fake_nvml_lib: Path, scenario: Scenario, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scenario.write("gpu 4 temp 90", "gpu 6 lost 1")
-    code, out = run_main(
-        ["--once", "--dry-run", "--node-name", "node-x", "--nvml-library", str(fake_nvml_lib)], capsys
-    )
+    code, out = run_main(["--once", "--dry-run", "--node-name", "node-x", "--nvml-library", str(fake_nvml_lib)], capsys)
     assert code == 0
     spec = json.loads(out)
     assert spec["nodeName"] == "node-x" and spec["nvml"]["available"] is True

@@ -211,3 +211,27 @@ def test_events_not_supported(source: NvmlSource, scenario: Scenario) -> None:
 def test_wait_events_without_nvml_returns_after_timeout(scenario: Scenario, tmp_path: Path) -> None:
     src = NvmlSource(str(tmp_path / "missing.so"))
     assert src.wait_events(0.05).xids == ()
+
+
+def test_xids_before_registration_are_not_delivered(fake_nvml_lib: Path, scenario: Scenario) -> None:
+    """Like the driver: a restarted agent does not see old XIDs again; every watcher sees new ones."""
+    first = NvmlSource(str(fake_nvml_lib))
+    first.open()
+    first.wait_events(0)
+    scenario.write("xid 1 gpu 0 code 79")
+    assert [x.xid for x in first.wait_events(1.0).xids] == [79]
+    first.close()
+
+    restarted = NvmlSource(str(fake_nvml_lib))
+    other = NvmlSource(str(fake_nvml_lib))
+    try:
+        restarted.open()
+        other.open()
+        assert restarted.wait_events(0.1).xids == ()  # XID 79 predates this registration
+        other.wait_events(0)
+        scenario.add("xid 2 gpu 1 code 48")
+        assert [x.xid for x in restarted.wait_events(1.0).xids] == [48]
+        assert [x.xid for x in other.wait_events(1.0).xids] == [48]
+    finally:
+        restarted.close()
+        other.close()

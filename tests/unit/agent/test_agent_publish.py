@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, device, wait_for
 
+from gpuhealth.agent.model import DeviceFacts, NvmlStatus, Temperature, XidEvent
 from gpuhealth.agent.publisher import Publisher
 from gpuhealth.agent.report import rfc3339
+from gpuhealth.agent.runner import Agent, AgentConfig
+from gpuhealth.agent.source import DeviceSample, SourceEvents
 
 
 class ApiError(Exception):
@@ -47,7 +50,6 @@ def test_injected_xid_published_within_one_event_wait(make_agent: AgentFactory, 
     wait_s = 0.5
     _agent, api = make_agent(event_timeout_s=wait_s, interval_s=30.0)
     first_write(api)
-    time.sleep(0.1)  # let the event thread register
     uuid = device(api.spec, 6)["uuid"]
     scenario.write("xid 1 gpu 6 code 79")
     took = wait_for(lambda: api.spec.get("xidEvents"), timeout=5)
@@ -124,21 +126,14 @@ def test_heartbeat_on_time(make_agent: AgentFactory) -> None:
 def test_publishes_latest_state_after_api_outage(make_agent: AgentFactory, scenario: Scenario) -> None:
     agent, api = make_agent(interval_s=0.05, event_timeout_s=0.05)
     first_write(api)
-    time.sleep(0.1)
     api.fail_with = ConnectionRefusedError("apiserver down")
     scenario.write("gpu 2 temp 60", "xid 1 gpu 2 code 48")
     wait_for(lambda: len(api.failed) >= 3)
-    scenario.write(
-        "gpu 2 temp 70", "gpu 2 ecc_volatile_uncorrected 1", "xid 1 gpu 2 code 48", "xid 2 gpu 5 code 94"
-    )
+    scenario.write("gpu 2 temp 70", "gpu 2 ecc_volatile_uncorrected 1", "xid 1 gpu 2 code 48", "xid 2 gpu 5 code 94")
     wait_for(lambda: len(api.failed) >= 6)
     time.sleep(0.2)
     api.fail_with = None
-    wait_for(
-        lambda: (
-            len(api.spec.get("xidEvents", [])) == 2 and device(api.spec, 2)["temperature"]["currentC"] == 70
-        )
-    )
+    wait_for(lambda: len(api.spec.get("xidEvents", [])) == 2 and device(api.spec, 2)["temperature"]["currentC"] == 70)
     spec = api.spec
     assert device(spec, 2)["ecc"]["volatileUncorrected"] == 1
     assert [(x["xid"], x["gpu"]) for x in spec["xidEvents"]] == [(48, 2), (94, 5)]
@@ -247,3 +242,43 @@ def test_publisher_restore_retries_until_api_answers(make_agent: AgentFactory) -
     first_write(api)
     assert [c.op for c in api.failed] == ["get", "get"]
     assert isinstance(agent.publisher, Publisher)
+
+
+class StubSource:
+    """A DeviceSource without NVML: what logic tests (or a bench) can plug into the Agent."""
+
+    def __init__(self) -> None:
+        self.temp = 40
+        self.pending: list[XidEvent] = []
+        self.closed = False
+
+    def sample(self) -> DeviceSample:
+        gpu = DeviceFacts(index=0, uuid="GPU-stub", model="stub", temperature=Temperature(self.temp, 90, 95))
+        return DeviceSample(NvmlStatus(available=True, driver_version="1.0"), (gpu,))
+
+    def wait_events(self, timeout_s: float) -> SourceEvents:
+        if self.pending:
+            return SourceEvents(xids=(self.pending.pop(0),))
+        time.sleep(min(timeout_s, 0.01))
+        return SourceEvents()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_agent_runs_on_any_device_source() -> None:
+    stub = StubSource()
+    api = FakeTransport()
+    config = AgentConfig(node_name="stub-node", interval_s=0.05, event_timeout_s=0.05, metrics_port=0)
+    agent = Agent(config, api, source=stub)
+    agent.start()
+    try:
+        wait_for(lambda: api.writes())
+        assert device(api.spec, 0)["temperature"]["currentC"] == 40
+        stub.temp = 80
+        stub.pending.append(XidEvent(xid=31, time=datetime.now(UTC), source="simulated", gpu=0))
+        wait_for(lambda: api.spec.get("xidEvents") and device(api.spec, 0)["temperature"]["currentC"] == 80)
+        assert api.spec["xidEvents"][0]["source"] == "simulated"
+    finally:
+        agent.stop()
+    assert stub.closed

@@ -1,0 +1,176 @@
+"""Pure planning of the writes `release`, `pause` and `resume` make, and of when they refuse.
+
+Each planner takes the objects as read from the API and returns the merge patch to send (or None when
+there is nothing to do) and what to tell the human. A refusal raises
+:class:`~gpuhealth.cli.errors.Refused` (exit 2) with one line saying why and how to override.
+
+Policy patches carry the resourceVersion they were planned from, so a concurrent edit makes the API
+server answer 409 instead of the plugin overwriting it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.api.durations import format_duration
+from gpuhealth.api.names import GROUP, RELEASE_ANNOTATION, Mode, State
+from gpuhealth.api.policy import PolicyError, parse_policy
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.cli.errors import Refused
+
+PAUSED_FROM_ANNOTATION = f"{GROUP}/paused-from"
+"""On a Paused GPUHealthPolicy: the mode it had before `kubectl gpuhealth pause`, restored by `resume`."""
+
+RESUMABLE = (str(Mode.ENFORCE), str(Mode.DRY_RUN))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A merge patch (None: nothing to write) and the lines to print once it is written."""
+
+    patch: dict[str, Any] | None
+    lines: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _mode(policy: Mapping[str, Any]) -> str:
+    return str((policy.get("spec") or {}).get("mode") or Mode.ENFORCE)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def plan_release(
+    node: str,
+    report: Mapping[str, Any] | None,
+    policy: Mapping[str, Any] | None,
+    now: dt.datetime,
+    force: bool = False,
+    node_annotations: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Return an AwaitingRepair node to gpuhealth: annotate the Node with ``gpuhealth.dev/release=<now>``.
+
+    The operator then clears the evidence recorded up to that moment, resets the flapping history,
+    moves the node to Recovering and keeps it tainted and cordoned for the policy's probation; it
+    removes the annotation once it has done so. Any other state is refused unless ``force``.
+    """
+    status: Mapping[str, Any] = (report or {}).get("status") or {}
+    state = str(status.get("state") or "")
+    reason = str(status.get("reason") or "")
+    if state != State.AWAITING_REPAIR and not force:
+        if not state:
+            raise Refused(
+                f"node {node} has no gpuhealth verdict, so it is not AwaitingRepair: nothing to release "
+                "(--force sets the release annotation anyway)"
+            )
+        why = f"{state} ({reason})" if reason else state
+        hints: dict[str, str] = {
+            State.HEALTHY: "it is in service",
+            State.DEGRADED: "gpuhealth only observes it",
+            State.RECOVERING: "it is already on probation and returns to service by itself",
+            State.UNKNOWN: "its agent is silent: fix the agent first",
+        }
+        hint = hints.get(state, "gpuhealth returns it to service by itself once its facts clear and probation passes")
+        raise Refused(
+            f"node {node} is {why}, not AwaitingRepair: {hint}. Use --force to clear its evidence and "
+            "flapping history anyway"
+        )
+    stamp = format_time(now)
+    patch = {"metadata": {"annotations": {RELEASE_ANNOTATION: stamp}}}
+    parsed = None
+    if policy is not None:
+        try:
+            parsed = parse_policy(policy)
+        except PolicyError:
+            parsed = None
+    probation = f" ({format_duration(parsed.probation_s)} under policy {parsed.name})" if parsed else ""
+    lines = [f"node/{node} released at {stamp} ({RELEASE_ANNOTATION}={stamp})."]
+    if state == State.AWAITING_REPAIR:
+        lines.append(
+            "Next: gpuhealth clears the evidence recorded up to now and the flapping history, moves the node "
+            f"to Recovering and keeps its taint and cordon for the probation{probation}."
+        )
+    else:
+        lines.append(
+            f"Forced (state {state or 'none'}): gpuhealth clears the evidence recorded up to now and the flapping "
+            f"history; if nothing new is wrong the node goes through Recovering and the probation{probation}."
+        )
+    lines.append(
+        "If the agent's reports stay clean for the whole probation it returns to service (taint and gpuhealth's "
+        "cordon lifted); a new fault sends it back to quarantine. The operator removes the annotation once done."
+    )
+    lines.append(f"Follow it with: kubectl gpuhealth describe {node}")
+    warnings = []
+    if parsed is not None and parsed.mode == Mode.PAUSED:
+        warnings.append(
+            f"policy {parsed.name} is Paused: nothing happens until it is resumed (kubectl gpuhealth resume "
+            f"{parsed.name})"
+        )
+    elif parsed is not None and parsed.mode == Mode.DRY_RUN:
+        warnings.append(f"policy {parsed.name} is in DryRun: gpuhealth changes no Node, so nothing is lifted")
+    if policy is None and status.get("policy"):
+        warnings.append(f"policy {status.get('policy')} no longer exists: no operator will act on the release")
+    if node_annotations and node_annotations.get(RELEASE_ANNOTATION):
+        warnings.append(
+            f"a release was already requested at {node_annotations[RELEASE_ANNOTATION]} and not processed yet "
+            "(is the operator running?)"
+        )
+    return Plan(patch, tuple(lines), tuple(warnings))
+
+
+def plan_pause(policy: Mapping[str, Any]) -> Plan:
+    """Set ``spec.mode: Paused`` and remember the previous mode in ``gpuhealth.dev/paused-from``."""
+    name = _name(policy)
+    mode = _mode(policy)
+    if mode == Mode.PAUSED:
+        return Plan(None, (f"gpuhealthpolicy/{name} is already Paused.",))
+    patch = {
+        "metadata": {
+            "annotations": {PAUSED_FROM_ANNOTATION: mode},
+            "resourceVersion": (policy.get("metadata") or {}).get("resourceVersion"),
+        },
+        "spec": {"mode": str(Mode.PAUSED)},
+    }
+    lines = (
+        f"gpuhealthpolicy/{name} paused (was {mode}).",
+        "gpuhealth takes no new action on the nodes it governs: no new quarantine, no return to service, "
+        "no release. Taints and cordons already placed stay where they are.",
+        f"Resume with: kubectl gpuhealth resume {name}   (restores {mode})",
+    )
+    return Plan(patch, lines)
+
+
+def plan_resume(policy: Mapping[str, Any], mode: str | None = None) -> Plan:
+    """Set ``spec.mode`` back to ``mode``, else to the remembered mode, else Enforce."""
+    name = _name(policy)
+    current = _mode(policy)
+    annotations = (policy.get("metadata") or {}).get("annotations") or {}
+    remembered = annotations.get(PAUSED_FROM_ANNOTATION)
+    if mode is not None and mode not in RESUMABLE:
+        raise Refused(f"--mode must be one of {', '.join(RESUMABLE)}, got {mode!r}")
+    if current != Mode.PAUSED:
+        if mode is None or mode == current:
+            return Plan(None, (f"gpuhealthpolicy/{name} is not paused (mode {current}): nothing to resume.",))
+        raise Refused(
+            f"gpuhealthpolicy/{name} is not paused (mode {current}); resume only ends a pause. To change the mode: "
+            f'kubectl patch gpuhealthpolicy {name} --type merge -p \'{{"spec":{{"mode":"{mode}"}}}}\''
+        )
+    target = mode or (remembered if remembered in RESUMABLE else str(Mode.ENFORCE))
+    patch = {
+        "metadata": {
+            "annotations": {PAUSED_FROM_ANNOTATION: None},
+            "resourceVersion": (policy.get("metadata") or {}).get("resourceVersion"),
+        },
+        "spec": {"mode": target},
+    }
+    source = "as asked" if mode else ("as before the pause" if remembered in RESUMABLE else "the default")
+    lines = [f"gpuhealthpolicy/{name} resumed: mode {target} ({source})."]
+    if target == Mode.ENFORCE:
+        lines.append("gpuhealth re-evaluates every node it governs now and acts on what it finds.")
+    else:
+        lines.append("gpuhealth re-evaluates every node it governs and writes Events; it changes no Node.")
+    return Plan(patch, tuple(lines))

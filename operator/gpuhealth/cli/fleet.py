@@ -1,0 +1,353 @@
+"""Pure summary of the fleet for `kubectl gpuhealth status`: one row per GPU node, totals, lost capacity.
+
+Inputs are the objects as the API returns them (GPU Nodes, GPUNodeHealth reports, GPUHealthPolicies);
+nothing here talks to the API, so it is tested with plain dicts.
+
+Cost of lost capacity: every node that gpuhealth holds out of service (Quarantined, Draining,
+AwaitingRepair, Recovering) costs ``total GPUs x hours since status.since`` GPU-hours, summed per
+state; nodes in ``Unknown`` (nobody can see their GPUs) are summed separately. Where the governing
+policy has ``spec.cost.gpuHourly`` the GPU-hours are priced in its ``spec.cost.currency``. A verdict
+computed under a DryRun policy changed no Node, so it holds nothing out of service and costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.api.names import GPU_COUNT_LABEL, GPU_RESOURCE, OUT_OF_SERVICE, TAINT_KEY, Mode, State
+from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
+from gpuhealth.api.timeutil import format_time, parse_time
+
+# Most urgent first: the order of the table and of the totals.
+STATE_ORDER: tuple[State, ...] = (
+    State.AWAITING_REPAIR,
+    State.DRAINING,
+    State.QUARANTINED,
+    State.UNKNOWN,
+    State.RECOVERING,
+    State.DEGRADED,
+    State.HEALTHY,
+)
+OUT_OF_SERVICE_ORDER: tuple[State, ...] = tuple(s for s in STATE_ORDER if s in OUT_OF_SERVICE)
+NO_VERDICT = "NoVerdict"
+"""Key in the per-state totals for nodes gpuhealth has not judged (no report, or no policy)."""
+
+
+@dataclass(frozen=True)
+class Price:
+    hourly: float
+    currency: str
+
+
+def price_of(policy: Mapping[str, Any] | None) -> Price | None:
+    """``spec.cost`` of a GPUHealthPolicy object, or None if it sets no price."""
+    cost = ((policy or {}).get("spec") or {}).get("cost") or {}
+    hourly = cost.get("gpuHourly")
+    if hourly is None or isinstance(hourly, bool):
+        return None
+    try:
+        value = float(hourly)
+    except (TypeError, ValueError):
+        return None
+    return Price(value, str(cost.get("currency") or "USD"))
+
+
+def gpu_hours(gpus: int, since: dt.datetime | None, now: dt.datetime) -> float:
+    """GPU-hours of ``gpus`` GPUs held since ``since`` (0 for unknown or future times)."""
+    if since is None or gpus <= 0:
+        return 0.0
+    return gpus * max(0.0, (now - since).total_seconds()) / 3600.0
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.isdigit():
+        return int(v)
+    return None
+
+
+def node_gpus(node: Mapping[str, Any] | None) -> int | None:
+    """GPUs a Node should have: its ``nvidia.com/gpu.count`` label, else its ``nvidia.com/gpu`` capacity."""
+    if not node:
+        return None
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    count = _int(labels.get(GPU_COUNT_LABEL))
+    if count is not None:
+        return count
+    return _int(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One GPU node in the fleet table."""
+
+    node: str
+    state: str  # a State value, or "" when gpuhealth has no verdict for the node
+    reason: str = ""
+    message: str = ""
+    policy: str = ""
+    policy_mode: str = ""
+    healthy_gpus: int | None = None
+    total_gpus: int | None = None
+    since: dt.datetime | None = None
+    age_s: float | None = None
+    last_xid: str = ""
+    dry_run: bool = False
+    node_exists: bool = True
+    has_report: bool = True
+    cordoned: bool = False
+    taint: str = ""  # value of gpuhealth's taint, "" if none
+    gpu_hours: float | None = None  # out-of-service or Unknown capacity; None otherwise
+    cost: float | None = None
+    currency: str = ""
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.state in OUT_OF_SERVICE and not self.dry_run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "state": self.state or None,
+            "reason": self.reason or None,
+            "message": self.message or None,
+            "policy": self.policy or None,
+            "policyMode": self.policy_mode or None,
+            "gpus": {"healthy": self.healthy_gpus, "total": self.total_gpus},
+            "since": format_time(self.since) if self.since else None,
+            "ageSeconds": None if self.age_s is None else round(self.age_s, 1),
+            "lastXid": self.last_xid or None,
+            "dryRun": self.dry_run,
+            "nodeExists": self.node_exists,
+            "hasReport": self.has_report,
+            "cordoned": self.cordoned,
+            "taint": self.taint or None,
+            "outOfService": self.out_of_service,
+            "gpuHours": None if self.gpu_hours is None else round(self.gpu_hours, 3),
+            "cost": None if self.cost is None else round(self.cost, 2),
+            "currency": self.currency or None,
+        }
+
+
+@dataclass
+class Totals:
+    nodes: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+    gpus_total: int = 0
+    gpus_healthy: int = 0
+    out_nodes: int = 0
+    out_gpus: int = 0
+    out_gpu_hours_by_state: dict[str, float] = field(default_factory=dict)
+    out_cost: dict[str, float] = field(default_factory=dict)  # currency -> amount
+    unpriced_nodes: int = 0  # out-of-service nodes whose policy sets no price
+    unknown_nodes: int = 0
+    unknown_gpus: int = 0
+    unknown_gpu_hours: float = 0.0
+    unknown_cost: dict[str, float] = field(default_factory=dict)
+    dry_run_nodes: int = 0
+
+    @property
+    def out_gpu_hours(self) -> float:
+        return sum(self.out_gpu_hours_by_state.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "byState": dict(self.by_state),
+            "gpus": {"total": self.gpus_total, "healthy": self.gpus_healthy},
+            "dryRunNodes": self.dry_run_nodes,
+            "outOfService": {
+                "nodes": self.out_nodes,
+                "gpus": self.out_gpus,
+                "gpuHours": round(self.out_gpu_hours, 3),
+                "gpuHoursByState": {k: round(v, 3) for k, v in self.out_gpu_hours_by_state.items()},
+                "cost": {k: round(v, 2) for k, v in self.out_cost.items()},
+                "unpricedNodes": self.unpriced_nodes,
+            },
+            "unknown": {
+                "nodes": self.unknown_nodes,
+                "gpus": self.unknown_gpus,
+                "gpuHours": round(self.unknown_gpu_hours, 3),
+                "cost": {k: round(v, 2) for k, v in self.unknown_cost.items()},
+            },
+        }
+
+
+@dataclass
+class Fleet:
+    rows: list[Row]
+    totals: Totals
+    now: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generatedAt": format_time(self.now),
+            "nodes": [r.to_json() for r in self.rows],
+            "totals": self.totals.to_json(),
+        }
+
+
+def _sort_key(row: Row) -> tuple[int, str]:
+    try:
+        rank = 2 * STATE_ORDER.index(State(row.state))
+    except ValueError:
+        rank = 2 * STATE_ORDER.index(State.HEALTHY) - 1  # no verdict sorts just above Healthy
+    return rank, row.node
+
+
+def _parsed_policies(policies: Iterable[Mapping[str, Any]]) -> list[Policy]:
+    out = []
+    for p in policies:
+        try:
+            out.append(parse_policy(p))
+        except PolicyError:
+            continue  # the operator refuses it too (Event InvalidPolicy); it governs nothing
+    return out
+
+
+def _no_verdict(
+    node: Mapping[str, Any] | None, has_report: bool, policies: list[Policy]
+) -> tuple[str, str, Policy | None]:
+    """Why gpuhealth has no verdict for a node: (reason, message, governing policy)."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    governing, _ = select_policy(policies, labels)
+    if node is not None and governing is None:
+        return "NoPolicy", "no GPUHealthPolicy selects this node: gpuhealth does not watch it", None
+    if governing is not None and governing.mode == Mode.PAUSED:
+        return "Paused", f"policy {governing.name} is Paused", governing
+    if not has_report:
+        return "NoReport", "no GPUNodeHealth report yet (the agent has not written one)", governing
+    return "Pending", "not evaluated yet", governing
+
+
+def summarize(
+    nodes: Iterable[Mapping[str, Any]],
+    reports: Iterable[Mapping[str, Any]],
+    policies: Iterable[Mapping[str, Any]],
+    now: dt.datetime,
+    *,
+    include_orphans: bool = True,
+) -> Fleet:
+    """Rows for every GPU node and every report (a report without a Node is an orphan, kept if asked)."""
+    policy_objs = {str((p.get("metadata") or {}).get("name")): p for p in policies}
+    parsed = _parsed_policies(policy_objs.values())
+    node_by_name = {str(n["metadata"]["name"]): n for n in nodes}
+    report_by_name = {str(r["metadata"]["name"]): r for r in reports}
+    names = set(node_by_name)
+    if include_orphans:
+        names |= set(report_by_name)
+    rows = [
+        build_row(name, node_by_name.get(name), report_by_name.get(name), policy_objs, parsed, now) for name in names
+    ]
+    rows.sort(key=_sort_key)
+    return Fleet(rows, totals(rows), now)
+
+
+def build_row(
+    name: str,
+    node: Mapping[str, Any] | None,
+    report: Mapping[str, Any] | None,
+    policy_objs: Mapping[str, Mapping[str, Any]],
+    parsed: list[Policy],
+    now: dt.datetime,
+) -> Row:
+    status: Mapping[str, Any] = (report or {}).get("status") or {}
+    spec = (node or {}).get("spec") or {}
+    ours = next((t for t in spec.get("taints") or [] if t.get("key") == TAINT_KEY), None)
+    state = str(status.get("state") or "")
+    reason = str(status.get("reason") or "")
+    message = str(status.get("message") or "")
+    policy_name = str(status.get("policy") or "")
+    if not state:
+        reason, message, governing = _no_verdict(node, report is not None, parsed)
+        policy_name = policy_name or (governing.name if governing else "")
+    policy_obj = policy_objs.get(policy_name)
+    mode = str(((policy_obj or {}).get("spec") or {}).get("mode") or ("Enforce" if policy_obj else ""))
+    total = _int(status.get("totalGPUs"))
+    if not total:
+        total = node_gpus(node)
+    healthy = _int(status.get("healthyGPUs"))
+    since = parse_time(status.get("since"))
+    age = None if since is None else max(0.0, (now - since).total_seconds())
+    dry_run = bool(status.get("dryRun"))
+    hours: float | None = None
+    cost: float | None = None
+    currency = ""
+    if not dry_run and (state in OUT_OF_SERVICE or state == State.UNKNOWN):
+        hours = gpu_hours(total or 0, since, now)
+        price = price_of(policy_obj)
+        if price is not None:
+            cost = hours * price.hourly
+            currency = price.currency
+    return Row(
+        node=name,
+        state=state,
+        reason=reason,
+        message=message,
+        policy=policy_name,
+        policy_mode=mode,
+        healthy_gpus=healthy,
+        total_gpus=total,
+        since=since,
+        age_s=age,
+        last_xid=str(status.get("lastXid") or ""),
+        dry_run=dry_run,
+        node_exists=node is not None,
+        has_report=report is not None,
+        cordoned=bool(spec.get("unschedulable")),
+        taint=str(ours.get("value") or "") if ours else "",
+        gpu_hours=hours,
+        cost=cost,
+        currency=currency,
+    )
+
+
+def totals(rows: Iterable[Row]) -> Totals:
+    t = Totals()
+    for r in rows:
+        t.nodes += 1
+        key = r.state or NO_VERDICT
+        t.by_state[key] = t.by_state.get(key, 0) + 1
+        t.gpus_total += r.total_gpus or 0
+        t.gpus_healthy += r.healthy_gpus if r.healthy_gpus is not None else 0
+        if r.dry_run and r.state in OUT_OF_SERVICE:
+            t.dry_run_nodes += 1
+        if r.out_of_service:
+            t.out_nodes += 1
+            t.out_gpus += r.total_gpus or 0
+            t.out_gpu_hours_by_state[r.state] = t.out_gpu_hours_by_state.get(r.state, 0.0) + (r.gpu_hours or 0.0)
+            if r.cost is None:
+                t.unpriced_nodes += 1
+            else:
+                t.out_cost[r.currency] = t.out_cost.get(r.currency, 0.0) + r.cost
+        elif r.state == State.UNKNOWN and not r.dry_run:
+            t.unknown_nodes += 1
+            t.unknown_gpus += r.total_gpus or 0
+            t.unknown_gpu_hours += r.gpu_hours or 0.0
+            if r.cost is not None:
+                t.unknown_cost[r.currency] = t.unknown_cost.get(r.currency, 0.0) + r.cost
+    ordered = {str(s): t.by_state[str(s)] for s in STATE_ORDER if str(s) in t.by_state}
+    if NO_VERDICT in t.by_state:
+        ordered[NO_VERDICT] = t.by_state[NO_VERDICT]
+    t.by_state = ordered
+    t.out_gpu_hours_by_state = {
+        str(s): t.out_gpu_hours_by_state[str(s)] for s in OUT_OF_SERVICE_ORDER if str(s) in t.out_gpu_hours_by_state
+    }
+    return t
+
+
+def filter_rows(fleet: Fleet, states: Iterable[str] = (), policy: str = "") -> Fleet:
+    """The fleet narrowed to some states (case-insensitive; ``NoVerdict`` for unjudged nodes) or one policy."""
+    wanted = {s.lower() for s in states}
+    rows = [
+        r
+        for r in fleet.rows
+        if (not wanted or (r.state or NO_VERDICT).lower() in wanted) and (not policy or r.policy == policy)
+    ]
+    return Fleet(rows, totals(rows), fleet.now)

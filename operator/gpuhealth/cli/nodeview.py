@@ -1,0 +1,229 @@
+"""Pure model of one node for `kubectl gpuhealth describe`: everything on-call needs, as a JSON-able dict.
+
+Built from the Node, its GPUNodeHealth report, the governing GPUHealthPolicy and gpuhealth's Events;
+``describe -o json`` prints it as is, and :mod:`gpuhealth.cli.render` turns it into text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuhealth.actions.nodes import Ownership
+from gpuhealth.api.names import (
+    CONDITION_TYPE,
+    QUARANTINE_ANNOTATION,
+    RELEASE_ANNOTATION,
+    STATE_LABEL,
+    TAINT_KEY,
+)
+from gpuhealth.api.policy import Policy, PolicyError, parse_policy
+from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.catalog import xid as catalog
+from gpuhealth.cli.fleet import node_gpus
+
+MAX_XIDS = 20
+MAX_EVENTS = 10
+
+
+def _age(t: dt.datetime | None, now: dt.datetime) -> float | None:
+    return None if t is None else round(max(0.0, (now - t).total_seconds()), 1)
+
+
+def _device(d: Mapping[str, Any]) -> dict[str, Any]:
+    temp = d.get("temperature") or {}
+    return {
+        "index": d.get("index"),
+        "uuid": d.get("uuid"),
+        "model": d.get("model"),
+        "pciBusId": d.get("pciBusId"),
+        "temperature": {"currentC": temp.get("currentC"), "slowdownC": temp.get("slowdownC")},
+        "ecc": dict(d.get("ecc") or {}) or None,
+        "remappedRows": dict(d.get("remappedRows") or {}) or None,
+        "retiredPages": dict(d.get("retiredPages") or {}) or None,
+        "clockEventReasons": d.get("clockEventReasons"),
+        "recoveryAction": d.get("recoveryAction"),
+        "lost": bool(d.get("lost", False)),
+        "unsupported": list(d.get("unsupported") or []),
+    }
+
+
+def xid_meaning(code: Any) -> dict[str, Any]:
+    """Catalog line for an XID as reported (tolerates codes outside the catalog's range)."""
+    try:
+        entry = catalog.lookup(int(code))
+    except (TypeError, ValueError):
+        return {"meaning": f"XID {code!r} (not a valid code)", "catalogAction": None, "application": False}
+    return {
+        "meaning": catalog.describe(entry.code),
+        "catalogAction": entry.default_action,
+        "application": entry.application_error,
+    }
+
+
+def _xids(events: Iterable[Mapping[str, Any]], cleared: dt.datetime | None, now: dt.datetime) -> list[dict[str, Any]]:
+    """The newest XIDs first, each with its catalog meaning and whether a release cleared it."""
+    rows = []
+    for e in events:
+        t = parse_time(e.get("time"))
+        rows.append(
+            {
+                "xid": e.get("xid"),
+                "gpu": e.get("gpu"),
+                "uuid": e.get("uuid"),
+                "time": e.get("time"),
+                "ageSeconds": _age(t, now),
+                "source": e.get("source"),
+                "detail": e.get("detail"),
+                **xid_meaning(e.get("xid")),
+                "cleared": bool(cleared is not None and t is not None and t <= cleared),
+            }
+        )
+    epoch = "0000"
+    rows.sort(key=lambda r: str(r["time"] or epoch), reverse=True)
+    return rows[:MAX_XIDS]
+
+
+def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if node is None:
+        return None
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    taints = list(spec.get("taints") or [])
+    ours = next((t for t in taints if t.get("key") == TAINT_KEY), None)
+    owned = Ownership.parse(annotations.get(QUARANTINE_ANNOTATION))
+    cordoned = bool(spec.get("unschedulable"))
+    if not cordoned:
+        cordon_owner = None
+    elif owned is not None and owned.cordon:
+        cordon_owner = "gpuhealth"
+    else:
+        cordon_owner = "someone else"
+    cond = next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == CONDITION_TYPE), None
+    )
+    return {
+        "taint": dict(ours) if ours else None,
+        "otherTaints": [f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}" for t in taints if t is not ours],
+        "cordoned": cordoned,
+        "cordonOwner": cordon_owner,
+        "ownership": None
+        if owned is None
+        else {
+            "reason": owned.reason,
+            "taint": owned.taint,
+            "cordon": owned.cordon,
+            "since": owned.since or None,
+            "liftedByOthers": list(owned.lifted_by_others),
+        },
+        "stateLabel": (meta.get("labels") or {}).get(STATE_LABEL),
+        "condition": None
+        if cond is None
+        else {k: cond.get(k) for k in ("status", "reason", "message", "lastTransitionTime")},
+        "releaseRequested": annotations.get(RELEASE_ANNOTATION),
+    }
+
+
+def _events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The last ``MAX_EVENTS`` of gpuhealth's Events, oldest first."""
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    keyed = []
+    for e in events:
+        precise = str(e.get("eventTime") or "")
+        created = (e.get("metadata") or {}).get("creationTimestamp")
+        when = str(e.get("lastTimestamp") or precise or e.get("firstTimestamp") or created or "")
+        row = {
+            "time": when or None,
+            "type": e.get("type"),
+            "reason": e.get("reason"),
+            "message": e.get("message"),
+            "count": e.get("count") or 1,
+        }
+        # lastTimestamp has second precision; eventTime (microseconds) orders events within a second.
+        keyed.append(((parse_time(when) or epoch, parse_time(precise) or epoch), row))
+    keyed.sort(key=lambda kv: kv[0])
+    return [row for _, row in keyed[-MAX_EVENTS:]]
+
+
+def _policy(obj: Mapping[str, Any] | None) -> Policy | None:
+    if obj is None:
+        return None
+    try:
+        return parse_policy(obj)
+    except PolicyError:
+        return None
+
+
+def describe_node(
+    name: str,
+    node: Mapping[str, Any] | None,
+    report: Mapping[str, Any] | None,
+    policy: Mapping[str, Any] | None,
+    events: Iterable[Mapping[str, Any]],
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The ``describe`` model; ``policy`` is the GPUHealthPolicy named in the report's status, if any."""
+    spec: Mapping[str, Any] = (report or {}).get("spec") or {}
+    status: Mapping[str, Any] = (report or {}).get("status") or {}
+    since = parse_time(status.get("since"))
+    heartbeat = parse_time(spec.get("heartbeatTime"))
+    cleared = parse_time(status.get("clearedBefore"))
+    parsed = _policy(policy)
+    agent = spec.get("agent") or {}
+    nvml = spec.get("nvml") or {}
+    total = status.get("totalGPUs")
+    if not total:
+        total = node_gpus(node)
+    quarantines = [str(t) for t in status.get("quarantines") or []]
+    history: dict[str, Any] = {
+        "quarantines": quarantines,
+        "healthySince": status.get("healthySince"),
+        "clearedBefore": status.get("clearedBefore"),
+        "heldByBreaker": bool(status.get("heldByBreaker", False)),
+        "drainAction": status.get("drainAction"),
+    }
+    if parsed is not None:
+        history["flapping"] = {"maxQuarantines": parsed.flapping_max, "windowSeconds": parsed.flapping_window_s}
+        history["probationSeconds"] = parsed.probation_s
+        healthy_since = parse_time(status.get("healthySince"))
+        if healthy_since is not None and status.get("state") == "Recovering":
+            left = parsed.probation_s - (now - healthy_since).total_seconds()
+            history["probationLeftSeconds"] = round(max(0.0, left), 1)
+    return {
+        "node": name,
+        "generatedAt": format_time(now),
+        "nodeExists": node is not None,
+        "hasReport": report is not None,
+        "state": status.get("state"),
+        "reason": status.get("reason") or None,
+        "message": status.get("message") or None,
+        "since": status.get("since"),
+        "ageSeconds": _age(since, now),
+        "policy": status.get("policy"),
+        "policyMode": None if policy is None else ((policy.get("spec") or {}).get("mode") or "Enforce"),
+        "overriddenPolicies": list(status.get("overriddenPolicies") or []),
+        "dryRun": bool(status.get("dryRun", False)),
+        "gpus": {"healthy": status.get("healthyGPUs"), "total": total},
+        "lastXid": status.get("lastXid"),
+        "agent": {
+            "version": agent.get("version"),
+            "sources": list(agent.get("sources") or []),
+            "bootTime": agent.get("bootTime"),
+            "heartbeatTime": spec.get("heartbeatTime"),
+            "heartbeatAgeSeconds": _age(heartbeat, now),
+            "observedTime": spec.get("observedTime"),
+            "nvmlAvailable": nvml.get("available"),
+            "nvmlError": nvml.get("error"),
+            "driverVersion": nvml.get("driverVersion"),
+            "cudaVersion": nvml.get("cudaVersion"),
+        },
+        "devices": [_device(d) for d in sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)],
+        "xids": _xids(spec.get("xidEvents") or [], cleared, now),
+        "evidence": [dict(e) for e in status.get("evidence") or []],
+        "marks": _marks(node),
+        "history": history,
+        "drain": dict(status.get("drain") or {}) or None,
+        "events": _events(events),
+    }

@@ -1,0 +1,487 @@
+"""Pure text rendering for `kubectl gpuhealth`: tables, describe, explain, ages, money, colours.
+
+Nothing here reads the environment or the terminal: callers pass ``color`` (True only when stdout is
+a TTY and NO_COLOR is unset), so every output is testable as a plain string.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpuhealth.api.durations import format_duration
+from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
+from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli.fleet import NO_VERDICT, Fleet, Row, Totals
+
+RESET = "\x1b[0m"
+STATE_COLORS: dict[str, str] = {
+    State.HEALTHY: "\x1b[32m",  # green
+    State.DEGRADED: "\x1b[33m",  # yellow
+    State.RECOVERING: "\x1b[36m",  # cyan
+    State.QUARANTINED: "\x1b[31m",  # red
+    State.DRAINING: "\x1b[31m",  # red
+    State.AWAITING_REPAIR: "\x1b[1;31m",  # bold red
+    State.UNKNOWN: "\x1b[35m",  # magenta
+}
+WARNING_COLOR = "\x1b[33m"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def paint(text: str, code: str | None, color: bool) -> str:
+    return f"{code}{text}{RESET}" if color and code and text else text
+
+
+def paint_state(text: str, state: str, color: bool) -> str:
+    return paint(text, STATE_COLORS.get(state), color)
+
+
+def human_age(seconds: float | None) -> str:
+    """kubectl's way of writing an age: 45s, 3m20s, 12m, 5h3m, 20h, 3d4h, 30d, 2y."""
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = s // 3600
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    d = h // 24
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if d < 730:
+        return f"{d}d"
+    return f"{d // 365}y"
+
+
+def age_of(timestamp: Any, now: dt.datetime) -> str:
+    t = parse_time(timestamp) if isinstance(timestamp, str) else None
+    return "-" if t is None else human_age((now - t).total_seconds())
+
+
+def format_hours(hours: float) -> str:
+    return f"{hours:,.1f}" if hours >= 10 else f"{hours:,.2f}"
+
+
+def format_money(amounts: Mapping[str, float]) -> str:
+    return " + ".join(f"{v:,.2f} {k}" for k, v in sorted(amounts.items()))
+
+
+Styler = Callable[[int, int, str], str]
+"""(row index, column index, padded cell) -> the cell as printed (e.g. coloured)."""
+
+
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    style: Styler | None = None,
+    indent: str = "",
+) -> list[str]:
+    """Left-aligned columns, 3 spaces apart; widths come from the plain text, ``style`` applies after padding."""
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, cell in enumerate(r):
+            widths[i] = max(widths[i], len(cell))
+    out = [indent + "   ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for n, r in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(r):
+            padded = cell.ljust(widths[i]) if i < len(r) - 1 else cell
+            cells.append(style(n, i, padded) if style else padded)
+        out.append((indent + "   ".join(cells)).rstrip())
+    return out
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+def _state_cell(r: Row) -> str:
+    if not r.state:
+        return "-"
+    return f"{r.state} (DryRun)" if r.dry_run else r.state
+
+
+def _policy_cell(r: Row) -> str:
+    if not r.policy:
+        return "-"
+    if r.policy_mode and r.policy_mode != "Enforce":
+        return f"{r.policy} ({r.policy_mode})"
+    return r.policy
+
+
+def _gpus_cell(r: Row) -> str:
+    healthy = "?" if r.healthy_gpus is None else str(r.healthy_gpus)
+    total = "?" if r.total_gpus is None else str(r.total_gpus)
+    return "-" if r.healthy_gpus is None and r.total_gpus is None else f"{healthy}/{total}"
+
+
+def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[str]]]:
+    headers = ["NODE", "STATE", "REASON", "GPUS", "SINCE", "POLICY"]
+    if wide:
+        headers += ["LAST-XID", "TAINT", "CORDONED", "GPU-HOURS", "COST"]
+    rows = []
+    for r in fleet.rows:
+        name = r.node if r.node_exists else f"{r.node} (no Node)"
+        row = [name, _state_cell(r), r.reason or "-", _gpus_cell(r), human_age(r.age_s), _policy_cell(r)]
+        if wide:
+            row += [
+                r.last_xid or "-",
+                r.taint or "-",
+                "yes" if r.cordoned else "no",
+                "-" if r.gpu_hours is None else format_hours(r.gpu_hours),
+                "-" if r.cost is None else format_money({r.currency: r.cost}),
+            ]
+        rows.append(row)
+    return headers, rows
+
+
+def footer(t: Totals) -> list[str]:
+    if t.nodes == 0:
+        return []
+    counts = ", ".join(f"{n} {'no verdict' if s == NO_VERDICT else s}" for s, n in t.by_state.items())
+    lines = [f"{t.nodes} node{'s' if t.nodes != 1 else ''}: {counts}"]
+    lines.append(f"GPUs: {t.gpus_healthy} healthy of {t.gpus_total}")
+    if t.out_nodes:
+        per_state = ", ".join(f"{s} {format_hours(h)}" for s, h in t.out_gpu_hours_by_state.items())
+        line = (
+            f"Held out of service: {t.out_nodes} node{'s' if t.out_nodes != 1 else ''}, {t.out_gpus} GPUs, "
+            f"{format_hours(t.out_gpu_hours)} GPU-hours ({per_state})"
+        )
+        if t.out_cost:
+            line += f" = {format_money(t.out_cost)}"
+        if t.unpriced_nodes:
+            line += f"; {t.unpriced_nodes} node{'s' if t.unpriced_nodes != 1 else ''} without spec.cost.gpuHourly"
+        lines.append(line)
+    else:
+        lines.append("Held out of service: none")
+    if t.unknown_nodes:
+        line = (
+            f"Unknown (agent silent, not counted above): {t.unknown_nodes} node"
+            f"{'s' if t.unknown_nodes != 1 else ''}, {t.unknown_gpus} GPUs, "
+            f"{format_hours(t.unknown_gpu_hours)} GPU-hours unobserved"
+        )
+        if t.unknown_cost:
+            line += f" = {format_money(t.unknown_cost)}"
+        lines.append(line)
+    if t.dry_run_nodes:
+        lines.append(f"DryRun verdicts (no Node changed, not counted): {t.dry_run_nodes}")
+    return lines
+
+
+def render_status(fleet: Fleet, color: bool = False, wide: bool = False) -> str:
+    if not fleet.rows:
+        return "No GPU nodes found (label nvidia.com/gpu.present=true) and no GPUNodeHealth reports.\n"
+    headers, rows = status_rows(fleet, wide)
+
+    def style(n: int, col: int, cell: str) -> str:
+        return paint_state(cell, fleet.rows[n].state, color) if col == 1 else cell
+
+    lines = table(headers, rows, style)
+    return "\n".join([*lines, "", *footer(fleet.totals)]) + "\n"
+
+
+# -- describe ----------------------------------------------------------------------------------------
+
+
+def _v(value: Any, default: str = "-") -> str:
+    if value is None or value == "" or value == []:
+        return default
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _field(label: str, value: str, width: int = 14) -> str:
+    return f"{(label + ':').ljust(width)} {value}".rstrip()
+
+
+def _temp(d: Mapping[str, Any]) -> str:
+    t = d.get("temperature") or {}
+    cur, slow = t.get("currentC"), t.get("slowdownC")
+    if cur is None:
+        return "-"
+    return f"{cur}C" + (f" (slowdown {slow}C)" if slow is not None else "")
+
+
+def _ecc(d: Mapping[str, Any]) -> str:
+    ecc = d.get("ecc")
+    if not ecc:
+        return "-"
+    return f"{_v(ecc.get('volatileUncorrected'), '0')}/{_v(ecc.get('aggregateUncorrected'), '0')}"
+
+
+def _remap(d: Mapping[str, Any]) -> str:
+    rows = d.get("remappedRows")
+    if not rows:
+        return "-"
+    text = f"{_v(rows.get('corrected'), '0')}/{_v(rows.get('uncorrected'), '0')}"
+    flags = [f for f, on in (("pending", rows.get("pending")), ("FAILED", rows.get("failure"))) if on]
+    pages = d.get("retiredPages") or {}
+    if pages.get("pending"):
+        flags.append("page-retire pending")
+    return text + (f" {','.join(flags)}" if flags else "")
+
+
+def _words(key: str) -> str:
+    """camelCase -> "Camel case"."""
+    text = re.sub(r"(?<=[a-z0-9])([A-Z])", r" \1", key).lower()
+    return text[:1].upper() + text[1:]
+
+
+_DRAIN_LABELS = {
+    "phase": "Phase",
+    "podsTotal": "Pods total",
+    "total": "Pods total",
+    "pods": "Pods",
+    "waitingForCheckpoint": "Waiting for checkpoint",
+    "checkpointing": "Waiting for checkpoint",
+    "evicted": "Evicted",
+    "blockedByBudget": "Blocked by budget",
+    "blocked": "Blocked by budget",
+}
+
+
+def _drain_value(value: Any) -> str:
+    if isinstance(value, list):
+        if all(isinstance(x, str) for x in value):
+            return f"{len(value)}: {', '.join(value)}" if value else "0"
+        return f"{len(value)}: {json.dumps(value, separators=(',', ':'))}"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return _v(value)
+
+
+def drain_lines(drain: Mapping[str, Any]) -> list[str]:
+    """Whatever keys ``status.drain`` has, the well-known ones first with friendly names."""
+    keys = [k for k in _DRAIN_LABELS if k in drain] + sorted(k for k in drain if k not in _DRAIN_LABELS)
+    width = max(len(_DRAIN_LABELS.get(k, _words(k))) for k in keys) + 2 if keys else 0
+    return ["  " + _field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
+
+
+def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
+    if m is None:
+        return ["  (the Node does not exist)"]
+    out = []
+    t = m.get("taint")
+    out.append(
+        "  "
+        + _field("Taint", f"{TAINT_KEY}={t.get('value') or ''}:{t.get('effect')}" if t else "none (not gpuhealth's)")
+    )
+    if not m.get("cordoned"):
+        cordon = "not cordoned"
+    elif m.get("cordonOwner") == "gpuhealth":
+        cordon = "cordoned by gpuhealth (it lifts it on return to service)"
+    else:
+        cordon = "cordoned by someone else (gpuhealth never lifts it)"
+    out.append("  " + _field("Cordon", cordon))
+    own = m.get("ownership")
+    if own:
+        owned = [w for w in ("taint", "cordon") if own.get(w)]
+        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}, reason {_v(own.get('reason'))}"
+        text += f", since {_v(own.get('since'))}"
+        out.append("  " + _field("Ownership", text))
+        if own.get("liftedByOthers"):
+            out.append(
+                "  "
+                + _field(
+                    "Lifted",
+                    f"someone else removed gpuhealth's {', '.join(own['liftedByOthers'])} (LiftedByOthers); "
+                    "not put back this episode",
+                )
+            )
+    out.append("  " + _field("State label", f"gpuhealth.dev/state={_v(m.get('stateLabel'), '(none)')}"))
+    c = m.get("condition")
+    if c:
+        cond = f"GPUHealthy={c.get('status')} ({_v(c.get('reason'))})"
+        if c.get("message"):
+            cond += f": {c['message']}"
+        out.append("  " + _field("Condition", cond))
+    else:
+        out.append("  " + _field("Condition", "GPUHealthy not set"))
+    if m.get("otherTaints"):
+        out.append("  " + _field("Other taints", ", ".join(m["otherTaints"])))
+    if m.get("releaseRequested"):
+        out.append("  " + _field("Release", f"requested at {m['releaseRequested']}, not processed by the operator yet"))
+    return out
+
+
+def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
+    out = []
+    qs = h.get("quarantines") or []
+    flap = h.get("flapping")
+    limit = (
+        f" (at {flap['maxQuarantines']} within {format_duration(flap['windowSeconds'])} "
+        "the node goes to AwaitingRepair)"
+        if flap
+        else ""
+    )
+    out.append("  " + _field("Quarantines", f"{len(qs)} in the flapping window{limit}", 16))
+    for q in qs:
+        out.append(f"    {q} ({age_of(q, now)} ago)")
+    if "probationSeconds" in h:
+        text = format_duration(h["probationSeconds"])
+        if h.get("healthySince"):
+            text += f"; clean since {h['healthySince']}"
+        if "probationLeftSeconds" in h:
+            text += f"; {human_age(h['probationLeftSeconds'])} left"
+        out.append("  " + _field("Probation", text, 16))
+    elif h.get("healthySince"):
+        out.append("  " + _field("Clean since", str(h["healthySince"]), 16))
+    if h.get("clearedBefore"):
+        out.append("  " + _field("Released", f"evidence before {h['clearedBefore']} cleared by a human", 16))
+    if h.get("heldByBreaker"):
+        out.append("  " + _field("Breaker", "a quarantine is due but the policy's breaker holds it back", 16))
+    if h.get("drainAction"):
+        out.append("  " + _field("After drain", _v(h["drainAction"]), 16))
+    return out
+
+
+def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
+    now = parse_time(m.get("generatedAt")) or dt.datetime.now(dt.UTC)
+    state = m.get("state") or ""
+    lines = [_field("Node", str(m["node"]) + ("" if m.get("nodeExists") else " (no such Node)"))]
+    if not m.get("hasReport"):
+        lines.append(_field("State", "- (no GPUNodeHealth report for this node)"))
+    else:
+        shown = paint_state(state or "-", state, color)
+        if m.get("dryRun"):
+            shown += " (DryRun: computed, no Node changed)"
+        since = f"   since {m['since']} ({human_age(m.get('ageSeconds'))} ago)" if m.get("since") else ""
+        lines.append(_field("State", shown + since))
+    lines.append(_field("Reason", _v(m.get("reason"))))
+    if m.get("message"):
+        lines.append(_field("Message", str(m["message"])))
+    policy = _v(m.get("policy"))
+    if m.get("policyMode"):
+        policy += f" ({m['policyMode']})"
+    if m.get("overriddenPolicies"):
+        policy += f"; also matches {', '.join(m['overriddenPolicies'])} (lower priority)"
+    lines.append(_field("Policy", policy))
+    g = m.get("gpus") or {}
+    lines.append(_field("GPUs", f"{_v(g.get('healthy'), '?')}/{_v(g.get('total'), '?')} healthy"))
+    lines.append(_field("Last XID", _v(m.get("lastXid"))))
+    a = m.get("agent") or {}
+    if m.get("hasReport"):
+        agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
+        agent += f", heartbeat {human_age(a.get('heartbeatAgeSeconds'))} ago"
+        if a.get("nvmlAvailable") is False:
+            agent += f", NVML UNAVAILABLE: {_v(a.get('nvmlError'))}"
+        else:
+            agent += f", driver {_v(a.get('driverVersion'))}"
+        lines.append(_field("Agent", agent))
+
+    lines += ["", "Node marks:", *_marks_lines(m.get("marks"))]
+
+    devices = m.get("devices") or []
+    lines += ["", "Devices:"]
+    if devices:
+        rows = [
+            [
+                _v(d.get("index")),
+                _v(d.get("uuid")),
+                _v(d.get("model")),
+                _temp(d),
+                _ecc(d),
+                _remap(d),
+                "LOST" if d.get("lost") else "no",
+                ",".join(d.get("unsupported") or []) or "-",
+            ]
+            for d in devices
+        ]
+        lines += table(
+            ["IDX", "UUID", "MODEL", "TEMP", "ECC-UNC(VOL/AGG)", "REMAP(C/U)", "LOST", "UNSUPPORTED"],
+            rows,
+            lambda n, col, cell: paint(cell, STATE_COLORS[State.AWAITING_REPAIR], color and cell.startswith("LOST")),
+            indent="  ",
+        )
+    else:
+        lines.append("  (none reported)")
+
+    xids = m.get("xids") or []
+    lines += ["", "Recent XIDs (newest first):"]
+    if xids:
+        rows = []
+        for x in xids:
+            meaning = str(x.get("meaning") or "")
+            if x.get("catalogAction"):
+                meaning += f" [gpuhealth: {x['catalogAction']}]"
+            if x.get("cleared"):
+                meaning += " (cleared by release)"
+            rows.append([age_of(x.get("time"), now), _v(x.get("gpu")), _v(x.get("xid")), meaning])
+        lines += table(["AGE", "GPU", "XID", "MEANING"], rows, indent="  ")
+    else:
+        lines.append("  (none)")
+
+    evidence = m.get("evidence") or []
+    lines += ["", "Evidence:"]
+    if evidence:
+        rows = [
+            [
+                _v(e.get("reason")),
+                _v(e.get("action")),
+                _v(e.get("gpu")),
+                age_of(e.get("since"), now) if e.get("since") else "-",
+                _v(e.get("detail")),
+            ]
+            for e in evidence
+        ]
+        lines += table(["REASON", "ACTION", "GPU", "AGE", "DETAIL"], rows, indent="  ")
+    else:
+        lines.append("  (none)")
+
+    lines += ["", "Quarantine history:", *_history_lines(m.get("history") or {}, now)]
+
+    drain = m.get("drain")
+    if drain:
+        lines += ["", "Drain:", *drain_lines(drain)]
+
+    events = m.get("events") or []
+    lines += ["", "Events (gpuhealth-operator, last 10):"]
+    if events:
+        rows = [
+            [age_of(e.get("time"), now), _v(e.get("type")), _v(e.get("reason")), _v(e.get("message"))] for e in events
+        ]
+        lines += table(
+            ["AGE", "TYPE", "REASON", "MESSAGE"],
+            rows,
+            lambda n, col, cell: paint(cell, WARNING_COLOR, color and col == 1 and cell.startswith("Warning")),
+            indent="  ",
+        )
+    else:
+        lines.append("  (none)")
+    return "\n".join(lines) + "\n"
+
+
+# -- explain -----------------------------------------------------------------------------------------
+
+
+def render_explain(e: Mapping[str, Any]) -> str:
+    name = str(e["name"])
+    if e.get("mnemonic") and e["mnemonic"] != "UNKNOWN":
+        name += f" ({e['mnemonic']})"
+    lines = [
+        f"XID {e['code']}: {name}",
+        "",
+        _field("Description", str(e["description"]), 18),
+        _field("Immediate action", f"{e['immediateAction']}: {e['immediateActionText']}", 18),
+        _field("Application error", "yes: usually caused by the application" if e["applicationError"] else "no", 18),
+        _field("gpuhealth action", f"{e['defaultAction']}: {e['defaultActionText']}", 18),
+        _field("What to do", str(e["whatToDo"]), 18),
+    ]
+    if e.get("notes"):
+        lines += ["", "Notes:", *(f"  - {n}" for n in e["notes"])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,82 @@
+"""Pure restart-loop detection: is this node the common cause of several workloads failing?
+
+Several distinct workloads failing on one node within the window, while the same workloads run
+fine on other nodes, point at the node, not at the workloads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuhealth.api.names import Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.timeutil import parse_time
+from gpuhealth.drain import pods as P
+from gpuhealth.evaluation.assess import Finding
+
+
+def failure(pod: Mapping[str, Any], now: dt.datetime, window_s: float) -> tuple[int, dt.datetime] | None:
+    """(restarts, since) if the pod is failing within the window, else None."""
+    status = pod.get("status") or {}
+    window = dt.timedelta(seconds=window_s)
+    restarts = 0
+    last: dt.datetime | None = None
+    crashloop = False
+    for cs in status.get("containerStatuses") or []:
+        restarts = max(restarts, int(cs.get("restartCount") or 0))
+        term = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated") or {}
+        finished = parse_time(term.get("finishedAt"))
+        if finished is not None and term.get("exitCode", 0) != 0:
+            last = max(last, finished) if last else finished
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+            crashloop = True
+    if status.get("phase") == "Failed":
+        restarts = max(restarts, 1)
+        last = last or parse_time(status.get("startTime"))
+    if last is None and not crashloop:
+        return None
+    if last is not None and now - last > window:
+        return None
+    return restarts, (last or now)
+
+
+def restart_loop_finding(
+    policy: Policy,
+    node: str,
+    node_pods: Sequence[Mapping[str, Any]],
+    workload_pods: Mapping[str, Sequence[Mapping[str, Any]]],
+    now: dt.datetime,
+) -> Finding | None:
+    if not policy.restart_loop_enabled:
+        return None
+    failing: dict[str, list[tuple[str, int, dt.datetime]]] = {}
+    for pod in node_pods:
+        f = failure(pod, now, policy.restart_loop_window_s)
+        if f is None:
+            continue
+        restarts, since = f
+        if restarts < policy.restart_loop_min_restarts and (pod.get("status") or {}).get("phase") != "Failed":
+            continue
+        failing.setdefault(P.workload_key(pod), []).append((P.key(pod), restarts, since))
+    evidence = []
+    for wk, items in sorted(failing.items()):
+        elsewhere = [
+            p
+            for p in workload_pods.get(wk, [])
+            if (p.get("spec") or {}).get("nodeName") not in (node, None, "")
+            and (p.get("status") or {}).get("phase") == "Running"
+            and failure(p, now, policy.restart_loop_window_s) is None
+        ]
+        if elsewhere:
+            evidence.append((wk, items))
+    if len(evidence) < policy.restart_loop_min_workloads:
+        return None
+    since = min(s for _, items in evidence for _, _, s in items)
+    parts = [
+        f"{wk}: " + ", ".join(f"{pod} restarted {n}x" for pod, n, _ in items) + " (runs fine elsewhere)"
+        for wk, items in evidence
+    ]
+    detail = f"{len(evidence)} workloads keep failing on this node since {since:%H:%M:%SZ}: " + "; ".join(parts)
+    return Finding(Signal.RESTART_LOOP, policy.restart_loop_action, detail[:900], since=since)

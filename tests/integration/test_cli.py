@@ -1,0 +1,269 @@
+"""`kubectl gpuhealth` against the real control plane and the running operator.
+
+The plugin runs as a subprocess, both as its console script and through kubectl's plugin mechanism
+(kubectl finds `kubectl-gpuhealth` on PATH; kubectl refuses flags before a plugin's name, so the
+kubeconfig is passed after it or through KUBECONFIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import make_nodes, policy_spec
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+
+BIN = Path(sys.executable).parent
+PLUGIN = BIN / "kubectl-gpuhealth"
+RELEASE = "gpuhealth.dev/release"
+PAUSED_FROM = "gpuhealth.dev/paused-from"
+
+
+def _env(cluster: LocalCluster | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NO_COLOR")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    if cluster is not None:
+        env["KUBECONFIG"] = str(cluster.kubeconfig)
+    env.update(extra)
+    return env
+
+
+def plugin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script, with --kubeconfig."""
+    return subprocess.run(
+        [str(PLUGIN), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        check=False,
+    )
+
+
+def kubectl_plugin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl gpuhealth ...`: kubectl finds the plugin on PATH; the kubeconfig comes from KUBECONFIG."""
+    return subprocess.run(
+        [cluster.kubectl_bin, "gpuhealth", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(cluster),
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    return proc.stdout
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    assert proc.returncode == code, f"exit {proc.returncode}, wanted {code}: {proc.stdout}{proc.stderr}"
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def xid(code: int, gpu: int = 3) -> dict[str, object]:
+    return {
+        "xid": code,
+        "gpu": gpu,
+        "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000",
+        "time": utcnow(),
+        "source": "simulated",
+    }
+
+
+def settle(kube: Kube, node: str, quiet: float = 2.0) -> str:
+    """The node's state once it has not changed for ``quiet`` seconds (a drain may finish right away)."""
+    last: list[Any] = [None, 0.0]
+
+    def steady() -> str | None:
+        state = kube.state(node)
+        now = time.monotonic()
+        if state != last[0]:
+            last[0], last[1] = state, now
+            return None
+        return state if now - last[1] >= quiet else None
+
+    return str(wait_for(steady, timeout=60, interval=0.25, what=f"a steady state on {node}"))
+
+
+def _row(data: dict[str, Any], node: str) -> dict[str, Any]:
+    return next(r for r in data["nodes"] if r["node"] == node)
+
+
+def test_status_describe_and_explain_a_quarantined_node(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    bad = nodes[0]
+    kube.apply_policy(group, policy_spec(group, cost={"gpuHourly": 2.5}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="all healthy")
+    kube.put_report(bad, healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.our_taint(bad), what="gpuhealth taint on the XID 79 node")
+    wait_for(lambda: kube.node_events(bad, "Quarantined"), what="Quarantined event")
+    # XID 79 asks for a drain: Draining, then Quarantined once the (empty) node is drained.
+    state = settle(kube, bad)
+    assert state in ("Draining", "Quarantined")
+
+    data = json.loads(ok(plugin(cluster, "status", "-l", f"gpuhealth-test={group}", "-o", "json")))
+    assert {r["node"] for r in data["nodes"]} == set(nodes)
+    row = _row(data, bad)
+    assert row["state"] == state and row["reason"] == "XID79" and row["policy"] == group
+    assert row["gpus"] == {"healthy": 7, "total": 8} and row["taint"] == "XID79" and row["cordoned"]
+    assert row["outOfService"] and row["gpuHours"] > 0 and row["currency"] == "USD"
+    assert abs(row["cost"] - row["gpuHours"] * 2.5) < 0.01
+    assert data["nodes"][0]["node"] == bad  # the most urgent first
+    totals = data["totals"]
+    assert totals["byState"] == {state: 1, "Healthy": 2}
+    assert totals["outOfService"]["nodes"] == 1 and totals["outOfService"]["gpus"] == 8
+    assert set(totals["outOfService"]["gpuHoursByState"]) == {state}
+    assert totals["outOfService"]["cost"]["USD"] == row["cost"]
+
+    text = ok(plugin(cluster, "status", "--policy", group))
+    line = next(line for line in text.splitlines() if line.startswith(bad))
+    assert line.split()[1:4] == [state, "XID79", "7/8"] and line.split()[-1] == group
+    assert f"3 nodes: 1 {state}, 2 Healthy" in text
+    assert "Held out of service: 1 node, 8 GPUs" in text and "USD" in text
+    assert "\x1b[" not in text  # not a TTY: no colour
+
+    # The same through kubectl's plugin mechanism.
+    via_kubectl = ok(kubectl_plugin(cluster, "status", "-l", f"gpuhealth-test={group}"))
+    assert any(line.startswith(bad) and "XID79" in line for line in via_kubectl.splitlines())
+
+    described = ok(plugin(cluster, "describe", bad))
+    assert f"State:         {state}" in described and "Reason:        XID79" in described
+    assert "XID 79 (GPU has fallen off the bus): reboot the node [gpuhealth: drain]" in described
+    assert "Taint:         gpuhealth.dev/unhealthy=XID79:NoSchedule" in described
+    assert "cordoned by gpuhealth" in described and f"gpuhealth.dev/state={state}" in described
+    assert "GPUHealthy=False (XID79)" in described
+    events = described[described.index("Events (") :]
+    assert "Quarantined" in events and "GPUHealthAction" in events
+    model = json.loads(ok(plugin(cluster, "describe", bad, "-o", "json")))
+    assert model["xids"][0]["xid"] == 79 and "fallen off the bus" in model["xids"][0]["meaning"]
+    assert model["marks"]["taint"]["value"] == "XID79" and model["marks"]["cordonOwner"] == "gpuhealth"
+    assert len(model["devices"]) == 8 and model["evidence"][0]["code"] == 79
+    assert {e["reason"] for e in model["events"]} >= {"Quarantined", "GPUHealthAction"}
+    assert len(model["history"]["quarantines"]) == 1
+    drain = kube.report(bad)["status"].get("drain")
+    if drain:  # the drain controller's record, rendered whatever its keys
+        assert model["drain"] == drain and "\nDrain:\n" in described
+
+    # explain needs no cluster at all.
+    proc = subprocess.run(
+        [str(PLUGIN), "explain", "XID79"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(KUBECONFIG="/nonexistent/kubeconfig"),
+        check=False,
+    )
+    out = ok(proc)
+    assert "GPU has fallen off the bus" in out and "REBOOT_NODE" in out and "gpuhealth action:  drain" in out
+    assert json.loads(ok(kubectl_plugin(cluster, "explain", "79", "-o", "json")))["defaultAction"] == "drain"
+
+    err = one_line_error(plugin(cluster, "describe", f"{group}-missing"), 1)
+    assert "not found" in err
+
+
+def test_release_returns_an_awaiting_repair_node_to_probation(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    broken, fine = make_nodes(cluster, group, 2)
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            rules={"xid": {"overrides": [{"code": 64, "action": "repair"}]}},
+            # The first quarantine sends the node straight to AwaitingRepair (no drain controller needed).
+            safety={"flapping": {"maxQuarantines": 1}, "probation": "1h", "maxUnhealthy": "100%"},
+        ),
+    )
+    for n in (broken, fine):
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: kube.state(broken) == "Healthy" and kube.state(fine) == "Healthy", what="healthy")
+
+    err = one_line_error(plugin(cluster, "release", fine), 2)
+    assert "is Healthy, not AwaitingRepair" in err and "--force" in err
+    assert RELEASE not in (kube.node(fine)["metadata"].get("annotations") or {})
+
+    kube.put_report(broken, healthy_spec(xids=[xid(64)]))
+    wait_for(lambda: kube.state(broken) == "AwaitingRepair", what="AwaitingRepair")
+    wait_for(lambda: kube.our_taint(broken), what="taint")
+    row = _row(json.loads(ok(plugin(cluster, "status", "-l", f"gpuhealth-test={group}", "-o", "json"))), broken)
+    assert row["state"] == "AwaitingRepair" and row["reason"] == "Flapping" and row["outOfService"]
+
+    # The node is repaired and rebooted: its agent reports no XID any more. It still waits for a human.
+    kube.put_report(broken, healthy_spec(xids=[]))
+    time.sleep(2)
+    assert kube.state(broken) == "AwaitingRepair"
+
+    out = ok(plugin(cluster, "release", broken))
+    assert f"node/{broken} released at" in out and "Recovering" in out and "probation (1h under policy" in out
+    wait_for(lambda: kube.state(broken) == "Recovering", what="Recovering after release")
+    wait_for(
+        lambda: RELEASE not in (kube.node(broken)["metadata"].get("annotations") or {}),
+        what="the operator removes the release annotation",
+    )
+    status = kube.report(broken)["status"]
+    assert status["reason"] == "Released" and status["clearedBefore"]
+    assert kube.our_taint(broken) is not None, "probation keeps the taint"
+    assert kube.node_events(broken, "Released")
+    described = ok(plugin(cluster, "describe", broken))
+    assert "State:         Recovering" in described and "cleared by a human" in described and "left" in described
+
+    # Not AwaitingRepair any more: a second release is refused, --force is accepted.
+    assert "is Recovering" in one_line_error(plugin(cluster, "release", broken), 2)
+    assert "Forced" in ok(plugin(cluster, "release", broken, "--force"))
+
+
+def _mode(kube: Kube, name: str) -> tuple[str, str | None]:
+    p = kube.get_policy(name)
+    return p["spec"]["mode"], (p["metadata"].get("annotations") or {}).get(PAUSED_FROM)
+
+
+def test_pause_and_resume_a_policy(cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str) -> None:
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": "100%"}))
+    kube.put_report(node, healthy_spec())
+    wait_for(lambda: kube.state(node) == "Healthy", what="healthy")
+
+    out = ok(kubectl_plugin(cluster, "pause", group))
+    assert f"gpuhealthpolicy/{group} paused (was Enforce)" in out
+    assert _mode(kube, group) == ("Paused", "Enforce")
+    got = cluster.kubectl("get", "gpuhealth", group).stdout
+    assert got.splitlines()[1].split()[:2] == [group, "Paused"]
+    assert "already Paused" in ok(plugin(cluster, "pause", group))
+
+    # Paused: a fault changes nothing.
+    kube.put_report(node, healthy_spec(xids=[xid(79)]))
+    time.sleep(3)
+    assert kube.our_taint(node) is None and kube.state(node) == "Healthy"
+
+    out = ok(plugin(cluster, "resume", group))
+    assert "mode Enforce (as before the pause)" in out
+    assert _mode(kube, group) == ("Enforce", None)
+    assert cluster.kubectl("get", "gpuhealth", group).stdout.splitlines()[1].split()[1] == "Enforce"
+    wait_for(lambda: kube.our_taint(node), what="the resumed policy acts")
+
+    # A DryRun policy is paused and resumed back into DryRun; --mode overrides.
+    kube.apply_policy(group, {"mode": "DryRun"})
+    ok(plugin(cluster, "pause", group))
+    assert _mode(kube, group) == ("Paused", "DryRun")
+    ok(plugin(cluster, "resume", group))
+    assert _mode(kube, group) == ("DryRun", None)
+    ok(plugin(cluster, "pause", group))
+    ok(plugin(cluster, "resume", group, "--mode", "Enforce"))
+    assert _mode(kube, group) == ("Enforce", None)
+
+    assert "nothing to resume" in ok(plugin(cluster, "resume", group))
+    assert "not paused" in one_line_error(plugin(cluster, "resume", group, "--mode", "DryRun"), 2)
+    assert "not found" in one_line_error(plugin(cluster, "pause", f"{group}-missing"), 1)

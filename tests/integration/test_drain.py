@@ -1,0 +1,324 @@
+"""Checkpoint-aware drain and restart-loop breaking on the real control plane (scheduler, controllers)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from gpuhealth.workload import CheckpointRequest, acknowledge
+from tests.integration.conftest import make_nodes, policy_spec
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+
+
+def xid(code: int, gpu: int = 0) -> dict[str, object]:
+    return {"xid": code, "gpu": gpu, "time": utcnow(), "source": "simulated"}
+
+
+def namespace(kube: Kube, name: str) -> str:
+    try:
+        kube.core.create_namespace({"metadata": {"name": name}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), what="service account")
+    return name
+
+
+def pods(kube: Kube, ns: str, selector: str) -> list[Any]:
+    return [
+        p for p in kube.core.list_namespaced_pod(ns, label_selector=selector).items if not p.metadata.deletion_timestamp
+    ]
+
+
+def training_job(name: str, group: str, first: str, mode: str, gpus: int = 2, grace: int = 30) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 4,
+            "parallelism": 4,
+            "backoffLimit": 20,
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {"gpuhealth.dev/checkpoint": mode}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": grace,
+                    "containers": [
+                        {"name": "trainer", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+                    ],
+                    "nodeSelector": {"gpuhealth-test": group},
+                    "affinity": {
+                        "nodeAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "preference": {
+                                        "matchExpressions": [
+                                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [first]}
+                                        ]
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                },
+            },
+        },
+    }
+
+
+def events(kube: Kube, node: str, reason: str) -> list[Any]:
+    return kube.node_events(node, reason)
+
+
+def test_indexed_training_job_checkpoints_then_moves(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, tmp_path: Path
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    bad = nodes[0]
+    ns = namespace(kube, f"train-{group}"[:60])
+    kube.apply_policy(
+        group, policy_spec(group, safety={"maxUnhealthy": 1}, actions={"drain": {"checkpointTimeout": "2m"}})
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    kube.batch.create_namespaced_job(ns, training_job("llm", group, bad, "annotation"))
+    first = wait_for(
+        lambda: len(p := [x for x in pods(kube, ns, "app=llm") if x.status.phase == "Running"]) == 4 and p,
+        timeout=60,
+        what="4 ranks running",
+    )
+    assert {p.spec.node_name for p in first} == {bad}
+
+    kube.put_report(bad, healthy_spec(xids=[xid(48)]))
+    wait_for(lambda: kube.state(bad) == "Draining", what="Draining")
+
+    def requested() -> list[Any]:
+        ps = pods(kube, ns, "app=llm")
+        return [p for p in ps if (p.metadata.annotations or {}).get("gpuhealth.dev/checkpoint-requested")]
+
+    asked = wait_for(lambda: len(r := requested()) == 4 and r, what="checkpoint requested on all 4 ranks")
+    time.sleep(2)
+    assert all(p.metadata.deletion_timestamp is None for p in pods(kube, ns, "app=llm")), "no eviction before acks"
+    status = kube.report(bad)["status"]["drain"]
+    assert status["waitingForCheckpoint"] == 4 and status["total"] == 4
+    # Each rank sees the request through its downward-API file and acknowledges through the helper.
+    for p in asked:
+        f = tmp_path / f"{p.metadata.name}.annotations"
+        f.write_text("\n".join(f'{k}="{v}"' for k, v in (p.metadata.annotations or {}).items()))
+        req = CheckpointRequest(annotations_file=f)
+        assert req.pending() and req.requested_at() is not None
+        acknowledge(ns, p.metadata.name, kube.api)
+    moved = wait_for(
+        lambda: (
+            len(p := [x for x in pods(kube, ns, "app=llm") if x.status.phase == "Running" and x.spec.node_name != bad])
+            == 4
+            and p
+        ),
+        timeout=90,
+        what="4 ranks running again on healthy nodes",
+    )
+    assert {p.spec.node_name for p in moved} <= set(nodes[1:])
+    wait_for(lambda: kube.report(bad)["status"].get("drain", {}).get("phase") == "Completed", what="drain completed")
+    wait_for(lambda: kube.state(bad) == "Quarantined", what="quarantined after the drain")
+    assert len(events(kube, bad, "CheckpointRequested")) == 4
+    assert len(events(kube, bad, "Evicted")) == 4
+
+
+def test_checkpoint_timeout_evicts_anyway(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 2)
+    bad = nodes[0]
+    ns = namespace(kube, f"timeout-{group}"[:60])
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"maxUnhealthy": 1},
+            actions={"drain": {"checkpointTimeout": "3s", "onCheckpointTimeout": "Evict"}},
+        ),
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    kube.batch.create_namespaced_job(ns, training_job("slow", group, bad, "annotation"))
+    wait_for(
+        lambda: len([x for x in pods(kube, ns, "app=slow") if x.status.phase == "Running"]) == 4,
+        timeout=60,
+        what="running",
+    )
+    kube.put_report(bad, healthy_spec(xids=[xid(48)]))
+    wait_for(lambda: events(kube, bad, "CheckpointTimeout"), timeout=30, what="timeout event")
+    wait_for(lambda: len(events(kube, bad, "Evicted")) == 4, timeout=30, what="evicted without ack")
+
+
+def test_signal_mode_uses_pod_grace_period_and_budget_blocks_then_allows(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 2)
+    bad = nodes[0]
+    ns = namespace(kube, f"signal-{group}"[:60])
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 1}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    job = training_job("sig", group, bad, "signal", grace=45)
+    kube.batch.create_namespaced_job(ns, job)
+    wait_for(
+        lambda: len([x for x in pods(kube, ns, "app=sig") if x.status.phase == "Running"]) == 4,
+        timeout=60,
+        what="running",
+    )
+    kube.policy.create_namespaced_pod_disruption_budget(
+        ns, {"metadata": {"name": "sig"}, "spec": {"minAvailable": 4, "selector": {"matchLabels": {"app": "sig"}}}}
+    )
+    wait_for(
+        lambda: kube.policy.read_namespaced_pod_disruption_budget("sig", ns).status.observed_generation,
+        what="PDB observed",
+    )
+    # System namespaces are left alone.
+    kube.core.create_namespaced_pod(
+        "kube-system",
+        {
+            "metadata": {"name": f"sys-{group}"[:60]},
+            "spec": {"nodeName": bad, "containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    kube.put_report(bad, healthy_spec(xids=[xid(48)]))
+    wait_for(lambda: events(kube, bad, "EvictionBlocked"), timeout=30, what="budget blocks the eviction")
+    wait_for(lambda: kube.report(bad)["status"].get("drain", {}).get("blockedByBudget", 0) >= 1, what="drain status")
+    assert not events(kube, bad, "Evicted")
+    kube.policy.patch_namespaced_pod_disruption_budget("sig", ns, {"spec": {"minAvailable": 0}})
+    wait_for(lambda: len(events(kube, bad, "Evicted")) == 4, timeout=90, what="evicted once the budget allows")
+    assert kube.core.read_namespaced_pod(f"sys-{group}"[:60], "kube-system").metadata.deletion_timestamp is None
+
+
+def _crash(kube: Kube, pod: Any, restarts: int = 5) -> None:
+    ns, name = pod.metadata.namespace, pod.metadata.name
+    kube.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}}})
+    now = utcnow()[:19] + "Z"
+    kube.core.patch_namespaced_pod_status(
+        name,
+        ns,
+        {
+            "status": {
+                "containerStatuses": [
+                    {
+                        "name": pod.spec.containers[0].name,
+                        "image": "x",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": restarts,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {
+                            "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now, "startedAt": now}
+                        },
+                    }
+                ]
+            }
+        },
+    )
+
+
+def test_crashing_workloads_point_at_the_node(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    bad = nodes[0]
+    ns = namespace(kube, f"loop-{group}"[:60])
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group, safety={"maxUnhealthy": 1}, restartLoop={"minWorkloads": 2, "minRestarts": 3, "window": "10m"}
+        ),
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    for app in ("svc-a", "svc-b"):
+        kube.apps.create_namespaced_deployment(
+            ns,
+            {
+                "metadata": {"name": app},
+                "spec": {
+                    "replicas": 3,
+                    "selector": {"matchLabels": {"app": app}},
+                    "template": {
+                        "metadata": {"labels": {"app": app}},
+                        "spec": {
+                            "containers": [
+                                {"name": "c", "image": app, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                            ],
+                            "nodeSelector": {"gpuhealth-test": group},
+                            "topologySpreadConstraints": [
+                                {
+                                    "maxSkew": 1,
+                                    "topologyKey": "kubernetes.io/hostname",
+                                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
+                                    "labelSelector": {"matchLabels": {"app": app}},
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        )
+    for app in ("svc-a", "svc-b"):
+        wait_for(
+            lambda app=app: len([p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]) == 3,
+            timeout=60,
+            what=f"{app} on every node",
+        )
+    for app in ("svc-a", "svc-b"):
+        (victim,) = [p for p in pods(kube, ns, f"app={app}") if p.spec.node_name == bad]
+        _crash(kube, victim)
+    taint = wait_for(lambda: kube.our_taint(bad), timeout=30, what="node quarantined for the restart loop")
+    assert taint["value"] == "RestartLoop"
+    ev = kube.node_events(bad, "Quarantined")[0].message
+    assert "svc-a" in ev and "svc-b" in ev and "restarted 5x" in ev
+    # The crash-looping pods are evicted from the quarantined node and run elsewhere.
+    wait_for(lambda: len(events(kube, bad, "EvictedCrashLooping")) == 2, timeout=30, what="crash-loopers evicted")
+    for app in ("svc-a", "svc-b"):
+        wait_for(
+            lambda app=app: (
+                len(
+                    [p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running" and p.spec.node_name != bad]
+                )
+                == 3
+            ),
+            timeout=60,
+            what=f"{app} runs elsewhere",
+        )
+
+
+def test_flapping_node_waits_for_a_human(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"probation": "1s", "flapping": {"maxQuarantines": 3, "window": "1h"}},
+            rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}},
+        ),
+    )
+    for i in range(2):
+        kube.put_report(node, healthy_spec(xids=[xid(79)]))
+        wait_for(lambda: kube.state(node) == "Quarantined", what=f"quarantine {i + 1}")
+        kube.put_report(node, healthy_spec(xids=[]))
+        wait_for(lambda: kube.state(node) == "Healthy", timeout=20, what=f"recovery {i + 1}")
+    kube.put_report(node, healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.state(node) == "AwaitingRepair", what="third quarantine -> AwaitingRepair")
+    kube.put_report(node, healthy_spec(xids=[]))
+    time.sleep(4)
+    assert kube.state(node) == "AwaitingRepair" and kube.our_taint(node) is not None, "never returned automatically"
+    assert kube.node_events(node, "Flapping")
+    kube.core.patch_node(node, {"metadata": {"annotations": {"gpuhealth.dev/release": utcnow()}}})
+    wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="released, probation, healthy")
+    assert kube.our_taint(node) is None
+    assert "gpuhealth.dev/release" not in (kube.node(node)["metadata"].get("annotations") or {})

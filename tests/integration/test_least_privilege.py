@@ -1,0 +1,380 @@
+"""Least privilege, proven on the real API server with the installed RBAC and admission policy.
+
+- The access matrix of both service accounts (`kubectl auth can-i --as=...`): every verb the code
+  needs is allowed; secrets, node deletion, pod creation, policy specs and the agent's reach beyond
+  its own report are not.
+- Own node only: the agent's pod-bound token (the API server records the pod's node in the user's
+  extra) may create and patch its own node's GPUNodeHealth and nothing else; it can never write the
+  verdict (RBAC refuses the status subresource, and the admission policy refuses it even where RBAC
+  is widened).
+- The operator, run under its service account's token, carries a whole XID 79 scenario (taint,
+  cordon, condition, label, Events, stub report for a silent node, policy status, Kopf peering)
+  without a single 403.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.integration.conftest import make_nodes, policy_spec
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import (
+    GPUHEALTH_NAMESPACE,
+    GROUP,
+    VERSION,
+    Kube,
+    OperatorProcess,
+    healthy_spec,
+    install_gpuhealth,
+    remove_gpuhealth_workloads,
+    service_account_token,
+    token_kubeconfig,
+    utcnow,
+    wait_for,
+)
+
+NS = GPUHEALTH_NAMESPACE
+OPERATOR_USER = f"system:serviceaccount:{NS}:gpuhealth-operator"
+AGENT_USER = f"system:serviceaccount:{NS}:gpuhealth-agent"
+VAP = "ValidatingAdmissionPolicy 'gpuhealth-agent-own-node'"
+REPORTS = "gpunodehealths.gpuhealth.dev"
+POLICIES = "gpuhealthpolicies.gpuhealth.dev"
+PEERINGS = "clusterkopfpeerings.kopf.dev"
+ALL = "*all-namespaces*"
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: LocalCluster) -> Iterator[None]:
+    install_gpuhealth(cluster)
+    try:
+        yield
+    finally:
+        remove_gpuhealth_workloads(cluster)
+
+
+def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | None = None, sub: str = "") -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    if sub:
+        args.append(f"--subresource={sub}")
+    if ns == ALL:
+        args.append("--all-namespaces")
+    elif ns:
+        args += ["-n", ns]
+    proc = cluster.kubectl(*args, check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stdout} {proc.stderr}"
+    return answer == "yes"
+
+
+# (verb, resource, namespace, subresource)
+OPERATOR_CAN = [
+    *[(v, "nodes", None, "") for v in ("get", "list", "watch", "patch")],
+    ("patch", "nodes", None, "status"),
+    *[(v, "pods", ALL, "") for v in ("get", "list", "watch", "patch", "delete")],
+    ("create", "pods", ALL, "eviction"),
+    ("create", "events", "default", ""),
+    *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create")],
+    ("patch", REPORTS, None, "status"),
+    *[(v, POLICIES, None, "") for v in ("get", "list", "watch")],
+    ("patch", POLICIES, None, "status"),
+    *[(v, PEERINGS, None, "") for v in ("get", "list", "watch", "patch")],
+]
+OPERATOR_CANNOT = [
+    ("get", "secrets", ALL, ""),
+    ("list", "secrets", NS, ""),
+    ("delete", "nodes", None, ""),
+    ("create", "nodes", None, ""),
+    ("update", "nodes", None, ""),
+    ("create", "pods", ALL, ""),
+    ("create", "pods", NS, ""),
+    ("update", "pods", ALL, ""),
+    ("create", "pods", ALL, "exec"),
+    ("patch", POLICIES, None, ""),
+    ("update", POLICIES, None, ""),
+    ("create", POLICIES, None, ""),
+    ("delete", POLICIES, None, ""),
+    ("patch", REPORTS, None, ""),
+    ("update", REPORTS, None, ""),
+    ("delete", REPORTS, None, ""),
+    ("create", "events", "kube-system", ""),
+    ("create", "events", NS, ""),
+    ("delete", "events", "default", ""),
+    ("get", "configmaps", NS, ""),
+    ("create", "serviceaccounts", NS, "token"),
+    ("create", PEERINGS, None, ""),
+    ("delete", PEERINGS, None, ""),
+    ("create", "clusterrolebindings", None, ""),
+    ("escalate", "clusterroles", None, ""),
+    ("impersonate", "serviceaccounts", ALL, ""),
+    ("*", "*", ALL, ""),
+]
+AGENT_CAN = [(v, REPORTS, None, "") for v in ("get", "create", "patch")]
+AGENT_CANNOT = [
+    ("patch", REPORTS, None, "status"),
+    ("update", REPORTS, None, "status"),
+    ("update", REPORTS, None, ""),
+    ("delete", REPORTS, None, ""),
+    ("list", REPORTS, None, ""),
+    ("watch", REPORTS, None, ""),
+    ("get", POLICIES, None, ""),
+    ("get", "nodes", None, ""),
+    ("patch", "nodes", None, ""),
+    ("patch", "nodes", None, "status"),
+    ("list", "pods", ALL, ""),
+    ("get", "secrets", NS, ""),
+    ("create", "events", "default", ""),
+    ("*", "*", ALL, ""),
+]
+
+
+def test_access_matrix(cluster: LocalCluster, installed: None) -> None:
+    wrong = []
+    for user, cases, expected in (
+        (OPERATOR_USER, OPERATOR_CAN, True),
+        (OPERATOR_USER, OPERATOR_CANNOT, False),
+        (AGENT_USER, AGENT_CAN, True),
+        (AGENT_USER, AGENT_CANNOT, False),
+    ):
+        for verb, resource, ns, sub in cases:
+            if can_i(cluster, user, verb, resource, ns, sub) is not expected:
+                wrong.append(f"{user.rsplit(':', 1)[1]} {'cannot' if expected else 'can'} {verb} {resource}/{sub} {ns}")
+    assert not wrong, "\n".join(wrong)
+
+
+# -- own node only -------------------------------------------------------------------------------
+
+
+def agent_pod(kube: Kube, node: str) -> dict[str, Any]:
+    """The gpuhealth-agent DaemonSet's pod on ``node`` (KWOK runs it)."""
+
+    def find() -> dict[str, Any] | None:
+        pods = kube.core.list_namespaced_pod(
+            NS, label_selector="app.kubernetes.io/name=gpuhealth-agent", field_selector=f"spec.nodeName={node}"
+        ).items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        return kube.api.sanitize_for_serialization(live[0]) if live else None  # type: ignore[no-any-return]
+
+    return wait_for(find, timeout=60, what=f"agent pod on {node}")
+
+
+def as_agent_on(cluster: LocalCluster, kube: Kube, node: str, tmp_path: Path) -> Kube:
+    """A client holding the token the kubelet would mount into the agent pod on ``node``."""
+    token = service_account_token(kube, NS, "gpuhealth-agent", pod=agent_pod(kube, node))
+    return Kube(token_kubeconfig(cluster, token, tmp_path / f"agent-{node}.kubeconfig", user=f"agent-{node}"))
+
+
+def whoami(k: Kube) -> dict[str, Any]:
+    review = client.AuthenticationV1Api(k.api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return k.api.sanitize_for_serialization(review.status.user_info)  # type: ignore[no-any-return]
+
+
+def refusal(fn: Any, *args: Any) -> str:
+    """Call ``fn``; it must be refused with 403. Returns the server's message."""
+    try:
+        fn(*args)
+    except client.ApiException as e:
+        assert e.status == 403, f"expected 403, got {e.status}: {e.body}"
+        return str(json.loads(e.body)["message"])
+    raise AssertionError(f"{getattr(fn, '__name__', fn)}{args[:1]} was allowed")
+
+
+def test_agent_writes_only_its_own_nodes_report(
+    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
+) -> None:
+    a, b = make_nodes(cluster, group, 2)
+    agent_a = as_agent_on(cluster, kube, a, tmp_path)
+    agent_b = as_agent_on(cluster, kube, b, tmp_path)
+
+    me = whoami(agent_a)
+    assert me["username"] == AGENT_USER
+    assert me["extra"]["authentication.kubernetes.io/node-name"] == [a]
+
+    # Its own report: create (CREATE), then merge-patch it (PATCH arrives at admission as UPDATE).
+    agent_a.put_report(a, healthy_spec())
+    agent_a.put_report(a, healthy_spec(heartbeatTime=utcnow()))
+    assert agent_a.report(a)["spec"]["nodeName"] == a
+
+    # Another node's report: creating it is refused...
+    def create_b() -> None:
+        agent_a.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpunodehealths",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUNodeHealth",
+                "metadata": {"name": b},
+                "spec": {"nodeName": b},
+            },
+        )
+
+    msg = refusal(create_b)
+    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
+    # ...and so is patching it once it exists (written by b's own agent).
+    agent_b.put_report(b, healthy_spec())
+
+    def patch_b() -> None:
+        agent_a.custom.patch_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpunodehealths",
+            b,
+            {"spec": {"xidEvents": []}},
+            _content_type="application/merge-patch+json",
+        )
+
+    msg = refusal(patch_b)
+    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
+    assert kube.report(b)["spec"]["devices"], "b's report is untouched"
+
+    # A token of the agent's account that is not bound to a pod carries no node: refused everywhere.
+    unbound = Kube(
+        token_kubeconfig(cluster, service_account_token(kube, NS, "gpuhealth-agent"), tmp_path / "unbound.kubeconfig")
+    )
+    msg = refusal(unbound.put_report, a, healthy_spec())
+    assert VAP in msg and "token names no node" in msg, msg
+
+
+def test_agent_never_writes_the_verdict(
+    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
+) -> None:
+    (a,) = make_nodes(cluster, group, 1)
+    agent = as_agent_on(cluster, kube, a, tmp_path)
+    agent.put_report(a, healthy_spec())
+    kube.custom.patch_cluster_custom_object_status(
+        GROUP,
+        VERSION,
+        "gpunodehealths",
+        a,
+        {"status": {"state": "Quarantined", "reason": "XID79"}},
+        _content_type="application/merge-patch+json",
+    )
+
+    def patch_status() -> None:
+        agent.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            "gpunodehealths",
+            a,
+            {"status": {"state": "Healthy", "reason": ""}},
+            _content_type="application/merge-patch+json",
+        )
+
+    # RBAC: the agent has no access to the status subresource.
+    msg = refusal(patch_status)
+    assert 'cannot patch resource "gpunodehealths/status"' in msg, msg
+
+    # Through the main resource the server drops status changes (status subresource): no effect.
+    agent.custom.patch_cluster_custom_object(
+        GROUP,
+        VERSION,
+        "gpunodehealths",
+        a,
+        {"status": {"state": "Healthy"}},
+        _content_type="application/merge-patch+json",
+    )
+    assert kube.report(a)["status"]["state"] == "Quarantined"
+
+    # Defence in depth: even if someone widens the agent's RBAC to the status subresource, the
+    # admission policy still refuses the write.
+    widened = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": f"{group}-widen-agent"},
+        "rules": [{"apiGroups": [GROUP], "resources": ["gpunodehealths/status"], "verbs": ["patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{group}-widen-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{group}-widen-agent"},
+        "subjects": [{"kind": "ServiceAccount", "name": "gpuhealth-agent", "namespace": NS}],
+    }
+    cluster.apply_objects([widened, binding])
+    try:
+        wait_for(lambda: can_i(cluster, AGENT_USER, "patch", REPORTS, None, "status"), what="widened RBAC")
+
+        def refused_by_policy() -> str | None:
+            try:
+                patch_status()
+            except client.ApiException as e:
+                body = json.loads(e.body)["message"]
+                return str(body) if VAP in body else None
+            raise AssertionError("the agent changed the verdict")
+
+        msg = wait_for(refused_by_policy, what="admission policy refusal")
+        assert "may not write GPUNodeHealth status" in msg, msg
+        assert kube.report(a)["status"]["state"] == "Quarantined"
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding,clusterrole", f"{group}-widen-agent", "--ignore-not-found")
+
+
+# -- the operator under its own service account --------------------------------------------------
+
+
+def xid(code: int, gpu: int = 3) -> dict[str, object]:
+    uuid = f"GPU-{gpu:08d}-0000-0000-0000-000000000000"
+    return {"xid": code, "gpu": gpu, "uuid": uuid, "time": utcnow(), "source": "simulated"}
+
+
+def test_operator_runs_a_scenario_with_only_its_service_account(
+    cluster: LocalCluster,
+    kube: Kube,
+    operator: OperatorProcess,
+    installed: None,
+    group: str,
+    tmp_path: Path,
+) -> None:
+    reporting, silent = make_nodes(cluster, group, 2)
+    kube.apply_policy(
+        group, policy_spec(group, rules={"agentSilence": {"after": "5s"}}, safety={"maxUnhealthy": "100%"})
+    )
+    agent = as_agent_on(cluster, kube, reporting, tmp_path)
+    token = service_account_token(kube, NS, "gpuhealth-operator")
+    kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig", user="gpuhealth-operator")
+    assert whoami(Kube(kubeconfig))["username"] == OPERATOR_USER
+
+    log = tmp_path / "sa-operator.log"
+    # One operator at a time: the session's (admin) operator steps aside for this test.
+    operator.kill()
+    sa_operator = OperatorProcess(
+        cluster, log, extra_args=[f"--kubeconfig={kubeconfig}", "--peering=gpuhealth", "--event-namespace=default"]
+    )
+    try:
+        sa_operator.start()
+        agent.put_report(reporting, healthy_spec())
+        wait_for(lambda: kube.state(reporting) == "Healthy", what="Healthy verdict")
+
+        agent.put_report(reporting, healthy_spec(xids=[xid(79)]))
+        taint = wait_for(lambda: kube.our_taint(reporting), what="gpuhealth taint")
+        assert taint["value"] == "XID79"
+        node = kube.node(reporting)
+        assert node["spec"]["unschedulable"] is True
+        assert node["metadata"]["labels"]["gpuhealth.dev/state"] == "Draining"
+        cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+        assert cond["status"] == "False" and cond["reason"] == "XID79"
+        wait_for(lambda: kube.node_events(reporting, "Quarantined"), what="Quarantined event")
+        wait_for(lambda: kube.node_events(reporting, "GPUHealthAction"), what="GPUHealthAction event")
+        assert kube.report(reporting)["status"]["state"] == "Draining"
+
+        # The silent node: the operator creates the stub report and records Unknown.
+        wait_for(lambda: kube.state(silent) == "Unknown", timeout=45, what="Unknown verdict for a silent node")
+        wait_for(lambda: (kube.get_policy(group).get("status") or {}).get("nodes") == 2, what="policy status written")
+        peers = json.loads(cluster.kubectl("get", f"{PEERINGS}/gpuhealth", "-o", "json").stdout).get("status")
+        assert peers, "the operator's keep-alive is in the peering object"
+        time.sleep(2)  # let a sweep or two run under the same credentials
+    finally:
+        sa_operator.stop()
+        operator.start()
+    text = log.read_text()
+    for needle in ("403", "Forbidden", "forbidden"):
+        assert needle not in text, f"{needle!r} in the operator's log:\n{text[-4000:]}"

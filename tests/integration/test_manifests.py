@@ -1,0 +1,470 @@
+"""The deployment manifests (manifests/) against the real control plane.
+
+Kustomize renders every entry point without relaxing its load restrictions; the API server accepts
+the base, the example overlays and the sample policies (server-side dry run, then a real apply of the
+base); Pod Security Admission admits the operator's and the agent's pods in a namespace enforcing
+"restricted" and refuses a privileged one there; the agents' DaemonSet reaches quarantined GPU nodes;
+the Prometheus component's rules and dashboard use only metrics the code exports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.conftest import make_nodes
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import (
+    GPUHEALTH_NAMESPACE,
+    MANIFESTS,
+    install_gpuhealth,
+    remove_gpuhealth_workloads,
+    wait_for,
+)
+
+REPO = MANIFESTS.parent
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+ENTRY_POINTS = ("crds", "base", "overlays/example", "overlays/example-monitoring", "components/prometheus")
+NS = GPUHEALTH_NAMESPACE
+IMAGE = "ghcr.io/gpuhealth/gpuhealth:0.1.0"
+
+
+def render(kustomization: str) -> list[dict[str, Any]]:
+    """`kubectl kustomize` (kustomize built into kubectl, default load restrictions)."""
+    proc = subprocess.run(
+        [KUBECTL, "kustomize", str(MANIFESTS / kustomization)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, f"kustomize {kustomization}: {proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    hits = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(hits) == 1, f"expected one {kind}/{name}, found {len(hits)}"
+    return hits[0]
+
+
+def pod_from_template(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    tmpl = workload["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": dict(tmpl["metadata"].get("labels") or {})},
+        "spec": tmpl["spec"],
+    }
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: LocalCluster) -> Iterator[subprocess.CompletedProcess[str]]:
+    proc = install_gpuhealth(cluster)
+    try:
+        yield proc
+    finally:
+        remove_gpuhealth_workloads(cluster)
+
+
+# -- rendering (no cluster needed) ---------------------------------------------------------------
+
+
+def test_every_entry_point_renders_with_default_load_restrictions() -> None:
+    for k in ENTRY_POINTS:
+        assert render(k), k
+
+
+def test_crds_are_the_repository_files_not_copies() -> None:
+    rendered = {d["metadata"]["name"]: d for d in render("crds")}
+    for f in sorted((REPO / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(f.read_text())
+        assert rendered[crd["metadata"]["name"]] == crd, f"{f.name} differs from what kustomize renders"
+    peering = rendered["clusterkopfpeerings.kopf.dev"]
+    assert peering["spec"]["scope"] == "Cluster" and peering["spec"]["group"] == "kopf.dev"
+    assert peering["spec"]["names"]["kind"] == "ClusterKopfPeering"
+    assert "subresources" not in peering["spec"]["versions"][0], "Kopf patches status through the object itself"
+    # No stray copies of the CRDs anywhere under manifests/.
+    assert not [
+        p for p in MANIFESTS.rglob("*.yaml") if "gpuhealth.dev" in p.read_text() and "openAPIV3Schema" in p.read_text()
+    ]
+
+
+def test_base_contents_and_hardening() -> None:
+    docs = render("base")
+    ns = find(docs, "Namespace", NS)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert find(docs, "ClusterKopfPeering", "gpuhealth")
+    for sa in ("gpuhealth-operator", "gpuhealth-agent"):
+        assert find(docs, "ServiceAccount", sa)["metadata"]["namespace"] == NS
+
+    dep = find(docs, "Deployment", "gpuhealth-operator")
+    ds = find(docs, "DaemonSet", "gpuhealth-agent")
+    for w in (dep, ds):
+        spec = w["spec"]["template"]["spec"]
+        assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
+        assert all("hostPath" not in v for v in spec.get("volumes") or [])
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        (c,) = spec["containers"]
+        assert c["image"] == IMAGE
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
+
+    op = dep["spec"]["template"]["spec"]["containers"][0]
+    assert op["command"][:3] == ["gpuhealth-operator", "--peering=gpuhealth", "--liveness=http://0.0.0.0:8081/healthz"]
+    assert "--event-namespace=default" in op["command"]
+    assert {p["containerPort"] for p in op["ports"]} == {8080, 8081}
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "gpuhealth-operator"
+
+    agent_spec = ds["spec"]["template"]["spec"]
+    agent = agent_spec["containers"][0]
+    assert agent["command"] == ["gpuhealth-agent"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert [p["containerPort"] for p in agent["ports"]] == [9401]
+    assert "nvidia.com/gpu" not in json.dumps(agent["resources"]), "the agent must not take GPUs from workloads"
+    assert agent_spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    tolerated = {(t["key"], t["operator"]) for t in agent_spec["tolerations"]}
+    assert tolerated == {("gpuhealth.dev/unhealthy", "Exists"), ("nvidia.com/gpu", "Exists")}
+    assert agent_spec["serviceAccountName"] == "gpuhealth-agent"
+    assert "runtimeClassName" not in agent_spec
+
+    svcs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert svcs["gpuhealth-operator-metrics"]["spec"]["ports"][0]["port"] == 8080
+    assert svcs["gpuhealth-agent-metrics"]["spec"]["ports"][0]["port"] == 9401
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+        if not rule.get("resourceNames")
+    }
+
+
+def _expand(table: dict[tuple[str, str], str]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for (g, r), verbs in table.items() for v in verbs.split()}
+
+
+OPERATOR_RULES = {
+    ("", "nodes"): "get list watch patch",
+    ("", "nodes/status"): "patch",
+    ("", "pods"): "get list watch patch delete",
+    ("", "pods/eviction"): "create",
+    ("gpuhealth.dev", "gpunodehealths"): "get list watch create",
+    ("gpuhealth.dev", "gpunodehealths/status"): "patch",
+    ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch",
+    ("gpuhealth.dev", "gpuhealthpolicies/status"): "patch",
+    ("kopf.dev", "clusterkopfpeerings"): "get list watch patch",
+}
+AGENT_RULES = {("gpuhealth.dev", "gpunodehealths"): "get create patch"}
+
+
+def test_rbac_is_exactly_what_the_code_uses() -> None:
+    docs = render("base")
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), f"wildcard in {role['metadata']['name']}"
+            assert "secrets" not in rule["resources"]
+    assert _rules(find(docs, "ClusterRole", "gpuhealth-operator")) == _expand(OPERATOR_RULES)
+    assert _rules(find(docs, "ClusterRole", "gpuhealth-agent")) == _expand(AGENT_RULES)
+    events = find(docs, "Role", "gpuhealth-operator-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert _rules(events) == {("", "events", "create")}
+    bindings = [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert {(b["roleRef"]["name"], b["subjects"][0]["name"], b["subjects"][0]["namespace"]) for b in bindings} == {
+        ("gpuhealth-operator", "gpuhealth-operator", NS),
+        ("gpuhealth-operator-events", "gpuhealth-operator", NS),
+        ("gpuhealth-agent", "gpuhealth-agent", NS),
+    }
+    assert all(len(b["subjects"]) == 1 for b in bindings)
+
+
+def test_agent_admission_policy_shape() -> None:
+    docs = render("base")
+    vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-agent-own-node")
+    assert vap["apiVersion"] == "admissionregistration.k8s.io/v1"
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert set(rule["resources"]) == {"gpunodehealths", "gpunodehealths/status"}
+    (cond,) = vap["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpuhealth-system:gpuhealth-agent" in cond["expression"]
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-agent-own-node")
+    assert binding["spec"] == {"policyName": "gpuhealth-agent-own-node", "validationActions": ["Deny"]}
+
+
+def test_example_overlay_changes_only_what_it_says() -> None:
+    base = render("base")
+    ex = render("overlays/example")
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in base) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in ex
+    )
+    dep = find(ex, "Deployment", "gpuhealth-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert dep["image"] == "registry.example.com/mirror/gpuhealth:0.1.0"
+    assert dep["command"][-1] == "--workers=32"
+    agent = find(ex, "DaemonSet", "gpuhealth-agent")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["GPUHEALTH_DCGM_URL"] == "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"
+    assert env["NODE_NAME"] is None  # still from the downward API
+
+
+def _metric_names() -> set[str]:
+    from gpuhealth.agent.metrics import AgentMetrics
+    from gpuhealth.controller import metrics
+
+    names: set[str] = set()
+    for registry in (metrics.REGISTRY, AgentMetrics().registry):
+        for fam in registry.collect():
+            names.add(fam.name)
+            # Families without children yet have no samples: add the series names they will have.
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}.get(fam.type, ())
+            names.update(fam.name + s for s in suffixes)
+    return names
+
+
+def _used_metrics(expr: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\bgpuhealth_[a-z_]+", expr))
+
+
+def test_prometheus_component_uses_real_metrics() -> None:
+    docs = render("components/prometheus")
+    known = _metric_names()
+    rule = find(docs, "PrometheusRule", "gpuhealth")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "gpuhealth_breaker_open" in alerts["GPUHealthBreakerOpen"]["expr"]
+    assert '{state="AwaitingRepair"}' in alerts["GPUHealthNodeAwaitingRepair"]["expr"]
+    assert '{state="Unknown"}' in alerts["GPUHealthAgentSilent"]["expr"]
+    assert alerts["GPUHealthAgentSilent"]["for"] == "10m"
+    assert '{state="Draining"}' in alerts["GPUHealthDrainStuck"]["expr"]
+    assert alerts["GPUHealthDrainStuck"]["for"] == "2h"
+    assert 'rate(gpuhealth_faults_total{signal="XID"}[10m])' in alerts["GPUHealthXIDRate"]["expr"]
+    exprs = [r["expr"] for r in alerts.values()]
+
+    cm = find(docs, "ConfigMap", "gpuhealth-grafana-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["gpuhealth.json"])
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    for p in panels:
+        assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24, p["title"]
+        exprs += [t["expr"] for t in p["targets"]]
+    used = set().union(*(_used_metrics(e) for e in exprs))
+    assert used and used <= known, f"not exported by gpuhealth: {sorted(used - known)}"
+
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"gpuhealth-operator", "gpuhealth-agent"}
+    base = render("base")
+    for m in monitors.values():
+        svc = [
+            s
+            for s in base
+            if s["kind"] == "Service"
+            and all(s["metadata"]["labels"].get(k) == v for k, v in m["spec"]["selector"]["matchLabels"].items())
+        ]
+        assert len(svc) == 1 and m["spec"]["endpoints"][0]["port"] == svc[0]["spec"]["ports"][0]["name"]
+
+
+def test_dockerfile_is_multi_stage_non_root_and_wheel_only() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    lines = text.splitlines()
+    froms = [i for i, line in enumerate(lines) if line.startswith("FROM ")]
+    assert len(froms) == 2 and lines[froms[0]].endswith(" AS builder")
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+    builder, final = "\n".join(lines[froms[0] : froms[1]]), "\n".join(lines[froms[1] :])
+    assert "pip wheel" in builder
+    assert "--no-index" in final and "USER 65532:65532" in final
+    assert not any(tool in final for tool in ("build-essential", "gcc", "apt-get install"))
+    ignored = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignored[ignored.index("*")] == "*" and "!operator/" in ignored
+
+
+# -- against the API server ----------------------------------------------------------------------
+
+
+def test_server_side_dry_run_and_apply(cluster: LocalCluster, installed: subprocess.CompletedProcess[str]) -> None:
+    for k in ("base", "overlays/example"):
+        proc = cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-k", str(MANIFESTS / k)
+        )
+        assert "PodSecurity" not in proc.stderr, proc.stderr
+    # The real apply (fixture) went through without Pod Security warnings either.
+    assert "PodSecurity" not in installed.stderr, installed.stderr
+    for obj in (
+        "namespace/gpuhealth-system",
+        "clusterkopfpeering.kopf.dev/gpuhealth",
+        "validatingadmissionpolicy/gpuhealth-agent-own-node",
+        "validatingadmissionpolicybinding/gpuhealth-agent-own-node",
+        "clusterrole/gpuhealth-operator",
+        "clusterrole/gpuhealth-agent",
+        "role/gpuhealth-operator-events",
+    ):
+        ns_args = ["-n", "default"] if obj.startswith("role/") else []
+        cluster.kubectl("get", obj, *ns_args)
+    cluster.kubectl(
+        "get",
+        "-n",
+        NS,
+        "deployment/gpuhealth-operator",
+        "daemonset/gpuhealth-agent",
+        "service/gpuhealth-operator-metrics",
+        "service/gpuhealth-agent-metrics",
+    )
+
+
+def test_pod_security_restricted_admits_ours_refuses_privileged(
+    cluster: LocalCluster, installed: subprocess.CompletedProcess[str]
+) -> None:
+    labels = json.loads(cluster.kubectl("get", "namespace", NS, "-o", "json").stdout)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    docs = render("base")
+    for kind, name in (("Deployment", "gpuhealth-operator"), ("DaemonSet", "gpuhealth-agent")):
+        pod = pod_from_template(find(docs, kind, name), f"psa-{name}")
+        proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
+        assert "PodSecurity" not in proc.stderr, proc.stderr
+
+    privileged = pod_from_template(find(docs, "Deployment", "gpuhealth-operator"), "psa-privileged")
+    c = privileged["spec"]["containers"][0]
+    c["securityContext"] = {"privileged": True}
+    proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(privileged), check=False)
+    assert proc.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in proc.stderr and "privileged" in proc.stderr
+
+    as_root = pod_from_template(find(docs, "DaemonSet", "gpuhealth-agent"), "psa-root")
+    as_root["spec"]["securityContext"] = {"runAsUser": 0}
+    as_root["spec"]["hostPID"] = True
+    proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(as_root), check=False)
+    assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr
+    assert "host namespaces" in proc.stderr and "runAsUser=0" in proc.stderr
+
+
+def test_workloads_are_admitted_and_agents_reach_quarantined_gpu_nodes(
+    cluster: LocalCluster, installed: subprocess.CompletedProcess[str], group: str
+) -> None:
+    healthy, quarantined = make_nodes(cluster, group, 2)
+    cluster.kubectl(
+        "taint", "node", quarantined, "gpuhealth.dev/unhealthy=XID79:NoExecute", "nvidia.com/gpu=present:NoSchedule"
+    )
+    cluster.kubectl("cordon", quarantined)
+
+    def agent_nodes() -> set[str]:
+        out = cluster.kubectl(
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/name=gpuhealth-agent",
+            "-o",
+            "jsonpath={range .items[?(@.status.phase=='Running')]}{.spec.nodeName}{'\\n'}{end}",
+        ).stdout
+        return set(out.split())
+
+    wait_for(lambda: {healthy, quarantined} <= agent_nodes(), timeout=60, what="agent pods on both GPU nodes")
+    wait_for(
+        lambda: cluster.kubectl(
+            "get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpuhealth-operator", "-o", "name"
+        ).stdout.strip(),
+        timeout=60,
+        what="the operator pod (admitted under restricted)",
+    )
+    rs_events = cluster.kubectl("get", "events", "-n", NS, "--field-selector", "reason=FailedCreate", "-o", "name")
+    assert not rs_events.stdout.strip(), "a controller failed to create a gpuhealth pod (Pod Security?)"
+
+
+def test_sample_policies_are_valid_and_parse(cluster: LocalCluster) -> None:
+    from gpuhealth.api.policy import parse_policy
+
+    samples = sorted((MANIFESTS / "samples").glob("*.yaml"))
+    assert {p.name for p in samples} >= {"training-fleet.yaml", "inference-fleet.yaml"}
+    for path in samples:
+        proc = cluster.kubectl("create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", str(path))
+        obj = json.loads(proc.stdout)
+        assert obj["kind"] == "GPUHealthPolicy"
+        policy = parse_policy(obj)  # what the operator will make of it, after the server's defaults
+        assert policy.name == obj["metadata"]["name"]
+
+
+STUB_CRDS = [
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": plural[:-1], "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    for kind, plural in (("ServiceMonitor", "servicemonitors"), ("PrometheusRule", "prometheusrules"))
+]
+
+
+def test_prometheus_component_applies_with_monitoring_crds(
+    cluster: LocalCluster, installed: subprocess.CompletedProcess[str]
+) -> None:
+    """Minimal stand-ins for the Prometheus Operator's CRDs (test fixtures only), then a dry run."""
+    cluster.apply_objects(STUB_CRDS)
+    try:
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        )
+        out = cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "-o",
+            "name",
+            "-k",
+            str(MANIFESTS / "overlays/example-monitoring"),
+        ).stdout
+        for name in (
+            "servicemonitor.monitoring.coreos.com/gpuhealth-operator",
+            "servicemonitor.monitoring.coreos.com/gpuhealth-agent",
+            "prometheusrule.monitoring.coreos.com/gpuhealth",
+            "configmap/gpuhealth-grafana-dashboard",
+        ):
+            assert name in out
+    finally:
+        cluster.kubectl(
+            "delete",
+            "crd",
+            "servicemonitors.monitoring.coreos.com",
+            "prometheusrules.monitoring.coreos.com",
+            "--ignore-not-found",
+            "--wait=false",
+        )

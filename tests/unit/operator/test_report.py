@@ -1,0 +1,163 @@
+"""GPUNodeHealth parsing: the agent's facts, and the reports the operator must refuse."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from gpuhealth.api.report import Device, ReportError, parse_report
+from tests.unit.operator.builders import NODE, T0, at, gpu, iso, report_obj, xid_event
+
+
+def test_full_report_is_parsed() -> None:
+    obj = report_obj(
+        devices=[
+            gpu(
+                1,
+                lost=False,
+                ecc={"volatileUncorrected": 2, "aggregateUncorrected": 5, "volatileCorrected": 9},
+                retiredPages={"pending": True, "doubleBitEcc": 1},
+                remappedRows={"pending": True, "failure": True, "corrected": 3},
+                temperature={"currentC": 71, "slowdownC": 87, "shutdownC": 92},
+                clockEventReasons=0x40,
+                clockEventsSince=iso(-30),
+                recoveryAction="Reboot",
+                powerW=350.5,
+            ),
+            gpu(0),
+        ],
+        xids=[xid_event(79, 5, 1), xid_event(13, -5, 0)],
+        heartbeat=10,
+    )
+    r = parse_report(obj)
+    assert r.node == NODE
+    assert (r.heartbeat, r.observed) == (at(10), T0)
+    assert r.nvml_available and r.nvml_error == ""
+    assert r.resource_version == "42"
+    assert [d.index for d in r.devices] == [0, 1]  # sorted by index
+    d1 = r.device(1)
+    assert d1 == Device(
+        index=1,
+        uuid="GPU-0001",
+        model="NVIDIA H100 80GB HBM3",
+        lost=False,
+        ecc_volatile_uncorrected=2,
+        ecc_aggregate_uncorrected=5,
+        retired_pending=True,
+        remap_pending=True,
+        remap_failure=True,
+        temperature_c=71,
+        slowdown_c=87,
+        clock_event_reasons=0x40,
+        clock_events_since=at(-30),
+        recovery_action="Reboot",
+    )
+    assert d1.label == "GPU 1 (GPU-0001)"
+    assert r.device(0) == Device(index=0, uuid="GPU-0000", model="NVIDIA H100 80GB HBM3")
+    assert r.device(7) is None
+    assert r.device(None) is None
+    assert [(e.xid, e.gpu, e.time) for e in r.xids] == [(13, 0, at(-5)), (79, 1, at(5))]  # oldest first
+
+
+def test_minimal_report_defaults() -> None:
+    r = parse_report({"metadata": {"name": "n1"}, "spec": {"nodeName": "n1"}})
+    assert r.node == "n1"
+    assert r.heartbeat is None and r.observed is None
+    assert r.devices == () and r.xids == ()
+    assert not r.nvml_available  # no nvml section and no devices: nothing was read
+    assert dict(r.status) == {}
+
+
+def test_node_name_defaults_to_the_object_name() -> None:
+    obj = report_obj()
+    del obj["spec"]["nodeName"]
+    assert parse_report(obj).node == NODE
+
+
+def test_nvml_section_absent_but_devices_present_means_available() -> None:
+    obj = report_obj()
+    del obj["spec"]["nvml"]
+    assert parse_report(obj).nvml_available
+
+
+def test_nvml_unavailable_carries_the_error() -> None:
+    r = parse_report(report_obj(devices=[], nvml={"available": False, "error": "NVML_ERROR_DRIVER_NOT_LOADED"}))
+    assert not r.nvml_available
+    assert r.nvml_error == "NVML_ERROR_DRIVER_NOT_LOADED"
+
+
+def test_status_is_carried_through() -> None:
+    obj = report_obj()
+    obj["status"] = {"state": "Quarantined", "pending": {"temp/0": iso(0)}}
+    assert parse_report(obj).status["state"] == "Quarantined"
+
+
+def test_xid_without_gpu_and_with_uuid() -> None:
+    ev = {"xid": 79, "time": iso(1), "uuid": "GPU-abc"}
+    r = parse_report(report_obj(xids=[ev]))
+    assert (r.xids[0].gpu, r.xids[0].uuid) == (None, "GPU-abc")
+
+
+def test_timestamps_with_offsets_and_fractions_are_utc_aware() -> None:
+    ev = {"xid": 31, "time": "2025-01-01T13:00:00.250+01:00"}
+    r = parse_report(report_obj(xids=[ev], heartbeatTime="2025-01-01T12:00:00"))
+    assert r.xids[0].time == T0 + dt.timedelta(milliseconds=250)
+    assert r.heartbeat == T0 and r.heartbeat.tzinfo is not None
+
+
+def test_malformed_heartbeat_is_treated_as_missing() -> None:
+    assert parse_report(report_obj(heartbeatTime="yesterday")).heartbeat is None
+
+
+# --- refused reports ---------------------------------------------------------------------------
+
+
+def _with(**spec: Any) -> dict[str, Any]:
+    obj = report_obj()
+    obj["spec"].update(spec)
+    return obj
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    (
+        _with(nodeName="other-node"),
+        r"spec\.nodeName: 'other-node' does not match the report's name 'gpu-node-1'",
+    ),
+    (_with(devices=[gpu(0), gpu(1), gpu(0)]), r"spec\.devices\[2\]\.index: duplicate GPU index 0"),
+    (_with(devices=["GPU-0"]), r"spec\.devices\[0\]: must be an object"),
+    (_with(devices=[{"index": "0"}]), r"spec\.devices\[0\]\.index: expected an integer"),
+    (_with(devices=[{"index": True}]), r"spec\.devices\[0\]\.index: expected an integer"),
+    (
+        _with(devices=[gpu(0, ecc={"volatileUncorrected": 1.5})]),
+        r"spec\.devices\[0\]\.ecc\.volatileUncorrected",
+    ),
+    (_with(devices=[gpu(0, clockEventReasons="0x40")]), r"spec\.devices\[0\]\.clockEventReasons"),
+    (_with(xidEvents=[xid_event(79, 0), {"xid": 79, "time": "not a time"}]), r"spec\.xidEvents\[1\]\.time"),
+    (_with(xidEvents=[{"xid": 79}]), r"spec\.xidEvents\[0\]\.time: missing"),
+    (_with(xidEvents=["79"]), r"spec\.xidEvents\[0\]\.time"),
+    (_with(xidEvents=[{"xid": 0, "time": iso(0)}]), r"spec\.xidEvents\[0\]\.xid: 0 is outside 1\.\.1023"),
+    (
+        _with(xidEvents=[{"xid": 1024, "time": iso(0)}]),
+        r"spec\.xidEvents\[0\]\.xid: 1024 is outside 1\.\.1023",
+    ),
+    (_with(xidEvents=[{"xid": -79, "time": iso(0)}]), r"spec\.xidEvents\[0\]\.xid"),
+    (_with(xidEvents=[{"xid": "79", "time": iso(0)}]), r"spec\.xidEvents\[0\]\.xid: expected an integer"),
+    ({"metadata": {"name": NODE}, "spec": ["nodeName"]}, r"spec: must be an object"),
+]
+
+
+@pytest.mark.parametrize(("obj", "message"), BAD, ids=[m.split(":")[0].replace("\\", "") for _, m in BAD])
+def test_untrustworthy_report_raises_report_error(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(ReportError, match=message):
+        parse_report(obj)
+
+
+@pytest.mark.parametrize("code", [1, 1023])
+def test_xid_range_bounds_are_inclusive(code: int) -> None:
+    assert parse_report(_with(xidEvents=[{"xid": code, "time": iso(0)}])).xids[0].xid == code
+
+
+def test_report_error_is_a_value_error() -> None:
+    assert issubclass(ReportError, ValueError)
