@@ -258,7 +258,8 @@ def test_crashing_workloads_point_at_the_node(
                                 {
                                     "maxSkew": 1,
                                     "topologyKey": "kubernetes.io/hostname",
-                                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
+                                    "whenUnsatisfiable": "DoNotSchedule",
+                                    "nodeTaintsPolicy": "Honor",
                                     "labelSelector": {"matchLabels": {"app": app}},
                                 }
                             ],

@@ -193,6 +193,11 @@ class LocalCluster:
     nodes: int = 4
     bin_dir: Path | None = None
     apiserver_args: Sequence[str] = ()
+    # Extra static identities: token -> (user, groups). Benchmarks and chaos tests use them to tell
+    # the operator's and the agents' requests apart in the audit log.
+    extra_tokens: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # Users whose requests the API server writes to workdir/audit.log (Metadata level).
+    audit_users: Sequence[str] = ()
     procs: dict[str, Proc] = field(default_factory=dict)
     etcd_port: int = 0
     api_port: int = 0
@@ -221,6 +226,9 @@ class LocalCluster:
         pki.mkdir(exist_ok=True)
         if not (pki / "ca.crt").exists():
             _write_pki(pki)
+            with open(pki / "tokens.csv", "a") as f:
+                for token, (user, groups) in self.extra_tokens.items():
+                    f.write(f'{token},{user},{user},"{groups}"\n')
         self.etcd_port = self.etcd_port or free_port()
         self.api_port = self.api_port or free_port()
         self.kubeconfig.write_text(json.dumps(kubeconfig_for(self.server, pki / "ca.crt", ADMIN_TOKEN)))
@@ -303,9 +311,32 @@ class LocalCluster:
                 "--profiling=false",
                 "--event-ttl=2h",
                 "--endpoint-reconciler-type=none",
+                *self._audit_args(),
                 *self.apiserver_args,
             ],
         )
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit_users:
+            return []
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "users": list(self.audit_users)}, {"level": "None"}],
+        }
+        path = self.workdir / "audit-policy.json"
+        path.write_text(json.dumps(policy))
+        return [f"--audit-policy-file={path}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json"]
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def kubeconfig_with_token(self, token: str, path: Path, user: str = "user") -> Path:
+        """A kubeconfig for another identity on this cluster."""
+        path.write_text(json.dumps(kubeconfig_for(self.server, self.workdir / "pki" / "ca.crt", token, user)))
+        return path
 
     def _wait_ready(self, timeout: float = 90.0) -> None:
         ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))

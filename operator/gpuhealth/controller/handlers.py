@@ -55,6 +55,16 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         await reconciler.ready.wait()
         reconciler.on_pod(type, body)
 
+    @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=5)
+    async def acting(stopped: kopf.DaemonStopped, **_: Any) -> None:
+        # Kopf stops every daemon while peering pauses this replica and restarts them when it resumes:
+        # the reconciler acts only while at least one of these runs, so a standby replica never acts.
+        reconciler.hold()
+        try:
+            await stopped.wait()
+        finally:
+            reconciler.release()
+
     @kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     async def policy_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         await reconciler.ready.wait()

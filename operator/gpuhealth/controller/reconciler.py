@@ -141,14 +141,43 @@ class Reconciler:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
+        # Set while this replica may act (see handlers.acting); cleared while Kopf peering pauses it.
+        self.active = asyncio.Event()
+        self._holders = 0
+        self._resync_needed = False
 
     # -- plumbing --------------------------------------------------------------------------------
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def start(self) -> None:
-        """Prime the caches with a full list, so the breaker counts every node before any decision."""
+    def hold(self) -> None:
+        self._holders += 1
+        if not self.active.is_set():
+            self.active.set()
+            log.info("acting (this replica leads)")
+
+    def release(self) -> None:
+        self._holders = max(0, self._holders - 1)
+        if self._holders == 0 and self.active.is_set():
+            self.active.clear()
+            self._resync_needed = True  # another replica may act meanwhile: our caches go stale
+            log.info("paused: not acting until resumed")
+
+    async def _resync(self) -> None:
+        """After a pause, forget cached records and re-read everything another replica may have changed."""
+        self._resync_needed = False
+        self.records.clear()
+        self.reserved.clear()
+        self.active_drains.clear()
+        self.pods_by_node.clear()
+        self.pods_by_gang.clear()
+        self.pods_by_workload.clear()
+        self.pod_index.clear()
+        await self._load()
+        log.info("resynced after a pause")
+
+    async def _load(self) -> None:
         nodes, reports, policies, pods = await asyncio.gather(
             self.call(self.kube.list_nodes, NODE_SELECTOR),
             self.call(self.kube.list_custom, "gpunodehealths"),
@@ -165,6 +194,10 @@ class Reconciler:
             self.on_node("ADDED", n, enqueue=False)
         for name in self.nodes:
             self.queue.add(name)
+
+    async def start(self) -> None:
+        """Prime the caches with a full list, so the breaker counts every node before any decision."""
+        await self._load()
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
@@ -172,7 +205,7 @@ class Reconciler:
             "watching %d GPU nodes, %d reports, %d policies",
             len(self.nodes),
             len(self.reports),
-            len(policies),
+            len(self.policy_objs),
         )
 
     async def stop(self) -> None:
@@ -273,7 +306,12 @@ class Reconciler:
 
     async def _worker(self, i: int) -> None:
         while True:
+            await self.active.wait()
             name = await self.queue.get()
+            if not self.active.is_set():
+                self.queue.done(name)
+                self.queue.add(name)
+                continue
             try:
                 await self.reconcile(name)
             except asyncio.CancelledError:
@@ -289,7 +327,10 @@ class Reconciler:
         """Time moves on without events: silence, probation, sustained heat; and policy status."""
         while True:
             await asyncio.sleep(self.tick)
+            await self.active.wait()
             try:
+                if self._resync_needed:
+                    await self._resync()
                 for name in list(self.nodes):
                     self.queue.add(name)
                 await self.update_policy_statuses()
