@@ -87,14 +87,78 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
             time.sleep(0.5)
 
 
-def run_workloads(cluster: LocalCluster, kube: Kube) -> None:
-    """Some GPU work on every node: an inference Deployment."""
-    cluster.apply_objects(
-        [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}},
-        ]
-    )
+TRAINING_JOB: dict[str, Any] = {
+    "apiVersion": "batch/v1",
+    "kind": "Job",
+    "metadata": {"name": "llm-pretrain", "namespace": "ml"},
+    "spec": {
+        "completionMode": "Indexed",
+        "completions": 4,
+        "parallelism": 4,
+        "backoffLimit": 20,
+        "template": {
+            "metadata": {"labels": {"app": "llm-pretrain"}, "annotations": {"gpuhealth.dev/checkpoint": "annotation"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "trainer", "image": "llm-trainer:1.4", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+                ],
+                "affinity": {
+                    "nodeAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "preference": {
+                                    "matchExpressions": [
+                                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["NODE"]}
+                                    ]
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+    },
+}
+
+
+def training_ranks(kube: Kube) -> list[Any]:
+    pods = kube.core.list_namespaced_pod("ml", label_selector="app=llm-pretrain").items
+    return [p for p in pods if not p.metadata.deletion_timestamp]
+
+
+def act_as_trainer(kube: Kube, timeline: Timeline, stop: threading.Event, acked: set[str]) -> None:
+    """Each rank's sidecar: see the request (downward-API file), save a checkpoint, acknowledge."""
+    from gpuhealth.workload import CheckpointRequest, acknowledge
+
+    files = OUT / "podinfo"
+    files.mkdir(exist_ok=True)
+    while not stop.is_set():
+        for p in training_ranks(kube):
+            ann = p.metadata.annotations or {}
+            if p.metadata.name in acked or "gpuhealth.dev/checkpoint-requested" not in ann:
+                continue
+            f = files / p.metadata.name  # what the kubelet's downward-API volume would show the pod
+            f.write_text("\n".join(f"{k}={json.dumps(v)}" for k, v in ann.items()))
+            if CheckpointRequest(annotations_file=f).pending():
+                time.sleep(0.3)  # "saving the checkpoint"
+                acknowledge("ml", p.metadata.name, kube.api)
+                acked.add(p.metadata.name)
+                timeline.add(f"{p.spec.node_name}: {p.metadata.name} saved its checkpoint and acknowledged")
+        time.sleep(0.2)
+
+
+def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str) -> None:
+    """GPU work: a checkpointing training job (4 ranks) on one node, an inference Deployment on the rest."""
+    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}])
     wait_for(lambda: kube.core.read_namespaced_service_account("default", "ml"), what="namespace ready")
+    cluster.apply_objects([json.loads(json.dumps(TRAINING_JOB).replace('"NODE"', json.dumps(training_node)))])
+    wait_for(
+        lambda: len([p for p in training_ranks(kube) if p.status.phase == "Running"]) == 4,
+        timeout=90,
+        what="training ranks running",
+    )
     cluster.apply_objects(
         [
             {
@@ -114,7 +178,6 @@ def run_workloads(cluster: LocalCluster, kube: Kube) -> None:
                                     "resources": {"limits": {"nvidia.com/gpu": "4"}},
                                 }
                             ],
-                            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
                         },
                     },
                 },
@@ -122,7 +185,14 @@ def run_workloads(cluster: LocalCluster, kube: Kube) -> None:
         ]
     )
     wait_for(
-        lambda: sum(1 for p in kube.core.list_namespaced_pod("ml").items if p.status.phase == "Running") >= 8,
+        lambda: (
+            sum(
+                1
+                for p in kube.core.list_namespaced_pod("ml", label_selector="app=inference").items
+                if p.status.phase == "Running"
+            )
+            >= 8
+        ),
         timeout=90,
         what="inference pods running",
     )
@@ -152,11 +222,14 @@ def main() -> int:
         agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
         timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
-        print("== Running GPU workloads ==")
-        run_workloads(cluster, kube)
-        timeline.add("8 inference pods running (4 GPUs each)")
-
         xid_node, hot_node, app_node = nodes[0], nodes[1], nodes[2]
+        print("== Running GPU workloads ==")
+        run_workloads(cluster, kube, xid_node)
+        before = {p.metadata.name for p in training_ranks(kube)}
+        timeline.add(f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation")
+        timeline.add("8 inference pods running (4 GPUs each)")
+        acked: set[str] = set()
+        threading.Thread(target=act_as_trainer, args=(kube, timeline, stop, acked), daemon=True).start()
         print(
             f"== Injecting faults: XID 79 on {xid_node}, thermal slowdown on {hot_node}, "
             f"application XID 13 on {app_node} =="
@@ -181,6 +254,21 @@ def main() -> int:
             timeout=60,
             what="both hardware faults quarantined",
         )
+        moved = wait_for(
+            lambda: (
+                len(
+                    r := [
+                        p for p in training_ranks(kube) if p.status.phase == "Running" and p.spec.node_name != xid_node
+                    ]
+                )
+                == 4
+                and r
+            ),
+            timeout=90,
+            what="training ranks running again on healthy nodes",
+        )
+        timeline.add("training job: 4 ranks running again on " + ", ".join(sorted({p.spec.node_name for p in moved})))
+        wait_for(lambda: kube.state(xid_node) == "Quarantined", timeout=30, what="drain finished")
         time.sleep(3)
         app_taint = kube.our_taint(app_node)
         app_report = kube.report(app_node)
@@ -204,6 +292,7 @@ def main() -> int:
             print(f"  {e.involved_object.kind}/{e.involved_object.name}  {e.type:7s} {e.reason}: {e.message}")
 
         quarantined = sorted(n for n in nodes if kube.our_taint(n) is not None)
+        node_events = [e for e in events if e.involved_object.name == xid_node]
         summary: dict[str, Any] = {
             "nodes": len(nodes),
             "quarantined_nodes": quarantined,
@@ -212,11 +301,20 @@ def main() -> int:
             "detection_to_taint_ms": {
                 n: round((timeline.taint_seen[n] - injected[n]) * 1000, 1) for n in (xid_node, hot_node)
             },
+            "checkpoints_requested": sum(1 for e in node_events if e.reason == "CheckpointRequested"),
+            "checkpoints_acknowledged": len(acked),
+            "evicted_pods": sum(1 for e in node_events if e.reason == "Evicted"),
+            "rescheduled_pods": sum(1 for p in moved if p.metadata.name not in before),
             "note": "the thermal fault must be sustained for the policy's 8s before it counts",
         }
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
-        ok = quarantined == sorted([xid_node, hot_node]) and summary["ignored_faults"]
+        ok = (
+            quarantined == sorted([xid_node, hot_node])
+            and bool(summary["ignored_faults"])
+            and summary["checkpoints_acknowledged"] == 4
+            and summary["rescheduled_pods"] == 4
+        )
         if args.keep:
             print(
                 f"\nLeft running. export KUBECONFIG={cluster.kubeconfig}; stop with: make cluster-down "

@@ -279,7 +279,7 @@ def test_crashing_workloads_point_at_the_node(
         _crash(kube, victim)
     taint = wait_for(lambda: kube.our_taint(bad), timeout=30, what="node quarantined for the restart loop")
     assert taint["value"] == "RestartLoop"
-    ev = kube.node_events(bad, "Quarantined")[0].message
+    ev = wait_for(lambda: kube.node_events(bad, "Quarantined"), what="Quarantined event")[0].message
     assert "svc-a" in ev and "svc-b" in ev and "restarted 5x" in ev
     # The crash-looping pods are evicted from the quarantined node and run elsewhere.
     wait_for(lambda: len(events(kube, bad, "EvictedCrashLooping")) == 2, timeout=30, what="crash-loopers evicted")
@@ -313,10 +313,11 @@ def test_flapping_node_waits_for_a_human(
         wait_for(lambda: kube.state(node) == "Quarantined", what=f"quarantine {i + 1}")
         kube.put_report(node, healthy_spec(xids=[]))
         wait_for(lambda: kube.state(node) == "Healthy", timeout=20, what=f"recovery {i + 1}")
-    kube.put_report(node, healthy_spec(xids=[xid(79)]))
+    old = xid(79)
+    kube.put_report(node, healthy_spec(xids=[old]))
     wait_for(lambda: kube.state(node) == "AwaitingRepair", what="third quarantine -> AwaitingRepair")
-    kube.put_report(node, healthy_spec(xids=[]))
     time.sleep(4)
+    kube.put_report(node, healthy_spec(xids=[old]))  # a GPU reset without reboot: the agent still lists it
     assert kube.state(node) == "AwaitingRepair" and kube.our_taint(node) is not None, "never returned automatically"
     assert kube.node_events(node, "Flapping")
     kube.core.patch_node(node, {"metadata": {"annotations": {"gpuhealth.dev/release": utcnow()}}})

@@ -95,7 +95,7 @@ class Kube:
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            kw: dict[str, Any] = {"limit": 1000, "_preload_content": False}
+            kw: dict[str, Any] = {"limit": 1000, "field_selector": "spec.nodeName!=", "_preload_content": False}
             if cont:
                 kw["_continue"] = cont
             data = self._json(self.core.list_pod_for_all_namespaces(**kw))

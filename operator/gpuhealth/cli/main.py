@@ -103,6 +103,7 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_describe)
 
     p = sub.add_parser("explain", help="what an XID means and what gpuhealth does about it (no cluster needed)")
+    _connection_flags(p)  # accepted for uniformity; explain never contacts the cluster
     p.add_argument("xid", metavar="XID", help="the code: 79, XID79, xid-79")
     p.add_argument("-o", "--output", choices=["json"])
     p.set_defaults(func=cmd_explain)

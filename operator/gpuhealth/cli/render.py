@@ -244,14 +244,14 @@ def _words(key: str) -> str:
 
 _DRAIN_LABELS = {
     "phase": "Phase",
-    "podsTotal": "Pods total",
     "total": "Pods total",
-    "pods": "Pods",
+    "podsTotal": "Pods total",
     "waitingForCheckpoint": "Waiting for checkpoint",
-    "checkpointing": "Waiting for checkpoint",
     "evicted": "Evicted",
     "blockedByBudget": "Blocked by budget",
-    "blocked": "Blocked by budget",
+    "fatal": "Fatal fault",
+    "startedAt": "Started at",
+    "completedAt": "Completed at",
 }
 
 
@@ -261,15 +261,34 @@ def _drain_value(value: Any) -> str:
             return f"{len(value)}: {', '.join(value)}" if value else "0"
         return f"{len(value)}: {json.dumps(value, separators=(',', ':'))}"
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+        return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else "none"
     return _v(value)
 
 
+def _per_item(value: Mapping[str, Any]) -> list[str]:
+    """A map of records (e.g. ``pods``: uid -> {pod, evictedAt, ...}), one line each, named by ``pod``."""
+    out = []
+    for key, item in sorted(value.items(), key=lambda kv: str(kv[1].get("pod") or kv[0])):
+        name = str(item.get("pod") or key)
+        rest = ", ".join(f"{k}={_drain_value(v)}" for k, v in sorted(item.items()) if k != "pod")
+        out.append(f"    {name}" + (f": {rest}" if rest else ""))
+    return out
+
+
 def drain_lines(drain: Mapping[str, Any]) -> list[str]:
-    """Whatever keys ``status.drain`` has, the well-known ones first with friendly names."""
-    keys = [k for k in _DRAIN_LABELS if k in drain] + sorted(k for k in drain if k not in _DRAIN_LABELS)
-    width = max(len(_DRAIN_LABELS.get(k, _words(k))) for k in keys) + 2 if keys else 0
-    return ["  " + _field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
+    """Whatever keys ``status.drain`` has: the well-known ones first with friendly names, per-pod maps last."""
+    maps = sorted(
+        k for k, v in drain.items() if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values())
+    )
+    keys = [k for k in _DRAIN_LABELS if k in drain]
+    keys += sorted(k for k in drain if k not in _DRAIN_LABELS and k not in maps)
+    labels = [_DRAIN_LABELS.get(k, _words(k)) for k in [*keys, *maps]]
+    width = max((len(x) for x in labels), default=0) + 2
+    out = ["  " + _field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
+    for k in maps:
+        out.append("  " + _field(_words(k), f"{len(drain[k])}", width))
+        out += _per_item(drain[k])
+    return out
 
 
 def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:

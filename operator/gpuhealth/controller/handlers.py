@@ -30,6 +30,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.posting.enabled = False  # our own Events say what happened; no Kopf chatter on Nodes
         settings.scanning.disabled = True  # no cluster-wide namespace/CRD listing: least privilege
         settings.watching.label_selectors["v1", "nodes"] = NODE_SELECTOR
+        settings.watching.field_selectors["v1", "pods"] = "spec.nodeName!="  # only pods placed on a node
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10

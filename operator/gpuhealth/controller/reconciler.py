@@ -96,6 +96,30 @@ class PolicyView:
     held: int = 0
 
 
+_POD_META = (
+    "name",
+    "namespace",
+    "uid",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "deletionTimestamp",
+    "resourceVersion",
+)
+
+
+def _slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in _POD_META if k in meta},
+        "spec": {"nodeName": spec.get("nodeName")},
+        "status": {k: status[k] for k in ("phase", "containerStatuses", "startTime") if k in status},
+    }
+
+
 def _current_drain(record: Mapping[str, Any], rec: Record) -> bool:
     """The drain record belongs to the current Draining episode (started at or after it began)."""
     started = parse_time(record.get("startedAt"))
@@ -251,7 +275,7 @@ class Reconciler:
             self.pods_by_workload.get(old[2], {}).pop(uid, None)
         node = str((body.get("spec") or {}).get("nodeName") or "")
         if event != "DELETED":
-            pod = dict(body)
+            pod = _slim_pod(body)
             gang, workload = P.gang_key(pod), P.workload_key(pod)
             self.pod_index[uid] = (node, gang, workload)
             self.pods_by_node.setdefault(node, {})[uid] = pod
@@ -411,15 +435,16 @@ class Reconciler:
         status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         prior = self.records.get(name) or Record.from_status(dict(status))
         annotations = node["metadata"].get("annotations") or {}
-        released = RELEASE_ANNOTATION in annotations
+        # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
+        released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
         view = NodeView(name, node["metadata"].get("labels") or {}, _gpu_capacity(node))
         node_pods = list(self.pods_by_node.get(name, {}).values())
         loop = restart_loop_finding(
             policy, name, node_pods, {k: list(v.values()) for k, v in self.pods_by_workload.items()}, now
         )
-        a = assess(
-            policy, report, view, now, status.get("pending") or {}, prior.cleared_before, (loop,) if loop else ()
-        )
+        # A release acknowledges all evidence up to now, in this very evaluation.
+        cleared = now if released else prior.cleared_before
+        a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
         drain = status.get("drain") or {}
         inputs = Inputs(drain_complete=_drain_done(drain, prior), released=released)
         decision = decide(prior, a, policy, now, inputs)
@@ -427,6 +452,8 @@ class Reconciler:
             decision = await self._admit(name, policy, prior, a, now, inputs, decision)
         try:
             await self._persist(name, policy, overridden, report_obj, decision, a, now)
+            # The decision is announced right after it is recorded and before anything acts on it.
+            await self._announce(name, policy, decision, a, now)
             if policy.mode == Mode.ENFORCE:
                 await self._converge_node(name, policy, decision.record, a, now)
                 await self._drain(name, policy, decision.record, a, now)
@@ -436,7 +463,6 @@ class Reconciler:
                     )
         finally:
             self.reserved.get(policy.name, set()).discard(name)
-        await self._announce(name, policy, decision, a, now)
 
     async def _drain(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
         """Drain while Draining; evict crash-looping pods from any quarantined node."""

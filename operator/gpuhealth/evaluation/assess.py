@@ -70,6 +70,7 @@ class Assessment:
     findings: tuple[Finding, ...] = ()
     unknown: bool = False
     unknown_reason: str = ""
+    unknown_signal: Signal = Signal.AGENT_SILENT
     pending: Mapping[str, str] = field(default_factory=dict)
     total_gpus: int = 0
     healthy_gpus: int = 0
@@ -271,8 +272,10 @@ def assess(
         if silent_for is None
         else f"no heartbeat from the agent for {int(silent_for)}s (limit {int(policy.silence_after_s)}s)"
     )
+    unknown_signal = Signal.AGENT_SILENT
     if not report.nvml_available:
         unknown = True
+        unknown_signal = Signal.NVML_UNAVAILABLE
         unknown_reason = f"the agent cannot read the GPUs: {report.nvml_error or 'NVML unavailable'}"
     findings.extend(extra)
     findings.extend(_assess_xids(policy, report, cleared_before))
@@ -297,6 +300,7 @@ def assess(
         findings=tuple(sorted(findings, key=lambda f: f.key)),
         unknown=unknown,
         unknown_reason=unknown_reason if unknown else "",
+        unknown_signal=unknown_signal,
         pending=pending,
         total_gpus=total,
         healthy_gpus=healthy,

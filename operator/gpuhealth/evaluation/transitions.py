@@ -143,7 +143,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
     quarantine_findings = tuple(f for f in a.findings if f.action.quarantines)
     if a.unknown and policy.silence_action == Action.CORDON and not level.quarantines:
         level = Action.CORDON
-        top = Finding(Signal.AGENT_SILENT, Action.CORDON, a.unknown_reason)
+        top = Finding(a.unknown_signal, Action.CORDON, a.unknown_reason)
         quarantine_findings = (top,)
 
     if rec.state == State.AWAITING_REPAIR:
@@ -266,19 +266,19 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
         return Decision(rec, events=tuple(events))
 
     if a.unknown:
-        if rec.state != State.UNKNOWN:
+        if rec.state != State.UNKNOWN or rec.reason != a.unknown_signal:
             rec = replace(
                 rec,
                 state=State.UNKNOWN,
                 since=now,
-                reason=str(Signal.AGENT_SILENT),
+                reason=str(a.unknown_signal),
                 message=a.unknown_reason,
                 held_by_breaker=False,
             )
             events.append(
                 (
                     "Warning",
-                    "AgentSilent",
+                    str(a.unknown_signal),
                     f"{a.unknown_reason}. GPU health is Unknown; nothing is assumed healthy",
                 )
             )
