@@ -78,7 +78,7 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
                             f"{name}: tainted {TAINT}={taint.value}:{taint.effect}"
                             f"{', cordoned' if node.spec.unschedulable else ''}"
                         )
-                    if last.get(name, ("",))[0] != state:
+                    if last.get(name, ("",))[0] != state and state != "-":
                         timeline.add(f"{name}: state -> {state}")
                     last[name] = key
                 if stop.is_set():
@@ -100,6 +100,7 @@ TRAINING_JOB: dict[str, Any] = {
             "metadata": {"labels": {"app": "llm-pretrain"}, "annotations": {"gpuhealth.dev/checkpoint": "annotation"}},
             "spec": {
                 "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 5,
                 "containers": [
                     {"name": "trainer", "image": "llm-trainer:1.4", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
                 ],

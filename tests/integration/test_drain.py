@@ -34,7 +34,7 @@ def pods(kube: Kube, ns: str, selector: str) -> list[Any]:
     ]
 
 
-def training_job(name: str, group: str, first: str, mode: str, gpus: int = 2, grace: int = 30) -> dict[str, Any]:
+def training_job(name: str, group: str, first: str, mode: str, gpus: int = 2, grace: int = 5) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -195,6 +195,11 @@ def test_signal_mode_uses_pod_grace_period_and_budget_blocks_then_allows(
     assert not events(kube, bad, "Evicted")
     kube.policy.patch_namespaced_pod_disruption_budget("sig", ns, {"spec": {"minAvailable": 0}})
     wait_for(lambda: len(events(kube, bad, "Evicted")) == 4, timeout=90, what="evicted once the budget allows")
+    # SIGTERM with the pod's own grace period: the eviction did not shorten it.
+    terminating = [
+        p for p in kube.core.list_namespaced_pod(ns, label_selector="app=sig").items if p.metadata.deletion_timestamp
+    ]
+    assert terminating and all(p.metadata.deletion_grace_period_seconds == 45 for p in terminating)
     assert kube.core.read_namespaced_pod(f"sys-{group}"[:60], "kube-system").metadata.deletion_timestamp is None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, free_port
 from tests.support.k8s import (
     GPUHEALTH_NAMESPACE,
     GROUP,
@@ -54,6 +56,18 @@ ALL = "*all-namespaces*"
 def installed(cluster: LocalCluster) -> Iterator[None]:
     install_gpuhealth(cluster)
     try:
+        # Admission policies take effect a moment after they are created: wait until the agent's is
+        # enforced (an impersonated request carries no node name, so it must be refused).
+        probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNodeHealth", "metadata": {"name": "vap-probe"}}
+        wait_for(
+            lambda: (
+                "gpuhealth-agent-own-node"
+                in cluster.kubectl(
+                    "create", "--dry-run=server", f"--as={AGENT_USER}", "-f", "-", input=json.dumps(probe), check=False
+                ).stderr
+            ),
+            what="the agent's admission policy in force",
+        )
         yield
     finally:
         remove_gpuhealth_workloads(cluster)
@@ -82,7 +96,7 @@ OPERATOR_CAN = [
     ("create", "events", "default", ""),
     *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create")],
     ("patch", REPORTS, None, "status"),
-    *[(v, POLICIES, None, "") for v in ("get", "list", "watch")],
+    *[(v, POLICIES, None, "") for v in ("get", "list", "watch", "patch")],  # patch: Kopf's finalizer only
     ("patch", POLICIES, None, "status"),
     *[(v, PEERINGS, None, "") for v in ("get", "list", "watch", "patch")],
 ]
@@ -96,7 +110,6 @@ OPERATOR_CANNOT = [
     ("create", "pods", NS, ""),
     ("update", "pods", ALL, ""),
     ("create", "pods", ALL, "exec"),
-    ("patch", POLICIES, None, ""),
     ("update", POLICIES, None, ""),
     ("create", POLICIES, None, ""),
     ("delete", POLICIES, None, ""),
@@ -146,6 +159,42 @@ def test_access_matrix(cluster: LocalCluster, installed: None) -> None:
             if can_i(cluster, user, verb, resource, ns, sub) is not expected:
                 wrong.append(f"{user.rsplit(':', 1)[1]} {'cannot' if expected else 'can'} {verb} {resource}/{sub} {ns}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_operator_cannot_change_what_a_policy_says(
+    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
+) -> None:
+    kube.apply_policy(group, policy_spec(group))
+    token = service_account_token(kube, NS, "gpuhealth-operator")
+    op = Kube(token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig", user="gpuhealth-operator"))
+
+    def patch(body: dict[str, Any]) -> None:
+        op.custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpuhealthpolicies", group, body, _content_type="application/merge-patch+json"
+        )
+
+    def refused() -> str | None:
+        try:
+            patch({"spec": {"mode": "Paused"}})
+        except client.ApiException as e:
+            message = str(json.loads(e.body)["message"])
+            return message if e.status == 403 and "gpuhealth-operator-policy-spec" in message else None
+        raise AssertionError("the operator changed a policy's spec")
+
+    msg = wait_for(refused, what="the operator's admission policy refusal")
+    assert "may not change a GPUHealthPolicy's spec" in msg, msg
+    assert kube.get_policy(group)["spec"]["mode"] == "Enforce"
+    # Metadata (what Kopf writes: its finalizer) and the status subresource remain writable.
+    patch({"metadata": {"annotations": {"gpuhealth.dev/probe": "metadata-only"}}})
+    op.custom.patch_cluster_custom_object_status(
+        GROUP,
+        VERSION,
+        "gpuhealthpolicies",
+        group,
+        {"status": {"nodes": 0}},
+        _content_type="application/merge-patch+json",
+    )
+    assert kube.get_policy(group)["metadata"]["annotations"]["gpuhealth.dev/probe"] == "metadata-only"
 
 
 # -- own node only -------------------------------------------------------------------------------
@@ -334,10 +383,28 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
     group: str,
     tmp_path: Path,
 ) -> None:
+    """XID 79 with a checkpointing workload: taint, cordon, condition, label, Events, checkpoint request
+    (pod patch), eviction, drain status; a stub report and Unknown for a silent node; policy status;
+    Kopf peering. All under the operator's service-account token, with no 403 anywhere."""
     reporting, silent = make_nodes(cluster, group, 2)
     kube.apply_policy(
         group, policy_spec(group, rules={"agentSilence": {"after": "5s"}}, safety={"maxUnhealthy": "100%"})
     )
+    ns = group[:60]
+    kube.core.create_namespace({"metadata": {"name": ns}})
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", ns), what="default service account")
+    kube.core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "trainer", "annotations": {"gpuhealth.dev/checkpoint": "annotation"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": reporting},
+                "containers": [{"name": "c", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+        },
+    )
+    wait_for(lambda: kube.core.read_namespaced_pod("trainer", ns).status.phase == "Running", what="workload running")
+
     agent = as_agent_on(cluster, kube, reporting, tmp_path)
     token = service_account_token(kube, NS, "gpuhealth-operator")
     kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig", user="gpuhealth-operator")
@@ -346,11 +413,29 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
     log = tmp_path / "sa-operator.log"
     # One operator at a time: the session's (admin) operator steps aside for this test.
     operator.kill()
+    liveness = free_port()
     sa_operator = OperatorProcess(
-        cluster, log, extra_args=[f"--kubeconfig={kubeconfig}", "--peering=gpuhealth", "--event-namespace=default"]
+        cluster,
+        log,
+        # The Deployment's flags (liveness on loopback here), with the service account's kubeconfig.
+        extra_args=[
+            f"--kubeconfig={kubeconfig}",
+            "--peering=gpuhealth",
+            "--event-namespace=default",
+            f"--liveness=http://127.0.0.1:{liveness}/healthz",
+        ],
     )
     try:
         sa_operator.start()
+
+        # The Deployment's liveness probe path answers (Kopf serves it once the operator runs).
+        def healthz() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=5) as r:
+                return r.status == 200
+
+        started = time.monotonic()
+        wait_for(healthz, timeout=30, what="Kopf liveness endpoint")
+        assert time.monotonic() - started < 25, "must answer well within the probe's initialDelaySeconds"
         agent.put_report(reporting, healthy_spec())
         wait_for(lambda: kube.state(reporting) == "Healthy", what="Healthy verdict")
 
@@ -359,16 +444,33 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
         assert taint["value"] == "XID79"
         node = kube.node(reporting)
         assert node["spec"]["unschedulable"] is True
-        assert node["metadata"]["labels"]["gpuhealth.dev/state"] == "Draining"
         cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
         assert cond["status"] == "False" and cond["reason"] == "XID79"
         wait_for(lambda: kube.node_events(reporting, "Quarantined"), what="Quarantined event")
         wait_for(lambda: kube.node_events(reporting, "GPUHealthAction"), what="GPUHealthAction event")
-        assert kube.report(reporting)["status"]["state"] == "Draining"
+
+        # The drain asks the workload to checkpoint (pod patch), waits for the acknowledgement,
+        # then evicts it through the Eviction API.
+        wait_for(
+            lambda: (kube.core.read_namespaced_pod("trainer", ns).metadata.annotations or {}).get(
+                "gpuhealth.dev/checkpoint-requested"
+            ),
+            what="checkpoint requested",
+        )
+        assert kube.state(reporting) == "Draining"
+        acknowledge(ns, "trainer", kube.api)
+        wait_for(lambda: kube.node_events(reporting, "Evicted"), what="Evicted event")
+        wait_for(lambda: kube.state(reporting) == "Quarantined", what="quarantined after the drain")
+        wait_for(
+            lambda: kube.node(reporting)["metadata"]["labels"].get("gpuhealth.dev/state") == "Quarantined",
+            what="state label",
+        )
+        assert kube.node_events(reporting, "DrainComplete")
 
         # The silent node: the operator creates the stub report and records Unknown.
         wait_for(lambda: kube.state(silent) == "Unknown", timeout=45, what="Unknown verdict for a silent node")
         wait_for(lambda: (kube.get_policy(group).get("status") or {}).get("nodes") == 2, what="policy status written")
+        assert kube.get_policy(group)["metadata"].get("finalizers"), "Kopf's finalizer (operator's patch)"
         peers = json.loads(cluster.kubectl("get", f"{PEERINGS}/gpuhealth", "-o", "json").stdout).get("status")
         assert peers, "the operator's keep-alive is in the peering object"
         time.sleep(2)  # let a sweep or two run under the same credentials

@@ -166,7 +166,7 @@ OPERATOR_RULES = {
     ("", "pods/eviction"): "create",
     ("gpuhealth.dev", "gpunodehealths"): "get list watch create",
     ("gpuhealth.dev", "gpunodehealths/status"): "patch",
-    ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch",
+    ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch patch",  # Kopf's finalizer; spec: admission
     ("gpuhealth.dev", "gpuhealthpolicies/status"): "patch",
     ("kopf.dev", "clusterkopfpeerings"): "get list watch patch",
 }
@@ -195,7 +195,7 @@ def test_rbac_is_exactly_what_the_code_uses() -> None:
     assert all(len(b["subjects"]) == 1 for b in bindings)
 
 
-def test_agent_admission_policy_shape() -> None:
+def test_admission_policies_shape() -> None:
     docs = render("base")
     vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-agent-own-node")
     assert vap["apiVersion"] == "admissionregistration.k8s.io/v1"
@@ -206,6 +206,14 @@ def test_agent_admission_policy_shape() -> None:
     assert "system:serviceaccount:gpuhealth-system:gpuhealth-agent" in cond["expression"]
     binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-agent-own-node")
     assert binding["spec"] == {"policyName": "gpuhealth-agent-own-node", "validationActions": ["Deny"]}
+
+    vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-operator-policy-spec")
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["UPDATE"] and rule["resources"] == ["gpuhealthpolicies"]
+    (cond,) = vap["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpuhealth-system:gpuhealth-operator" in cond["expression"]
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-operator-policy-spec")
+    assert binding["spec"] == {"policyName": "gpuhealth-operator-policy-spec", "validationActions": ["Deny"]}
 
 
 def test_example_overlay_changes_only_what_it_says() -> None:
@@ -221,6 +229,11 @@ def test_example_overlay_changes_only_what_it_says() -> None:
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["GPUHEALTH_DCGM_URL"] == "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"
     assert env["NODE_NAME"] is None  # still from the downward API
+    # The optional GPU-access patch (not applied by default) is a well-formed patch of the agent.
+    extra = yaml.safe_load((MANIFESTS / "overlays/example/agent-gpu-access.yaml").read_text())
+    assert (extra["kind"], extra["metadata"]["name"]) == ("DaemonSet", "gpuhealth-agent")
+    assert extra["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert extra["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"]
 
 
 def _metric_names() -> set[str]:
@@ -311,6 +324,8 @@ def test_server_side_dry_run_and_apply(cluster: LocalCluster, installed: subproc
         "clusterkopfpeering.kopf.dev/gpuhealth",
         "validatingadmissionpolicy/gpuhealth-agent-own-node",
         "validatingadmissionpolicybinding/gpuhealth-agent-own-node",
+        "validatingadmissionpolicy/gpuhealth-operator-policy-spec",
+        "validatingadmissionpolicybinding/gpuhealth-operator-policy-spec",
         "clusterrole/gpuhealth-operator",
         "clusterrole/gpuhealth-agent",
         "role/gpuhealth-operator-events",

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 
 import kopf
 from prometheus_client import start_http_server
@@ -45,6 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Kopf peering name for several replicas (one acts); empty runs standalone",
     )
     ap.add_argument(
+        "--priority",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_PRIORITY", "0")) or random.randint(1, 1_000_000),
+        help="Kopf peering priority; the highest live replica acts. Default: random, so replicas differ "
+        "(equal priorities make Kopf pause them all)",
+    )
+    ap.add_argument(
         "--event-namespace",
         default=os.environ.get("GPUHEALTH_EVENT_NAMESPACE", "default"),
         help="namespace for Events about cluster-scoped objects (Nodes, policies)",
@@ -74,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             clusterwide=True,
             standalone=not args.peering,
             peering_name=args.peering or None,
+            priority=args.priority,
             liveness_endpoint=args.liveness or None,
         )
     )

@@ -1,0 +1,635 @@
+#!/usr/bin/env python3
+"""`make bench`: gpuhealth's performance on a fleet of fake GPU nodes (default 1,000) on a real control plane.
+
+Measures, in one run (see docs/bench.md):
+
+1. operator start-up: process start to "watching N GPU nodes", and to every node Healthy;
+2. detection to taint: an XID 79 published by the agent's own publishing code on one node at a time, until an
+   independent Node watch sees the gpuhealth taint; against a floor, a no-logic watch-and-patch chain;
+3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%;
+4. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
+5. one real agent's footprint (RSS, CPU, writes per hour).
+
+Writes build/bench/results.json, summary.md and report.png. Tears down everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "hack"))
+
+from kubernetes import client  # noqa: E402
+from tests.support.agents import Agent, AgentFleet  # noqa: E402
+from tests.support.cluster import LocalCluster  # noqa: E402
+from tests.support.k8s import OperatorProcess, wait_for  # noqa: E402
+
+from bench_report import write_outputs  # noqa: E402
+from bench_support import (  # noqa: E402
+    FLOOR_TAINT,
+    GROUP,
+    TAINT,
+    VERSION,
+    NodeWatch,
+    ProcSampler,
+    ReportWatch,
+    SimNode,
+    api_client,
+    describe,
+    find_log_line,
+    percentile,
+    read_audit,
+)
+
+OUT = REPO / "build" / "bench"
+OPERATOR_USER, AGENT_USER, SIM_USER = "gpuhealth-operator", "gpuhealth-agent-bench", "gpuhealth-fleet-sim"
+TOKENS = {
+    "bench-operator-token": (OPERATOR_USER, "system:masters"),
+    "bench-agent-token": (AGENT_USER, "system:masters"),
+    "bench-sim-token": (SIM_USER, "system:masters"),
+}
+POLICY = "bench"
+AGENT_NODE = "agent-node-0000"
+# Local control-plane clients default to 20 (controller-manager) and 50 (scheduler) requests per second, which
+# makes creating 8,000 pods take many minutes; the bench raises them. Nothing of gpuhealth's is tuned.
+CONTROL_PLANE_ARGS = {
+    "kube-controller-manager": ["--kube-api-qps=300", "--kube-api-burst=600", "--concurrent-replicaset-syncs=10"],
+    "kube-scheduler": ["--kube-api-qps=300", "--kube-api-burst=600"],
+}
+
+
+class BenchCluster(LocalCluster):
+    """The test control plane, with faster control-plane clients for creating thousands of pods."""
+
+    def _proc(self, name: str, args: list[str]) -> Any:
+        return super()._proc(name, [*args, *CONTROL_PLANE_ARGS.get(name, [])])
+
+
+class BenchAgentFleet(AgentFleet):
+    """AgentFleet with the agent's production defaults (event wait 1s, metrics server on) instead of test speed."""
+
+    def launch(self, agent: Agent) -> None:
+        exe = Path(sys.executable).parent / "gpuhealth-agent"
+        env = {
+            **os.environ,
+            "NODE_NAME": agent.node,
+            "FAKE_NVML_SCENARIO": str(agent.scenario),
+            "GPUHEALTH_NVML_LIBRARY": str(self.library),
+        }
+        with open(agent.log, "ab") as out:
+            agent.popen = subprocess.Popen(
+                [
+                    str(exe),
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--interval={self.interval}",
+                    f"--heartbeat-interval={self.heartbeat}",
+                    "--metrics-port=0",  # several agents may share this host; the port is not what we measure
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    osname = platform.platform()
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                osname = f"{line.split('=', 1)[1].strip(chr(34))}, Linux {platform.release()}"
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB RAM, {osname}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1000, help="fake GPU nodes governed by the policy")
+    ap.add_argument("--pods", type=int, default=8000, help="running 1-GPU pods on them")
+    ap.add_argument("--faults", type=int, default=200, help="single faults, one at a time, on distinct nodes")
+    ap.add_argument("--storm", type=int, default=100, help="nodes faulting at the same instant")
+    ap.add_argument("--floor-nodes", type=int, default=20, help="extra nodes for the no-logic floor chain")
+    ap.add_argument("--floor-samples", type=int, default=None, help="floor measurements (default faults/2, >= 20)")
+    ap.add_argument("--idle", type=float, default=None, help="idle window in seconds (default 60; quick 20)")
+    ap.add_argument("--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at 5%%")
+    ap.add_argument("--tick", type=float, default=5.0, help="the operator's --tick")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods, args.faults, args.storm = 100, 400, 20, 20
+        args.floor_nodes = min(args.floor_nodes, 10)
+        args.breaker_window = min(args.breaker_window, 10.0)
+    if args.idle is None:
+        args.idle = 20.0 if args.quick else 60.0
+    if args.floor_samples is None:
+        args.floor_samples = 10 if args.quick else max(20, args.faults // 2)
+    return args
+
+
+def policy_spec(max_unhealthy: str) -> dict[str, Any]:
+    return {
+        "nodeSelector": {
+            "matchLabels": {"nvidia.com/gpu.present": "true"},
+            "matchExpressions": [
+                {"key": "bench-floor", "operator": "DoesNotExist"},
+                {"key": "bench-agent", "operator": "DoesNotExist"},
+            ],
+        },
+        "mode": "Enforce",
+        "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "1h"}},
+        "safety": {"maxUnhealthy": max_unhealthy, "probation": "2s"},
+    }
+
+
+def deployments(pods: int, per: int = 200) -> list[dict[str, Any]]:
+    """Deployments of 1-GPU pods, kept off the floor and agent nodes."""
+    out = []
+    count = max(1, math.ceil(pods / per))
+    for i in range(count):
+        replicas = pods // count + (1 if i < pods % count else 0)
+        labels = {"app": f"train-{i:03d}"}
+        out.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": f"train-{i:03d}", "namespace": "bench"},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "train",
+                                    "image": "train:latest",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                }
+                            ],
+                            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                            "affinity": {
+                                "nodeAffinity": {
+                                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                                        "nodeSelectorTerms": [
+                                            {
+                                                "matchExpressions": [
+                                                    {"key": "bench-floor", "operator": "DoesNotExist"},
+                                                    {"key": "bench-agent", "operator": "DoesNotExist"},
+                                                ]
+                                            }
+                                        ]
+                                    }
+                                }
+                            },
+                            "terminationGracePeriodSeconds": 0,
+                        },
+                    },
+                },
+            }
+        )
+    return out
+
+
+def count_running(core: client.CoreV1Api, namespace: str) -> int:
+    """Pods in phase Running (KWOK sometimes leaves a running pod's Ready condition False)."""
+    running, cont = 0, None
+    while True:
+        kw: dict[str, Any] = {"field_selector": "status.phase=Running", "limit": 2000, "_preload_content": False}
+        if cont:
+            kw["_continue"] = cont
+        data = json.loads(core.list_namespaced_pod(namespace, **kw).data)
+        running += len(data.get("items") or [])
+        cont = (data.get("metadata") or {}).get("continue")
+        if not cont:
+            return running
+
+
+def run_pods(cluster: LocalCluster, apps: client.AppsV1Api, core: client.CoreV1Api, pods: int) -> int:
+    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}])
+    wait_for(lambda: core.read_namespaced_service_account("default", "bench"), what="namespace bench ready")
+    cluster.apply_objects(deployments(pods))
+    deadline = time.monotonic() + max(300.0, pods * 0.15)
+    running, last_print = 0, 0.0
+    while time.monotonic() < deadline:
+        # Deployment status is cheap to poll; the (expensive) pod count only once it is nearly done.
+        data = json.loads(apps.list_namespaced_deployment("bench", _preload_content=False).data)
+        ready = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in data["items"])
+        if ready >= 0.98 * pods:
+            running = count_running(core, "bench")
+        if time.monotonic() - last_print > 10 or running >= pods:
+            log(f"  pods ready: {ready}/{pods}, running: {running or '-'}")
+            last_print = time.monotonic()
+        if running >= pods:
+            break
+        time.sleep(3)
+    return running or count_running(core, "bench")
+
+
+def publish_all(pool: ThreadPoolExecutor, fn: Any, sims: list[SimNode]) -> int:
+    """Run ``fn(sim)`` for every node on the pool; the number that failed."""
+    futures = [pool.submit(fn, s) for s in sims]
+    failed = 0
+    for f in futures:
+        try:
+            f.result()
+        except Exception as e:
+            failed += 1
+            if failed <= 3:
+                log(f"  publish failed: {e}")
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out: Path = args.out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    res: dict[str, Any] = {
+        "nodes": args.nodes,
+        "quick": args.quick,
+        "machine": machine(),
+        "config": {
+            "pods_requested": args.pods,
+            "faults": args.faults,
+            "storm": args.storm,
+            "floor_nodes": args.floor_nodes,
+            "floor_samples": args.floor_samples,
+            "idle_window_s": args.idle,
+            "operator_tick_s": args.tick,
+        },
+    }
+    series: dict[str, Any] = {}
+    bench_t0 = time.time()
+    phases: list[tuple[str, float, float]] = []
+
+    def phase(name: str) -> None:
+        # The 1-minute load average says how busy the machine was (other work may share it).
+        phases.append((name, round(time.time() - bench_t0, 2), os.getloadavg()[0]))
+        log(f"== {name} (load average {os.getloadavg()[0]:.1f}) ==")
+
+    cluster = BenchCluster(
+        out / "cluster",
+        nodes=args.nodes,
+        extra_tokens=TOKENS,
+        audit_users=[OPERATOR_USER, AGENT_USER],
+        apiserver_args=["--max-requests-inflight=1000", "--max-mutating-requests-inflight=500"],
+    )
+    operator: OperatorProcess | None = None
+    fleet: AgentFleet | None = None
+    watches: list[NodeWatch | ReportWatch] = []
+    samplers: list[ProcSampler] = []
+    pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="sim")
+    rc = 1
+    try:
+        phase(f"control plane with {args.nodes} + {args.floor_nodes} floor + 1 agent fake GPU nodes")
+        t = time.monotonic()
+        cluster.start()
+        floor_names = cluster.add_gpu_nodes(args.floor_nodes, prefix="floor-node-", labels={"bench-floor": "true"})
+        cluster.add_gpu_nodes(1, prefix="agent-node-", labels={"bench-agent": "true"})
+        cluster.wait_nodes_ready(args.nodes + args.floor_nodes + 1, timeout=300)
+        res["cluster_start_s"] = round(time.monotonic() - t, 1)
+        log(f"  control plane and {args.nodes + args.floor_nodes + 1} nodes ready in {res['cluster_start_s']}s")
+
+        kc = {u: cluster.kubeconfig_with_token(tok, out / f"{u}.kubeconfig", u) for tok, (u, _) in TOKENS.items()}
+        admin = api_client(cluster.kubeconfig, pool=8)
+        core, apps, custom = client.CoreV1Api(admin), client.AppsV1Api(admin), client.CustomObjectsApi(admin)
+        governed = sorted(
+            n["metadata"]["name"]
+            for n in json.loads(
+                core.list_node(label_selector="nvidia.com/gpu.present=true", _preload_content=False).data
+            )["items"]
+            if not {"bench-floor", "bench-agent"} & set(n["metadata"].get("labels") or {})
+        )
+        assert len(governed) == args.nodes, f"expected {args.nodes} governed nodes, found {len(governed)}"
+
+        # The real agent runs for the whole bench, so its steady state is measured over minutes.
+        phase("one real agent (fake NVML, interval 10s, heartbeat 30s) on its own node")
+        fleet = BenchAgentFleet(kc[AGENT_USER], out / "agent", interval=10.0, heartbeat=30.0)
+        fleet.start([AGENT_NODE])
+        agent = fleet[AGENT_NODE]
+        agent_proc = agent.popen
+        assert agent_proc is not None
+        agent_sampler = ProcSampler(agent_proc.pid, period=1.0).start()
+        samplers.append(agent_sampler)
+
+        phase(f"{args.pods} running 1-GPU pods (Deployments)")
+        t = time.monotonic()
+        res["pods"] = run_pods(cluster, apps, core, args.pods)
+        res["pods_start_s"] = round(time.monotonic() - t, 1)
+
+        phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
+        sim_api = api_client(kc[SIM_USER], pool=48)
+        sims = {n: SimNode(n, i, sim_api) for i, n in enumerate([*governed, *floor_names])}
+        t = time.monotonic()
+        failed = publish_all(pool, SimNode.start, list(sims.values()))
+        res["initial_reports_s"] = round(time.monotonic() - t, 1)
+        log(f"  {len(sims) - failed} reports created in {res['initial_reports_s']}s ({failed} failed)")
+
+        node_watch = NodeWatch(api_client(cluster.kubeconfig, pool=2)).start()
+        watches.append(node_watch)
+        report_watch = ReportWatch(api_client(cluster.kubeconfig, pool=2), api_client(kc[SIM_USER], pool=2)).start()
+        watches.append(report_watch)
+
+        client.CustomObjectsApi(admin).create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpuhealthpolicies",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUHealthPolicy",
+                "metadata": {"name": POLICY},
+                "spec": policy_spec("100%"),
+            },
+        )
+
+        phase("operator start-up")
+        operator = OperatorProcess(
+            cluster, out / "operator.log", extra_args=[f"--kubeconfig={kc[OPERATOR_USER]}", f"--tick={args.tick}"]
+        )
+        op_t0 = time.time()
+        operator.start()
+        assert operator.popen is not None
+        op_sampler = ProcSampler(operator.popen.pid, period=0.25).start()
+        samplers.append(op_sampler)
+        found = find_log_line(out / "operator.log", r"watching \d+ GPU nodes", timeout=600)
+        watching_s = round(found[0] - op_t0, 2) if found else None
+        healthy_at = report_watch.wait_states(governed, "Healthy", timeout=900)
+        healthy_s = round(healthy_at - op_t0, 2) if healthy_at else None
+        log(f"  'watching ... GPU nodes' after {watching_s}s; all {args.nodes} nodes Healthy after {healthy_s}s")
+        res["operator"] = {"startup_watching_s": watching_s, "startup_s": healthy_s}
+        time.sleep(2 * args.tick)  # let the first sweeps pass
+
+        phase(f"detection to taint: {args.faults} single faults, floor: {args.floor_samples} samples")
+        detect_nodes = governed[: args.faults]
+        storm_nodes = governed[args.faults : args.faults + args.storm]
+        rest = governed[args.faults + args.storm :]
+        breaker_nodes = (rest + governed)[: args.storm]
+        detect: list[float] = []
+        publish_ms: list[float] = []
+        floor: list[float] = []
+        misses = {"detect": 0, "floor": 0}
+        floor_every = max(1, args.faults // max(1, args.floor_samples))
+        floor_i = 0
+
+        def measure_floor() -> None:
+            nonlocal floor_i
+            name = floor_names[floor_i % len(floor_names)]
+            floor_i += 1
+            node_watch.wait_all([name], FLOOR_TAINT, timeout=10, present=False)
+            report_watch.armed.add(name)
+            t0 = time.time()
+            sims[name].fault()
+            t1 = node_watch.wait_taint(name, FLOOR_TAINT, timeout=10)
+            if t1 is None:
+                misses["floor"] += 1
+            else:
+                floor.append((t1 - t0) * 1000)
+            report_watch.armed.discard(name)
+            # Back to clean for the next round: untaint, and the node "reboots" (clean report).
+            core.patch_node(name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
+            sims[name].reboot()
+
+        for i, name in enumerate(detect_nodes):
+            t0 = time.time()
+            sims[name].fault()
+            publish_ms.append((time.time() - t0) * 1000)
+            t1 = node_watch.wait_taint(name, TAINT, timeout=10)
+            if t1 is None:
+                misses["detect"] += 1
+            else:
+                detect.append((t1 - t0) * 1000)
+            time.sleep(0.2)
+            if i % floor_every == floor_every - 1 and floor_i < args.floor_samples:
+                measure_floor()
+                time.sleep(0.2)
+            if (i + 1) % 50 == 0:
+                log(f"  {i + 1}/{len(detect_nodes)}: p50 so far {percentile(detect, 50):.0f} ms")
+        while floor_i < args.floor_samples:
+            measure_floor()
+            time.sleep(0.2)
+        p50 = percentile(detect, 50)
+        floor_p50 = percentile(floor, 50)
+        res["detect_to_taint_ms"] = {
+            "p50": round(p50, 1),
+            "p90": round(percentile(detect, 90), 1),
+            "p99": round(percentile(detect, 99), 1),
+            "max": round(max(detect, default=float("nan")), 1),
+            "samples": len(detect),
+            "timeouts": misses["detect"],
+            "publish_p50": round(percentile(publish_ms, 50), 1),
+        }
+        res["floor_ms"] = {
+            "p50": round(floor_p50, 1),
+            "p90": round(percentile(floor, 90), 1),
+            "p99": round(percentile(floor, 99), 1),
+            "samples": len(floor),
+            "timeouts": misses["floor"],
+        }
+        res["ratio_to_floor"] = round(p50 / floor_p50, 2) if floor else None
+        series["detect_ms"], series["floor_ms"] = detect, floor
+        log(f"  detect p50 {p50:.0f} ms p99 {res['detect_to_taint_ms']['p99']:.0f} ms; floor p50 {floor_p50:.0f} ms")
+
+        phase(f"storm: {args.storm} nodes fault at once, breaker at 100%")
+        published_at: dict[str, float] = {}
+
+        def storm_fault(sim: SimNode) -> None:
+            sim.fault()
+            published_at[sim.name] = time.time()
+
+        t0 = time.time()
+        failed = publish_all(pool, storm_fault, [sims[n] for n in storm_nodes])
+        published = time.time() - t0
+        done = node_watch.wait_all(storm_nodes, TAINT, timeout=180)
+        taint_at = {n: node_watch.seen_at[(n, TAINT)] for n in storm_nodes if (n, TAINT) in node_watch.seen_at}
+        seen = sorted(t - t0 for t in taint_at.values())
+        storm_s = seen[-1] if seen and done else None
+        # The operator's share: from each node's report write (done) to its taint, and its own throughput.
+        per_node = [(taint_at[n] - published_at[n]) * 1000 for n in taint_at if n in published_at]
+        op_span = max(taint_at.values(), default=0.0) - min(published_at.values(), default=0.0)
+        res["storm"] = {
+            "nodes": args.storm,
+            "quarantined": len(seen),
+            "seconds": round(storm_s, 2) if storm_s else None,
+            "nodes_per_s": round(args.storm / storm_s, 1) if storm_s else None,
+            "publish_s": round(published, 2),
+            "first_taint_s": round(seen[0], 3) if seen else None,
+            "publish_failures": failed,
+            "report_to_taint_ms_p50": round(percentile(per_node, 50), 1),
+            "report_to_taint_ms_max": round(max(per_node, default=float("nan")), 1),
+            "operator_nodes_per_s": round(len(taint_at) / op_span, 1) if op_span > 0 else None,
+        }
+        series["storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(seen)]]
+        series["storm_published"] = sorted(t - t0 for t in published_at.values())
+        log(f"  {len(seen)}/{args.storm} quarantined in {storm_s}s (reports published in {published:.2f}s)")
+
+        phase("recovery: every fault cleared (clean reports after a reboot), probation 2s")
+        faulted = [*detect_nodes, *storm_nodes]
+        t0 = time.time()
+        publish_all(pool, SimNode.reboot, [sims[n] for n in faulted])
+        back = report_watch.wait_states(governed, "Healthy", timeout=300)
+        untainted = node_watch.wait_all(governed, TAINT, timeout=60, present=False)
+        res["recovery"] = {
+            "nodes": len(faulted),
+            "seconds_to_all_healthy": round(back - t0, 1) if back else None,
+            "untainted": untainted,
+        }
+        log(f"  {len(faulted)} nodes back to Healthy in {res['recovery']['seconds_to_all_healthy']}s")
+
+        phase(f"breaker at 5%: {args.storm} nodes fault at once")
+        limit = math.ceil(args.nodes * 5 / 100)
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": "5%"}}}
+        )
+        wait_for(
+            lambda: (
+                (custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}).get(
+                    "breakerLimit"
+                )
+                == limit
+            ),
+            timeout=60,
+            what=f"operator applied maxUnhealthy 5% (breakerLimit {limit})",
+        )
+        samples: list[tuple[float, int]] = []
+        stop_sampling = threading.Event()
+
+        def sample() -> None:
+            while not stop_sampling.is_set():
+                samples.append((time.time(), node_watch.tainted(TAINT)))
+                stop_sampling.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        t0 = time.time()
+        sampler.start()
+        publish_all(pool, SimNode.fault, [sims[n] for n in breaker_nodes])
+        time.sleep(max(0.0, args.breaker_window - (time.time() - t0)))
+        stop_sampling.set()
+        sampler.join()
+        max_seen = max((c for _, c in samples), default=0)
+        actual = sum(
+            1
+            for n in json.loads(
+                core.list_node(label_selector="nvidia.com/gpu.present=true", _preload_content=False).data
+            )["items"]
+            if any(t.get("key") == TAINT for t in (n.get("spec") or {}).get("taints") or [])
+        )
+        pstatus = custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}
+        res["breaker"] = {
+            "limit": limit,
+            "max_quarantined_seen": max_seen,
+            "quarantined_at_end": actual,
+            "held_back": pstatus.get("heldBack"),
+            "breaker": pstatus.get("breaker"),
+            "samples": len(samples),
+            "faulted": len(breaker_nodes),
+        }
+        series["breaker"] = [(t - t0, c) for t, c in samples]
+        log(f"  max quarantined seen {max_seen} (limit {limit}); breaker {pstatus.get('breaker')}")
+
+        phase(f"idle: {args.idle:.0f}s with nothing changing")
+        time.sleep(max(2 * args.tick, 5.0))
+        idle_from = time.time()
+        time.sleep(args.idle)
+        idle_to = time.time()
+        time.sleep(1.0)  # the audit log is written when each request completes
+
+        ops = list(read_audit(cluster.audit_log, OPERATOR_USER))
+        idle = [e for e in ops if idle_from <= e.at < idle_to]
+        minutes = (idle_to - idle_from) / 60
+        res["operator"].update(
+            {
+                "peak_rss_mb": round(op_sampler.peak_rss / 2**20, 1),
+                "cpu_s": round(op_sampler.cpu_s(), 1),
+                "idle_requests_per_min": round(len(idle) / minutes, 1),
+                "idle_writes_per_min": round(sum(e.write for e in idle) / minutes, 1),
+                "idle_requests": describe(idle),
+                "requests_total": len(ops),
+                "writes_total": sum(e.write for e in ops),
+                "wall_s": round(time.time() - op_t0, 1),
+            }
+        )
+        series["operator_rss"] = [(t - op_t0, r / 2**20) for t, r in op_sampler.samples]
+
+        agent_writes = sorted(e.at for e in read_audit(cluster.audit_log, AGENT_USER) if e.write)
+        now = time.time()
+        a_samples = [(t, r) for t, r in agent_sampler.samples if agent_writes and t >= agent_writes[0]]
+        res["agent"] = {
+            "rss_mb": round(max((r for _, r in a_samples), default=0) / 2**20, 1),
+            "cpu_percent": None,
+            "writes_per_hour": None,
+            "writes": len(agent_writes),
+            "window_s": round(now - agent_writes[0], 1) if agent_writes else 0.0,
+        }
+        if agent_writes and agent.alive():
+            cpu_total = agent_sampler.cpu_s()
+            # CPU from its first write on: what it uses running, not its start-up imports.
+            cpu_first = agent_cpu_at_first_write(agent_sampler, agent_writes[0])
+            res["agent"]["cpu_percent"] = round((cpu_total - cpu_first) / (now - agent_writes[0]) * 100, 2)
+            span = agent_writes[-1] - agent_writes[0]
+            res["agent"]["writes_per_hour"] = round((len(agent_writes) - 1) / span * 3600, 1) if span > 0 else 0.0
+        log(f"  operator: {res['operator']}")
+        log(f"  agent: {res['agent']}")
+        res["phases"] = phases
+        write_outputs(out, res, series)
+        rc = 0
+    finally:
+        for w in watches:
+            w.stop.set()
+        for s in samplers:
+            s.stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        if fleet is not None:
+            fleet.stop()
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+    return rc
+
+
+def agent_cpu_at_first_write(sampler: ProcSampler, first_write: float) -> float:
+    """The agent's CPU seconds at its first write, from the sampler's record (closest sample after it)."""
+    for t, cpu in sampler.cpu_samples:
+        if t >= first_write:
+            return cpu
+    return sampler.cpu_s()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())

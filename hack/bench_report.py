@@ -1,0 +1,281 @@
+"""Outputs of `make bench`: results.json (figures, targets, pass/fail), summary.md and report.png."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    label: str
+    target: str
+    value: Callable[[dict[str, Any]], Any]
+    ok: Callable[[Any, dict[str, Any]], bool]
+    unit: str = ""
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
+
+
+TARGETS = [
+    Target(
+        "detect_p50",
+        "Detection to taint, p50",
+        "<= 200 ms",
+        lambda r: r["detect_to_taint_ms"]["p50"],
+        lambda v, r: _num(v) and v <= 200,
+        " ms",
+    ),
+    Target(
+        "detect_p99",
+        "Detection to taint, p99",
+        "<= 1000 ms",
+        lambda r: r["detect_to_taint_ms"]["p99"],
+        lambda v, r: _num(v) and v <= 1000 and r["detect_to_taint_ms"]["timeouts"] == 0,
+        " ms",
+    ),
+    Target(
+        "ratio_to_floor",
+        "Ratio to the no-logic floor (p50)",
+        "<= 5",
+        lambda r: r["ratio_to_floor"],
+        lambda v, r: _num(v) and v <= 5,
+    ),
+    Target(
+        "storm_rate",
+        "Storm at 100% breaker",
+        ">= 20 nodes/s",
+        lambda r: r["storm"]["nodes_per_s"],
+        lambda v, r: _num(v) and v >= 20,
+        " nodes/s",
+    ),
+    Target(
+        "breaker",
+        "Breaker at 5%: most quarantined at any instant",
+        "<= limit",
+        lambda r: r["breaker"]["max_quarantined_seen"],
+        lambda v, r: _num(v) and v <= r["breaker"]["limit"],
+    ),
+    Target(
+        "operator_rss",
+        "Operator peak RSS",
+        "<= 250 MB",
+        lambda r: r["operator"]["peak_rss_mb"],
+        lambda v, r: _num(v) and v <= 250,
+        " MB",
+    ),
+    Target(
+        "operator_idle_writes",
+        "Operator writes while idle",
+        "0 /min",
+        lambda r: r["operator"]["idle_writes_per_min"],
+        lambda v, r: _num(v) and v == 0,
+        " /min",
+    ),
+    Target(
+        "agent_rss",
+        "Agent RSS",
+        "<= 60 MB",
+        lambda r: r["agent"]["rss_mb"],
+        lambda v, r: _num(v) and 0 < v <= 60,
+        " MB",
+    ),
+    Target(
+        "agent_cpu",
+        "Agent CPU (one core)",
+        "<= 1%",
+        lambda r: r["agent"]["cpu_percent"],
+        lambda v, r: _num(v) and v <= 1.0,
+        " %",
+    ),
+    Target(
+        "agent_writes",
+        "Agent writes per hour (nothing changing)",
+        f"<= ~{3600 / HEARTBEAT_S:.0f} (heartbeats only)",
+        lambda r: r["agent"]["writes_per_hour"],
+        lambda v, r: _num(v) and v <= 1.1 * 3600 / HEARTBEAT_S,
+        " /h",
+    ),
+]
+
+
+def evaluate(res: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for t in TARGETS:
+        try:
+            v = t.value(res)
+        except (KeyError, TypeError):
+            v = None
+        try:
+            ok = bool(t.ok(v, res))
+        except (KeyError, TypeError):
+            ok = False
+        out[t.key] = {"label": t.label, "target": t.target, "value": v, "pass": ok}
+    return out
+
+
+def _fmt(v: Any, unit: str) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.1f}{unit}" if abs(v) >= 10 else f"{v:.2f}{unit}"
+    return f"{v}{unit}"
+
+
+def summary_md(res: dict[str, Any]) -> str:
+    targets = res["targets"]
+    rows = [
+        "| figure | value | target | result |",
+        "| --- | --- | --- | --- |",
+    ]
+    for t in TARGETS:
+        e = targets[t.key]
+        rows.append(f"| {t.label} | {_fmt(e['value'], t.unit)} | {t.target} | {'pass' if e['pass'] else '**MISS**'} |")
+    d, f, s, b, o, a = (
+        res["detect_to_taint_ms"],
+        res["floor_ms"],
+        res["storm"],
+        res["breaker"],
+        res["operator"],
+        res["agent"],
+    )
+    passed = sum(1 for e in targets.values() if e["pass"])
+    lines = [
+        f"# gpuhealth bench: {res['nodes']} nodes{' (quick)' if res.get('quick') else ''}",
+        "",
+        f"Machine: {res['machine']}",
+        "",
+        f"{passed}/{len(targets)} targets met.",
+        "",
+        *rows,
+        "",
+        "## Details",
+        "",
+        f"- Fleet: {res['nodes']} fake 8-GPU nodes governed by the policy, {res.get('pods')} running 1-GPU pods; "
+        f"{res['config']['floor_nodes']} floor nodes and 1 agent node outside the policy.",
+        f"- Operator start-up: `watching N GPU nodes` after {o.get('startup_watching_s')} s, every node Healthy "
+        f"after {o.get('startup_s')} s (from process start).",
+        f"- Detection to taint: p50 {d['p50']} ms, p90 {d['p90']} ms, p99 {d['p99']} ms, max {d['max']} ms over "
+        f"{d['samples']} faults ({d['timeouts']} timeouts); the report write itself: p50 {d['publish_p50']} ms.",
+        f"- Floor (watch report -> patch Node): p50 {f['p50']} ms, p90 {f['p90']} ms over {f['samples']} samples; "
+        f"ratio {res['ratio_to_floor']}.",
+        f"- Storm: {s['quarantined']}/{s['nodes']} quarantined in {s['seconds']} s ({s['nodes_per_s']} nodes/s); "
+        f"reports published in {s['publish_s']} s, first taint after {s['first_taint_s']} s; each node's "
+        f"report write to its taint p50 {s['report_to_taint_ms_p50']} ms, max {s['report_to_taint_ms_max']} ms; "
+        f"first report written to last taint: {s['operator_nodes_per_s']} nodes/s.",
+        f"- Recovery: {res['recovery']['nodes']} nodes back to Healthy in "
+        f"{res['recovery']['seconds_to_all_healthy']} s "
+        f"(probation 2 s, sweep every {res['config']['operator_tick_s']} s).",
+        f"- Breaker at 5%: limit {b['limit']}, at most {b['max_quarantined_seen']} quarantined at any 50 ms sample, "
+        f"{b['quarantined_at_end']} at the end, {b['held_back']} held back, breaker {b['breaker']}.",
+        f"- Operator: peak RSS {o['peak_rss_mb']} MB, {o['cpu_s']} CPU s over {o['wall_s']} s; idle "
+        f"{o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min "
+        f"({json.dumps(o['idle_requests'])}).",
+        "- Machine load (1-minute load average at the start of each phase; 2 would fill both cores): "
+        + ", ".join(f"{p[0].split(':')[0].split(' (')[0]} {p[2]:.1f}" for p in res.get("phases", []) if len(p) > 2)
+        + ".",
+        f"- Agent: RSS {a['rss_mb']} MB, CPU {a['cpu_percent']}% of a core, {a['writes_per_hour']} writes/h "
+        f"({a['writes']} writes over {a['window_s']} s).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig.suptitle(f"gpuhealth bench: {res['nodes']} nodes, {res.get('pods')} pods; {res['machine']}", fontsize=9)
+
+    ax = axes[0][0]
+    for key, label, color in (
+        ("detect_ms", "gpuhealth: report -> taint", "tab:blue"),
+        ("floor_ms", "floor", "tab:gray"),
+    ):
+        vals = sorted(series.get(key) or [])
+        if vals:
+            ys = [(i + 1) / len(vals) for i in range(len(vals))]
+            ax.step(
+                vals, ys, where="post", label=f"{label} (n={len(vals)}, p50 {vals[len(vals) // 2]:.0f} ms)", color=color
+            )
+    ax.axvline(200, color="tab:green", ls="--", lw=1, label="target p50 200 ms")
+    ax.axvline(1000, color="tab:red", ls="--", lw=1, label="target p99 1 s")
+    ax.set_xscale("log")
+    ax.set_xlabel("detection to taint seen by a Node watch (ms, log)")
+    ax.set_ylabel("fraction of faults")
+    ax.set_title("Latency CDF: one fault at a time")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+
+    ax = axes[0][1]
+    storm = series.get("storm") or []
+    if storm:
+        ax.step([t for t, _ in storm], [c for _, c in storm], where="post", color="tab:blue", label="quarantined")
+    pub = series.get("storm_published") or []
+    if pub:
+        ax.step(pub, [i + 1 for i in range(len(pub))], where="post", color="tab:gray", ls=":", label="reports written")
+        ax.legend(fontsize=8, loc="lower right")
+    s = res["storm"]
+    ax.set_title(f"Storm, breaker 100%: {s['nodes']} nodes at once -> {s['nodes_per_s']} nodes/s")
+    ax.set_xlabel("seconds since the reports were published")
+    ax.set_ylabel("nodes quarantined (taint seen)")
+    ax.grid(alpha=0.3)
+
+    ax = axes[1][0]
+    br = series.get("breaker") or []
+    if br:
+        ax.plot([t for t, _ in br], [c for _, c in br], color="tab:orange", label="quarantined (50 ms samples)")
+    b = res["breaker"]
+    ax.axhline(b["limit"], color="tab:red", ls="--", lw=1, label=f"limit {b['limit']} (5%)")
+    ax.set_ylim(0, max(b["limit"], b["max_quarantined_seen"], b.get("faulted") or 0) * 1.15 + 1)
+    ax.set_title(f"Breaker 5%: {b.get('faulted')} nodes fault at once; max seen {b['max_quarantined_seen']}")
+    ax.set_xlabel("seconds since the faults")
+    ax.set_ylabel("nodes carrying the gpuhealth taint")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+
+    ax = axes[1][1]
+    rss = series.get("operator_rss") or []
+    if rss:
+        ax.plot([t for t, _ in rss], [r for _, r in rss], color="tab:purple", label="operator RSS")
+    ax.axhline(250, color="tab:red", ls="--", lw=1, label="target 250 MB")
+    o = res["operator"]
+    t_op = next((p[1] for p in res.get("phases", []) if p[0] == "operator start-up"), 0.0)
+    for name, t, *_ in res.get("phases", []):
+        if t >= t_op:
+            ax.axvline(t - t_op, color="gray", lw=0.5)
+            ax.text(
+                t - t_op, 5, name.split(":")[0].split(" (")[0][:24], rotation=90, fontsize=6, va="bottom", color="gray"
+            )
+    ax.set_ylim(0, max(260, max((r for _, r in rss), default=0) * 1.1))
+    ax.set_title(f"Operator RSS (peak {o['peak_rss_mb']} MB), idle writes {o['idle_writes_per_min']}/min")
+    ax.set_xlabel("seconds since the operator started")
+    ax.set_ylabel("MB")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
+    res["targets"] = evaluate(res)
+    res["all_targets_met"] = all(e["pass"] for e in res["targets"].values())
+    (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "series.json").write_text(json.dumps(series) + "\n")
+    (out / "summary.md").write_text(summary_md(res))
+    plot(out / "report.png", res, series)
+    print((out / "summary.md").read_text())

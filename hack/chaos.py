@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""`make chaos`: fault injection against fresh local control planes; writes build/chaos/report.json.
+
+Scenarios (tests/chaos/scenarios.py) run one after another on a control plane per group (one with
+the API server's default limits, one throttled to 5 requests in flight), each torn down at the end.
+After every scenario the invariants in tests/chaos/invariants.py are checked. Exit status 1 if any
+invariant was violated (other than a known, reported product bug that still reproduces), or if a
+known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
+
+    make chaos                                  # full counts (about 15-20 minutes on 2 cores)
+    make chaos CHAOS_ARGS=--quick               # the short counts `make test` also runs
+    make chaos CHAOS_ARGS="--only peering --only bad_input"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.chaos.scenarios import SCENARIOS, run_scenario, start_cluster  # noqa: E402
+
+OUT = REPO / "build" / "chaos"
+
+
+def summarize(by: dict[str, dict[str, Any]], quick: bool, seed: int, started: float) -> dict[str, Any]:
+    unexpected = sum(len(r["violations"]) for r in by.values())
+    known = sum(len(r.get("known_violations", [])) for r in by.values())
+    fixed = [bug for r in by.values() for bug in r.get("known_bugs_not_reproduced", [])]
+    return {
+        "scenarios": len(by),
+        "faults_injected": sum(r["faults_injected"] for r in by.values()),
+        "runs": sum(r["runs"] for r in by.values()),
+        "invariant_violations": unexpected,
+        "known_violations": known,
+        "known_bugs_no_longer_reproducing": fixed,
+        "quick": quick,
+        "seed": seed,
+        "seconds": round(time.monotonic() - started, 1),
+        "by_scenario": by,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short counts (about 1/5), as in make test")
+    ap.add_argument("--only", action="append", default=[], help="run only this scenario (repeatable)")
+    ap.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="random seed (recorded)")
+    ap.add_argument("--out", type=Path, default=OUT, help="report and logs directory")
+    args = ap.parse_args()
+    names = [s.name for s in SCENARIOS]
+    unknown = [n for n in args.only if n not in names]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; choose from {names}")
+    chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
+    out: Path = args.out
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "report.json"
+    started = time.monotonic()
+    by: dict[str, dict[str, Any]] = {}
+    for kind in ("main", "throttled"):
+        group = [s for s in chosen if s.cluster == kind]
+        if not group:
+            continue
+        print(f"== control plane '{kind}' for {[s.name for s in group]}", flush=True)
+        cluster = None
+        try:
+            cluster = start_cluster(work / kind / "cluster", throttled=kind == "throttled")
+            for i, sc in enumerate(group):
+                print(f"-- {sc.name} ...", flush=True)
+                result = run_scenario(sc.name, cluster, work / kind, args.quick, args.seed + i)
+                by[sc.name] = result
+                known = result.get("known_violations", [])
+                print(
+                    f"   {sc.name}: {result['runs']} runs, {result['faults_injected']} faults, "
+                    f"{len(result['violations'])} violations (+{len(known)} from known bugs) in {result['seconds']}s",
+                    flush=True,
+                )
+                for v in result["violations"]:
+                    print(f"     ! {v}", flush=True)
+                for v in known:
+                    print(f"     (known) {v}", flush=True)
+                report_path.write_text(json.dumps(summarize(by, args.quick, args.seed, started), indent=2) + "\n")
+        except Exception as e:
+            for sc in group:
+                by.setdefault(
+                    sc.name,
+                    {
+                        "runs": 0,
+                        "faults_injected": 0,
+                        "violations": [f"control plane '{kind}' failed: {e!r}"],
+                        "seconds": 0,
+                        "notes": [],
+                    },
+                )
+        finally:
+            if cluster is not None:
+                cluster.stop()
+    report = summarize(by, args.quick, args.seed, started)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"== {report['scenarios']} scenarios, {report['runs']} runs, {report['faults_injected']} faults injected, "
+        f"{report['invariant_violations']} invariant violations ({report['known_violations']} more from known bugs) "
+        f"in {report['seconds']}s; report: {report_path}"
+    )
+    if report["known_bugs_no_longer_reproducing"]:
+        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios.py):")
+        for bug in report["known_bugs_no_longer_reproducing"]:
+            print(f"  - {bug}")
+    return 1 if report["invariant_violations"] or report["known_bugs_no_longer_reproducing"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
