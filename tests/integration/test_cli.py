@@ -17,7 +17,8 @@ from typing import Any
 
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+from tests.support.k8s import Kube, OperatorProcess, healthy_spec, wait_for
+from tests.support.k8s import xid_event as xid
 
 BIN = Path(sys.executable).parent
 PLUGIN = BIN / "kubectl-gpuhealth"
@@ -67,16 +68,6 @@ def one_line_error(proc: subprocess.CompletedProcess[str], code: int) -> str:
     assert proc.returncode == code, f"exit {proc.returncode}, wanted {code}: {proc.stdout}{proc.stderr}"
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     return proc.stderr
-
-
-def xid(code: int, gpu: int = 3) -> dict[str, object]:
-    return {
-        "xid": code,
-        "gpu": gpu,
-        "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000",
-        "time": utcnow(),
-        "source": "simulated",
-    }
 
 
 def settle(kube: Kube, node: str, quiet: float = 2.0) -> str:

@@ -11,16 +11,7 @@ from kubernetes import client
 from tests.integration.conftest import make_nodes
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import GROUP, VERSION, Kube, wait_for
-
-
-def _ns(kube: Kube, name: str) -> str:
-    try:
-        kube.core.create_namespace({"metadata": {"name": name}})
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), what="default service account")
-    return name
+from tests.support.k8s import ensure_namespace as _ns
 
 
 def _gpu_pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

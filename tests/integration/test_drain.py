@@ -6,26 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
 from gpuhealth.workload import CheckpointRequest, acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
-
-
-def xid(code: int, gpu: int = 0) -> dict[str, object]:
-    return {"xid": code, "gpu": gpu, "time": utcnow(), "source": "simulated"}
-
-
-def namespace(kube: Kube, name: str) -> str:
-    try:
-        kube.core.create_namespace({"metadata": {"name": name}})
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), what="service account")
-    return name
+from tests.support.k8s import ensure_namespace as namespace
+from tests.support.k8s import xid_event as xid
 
 
 def pods(kube: Kube, ns: str, selector: str) -> list[Any]:

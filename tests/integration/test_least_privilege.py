@@ -41,6 +41,7 @@ from tests.support.k8s import (
     utcnow,
     wait_for,
 )
+from tests.support.k8s import xid_event as xid
 
 NS = GPUHEALTH_NAMESPACE
 OPERATOR_USER = f"system:serviceaccount:{NS}:gpuhealth-operator"
@@ -368,11 +369,6 @@ def test_agent_never_writes_the_verdict(
 
 
 # -- the operator under its own service account --------------------------------------------------
-
-
-def xid(code: int, gpu: int = 3) -> dict[str, object]:
-    uuid = f"GPU-{gpu:08d}-0000-0000-0000-000000000000"
-    return {"xid": code, "gpu": gpu, "uuid": uuid, "time": utcnow(), "source": "simulated"}
 
 
 def test_operator_runs_a_scenario_with_only_its_service_account(

@@ -7,18 +7,9 @@ import time
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+from tests.support.k8s import xid_event as xid
 
 TAINT = "gpuhealth.dev/unhealthy"
-
-
-def xid(code: int, gpu: int = 3) -> dict[str, object]:
-    return {
-        "xid": code,
-        "gpu": gpu,
-        "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000",
-        "time": utcnow(),
-        "source": "simulated",
-    }
 
 
 def test_xid79_taints_cordons_and_explains(

@@ -69,48 +69,23 @@ class Kube:
         except client.ApiException:
             return None
 
-    def put_report(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        """Write a report the way the agent does (create or merge-patch the spec)."""
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "GPUNodeHealth",
-            "metadata": {"name": name},
-            "spec": {"nodeName": name, **spec},
-        }
+    def _create_or_patch(self, plural: str, kind: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": dict(spec)}
         try:
-            return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpunodehealths", body)  # type: ignore[no-any-return]
+            return self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)  # type: ignore[no-any-return]
         except client.ApiException as e:
             if e.status != 409:
                 raise
         return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
-            GROUP,
-            VERSION,
-            "gpunodehealths",
-            name,
-            {"spec": dict(spec)},
-            _content_type="application/merge-patch+json",
+            GROUP, VERSION, plural, name, {"spec": dict(spec)}, _content_type="application/merge-patch+json"
         )
 
+    def put_report(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Write a report the way the agent does (create or merge-patch the spec)."""
+        return self._create_or_patch("gpunodehealths", "GPUNodeHealth", name, {"nodeName": name, **spec})
+
     def apply_policy(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "GPUHealthPolicy",
-            "metadata": {"name": name},
-            "spec": dict(spec),
-        }
-        try:
-            return self.custom.create_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", body)  # type: ignore[no-any-return]
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-        return self.custom.patch_cluster_custom_object(  # type: ignore[no-any-return]
-            GROUP,
-            VERSION,
-            "gpuhealthpolicies",
-            name,
-            {"spec": dict(spec)},
-            _content_type="application/merge-patch+json",
-        )
+        return self._create_or_patch("gpuhealthpolicies", "GPUHealthPolicy", name, spec)
 
     def get_policy(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", name)  # type: ignore[no-any-return]
@@ -125,6 +100,28 @@ class Kube:
     def node_events(self, name: str, reason: str | None = None) -> list[Any]:
         evs = self.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
         return [e for e in evs if reason is None or e.reason == reason]
+
+
+def xid_event(code: int, gpu: int = 3) -> dict[str, object]:
+    """An XID event as the agent reports it, happening now on GPU ``gpu``."""
+    return {
+        "xid": code,
+        "gpu": gpu,
+        "uuid": f"GPU-{gpu:08d}-0000-0000-0000-000000000000",
+        "time": utcnow(),
+        "source": "simulated",
+    }
+
+
+def ensure_namespace(kube: Kube, name: str) -> str:
+    """Create the namespace if missing and wait for its default service account (pods need it)."""
+    try:
+        kube.core.create_namespace({"metadata": {"name": name}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    wait_for(lambda: kube.core.read_namespaced_service_account("default", name), what="default service account")
+    return name
 
 
 def healthy_spec(gpus: int = 8, xids: list[dict[str, Any]] | None = None, **overrides: Any) -> dict[str, Any]:

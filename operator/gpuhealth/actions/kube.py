@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
@@ -23,20 +23,6 @@ log = logging.getLogger(__name__)
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
-
-
-def load_config(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig."""
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = 32
-    return client.ApiClient(cfg)
 
 
 def status_of(e: BaseException) -> int:

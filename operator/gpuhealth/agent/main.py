@@ -13,10 +13,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
 
 from gpuhealth.agent.nvml_source import ENV_LIBRARY
 from gpuhealth.agent.runner import Agent, AgentConfig, agent_version, collect_once
+from gpuhealth.kubeconfig import api_client
 
 log = logging.getLogger("gpuhealth.agent")
 
@@ -109,21 +109,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     )
 
 
-def kube_api_client(kubeconfig: str | None) -> Any:
-    """An ApiClient from ``--kubeconfig``, else in-cluster config, else $KUBECONFIG/~/.kube."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -143,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from gpuhealth.agent.publisher import KubeTransport, PrintTransport, ReportTransport
 
     transport: ReportTransport = (
-        PrintTransport(sys.stdout) if args.dry_run else KubeTransport(kube_api_client(args.kubeconfig))
+        PrintTransport(sys.stdout) if args.dry_run else KubeTransport(api_client(args.kubeconfig))
     )
 
     if args.once:

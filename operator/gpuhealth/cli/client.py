@@ -17,6 +17,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from gpuhealth import kubeconfig as kubeconfig_chain
 from gpuhealth.api.names import COMPONENT, GPU_PRESENT_LABEL, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.cli.errors import ApiError
 
@@ -27,28 +28,18 @@ T = TypeVar("T")
 
 def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> client.Configuration:
     """Client configuration from the kubeconfig chain, then in-cluster; ApiError if neither works."""
-    cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG") or ""
-    default = os.path.expanduser("~/.kube/config")
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
-        if path:
-            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
-        elif os.path.exists(default):
-            config.load_kube_config(config_file=default, context=context, client_configuration=cfg)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=cfg)
-            except config.ConfigException:
-                raise ApiError(
-                    "no Kubernetes credentials: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config "
-                    "(or run inside a cluster)"
-                ) from None
-    except ApiError:
-        raise
-    except Exception as e:  # the loader raises ConfigException, OSError, ValueError, yaml errors...
-        where = path or default
-        raise ApiError(f"cannot load Kubernetes credentials from {where}: {_one_line(str(e))}") from None
-    return cfg
+        return kubeconfig_chain.load(kubeconfig, context, in_cluster_first=False)
+    except config.ConfigException as e:
+        if not kubeconfig and not os.environ.get("KUBECONFIG") and not os.path.exists(path):
+            raise ApiError(
+                "no Kubernetes credentials: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config "
+                "(or run inside a cluster)"
+            ) from None
+        raise ApiError(f"cannot load Kubernetes credentials from {path}: {_one_line(str(e))}") from None
+    except Exception as e:  # unreadable or malformed kubeconfig: OSError, ValueError, YAML errors
+        raise ApiError(f"cannot load Kubernetes credentials from {path}: {_one_line(str(e))}") from None
 
 
 def _one_line(text: str) -> str:

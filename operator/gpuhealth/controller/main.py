@@ -11,10 +11,11 @@ import random
 import kopf
 from prometheus_client import start_http_server
 
-from gpuhealth.actions.kube import Kube, load_config
+from gpuhealth.actions.kube import Kube
 from gpuhealth.controller import metrics
 from gpuhealth.controller.handlers import register
 from gpuhealth.controller.reconciler import Reconciler
+from gpuhealth.kubeconfig import api_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["KUBECONFIG"] = args.kubeconfig  # Kopf's own login reads it
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    kube = Kube(load_config(args.kubeconfig), event_namespace=args.event_namespace)
+    kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
     reconciler = Reconciler(kube, workers=args.workers, tick=args.tick)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler)
