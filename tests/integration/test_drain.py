@@ -175,6 +175,30 @@ def test_signal_mode_uses_pod_grace_period_and_budget_blocks_then_allows(
             "spec": {"nodeName": bad, "containers": [{"name": "c", "image": "x"}]},
         },
     )
+    # So are DaemonSet pods (a node agent on every node of the group).
+    kube.apps.create_namespaced_daemon_set(
+        ns,
+        {
+            "metadata": {"name": "node-agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "node-agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "node-agent"}},
+                    "spec": {
+                        "nodeSelector": {"gpuhealth-test": group},
+                        "containers": [{"name": "a", "image": "agent"}],
+                    },
+                },
+            },
+        },
+    )
+    ds_pod = wait_for(
+        lambda: [
+            p for p in pods(kube, ns, "app=node-agent") if p.spec.node_name == bad and p.status.phase == "Running"
+        ],
+        timeout=60,
+        what="DaemonSet pod on the node",
+    )[0]
     kube.put_report(bad, healthy_spec(xids=[xid(48)]))
     wait_for(lambda: events(kube, bad, "EvictionBlocked"), timeout=30, what="budget blocks the eviction")
     wait_for(lambda: kube.report(bad)["status"].get("drain", {}).get("blockedByBudget", 0) >= 1, what="drain status")
@@ -187,6 +211,8 @@ def test_signal_mode_uses_pod_grace_period_and_budget_blocks_then_allows(
     ]
     assert terminating and all(p.metadata.deletion_grace_period_seconds == 45 for p in terminating)
     assert kube.core.read_namespaced_pod(f"sys-{group}"[:60], "kube-system").metadata.deletion_timestamp is None
+    assert kube.core.read_namespaced_pod(ds_pod.metadata.name, ns).metadata.deletion_timestamp is None
+    assert not any("node-agent" in e.message for e in events(kube, bad, "Evicted"))
 
 
 def _crash(kube: Kube, pod: Any, restarts: int = 5) -> None:
