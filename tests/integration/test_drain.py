@@ -339,5 +339,5 @@ def test_flapping_node_waits_for_a_human(
     assert kube.node_events(node, "Flapping")
     kube.core.patch_node(node, {"metadata": {"annotations": {"gpuhealth.dev/release": utcnow()}}})
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="released, probation, healthy")
-    assert kube.our_taint(node) is None
+    wait_for(lambda: kube.our_taint(node) is None, what="taint lifted after the verdict")
     assert "gpuhealth.dev/release" not in (kube.node(node)["metadata"].get("annotations") or {})

@@ -7,13 +7,17 @@ import re
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _FULL = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_SECONDS = 10 * 366 * 86400.0  # beyond any sane policy, and far inside datetime.timedelta's range
 
 
 def parse_duration(text: str) -> float:
     """Seconds in ``text``; raises ValueError on anything the CRD pattern would refuse."""
     if not isinstance(text, str) or not _FULL.fullmatch(text):
         raise ValueError(f"invalid duration {text!r} (expected e.g. 30s, 5m, 1h30m)")
-    return sum(float(n) * _UNIT[u] for n, u in _PART.findall(text))
+    seconds = sum(float(n) * _UNIT[u] for n, u in _PART.findall(text))
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"duration {text!r} is longer than 10 years")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

@@ -125,6 +125,9 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
         if not 1 <= code <= 1023:
             raise ReportError(f"{where}.xid: {code} is outside 1..1023")
         gpu = e.get("gpu")
+        if isinstance(gpu, int) and seen and gpu not in seen:
+            # The agent lists every GPU it knows (lost ones too): an XID on another one is not a fact.
+            raise ReportError(f"{where}.gpu: GPU {gpu} is not among the report's devices")
         xids.append(
             XidEvent(xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or ""))
         )

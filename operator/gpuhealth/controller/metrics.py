@@ -52,3 +52,6 @@ CAPACITY_GPU_HOURS = Gauge(
     ["policy", "state"],
     registry=REGISTRY,
 )
+EVENTS_DROPPED = Counter(
+    "gpuhealth_events_dropped_total", "Events that could not be posted even after retries", registry=REGISTRY
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -120,6 +121,25 @@ def _slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+RESYNC_AFTER_S = 5.0
+EVENT_RETRIES = 12  # about five minutes of growing delays
+
+
+def _retryable(e: BaseException) -> bool:
+    code = status_of(e)
+    return code == 0 or code == 429 or code >= 500
+
+
+def _newer(rv: object, than: str | None) -> bool:
+    """resourceVersions are opaque, but etcd's are increasing integers; unknown forms count as newer."""
+    if than is None:
+        return True
+    try:
+        return int(str(rv)) > int(than)
+    except ValueError:
+        return True
+
+
 def _current_drain(record: Mapping[str, Any], rec: Record) -> bool:
     """The drain record belongs to the current Draining episode (started at or after it began)."""
     started = parse_time(record.get("startedAt"))
@@ -169,6 +189,10 @@ class Reconciler:
         self.active = asyncio.Event()
         self._holders = 0
         self._resync_needed = False
+        self._loaded_at = 0.0
+        self._activation: asyncio.Task[None] | None = None
+        self.written_rv: dict[str, str] = {}
+        self._event_retries: set[asyncio.Task[None]] = set()
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -177,21 +201,30 @@ class Reconciler:
 
     def hold(self) -> None:
         self._holders += 1
-        if not self.active.is_set():
+        if self._holders == 1:
+            self._activation = asyncio.get_running_loop().create_task(self._activate())
+
+    async def _activate(self) -> None:
+        """Start acting; first re-read everything if our caches may be stale (a pause, or a late start)."""
+        if self._resync_needed or time.monotonic() - self._loaded_at > RESYNC_AFTER_S:
+            await self._resync()
+        if self._holders > 0 and not self.active.is_set():
             self.active.set()
             log.info("acting (this replica leads)")
 
     def release(self) -> None:
         self._holders = max(0, self._holders - 1)
-        if self._holders == 0 and self.active.is_set():
+        if self._holders == 0:
+            if self.active.is_set():
+                log.info("paused: not acting until resumed")
             self.active.clear()
             self._resync_needed = True  # another replica may act meanwhile: our caches go stale
-            log.info("paused: not acting until resumed")
 
     async def _resync(self) -> None:
         """After a pause, forget cached records and re-read everything another replica may have changed."""
         self._resync_needed = False
         self.records.clear()
+        self.written_rv.clear()
         self.reserved.clear()
         self.active_drains.clear()
         self.pods_by_node.clear()
@@ -202,6 +235,7 @@ class Reconciler:
         log.info("resynced after a pause")
 
     async def _load(self) -> None:
+        self._loaded_at = time.monotonic()
         nodes, reports, policies, pods = await asyncio.gather(
             self.call(self.kube.list_nodes, NODE_SELECTOR),
             self.call(self.kube.list_custom, "gpunodehealths"),
@@ -257,7 +291,11 @@ class Reconciler:
             self.reports.pop(name, None)
         else:
             self.reports[name] = dict(body)
-            if name not in self.records and body.get("status"):
+            # Our own writes update the record at once; adopt a watched status only if it is newer than
+            # our last write (another writer, e.g. a previous leader), never an older echo of it.
+            if body.get("status") and (
+                name not in self.records or _newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
+            ):
                 self.records[name] = Record.from_status(dict(body["status"]))
         if enqueue:
             self.queue.add(name)
@@ -508,6 +546,12 @@ class Reconciler:
             )
             for f in a.findings
         )
+        if not record.get("startedAt"):
+            # Record the start before the first request, so a restart recognises this drain's requests.
+            if status.get("drain"):
+                await self._write_drain(name, None)  # a merge patch would keep a previous drain's pods
+            record = {"phase": "Running", "startedAt": format_time(now), "fatal": fatal, "pods": {}}
+            await self._write_drain(name, record)
         gangs = {k: list(v.values()) for k, v in self.pods_by_gang.items()}
         plan = plan_drain(name, list(self.pods_by_node.get(name, {}).values()), gangs, policy.drain, fatal, record, now)
         new_record = await self.drainer.execute(name, plan, now)
@@ -535,6 +579,7 @@ class Reconciler:
             {"status": {"drain": None}} if record is None else {"status": {"drain": dict(record)}},
         )
         self.reports[name] = result
+        self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
 
     async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
         for pod in list(self.pods_by_node.get(name, {}).values()):
@@ -654,6 +699,7 @@ class Reconciler:
         }
         result = await self.call(self.kube.patch_report_status, name, patch)
         self.reports[name] = result
+        self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
         self.records[name] = decision.record
 
     async def _converge_node(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
@@ -737,10 +783,33 @@ class Reconciler:
     async def _event(
         self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
     ) -> None:
+        args = (kind, name, uid, type_, reason, message, api_version)
         try:
-            await self.call(self.kube.post_event, kind, name, uid, type_, reason, message, api_version)
-        except Exception:
-            log.warning("could not post event %s on %s %s", reason, kind, name, exc_info=True)
+            await self.call(self.kube.post_event, *args)
+        except Exception as e:
+            if not _retryable(e):
+                metrics.EVENTS_DROPPED.inc()
+                log.warning("could not post event %s on %s %s: %s", reason, kind, name, e)
+                return
+            # Throttled or the API is away: the record of an action must not be lost, so retry in the
+            # background with growing delays instead of holding up the reconcile.
+            task = asyncio.get_running_loop().create_task(self._retry_event(args))
+            self._event_retries.add(task)
+            task.add_done_callback(self._event_retries.discard)
+
+    async def _retry_event(self, args: tuple[str, ...]) -> None:
+        delay = 0.5
+        for _ in range(EVENT_RETRIES):
+            await asyncio.sleep(delay)
+            try:
+                await self.call(self.kube.post_event, *args)
+                return
+            except Exception as e:
+                if not _retryable(e):
+                    break
+            delay = min(delay * 2, 30.0)
+        metrics.EVENTS_DROPPED.inc()
+        log.warning("gave up posting event %s on %s %s", args[4], args[0], args[1])
 
     # -- policy status -----------------------------------------------------------------------------
 

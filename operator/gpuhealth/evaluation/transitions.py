@@ -130,8 +130,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                 state=State.RECOVERING,
                 since=now,
                 healthy_since=None,
-                reason="Released",
-                message="released by a human; on probation",
+                message=f"released by a human after {rec.reason or 'repair'}; on probation",
             )
             events.append(("Normal", "Released", "Released by a human after repair; the node is on probation"))
     window = dt.timedelta(seconds=policy.flapping_window_s)

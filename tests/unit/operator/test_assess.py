@@ -157,9 +157,9 @@ CASES = [
         [(X, OBS, 3, 154)],
     ),
     Case(
-        "xid154-on-unknown-gpu-uses-catalog",
-        {"xids": [xid_event(154, 10, 9)], "devices": _devices(g3={"recoveryAction": "Reboot"})},
-        [(X, OBS, 9, 154)],
+        "xid154-without-gpu-index-uses-catalog",
+        {"xids": [xid_event(154, 10, None)], "devices": _devices(g3={"recoveryAction": "Reboot"})},
+        [(X, OBS, None, 154)],
     ),
     Case(
         "xid154-override-beats-recovery-action",

@@ -467,3 +467,10 @@ def test_select_policy_is_order_independent(entries: list[tuple[int, str]]) -> N
 def test_breaker_limit_refuses_trailing_newline() -> None:
     with pytest.raises(PolicyError):
         breaker_limit("10%\n", 10)
+
+
+def test_durations_beyond_ten_years_are_refused_not_overflowed() -> None:
+    with pytest.raises(ValueError, match="longer than 10 years"):
+        parse_duration("99999999999h")
+    with pytest.raises(PolicyError, match=r"spec\.rules\.thermal\.sustainedFor"):
+        make_policy({"rules": {"thermal": {"sustainedFor": "99999999999h"}}})

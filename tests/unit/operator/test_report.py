@@ -145,6 +145,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (_with(xidEvents=[{"xid": -79, "time": iso(0)}]), r"spec\.xidEvents\[0\]\.xid"),
     (_with(xidEvents=[{"xid": "79", "time": iso(0)}]), r"spec\.xidEvents\[0\]\.xid: expected an integer"),
     ({"metadata": {"name": NODE}, "spec": ["nodeName"]}, r"spec: must be an object"),
+    (
+        _with(devices=[gpu(0), gpu(1)], xidEvents=[{"xid": 79, "gpu": 12, "time": iso(0)}]),
+        r"spec\.xidEvents\[0\]\.gpu: GPU 12 is not among the report's devices",
+    ),
 ]
 
 

@@ -320,7 +320,8 @@ def test_release_moves_to_recovering_and_clears_history() -> None:
     assert r.state == State.RECOVERING
     assert r.quarantines == ()
     assert r.cleared_before == at(1000)
-    assert r.reason == "Released"
+    assert r.reason == rec.reason, "the taint keeps naming the fault, not the release"
+    assert "released by a human" in r.message
     assert r.healthy_since == at(1000)  # this clean report starts the probation
     assert _reasons(d) == ["Released"]
     assert not d.lift
