@@ -184,7 +184,9 @@ def plan_condition(node: Mapping[str, Any], state: State, reason: str, message: 
     message = message[:1024]
     for c in (node.get("status") or {}).get("conditions") or []:
         if c.get("type") == CONDITION_TYPE:
-            if c.get("status") == status and c.get("reason") == reason and c.get("message") == message:
+            # The API server drops empty strings: compare missing and "" as equal, or we rewrite forever.
+            same = (c.get("reason") or "") == reason and (c.get("message") or "") == message
+            if c.get("status") == status and same:
                 return None
             transition = now if c.get("status") != status else c.get("lastTransitionTime", now)
             break

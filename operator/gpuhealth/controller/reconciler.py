@@ -47,7 +47,7 @@ from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import plan_drain
-from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.assess import THERMAL_REASONS, Assessment, NodeView, assess
 from gpuhealth.evaluation.restarts import failure, restart_loop_finding
 from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
 
@@ -393,13 +393,40 @@ class Reconciler:
             try:
                 if self._resync_needed:
                     await self._resync()
+                now = self.clock()
                 for name in list(self.nodes):
-                    self.queue.add(name)
+                    if self._time_dependent(name, now):
+                        self.queue.add(name)
                 await self.update_policy_statuses()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("sweep failed")
+
+    def _time_dependent(self, name: str, now: dt.datetime) -> bool:
+        """Whether the clock alone may change this node's verdict; everything else waits for an event.
+
+        Checking this is cheap, so a sweep over a large idle fleet reconciles (and writes) nothing.
+        """
+        rec = self.records.get(name)
+        report = self.reports.get(name)
+        if rec is None or report is None:
+            return True  # a new node, or one whose agent never reported: silence is measured by the clock
+        if rec.state in (State.RECOVERING, State.DRAINING, State.DEGRADED) or rec.held_by_breaker:
+            return True  # probation, drain deadlines and retries, breaker admission, app-XID windows
+        status = report.get("status") or {}
+        if status.get("pending"):
+            return True  # sustained heat
+        if rec.state == State.UNKNOWN:
+            return False  # only a fresh report (an event) brings it back
+        heartbeat = parse_time((report.get("spec") or {}).get("heartbeatTime"))
+        policy = self.policies.get(str(status.get("policy") or ""))
+        silence = policy.silence_after_s if policy else 0.0
+        if heartbeat is None or (now - heartbeat).total_seconds() > silence:
+            return True  # the agent went silent
+        return any(
+            (d.get("clockEventReasons") or 0) & THERMAL_REASONS for d in (report.get("spec") or {}).get("devices") or []
+        )
 
     # -- the reconcile ---------------------------------------------------------------------------
 
