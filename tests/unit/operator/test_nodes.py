@@ -353,3 +353,20 @@ def test_condition_status_per_state(state: State, status: str) -> None:
     assert c["status"] == status
     assert c["reason"] == str(state)  # the state stands in for an empty reason
     assert len(c["message"]) == 1024
+
+
+def test_condition_as_stored_by_the_api_server_is_not_rewritten() -> None:
+    """The API server drops empty reason/message strings; that must not look like a change (idle writes)."""
+    stored = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "GPUHealthy",
+                    "status": "True",
+                    "reason": "Healthy",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+    assert plan_condition(stored, State.HEALTHY, "", "", "2025-01-01T01:00:00Z") is None
