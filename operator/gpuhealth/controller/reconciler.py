@@ -122,6 +122,7 @@ def _slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 RESYNC_AFTER_S = 5.0
+RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 EVENT_RETRIES = 12  # about five minutes of growing delays
 
 
@@ -193,6 +194,7 @@ class Reconciler:
         self._activation: asyncio.Task[None] | None = None
         self.written_rv: dict[str, str] = {}
         self._event_retries: set[asyncio.Task[None]] = set()
+        self._failures: dict[str, int] = {}
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -376,12 +378,19 @@ class Reconciler:
                 continue
             try:
                 await self.reconcile(name)
+                self._failures.pop(name, None)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as e:
+                # Growing delays per node (throttling, an API away): never a tight retry loop.
+                n = self._failures[name] = self._failures.get(name, 0) + 1
+                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (n - 1))
                 metrics.RECONCILE_ERRORS.inc()
-                log.exception("reconcile of %s failed; retrying", name)
-                asyncio.get_running_loop().call_later(1.0, self.queue.add, name)
+                if _retryable(e) or is_conflict(e):
+                    log.warning("reconcile of %s failed (%s); retrying in %.1fs", name, e, delay)
+                else:
+                    log.exception("reconcile of %s failed; retrying in %.1fs", name, delay)
+                self.queue_later(name, delay)
             finally:
                 self.queue.done(name)
 
