@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -77,7 +77,8 @@ class Kube:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def list_pods(self) -> list[dict[str, Any]]:
+    def list_pods(self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p) -> list[dict[str, Any]]:
+        """Scheduled pods, page by page; ``transform`` slims each one before the next page is read."""
         items: list[dict[str, Any]] = []
         cont = None
         while True:
@@ -85,7 +86,7 @@ class Kube:
             if cont:
                 kw["_continue"] = cont
             data = self._json(self.core.list_pod_for_all_namespaces(**kw))
-            items.extend(data.get("items") or [])
+            items.extend(transform(p) for p in data.get("items") or [])
             cont = (data.get("metadata") or {}).get("continue")
             if not cont:
                 return items

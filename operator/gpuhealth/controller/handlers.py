@@ -34,6 +34,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
+        # Bound Kopf's per-object workers: with thousands of pods the initial listing would otherwise
+        # start a task (holding a full pod body) per pod at once.
+        settings.batching.worker_limit = 200
+        settings.batching.idle_timeout = 2.0
         settings.networking.request_timeout = 30
         await reconciler.start()
 

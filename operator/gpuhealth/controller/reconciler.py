@@ -242,7 +242,7 @@ class Reconciler:
             self.call(self.kube.list_nodes, NODE_SELECTOR),
             self.call(self.kube.list_custom, "gpunodehealths"),
             self.call(self.kube.list_custom, "gpuhealthpolicies"),
-            self.call(self.kube.list_pods),
+            self.call(self.kube.list_pods, _slim_pod),
         )
         for pod in pods:
             self.on_pod("ADDED", pod, enqueue=False)
