@@ -409,10 +409,19 @@ class AuditEntry:
         return self.verb in WRITE_VERBS
 
 
+def audit_files(path: Path) -> list[Path]:
+    """The audit log and its rotated predecessors (``audit-<time>.log``, rotated at 100 MB), oldest first."""
+    rotated = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"))
+    return [*rotated, *([path] if path.exists() else [])]
+
+
 def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
-    """The user's completed requests (stage ResponseComplete) from the API server's json audit log."""
-    if not path.exists():
-        return
+    """The user's completed requests (stage ResponseComplete) from the API server's json audit logs."""
+    for part in audit_files(path):
+        yield from _read_audit_file(part, user)
+
+
+def _read_audit_file(path: Path, user: str) -> Iterator[AuditEntry]:
     with open(path, errors="replace") as f:
         for line in f:
             if user not in line:
