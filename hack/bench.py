@@ -22,7 +22,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "hack"))
 
 from kubernetes import client  # noqa: E402
-from tests.support.agents import Agent, AgentFleet  # noqa: E402
+from tests.support.agents import AgentFleet  # noqa: E402
 from tests.support.cluster import LocalCluster  # noqa: E402
 from tests.support.k8s import OperatorProcess, wait_for  # noqa: E402
 
@@ -79,33 +78,6 @@ class BenchCluster(LocalCluster):
 
     def _proc(self, name: str, args: list[str]) -> Any:
         return super()._proc(name, [*args, *CONTROL_PLANE_ARGS.get(name, [])])
-
-
-class BenchAgentFleet(AgentFleet):
-    """AgentFleet with the agent's production defaults (event wait 1s, metrics server on) instead of test speed."""
-
-    def launch(self, agent: Agent) -> None:
-        exe = Path(sys.executable).parent / "gpuhealth-agent"
-        env = {
-            **os.environ,
-            "NODE_NAME": agent.node,
-            "FAKE_NVML_SCENARIO": str(agent.scenario),
-            "GPUHEALTH_NVML_LIBRARY": str(self.library),
-        }
-        with open(agent.log, "ab") as out:
-            agent.popen = subprocess.Popen(
-                [
-                    str(exe),
-                    f"--kubeconfig={self.kubeconfig}",
-                    f"--interval={self.interval}",
-                    f"--heartbeat-interval={self.heartbeat}",
-                    "--metrics-port=0",  # several agents may share this host; the port is not what we measure
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
 
 
 def log(msg: str) -> None:
@@ -341,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # The real agent runs for the whole bench, so its steady state is measured over minutes.
         phase("one real agent (fake NVML, interval 10s, heartbeat 30s) on its own node")
-        fleet = BenchAgentFleet(kc[AGENT_USER], out / "agent", interval=10.0, heartbeat=30.0)
+        # The agent's production event wait (1 s), not the tests' short one.
+        fleet = AgentFleet(kc[AGENT_USER], out / "agent", interval=10.0, heartbeat=30.0, event_timeout=None)
         fleet.start([AGENT_NODE])
         agent = fleet[AGENT_NODE]
         agent_proc = agent.popen

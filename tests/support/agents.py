@@ -50,6 +50,8 @@ class AgentFleet:
     workdir: Path
     interval: float = 1.0
     heartbeat: float = 5.0
+    # Seconds one NVML event wait may block; tests use a short one, None keeps the agent's default.
+    event_timeout: float | None = 0.2
     agents: dict[str, Agent] = field(default_factory=dict)
     library: Path | None = None
 
@@ -78,8 +80,8 @@ class AgentFleet:
                     f"--kubeconfig={self.kubeconfig}",
                     f"--interval={self.interval}",
                     f"--heartbeat-interval={self.heartbeat}",
-                    "--event-timeout=0.2",
-                    "--metrics-port=0",
+                    *([f"--event-timeout={self.event_timeout}"] if self.event_timeout is not None else []),
+                    "--metrics-port=0",  # several agents share this host
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
