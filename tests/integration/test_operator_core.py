@@ -112,7 +112,8 @@ def test_dry_run_writes_nothing_to_nodes(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    before = kube.node(node)
+    # Let the node controller finish with the new node (it lifts its not-ready taint) before the baseline.
+    before = wait_for(lambda: not (n := kube.node(node))["spec"].get("taints") and n, what="node settled")
     kube.apply_policy(group, policy_spec(group, mode="DryRun"))
     kube.put_report(node, healthy_spec(xids=[xid(79)]))
     ev = wait_for(lambda: kube.node_events(node, "Quarantined"), what="DryRun event")

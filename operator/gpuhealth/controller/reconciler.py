@@ -678,7 +678,6 @@ class Reconciler:
         overridden: list[Policy],
         decision: Decision,
         a: Assessment,
-        prev: Mapping[str, Any],
     ) -> dict[str, Any]:
         body: dict[str, Any] = dict(decision.record.to_status())
         body.update(
@@ -706,7 +705,7 @@ class Reconciler:
         now: dt.datetime,
     ) -> None:
         prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
-        body = self._status_body(policy, overridden, decision, a, prev)
+        body = self._status_body(policy, overridden, decision, a)
         changed = {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
         if report_obj is None:
             # No agent report after the silence period: create a stub so the Unknown verdict has a home.
