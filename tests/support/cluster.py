@@ -475,8 +475,15 @@ class LocalCluster:
     def wait_nodes_ready(
         self, count: int, timeout: float = 120.0, selector: str = "nvidia.com/gpu.present=true"
     ) -> None:
+        """Wait until ``count`` nodes are Ready *and schedulable*.
+
+        A new node first gets the node controller's ``node.kubernetes.io/not-ready`` taint, lifted a
+        moment after KWOK marks it Ready; a test that places pods before then sees them land
+        elsewhere. So a node counts only once Ready without such a taint, seen twice in a row.
+        """
         deadline = time.monotonic() + timeout
         ready = 0
+        streak = 0
         while time.monotonic() < deadline:
             out = self.kubectl(
                 "get",
@@ -484,13 +491,17 @@ class LocalCluster:
                 "-l",
                 selector,
                 "-o",
-                "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+                "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}"
+                "{' '}{.spec.taints[*].key}{'\\n'}{end}",
             ).stdout
-            ready = out.split().count("True")
-            if ready >= count:
+            ready = sum(
+                1 for line in out.splitlines() if line.split()[:1] == ["True"] and "node.kubernetes.io/" not in line
+            )
+            streak = streak + 1 if ready >= count else 0
+            if streak >= 2:
                 return
             time.sleep(0.5)
-        raise ClusterError(f"only {ready}/{count} fake GPU nodes became Ready in {timeout}s")
+        raise ClusterError(f"only {ready}/{count} fake GPU nodes became Ready and schedulable in {timeout}s")
 
 
 def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
