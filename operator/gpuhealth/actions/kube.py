@@ -135,10 +135,21 @@ class Kube:
     # -- events ----------------------------------------------------------------------------------
 
     def post_event(
-        self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        at: dt.datetime | None = None,
     ) -> None:
-        """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it."""
-        now = dt.datetime.now(dt.UTC)
+        """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it.
+
+        ``at`` is when it happened (Events are posted in the background, a moment later).
+        """
+        now = at or dt.datetime.now(dt.UTC)
         body = {
             "apiVersion": "v1",
             "kind": "Event",

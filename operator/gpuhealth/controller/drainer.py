@@ -32,7 +32,7 @@ class Drainer:
     async def execute(self, node: str, plan: DrainPlan, now: dt.datetime) -> dict[str, Any]:
         pods_rec: dict[str, dict[str, Any]] = plan.record.setdefault("pods", {})
         for type_, reason, message in plan.events:
-            await self.r._event("Node", node, node, type_, reason, message)
+            self.r._event("Node", node, node, type_, reason, message)
         for step in plan.steps:
             prec = pods_rec.setdefault(step.pod["metadata"]["uid"], {"pod": step.key, "node": _node_of(step.pod)})
             if step.kind == "request":
@@ -57,7 +57,7 @@ class Drainer:
             raise
         self.r.on_pod("MODIFIED", updated, enqueue=False)
         prec["requestedAt"] = at
-        await self.r._event(
+        self.r._event(
             "Node",
             node,
             node,
@@ -81,7 +81,7 @@ class Drainer:
                 delay = min(MAX_RETRY_S, 2.0**blocked)
                 prec["retryAt"] = format_time_precise(now + dt.timedelta(seconds=delay))
                 if code == 500:
-                    await self.r._event(
+                    self.r._event(
                         "Node",
                         node,
                         node,
@@ -91,7 +91,7 @@ class Drainer:
                         f"retrying in {delay:.0f}s. Fix the overlapping budgets",
                     )
                 elif blocked == 1:
-                    await self.r._event(
+                    self.r._event(
                         "Node",
                         node,
                         node,
@@ -104,7 +104,7 @@ class Drainer:
             raise
         prec["evictedAt"] = format_time_precise(now)
         prec.pop("retryAt", None)
-        await self.r._event("Node", node, node, "Normal", "Evicted", f"Evicted {step.key}: {step.why}")
+        self.r._event("Node", node, node, "Normal", "Evicted", f"Evicted {step.key}: {step.why}")
 
     async def _force(self, node: str, step: Step, prec: dict[str, Any], now: dt.datetime) -> None:
         meta = step.pod["metadata"]
@@ -114,7 +114,7 @@ class Drainer:
             if status_of(e) != 404:
                 raise
         prec["forceDeletedAt"] = format_time_precise(now)
-        await self.r._event(
+        self.r._event(
             "Node",
             node,
             node,

@@ -7,6 +7,7 @@ on them; the Node watch is filtered server-side to GPU nodes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -15,6 +16,19 @@ from gpuhealth.api.names import GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.controller.reconciler import NODE_SELECTOR, Reconciler
 
 log = logging.getLogger(__name__)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that is never built or stored: gpuhealth registers no on.create/update handlers."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
@@ -34,10 +48,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
-        # Bound Kopf's per-object workers: with thousands of pods the initial listing would otherwise
-        # start a task (holding a full pod body) per pod at once.
-        settings.batching.worker_limit = 200
-        settings.batching.idle_timeout = 2.0
+        # Thousands of pods: list them in pages, not in one response held whole in memory.
+        settings.watching.chunk_size = 500
+        # Bound Kopf's per-object workers, and let them end soon after the object goes quiet.
+        settings.queueing.worker_limit = 200
+        settings.queueing.idle_timeout = 2.0
+        # Only event handlers and a daemon here: no handler reads a diff, so skip the deep copy of
+        # every watched body Kopf would otherwise take to build one (the largest cost in a storm).
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.networking.request_timeout = 30
         await reconciler.start()
 

@@ -19,7 +19,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -85,6 +85,25 @@ def _evidence(a: Assessment) -> list[dict[str, Any]]:
             e["since"] = format_time(f.since)
         out.append(e)
     return out
+
+
+class _Lists(Mapping[str, list[dict[str, Any]]]):
+    """A read-only view of pods grouped by a key, as lists, built per key only when asked.
+
+    Copying every group on each reconcile cost time proportional to all pods in the cluster.
+    """
+
+    def __init__(self, groups: Mapping[str, Mapping[str, dict[str, Any]]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, key: str) -> list[dict[str, Any]]:
+        return list(self._groups[key].values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
 
 
 @dataclass
@@ -193,7 +212,9 @@ class Reconciler:
         self._loaded_at = 0.0
         self._activation: asyncio.Task[None] | None = None
         self.written_rv: dict[str, str] = {}
-        self._event_retries: set[asyncio.Task[None]] = set()
+        self._event_tasks: set[asyncio.Task[None]] = set()
+        self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
+        self.event_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
         self._failures: dict[str, int] = {}
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -272,7 +293,9 @@ class Reconciler:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flush_events()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.event_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- cache feeders (called by Kopf handlers) ---------------------------------------------------
 
@@ -281,8 +304,9 @@ class Reconciler:
         if event == "DELETED":
             self.nodes.pop(name, None)
             self.records.pop(name, None)
+            self._governing.pop(name, None)
             return
-        self.nodes[name] = dict(body)
+        self._store_node(name, body)
         self.first_seen.setdefault(name, self.clock())
         if enqueue:
             self.queue.add(name)
@@ -330,11 +354,19 @@ class Reconciler:
                 for n in draining:
                     self.queue.add(n)
 
+    def _store_node(self, name: str, body: Mapping[str, Any]) -> None:
+        """Cache a Node; which policy governs it is re-computed only when its labels change."""
+        old = self.nodes.get(name)
+        self.nodes[name] = dict(body)
+        if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
+            self._governing.pop(name, None)
+
     def queue_later(self, name: str, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self.queue.add, name)
 
     def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
+        self._governing.clear()
         if event == "DELETED":
             self.policies.pop(name, None)
             self.policy_objs.pop(name, None)
@@ -351,16 +383,14 @@ class Reconciler:
                     metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
                     log.warning("policy %s refused: %s", name, e)
                     uid = body["metadata"].get("uid", name)
-                    asyncio.get_event_loop().create_task(
-                        self._event(
-                            POLICY_KIND,
-                            name,
-                            uid,
-                            "Warning",
-                            "InvalidPolicy",
-                            f"The operator will not act on this policy: {e}",
-                            API_VERSION,
-                        )
+                    self._event(
+                        POLICY_KIND,
+                        name,
+                        uid,
+                        "Warning",
+                        "InvalidPolicy",
+                        f"The operator will not act on this policy: {e}",
+                        API_VERSION,
                     )
         if enqueue:
             for n in self.nodes:
@@ -439,9 +469,13 @@ class Reconciler:
 
     # -- the reconcile ---------------------------------------------------------------------------
 
-    def governing(self, node: Mapping[str, Any]) -> tuple[Policy | None, list[Policy]]:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        return select_policy(list(self.policies.values()), labels)
+    def governing(self, name: str) -> tuple[Policy | None, list[Policy]]:
+        """The policy that governs a cached node (and those it overrides), memoized per node."""
+        hit = self._governing.get(name)
+        if hit is None:
+            labels = ((self.nodes.get(name) or {}).get("metadata") or {}).get("labels") or {}
+            hit = self._governing[name] = select_policy(list(self.policies.values()), labels)
+        return hit
 
     def _parse(self, name: str, obj: Mapping[str, Any] | None) -> Report | None:
         if obj is None:
@@ -454,15 +488,13 @@ class Reconciler:
                 self.bad_report_versions[name] = rv
                 metrics.INVALID_INPUT.labels("GPUNodeHealth").inc()
                 log.warning("report %s ignored: %s", name, e)
-                asyncio.get_running_loop().create_task(
-                    self._event(
-                        "Node",
-                        name,
-                        name,
-                        "Warning",
-                        "InvalidReport",
-                        f"The agent's report is unusable and was ignored (no action taken on it): {e}",
-                    )
+                self._event(
+                    "Node",
+                    name,
+                    name,
+                    "Warning",
+                    "InvalidReport",
+                    f"The agent's report is unusable and was ignored (no action taken on it): {e}",
                 )
             return None
 
@@ -480,10 +512,11 @@ class Reconciler:
 
     async def _refresh(self, name: str) -> None:
         try:
-            self.nodes[name] = await self.call(self.kube.get_node, name)
+            self._store_node(name, await self.call(self.kube.get_node, name))
         except Exception as e:
             if is_not_found(e):
                 self.nodes.pop(name, None)
+                self._governing.pop(name, None)
             else:
                 raise
         try:
@@ -498,7 +531,7 @@ class Reconciler:
         node = self.nodes.get(name)
         if node is None:
             return
-        policy, overridden = self.governing(node)
+        policy, overridden = self.governing(name)
         if policy is None or policy.mode == Mode.PAUSED:
             return
         now = self.clock()
@@ -513,9 +546,7 @@ class Reconciler:
         released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
         view = NodeView(name, node["metadata"].get("labels") or {}, _gpu_capacity(node))
         node_pods = list(self.pods_by_node.get(name, {}).values())
-        loop = restart_loop_finding(
-            policy, name, node_pods, {k: list(v.values()) for k, v in self.pods_by_workload.items()}, now
-        )
+        loop = restart_loop_finding(policy, name, node_pods, _Lists(self.pods_by_workload), now)
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
@@ -561,7 +592,7 @@ class Reconciler:
                 if len(active) >= policy.max_concurrent_drains:
                     if record.get("phase") != "Queued":
                         await self._write_drain(name, {"phase": "Queued"})
-                        await self._event(
+                        self._event(
                             "Node",
                             name,
                             name,
@@ -588,13 +619,13 @@ class Reconciler:
                 await self._write_drain(name, None)  # a merge patch would keep a previous drain's pods
             record = {"phase": "Running", "startedAt": format_time(now), "fatal": fatal, "pods": {}}
             await self._write_drain(name, record)
-        gangs = {k: list(v.values()) for k, v in self.pods_by_gang.items()}
+        gangs = _Lists(self.pods_by_gang)
         plan = plan_drain(name, list(self.pods_by_node.get(name, {}).values()), gangs, policy.drain, fatal, record, now)
         new_record = await self.drainer.execute(name, plan, now)
         if plan.complete:
             active.discard(name)
             self.queue_later(name, 0.05)  # the state machine moves on with the completed drain
-            await self._event(
+            self._event(
                 "Node",
                 name,
                 name,
@@ -634,7 +665,7 @@ class Reconciler:
                     continue
                 raise
             meta["deletionTimestamp"] = format_time(now)
-            await self._event(
+            self._event(
                 "Node",
                 name,
                 name,
@@ -657,7 +688,7 @@ class Reconciler:
         """The circuit breaker: reserve a slot under the policy's lock, or hold the quarantine back."""
         lock = self.policy_locks.setdefault(policy.name, asyncio.Lock())
         async with lock:
-            governed = [n for n, body in self.nodes.items() if self.governing(body)[0] is policy]
+            governed = [n for n in self.nodes if self.governing(n)[0] is policy]
             reserved = self.reserved.setdefault(policy.name, set())
             out = {n for n in governed if (r := self.records.get(n)) is not None and r.out_of_service} | reserved
             out.discard(name)
@@ -753,7 +784,7 @@ class Reconciler:
         plan = plan_node(node, marks)
         if plan.patch is not None:
             updated = await self.call(self.kube.patch_node, name, plan.patch)
-            self.nodes[name] = updated
+            self._store_node(name, updated)
             node = updated
             for act in plan.actions:
                 metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
@@ -790,11 +821,9 @@ class Reconciler:
         if "uncordon" in actions:
             msgs.append("Uncordoned (gpuhealth's own cordon)")
         if msgs:
-            await self._event(
-                "Node", name, name, "Normal", "GPUHealthAction", "; ".join(msgs) + f". State: {rec.state}"
-            )
+            self._event("Node", name, name, "Normal", "GPUHealthAction", "; ".join(msgs) + f". State: {rec.state}")
         for what in lifted:
-            await self._event(
+            self._event(
                 "Node",
                 name,
                 name,
@@ -813,45 +842,51 @@ class Reconciler:
             if dry:
                 message = f"DryRun (policy {policy.name}): would act, no Node was changed. {message}"
                 metrics.ACTIONS.labels(reason, d.record.reason or reason, "DryRun").inc()
-            await self._event("Node", name, name, type_, reason, message)
+            self._event("Node", name, name, type_, reason, message)
 
-    async def _event(
+    def _event(
         self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
     ) -> None:
-        args = (kind, name, uid, type_, reason, message, api_version)
-        try:
-            await self.call(self.kube.post_event, *args)
-        except Exception as e:
-            if not _retryable(e):
-                metrics.EVENTS_DROPPED.inc()
-                log.warning("could not post event %s on %s %s: %s", reason, kind, name, e)
-                return
-            # Throttled or the API is away: the record of an action must not be lost, so retry in the
-            # background with growing delays instead of holding up the reconcile.
-            task = asyncio.get_running_loop().create_task(self._retry_event(args))
-            self._event_retries.add(task)
-            task.add_done_callback(self._event_retries.discard)
+        """Post an Event without holding up the caller; it carries the time of the decision.
 
-    async def _retry_event(self, args: tuple[str, ...]) -> None:
+        Events go through their own small thread pool, so during a storm the Node writes that carry
+        the actual protection are never queued behind the announcements. Throttling or an API that is
+        away is retried in the background with growing delays: the record of an action is not dropped.
+        """
+        args = (kind, name, uid, type_, reason, message, api_version, dt.datetime.now(dt.UTC))
+        task = asyncio.get_running_loop().create_task(self._post_event(args))
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
+
+    async def _post_event(self, args: tuple[Any, ...]) -> None:
+        loop = asyncio.get_running_loop()
         delay = 0.5
-        for _ in range(EVENT_RETRIES):
-            await asyncio.sleep(delay)
+        for attempt in range(EVENT_RETRIES + 1):
+            if attempt:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
             try:
-                await self.call(self.kube.post_event, *args)
+                await loop.run_in_executor(self.event_pool, self.kube.post_event, *args)
                 return
             except Exception as e:
                 if not _retryable(e):
-                    break
-            delay = min(delay * 2, 30.0)
+                    metrics.EVENTS_DROPPED.inc()
+                    log.warning("could not post event %s on %s %s: %s", args[4], args[0], args[1], e)
+                    return
         metrics.EVENTS_DROPPED.inc()
         log.warning("gave up posting event %s on %s %s", args[4], args[0], args[1])
+
+    async def flush_events(self, timeout: float = 5.0) -> None:
+        """On shutdown: give Events in flight a moment to land."""
+        if self._event_tasks:
+            await asyncio.wait(list(self._event_tasks), timeout=timeout)
 
     # -- policy status -----------------------------------------------------------------------------
 
     def summarize(self) -> dict[str, PolicyView]:
         views = {p: PolicyView() for p in self.policies}
-        for name, body in self.nodes.items():
-            winner, others = self.governing(body)
+        for name in self.nodes:
+            winner, others = self.governing(name)
             if winner is None:
                 continue
             v = views[winner.name]
@@ -880,7 +915,7 @@ class Reconciler:
             uid = obj.get("metadata", {}).get("uid", pname)
             if is_open != was_open:
                 if is_open:
-                    await self._event(
+                    self._event(
                         POLICY_KIND,
                         pname,
                         uid,
@@ -891,7 +926,7 @@ class Reconciler:
                         API_VERSION,
                     )
                 else:
-                    await self._event(
+                    self._event(
                         POLICY_KIND,
                         pname,
                         uid,
