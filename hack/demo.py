@@ -26,6 +26,7 @@ from kubernetes import watch  # noqa: E402
 from tests.support.agents import AgentFleet  # noqa: E402
 from tests.support.cluster import LocalCluster  # noqa: E402
 from tests.support.k8s import Kube, OperatorProcess, wait_for  # noqa: E402
+from tests.support.workloads import indexed_training_job  # noqa: E402
 
 OUT = REPO / "build" / "demo"
 TAINT = "gpuhealth.dev/unhealthy"
@@ -87,43 +88,6 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
             time.sleep(0.5)
 
 
-TRAINING_JOB: dict[str, Any] = {
-    "apiVersion": "batch/v1",
-    "kind": "Job",
-    "metadata": {"name": "llm-pretrain", "namespace": "ml"},
-    "spec": {
-        "completionMode": "Indexed",
-        "completions": 4,
-        "parallelism": 4,
-        "backoffLimit": 20,
-        "template": {
-            "metadata": {"labels": {"app": "llm-pretrain"}, "annotations": {"gpuhealth.dev/checkpoint": "annotation"}},
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 5,
-                "containers": [
-                    {"name": "trainer", "image": "llm-trainer:1.4", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
-                ],
-                "affinity": {
-                    "nodeAffinity": {
-                        "preferredDuringSchedulingIgnoredDuringExecution": [
-                            {
-                                "weight": 100,
-                                "preference": {
-                                    "matchExpressions": [
-                                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["NODE"]}
-                                    ]
-                                },
-                            }
-                        ]
-                    }
-                },
-            },
-        },
-    },
-}
-
-
 def training_ranks(kube: Kube) -> list[Any]:
     pods = kube.core.list_namespaced_pod("ml", label_selector="app=llm-pretrain").items
     return [p for p in pods if not p.metadata.deletion_timestamp]
@@ -154,7 +118,9 @@ def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str) -> None
     """GPU work: a checkpointing training job (4 ranks) on one node, an inference Deployment on the rest."""
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}])
     wait_for(lambda: kube.core.read_namespaced_service_account("default", "ml"), what="namespace ready")
-    cluster.apply_objects([json.loads(json.dumps(TRAINING_JOB).replace('"NODE"', json.dumps(training_node)))])
+    cluster.apply_objects(
+        [indexed_training_job("llm-pretrain", training_node, image="llm-trainer:1.4", namespace="ml")]
+    )
     wait_for(
         lambda: len([p for p in training_ranks(kube) if p.status.phase == "Running"]) == 4,
         timeout=90,

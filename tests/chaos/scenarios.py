@@ -34,6 +34,7 @@ from tests.chaos import invariants as inv
 from tests.support.agents import AgentFleet
 from tests.support.cluster import REPO, LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+from tests.support.workloads import indexed_training_job
 
 T = TypeVar("T")
 
@@ -271,46 +272,9 @@ class Ctx:
 
     def training_job(self, ns: str, name: str, target: str, ranks: int = 4, gpus: int = 2) -> None:
         """An indexed Job (a gang of ``ranks``) that checkpoints on request, preferring ``target``."""
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name},
-            "spec": {
-                "completionMode": "Indexed",
-                "completions": ranks,
-                "parallelism": ranks,
-                "backoffLimit": 50,
-                "template": {
-                    "metadata": {"labels": {"app": name}, "annotations": {"gpuhealth.dev/checkpoint": "annotation"}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "terminationGracePeriodSeconds": 5,
-                        "containers": [
-                            {
-                                "name": "trainer",
-                                "image": "trainer",
-                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                            }
-                        ],
-                        "nodeSelector": {"chaos-group": self.group},
-                        "affinity": {
-                            "nodeAffinity": {
-                                "preferredDuringSchedulingIgnoredDuringExecution": [
-                                    {
-                                        "weight": 100,
-                                        "preference": {
-                                            "matchExpressions": [
-                                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [target]}
-                                            ]
-                                        },
-                                    }
-                                ]
-                            }
-                        },
-                    },
-                },
-            },
-        }
+        body = indexed_training_job(
+            name, target, ranks=ranks, gpus=gpus, backoff_limit=50, node_selector={"chaos-group": self.group}
+        )
         self.retry(self.kube.batch.create_namespaced_job, ns, body)
 
     def wait_job_on(self, ns: str, name: str, target: str, ranks: int = 4, timeout: float = 90.0) -> None:

@@ -12,51 +12,13 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
 from tests.support.k8s import ensure_namespace as namespace
 from tests.support.k8s import xid_event as xid
+from tests.support.workloads import indexed_training_job
 
 
 def pods(kube: Kube, ns: str, selector: str) -> list[Any]:
     return [
         p for p in kube.core.list_namespaced_pod(ns, label_selector=selector).items if not p.metadata.deletion_timestamp
     ]
-
-
-def training_job(name: str, group: str, first: str, mode: str, gpus: int = 2, grace: int = 5) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": 4,
-            "parallelism": 4,
-            "backoffLimit": 20,
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": {"gpuhealth.dev/checkpoint": mode}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": grace,
-                    "containers": [
-                        {"name": "trainer", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-                    ],
-                    "nodeSelector": {"gpuhealth-test": group},
-                    "affinity": {
-                        "nodeAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [
-                                {
-                                    "weight": 100,
-                                    "preference": {
-                                        "matchExpressions": [
-                                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [first]}
-                                        ]
-                                    },
-                                }
-                            ]
-                        }
-                    },
-                },
-            },
-        },
-    }
 
 
 def events(kube: Kube, node: str, reason: str) -> list[Any]:
@@ -74,7 +36,7 @@ def test_indexed_training_job_checkpoints_then_moves(
     )
     for n in nodes:
         kube.put_report(n, healthy_spec())
-    kube.batch.create_namespaced_job(ns, training_job("llm", group, bad, "annotation"))
+    kube.batch.create_namespaced_job(ns, indexed_training_job("llm", bad, node_selector={"gpuhealth-test": group}))
     first = wait_for(
         lambda: len(p := [x for x in pods(kube, ns, "app=llm") if x.status.phase == "Running"]) == 4 and p,
         timeout=60,
@@ -133,7 +95,7 @@ def test_checkpoint_timeout_evicts_anyway(
     )
     for n in nodes:
         kube.put_report(n, healthy_spec())
-    kube.batch.create_namespaced_job(ns, training_job("slow", group, bad, "annotation"))
+    kube.batch.create_namespaced_job(ns, indexed_training_job("slow", bad, node_selector={"gpuhealth-test": group}))
     wait_for(
         lambda: len([x for x in pods(kube, ns, "app=slow") if x.status.phase == "Running"]) == 4,
         timeout=60,
@@ -153,7 +115,7 @@ def test_signal_mode_uses_pod_grace_period_and_budget_blocks_then_allows(
     kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 1}))
     for n in nodes:
         kube.put_report(n, healthy_spec())
-    job = training_job("sig", group, bad, "signal", grace=45)
+    job = indexed_training_job("sig", bad, mode="signal", grace=45, node_selector={"gpuhealth-test": group})
     kube.batch.create_namespaced_job(ns, job)
     wait_for(
         lambda: len([x for x in pods(kube, ns, "app=sig") if x.status.phase == "Running"]) == 4,

@@ -10,11 +10,12 @@ import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.api.timeutil import format_time_precise
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+SCHEDULED = "spec.nodeName!="  # only pods placed on a node
 
 
 def status_of(e: BaseException) -> int:
@@ -79,17 +81,42 @@ class Kube:
 
     def list_pods(self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p) -> list[dict[str, Any]]:
         """Scheduled pods, page by page; ``transform`` slims each one before the next page is read."""
+        return self.list_pods_rv(transform)[0]
+
+    def list_pods_rv(
+        self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Like ``list_pods``, with the list's resourceVersion to watch from."""
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            kw: dict[str, Any] = {"limit": 1000, "field_selector": "spec.nodeName!=", "_preload_content": False}
+            kw: dict[str, Any] = {"limit": 500, "field_selector": SCHEDULED, "_preload_content": False}
             if cont:
                 kw["_continue"] = cont
             data = self._json(self.core.list_pod_for_all_namespaces(**kw))
             items.extend(transform(p) for p in data.get("items") or [])
-            cont = (data.get("metadata") or {}).get("continue")
+            meta = data.get("metadata") or {}
+            cont = meta.get("continue")
             if not cont:
-                return items
+                return items, str(meta.get("resourceVersion") or "")
+
+    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
+        resp = self.core.list_pod_for_all_namespaces(
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            field_selector=SCHEDULED,
+            _preload_content=False,
+            _request_timeout=(10, timeout_s + 30),
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                yield json.loads(line)
+        finally:
+            resp.close()
+            resp.release_conn()
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]

@@ -1,7 +1,8 @@
 """Kopf handlers: thin. They feed the reconciler's caches and queue; all decisions live elsewhere.
 
 Nodes are watched with event handlers only, so Kopf never writes finalizers or progress annotations
-on them; the Node watch is filtered server-side to GPU nodes.
+on them; the Node watch is filtered server-side to GPU nodes. Pods are not watched through Kopf: the
+reconciler's slim pod reflector (podwatch.py) keeps only the few fields it reads.
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.posting.enabled = False  # our own Events say what happened; no Kopf chatter on Nodes
         settings.scanning.disabled = True  # no cluster-wide namespace/CRD listing: least privilege
         settings.watching.label_selectors["v1", "nodes"] = NODE_SELECTOR
-        settings.watching.field_selectors["v1", "pods"] = "spec.nodeName!="  # only pods placed on a node
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
-        # Thousands of pods: list them in pages, not in one response held whole in memory.
+        # List in pages, not in one response held whole in memory.
         settings.watching.chunk_size = 500
         # Bound Kopf's per-object workers, and let them end soon after the object goes quiet.
         settings.queueing.worker_limit = 200
@@ -72,11 +72,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     async def report_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         await reconciler.ready.wait()
         reconciler.on_report(type, body)
-
-    @kopf.on.event("v1", "pods", registry=registry)
-    async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await reconciler.ready.wait()
-        reconciler.on_pod(type, body)
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=5)
     async def acting(stopped: kopf.DaemonStopped, **_: Any) -> None:

@@ -55,3 +55,13 @@ CAPACITY_GPU_HOURS = Gauge(
 EVENTS_DROPPED = Counter(
     "gpuhealth_events_dropped_total", "Events that could not be posted even after retries", registry=REGISTRY
 )
+POD_WATCH_ERRORS = Counter(
+    "gpuhealth_pod_watch_errors_total",
+    "Pod watch connections that failed and were resumed after a delay",
+    registry=REGISTRY,
+)
+POD_WATCH_RELISTS = Counter(
+    "gpuhealth_pod_watch_relists_total",
+    "Full pod lists after the watch's resourceVersion expired (410 Gone), or at start",
+    registry=REGISTRY,
+)

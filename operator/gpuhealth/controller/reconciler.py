@@ -44,6 +44,7 @@ from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.controller import metrics
 from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import plan_drain
@@ -128,16 +129,54 @@ _POD_META = (
 )
 
 
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _slim_container(cs: Mapping[str, Any]) -> dict[str, Any]:
+    """Restart count, exit codes and times, the waiting reason: what restart-loop detection reads."""
+    out: dict[str, Any] = {"restartCount": cs.get("restartCount") or 0}
+    for key in ("state", "lastState"):
+        state = cs.get(key) or {}
+        slim: dict[str, Any] = {}
+        term = state.get("terminated")
+        if term:
+            slim["terminated"] = {f: term[f] for f in ("exitCode", "finishedAt") if f in term}
+        if state.get("waiting"):
+            slim["waiting"] = {"reason": state["waiting"].get("reason")}
+        if slim:
+            out[key] = slim
+    return out
+
+
 def _slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
+    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
+    if _LAST_APPLIED in (meta.get("annotations") or {}):
+        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
+    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
+    if "containerStatuses" in status:
+        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
+    return {"metadata": slim_meta, "spec": {"nodeName": spec.get("nodeName")}, "status": slim_status}
+
+
+def _slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What taints, cordons, conditions and policy selection read: a real node's image list and
+    managed fields are most of its size."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
     return {
-        "metadata": {k: meta[k] for k in _POD_META if k in meta},
-        "spec": {"nodeName": spec.get("nodeName")},
-        "status": {k: status[k] for k in ("phase", "containerStatuses", "startTime") if k in status},
+        "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+        "spec": body.get("spec") or {},
+        "status": {k: status[k] for k in ("capacity", "conditions") if k in status},
     }
+
+
+def _slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 RESYNC_AFTER_S = 5.0
@@ -201,6 +240,8 @@ class Reconciler:
         self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
         self.active_drains: dict[str, set[str]] = {}
         self.drainer = Drainer(self)
+        self.pod_watch = PodWatch(kube, _slim_pod, self.on_pod, self.replace_pods)
+        self._pods_listed = False
         self.queue = WorkQueue()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self._tasks: list[asyncio.Task[None]] = []
@@ -244,29 +285,29 @@ class Reconciler:
             self._resync_needed = True  # another replica may act meanwhile: our caches go stale
 
     async def _resync(self) -> None:
-        """After a pause, forget cached records and re-read everything another replica may have changed."""
+        """After a pause, forget cached records and re-read everything another replica may have changed.
+
+        Pods are not re-read: the pod watch runs whether or not this replica acts, so they are current.
+        """
         self._resync_needed = False
         self.records.clear()
         self.written_rv.clear()
         self.reserved.clear()
         self.active_drains.clear()
-        self.pods_by_node.clear()
-        self.pods_by_gang.clear()
-        self.pods_by_workload.clear()
-        self.pod_index.clear()
         await self._load()
         log.info("resynced after a pause")
 
     async def _load(self) -> None:
         self._loaded_at = time.monotonic()
-        nodes, reports, policies, pods = await asyncio.gather(
+        nodes, reports, policies = await asyncio.gather(
             self.call(self.kube.list_nodes, NODE_SELECTOR),
             self.call(self.kube.list_custom, "gpunodehealths"),
             self.call(self.kube.list_custom, "gpuhealthpolicies"),
-            self.call(self.kube.list_pods, _slim_pod),
         )
-        for pod in pods:
-            self.on_pod("ADDED", pod, enqueue=False)
+        if not self._pods_listed:
+            for pod in await self.call(self.pod_watch.list):
+                self.on_pod("ADDED", pod, enqueue=False)
+            self._pods_listed = True
         for p in policies:
             self.on_policy("ADDED", p, enqueue=False)
         for r in reports:
@@ -279,6 +320,7 @@ class Reconciler:
     async def start(self) -> None:
         """Prime the caches with a full list, so the breaker counts every node before any decision."""
         await self._load()
+        self.pod_watch.start(asyncio.get_running_loop())
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
@@ -290,6 +332,7 @@ class Reconciler:
         )
 
     async def stop(self) -> None:
+        self.pod_watch.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -316,7 +359,7 @@ class Reconciler:
         if event == "DELETED":
             self.reports.pop(name, None)
         else:
-            self.reports[name] = dict(body)
+            self.reports[name] = _slim_report(dict(body))
             # Our own writes update the record at once; adopt a watched status only if it is newer than
             # our last write (another writer, e.g. a previous leader), never an older echo of it.
             if body.get("status") and (
@@ -357,9 +400,18 @@ class Reconciler:
     def _store_node(self, name: str, body: Mapping[str, Any]) -> None:
         """Cache a Node; which policy governs it is re-computed only when its labels change."""
         old = self.nodes.get(name)
-        self.nodes[name] = dict(body)
+        self.nodes[name] = _slim_node(body)
         if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
             self._governing.pop(name, None)
+
+    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): pods missing from it are gone."""
+        fresh = {p["metadata"].get("uid") for p in pods}
+        for uid, (node, _, _) in list(self.pod_index.items()):
+            if uid not in fresh:
+                self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
+        for p in pods:
+            self.on_pod("MODIFIED", p)
 
     def queue_later(self, name: str, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self.queue.add, name)
@@ -521,7 +573,7 @@ class Reconciler:
                 raise
         try:
             report = await self.call(self.kube.get_report, name)
-            self.reports[name] = report
+            self.reports[name] = _slim_report(report)
             self.records[name] = Record.from_status(report.get("status"))
         except Exception as e:
             if not is_not_found(e):
@@ -645,7 +697,7 @@ class Reconciler:
             name,
             {"status": {"drain": None}} if record is None else {"status": {"drain": dict(record)}},
         )
-        self.reports[name] = result
+        self.reports[name] = _slim_report(result)
         self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
 
     async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
@@ -754,7 +806,7 @@ class Reconciler:
                 if status_of(e) != 409:
                     raise
                 report_obj = await self.call(self.kube.get_report, name)
-            self.reports[name] = dict(report_obj)
+            self.reports[name] = _slim_report(dict(report_obj))
             changed = body
         if not changed:
             self.records[name] = decision.record
@@ -764,7 +816,7 @@ class Reconciler:
             "status": changed,
         }
         result = await self.call(self.kube.patch_report_status, name, patch)
-        self.reports[name] = result
+        self.reports[name] = _slim_report(result)
         self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
         self.records[name] = decision.record
 
@@ -785,7 +837,7 @@ class Reconciler:
         if plan.patch is not None:
             updated = await self.call(self.kube.patch_node, name, plan.patch)
             self._store_node(name, updated)
-            node = updated
+            node = self.nodes[name]  # the cached copy, so the condition written below is reflected in it
             for act in plan.actions:
                 metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
             if "taint" in plan.actions and top is not None and top.since is not None:

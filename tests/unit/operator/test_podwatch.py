@@ -1,0 +1,109 @@
+"""The pod reflector's protocol: resume after a dropped watch, list again on 410, slim every pod.
+
+The source here is a scripted stand-in; the real list and watch run in the integration tests
+(every drain and restart-loop test goes through it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from gpuhealth.controller.podwatch import Gone, PodWatch, WatchError
+
+
+def pod(uid: str, rv: str, node: str = "n1") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "ns", "resourceVersion": rv, "managedFields": ["big"]},
+        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def slim(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"uid": p["metadata"]["uid"]}, "spec": {"nodeName": p["spec"]["nodeName"]}}
+
+
+class Script:
+    """Answers lists and watches from queued scripts, recording what was asked."""
+
+    def __init__(self, lists: list[tuple[list[dict[str, Any]], str]], watches: list[Any]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.calls: list[tuple[str, str]] = []
+        self.done = threading.Event()
+
+    def list_pods_rv(self, transform: Any) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append(("list", ""))
+        items, rv = self.lists.pop(0)
+        return [transform(p) for p in items], rv
+
+    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        self.calls.append(("watch", resource_version))
+        if not self.watches:
+            self.done.set()
+            threading.Event().wait(0.05)
+            return
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        yield from step
+
+
+def test_follow_slims_tracks_versions_and_skips_bookmarks() -> None:
+    w = PodWatch(Script([], []), slim, lambda *_: None, lambda _: None, resource_version="10")
+    events = [
+        {"type": "ADDED", "object": pod("a", "11")},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+        {"type": "DELETED", "object": pod("a", "16")},
+    ]
+    got = list(w.follow(events))
+    assert got == [("ADDED", slim(pod("a", "11"))), ("DELETED", slim(pod("a", "16")))]
+    assert "managedFields" not in got[0][1]["metadata"]
+    assert w.resource_version == "16"
+
+
+def test_follow_raises_gone_on_410_and_other_errors_distinctly() -> None:
+    w = PodWatch(Script([], []), slim, lambda *_: None, lambda _: None, resource_version="10")
+    with pytest.raises(Gone):
+        list(w.follow([{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}]))
+    with pytest.raises(WatchError, match="500"):
+        list(w.follow([{"type": "ERROR", "object": {"code": 500, "message": "boom"}}]))
+
+
+def test_run_resumes_from_last_version_then_relists_after_gone() -> None:
+    script = Script(
+        lists=[([pod("b", "30")], "30")],
+        watches=[
+            [{"type": "ADDED", "object": pod("a", "11")}],  # ends: the server's timeout
+            ConnectionResetError("dropped"),  # resumed from 11 after a short delay
+            [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],
+            [{"type": "MODIFIED", "object": pod("b", "31")}],
+        ],
+    )
+    events: list[tuple[str, str]] = []
+    replaced: list[list[str]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        w = PodWatch(
+            script,
+            slim,
+            lambda kind, p: events.append((kind, p["metadata"]["uid"])),
+            lambda pods: replaced.append([p["metadata"]["uid"] for p in pods]),
+            resource_version="10",
+        )
+        w.start(loop)
+        while not script.done.is_set():
+            await asyncio.sleep(0.01)
+        w.stop()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert script.calls[:5] == [("watch", "10"), ("watch", "11"), ("watch", "11"), ("list", ""), ("watch", "30")]
+    assert events == [("ADDED", "a"), ("MODIFIED", "b")]
+    assert replaced == [["b"]]
