@@ -206,6 +206,20 @@ class Ctx:
         wait_for(done, timeout=timeout, interval=interval, what=what)
         return time.monotonic() - t0
 
+    def wait_schedulable(self, names: Iterable[str], timeout: float, what: str) -> None:
+        """Wait until the Nodes carry neither gpuhealth's taint nor a cordon: a Healthy verdict is
+        recorded first and the Node follows it (later still when the operator is killed in between)."""
+        names = list(names)
+
+        def clear() -> bool:
+            for n in names:
+                spec = self.retry(self.kube.core.read_node, n).spec
+                if spec.unschedulable or any(t.key == inv.TAINT for t in spec.taints or []):
+                    return False
+            return True
+
+        wait_for(clear, timeout=timeout, interval=0.3, what=what)
+
     def make_nodes(self, count: int, labels: Mapping[str, str] | None = None) -> list[str]:
         names = self.retry(
             self.cluster.add_gpu_nodes,
@@ -512,6 +526,7 @@ def operator_kills(ctx: Ctx) -> None:
         for n in targets:
             ctx.put_report(n, healthy_spec())  # the GPU was reset: clean facts
         ctx.wait_states(targets, lambda s: s.get("state") == "Healthy", 120, f"round {r}: back in service")
+        ctx.wait_schedulable(targets, 60, f"round {r}: taints and cordons lifted")
         for job in jobs:
             ctx.delete_job(ns, job)
         wait_for(lambda: not ctx.kube.core.list_namespaced_pod(ns).items, timeout=90, what="round's pods gone")
@@ -814,12 +829,20 @@ def throttling(ctx: Ctx) -> None:
     throttled = codes.get("429", 0)
     if not throttled:
         ctx.note("the API server refused none of the operator's requests: throttling did not bite this run")
-    events = inv.operator_events(ctx)
-    lost = []
-    for n in nodes:
-        for reason in ("Quarantined", "ReturnedToService"):
-            if len(inv.events_on(events, n, reason)) != 1:
-                lost.append(f"{n}/{reason}")
+
+    def unposted() -> list[str]:
+        events = inv.operator_events(ctx)
+        return [
+            f"{n}/{reason}"
+            for n in nodes
+            for reason in ("Quarantined", "ReturnedToService")
+            if len(inv.events_on(events, n, reason)) != 1
+        ]
+
+    # Events are posted in the background and retried with growing delays: give the last ones time.
+    deadline = time.monotonic() + 90
+    while (lost := unposted()) and time.monotonic() < deadline:
+        time.sleep(2)
     if lost:
         ctx.violate(
             f"Events lost under throttling: {len(lost)} of {2 * count} Quarantined/ReturnedToService Events "

@@ -58,6 +58,6 @@ def test_dead_agent_makes_node_unknown_never_healthy(
         ),
         what="GPUHealthy=Unknown on the Node",
     )
-    assert kube.node_events(node, "AgentSilent")
+    wait_for(lambda: kube.node_events(node, "AgentSilent"), what="AgentSilent event")
     fleet.launch(fleet[node])
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="Healthy again on a fresh report")

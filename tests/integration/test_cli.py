@@ -208,7 +208,7 @@ def test_release_returns_an_awaiting_repair_node_to_probation(
     # The reason keeps naming the fault; the message and the event say a human released it.
     assert status["reason"] == "Flapping" and "released by a human" in status["message"] and status["clearedBefore"]
     assert kube.our_taint(broken) is not None, "probation keeps the taint"
-    assert kube.node_events(broken, "Released")
+    wait_for(lambda: kube.node_events(broken, "Released"), what="Released event")
     described = ok(plugin(cluster, "describe", broken))
     assert "State:         Recovering" in described and "cleared by a human" in described and "left" in described
 

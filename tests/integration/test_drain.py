@@ -75,6 +75,10 @@ def test_indexed_training_job_checkpoints_then_moves(
     assert {p.spec.node_name for p in moved} <= set(nodes[1:])
     wait_for(lambda: kube.report(bad)["status"].get("drain", {}).get("phase") == "Completed", what="drain completed")
     wait_for(lambda: kube.state(bad) == "Quarantined", what="quarantined after the drain")
+    # Events are posted in the background: wait for all, then check none came twice.
+    wait_for(lambda: len(events(kube, bad, "CheckpointRequested")) >= 4, what="4 CheckpointRequested events")
+    wait_for(lambda: len(events(kube, bad, "Evicted")) >= 4, what="4 Evicted events")
+    time.sleep(1)
     assert len(events(kube, bad, "CheckpointRequested")) == 4
     assert len(events(kube, bad, "Evicted")) == 4
 
@@ -298,7 +302,7 @@ def test_flapping_node_waits_for_a_human(
     time.sleep(4)
     kube.put_report(node, healthy_spec(xids=[old]))  # a GPU reset without reboot: the agent still lists it
     assert kube.state(node) == "AwaitingRepair" and kube.our_taint(node) is not None, "never returned automatically"
-    assert kube.node_events(node, "Flapping")
+    wait_for(lambda: kube.node_events(node, "Flapping"), what="Flapping event")
     kube.core.patch_node(node, {"metadata": {"annotations": {"gpuhealth.dev/release": utcnow()}}})
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="released, probation, healthy")
     wait_for(lambda: kube.our_taint(node) is None, what="taint lifted after the verdict")

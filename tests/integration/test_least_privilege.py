@@ -461,7 +461,7 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
             lambda: kube.node(reporting)["metadata"]["labels"].get("gpuhealth.dev/state") == "Quarantined",
             what="state label",
         )
-        assert kube.node_events(reporting, "DrainComplete")
+        wait_for(lambda: kube.node_events(reporting, "DrainComplete"), what="DrainComplete event")
 
         # The silent node: the operator creates the stub report and records Unknown.
         wait_for(lambda: kube.state(silent) == "Unknown", timeout=45, what="Unknown verdict for a silent node")

@@ -79,7 +79,10 @@ def test_human_cordon_survives_quarantine_and_recovery(
     assert n["spec"].get("unschedulable") is True, "the human's cordon must survive"
     keys = {t["key"] for t in n["spec"]["taints"]}
     assert "example.com/maintenance" in keys and TAINT not in keys
-    assert any("someone else" in e.message for e in kube.node_events(node, "GPUHealthAction"))
+    wait_for(
+        lambda: any("someone else" in e.message for e in kube.node_events(node, "GPUHealthAction")),
+        what="the foreign cordon noted in an Event",
+    )
 
 
 def test_recovery_only_after_probation(
@@ -174,7 +177,8 @@ def test_breaker_holds_at_limit_then_closes_after_recovery(
         what="BreakerOpen event",
     )
     held = [n for n in nodes if kube.state(n) == "Degraded"]
-    assert len(held) == 7 and kube.node_events(held[0], "QuarantineHeldBack")
+    assert len(held) == 7
+    wait_for(lambda: kube.node_events(held[0], "QuarantineHeldBack"), what="QuarantineHeldBack event")
     for n in nodes:
         kube.put_report(n, healthy_spec(xids=[]))
     wait_for(lambda: kube.get_policy(group)["status"].get("breaker") == "Closed", timeout=40, what="breaker closed")
