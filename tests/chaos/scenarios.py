@@ -555,7 +555,12 @@ def control_plane_restarts(ctx: Ctx) -> None:
     components = ["kube-apiserver", "etcd"] * ctx.n(2, 1)
     targets = ctx.make_nodes(len(components))
     spares = ctx.make_nodes(2)
-    ctx.policy(drain_policy() | {"rules": {"agentSilence": {"after": "30s"}}})
+    # Every drain must still be waiting for its checkpoints at the last restart: a timeout longer
+    # than the whole scenario (each restart round takes about 40 s on 2 cores).
+    ctx.policy(
+        drain_policy()
+        | {"rules": {"agentSilence": {"after": "30s"}}, "actions": {"drain": {"checkpointTimeout": "10m"}}}
+    )
     fleet = ctx.agents(targets + spares, heartbeat=2.0)
     ctx.operator()
     ctx.wait_states(targets + spares, lambda s: s.get("state") == "Healthy", 90, "agents report, all Healthy")

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
 WATCH_TIMEOUT_S = 300
-RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
+# Reconnecting is one cheap request, and drains wait on this watch: retry soon after an API comes back.
+RETRY_BASE_S, RETRY_MAX_S = 0.5, 5.0
 
 
 class Gone(Exception):
