@@ -208,13 +208,16 @@ class Ctx:
 
     def wait_schedulable(self, names: Iterable[str], timeout: float, what: str) -> None:
         """Wait until the Nodes carry neither gpuhealth's taint nor a cordon: a Healthy verdict is
-        recorded first and the Node follows it (later still when the operator is killed in between)."""
+        recorded first and the Node follows it (later still when the operator is killed in between),
+        and the node controller lifts its `node.kubernetes.io/unschedulable` taint a moment after the
+        cordon goes."""
         names = list(names)
 
         def clear() -> bool:
             for n in names:
                 spec = self.retry(self.kube.core.read_node, n).spec
-                if spec.unschedulable or any(t.key == inv.TAINT for t in spec.taints or []):
+                keys = [t.key for t in spec.taints or []]
+                if spec.unschedulable or any(k == inv.TAINT or k.startswith("node.kubernetes.io/") for k in keys):
                     return False
             return True
 
