@@ -254,6 +254,8 @@ class Reconciler:
         self._activation: asyncio.Task[None] | None = None
         self.written_rv: dict[str, str] = {}
         self._event_tasks: set[asyncio.Task[None]] = set()
+        self._event_backoff = 0.0
+        self._events_paused_until = 0.0
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
         self.event_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
         self._failures: dict[str, int] = {}
@@ -911,20 +913,27 @@ class Reconciler:
         task.add_done_callback(self._event_tasks.discard)
 
     async def _post_event(self, args: tuple[Any, ...]) -> None:
+        """Post with retries; a throttled or absent API pauses *all* Events, growing while it lasts.
+
+        Under throttling the API's write slots go to the Node and report writes that protect the fleet
+        first; the announcements follow once the API takes requests again.
+        """
         loop = asyncio.get_running_loop()
-        delay = 0.5
-        for attempt in range(EVENT_RETRIES + 1):
-            if attempt:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        for _ in range(EVENT_RETRIES + 1):
+            pause = self._events_paused_until - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
             try:
                 await loop.run_in_executor(self.event_pool, self.kube.post_event, *args)
+                self._event_backoff = 0.0
                 return
             except Exception as e:
                 if not _retryable(e):
                     metrics.EVENTS_DROPPED.inc()
                     log.warning("could not post event %s on %s %s: %s", args[4], args[0], args[1], e)
                     return
+                self._event_backoff = min(max(0.5, self._event_backoff * 2), 30.0)
+                self._events_paused_until = max(self._events_paused_until, loop.time() + self._event_backoff)
         metrics.EVENTS_DROPPED.inc()
         log.warning("gave up posting event %s on %s %s", args[4], args[0], args[1])
 
