@@ -218,13 +218,14 @@ def run_pods(cluster: LocalCluster, apps: client.AppsV1Api, core: client.CoreV1A
     wait_for(lambda: core.read_namespaced_service_account("default", "bench"), what="namespace bench ready")
     cluster.apply_objects(deployments(pods))
     deadline = time.monotonic() + max(300.0, pods * 0.15)
-    running, last_print = 0, 0.0
+    running, last_print, last_count = 0, 0.0, time.monotonic()
     while time.monotonic() < deadline:
-        # Deployment status is cheap to poll; the (expensive) pod count only once it is nearly done.
+        # Deployment status is cheap to poll; the (expensive) pod count once it is nearly done, or every
+        # 30 s (KWOK may leave running pods not Ready, so readiness alone can stall).
         data = json.loads(apps.list_namespaced_deployment("bench", _preload_content=False).data)
         ready = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in data["items"])
-        if ready >= 0.98 * pods:
-            running = count_running(core, "bench")
+        if ready >= 0.98 * pods or time.monotonic() - last_count > 30:
+            running, last_count = count_running(core, "bench"), time.monotonic()
         if time.monotonic() - last_print > 10 or running >= pods:
             log(f"  pods ready: {ready}/{pods}, running: {running or '-'}")
             last_print = time.monotonic()

@@ -92,7 +92,7 @@ def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | 
 OPERATOR_CAN = [
     *[(v, "nodes", None, "") for v in ("get", "list", "watch", "patch")],
     ("patch", "nodes", None, "status"),
-    *[(v, "pods", ALL, "") for v in ("get", "list", "watch", "patch", "delete")],
+    *[(v, "pods", ALL, "") for v in ("list", "watch", "patch", "delete")],
     ("create", "pods", ALL, "eviction"),
     ("create", "events", "default", ""),
     *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create")],
@@ -107,6 +107,7 @@ OPERATOR_CANNOT = [
     ("delete", "nodes", None, ""),
     ("create", "nodes", None, ""),
     ("update", "nodes", None, ""),
+    ("get", "pods", ALL, ""),
     ("create", "pods", ALL, ""),
     ("create", "pods", NS, ""),
     ("update", "pods", ALL, ""),
