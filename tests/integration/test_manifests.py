@@ -162,7 +162,7 @@ def _expand(table: dict[tuple[str, str], str]) -> set[tuple[str, str, str]]:
 OPERATOR_RULES = {
     ("", "nodes"): "get list watch patch",
     ("", "nodes/status"): "patch",
-    ("", "pods"): "get list watch patch delete",
+    ("", "pods"): "list watch patch delete",
     ("", "pods/eviction"): "create",
     ("gpuhealth.dev", "gpunodehealths"): "get list watch create",
     ("gpuhealth.dev", "gpunodehealths/status"): "patch",
