@@ -79,14 +79,11 @@ class Kube:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def list_pods(self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p) -> list[dict[str, Any]]:
-        """Scheduled pods, page by page; ``transform`` slims each one before the next page is read."""
-        return self.list_pods_rv(transform)[0]
-
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
     ) -> tuple[list[dict[str, Any]], str]:
-        """Like ``list_pods``, with the list's resourceVersion to watch from."""
+        """Scheduled pods, page by page (``transform`` slims each one before the next page is read),
+        and the list's resourceVersion to watch from."""
         items: list[dict[str, Any]] = []
         cont = None
         while True:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuhealth.actions.kube import status_of
 from gpuhealth.api.timeutil import format_time_precise
+from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import DrainPlan, Step
 
@@ -78,7 +79,7 @@ class Drainer:
             if code in (429, 500):
                 blocked = int(prec.get("blocked", 0)) + 1
                 prec["blocked"] = blocked
-                delay = min(MAX_RETRY_S, 2.0**blocked)
+                delay = growing_delay(blocked, 2.0, MAX_RETRY_S)
                 prec["retryAt"] = format_time_precise(now + dt.timedelta(seconds=delay))
                 if code == 500:
                     self.r._event(

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from gpuhealth.actions.kube import status_of
 from gpuhealth.controller import metrics
+from gpuhealth.controller.backoff import growing_delay
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class PodWatch:
                 if not seen and time.monotonic() - started < 1.0:
                     # Closed at once with nothing in it: never reconnect in a tight loop.
                     failures += 1
-                    self.stopping.wait(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (failures - 1)))
+                    self.stopping.wait(growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S))
                 # Otherwise the server ended the watch at its timeout: resume from the last version.
             except Gone:
                 log.info("pod watch: resourceVersion %s expired; listing again", self.resource_version)
@@ -91,7 +92,7 @@ class PodWatch:
                 if self.stopping.is_set() or loop.is_closed():
                     return
                 failures += 1
-                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (failures - 1))
+                delay = growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S)
                 metrics.POD_WATCH_ERRORS.inc()
                 if status_of(e) == 410:
                     self.resource_version = ""

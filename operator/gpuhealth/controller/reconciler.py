@@ -43,6 +43,7 @@ from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.controller import metrics
+from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.workqueue import WorkQueue
@@ -361,7 +362,7 @@ class Reconciler:
         if event == "DELETED":
             self.reports.pop(name, None)
         else:
-            self.reports[name] = _slim_report(dict(body))
+            self.reports[name] = _slim_report(body)
             # Our own writes update the record at once; adopt a watched status only if it is newer than
             # our last write (another writer, e.g. a previous leader), never an older echo of it.
             if body.get("status") and (
@@ -468,7 +469,7 @@ class Reconciler:
             except Exception as e:
                 # Growing delays per node (throttling, an API away): never a tight retry loop.
                 n = self._failures[name] = self._failures.get(name, 0) + 1
-                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (n - 1))
+                delay = growing_delay(n, RETRY_BASE_S, RETRY_MAX_S)
                 metrics.RECONCILE_ERRORS.inc()
                 if _retryable(e) or is_conflict(e):
                     log.warning("reconcile of %s failed (%s); retrying in %.1fs", name, e, delay)
@@ -808,7 +809,7 @@ class Reconciler:
                 if status_of(e) != 409:
                     raise
                 report_obj = await self.call(self.kube.get_report, name)
-            self.reports[name] = _slim_report(dict(report_obj))
+            self.reports[name] = _slim_report(report_obj)
             changed = body
         if not changed:
             self.records[name] = decision.record
