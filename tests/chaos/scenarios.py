@@ -468,10 +468,12 @@ class KillMonkey:
         self.ctx.background(watch, "kill-at-first-request")
 
     def finish(self) -> None:
+        # Under the lock: a bounce in progress restarts the operator itself; starting it here too
+        # would leave a second, untracked operator running into the next scenarios.
         self.stop.set()
-        time.sleep(0.5)
-        if self.op.popen is None or self.op.popen.poll() is not None:
-            self.op.start()
+        with self._lock:
+            if self.op.popen is None or self.op.popen.poll() is not None:
+                self.op.start()
 
 
 def drain_policy(**safety: Any) -> dict[str, Any]:
