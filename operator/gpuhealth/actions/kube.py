@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -31,12 +31,50 @@ def status_of(e: BaseException) -> int:
     return int(getattr(e, "status", 0) or 0)
 
 
+def retryable(e: BaseException) -> bool:
+    """Worth trying again later: no answer at all, throttled (429), or the server failed (5xx)."""
+    code = status_of(e)
+    return code == 0 or code == 429 or code >= 500
+
+
 def is_conflict(e: BaseException) -> bool:
     return isinstance(e, ApiException) and e.status == 409
 
 
 def is_not_found(e: BaseException) -> bool:
     return isinstance(e, ApiException) and e.status == 404
+
+
+class KubePort(Protocol):
+    """What the controller asks of the API; ``Kube`` below, or an in-memory fake in unit tests."""
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]: ...
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
+    def list_pods_rv(
+        self, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> tuple[list[dict[str, Any]], str]: ...
+    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
+    def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
+    def list_custom(self, plural: str) -> list[dict[str, Any]]: ...
+    def get_report(self, name: str) -> dict[str, Any]: ...
+    def create_report(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
+    def post_event(
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        at: dt.datetime | None = None,
+    ) -> None: ...
 
 
 class Kube:

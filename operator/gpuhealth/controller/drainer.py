@@ -1,39 +1,128 @@
-"""Carries out drain plans: checkpoint requests, evictions (Eviction API only), force deletions.
+"""Drains a node while it is Draining, and evicts crash-looping pods from quarantined nodes.
+
+The drainer is given the Kube port, the caches, the breaker (for drain slots), an Event sink and
+a requeue callback; it never sees the node reconciler. It keeps a drain's progress in the node's
+GPUNodeHealth ``status.drain`` (written before the first request, so a restart recognises this
+drain's requests) and carries out the pure plan (``drain.plan``) step by step.
 
 Each step is idempotent by construction: a checkpoint request is a pod annotation written with the
 pod's resourceVersion as precondition (so a request is never made twice), and an eviction is only
 sent to a pod without a deletionTimestamp. A 429 from a PodDisruptionBudget is retried with growing
-delays, never in a tight loop.
+delays, never in a tight loop. Every eviction, in a drain or not, goes through ``_evict``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
-from gpuhealth.actions.kube import status_of
-from gpuhealth.api.timeutil import format_time_precise
+from gpuhealth.actions.kube import KubePort, status_of
+from gpuhealth.api.names import OUT_OF_SERVICE, State
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.status import Record, drain_is_current
+from gpuhealth.api.timeutil import format_time, format_time_precise
 from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.store import Store
 from gpuhealth.drain import pods as P
-from gpuhealth.drain.plan import DrainPlan, Step
-
-if TYPE_CHECKING:
-    from gpuhealth.controller.reconciler import Reconciler
+from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
+from gpuhealth.evaluation.restarts import crashloop_evictions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
 
 
 class Drainer:
-    def __init__(self, reconciler: Reconciler) -> None:
-        self.r = reconciler
+    def __init__(
+        self,
+        kube: KubePort,
+        call: Call,
+        events: EventSink,
+        requeue: Callable[[str, float], None],
+        store: Store,
+        breaker: Breaker,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self.kube = kube
+        self.call = call
+        self.events = events
+        self.requeue = requeue
+        self.store = store
+        self.breaker = breaker
+        self.clock = clock
+
+    def _event(self, node: str, type_: str, reason: str, message: str) -> None:
+        self.events("Node", node, node, type_, reason, message)
+
+    async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> None:
+        """Drain while Draining; evict crash-looping pods from any quarantined node."""
+        status = (self.store.reports.get(name) or {}).get("status") or {}
+        record: dict[str, Any] = dict(status.get("drain") or {})
+        if rec.state != State.DRAINING:
+            self.breaker.end_drain(policy, name)
+            if rec.state in OUT_OF_SERVICE:
+                for step in crashloop_evictions(policy, self.store.pods_on(name), now):
+                    await self._evict(name, step, None, now)
+            if record and rec.state == State.HEALTHY:
+                await self.write(name, None)
+            return
+        if record and not drain_is_current(record, rec):
+            record = {}  # a previous episode's drain: start afresh
+        if record.get("phase") == "Completed":
+            self.breaker.end_drain(policy, name)
+            return
+        if not self.breaker.draining(policy, name):
+            if not await self.breaker.take_drain_slot(policy, name):
+                if record.get("phase") != "Queued":
+                    await self.write(name, {"phase": "Queued"})
+                    self._event(
+                        name,
+                        "Normal",
+                        "DrainQueued",
+                        f"Waiting for a drain slot (maxConcurrentDrains {policy.max_concurrent_drains})",
+                    )
+                return
+            if record.get("phase") == "Queued":
+                record = {}
+        if not record.get("startedAt"):
+            # Record the start before the first request, so a restart recognises this drain's requests.
+            if status.get("drain"):
+                await self.write(name, None)  # a merge patch would keep a previous drain's pods
+            record = {"phase": "Running", "startedAt": format_time(now), "fatal": fatal, "pods": {}}
+            await self.write(name, record)
+        plan = plan_drain(name, self.store.pods_on(name), self.store.gangs(), policy.drain, fatal, record, now)
+        new_record = await self.execute(name, plan, now)
+        if plan.complete:
+            self.breaker.end_drain(policy, name)
+            self.requeue(name, 0.05)  # the state machine moves on with the completed drain
+            self._event(
+                name,
+                "Normal",
+                "DrainFinished",
+                f"All {new_record.get('total', 0)} workload pods have left the node "
+                f"({new_record.get('evicted', 0)} evicted)",
+            )
+        if new_record != record:
+            await self.write(name, new_record)
+        if not plan.complete:
+            self.requeue(name, 1.0)
+
+    async def write(self, name: str, record: Mapping[str, Any] | None) -> None:
+        """Write (or, with ``None``, remove) ``status.drain``."""
+        body = {"status": {"drain": None if record is None else dict(record)}}
+        result = await self.call(self.kube.patch_report_status, name, body)
+        self.store.wrote(name, result)
 
     async def execute(self, node: str, plan: DrainPlan, now: dt.datetime) -> dict[str, Any]:
+        """Carry out the plan's steps; returns the progress record they updated."""
         pods_rec: dict[str, dict[str, Any]] = plan.record.setdefault("pods", {})
         for type_, reason, message in plan.events:
-            self.r._event("Node", node, node, type_, reason, message)
+            self._event(node, type_, reason, message)
         for step in plan.steps:
             prec = pods_rec.setdefault(step.pod["metadata"]["uid"], {"pod": step.key, "node": _node_of(step.pod)})
             if step.kind == "request":
@@ -46,78 +135,84 @@ class Drainer:
 
     async def _request(self, node: str, step: Step, prec: dict[str, Any]) -> None:
         meta = step.pod["metadata"]
-        at = format_time_precise(self.r.clock())
+        at = format_time_precise(self.clock())
         patch = {
             "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {P.CHECKPOINT_REQUESTED: at}}
         }
         try:
-            updated = await self.r.call(self.r.kube.patch_pod, meta["namespace"], meta["name"], patch)
+            updated = await self.call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
         except Exception as e:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
             raise
-        self.r.on_pod("MODIFIED", updated, enqueue=False)
+        self.store.put_pod(updated)
         prec["requestedAt"] = at
-        self.r._event(
-            "Node",
-            node,
+        self._event(
             node,
             "Normal",
             "CheckpointRequested",
             f"Asked {step.key} to checkpoint (annotation {P.CHECKPOINT_REQUESTED}={at})",
         )
 
-    async def _evict(self, node: str, step: Step, prec: dict[str, Any], now: dt.datetime) -> None:
+    async def _evict(self, node: str, step: Step, prec: dict[str, Any] | None, now: dt.datetime) -> None:
+        """The one eviction path. ``prec`` is the pod's drain progress; ``None`` outside a drain,
+        where a refusal is left for the next reconcile to try again."""
         meta = step.pod["metadata"]
         try:
-            await self.r.call(self.r.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             code = status_of(e)
+            if prec is None:
+                if code in (404, 409, 429, 500):
+                    return
+                raise
             if code == 404:
                 prec["evictedAt"] = format_time_precise(now)
                 return
             if code in (429, 500):
-                blocked = int(prec.get("blocked", 0)) + 1
-                prec["blocked"] = blocked
-                delay = growing_delay(blocked, 2.0, MAX_RETRY_S)
-                prec["retryAt"] = format_time_precise(now + dt.timedelta(seconds=delay))
-                if code == 500:
-                    self.r._event(
-                        "Node",
-                        node,
-                        node,
-                        "Warning",
-                        "EvictionRefused",
-                        f"Evicting {step.key} failed: more than one PodDisruptionBudget selects it; "
-                        f"retrying in {delay:.0f}s. Fix the overlapping budgets",
-                    )
-                elif blocked == 1:
-                    self.r._event(
-                        "Node",
-                        node,
-                        node,
-                        "Warning",
-                        "EvictionBlocked",
-                        f"A PodDisruptionBudget does not allow evicting {step.key} yet; retrying with growing delays",
-                    )
-                self.r.queue_later(node, delay)
+                self._blocked(node, step, prec, code, now)
                 return
             raise
+        if prec is None:
+            meta["deletionTimestamp"] = format_time(now)  # the cached pod: not evicted again before the watch says so
+            self._event(node, "Normal", step.reason, step.message)
+            return
         prec["evictedAt"] = format_time_precise(now)
         prec.pop("retryAt", None)
-        self.r._event("Node", node, node, "Normal", "Evicted", f"Evicted {step.key}: {step.why}")
+        self._event(node, "Normal", step.reason or "Evicted", step.message or f"Evicted {step.key}: {step.why}")
+
+    def _blocked(self, node: str, step: Step, prec: dict[str, Any], code: int, now: dt.datetime) -> None:
+        """A budget (429) or overlapping budgets (500) refused the eviction: retry with growing delays."""
+        blocked = int(prec.get("blocked", 0)) + 1
+        prec["blocked"] = blocked
+        delay = growing_delay(blocked, 2.0, MAX_RETRY_S)
+        prec["retryAt"] = format_time_precise(now + dt.timedelta(seconds=delay))
+        if code == 500:
+            self._event(
+                node,
+                "Warning",
+                "EvictionRefused",
+                f"Evicting {step.key} failed: more than one PodDisruptionBudget selects it; "
+                f"retrying in {delay:.0f}s. Fix the overlapping budgets",
+            )
+        elif blocked == 1:
+            self._event(
+                node,
+                "Warning",
+                "EvictionBlocked",
+                f"A PodDisruptionBudget does not allow evicting {step.key} yet; retrying with growing delays",
+            )
+        self.requeue(node, delay)
 
     async def _force(self, node: str, step: Step, prec: dict[str, Any], now: dt.datetime) -> None:
         meta = step.pod["metadata"]
         try:
-            await self.r.call(self.r.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             if status_of(e) != 404:
                 raise
         prec["forceDeletedAt"] = format_time_precise(now)
-        self.r._event(
-            "Node",
-            node,
+        self._event(
             node,
             "Warning",
             "ForceDeleted",

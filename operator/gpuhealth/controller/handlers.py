@@ -14,7 +14,8 @@ from typing import Any
 import kopf
 
 from gpuhealth.api.names import GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
-from gpuhealth.controller.reconciler import NODE_SELECTOR, Reconciler
+from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.store import NODE_SELECTOR
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+def register(registry: kopf.OperatorRegistry, reconciler: Runtime) -> None:
     """Attach the handlers for one reconciler to a Kopf registry."""
 
     @kopf.on.login(registry=registry)

@@ -14,7 +14,7 @@ from prometheus_client import start_http_server
 from gpuhealth.actions.kube import Kube
 from gpuhealth.controller import metrics
 from gpuhealth.controller.handlers import register
-from gpuhealth.controller.reconciler import Reconciler
+from gpuhealth.controller.runtime import Runtime
 from gpuhealth.kubeconfig import api_client
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
-    reconciler = Reconciler(kube, workers=args.workers, tick=args.tick)
+    reconciler = Runtime(kube, workers=args.workers, tick=args.tick)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler)
     asyncio.run(

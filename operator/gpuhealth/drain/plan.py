@@ -24,6 +24,10 @@ class Step:
     kind: str  # "request", "evict", "force-delete"
     pod: Mapping[str, Any]
     why: str
+    # An eviction outside a drain (a crash-looping pod on a quarantined node) keeps no progress
+    # record: it is announced with this reason and message, and a refusal is simply retried later.
+    reason: str = ""
+    message: str = ""
 
     @property
     def key(self) -> str:

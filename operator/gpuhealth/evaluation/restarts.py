@@ -14,6 +14,7 @@ from gpuhealth.api.names import Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.drain import pods as P
+from gpuhealth.drain.plan import Step
 from gpuhealth.evaluation.assess import Finding
 
 
@@ -80,3 +81,22 @@ def restart_loop_finding(
     ]
     detail = f"{len(evidence)} workloads keep failing on this node since {since:%H:%M:%SZ}: " + "; ".join(parts)
     return Finding(Signal.RESTART_LOOP, policy.restart_loop_action, detail[:900], since=since)
+
+
+def crashloop_evictions(policy: Policy, node_pods: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[Step]:
+    """Evictions for pods that keep failing on a quarantined node, so their controllers place them
+    elsewhere; they go through the drain's one eviction path (Eviction API, budgets respected)."""
+    steps = []
+    for pod in node_pods:
+        if P.is_deleting(pod) or P.is_terminal(pod) or P.is_daemonset(pod):
+            continue
+        if pod["metadata"].get("namespace") in policy.drain.system_namespaces:
+            continue
+        f = failure(pod, now, policy.restart_loop_window_s)
+        if f is None or f[0] < policy.restart_loop_min_restarts:
+            continue
+        message = (
+            f"Evicted {P.key(pod)} (restarted {f[0]}x on this quarantined node) so its controller places it elsewhere"
+        )
+        steps.append(Step("evict", pod, "crash-looping", reason="EvictedCrashLooping", message=message))
+    return steps

@@ -15,67 +15,14 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field, replace
 
-from gpuhealth.api.names import OUT_OF_SERVICE, Action, Signal, State
+from gpuhealth.api.names import Action, Signal, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.api.status import Record
 from gpuhealth.evaluation.assess import Assessment, Finding
 
 MAX_HISTORY = 20
 
-
-@dataclass(frozen=True)
-class Record:
-    """The part of GPUNodeHealth status the state machine owns."""
-
-    state: State = State.HEALTHY
-    reason: str = ""
-    message: str = ""
-    since: dt.datetime | None = None
-    quarantines: tuple[dt.datetime, ...] = ()
-    healthy_since: dt.datetime | None = None
-    cleared_before: dt.datetime | None = None
-    held_by_breaker: bool = False
-    drain_action: str = ""  # the action that started the drain: drain or repair
-    drained: bool = False  # this quarantine's drain has completed; never drain twice for it
-
-    @property
-    def out_of_service(self) -> bool:
-        return self.state in OUT_OF_SERVICE
-
-    def to_status(self) -> dict[str, object]:
-        return {
-            "state": str(self.state),
-            "reason": self.reason,
-            "message": self.message,
-            "since": format_time(self.since) if self.since else None,
-            "quarantines": [format_time(t) for t in self.quarantines],
-            "healthySince": format_time(self.healthy_since) if self.healthy_since else None,
-            "clearedBefore": format_time(self.cleared_before) if self.cleared_before else None,
-            "heldByBreaker": self.held_by_breaker,
-            "drainAction": self.drain_action or None,
-            "drained": self.drained or None,
-        }
-
-    @staticmethod
-    def from_status(status: dict[str, object] | None) -> Record:
-        s = status or {}
-        try:
-            state = State(str(s.get("state") or "Healthy"))
-        except ValueError:
-            state = State.HEALTHY
-        quarantines = tuple(t for t in (parse_time(str(x)) for x in (s.get("quarantines") or [])) if t)  # type: ignore[attr-defined]
-        return Record(
-            state=state,
-            reason=str(s.get("reason") or ""),
-            message=str(s.get("message") or ""),
-            since=parse_time(s.get("since")),  # type: ignore[arg-type]
-            quarantines=quarantines,
-            healthy_since=parse_time(s.get("healthySince")),  # type: ignore[arg-type]
-            cleared_before=parse_time(s.get("clearedBefore")),  # type: ignore[arg-type]
-            held_by_breaker=bool(s.get("heldByBreaker", False)),
-            drain_action=str(s.get("drainAction") or ""),
-            drained=bool(s.get("drained", False)),
-        )
+__all__ = ["Decision", "Inputs", "Record", "decide", "wants_quarantine"]
 
 
 @dataclass(frozen=True)
@@ -91,12 +38,7 @@ class Inputs:
 class Decision:
     record: Record
     new_quarantine: bool = False
-    lift: bool = False
     events: tuple[tuple[str, str, str], ...] = field(default=())  # (type, reason, message)
-
-    @property
-    def changed_state(self) -> bool:
-        return bool(self.events)
 
 
 def _fault_state(level: Action) -> State:
@@ -118,6 +60,25 @@ def _summary(findings: tuple[Finding, ...]) -> str:
     return "; ".join(f.describe() for f in findings)
 
 
+def _effective(a: Assessment, policy: Policy) -> tuple[Action, Finding | None, tuple[Finding, ...]]:
+    """The level that counts, its top finding and the quarantine-level findings; silence counts as a
+    cordon-level finding when the policy says so."""
+    level, top = a.level, a.top
+    quarantine_findings = tuple(f for f in a.findings if f.action.quarantines)
+    if a.unknown and policy.silence_action == Action.CORDON and not level.quarantines:
+        top = Finding(a.unknown_signal, Action.CORDON, a.unknown_reason)
+        return Action.CORDON, top, (top,)
+    return level, top, quarantine_findings
+
+
+def wants_quarantine(prior: Record, a: Assessment, policy: Policy) -> bool:
+    """Whether ``decide`` would take this in-service node out of service: ask the breaker first, once.
+
+    A release only moves an out-of-service node, so it does not change the answer.
+    """
+    return not prior.out_of_service and _effective(a, policy)[0].quarantines
+
+
 def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()) -> Decision:
     """The next record for a node, and what changed."""
     rec = prior
@@ -137,13 +98,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
     recent = tuple(t for t in rec.quarantines if now - t <= window)
     rec = replace(rec, quarantines=recent)
 
-    level = a.level
-    top = a.top
-    quarantine_findings = tuple(f for f in a.findings if f.action.quarantines)
-    if a.unknown and policy.silence_action == Action.CORDON and not level.quarantines:
-        level = Action.CORDON
-        top = Finding(a.unknown_signal, Action.CORDON, a.unknown_reason)
-        quarantine_findings = (top,)
+    level, top, quarantine_findings = _effective(a, policy)
 
     if rec.state == State.AWAITING_REPAIR:
         return Decision(rec, events=tuple(events))
@@ -261,7 +216,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                     "lifting gpuhealth's taint and cordon",
                 )
             )
-            return Decision(rec, lift=True, events=tuple(events))
+            return Decision(rec, events=tuple(events))
         return Decision(rec, events=tuple(events))
 
     if a.unknown:

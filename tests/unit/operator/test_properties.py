@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 from gpuhealth.actions.nodes import Marks, Ownership, plan_node
 from gpuhealth.api.names import OUT_OF_SERVICE, QUARANTINE_ANNOTATION, TAINT_KEY, Action, Signal, State
 from gpuhealth.evaluation.assess import Assessment
-from gpuhealth.evaluation.transitions import Inputs, Record, decide
+from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
 from tests.unit.operator.builders import T0, clean, faulty, finding, make_policy, merge_patch, unknown
+
+
+def returned(d: Decision) -> bool:
+    """The decision returns the node to service (gpuhealth lifts its taint and cordon)."""
+    return any(reason == "ReturnedToService" for _, reason, _ in d.events)
+
 
 PROPS = settings(max_examples=150, deadline=None)
 
@@ -245,17 +251,17 @@ def test_unknown_never_leads_to_healthy_and_probation_needs_consecutive_fresh_cl
 
         if a.unknown:
             assert not (rec.state == State.HEALTHY and prior.state != State.HEALTHY), "Unknown healed a node"
-            assert not d.lift
+            assert not returned(d)
             if rec.state == State.RECOVERING:
                 assert rec.healthy_since is None, "Unknown advanced probation"
                 event("unknown while recovering")
         # The only way back into service is a completed probation (a release starts one; with a 0s
         # probation it completes in the same decision).
         on_probation = prior.state == State.RECOVERING or (prior.state == State.AWAITING_REPAIR and released)
-        if d.lift:
+        if returned(d):
             assert on_probation and rec.state == State.HEALTHY
         if prior.state in OUT_OF_SERVICE and rec.state not in OUT_OF_SERVICE:
-            assert on_probation and rec.state == State.HEALTHY and d.lift
+            assert on_probation and rec.state == State.HEALTHY and returned(d)
             assert streak_start is not None
             assert (now - streak_start).total_seconds() >= policy.probation_s
             event("returned to service after probation")

@@ -12,6 +12,12 @@ from gpuhealth.evaluation.assess import Assessment
 from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
 from tests.unit.operator.builders import at, clean, faulty, finding, make_policy, unknown
 
+
+def returned(d: Decision) -> bool:
+    """The decision returns the node to service (gpuhealth lifts its taint and cordon)."""
+    return any(reason == "ReturnedToService" for _, reason, _ in d.events)
+
+
 POLICY = make_policy({"safety": {"probation": "10m", "flapping": {"maxQuarantines": 3, "window": "24h"}}})
 PROBATION = 600
 
@@ -30,7 +36,7 @@ def _reasons(d: Decision) -> list[str]:
 def test_clean_healthy_stays_healthy_quietly() -> None:
     d = _decide(Record(), clean(), 0)
     assert d.record == Record()
-    assert (d.new_quarantine, d.lift, d.events, d.changed_state) == (False, False, (), False)
+    assert (d.new_quarantine, d.events) == (False, ())
 
 
 def test_cordon_level_fault_quarantines() -> None:
@@ -39,7 +45,7 @@ def test_cordon_level_fault_quarantines() -> None:
     assert r.state == State.QUARANTINED
     assert r.reason == "Thermal"
     assert (r.since, r.quarantines, r.drain_action, r.held_by_breaker) == (at(5), (at(5),), "", False)
-    assert d.new_quarantine and not d.lift
+    assert d.new_quarantine and not returned(d)
     assert _reasons(d) == ["Quarantined"]
     assert r.out_of_service
 
@@ -150,7 +156,7 @@ def test_drain_complete_returns_to_quarantined() -> None:
     assert d.record.state == State.QUARANTINED
     assert d.record.since == at(10)
     assert _reasons(d) == ["DrainComplete"]
-    assert not d.lift
+    assert not returned(d)
 
 
 def test_drain_complete_for_a_repair_awaits_repair() -> None:
@@ -190,14 +196,14 @@ def test_clean_facts_start_probation_then_return_to_service() -> None:
     assert d1.record.healthy_since == at(100)
     assert d1.record.out_of_service
     assert _reasons(d1) == ["Recovering"]
-    assert not d1.lift
+    assert not returned(d1)
 
     d2 = _decide(d1.record, clean(), 100 + PROBATION - 1)
-    assert d2.record.state == State.RECOVERING and not d2.lift and d2.events == ()
+    assert d2.record.state == State.RECOVERING and not returned(d2) and d2.events == ()
 
     d3 = _decide(d2.record, clean(), 100 + PROBATION)
     assert d3.record.state == State.HEALTHY
-    assert d3.lift
+    assert returned(d3)
     assert _reasons(d3) == ["ReturnedToService"]
     assert (d3.record.reason, d3.record.healthy_since, d3.record.drain_action) == ("", None, "")
     assert not d3.record.out_of_service
@@ -211,7 +217,7 @@ def test_draining_node_whose_facts_clear_recovers() -> None:
 def test_observe_findings_do_not_interrupt_probation() -> None:
     rec = _decide(_quarantined(0), clean(), 10).record
     d = _decide(rec, faulty(Action.OBSERVE), 10 + PROBATION)
-    assert d.record.state == State.HEALTHY and d.lift
+    assert d.record.state == State.HEALTHY and returned(d)
 
 
 def test_unknown_while_recovering_resets_probation_and_never_returns_to_service() -> None:
@@ -219,9 +225,9 @@ def test_unknown_while_recovering_resets_probation_and_never_returns_to_service(
     d = _decide(rec, unknown(), 10 + PROBATION)
     assert d.record.state == State.RECOVERING
     assert d.record.healthy_since is None
-    assert not d.lift
+    assert not returned(d)
     d = _decide(d.record, unknown(), 10 + 5 * PROBATION)
-    assert d.record.state == State.RECOVERING and not d.lift
+    assert d.record.state == State.RECOVERING and not returned(d)
     # Fresh facts restart the clock: a whole probation is needed from here.
     d = _decide(d.record, clean(), 10_000)
     assert d.record.state == State.RECOVERING and d.record.healthy_since == at(10_000)
@@ -232,7 +238,7 @@ def test_unknown_while_recovering_resets_probation_and_never_returns_to_service(
 def test_unknown_while_quarantined_stays_quarantined() -> None:
     d = _decide(_quarantined(0), unknown(), 100)
     assert d.record.state == State.QUARANTINED
-    assert not d.lift
+    assert not returned(d)
 
 
 def test_relapse_during_recovering_quarantines_again_and_counts() -> None:
@@ -309,7 +315,7 @@ def test_awaiting_repair_stays_without_a_release(a: Assessment) -> None:
     for t in (100, 10_000, 10_000_000):
         d = _decide(rec, a, t, drain_complete=True)
         assert d.record.state == State.AWAITING_REPAIR
-        assert not d.lift and not d.new_quarantine and d.events == ()
+        assert not returned(d) and not d.new_quarantine and d.events == ()
         rec = d.record
 
 
@@ -324,9 +330,9 @@ def test_release_moves_to_recovering_and_clears_history() -> None:
     assert "released by a human" in r.message
     assert r.healthy_since == at(1000)  # this clean report starts the probation
     assert _reasons(d) == ["Released"]
-    assert not d.lift
+    assert not returned(d)
     d2 = _decide(r, clean(), 1000 + PROBATION)
-    assert d2.record.state == State.HEALTHY and d2.lift
+    assert d2.record.state == State.HEALTHY and returned(d2)
 
 
 def test_release_with_unknown_facts_does_not_start_probation() -> None:
@@ -362,7 +368,7 @@ def test_unknown_healthy_node_becomes_unknown_once() -> None:
     assert d2.record == d1.record and d2.events == ()
     d3 = _decide(d2.record, clean(), 120)
     assert d3.record.state == State.HEALTHY
-    assert not d3.lift  # nothing of ours to lift
+    assert not returned(d3)  # nothing of ours to lift
 
 
 def test_agent_silence_cordon_quarantines_with_reason_agent_silent() -> None:

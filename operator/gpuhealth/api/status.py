@@ -1,0 +1,143 @@
+"""The GPUNodeHealth status format, in one place: the operator writes it and the plugin reads it here.
+
+``Record`` is the part the state machine owns (it resumes from it after a restart); ``node_status``
+adds what the operator reports beside it (policy, GPU counts, evidence). ``status.drain`` holds a
+drain's progress; ``drain_is_current`` and ``drain_done`` say whether it belongs to the node's
+current Draining episode.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuhealth.api.names import OUT_OF_SERVICE, State
+from gpuhealth.api.timeutil import format_time, parse_time
+
+MAX_EVIDENCE = 16
+
+
+@dataclass(frozen=True)
+class Record:
+    """The part of GPUNodeHealth status the state machine owns."""
+
+    state: State = State.HEALTHY
+    reason: str = ""
+    message: str = ""
+    since: dt.datetime | None = None
+    quarantines: tuple[dt.datetime, ...] = ()
+    healthy_since: dt.datetime | None = None
+    cleared_before: dt.datetime | None = None
+    held_by_breaker: bool = False
+    drain_action: str = ""  # the action that started the drain: drain or repair
+    drained: bool = False  # this quarantine's drain has completed; never drain twice for it
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.state in OUT_OF_SERVICE
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "state": str(self.state),
+            "reason": self.reason,
+            "message": self.message,
+            "since": format_time(self.since) if self.since else None,
+            "quarantines": [format_time(t) for t in self.quarantines],
+            "healthySince": format_time(self.healthy_since) if self.healthy_since else None,
+            "clearedBefore": format_time(self.cleared_before) if self.cleared_before else None,
+            "heldByBreaker": self.held_by_breaker,
+            "drainAction": self.drain_action or None,
+            "drained": self.drained or None,
+        }
+
+    @staticmethod
+    def from_status(status: Mapping[str, Any] | None) -> Record:
+        s = status or {}
+        try:
+            state = State(str(s.get("state") or "Healthy"))
+        except ValueError:
+            state = State.HEALTHY
+        quarantines = tuple(t for t in (parse_time(str(x)) for x in (s.get("quarantines") or [])) if t)
+        return Record(
+            state=state,
+            reason=str(s.get("reason") or ""),
+            message=str(s.get("message") or ""),
+            since=parse_time(s.get("since")),
+            quarantines=quarantines,
+            healthy_since=parse_time(s.get("healthySince")),
+            cleared_before=parse_time(s.get("clearedBefore")),
+            held_by_breaker=bool(s.get("heldByBreaker", False)),
+            drain_action=str(s.get("drainAction") or ""),
+            drained=bool(s.get("drained", False)),
+        )
+
+
+def evidence_entry(
+    signal: str,
+    reason: str,
+    action: str,
+    detail: str,
+    gpu: int | None = None,
+    uuid: str = "",
+    code: int | None = None,
+    since: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """One ``status.evidence`` item: a finding as the plugin shows it."""
+    e: dict[str, Any] = {"signal": signal, "reason": reason, "action": action, "detail": detail}
+    if gpu is not None:
+        e["gpu"] = gpu
+    if uuid:
+        e["uuid"] = uuid
+    if code is not None:
+        e["code"] = code
+    if since:
+        e["since"] = format_time(since)
+    return e
+
+
+def node_status(
+    record: Record,
+    *,
+    policy: str,
+    overridden: Sequence[str],
+    dry_run: bool,
+    total_gpus: int,
+    healthy_gpus: int,
+    last_xid: str,
+    evidence: Sequence[Mapping[str, Any]],
+    pending: Mapping[str, Any],
+    unknown_message: str = "",
+) -> dict[str, Any]:
+    """The whole status the operator writes (``None`` drops a key in a merge patch)."""
+    body: dict[str, Any] = dict(record.to_status())
+    body.update(
+        policy=policy,
+        overriddenPolicies=list(overridden) or None,
+        dryRun=dry_run or None,
+        totalGPUs=total_gpus,
+        healthyGPUs=healthy_gpus,
+        lastXid=last_xid or None,
+        evidence=[dict(e) for e in evidence[:MAX_EVIDENCE]] or None,
+        pending=dict(pending) or None,
+    )
+    if record.state == State.UNKNOWN:
+        body["message"] = unknown_message or body.get("message")
+    return body
+
+
+def status_changes(prev: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``body`` that differ from ``prev`` (a ``None`` for a key already absent is no change)."""
+    return {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
+
+
+def drain_is_current(drain: Mapping[str, Any], rec: Record) -> bool:
+    """The drain record belongs to the current Draining episode (started at or after it began)."""
+    started = parse_time(drain.get("startedAt"))
+    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
+
+
+def drain_done(drain: Mapping[str, Any], rec: Record) -> bool:
+    """This episode's drain has completed."""
+    return drain.get("phase") == "Completed" and bool(drain.get("startedAt")) and drain_is_current(drain, rec)

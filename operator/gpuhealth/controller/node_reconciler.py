@@ -1,0 +1,278 @@
+"""The per-node pipeline: evaluate (pure), decide (pure), then write in an order that survives a
+kill at any line:
+
+1. the GPUNodeHealth status (the decision, the write-ahead record), with a resourceVersion
+   precondition so a decision is never based on a stale record;
+2. the Node (taint, cordon, state label and the ownership annotation, in one patch, also with a
+   resourceVersion precondition);
+3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so.
+
+A restarted operator re-reads everything, finds the record, and converges the Node to it; an action
+Event is posted only by the write that changed the Node, so actions are never announced twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from gpuhealth.actions.kube import KubePort, is_conflict, is_not_found, status_of
+from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
+from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, RELEASE_ANNOTATION, REPORT_KIND, Mode
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.report import Report, ReportError, parse_report
+from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, status_changes
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.controller import metrics
+from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.store import Store, gpu_capacity, slim_report
+from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.restarts import restart_loop_finding
+from gpuhealth.evaluation.rules import fatal
+from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
+
+log = logging.getLogger("gpuhealth.controller.reconciler")
+Call = Callable[..., Awaitable[Any]]
+CONFLICT_ATTEMPTS = 5
+
+
+def evidence(a: Assessment) -> list[dict[str, Any]]:
+    return [
+        evidence_entry(str(f.signal), f.reason, str(f.action), f.detail, f.gpu, f.uuid, f.code, f.since)
+        for f in a.actionable()
+    ]
+
+
+class NodeReconciler:
+    def __init__(
+        self,
+        kube: KubePort,
+        call: Call,
+        store: Store,
+        breaker: Breaker,
+        drainer: Drainer,
+        events: EventSink,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self.kube = kube
+        self.call = call
+        self.store = store
+        self.breaker = breaker
+        self.drainer = drainer
+        self.events = events
+        self.clock = clock
+        self.bad_report_versions: dict[str, str] = {}
+
+    def _event(self, node: str, type_: str, reason: str, message: str) -> None:
+        self.events("Node", node, node, type_, reason, message)
+
+    async def reconcile(self, name: str) -> None:
+        """Reconcile one node; a 409 means someone wrote first: re-read it and decide again."""
+        for attempt in range(CONFLICT_ATTEMPTS):
+            try:
+                await self._reconcile_once(name)
+                return
+            except Exception as e:
+                if is_conflict(e) and attempt < CONFLICT_ATTEMPTS - 1:
+                    metrics.CONFLICTS.labels("reconcile").inc()
+                    await self._refresh(name)
+                    continue
+                raise
+
+    async def _refresh(self, name: str) -> None:
+        try:
+            self.store.put_node(name, await self.call(self.kube.get_node, name))
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            self.store.forget_node(name)
+        try:
+            report = await self.call(self.kube.get_report, name)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            return
+        self.store.reread_report(name, report)
+
+    def _parse(self, name: str, obj: Mapping[str, Any] | None) -> Report | None:
+        if obj is None:
+            return None
+        try:
+            return parse_report(obj)
+        except ReportError as e:
+            rv = str(obj["metadata"].get("resourceVersion"))
+            if self.bad_report_versions.get(name) != rv:
+                self.bad_report_versions[name] = rv
+                metrics.INVALID_INPUT.labels("GPUNodeHealth").inc()
+                log.warning("report %s ignored: %s", name, e)
+                self._event(
+                    name,
+                    "Warning",
+                    "InvalidReport",
+                    f"The agent's report is unusable and was ignored (no action taken on it): {e}",
+                )
+            return None
+
+    async def _reconcile_once(self, name: str) -> None:
+        store = self.store
+        node = store.nodes.get(name)
+        if node is None:
+            return
+        policy, overridden = store.governing(name)
+        if policy is None or policy.mode == Mode.PAUSED:
+            return
+        now = self.clock()
+        report_obj = store.reports.get(name)
+        if report_obj is None and (now - store.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
+            return  # a new node's agent gets the silence period to send its first report
+        report = self._parse(name, report_obj)
+        status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
+        prior = store.records.get(name) or Record.from_status(status)
+        annotations = node["metadata"].get("annotations") or {}
+        # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
+        released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
+        view = NodeView(name, node["metadata"].get("labels") or {}, gpu_capacity(node))
+        loop = restart_loop_finding(policy, name, store.pods_on(name), store.workloads(), now)
+        # A release acknowledges all evidence up to now, in this very evaluation.
+        cleared = now if released else prior.cleared_before
+        a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
+        # Ask the breaker before deciding, so the state machine decides once, with its answer.
+        allows = not wants_quarantine(prior, a, policy) or await self.breaker.admit(policy, name)
+        inputs = Inputs(
+            breaker_allows=allows, drain_complete=drain_done(status.get("drain") or {}, prior), released=released
+        )
+        decision = decide(prior, a, policy, now, inputs)
+        try:
+            await self._persist(name, policy, overridden, report_obj, decision, a)
+            # The decision is announced right after it is recorded and before anything acts on it.
+            self._announce(name, policy, decision, a)
+            if policy.mode == Mode.ENFORCE:
+                await self._converge_node(name, policy, decision.record, a, now)
+                await self.drainer.run(name, policy, decision.record, fatal(a), now)
+                if released:
+                    await self.call(
+                        self.kube.patch_node, name, {"metadata": {"annotations": {RELEASE_ANNOTATION: None}}}
+                    )
+        finally:
+            self.breaker.release(policy, name)
+
+    async def _persist(
+        self,
+        name: str,
+        policy: Policy,
+        overridden: list[Policy],
+        report_obj: Mapping[str, Any] | None,
+        decision: Decision,
+        a: Assessment,
+    ) -> None:
+        prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
+        body = node_status(
+            decision.record,
+            policy=policy.name,
+            overridden=[p.name for p in overridden],
+            dry_run=policy.mode == Mode.DRY_RUN,
+            total_gpus=a.total_gpus,
+            healthy_gpus=a.healthy_gpus,
+            last_xid=a.last_xid,
+            evidence=evidence(a),
+            pending=a.pending,
+            unknown_message=a.unknown_reason,
+        )
+        changed = status_changes(prev, body)
+        if report_obj is None:
+            report_obj = await self._create_stub(name)
+            changed = body
+        if not changed:
+            self.store.records[name] = decision.record
+            return
+        patch = {"metadata": {"resourceVersion": report_obj["metadata"]["resourceVersion"]}, "status": changed}
+        result = await self.call(self.kube.patch_report_status, name, patch)
+        self.store.wrote(name, result)
+        self.store.records[name] = decision.record
+
+    async def _create_stub(self, name: str) -> dict[str, Any]:
+        """No agent report after the silence period: create a stub so the Unknown verdict has a home."""
+        body = {"apiVersion": API_VERSION, "kind": REPORT_KIND, "metadata": {"name": name}, "spec": {"nodeName": name}}
+        try:
+            obj: dict[str, Any] = await self.call(self.kube.create_report, body)
+        except Exception as e:
+            if status_of(e) != 409:
+                raise
+            obj = await self.call(self.kube.get_report, name)
+        self.store.reports[name] = slim_report(obj)
+        return obj
+
+    async def _converge_node(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
+        node = self.store.nodes[name]
+        top = a.top
+        reason = rec.reason or (top.reason if top else "")
+        marks = Marks(
+            state=rec.state,
+            quarantine=rec.state in OUT_OF_SERVICE,
+            reason=reason,
+            effect=policy.taint_effect,
+            cordon=policy.cordon,
+            since=format_time(rec.since or now),
+        )
+        plan = plan_node(node, marks)
+        if plan.patch is not None:
+            updated = await self.call(self.kube.patch_node, name, plan.patch)
+            self.store.put_node(name, updated)
+            node = self.store.nodes[name]  # the cached copy, so the condition written below is reflected in it
+            for act in plan.actions:
+                metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
+            if "taint" in plan.actions and top is not None and top.since is not None:
+                metrics.DETECTION_TO_ACTION.observe(max(0.0, (self.clock() - top.since).total_seconds()))
+            self._announce_node_actions(name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec)
+        cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now))
+        if cond is not None:
+            await self.call(self.kube.patch_node_status, name, cond)
+            # Reflect our own write so the next reconcile does not repeat it before the watch catches up.
+            conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]
+            node.setdefault("status", {})["conditions"] = [*conds, *cond["status"]["conditions"]]
+
+    def _announce_node_actions(
+        self,
+        name: str,
+        actions: tuple[str, ...],
+        lifted: tuple[str, ...],
+        foreign_cordon: bool,
+        marks: Marks,
+        rec: Record,
+    ) -> None:
+        msgs = []
+        if "taint" in actions:
+            msgs.append(f"Tainted {marks.reason} ({marks.effect})")
+        if "cordon" in actions:
+            msgs.append("Cordoned")
+        if foreign_cordon:
+            msgs.append("Already cordoned by someone else: gpuhealth will leave that cordon in place")
+        if "untaint" in actions:
+            msgs.append("Removed gpuhealth's taint")
+        if "uncordon" in actions:
+            msgs.append("Uncordoned (gpuhealth's own cordon)")
+        if msgs:
+            self._event(name, "Normal", "GPUHealthAction", "; ".join(msgs) + f". State: {rec.state}")
+        for what in lifted:
+            self._event(
+                name,
+                "Warning",
+                "LiftedByOthers",
+                f"Someone else removed gpuhealth's {what} while the node is {rec.state} ({rec.reason}); "
+                "recorded, and not put back for this episode",
+            )
+
+    def _announce(self, name: str, policy: Policy, d: Decision, a: Assessment) -> None:
+        dry = policy.mode == Mode.DRY_RUN
+        if d.new_quarantine:
+            for f in a.actionable():
+                metrics.FAULTS.labels(str(f.signal), "" if f.code is None else str(f.code)).inc()
+        for type_, reason, message in d.events:
+            if dry:
+                message = f"DryRun (policy {policy.name}): would act, no Node was changed. {message}"
+                metrics.ACTIONS.labels(reason, d.record.reason or reason, "DryRun").inc()
+            self._event(name, type_, reason, message)

@@ -1,0 +1,146 @@
+"""Each policy's status (counts per state, the breaker, overlaps), its metrics and breaker Events.
+
+Computed from the caches on every sweep and written only when it changed, so an idle fleet costs
+no policy writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.actions.kube import KubePort, is_not_found
+from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
+from gpuhealth.api.status import Record
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.controller import metrics
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.store import Store
+
+Call = Callable[..., Awaitable[Any]]
+
+
+@dataclass
+class PolicyView:
+    """What the sweep learned about a policy, for its status."""
+
+    nodes: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    overlaps: dict[str, int] = field(default_factory=dict)
+    held: int = 0
+
+
+def summarize(store: Store) -> dict[str, PolicyView]:
+    views = {p: PolicyView() for p in store.policies}
+    for name in store.nodes:
+        winner, others = store.governing(name)
+        if winner is None:
+            continue
+        v = views[winner.name]
+        v.nodes += 1
+        rec = store.records.get(name) or Record()
+        v.counts[str(rec.state)] = v.counts.get(str(rec.state), 0) + 1
+        if rec.held_by_breaker:
+            v.held += 1
+        for o in others:
+            views[o.name].overlaps[winner.name] = views[o.name].overlaps.get(winner.name, 0) + 1
+    return views
+
+
+class PolicyStatus:
+    def __init__(
+        self, kube: KubePort, call: Call, store: Store, events: EventSink, clock: Callable[[], dt.datetime]
+    ) -> None:
+        self.kube = kube
+        self.call = call
+        self.store = store
+        self.events = events
+        self.clock = clock
+        self.breaker_open: dict[str, bool] = {}
+        self._written: dict[str, dict[str, Any]] = {}
+
+    async def update(self) -> None:
+        for pname, v in summarize(self.store).items():
+            await self._update_one(pname, v)
+
+    async def _update_one(self, pname: str, v: PolicyView) -> None:
+        policy = self.store.policies[pname]
+        limit = policy.breaker_limit(v.nodes)
+        out = sum(v.counts.get(str(s), 0) for s in OUT_OF_SERVICE)
+        is_open = v.held > 0
+        for s in State:
+            metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
+        metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
+        was_open = self.breaker_open.get(pname, False)
+        self.breaker_open[pname] = is_open
+        obj = self.store.policy_objs.get(pname, {})
+        uid = obj.get("metadata", {}).get("uid", pname)
+        if is_open != was_open:
+            if is_open:
+                self.events(
+                    POLICY_KIND,
+                    pname,
+                    uid,
+                    "Warning",
+                    "BreakerOpen",
+                    f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back "
+                    f"{v.held} more quarantines",
+                    API_VERSION,
+                )
+            else:
+                self.events(
+                    POLICY_KIND,
+                    pname,
+                    uid,
+                    "Normal",
+                    "BreakerClosed",
+                    f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
+                    API_VERSION,
+                )
+        overlap_msg = ", ".join(f"{n} nodes governed by {w}" for w, n in sorted(v.overlaps.items()))
+        status: dict[str, Any] = {
+            "observedGeneration": policy.generation,
+            "nodes": v.nodes,
+            "healthy": v.counts.get("Healthy", 0),
+            "degraded": v.counts.get("Degraded", 0),
+            "quarantined": v.counts.get("Quarantined", 0),
+            "draining": v.counts.get("Draining", 0),
+            "awaitingRepair": v.counts.get("AwaitingRepair", 0),
+            "recovering": v.counts.get("Recovering", 0),
+            "unknown": v.counts.get("Unknown", 0),
+            "breaker": "Open" if is_open else "Closed",
+            "breakerLimit": limit,
+            "outOfService": out,
+            "heldBack": v.held,
+            "overlaps": overlap_msg or None,
+        }
+        prev = self._written.get(pname)
+        if prev is None:
+            prev = {k: val for k, val in (obj.get("status") or {}).items() if k in status}
+        if all(prev.get(k) == val for k, val in status.items()):
+            self._written[pname] = status
+            return
+        status["conditions"] = [
+            {
+                "type": "BreakerOpen",
+                "status": "True" if is_open else "False",
+                "reason": "LimitReached" if is_open else "UnderLimit",
+                "message": f"{out}/{v.nodes} out of service, limit {limit}",
+                "lastTransitionTime": format_time(self.clock()),
+            },
+            {
+                "type": "Overlapping",
+                "status": "True" if overlap_msg else "False",
+                "reason": "LowerPriority" if overlap_msg else "NoOverlap",
+                "message": overlap_msg or "no node matches a higher-priority policy",
+                "lastTransitionTime": format_time(self.clock()),
+            },
+        ]
+        try:
+            await self.call(self.kube.patch_policy_status, pname, {"status": status})
+            self._written[pname] = {k: v2 for k, v2 in status.items() if k != "conditions"}
+        except Exception as e:
+            if not is_not_found(e):
+                raise

@@ -1,0 +1,255 @@
+"""Wiring and lifecycle: builds the rooms, feeds the caches from watch events, runs the workers and
+the sweeper, and starts and stops it all.
+
+Kopf handlers (handlers.py) only call the ``on_*`` feeders and ``hold``/``release``; the feeders
+update the store and queue the nodes an event may affect. Workers take one node at a time from a
+de-duplicating queue and hand it to the node reconciler; the sweeper re-queues the nodes whose
+verdict the clock alone may change, and updates policy statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from gpuhealth.actions.kube import KubePort, is_conflict, retryable
+from gpuhealth.api.names import API_VERSION, POLICY_KIND
+from gpuhealth.controller import metrics
+from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.events import EventPoster
+from gpuhealth.controller.leadership import Leadership
+from gpuhealth.controller.node_reconciler import NodeReconciler
+from gpuhealth.controller.podwatch import PodWatch
+from gpuhealth.controller.policy_status import PolicyStatus
+from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
+from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.evaluation.rules import time_dependent
+
+log = logging.getLogger("gpuhealth.controller.reconciler")
+T = TypeVar("T")
+
+RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
+
+
+class Runtime:
+    def __init__(
+        self,
+        kube: KubePort,
+        *,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        workers: int = 16,
+        tick: float = 5.0,
+    ) -> None:
+        self.kube = kube
+        self.clock = clock
+        self.tick = tick
+        self.workers = workers
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self.store = Store()
+        self.queue = WorkQueue()
+        self.events = EventPoster(kube.post_event)
+        self.breaker = Breaker(self.store)
+        self.drainer = Drainer(kube, self.call, self.events, self.queue_later, self.store, self.breaker, clock)
+        self.nodes = NodeReconciler(kube, self.call, self.store, self.breaker, self.drainer, self.events, clock)
+        self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
+        self.leadership = Leadership(self._resync)
+        self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
+        self.ready = asyncio.Event()
+        self._pods_listed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._failures: dict[str, int] = {}
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one blocking API call on the kube thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def queue_later(self, name: str, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.queue.add, name)
+
+    # -- leadership (Kopf's ``acting`` daemon) ----------------------------------------------------
+
+    @property
+    def active(self) -> asyncio.Event:
+        return self.leadership.active
+
+    def hold(self) -> None:
+        self.leadership.hold()
+
+    def release(self) -> None:
+        self.leadership.release()
+
+    async def _resync(self) -> None:
+        """After a pause, forget cached records and re-read everything another replica may have changed.
+
+        Pods are not re-read: the pod watch runs whether or not this replica acts, so they are current.
+        """
+        self.store.forget_records()
+        self.breaker.clear()
+        await self._load()
+        log.info("resynced after a pause")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        self.leadership.loaded()
+        nodes, reports, policies = await asyncio.gather(
+            self.call(self.kube.list_nodes, NODE_SELECTOR),
+            self.call(self.kube.list_custom, "gpunodehealths"),
+            self.call(self.kube.list_custom, "gpuhealthpolicies"),
+        )
+        if not self._pods_listed:
+            for pod in await self.call(self.pod_watch.list):
+                self.on_pod("ADDED", pod, enqueue=False)
+            self._pods_listed = True
+        for p in policies:
+            self.on_policy("ADDED", p, enqueue=False)
+        for r in reports:
+            self.on_report("ADDED", r, enqueue=False)
+        for n in nodes:
+            self.on_node("ADDED", n, enqueue=False)
+        for name in self.store.nodes:
+            self.queue.add(name)
+
+    async def start(self) -> None:
+        """Prime the caches with a full list, so the breaker counts every node before any decision."""
+        await self._load()
+        self.pod_watch.start(asyncio.get_running_loop())
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._sweeper()))
+        self.ready.set()
+        log.info(
+            "watching %d GPU nodes, %d reports, %d policies",
+            len(self.store.nodes),
+            len(self.store.reports),
+            len(self.store.policy_objs),
+        )
+
+    async def stop(self) -> None:
+        self.pod_watch.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.events.flush()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.events.close()
+
+    # -- cache feeders (called by Kopf handlers) ---------------------------------------------------
+
+    def on_node(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.store.forget_node(name)
+            self.store.records.pop(name, None)
+            return
+        self.store.put_node(name, body)
+        self.store.first_seen.setdefault(name, self.clock())
+        if enqueue:
+            self.queue.add(name)
+
+    def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.store.reports.pop(name, None)
+        else:
+            self.store.put_report(name, body)
+        if enqueue:
+            self.queue.add(name)
+
+    def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        """Pods by node, gang and workload: what drains and restart-loop detection need."""
+        nodes = self.store.put_pod(body, deleted=event == "DELETED")
+        if nodes is None or not enqueue:
+            return
+        for n in set(nodes):
+            if n in self.store.nodes:
+                self.queue.add(n)
+        for n in self.breaker.drains():
+            self.queue.add(n)
+
+    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): pods missing from it are gone."""
+        fresh = {p["metadata"].get("uid") for p in pods}
+        for uid, (node, _, _) in list(self.store.pod_index.items()):
+            if uid not in fresh:
+                self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
+        for p in pods:
+            self.on_pod("MODIFIED", p)
+
+    def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        error = self.store.put_policy(name, None if event == "DELETED" else body)
+        if error is not None:
+            metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
+            log.warning("policy %s refused: %s", name, error)
+            uid = body["metadata"].get("uid", name)
+            self.events(
+                POLICY_KIND,
+                name,
+                uid,
+                "Warning",
+                "InvalidPolicy",
+                f"The operator will not act on this policy: {error}",
+                API_VERSION,
+            )
+        if enqueue:
+            for n in self.store.nodes:
+                self.queue.add(n)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    async def _worker(self, i: int) -> None:
+        while True:
+            await self.active.wait()
+            name = await self.queue.get()
+            if not self.active.is_set():
+                self.queue.done(name)
+                self.queue.add(name)
+                continue
+            try:
+                await self.nodes.reconcile(name)
+                self._failures.pop(name, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                # Growing delays per node (throttling, an API away): never a tight retry loop.
+                n = self._failures[name] = self._failures.get(name, 0) + 1
+                delay = growing_delay(n, RETRY_BASE_S, RETRY_MAX_S)
+                metrics.RECONCILE_ERRORS.inc()
+                if retryable(e) or is_conflict(e):
+                    log.warning("reconcile of %s failed (%s); retrying in %.1fs", name, e, delay)
+                else:
+                    log.exception("reconcile of %s failed; retrying in %.1fs", name, delay)
+                self.queue_later(name, delay)
+            finally:
+                self.queue.done(name)
+
+    async def _sweeper(self) -> None:
+        """Time moves on without events: silence, probation, sustained heat; and policy status."""
+        while True:
+            await asyncio.sleep(self.tick)
+            await self.active.wait()
+            try:
+                if self.leadership.resync_needed:
+                    await self.leadership.resync()
+                self.sweep()
+                await self.policy_status.update()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep failed")
+
+    def sweep(self) -> None:
+        """Queue the nodes whose verdict the clock alone may change."""
+        now = self.clock()
+        store = self.store
+        for name in list(store.nodes):
+            report = store.reports.get(name)
+            pname = str(((report or {}).get("status") or {}).get("policy") or "")
+            if time_dependent(store.records.get(name), report, store.policies.get(pname), now):
+                self.queue.add(name)

@@ -1,0 +1,239 @@
+"""The operator's caches: slim copies of Nodes, reports, policies and pods, their indexes, and the
+decision records. Nothing here talks to the API or decides; handlers feed it, the node reconciler
+reads it and records what it wrote.
+
+Watched objects are slimmed on the way in (``slim_*``): pods are most of a cluster's objects, and a
+real Node's image list and managed fields are most of its size, so only what is read is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
+from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
+from gpuhealth.api.status import Record
+from gpuhealth.drain import pods as P
+
+NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
+
+_POD_META = (
+    "name",
+    "namespace",
+    "uid",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "deletionTimestamp",
+    "resourceVersion",
+)
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _slim_container(cs: Mapping[str, Any]) -> dict[str, Any]:
+    """Restart count, exit codes and times, the waiting reason: what restart-loop detection reads."""
+    out: dict[str, Any] = {"restartCount": cs.get("restartCount") or 0}
+    for key in ("state", "lastState"):
+        state = cs.get(key) or {}
+        slim: dict[str, Any] = {}
+        term = state.get("terminated")
+        if term:
+            slim["terminated"] = {f: term[f] for f in ("exitCode", "finishedAt") if f in term}
+        if state.get("waiting"):
+            slim["waiting"] = {"reason": state["waiting"].get("reason")}
+        if slim:
+            out[key] = slim
+    return out
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
+    if _LAST_APPLIED in (meta.get("annotations") or {}):
+        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
+    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
+    if "containerStatuses" in status:
+        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
+    return {"metadata": slim_meta, "spec": {"nodeName": spec.get("nodeName")}, "status": slim_status}
+
+
+def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What taints, cordons, conditions and policy selection read."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    return {
+        "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+        "spec": body.get("spec") or {},
+        "status": {k: status[k] for k in ("capacity", "conditions") if k in status},
+    }
+
+
+def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+def gpu_capacity(node: Mapping[str, Any]) -> int | None:
+    cap = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    try:
+        return int(cap) if cap is not None else None
+    except ValueError:
+        return None
+
+
+def newer(rv: object, than: str | None) -> bool:
+    """resourceVersions are opaque, but etcd's are increasing integers; unknown forms count as newer."""
+    if than is None:
+        return True
+    try:
+        return int(str(rv)) > int(than)
+    except ValueError:
+        return True
+
+
+class Lists(Mapping[str, list[dict[str, Any]]]):
+    """A read-only view of pods grouped by a key, as lists, built per key only when asked.
+
+    Copying every group on each reconcile cost time proportional to all pods in the cluster.
+    """
+
+    def __init__(self, groups: Mapping[str, Mapping[str, dict[str, Any]]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, key: str) -> list[dict[str, Any]]:
+        return list(self._groups[key].values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
+class Store:
+    """Caches and indexes. Methods that take a watched body return the node names it may affect."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, Policy] = {}
+        self.policy_objs: dict[str, dict[str, Any]] = {}
+        self.invalid_policies: dict[str, str] = {}
+        self.records: dict[str, Record] = {}
+        self.written_rv: dict[str, str] = {}
+        self.first_seen: dict[str, dt.datetime] = {}
+        self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
+        self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def put_node(self, name: str, body: Mapping[str, Any]) -> None:
+        """Cache a Node; which policy governs it is re-computed only when its labels change."""
+        old = self.nodes.get(name)
+        self.nodes[name] = slim_node(body)
+        if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
+            self._governing.pop(name, None)
+
+    def forget_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self._governing.pop(name, None)
+
+    def governing(self, name: str) -> tuple[Policy | None, list[Policy]]:
+        """The policy that governs a cached node (and those it overrides), memoized per node."""
+        hit = self._governing.get(name)
+        if hit is None:
+            labels = ((self.nodes.get(name) or {}).get("metadata") or {}).get("labels") or {}
+            hit = self._governing[name] = select_policy(list(self.policies.values()), labels)
+        return hit
+
+    def governed_by(self, policy: Policy) -> list[str]:
+        return [n for n in self.nodes if self.governing(n)[0] is policy]
+
+    # -- reports and records ---------------------------------------------------------------------
+
+    def put_report(self, name: str, body: Mapping[str, Any]) -> None:
+        """Cache a watched report. Our own writes update the record at once (``wrote``); adopt a
+        watched status only if it is newer than our last write (another writer, e.g. a previous
+        leader), never an older echo of it."""
+        self.reports[name] = slim_report(body)
+        if body.get("status") and (
+            name not in self.records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
+        ):
+            self.records[name] = Record.from_status(dict(body["status"]))
+
+    def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
+        """A report read fresh after a conflict: its status is the record, whoever wrote it."""
+        self.reports[name] = slim_report(body)
+        self.records[name] = Record.from_status(body.get("status"))
+
+    def wrote(self, name: str, result: Mapping[str, Any]) -> None:
+        """Reflect a status write of ours (the API's answer)."""
+        self.reports[name] = slim_report(result)
+        self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
+
+    def forget_records(self) -> None:
+        """Another replica may have written meanwhile: re-read records before deciding again."""
+        self.records.clear()
+        self.written_rv.clear()
+
+    # -- policies --------------------------------------------------------------------------------
+
+    def put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
+        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused."""
+        self._governing.clear()
+        if body is None:
+            self.policies.pop(name, None)
+            self.policy_objs.pop(name, None)
+            self.invalid_policies.pop(name, None)
+            return None
+        self.policy_objs[name] = dict(body)
+        try:
+            self.policies[name] = parse_policy(body)
+            self.invalid_policies.pop(name, None)
+        except PolicyError as e:
+            self.policies.pop(name, None)
+            if self.invalid_policies.get(name) != str(e):
+                self.invalid_policies[name] = str(e)
+                return str(e)
+        return None
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> tuple[str, str] | None:
+        """Index a pod by node, gang and workload; returns (its node, its previous node) or None."""
+        uid = body["metadata"].get("uid")
+        if not uid:
+            return None
+        old = self.pod_index.pop(uid, None)
+        if old is not None:
+            self.pods_by_node.get(old[0], {}).pop(uid, None)
+            if old[1]:
+                self.pods_by_gang.get(old[1], {}).pop(uid, None)
+            self.pods_by_workload.get(old[2], {}).pop(uid, None)
+        node = str((body.get("spec") or {}).get("nodeName") or "")
+        if not deleted:
+            pod = slim_pod(body)
+            gang, workload = P.gang_key(pod), P.workload_key(pod)
+            self.pod_index[uid] = (node, gang, workload)
+            self.pods_by_node.setdefault(node, {})[uid] = pod
+            if gang:
+                self.pods_by_gang.setdefault(gang, {})[uid] = pod
+            self.pods_by_workload.setdefault(workload, {})[uid] = pod
+        return node, old[0] if old else ""
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        return list(self.pods_by_node.get(node, {}).values())
+
+    def gangs(self) -> Lists:
+        return Lists(self.pods_by_gang)
+
+    def workloads(self) -> Lists:
+        return Lists(self.pods_by_workload)
