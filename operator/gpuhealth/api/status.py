@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.timeutil import format_time, parse_time
@@ -74,6 +74,86 @@ class Record:
         )
 
 
+class PodDrain(TypedDict, total=False):
+    """One pod's progress in ``status.drain.pods`` (keyed by pod uid)."""
+
+    pod: str  # namespace/name
+    node: str
+    requestedAt: str
+    acknowledgedAt: str
+    overdueNotified: bool
+    evictedAt: str
+    blocked: int  # evictions a PodDisruptionBudget refused so far
+    retryAt: str
+    forceDeletedAt: str
+
+
+class DrainRecord(TypedDict, total=False):
+    """``status.drain``: a drain's progress, written before its first request so a restart resumes it."""
+
+    phase: str  # Queued, Running, Completed
+    startedAt: str
+    completedAt: str
+    fatal: bool
+    pods: dict[str, PodDrain]
+    total: int
+    evicted: int
+    waitingForCheckpoint: int
+    blockedByBudget: int
+    timedOut: list[str]  # gangs whose checkpoint timeout was announced
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """GPUNodeHealth status as the plugin reads it: the wire values, missing ones as ``None``."""
+
+    state: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    since: str | None = None
+    policy: str | None = None
+    overridden_policies: tuple[str, ...] = ()
+    dry_run: bool = False
+    total_gpus: int | None = None
+    healthy_gpus: int | None = None
+    last_xid: str | None = None
+    quarantines: tuple[str, ...] = ()
+    healthy_since: str | None = None
+    cleared_before: str | None = None
+    held_by_breaker: bool = False
+    drain_action: str | None = None
+    evidence: tuple[dict[str, Any], ...] = ()
+    drain: DrainRecord | None = None
+
+    @staticmethod
+    def read(status: Mapping[str, Any] | None) -> NodeStatus:
+        s = status or {}
+        return NodeStatus(
+            state=s.get("state"),
+            reason=s.get("reason"),
+            message=s.get("message"),
+            since=s.get("since"),
+            policy=s.get("policy"),
+            overridden_policies=tuple(s.get("overriddenPolicies") or ()),
+            dry_run=bool(s.get("dryRun", False)),
+            total_gpus=s.get("totalGPUs"),
+            healthy_gpus=s.get("healthyGPUs"),
+            last_xid=s.get("lastXid"),
+            quarantines=tuple(str(t) for t in s.get("quarantines") or ()),
+            healthy_since=s.get("healthySince"),
+            cleared_before=s.get("clearedBefore"),
+            held_by_breaker=bool(s.get("heldByBreaker", False)),
+            drain_action=s.get("drainAction"),
+            evidence=tuple(dict(e) for e in s.get("evidence") or ()),
+            drain=cast(DrainRecord, dict(s["drain"])) if s.get("drain") else None,
+        )
+
+
+def read_report_status(report: Mapping[str, Any] | None) -> NodeStatus:
+    """The status of a GPUNodeHealth object (or of none)."""
+    return NodeStatus.read((report or {}).get("status"))
+
+
 def evidence_entry(
     signal: str,
     reason: str,
@@ -132,12 +212,17 @@ def status_changes(prev: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
 
 
-def drain_is_current(drain: Mapping[str, Any], rec: Record) -> bool:
+def drain_is_current(drain: DrainRecord, rec: Record) -> bool:
     """The drain record belongs to the current Draining episode (started at or after it began)."""
     started = parse_time(drain.get("startedAt"))
     return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
 
 
-def drain_done(drain: Mapping[str, Any], rec: Record) -> bool:
+def drain_done(drain: DrainRecord, rec: Record) -> bool:
     """This episode's drain has completed."""
     return drain.get("phase") == "Completed" and bool(drain.get("startedAt")) and drain_is_current(drain, rec)
+
+
+def read_drain(status: Mapping[str, Any] | None) -> DrainRecord:
+    """``status.drain`` (a copy), empty when there is none."""
+    return cast(DrainRecord, dict((status or {}).get("drain") or {}))

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuhealth.api.names import GPU_COUNT_LABEL, GPU_RESOURCE, OUT_OF_SERVICE, TAINT_KEY, Mode, State
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
+from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 
 # Most urgent first: the order of the table and of the totals.
@@ -257,25 +258,25 @@ def build_row(
     parsed: list[Policy],
     now: dt.datetime,
 ) -> Row:
-    status: Mapping[str, Any] = (report or {}).get("status") or {}
+    status = read_report_status(report)
     spec = (node or {}).get("spec") or {}
     ours = next((t for t in spec.get("taints") or [] if t.get("key") == TAINT_KEY), None)
-    state = str(status.get("state") or "")
-    reason = str(status.get("reason") or "")
-    message = str(status.get("message") or "")
-    policy_name = str(status.get("policy") or "")
+    state = str(status.state or "")
+    reason = str(status.reason or "")
+    message = str(status.message or "")
+    policy_name = str(status.policy or "")
     if not state:
         reason, message, governing = _no_verdict(node, report is not None, parsed)
         policy_name = policy_name or (governing.name if governing else "")
     policy_obj = policy_objs.get(policy_name)
     mode = str(((policy_obj or {}).get("spec") or {}).get("mode") or ("Enforce" if policy_obj else ""))
-    total = _int(status.get("totalGPUs"))
+    total = _int(status.total_gpus)
     if not total:
         total = node_gpus(node)
-    healthy = _int(status.get("healthyGPUs"))
-    since = parse_time(status.get("since"))
+    healthy = _int(status.healthy_gpus)
+    since = parse_time(status.since)
     age = None if since is None else max(0.0, (now - since).total_seconds())
-    dry_run = bool(status.get("dryRun"))
+    dry_run = status.dry_run
     hours: float | None = None
     cost: float | None = None
     currency = ""
@@ -296,7 +297,7 @@ def build_row(
         total_gpus=total,
         since=since,
         age_s=age,
-        last_xid=str(status.get("lastXid") or ""),
+        last_xid=str(status.last_xid or ""),
         dry_run=dry_run,
         node_exists=node is not None,
         has_report=report is not None,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
 from gpuhealth.api.durations import parse_duration
+from gpuhealth.api.status import read_report_status
 from gpuhealth.cli import changes, explain, fleet, nodeview, render
 from gpuhealth.cli.client import Client, load_configuration
 from gpuhealth.cli.errors import EXIT_OK, EXIT_USAGE, ApiError, CliError, Refused
@@ -209,7 +210,7 @@ def cmd_describe(ctx: Context) -> int:
     report = ctx.client.get_report(a.node)
     if node is None and report is None:
         raise ApiError(f'node "{a.node}" not found, and it has no GPUNodeHealth report')
-    policy_name = ((report or {}).get("status") or {}).get("policy")
+    policy_name = read_report_status(report).policy
     policy = ctx.client.get_policy(str(policy_name)) if policy_name else None
     events_error = None
     try:
@@ -243,7 +244,7 @@ def cmd_release(ctx: Context) -> int:
     if node is None:
         raise ApiError(f'node "{a.node}" not found')
     report = ctx.client.get_report(a.node)
-    policy_name = ((report or {}).get("status") or {}).get("policy")
+    policy_name = read_report_status(report).policy
     policy = ctx.client.get_policy(str(policy_name)) if policy_name else None
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     plan = changes.plan_release(a.node, report, policy, ctx.clock(), force=a.force, node_annotations=annotations)

@@ -19,6 +19,7 @@ from gpuhealth.api.names import (
     TAINT_KEY,
 )
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
+from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.cli.fleet import node_gpus
@@ -166,29 +167,29 @@ def describe_node(
 ) -> dict[str, Any]:
     """The ``describe`` model; ``policy`` is the GPUHealthPolicy named in the report's status, if any."""
     spec: Mapping[str, Any] = (report or {}).get("spec") or {}
-    status: Mapping[str, Any] = (report or {}).get("status") or {}
-    since = parse_time(status.get("since"))
+    status = read_report_status(report)
+    since = parse_time(status.since)
     heartbeat = parse_time(spec.get("heartbeatTime"))
-    cleared = parse_time(status.get("clearedBefore"))
+    cleared = parse_time(status.cleared_before)
     parsed = _policy(policy)
     agent = spec.get("agent") or {}
     nvml = spec.get("nvml") or {}
-    total = status.get("totalGPUs")
+    total = status.total_gpus
     if not total:
         total = node_gpus(node)
-    quarantines = [str(t) for t in status.get("quarantines") or []]
+    quarantines = list(status.quarantines)
     history: dict[str, Any] = {
         "quarantines": quarantines,
-        "healthySince": status.get("healthySince"),
-        "clearedBefore": status.get("clearedBefore"),
-        "heldByBreaker": bool(status.get("heldByBreaker", False)),
-        "drainAction": status.get("drainAction"),
+        "healthySince": status.healthy_since,
+        "clearedBefore": status.cleared_before,
+        "heldByBreaker": status.held_by_breaker,
+        "drainAction": status.drain_action,
     }
     if parsed is not None:
         history["flapping"] = {"maxQuarantines": parsed.flapping_max, "windowSeconds": parsed.flapping_window_s}
         history["probationSeconds"] = parsed.probation_s
-        healthy_since = parse_time(status.get("healthySince"))
-        if healthy_since is not None and status.get("state") == "Recovering":
+        healthy_since = parse_time(status.healthy_since)
+        if healthy_since is not None and status.state == "Recovering":
             left = parsed.probation_s - (now - healthy_since).total_seconds()
             history["probationLeftSeconds"] = round(max(0.0, left), 1)
     return {
@@ -196,17 +197,17 @@ def describe_node(
         "generatedAt": format_time(now),
         "nodeExists": node is not None,
         "hasReport": report is not None,
-        "state": status.get("state"),
-        "reason": status.get("reason") or None,
-        "message": status.get("message") or None,
-        "since": status.get("since"),
+        "state": status.state,
+        "reason": status.reason or None,
+        "message": status.message or None,
+        "since": status.since,
         "ageSeconds": _age(since, now),
-        "policy": status.get("policy"),
+        "policy": status.policy,
         "policyMode": None if policy is None else ((policy.get("spec") or {}).get("mode") or "Enforce"),
-        "overriddenPolicies": list(status.get("overriddenPolicies") or []),
-        "dryRun": bool(status.get("dryRun", False)),
-        "gpus": {"healthy": status.get("healthyGPUs"), "total": total},
-        "lastXid": status.get("lastXid"),
+        "overriddenPolicies": list(status.overridden_policies),
+        "dryRun": status.dry_run,
+        "gpus": {"healthy": status.healthy_gpus, "total": total},
+        "lastXid": status.last_xid,
         "agent": {
             "version": agent.get("version"),
             "sources": list(agent.get("sources") or []),
@@ -221,9 +222,9 @@ def describe_node(
         },
         "devices": [_device(d) for d in sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)],
         "xids": _xids(spec.get("xidEvents") or [], cleared, now),
-        "evidence": [dict(e) for e in status.get("evidence") or []],
+        "evidence": [dict(e) for e in status.evidence],
         "marks": _marks(node),
         "history": history,
-        "drain": dict(status.get("drain") or {}) or None,
+        "drain": dict(status.drain) if status.drain else None,
         "events": _events(events),
     }

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from gpuhealth.actions.kube import KubePort, status_of
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import Record, drain_is_current
+from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
 from gpuhealth.api.timeutil import format_time, format_time_precise
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
@@ -62,7 +62,7 @@ class Drainer:
     async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> None:
         """Drain while Draining; evict crash-looping pods from any quarantined node."""
         status = (self.store.reports.get(name) or {}).get("status") or {}
-        record: dict[str, Any] = dict(status.get("drain") or {})
+        record = read_drain(status)
         if rec.state != State.DRAINING:
             self.breaker.end_drain(policy, name)
             if rec.state in OUT_OF_SERVICE:
@@ -72,14 +72,14 @@ class Drainer:
                 await self.write(name, None)
             return
         if record and not drain_is_current(record, rec):
-            record = {}  # a previous episode's drain: start afresh
+            record = DrainRecord()  # a previous episode's drain: start afresh
         if record.get("phase") == "Completed":
             self.breaker.end_drain(policy, name)
             return
         if not self.breaker.draining(policy, name):
             if not await self.breaker.take_drain_slot(policy, name):
                 if record.get("phase") != "Queued":
-                    await self.write(name, {"phase": "Queued"})
+                    await self.write(name, DrainRecord(phase="Queued"))
                     self._event(
                         name,
                         "Normal",
@@ -88,12 +88,12 @@ class Drainer:
                     )
                 return
             if record.get("phase") == "Queued":
-                record = {}
+                record = DrainRecord()
         if not record.get("startedAt"):
             # Record the start before the first request, so a restart recognises this drain's requests.
             if status.get("drain"):
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods
-            record = {"phase": "Running", "startedAt": format_time(now), "fatal": fatal, "pods": {}}
+            record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
         plan = plan_drain(name, self.store.pods_on(name), self.store.gangs(), policy.drain, fatal, record, now)
         new_record = await self.execute(name, plan, now)
@@ -112,19 +112,19 @@ class Drainer:
         if not plan.complete:
             self.requeue(name, 1.0)
 
-    async def write(self, name: str, record: Mapping[str, Any] | None) -> None:
+    async def write(self, name: str, record: DrainRecord | None) -> None:
         """Write (or, with ``None``, remove) ``status.drain``."""
         body = {"status": {"drain": None if record is None else dict(record)}}
         result = await self.call(self.kube.patch_report_status, name, body)
         self.store.wrote(name, result)
 
-    async def execute(self, node: str, plan: DrainPlan, now: dt.datetime) -> dict[str, Any]:
+    async def execute(self, node: str, plan: DrainPlan, now: dt.datetime) -> DrainRecord:
         """Carry out the plan's steps; returns the progress record they updated."""
-        pods_rec: dict[str, dict[str, Any]] = plan.record.setdefault("pods", {})
+        pods_rec: dict[str, PodDrain] = plan.record.setdefault("pods", {})
         for type_, reason, message in plan.events:
             self._event(node, type_, reason, message)
         for step in plan.steps:
-            prec = pods_rec.setdefault(step.pod["metadata"]["uid"], {"pod": step.key, "node": _node_of(step.pod)})
+            prec = pods_rec.setdefault(step.pod["metadata"]["uid"], PodDrain(pod=step.key, node=_node_of(step.pod)))
             if step.kind == "request":
                 await self._request(node, step, prec)
             elif step.kind == "evict":
@@ -133,7 +133,7 @@ class Drainer:
                 await self._force(node, step, prec, now)
         return plan.record
 
-    async def _request(self, node: str, step: Step, prec: dict[str, Any]) -> None:
+    async def _request(self, node: str, step: Step, prec: PodDrain) -> None:
         meta = step.pod["metadata"]
         at = format_time_precise(self.clock())
         patch = {
@@ -154,7 +154,7 @@ class Drainer:
             f"Asked {step.key} to checkpoint (annotation {P.CHECKPOINT_REQUESTED}={at})",
         )
 
-    async def _evict(self, node: str, step: Step, prec: dict[str, Any] | None, now: dt.datetime) -> None:
+    async def _evict(self, node: str, step: Step, prec: PodDrain | None, now: dt.datetime) -> None:
         """The one eviction path. ``prec`` is the pod's drain progress; ``None`` outside a drain,
         where a refusal is left for the next reconcile to try again."""
         meta = step.pod["metadata"]
@@ -181,7 +181,7 @@ class Drainer:
         prec.pop("retryAt", None)
         self._event(node, "Normal", step.reason or "Evicted", step.message or f"Evicted {step.key}: {step.why}")
 
-    def _blocked(self, node: str, step: Step, prec: dict[str, Any], code: int, now: dt.datetime) -> None:
+    def _blocked(self, node: str, step: Step, prec: PodDrain, code: int, now: dt.datetime) -> None:
         """A budget (429) or overlapping budgets (500) refused the eviction: retry with growing delays."""
         blocked = int(prec.get("blocked", 0)) + 1
         prec["blocked"] = blocked
@@ -204,7 +204,7 @@ class Drainer:
             )
         self.requeue(node, delay)
 
-    async def _force(self, node: str, step: Step, prec: dict[str, Any], now: dt.datetime) -> None:
+    async def _force(self, node: str, step: Step, prec: PodDrain, now: dt.datetime) -> None:
         meta = step.pod["metadata"]
         try:
             await self.call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))

@@ -23,7 +23,7 @@ from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, RELEASE_ANNOTATION, REPORT_KIND, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report, ReportError, parse_report
-from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, status_changes
+from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
@@ -142,9 +142,7 @@ class NodeReconciler:
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, a, policy) or await self.breaker.admit(policy, name)
-        inputs = Inputs(
-            breaker_allows=allows, drain_complete=drain_done(status.get("drain") or {}, prior), released=released
-        )
+        inputs = Inputs(breaker_allows=allows, drain_complete=drain_done(read_drain(status), prior), released=released)
         decision = decide(prior, a, policy, now, inputs)
         try:
             await self._persist(name, policy, overridden, report_obj, decision, a)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.policy import DrainSettings
+from gpuhealth.api.status import DrainRecord, PodDrain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.drain import pods as P
 
@@ -38,7 +39,7 @@ class Step:
 class DrainPlan:
     steps: list[Step] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    record: dict[str, Any] = field(default_factory=dict)
+    record: DrainRecord = field(default_factory=lambda: DrainRecord())
     complete: bool = False
 
 
@@ -76,14 +77,14 @@ def plan_drain(
     gang_members: Mapping[str, Sequence[Mapping[str, Any]]],
     settings: DrainSettings,
     fatal: bool,
-    record: Mapping[str, Any] | None,
+    record: DrainRecord | None,
     now: dt.datetime,
 ) -> DrainPlan:
-    rec: dict[str, Any] = {k: v for k, v in (record or {}).items()}
+    rec: DrainRecord = DrainRecord(**(record or {}))
     started = parse_time(rec.get("startedAt")) or now
     if not rec.get("startedAt"):
-        rec = {"phase": "Running", "startedAt": format_time(now), "fatal": fatal, "pods": {}}
-    pods_rec: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (rec.get("pods") or {}).items()}
+        rec = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
+    pods_rec: dict[str, PodDrain] = {k: PodDrain(**v) for k, v in (rec.get("pods") or {}).items()}
     plan = DrainPlan()
     elapsed = (now - started).total_seconds()
 
@@ -110,7 +111,7 @@ def plan_drain(
                 if pod_mode(m, settings) != "annotation":
                     continue
                 requested = _requested_at(m, started)
-                prec = pods_rec.setdefault(m["metadata"]["uid"], {"pod": P.key(m), "node": _node_of(m)})
+                prec = pods_rec.setdefault(m["metadata"]["uid"], PodDrain(pod=P.key(m), node=_node_of(m)))
                 if requested is None:
                     plan.steps.append(Step("request", m, "checkpoint before eviction"))
                     unacked.append(m)
@@ -136,7 +137,7 @@ def plan_drain(
                 elif overdue:
                     ready_to_evict = False
                     for m in unacked:
-                        prec = pods_rec.setdefault(m["metadata"]["uid"], {"pod": P.key(m), "node": _node_of(m)})
+                        prec = pods_rec.setdefault(m["metadata"]["uid"], PodDrain(pod=P.key(m), node=_node_of(m)))
                         if not prec.get("overdueNotified"):
                             prec["overdueNotified"] = True
                             plan.events.append(
@@ -161,7 +162,7 @@ def plan_drain(
         if not why:
             why = "draining"
         for m in members:
-            prec = pods_rec.setdefault(m["metadata"]["uid"], {"pod": P.key(m), "node": _node_of(m)})
+            prec = pods_rec.setdefault(m["metadata"]["uid"], PodDrain(pod=P.key(m), node=_node_of(m)))
             if P.is_deleting(m) or prec.get("evictedAt"):
                 continue
             if not ready_to_evict:
@@ -173,7 +174,7 @@ def plan_drain(
 
     if settings.allow_force_delete and elapsed >= settings.force_delete_after_s:
         for pod in targets:
-            prec = pods_rec.get(pod["metadata"]["uid"], {})
+            prec = pods_rec.get(pod["metadata"]["uid"], PodDrain())
             if not prec.get("forceDeletedAt"):
                 plan.steps = [s for s in plan.steps if s.key != P.key(pod)]
                 plan.steps.append(Step("force-delete", pod, f"still present {int(elapsed)}s into the drain"))
