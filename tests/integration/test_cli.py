@@ -274,3 +274,40 @@ def test_policy_doc_examples_are_accepted_by_the_api_server(cluster: LocalCluste
         proc = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(body))
         defaulted = json.loads(proc.stdout)["spec"]
         assert defaulted["mode"] in ("Enforce", "DryRun", "Paused") and "safety" in defaulted
+
+
+def _split_kubeconfig(cluster: LocalCluster, tmp_path: Path) -> str:
+    """The cluster's kubeconfig as two files (server and context in one, the user in the other),
+    joined as a KUBECONFIG list: only a merge of both reaches the cluster."""
+    full = json.loads(cluster.kubeconfig.read_text())
+    a, b = tmp_path / "clusters.json", tmp_path / "users.json"
+    a.write_text(json.dumps({k: v for k, v in full.items() if k != "users"}))
+    b.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "users": full["users"]}))
+    return f"{a}{os.pathsep}{b}"
+
+
+def test_a_merged_kubeconfig_list_works_for_plugin_and_operator(
+    cluster: LocalCluster, kube: Kube, group: str, tmp_path: Path
+) -> None:
+    merged = _split_kubeconfig(cluster, tmp_path)
+    nodes = make_nodes(cluster, group, 1)
+    env = _env(KUBECONFIG=merged)
+    proc = subprocess.run(
+        [str(PLUGIN), "status", "-l", f"gpuhealth-test={group}", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert {r["node"] for r in json.loads(ok(proc))["nodes"]} == set(nodes)
+    # The operator: its own client and Kopf's login both come from the same merged list.
+    kube.apply_policy(group, policy_spec(group))
+    log = tmp_path / "operator.log"
+    op = OperatorProcess(cluster, log, kubeconfig_flag=False, env={"KUBECONFIG": merged})
+    op.start()
+    try:
+        wait_for(lambda: "acting (this replica leads)" in log.read_text(), what="the operator acting (Kopf logged in)")
+        assert "watching" in log.read_text() and "Traceback" not in log.read_text()
+    finally:
+        op.stop()

@@ -169,6 +169,7 @@ class OperatorProcess:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    kubeconfig_flag: bool = True  # False: credentials come from ``env`` (KUBECONFIG), as in a shell
 
     def start(self) -> OperatorProcess:
         self.metrics_port = free_port()
@@ -177,7 +178,7 @@ class OperatorProcess:
             self.popen = subprocess.Popen(
                 [
                     str(exe),
-                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    *([f"--kubeconfig={self.cluster.kubeconfig}"] if self.kubeconfig_flag else []),
                     f"--metrics-port={self.metrics_port}",
                     "--tick=1",
                     *self.extra_args,

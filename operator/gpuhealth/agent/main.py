@@ -16,7 +16,7 @@ from types import FrameType
 
 from gpuhealth.agent.nvml_source import ENV_LIBRARY
 from gpuhealth.agent.runner import Agent, AgentConfig, agent_version, collect_once
-from gpuhealth.kubeconfig import api_client
+from gpuhealth.kube.credentials import api_client
 
 log = logging.getLogger("gpuhealth.agent")
 

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import IO, Any, Protocol
 
 import tenacity
-import urllib3.exceptions
 
 from gpuhealth.agent.events import XidBuffer
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot
 from gpuhealth.agent.report import ReportBuilder, merge_patch, now_utc
+from gpuhealth.kube.errors import is_conflict, retryable
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +57,12 @@ class ReportTransport(Protocol):
         ...
 
 
-def _status_of(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
-
-
 def is_retryable(exc: BaseException) -> bool:
-    """Failures worth retrying unchanged: conflicts, throttling, server errors, the network."""
+    """Failures worth retrying unchanged: conflicts (the patch is re-sent whole), and what
+    ``gpuhealth.kube.errors.retryable`` says: throttling, server errors, the network."""
     if isinstance(exc, NotFoundError | AlreadyExistsError):
         return False
-    status = _status_of(exc)
-    if status is not None:
-        return status in (409, 429) or status >= 500
-    return isinstance(exc, ConnectionError | TimeoutError | urllib3.exceptions.HTTPError | OSError)
+    return retryable(exc) or is_conflict(exc)
 
 
 class KubeTransport:

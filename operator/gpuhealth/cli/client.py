@@ -17,12 +17,12 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpuhealth import kubeconfig as kubeconfig_chain
 from gpuhealth.api.names import COMPONENT, GPU_PRESENT_LABEL, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.cli.errors import ApiError
+from gpuhealth.kube import credentials as kubeconfig_chain
+from gpuhealth.kube.paging import PAGE, list_all
 
 MERGE = "application/merge-patch+json"
-PAGE = 500
 T = TypeVar("T")
 
 
@@ -99,15 +99,11 @@ class Client:
             return None
 
     def _pages(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        cont: str | None = None
-        while True:
+        def fetch(cont: str | None) -> dict[str, Any]:
             extra = {"_continue": cont} if cont else {}
-            data = self._raw(what, fn, *args, limit=PAGE, **kw, **extra)
-            items.extend(data.get("items") or [])
-            cont = (data.get("metadata") or {}).get("continue")
-            if not cont:
-                return items
+            return self._raw(what, fn, *args, limit=PAGE, **kw, **extra)  # type: ignore[no-any-return]
+
+        return list_all(fetch)
 
     # -- nodes -----------------------------------------------------------------------------------
 

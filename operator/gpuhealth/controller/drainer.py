@@ -18,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from gpuhealth.actions.kube import KubePort, status_of
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
@@ -30,6 +29,7 @@ from gpuhealth.controller.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
 from gpuhealth.evaluation.restarts import crashloop_evictions
+from gpuhealth.kube.client import KubePort, status_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

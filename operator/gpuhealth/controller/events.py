@@ -14,8 +14,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from gpuhealth.actions.kube import retryable
 from gpuhealth.controller import metrics
+from gpuhealth.kube.client import retryable
 
 log = logging.getLogger(__name__)
 

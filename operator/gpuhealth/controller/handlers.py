@@ -12,10 +12,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from gpuhealth.api.names import GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.controller.runtime import Runtime
 from gpuhealth.controller.store import NODE_SELECTOR
+from gpuhealth.kube import credentials
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,34 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Runtime) -> None:
-    """Attach the handlers for one reconciler to a Kopf registry."""
+def connection_info(cfg: client.Configuration, trust_env: bool = False) -> kopf.ConnectionInfo:
+    """Kopf's view of a client Configuration (what ``kopf.login_via_client`` extracts, without
+    loading the client's global default configuration)."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=trust_env,
+    )
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: str | None = None) -> None:
+    """Attach the handlers for one reconciler to a Kopf registry; ``kubeconfig`` as for ``credentials.load``."""
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # In-cluster service account, else the kubeconfig named by KUBECONFIG (read at call time).
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # The same credential chain as the operator's own client (re-read on each login, so a
+        # rotated service-account token is picked up when Kopf logs in again after a 401).
+        return connection_info(credentials.load(kubeconfig), trust_env=settings.networking.trust_env)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -11,11 +11,11 @@ import random
 import kopf
 from prometheus_client import start_http_server
 
-from gpuhealth.actions.kube import Kube
 from gpuhealth.controller import metrics
 from gpuhealth.controller.handlers import register
 from gpuhealth.controller.runtime import Runtime
-from gpuhealth.kubeconfig import api_client
+from gpuhealth.kube.client import Kube
+from gpuhealth.kube.credentials import api_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,14 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # Kopf's own login reads it
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
     reconciler = Runtime(kube, workers=args.workers, tick=args.tick)
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler)
+    register(registry, reconciler, args.kubeconfig)
     asyncio.run(
         kopf.operator(
             registry=registry,

@@ -18,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gpuhealth.actions.kube import KubePort, is_conflict, is_not_found, status_of
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, RELEASE_ANNOTATION, REPORT_KIND, Mode
 from gpuhealth.api.policy import Policy
@@ -34,6 +33,7 @@ from gpuhealth.evaluation.assess import Assessment, NodeView, assess
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
+from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
 
 log = logging.getLogger("gpuhealth.controller.reconciler")
 Call = Callable[..., Awaitable[Any]]

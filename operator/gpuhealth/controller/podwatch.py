@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuhealth.actions.kube import status_of
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
 

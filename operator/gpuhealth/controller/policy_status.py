@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.actions.kube import KubePort, is_not_found
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
+from gpuhealth.kube.client import KubePort, is_not_found
 
 Call = Callable[..., Awaitable[Any]]
 

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gpuhealth.actions.kube import KubePort, is_conflict, retryable
 from gpuhealth.api.names import API_VERSION, POLICY_KIND
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
@@ -30,6 +29,7 @@ from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation.rules import time_dependent
+from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
 log = logging.getLogger("gpuhealth.controller.reconciler")
 T = TypeVar("T")

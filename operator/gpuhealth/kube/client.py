@@ -14,35 +14,19 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
 from gpuhealth.api.timeutil import format_time_precise
+from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
+from gpuhealth.kube.paging import PAGE, list_all, pages
 
 log = logging.getLogger(__name__)
+__all__ = ["Kube", "KubePort", "is_conflict", "is_not_found", "retryable", "status_of"]
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 SCHEDULED = "spec.nodeName!="  # only pods placed on a node
-
-
-def status_of(e: BaseException) -> int:
-    return int(getattr(e, "status", 0) or 0)
-
-
-def retryable(e: BaseException) -> bool:
-    """Worth trying again later: no answer at all, throttled (429), or the server failed (5xx)."""
-    code = status_of(e)
-    return code == 0 or code == 429 or code >= 500
-
-
-def is_conflict(e: BaseException) -> bool:
-    return isinstance(e, ApiException) and e.status == 409
-
-
-def is_not_found(e: BaseException) -> bool:
-    return isinstance(e, ApiException) and e.status == 404
 
 
 class KubePort(Protocol):
@@ -95,17 +79,11 @@ class Kube:
         return self._json(self.core.read_node(name, _preload_content=False))  # type: ignore[no-any-return]
 
     def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        cont = None
-        while True:
-            kw: dict[str, Any] = {"label_selector": label_selector, "limit": 500, "_preload_content": False}
-            if cont:
-                kw["_continue"] = cont
-            data = self._json(self.core.list_node(**kw))
-            items.extend(data.get("items") or [])
-            cont = (data.get("metadata") or {}).get("continue")
-            if not cont:
-                return items
+        def fetch(cont: str | None) -> dict[str, Any]:
+            kw = _page_args(cont)
+            return self._json(self.core.list_node(label_selector=label_selector, **kw))  # type: ignore[no-any-return]
+
+        return list_all(fetch)
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -123,17 +101,16 @@ class Kube:
         """Scheduled pods, page by page (``transform`` slims each one before the next page is read),
         and the list's resourceVersion to watch from."""
         items: list[dict[str, Any]] = []
-        cont = None
-        while True:
-            kw: dict[str, Any] = {"limit": 500, "field_selector": SCHEDULED, "_preload_content": False}
-            if cont:
-                kw["_continue"] = cont
-            data = self._json(self.core.list_pod_for_all_namespaces(**kw))
-            items.extend(transform(p) for p in data.get("items") or [])
-            meta = data.get("metadata") or {}
-            cont = meta.get("continue")
-            if not cont:
-                return items, str(meta.get("resourceVersion") or "")
+        rv = ""
+
+        def fetch(cont: str | None) -> dict[str, Any]:
+            kw = _page_args(cont)
+            return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw))  # type: ignore[no-any-return]
+
+        for page in pages(fetch):
+            items.extend(transform(p) for p in page.get("items") or [])
+            rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        return items, rv
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
@@ -178,7 +155,11 @@ class Kube:
     # -- our CRDs --------------------------------------------------------------------------------
 
     def list_custom(self, plural: str) -> list[dict[str, Any]]:
-        return list(self.custom.list_cluster_custom_object(GROUP, VERSION, plural).get("items") or [])
+        def fetch(cont: str | None) -> dict[str, Any]:
+            kw = _page_args(cont)
+            return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))  # type: ignore[no-any-return]
+
+        return list_all(fetch)
 
     def get_report(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name)  # type: ignore[no-any-return]
@@ -233,3 +214,10 @@ class Kube:
             "count": 1,
         }
         self.core.create_namespaced_event(self.event_namespace, body, _preload_content=False)
+
+
+def _page_args(cont: str | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {"limit": PAGE, "_preload_content": False}
+    if cont:
+        kw["_continue"] = cont
+    return kw
