@@ -11,12 +11,14 @@ was computed from, and the API server refuses it (409) if anyone changed the Nod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
+from gpuhealth.api.ownership import Ownership
+
+__all__ = ["Marks", "NodePlan", "Ownership", "plan_condition", "plan_node"]
 
 
 @dataclass(frozen=True)
@@ -29,45 +31,6 @@ class Marks:
     effect: str = "NoSchedule"
     cordon: bool = True
     since: str = ""
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """Parsed ``gpuhealth.dev/quarantine`` annotation."""
-
-    reason: str
-    taint: bool
-    cordon: bool
-    since: str = ""
-    lifted_by_others: tuple[str, ...] = ()
-
-    def to_json(self) -> str:
-        d: dict[str, Any] = {
-            "reason": self.reason,
-            "taint": self.taint,
-            "cordon": self.cordon,
-            "since": self.since,
-        }
-        if self.lifted_by_others:
-            d["liftedByOthers"] = list(self.lifted_by_others)
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-    @staticmethod
-    def parse(text: str | None) -> Ownership | None:
-        if not text:
-            return None
-        try:
-            d = json.loads(text)
-            return Ownership(
-                reason=str(d.get("reason", "")),
-                taint=bool(d.get("taint")),
-                cordon=bool(d.get("cordon")),
-                since=str(d.get("since", "")),
-                lifted_by_others=tuple(d.get("liftedByOthers") or ()),
-            )
-        except (ValueError, AttributeError):
-            # Unreadable: assume we own a taint (our key is ours by definition) but not the cordon.
-            return Ownership(reason="", taint=True, cordon=False)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuhealth.actions.nodes import Ownership
 from gpuhealth.api.names import (
     CONDITION_TYPE,
     QUARANTINE_ANNOTATION,
@@ -18,6 +17,7 @@ from gpuhealth.api.names import (
     STATE_LABEL,
     TAINT_KEY,
 )
+from gpuhealth.api.ownership import Ownership
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time

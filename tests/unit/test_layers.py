@@ -1,0 +1,154 @@
+"""The package layering as a checked contract (run by ``make test``): no import cycle between
+gpuhealth's modules, and no layer importing one above it.
+
+Layers, low to high: ``api`` and ``catalog`` (the contract and NVIDIA's data), ``drain`` (pod facts
+and the drain planner), ``evaluation`` (assess, decide), ``kube`` and ``actions`` (the API door, Node
+patch planning), ``controller``. The ``agent`` stays self-contained (the agent image stays small): it
+may use only the ``kube`` credential chain and error taxonomy. The ``cli`` reads the contract and
+talks through ``kube``. Imports under ``TYPE_CHECKING`` count: a cycle for the type checker is a
+knot for the reader too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "operator"
+PACKAGE = "gpuhealth"
+
+# package -> the packages it may import (itself always allowed)
+ALLOWED: dict[str, set[str]] = {
+    "api": set(),
+    "catalog": set(),
+    "drain": {"api", "catalog"},
+    "evaluation": {"api", "catalog", "drain"},
+    "kube": {"api"},
+    "actions": {"api", "catalog", "drain", "evaluation"},
+    "controller": {"api", "catalog", "drain", "evaluation", "kube", "actions"},
+    "agent": {"kube"},
+    "cli": {"api", "catalog", "kube"},
+    "workload": set(),
+}
+
+
+def module_imports(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
+    """Each module of ``package`` under ``root`` -> the modules of ``package`` it imports."""
+    base = root / package
+    modules = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p for p in base.rglob("*.py")
+    }
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                if n == package or n.startswith(package + "."):
+                    target = resolve(n)
+                    if target and target != mod and target != package:
+                        deps.add(target)
+        graph[mod] = deps
+    return graph
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: Mapping[str, set[str]], allowed: Mapping[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in sorted(graph.items()):
+        mine = layer_of(mod)
+        for dep in sorted(deps):
+            theirs = layer_of(dep)
+            if theirs != mine and theirs not in allowed.get(mine, set()):
+                out.append(f"{mod} imports {dep} ({mine} may not import {theirs})")
+    return out
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_gpuhealth_has_no_import_cycle() -> None:
+    graph = module_imports(ROOT)
+    assert len(graph) > 40  # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    graph = module_imports(ROOT)
+    assert {layer_of(m) for m in graph} <= set(ALLOWED) | {PACKAGE}, "a new package needs a place in ALLOWED"
+    assert upward_imports(graph, ALLOWED) == []
+
+
+@pytest.fixture
+def synthetic(tmp_path: Path) -> Path:
+    """A package with a cycle (controller.a <-> controller.b, one side under TYPE_CHECKING) and an
+    upward import (api -> controller)."""
+    pkg = tmp_path / PACKAGE
+    for sub in ("api", "controller"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "api" / "names.py").write_text("from gpuhealth.controller.a import X\n")
+    (pkg / "controller" / "a.py").write_text("from gpuhealth.controller import b\nX = 1\n")
+    (pkg / "controller" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuhealth.controller.a import X\n"
+    )
+    return tmp_path
+
+
+def test_the_checker_fires_on_a_cycle_and_an_upward_import(synthetic: Path) -> None:
+    graph = module_imports(synthetic)
+    assert graph["gpuhealth.controller.a"] == {"gpuhealth.controller.b"}
+    assert cycles(graph) == [["gpuhealth.controller.a", "gpuhealth.controller.b"]]
+    assert upward_imports(graph, ALLOWED) == [
+        "gpuhealth.api.names imports gpuhealth.controller.a (api may not import controller)"
+    ]
