@@ -1,0 +1,172 @@
+"""An in-memory fake behind the controller's Kube port (``gpuhealth.kube.client.KubePort``).
+
+Only for unit tests of the controller's rooms; everything that talks to a real API is tested on the
+real control plane. It keeps what the API server would: resourceVersions (a patch carrying a stale
+one is a 409), merge-patch semantics, Evictions marking a pod as deleting, and a log of every write.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from tests.unit.operator.builders import merge_patch
+
+
+def _error(status: int) -> ApiException:
+    return ApiException(status=status, reason={404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}.get(status))
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self._rv = itertools.count(100)
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.writes: list[tuple[str, str]] = []  # (verb, object)
+        self.refuse_evictions: dict[str, int] = {}  # pod name -> HTTP status an Eviction gets
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+        return copy.deepcopy(obj)
+
+    def _patch(self, store: dict[Any, dict[str, Any]], key: Any, patch: Mapping[str, Any]) -> dict[str, Any]:
+        if key not in store:
+            raise _error(404)
+        want = (patch.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != store[key]["metadata"]["resourceVersion"]:
+            raise _error(409)
+        body = {k: v for k, v in patch.items() if k != "metadata"}
+        meta = {k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"}
+        if meta:
+            body["metadata"] = meta
+        store[key] = merge_patch(store[key], body)
+        return self._stamp(store[key])
+
+    # -- seeding ---------------------------------------------------------------------------------
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None, gpus: int = 8) -> dict[str, Any]:
+        body = {
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true", **(labels or {})}},
+            "spec": {},
+            "status": {"capacity": {"nvidia.com/gpu": str(gpus)}},
+        }
+        self.nodes[name] = body
+        return self._stamp(body)
+
+    def add_report(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(dict(body))
+        self.reports[obj["metadata"]["name"]] = obj
+        return self._stamp(obj)
+
+    def add_policy(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        obj = {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "spec": dict(spec)}
+        self.policies[name] = obj
+        return self._stamp(obj)
+
+    def add_pod(
+        self, namespace: str, name: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        obj = {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{namespace}-{name}",
+                "annotations": dict(annotations or {}),
+                "ownerReferences": [{"kind": "ReplicaSet", "name": f"{name}-rs", "controller": True}],
+            },
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running"},
+        }
+        self.pods[namespace, name] = obj
+        return self._stamp(obj)
+
+    # -- the port --------------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        if name not in self.nodes:
+            raise _error(404)
+        return copy.deepcopy(self.nodes[name])
+
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        key, _, value = label_selector.partition("=")
+        return [copy.deepcopy(n) for n in self.nodes.values() if n["metadata"]["labels"].get(key) == value]
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.writes.append(("patch", f"node/{name}"))
+        return self._patch(self.nodes, name, patch)
+
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        self.writes.append(("patch", f"node/{name}/status"))
+        conds = [c for c in self.nodes[name]["status"].get("conditions") or [] if c["type"] != "GPUHealthy"]
+        self.nodes[name]["status"]["conditions"] = conds + list(patch["status"]["conditions"])
+
+    def list_pods_rv(
+        self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
+    ) -> tuple[list[dict[str, Any]], str]:
+        return [transform(copy.deepcopy(p)) for p in self.pods.values()], "1"
+
+    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.writes.append(("patch", f"pod/{namespace}/{name}"))
+        return self._patch(self.pods, (namespace, name), patch)
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self.writes.append(("evict", f"pod/{namespace}/{name}"))
+        if (namespace, name) not in self.pods:
+            raise _error(404)
+        if name in self.refuse_evictions:
+            raise _error(self.refuse_evictions[name])
+        self.pods[namespace, name]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+
+    def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self.writes.append(("force-delete", f"pod/{namespace}/{name}"))
+        self.pods.pop((namespace, name), None)
+
+    def list_custom(self, plural: str) -> list[dict[str, Any]]:
+        store = self.reports if plural == "gpunodehealths" else self.policies
+        return [copy.deepcopy(o) for o in store.values()]
+
+    def get_report(self, name: str) -> dict[str, Any]:
+        if name not in self.reports:
+            raise _error(404)
+        return copy.deepcopy(self.reports[name])
+
+    def create_report(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.writes.append(("create", f"report/{body['metadata']['name']}"))
+        if body["metadata"]["name"] in self.reports:
+            raise _error(409)
+        return self.add_report(body)
+
+    def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.writes.append(("patch", f"report/{name}/status"))
+        return self._patch(self.reports, name, patch)
+
+    def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        self.writes.append(("patch", f"policy/{name}/status"))
+        self._patch(self.policies, name, patch)
+
+    def post_event(
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        at: dt.datetime | None = None,
+    ) -> None:
+        self.events.append({"kind": kind, "name": name, "type": type_, "reason": reason, "message": message})
+
+    def reasons(self, name: str | None = None) -> list[str]:
+        return [e["reason"] for e in self.events if name is None or e["name"] == name]

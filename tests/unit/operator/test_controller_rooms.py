@@ -1,0 +1,212 @@
+"""The controller's rooms (node reconciler, drainer, breaker, work queue, policy status) through the
+Kube port, with an in-memory fake API and a fixed clock."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gpuhealth.controller import node_reconciler
+from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.store import Store
+from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.drain import pods as P
+from gpuhealth.evaluation.transitions import Decision
+from tests.unit.operator.builders import at, report_obj, xid_event
+from tests.unit.operator.fake_kube import FakeKube
+
+TAINT = "gpuhealth.dev/unhealthy"
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(body())
+
+
+async def runtime(kube: FakeKube, now: dt.datetime | None = None) -> Runtime:
+    rt = Runtime(kube, clock=lambda: now or at(10), workers=1)
+    await rt._load()
+    return rt
+
+
+def faulty(name: str) -> dict[str, Any]:
+    """A report with XID 79 (GPU fell off the bus): a drain-level fault."""
+    return report_obj(name=name, xids=[xid_event(79, 1)])
+
+
+def state(kube: FakeKube, name: str) -> str:
+    return str(kube.reports[name].get("status", {}).get("state"))
+
+
+def test_a_fault_is_recorded_before_the_node_is_tainted_and_announced_once() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(faulty("n1"))
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        await rt.nodes.reconcile("n1")
+        await rt.nodes.reconcile("n1")  # the empty node's drain completed: Quarantined, announced once
+        await rt.events.flush()
+
+    run(body)
+    assert state(kube, "n1") == "Quarantined"
+    node = kube.nodes["n1"]
+    assert [t["key"] for t in node["spec"]["taints"]] == [TAINT] and node["spec"]["unschedulable"]
+    writes = [w for _, w in kube.writes]
+    assert writes.index("report/n1/status") < writes.index("node/n1")  # the decision is the write-ahead record
+    assert kube.reasons("n1").count("Quarantined") == 1 and kube.reasons("n1").count("GPUHealthAction") == 1
+
+
+def test_the_breaker_holds_back_without_deciding_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {"safety": {"maxUnhealthy": 1}})
+    for n in ("n1", "n2", "n3"):
+        kube.add_node(n)
+        kube.add_report(faulty(n))
+    calls: list[str] = []
+    real = node_reconciler.decide
+
+    def counting(*args: Any, **kw: Any) -> Decision:
+        calls.append("decide")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(node_reconciler, "decide", counting)
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        await asyncio.gather(*(rt.nodes.reconcile(n) for n in ("n1", "n2", "n3")))
+        await rt.events.flush()
+
+    run(body)
+    assert len(calls) == 3
+    states = sorted(state(kube, n) for n in ("n1", "n2", "n3"))
+    held = [n for n in ("n1", "n2", "n3") if kube.reports[n]["status"].get("heldByBreaker")]
+    assert len(held) == 2 and states.count("Degraded") == 2
+    assert all(TAINT not in str(kube.nodes[n]["spec"].get("taints")) for n in held)
+    assert sum(kube.reasons(n).count("QuarantineHeldBack") for n in held) == 2
+
+
+def test_the_breaker_never_admits_past_the_limit() -> None:
+    store = Store()
+    store.put_policy("p", {"metadata": {"name": "p"}, "spec": {"safety": {"maxUnhealthy": "30%"}}})
+    names = [f"n{i}" for i in range(10)]
+    for n in names:
+        store.put_node(n, {"metadata": {"name": n, "labels": {}}})
+    policy = store.policies["p"]
+    breaker = Breaker(store)
+
+    async def body() -> None:
+        admitted = await asyncio.gather(*(breaker.admit(policy, n) for n in names))
+        assert sum(admitted) == 3  # 30% of 10
+        assert not await breaker.admit(policy, "n9")
+        first = names[admitted.index(True)]
+        breaker.release(policy, first)  # written, or failed: the slot is free again
+        assert await breaker.admit(policy, "n9")
+
+    run(body)
+
+
+def test_a_drain_evicts_only_after_the_checkpoint_is_acknowledged() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(faulty("n1"))
+    kube.add_pod("ml", "trainer", "n1", {P.CHECKPOINT_MODE: "annotation"})
+    now = [at(10)]
+
+    async def body() -> None:
+        rt = Runtime(kube, clock=lambda: now[0], workers=1)
+        await rt._load()
+        await rt.nodes.reconcile("n1")
+        assert state(kube, "n1") == "Draining"
+        pod = kube.pods["ml", "trainer"]
+        requested = pod["metadata"]["annotations"].get(P.CHECKPOINT_REQUESTED)
+        assert requested and ("evict", "pod/ml/trainer") not in kube.writes
+        await rt.nodes.reconcile("n1")  # not acknowledged yet: keep waiting, never ask twice
+        assert ("evict", "pod/ml/trainer") not in kube.writes
+        assert kube.writes.count(("patch", "pod/ml/trainer")) == 1
+        # The workload saves its state and says so; the pod watch delivers the change.
+        pod["metadata"]["annotations"][P.CHECKPOINT_COMPLETED] = "2025-01-01T12:00:20Z"
+        rt.on_pod("MODIFIED", pod, enqueue=False)
+        now[0] = at(30)
+        await rt.nodes.reconcile("n1")
+        assert kube.writes.count(("evict", "pod/ml/trainer")) == 1
+        await rt.events.flush()
+
+    run(body)
+    assert kube.reasons("n1").count("CheckpointRequested") == 1 and kube.reasons("n1").count("Evicted") == 1
+    drain = kube.reports["n1"]["status"]["drain"]
+    assert drain["pods"]["uid-ml-trainer"]["evictedAt"] and drain["pods"]["uid-ml-trainer"]["acknowledgedAt"]
+
+
+def test_a_budget_refusal_is_retried_later_not_in_a_loop() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {"actions": {"drain": {"checkpointMode": "none"}}})
+    kube.add_node("n1")
+    kube.add_report(faulty("n1"))  # fatal: evict at once
+    kube.add_pod("ml", "web", "n1")
+    kube.refuse_evictions["web"] = 429
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        requeued: list[tuple[str, float]] = []
+        rt.drainer.requeue = lambda name, delay: requeued.append((name, delay))
+        await rt.nodes.reconcile("n1")
+        await rt.nodes.reconcile("n1")  # before retryAt: no second Eviction
+        await rt.events.flush()
+        assert ("n1", 2.0) in requeued
+
+    run(body)
+    assert kube.writes.count(("evict", "pod/ml/web")) == 1
+    assert kube.reasons("n1").count("EvictionBlocked") == 1
+    assert kube.reports["n1"]["status"]["drain"]["pods"]["uid-ml-web"]["blocked"] == 1
+
+
+def test_policy_status_is_patched_once_per_change() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1"))
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        await rt.nodes.reconcile("n1")
+        await rt.policy_status.update()
+        await rt.policy_status.update()
+        assert kube.writes.count(("patch", "policy/p/status")) == 1
+        assert kube.policies["p"]["status"]["healthy"] == 1
+        kube.add_node("n2")
+        rt.on_node("ADDED", kube.get_node("n2"), enqueue=False)
+        await rt.policy_status.update()
+        await rt.policy_status.update()
+        assert kube.writes.count(("patch", "policy/p/status")) == 2
+        assert kube.policies["p"]["status"]["nodes"] == 2
+
+    run(body)
+
+
+def test_the_work_queue_processes_a_key_once_at_a_time_and_again_if_it_changed() -> None:
+    async def body() -> None:
+        q = WorkQueue()
+        q.add("a")
+        q.add("a")
+        q.add("b")
+        assert await q.get() == "a"
+        q.add("a")  # changed while being processed: once more afterwards, not concurrently
+        assert await q.get() == "b"
+        q.done("b")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(q.get(), 0.05)
+        q.done("a")
+        assert await asyncio.wait_for(q.get(), 1) == "a"
+        q.done("a")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(q.get(), 0.05)
+
+    run(body)
