@@ -27,8 +27,12 @@ import os
 import time
 from pathlib import Path
 
-REQUESTED = "gpuhealth.dev/checkpoint-requested"
-COMPLETED = "gpuhealth.dev/checkpoint-completed"
+from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
+from gpuhealth.api.timeutil import parse_time
+
+# Public names of this helper (training code imports them); the values are the contract's.
+REQUESTED = CHECKPOINT_REQUESTED
+COMPLETED = CHECKPOINT_COMPLETED
 DEFAULT_ANNOTATIONS = Path(os.environ.get("GPUHEALTH_ANNOTATIONS_FILE", "/etc/podinfo/annotations"))
 DEFAULT_DONE_FILE = Path(os.environ.get("GPUHEALTH_CHECKPOINT_DONE_FILE", "/var/run/gpuhealth/checkpoint-done"))
 
@@ -50,16 +54,6 @@ def parse_downward_annotations(text: str) -> dict[str, str]:
     return out
 
 
-def _parse_time(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
 class CheckpointRequest:
     """Whether gpuhealth asked this pod to checkpoint, from the downward-API annotations file."""
 
@@ -74,13 +68,13 @@ class CheckpointRequest:
             return {}
 
     def requested_at(self) -> dt.datetime | None:
-        return _parse_time(self.annotations().get(REQUESTED))
+        return parse_time(self.annotations().get(CHECKPOINT_REQUESTED))
 
     def pending(self) -> bool:
         """A request exists and has not been acknowledged yet."""
         ann = self.annotations()
-        requested = _parse_time(ann.get(REQUESTED))
-        done = _parse_time(ann.get(COMPLETED))
+        requested = parse_time(ann.get(CHECKPOINT_REQUESTED))
+        done = parse_time(ann.get(CHECKPOINT_COMPLETED))
         return requested is not None and (done is None or done < requested.replace(microsecond=0))
 
     def mark_done(self) -> None:
@@ -100,7 +94,7 @@ def acknowledge(namespace: str, name: str, api_client: object | None = None) -> 
             config.load_kube_config()
     core = client.CoreV1Api(api_client)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {COMPLETED: now}}})
+    core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {CHECKPOINT_COMPLETED: now}}})
     return now
 
 

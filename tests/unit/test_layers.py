@@ -4,7 +4,8 @@ gpuhealth's modules, and no layer importing one above it.
 Layers, low to high: ``api`` and ``catalog`` (the contract and NVIDIA's data), ``drain`` (pod facts
 and the drain planner), ``evaluation`` (assess, decide), ``kube`` and ``actions`` (the API door, Node
 patch planning), ``controller``. The ``agent`` stays self-contained (the agent image stays small): it
-may use only the ``kube`` credential chain and error taxonomy. The ``cli`` reads the contract and
+may use only the contract (``api``: names, time format) and the ``kube`` credential chain and error
+taxonomy, never the operator's layers; so does the workload helper (``api`` only). The ``cli`` reads the contract and
 talks through ``kube``. Imports under ``TYPE_CHECKING`` count: a cycle for the type checker is a
 knot for the reader too.
 """
@@ -29,9 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "kube": {"api"},
     "actions": {"api", "catalog", "drain", "evaluation"},
     "controller": {"api", "catalog", "drain", "evaluation", "kube", "actions"},
-    "agent": {"kube"},
+    "agent": {"api", "kube"},
     "cli": {"api", "catalog", "kube"},
-    "workload": set(),
+    "workload": {"api"},
 }
 
 

@@ -1,4 +1,4 @@
-"""XID catalog: DESIGN.md facts, schema sanity, mapping rules, API edge cases, doc freshness."""
+"""XID catalog: NVIDIA's published facts (docs/xid-catalog.md), schema sanity, mapping rules, API edge cases, doc freshness."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from gpuhealth.catalog.xid import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# DESIGN.md "XID facts": code -> immediate action.
+# NVIDIA's XID catalog (docs/xid-catalog.md): code -> immediate action.
 DESIGN_IMMEDIATE = {
     13: "RESTART_APP",
     31: "RESTART_APP",
@@ -63,7 +63,7 @@ def _raw() -> dict[str, Any]:
     return data
 
 
-# --- DESIGN.md facts ---------------------------------------------------------------------------
+# --- catalog facts -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("code", "action"), sorted(DESIGN_IMMEDIATE.items()))

@@ -12,7 +12,7 @@ was computed from, and the API server refuses it (409) if anyone changed the Nod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
@@ -41,7 +41,6 @@ class NodePlan:
     actions: tuple[str, ...] = ()  # "taint", "cordon", "untaint", "uncordon", "retaint"
     lifted_by_others: tuple[str, ...] = ()  # "taint" / "cordon" that someone else removed
     foreign_cordon: bool = False  # the node was already cordoned by someone else
-    notes: tuple[str, ...] = field(default=())
 
 
 def _our_taint(marks: Marks) -> dict[str, str]:

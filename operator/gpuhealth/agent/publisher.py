@@ -21,14 +21,13 @@ from gpuhealth.agent.events import XidBuffer
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot
 from gpuhealth.agent.report import ReportBuilder, merge_patch, now_utc
+from gpuhealth.api.names import GROUP, VERSION
+from gpuhealth.api.names import REPORT_KIND as KIND
+from gpuhealth.api.names import REPORT_PLURAL as PLURAL
 from gpuhealth.kube.errors import is_conflict, retryable
 
 log = logging.getLogger(__name__)
 
-GROUP = "gpuhealth.dev"
-VERSION = "v1alpha1"
-PLURAL = "gpunodehealths"
-KIND = "GPUNodeHealth"
 MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "gpuhealth-agent"
 

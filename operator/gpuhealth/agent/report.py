@@ -23,6 +23,7 @@ from gpuhealth.agent.model import (
     Temperature,
     XidEvent,
 )
+from gpuhealth.api.timeutil import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,6 @@ def rfc3339(dt: datetime) -> str:
     dt = dt.astimezone(UTC)
     fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if dt.microsecond else "%Y-%m-%dT%H:%M:%SZ"
     return dt.strftime(fmt)
-
-
-def parse_rfc3339(value: object) -> datetime | None:
-    """Parse a Kubernetes timestamp; None for anything unparsable rather than an exception."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
 
 
 def _truncate(value: str, limit: int) -> str:
@@ -297,7 +282,7 @@ class XidHistory:
         for item in items:
             if not isinstance(item, Mapping):
                 continue
-            when = parse_rfc3339(item.get("time"))
+            when = parse_time(item.get("time"))
             xid = item.get("xid")
             if when is None or not isinstance(xid, int) or when <= boot_time:
                 continue
@@ -364,7 +349,7 @@ class ReportBuilder:
             if not isinstance(item, Mapping):
                 continue
             reasons = item.get("clockEventReasons")
-            since = parse_rfc3339(item.get("clockEventsSince"))
+            since = parse_time(item.get("clockEventsSince"))
             uuid = item.get("uuid")
             key = uuid if isinstance(uuid, str) and uuid else f"index-{item.get('index')}"
             if isinstance(reasons, int) and since is not None:

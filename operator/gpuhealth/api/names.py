@@ -1,4 +1,4 @@
-"""Names shared by the agent, the operator, the CLI, the manifests and the docs (see DESIGN.md)."""
+"""Names shared by the agent, the operator, the CLI, the manifests and the docs (see docs/api.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ CONDITION_TYPE = "GPUHealthy"
 QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
 # A human (or `kubectl gpuhealth release`) sets this on the Node to return an AwaitingRepair node.
 RELEASE_ANNOTATION = f"{GROUP}/release"
+
+# The checkpoint handshake on a pod (see docs/workloads.md).
+CHECKPOINT_MODE = f"{GROUP}/checkpoint"
+CHECKPOINT_REQUESTED = f"{GROUP}/checkpoint-requested"
+CHECKPOINT_COMPLETED = f"{GROUP}/checkpoint-completed"
 
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"

@@ -5,19 +5,19 @@ from __future__ import annotations
 import datetime as dt
 
 
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def parse_time(text: str | None) -> dt.datetime | None:
-    """Parse an RFC 3339 timestamp; None for missing or malformed input (callers decide what that means)."""
+def parse_time(text: object) -> dt.datetime | None:
+    """Parse an RFC 3339 timestamp, in UTC; None for missing or malformed input (callers decide what
+    that means). The one parser: the operator, the agent, the plugin and the workload helper use it."""
     if not text or not isinstance(text, str):
         return None
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
     try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        t = dt.datetime.fromisoformat(value)
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def format_time(t: dt.datetime) -> str:

@@ -29,9 +29,3 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.put_nowait(key)
-
-    def __len__(self) -> int:
-        return len(self._dirty)
-
-    def idle(self) -> bool:
-        return not self._dirty and not self._processing

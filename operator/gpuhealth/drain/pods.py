@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhealth.api.names import GROUP
+from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_MODE, CHECKPOINT_REQUESTED
 
-CHECKPOINT_MODE = f"{GROUP}/checkpoint"
-CHECKPOINT_REQUESTED = f"{GROUP}/checkpoint-requested"
-CHECKPOINT_COMPLETED = f"{GROUP}/checkpoint-completed"
+__all__ = ["CHECKPOINT_COMPLETED", "CHECKPOINT_MODE", "CHECKPOINT_REQUESTED"]
+
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 # Standard labels of multi-pod jobs that live or die together.

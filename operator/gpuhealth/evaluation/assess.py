@@ -18,9 +18,7 @@ from gpuhealth.catalog import xid as catalog
 
 # NVML clock-event reasons that mean the hardware is protecting itself from heat.
 HW_SLOWDOWN = 0x8
-SW_THERMAL = 0x20
 HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
 THERMAL_REASONS = HW_SLOWDOWN | HW_THERMAL
 
 

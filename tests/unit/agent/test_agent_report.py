@@ -24,10 +24,10 @@ from gpuhealth.agent.report import (
     apply_merge_patch,
     facts_changed,
     merge_patch,
-    parse_rfc3339,
     rfc3339,
     temperature_changed,
 )
+from gpuhealth.api.timeutil import parse_time
 
 T0 = datetime(2026, 11, 30, 1, 2, 3, 123456, tzinfo=UTC)
 BOOT = datetime(2026, 11, 29, tzinfo=UTC)
@@ -59,8 +59,8 @@ def test_rfc3339_forms() -> None:
     assert rfc3339(T0) == "2026-11-30T01:02:03.123456Z"
     assert rfc3339(T0.replace(microsecond=0)) == "2026-11-30T01:02:03Z"
     assert rfc3339(T0.astimezone(timezone(timedelta(hours=2)))) == "2026-11-30T01:02:03.123456Z"
-    assert parse_rfc3339("2026-11-30T01:02:03.123456Z") == T0
-    assert parse_rfc3339("garbage") is None and parse_rfc3339(None) is None
+    assert parse_time("2026-11-30T01:02:03.123456Z") == T0
+    assert parse_time("garbage") is None and parse_time(None) is None
 
 
 def test_temperature_dead_band_and_thresholds() -> None:
