@@ -1,4 +1,4 @@
-"""XID catalog: NVIDIA's published facts (docs/xid-catalog.md), schema sanity, mapping rules, API edge cases, doc freshness."""
+"""XID catalog: NVIDIA's facts (docs/xid-catalog.md), schema sanity, mapping rules, API edge cases, doc freshness."""
 
 from __future__ import annotations
 
