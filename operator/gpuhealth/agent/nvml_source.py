@@ -11,14 +11,10 @@ Rules that matter to the operator downstream:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 import pynvml
@@ -27,17 +23,24 @@ from gpuhealth.agent.model import (
     MIG_DISABLED,
     MIG_ENABLED,
     MODE_UNSUPPORTED,
-    RECOVERY_ACTIONS,
-    UTC,
     DeviceFacts,
     EccCounts,
     NvmlStatus,
     RemappedRows,
     RetiredPages,
     Temperature,
-    XidEvent,
 )
-from gpuhealth.agent.source import DeviceSample, SourceEvents
+from gpuhealth.agent.nvml_calls import (
+    Device,
+    Lost,
+    load_nvml_library,
+    nvml_text,
+    recovery_action,
+)
+from gpuhealth.agent.nvml_events import NvmlEvents
+from gpuhealth.agent.source import DeviceSample
+
+__all__ = ["ENV_LIBRARY", "NvmlSource", "load_nvml_library"]
 
 log = logging.getLogger(__name__)
 
@@ -54,62 +57,10 @@ Q_POWER = "powerW"
 Q_RECOVERY = "recoveryAction"
 Q_EVENTS = "xidEvents"
 
-_EVENT_XID = int(getattr(pynvml, "nvmlEventTypeXidCriticalError", 0x8))
-_EVENT_SBE = int(getattr(pynvml, "nvmlEventTypeSingleBitEccError", 0x1))
-_EVENT_DBE = int(getattr(pynvml, "nvmlEventTypeDoubleBitEccError", 0x2))
-_FI_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
-_VALUE_TYPE_ULL = 3
-_VALUE_TYPE_SLL = 4
-
 T = TypeVar("T")
 
 
-def load_nvml_library(path: str) -> None:
-    """Make pynvml use the NVML shared library at ``path``.
-
-    pynvml hard-codes ``CDLL("libnvidia-ml.so.1")`` on first init but only when its module
-    global ``nvmlLib`` is unset, so preloading that global (under pynvml's own lock, and
-    dropping its cache of resolved function pointers) is the least invasive hook. Used for
-    drivers installed off the loader path and for the fake NVML in tests. Raises OSError.
-    """
-    lib = ctypes.CDLL(path)
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = lib
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace").rstrip("\x00")
-    return str(value)
-
-
-def _address(handle: object) -> int | None:
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
-    except (TypeError, ctypes.ArgumentError):
-        return None
-
-
-def _error_name(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-class _Lost(Exception):
-    """NVML said GPU_IS_LOST for this device; abandon the rest of its sample."""
-
-
-@dataclass
-class _Device:
-    index: int
-    handle: Any = None
-    facts: DeviceFacts = field(default_factory=lambda: DeviceFacts(index=0))
-    thresholds: tuple[int | None, int | None] = (None, None)
-    static_unsupported: set[str] = field(default_factory=set)
-    warned: set[str] = field(default_factory=set)
-
-
-class NvmlSource:
+class NvmlSource(NvmlEvents):
     """:class:`~gpuhealth.agent.source.DeviceSource` backed by the real pynvml."""
 
     def __init__(self, library: str | None = None) -> None:
@@ -117,13 +68,13 @@ class NvmlSource:
         self._lock = threading.RLock()
         self._initialized = False
         self._status = NvmlStatus(available=False, error="NVML not initialised yet")
-        self._devices: list[_Device] = []
+        self._devices: list[Device] = []
         self._generation = 0
         self._clock_fn: Callable[[Any], int] | None = None
         # Event-thread state (only the thread calling wait_events touches these).
         self._event_set: Any = None
         self._event_generation = -1
-        self._event_devices: dict[int, _Device] = {}
+        self._event_devices: dict[int, Device] = {}
         self._events_unsupported: set[int] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -188,7 +139,7 @@ class NvmlSource:
         self._generation += 1
         self._status = NvmlStatus(
             available=True,
-            driver_version=_text(driver) if driver is not None else None,
+            driver_version=nvml_text(driver) if driver is not None else None,
             cuda_version=cuda,
         )
         log.info("NVML initialised: driver %s, CUDA %s, %d GPU(s)", driver, cuda, count)
@@ -209,18 +160,18 @@ class NvmlSource:
 
     # ---- discovery -------------------------------------------------------------------------
 
-    def _discover(self, index: int) -> _Device:
-        dev = _Device(index=index, facts=DeviceFacts(index=index))
+    def _discover(self, index: int) -> Device:
+        dev = Device(index=index, facts=DeviceFacts(index=index))
         self._acquire_handle(dev)
         return dev
 
-    def _acquire_handle(self, dev: _Device) -> bool:
+    def _acquire_handle(self, dev: Device) -> bool:
         """Get the device's handle and identity; False (and ``lost``) when NVML cannot."""
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(dev.index)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            pci = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
-            name = _text(pynvml.nvmlDeviceGetName(handle))
+            uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
+            pci = nvml_text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+            name = nvml_text(pynvml.nvmlDeviceGetName(handle))
         except pynvml.NVMLError as exc:
             self._warn_once(dev, "handle", f"GPU {dev.index}: cannot get handle/identity: {exc}")
             dev.handle = None
@@ -234,7 +185,7 @@ class NvmlSource:
         dev.thresholds = (slowdown, shutdown)
         return True
 
-    def _threshold(self, dev: _Device, which: int) -> int | None:
+    def _threshold(self, dev: Device, which: int) -> int | None:
         try:
             return int(pynvml.nvmlDeviceGetTemperatureThreshold(dev.handle, which))
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
@@ -244,7 +195,7 @@ class NvmlSource:
         return None
 
     @staticmethod
-    def _warn_once(dev: _Device, key: str, message: str) -> None:
+    def _warn_once(dev: Device, key: str, message: str) -> None:
         if key in dev.warned:
             log.debug("%s", message)
         else:
@@ -264,7 +215,7 @@ class NvmlSource:
                 dev.facts = self._sample_device(dev)
             return DeviceSample(self._status, tuple(d.facts for d in self._devices))
 
-    def _sample_device(self, dev: _Device) -> DeviceFacts:
+    def _sample_device(self, dev: Device) -> DeviceFacts:
         if dev.handle is None:
             if not self._acquire_handle(dev):
                 return dev.facts.replace(lost=True)
@@ -274,24 +225,24 @@ class NvmlSource:
             unsupported.add(Q_EVENTS)
         try:
             facts = self._read(dev, unsupported)
-        except _Lost:
+        except Lost:
             self._warn_once(dev, "lost", f"GPU {dev.index} ({dev.facts.uuid}) is lost")
             return dev.facts.replace(lost=True)
         dev.warned.discard("lost")
         return facts.replace(unsupported=tuple(sorted(unsupported)))
 
-    def _query(self, dev: _Device, name: str, unsupported: set[str], fn: Callable[[], T]) -> T | None:
+    def _query(self, dev: Device, name: str, unsupported: set[str], fn: Callable[[], T]) -> T | None:
         try:
             return fn()
         except pynvml.NVMLError_GpuIsLost as exc:
-            raise _Lost from exc
+            raise Lost from exc
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
             unsupported.add(name)
         except pynvml.NVMLError as exc:
             self._warn_once(dev, name, f"GPU {dev.index}: {name} query failed: {exc}")
         return None
 
-    def _read(self, dev: _Device, unsupported: set[str]) -> DeviceFacts:
+    def _read(self, dev: Device, unsupported: set[str]) -> DeviceFacts:
         h = dev.handle
         mig = self._mode(dev, lambda: pynvml.nvmlDeviceGetMigMode(h)[0])
         ecc_mode = self._mode(dev, lambda: pynvml.nvmlDeviceGetEccMode(h)[0])
@@ -351,7 +302,7 @@ class NvmlSource:
 
         clock = self._query(dev, Q_CLOCK, unsupported, lambda: self._clock_reasons(h))
         power_mw = self._query(dev, Q_POWER, unsupported, lambda: int(pynvml.nvmlDeviceGetPowerUsage(h)))
-        recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: self._recovery_action(h))
+        recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: recovery_action(h))
         return dev.facts.replace(
             lost=False,
             mig_mode=mig,
@@ -365,11 +316,11 @@ class NvmlSource:
             recovery_action=recovery,
         )
 
-    def _mode(self, dev: _Device, fn: Callable[[], int]) -> str | None:
+    def _mode(self, dev: Device, fn: Callable[[], int]) -> str | None:
         try:
             value = fn()
         except pynvml.NVMLError_GpuIsLost as exc:
-            raise _Lost from exc
+            raise Lost from exc
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
             return MODE_UNSUPPORTED
         except pynvml.NVMLError as exc:
@@ -400,114 +351,3 @@ class NvmlSource:
             self._clock_fn = fn
             return value
         raise last
-
-    @staticmethod
-    def _recovery_action(handle: Any) -> str | None:
-        values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
-        value = values[0]
-        ret = int(value.nvmlReturn)
-        if ret in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED):
-            # Drivers that predate the field answer "invalid argument" for its id.
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if ret != pynvml.NVML_SUCCESS:
-            raise pynvml.NVMLError(ret)
-        value_type = int(value.valueType)
-        raw = (
-            int(value.value.ullVal)
-            if value_type == _VALUE_TYPE_ULL
-            else int(value.value.sllVal)
-            if value_type == _VALUE_TYPE_SLL
-            else int(value.value.uiVal)
-        )
-        action = RECOVERY_ACTIONS.get(raw)
-        if action is None:
-            log.info("GPU recovery action %d has no report equivalent; omitted", raw)
-        return action
-
-    # ---- events ----------------------------------------------------------------------------
-
-    def wait_events(self, timeout_s: float) -> SourceEvents:
-        """Wait up to ``timeout_s`` for XID (and ECC) events; call from one thread only."""
-        with self._lock:
-            if not self._initialized:
-                ready = False
-            else:
-                ready = True
-                if self._event_generation != self._generation:
-                    self._setup_events_locked()
-            event_set = self._event_set
-            devices = dict(self._event_devices)
-        if not ready or event_set is None:
-            time.sleep(max(0.0, timeout_s))
-            return SourceEvents()
-        try:
-            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
-        except pynvml.NVMLError_Timeout:
-            return SourceEvents()
-        except pynvml.NVMLError_GpuIsLost:
-            # NVML reports a lost GPU through the wait itself; let the sampler record it.
-            time.sleep(min(timeout_s, 1.0))
-            return SourceEvents(resample=True)
-        except pynvml.NVMLError as exc:
-            log.warning("nvmlEventSetWait failed (%s); recreating the event set", exc)
-            with self._lock:
-                self._event_generation = -1
-            time.sleep(max(0.0, timeout_s))
-            return SourceEvents()
-        event_type = int(data.eventType)
-        if not event_type & _EVENT_XID:
-            return SourceEvents(resample=bool(event_type & (_EVENT_SBE | _EVENT_DBE)))
-        address = _address(data.device)
-        dev = devices.get(address) if address is not None else None
-        xid = XidEvent(
-            xid=int(data.eventData),
-            time=datetime.now(UTC),
-            source="nvml",
-            gpu=dev.index if dev is not None else None,
-            uuid=dev.facts.uuid if dev is not None else None,
-        )
-        log.warning("XID %d on GPU %s (%s)", xid.xid, xid.gpu, xid.uuid)
-        # The counters that go with an XID (ECC, remapping) are worth reading right away.
-        return SourceEvents(xids=(xid,), resample=True)
-
-    def _setup_events_locked(self) -> None:
-        if self._event_set is not None:
-            try:
-                pynvml.nvmlEventSetFree(self._event_set)
-            except pynvml.NVMLError as exc:
-                log.debug("nvmlEventSetFree: %s", exc)
-            self._event_set = None
-        self._event_generation = self._generation
-        self._event_devices = {}
-        unsupported = self._events_unsupported
-        unsupported.clear()
-        try:
-            event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
-            log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
-            unsupported.update(d.index for d in self._devices)
-            return
-        wanted = _EVENT_XID | _EVENT_SBE | _EVENT_DBE
-        for dev in self._devices:
-            if dev.handle is None:
-                continue
-            try:
-                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle))
-            except pynvml.NVMLError as exc:
-                log.debug("GPU %d: nvmlDeviceGetSupportedEventTypes: %s", dev.index, exc)
-                supported = _EVENT_XID
-            mask = wanted & supported
-            if not mask & _EVENT_XID:
-                unsupported.add(dev.index)
-            if not mask:
-                continue
-            try:
-                pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
-            except pynvml.NVMLError as exc:
-                log.warning("GPU %d: cannot register for XID events: %s", dev.index, exc)
-                unsupported.add(dev.index)
-                continue
-            address = _address(dev.handle)
-            if address is not None:
-                self._event_devices[address] = dev
-        self._event_set = event_set

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TextIO
 
 from gpuhealth.api.durations import parse_duration
 from gpuhealth.api.status import read_report_status
-from gpuhealth.cli import changes, explain, fleet, nodeview, render
+from gpuhealth.cli import changes, describe_text, explain, fleet, nodeview, render
 from gpuhealth.cli.client import Client, load_configuration
 from gpuhealth.cli.errors import EXIT_OK, EXIT_USAGE, ApiError, CliError, Refused
 
@@ -223,7 +223,7 @@ def cmd_describe(ctx: Context) -> int:
     if a.output == "json":
         ctx.json(model)
     else:
-        ctx.print(render.render_describe(model, color=ctx.color))
+        ctx.print(describe_text.render_describe(model, color=ctx.color))
         if events_error:
             ctx.warn(f"could not list Events: {events_error}")
     return EXIT_OK
@@ -234,7 +234,7 @@ def cmd_explain(ctx: Context) -> int:
     if ctx.args.output == "json":
         ctx.json(model)
     else:
-        ctx.print(render.render_explain(model))
+        ctx.print(describe_text.render_explain(model))
     return EXIT_OK
 
 

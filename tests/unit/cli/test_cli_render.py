@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhealth.cli.describe_text import drain_lines, render_describe, render_explain
 from gpuhealth.cli.explain import explain
 from gpuhealth.cli.fleet import summarize
 from gpuhealth.cli.nodeview import describe_node
 from gpuhealth.cli.render import (
-    drain_lines,
     format_money,
     human_age,
-    render_describe,
-    render_explain,
     render_status,
     strip_ansi,
     table,

@@ -1,0 +1,93 @@
+"""Thin decoders of NVML answers, shared by the sampler and the event loop (nvml_source.py).
+
+No state here: loading the library, turning NVML's bytes, handles and field values into plain
+Python, and the event masks the agent registers for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpuhealth.agent.model import RECOVERY_ACTIONS, DeviceFacts
+
+log = logging.getLogger("gpuhealth.agent.nvml_source")
+
+EVENT_XID = int(getattr(pynvml, "nvmlEventTypeXidCriticalError", 0x8))
+EVENT_SBE = int(getattr(pynvml, "nvmlEventTypeSingleBitEccError", 0x1))
+EVENT_DBE = int(getattr(pynvml, "nvmlEventTypeDoubleBitEccError", 0x2))
+_FI_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
+_VALUE_TYPE_ULL = 3
+_VALUE_TYPE_SLL = 4
+
+
+def load_nvml_library(path: str) -> None:
+    """Make pynvml use the NVML shared library at ``path``.
+
+    pynvml hard-codes ``CDLL("libnvidia-ml.so.1")`` on first init but only when its module
+    global ``nvmlLib`` is unset, so preloading that global (under pynvml's own lock, and
+    dropping its cache of resolved function pointers) is the least invasive hook. Used for
+    drivers installed off the loader path and for the fake NVML in tests. Raises OSError.
+    """
+    lib = ctypes.CDLL(path)
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def nvml_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace").rstrip("\x00")
+    return str(value)
+
+
+def handle_address(handle: object) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+def error_name(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def recovery_action(handle: Any) -> str | None:
+    values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
+    value = values[0]
+    ret = int(value.nvmlReturn)
+    if ret in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED):
+        # Drivers that predate the field answer "invalid argument" for its id.
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    value_type = int(value.valueType)
+    raw = (
+        int(value.value.ullVal)
+        if value_type == _VALUE_TYPE_ULL
+        else int(value.value.sllVal)
+        if value_type == _VALUE_TYPE_SLL
+        else int(value.value.uiVal)
+    )
+    action = RECOVERY_ACTIONS.get(raw)
+    if action is None:
+        log.info("GPU recovery action %d has no report equivalent; omitted", raw)
+    return action
+
+
+class Lost(Exception):
+    """NVML said GPU_IS_LOST for this device; abandon the rest of its sample."""
+
+
+@dataclass
+class Device:
+    index: int
+    handle: Any = None
+    facts: DeviceFacts = field(default_factory=lambda: DeviceFacts(index=0))
+    thresholds: tuple[int | None, int | None] = (None, None)
+    static_unsupported: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)

@@ -1,0 +1,120 @@
+"""XID (and ECC) events from NVML: the event set and the wait, for :class:`NvmlSource`.
+
+A mixin, because events share the sampler's NVML session: its lock, its devices and the
+generation that says when ``nvmlInit`` ran again (the event set is then rebuilt).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+import pynvml
+
+from gpuhealth.agent.model import UTC, XidEvent
+from gpuhealth.agent.nvml_calls import EVENT_DBE, EVENT_SBE, EVENT_XID, Device, handle_address
+from gpuhealth.agent.source import SourceEvents
+
+log = logging.getLogger("gpuhealth.agent.nvml_source")
+
+
+class NvmlEvents:
+    """Set up by :class:`NvmlSource`'s constructor and ``open``."""
+
+    _lock: threading.RLock
+    _initialized: bool
+    _devices: list[Device]
+    _generation: int
+    _event_set: Any
+    _event_generation: int
+    _event_devices: dict[int, Device]
+    _events_unsupported: set[int]
+
+    def wait_events(self, timeout_s: float) -> SourceEvents:
+        """Wait up to ``timeout_s`` for XID (and ECC) events; call from one thread only."""
+        with self._lock:
+            if not self._initialized:
+                ready = False
+            else:
+                ready = True
+                if self._event_generation != self._generation:
+                    self._setup_events_locked()
+            event_set = self._event_set
+            devices = dict(self._event_devices)
+        if not ready or event_set is None:
+            time.sleep(max(0.0, timeout_s))
+            return SourceEvents()
+        try:
+            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
+        except pynvml.NVMLError_Timeout:
+            return SourceEvents()
+        except pynvml.NVMLError_GpuIsLost:
+            # NVML reports a lost GPU through the wait itself; let the sampler record it.
+            time.sleep(min(timeout_s, 1.0))
+            return SourceEvents(resample=True)
+        except pynvml.NVMLError as exc:
+            log.warning("nvmlEventSetWait failed (%s); recreating the event set", exc)
+            with self._lock:
+                self._event_generation = -1
+            time.sleep(max(0.0, timeout_s))
+            return SourceEvents()
+        event_type = int(data.eventType)
+        if not event_type & EVENT_XID:
+            return SourceEvents(resample=bool(event_type & (EVENT_SBE | EVENT_DBE)))
+        address = handle_address(data.device)
+        dev = devices.get(address) if address is not None else None
+        xid = XidEvent(
+            xid=int(data.eventData),
+            time=datetime.now(UTC),
+            source="nvml",
+            gpu=dev.index if dev is not None else None,
+            uuid=dev.facts.uuid if dev is not None else None,
+        )
+        log.warning("XID %d on GPU %s (%s)", xid.xid, xid.gpu, xid.uuid)
+        # The counters that go with an XID (ECC, remapping) are worth reading right away.
+        return SourceEvents(xids=(xid,), resample=True)
+
+    def _setup_events_locked(self) -> None:
+        if self._event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(self._event_set)
+            except pynvml.NVMLError as exc:
+                log.debug("nvmlEventSetFree: %s", exc)
+            self._event_set = None
+        self._event_generation = self._generation
+        self._event_devices = {}
+        unsupported = self._events_unsupported
+        unsupported.clear()
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
+            unsupported.update(d.index for d in self._devices)
+            return
+        wanted = EVENT_XID | EVENT_SBE | EVENT_DBE
+        for dev in self._devices:
+            if dev.handle is None:
+                continue
+            try:
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle))
+            except pynvml.NVMLError as exc:
+                log.debug("GPU %d: nvmlDeviceGetSupportedEventTypes: %s", dev.index, exc)
+                supported = EVENT_XID
+            mask = wanted & supported
+            if not mask & EVENT_XID:
+                unsupported.add(dev.index)
+            if not mask:
+                continue
+            try:
+                pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d: cannot register for XID events: %s", dev.index, exc)
+                unsupported.add(dev.index)
+                continue
+            address = handle_address(dev.handle)
+            if address is not None:
+                self._event_devices[address] = dev
+        self._event_set = event_set

@@ -1,0 +1,328 @@
+"""Pure text for `kubectl gpuhealth describe` and `explain`: one node in detail, one XID.
+
+Shares the table, age and colour helpers of render.py; like it, reads nothing from the terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth.api.durations import format_duration
+from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
+from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, table
+
+# -- describe ----------------------------------------------------------------------------------------
+
+
+def _v(value: Any, default: str = "-") -> str:
+    if value is None or value == "" or value == []:
+        return default
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _field(label: str, value: str, width: int = 14) -> str:
+    return f"{(label + ':').ljust(width)} {value}".rstrip()
+
+
+def _temp(d: Mapping[str, Any]) -> str:
+    t = d.get("temperature") or {}
+    cur, slow = t.get("currentC"), t.get("slowdownC")
+    if cur is None:
+        return "-"
+    return f"{cur}C" + (f" (slowdown {slow}C)" if slow is not None else "")
+
+
+def _ecc(d: Mapping[str, Any]) -> str:
+    ecc = d.get("ecc")
+    if not ecc:
+        return "-"
+    return f"{_v(ecc.get('volatileUncorrected'), '0')}/{_v(ecc.get('aggregateUncorrected'), '0')}"
+
+
+def _remap(d: Mapping[str, Any]) -> str:
+    rows = d.get("remappedRows")
+    if not rows:
+        return "-"
+    text = f"{_v(rows.get('corrected'), '0')}/{_v(rows.get('uncorrected'), '0')}"
+    flags = [f for f, on in (("pending", rows.get("pending")), ("FAILED", rows.get("failure"))) if on]
+    pages = d.get("retiredPages") or {}
+    if pages.get("pending"):
+        flags.append("page-retire pending")
+    return text + (f" {','.join(flags)}" if flags else "")
+
+
+def _words(key: str) -> str:
+    """camelCase -> "Camel case"."""
+    text = re.sub(r"(?<=[a-z0-9])([A-Z])", r" \1", key).lower()
+    return text[:1].upper() + text[1:]
+
+
+_DRAIN_LABELS = {
+    "phase": "Phase",
+    "total": "Pods total",
+    "podsTotal": "Pods total",
+    "waitingForCheckpoint": "Waiting for checkpoint",
+    "evicted": "Evicted",
+    "blockedByBudget": "Blocked by budget",
+    "fatal": "Fatal fault",
+    "startedAt": "Started at",
+    "completedAt": "Completed at",
+}
+
+
+def _drain_value(value: Any) -> str:
+    if isinstance(value, list):
+        if all(isinstance(x, str) for x in value):
+            return f"{len(value)}: {', '.join(value)}" if value else "0"
+        return f"{len(value)}: {json.dumps(value, separators=(',', ':'))}"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else "none"
+    return _v(value)
+
+
+def _per_item(value: Mapping[str, Any]) -> list[str]:
+    """A map of records (e.g. ``pods``: uid -> {pod, evictedAt, ...}), one line each, named by ``pod``."""
+    out = []
+    for key, item in sorted(value.items(), key=lambda kv: str(kv[1].get("pod") or kv[0])):
+        name = str(item.get("pod") or key)
+        rest = ", ".join(f"{k}={_drain_value(v)}" for k, v in sorted(item.items()) if k != "pod")
+        out.append(f"    {name}" + (f": {rest}" if rest else ""))
+    return out
+
+
+def drain_lines(drain: Mapping[str, Any]) -> list[str]:
+    """Whatever keys ``status.drain`` has: the well-known ones first with friendly names, per-pod maps last."""
+    maps = sorted(
+        k for k, v in drain.items() if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values())
+    )
+    keys = [k for k in _DRAIN_LABELS if k in drain]
+    keys += sorted(k for k in drain if k not in _DRAIN_LABELS and k not in maps)
+    labels = [_DRAIN_LABELS.get(k, _words(k)) for k in [*keys, *maps]]
+    width = max((len(x) for x in labels), default=0) + 2
+    out = ["  " + _field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
+    for k in maps:
+        out.append("  " + _field(_words(k), f"{len(drain[k])}", width))
+        out += _per_item(drain[k])
+    return out
+
+
+def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
+    if m is None:
+        return ["  (the Node does not exist)"]
+    out = []
+    t = m.get("taint")
+    out.append(
+        "  "
+        + _field("Taint", f"{TAINT_KEY}={t.get('value') or ''}:{t.get('effect')}" if t else "none (not gpuhealth's)")
+    )
+    if not m.get("cordoned"):
+        cordon = "not cordoned"
+    elif m.get("cordonOwner") == "gpuhealth":
+        cordon = "cordoned by gpuhealth (it lifts it on return to service)"
+    else:
+        cordon = "cordoned by someone else (gpuhealth never lifts it)"
+    out.append("  " + _field("Cordon", cordon))
+    own = m.get("ownership")
+    if own:
+        owned = [w for w in ("taint", "cordon") if own.get(w)]
+        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}, reason {_v(own.get('reason'))}"
+        text += f", since {_v(own.get('since'))}"
+        out.append("  " + _field("Ownership", text))
+        if own.get("liftedByOthers"):
+            out.append(
+                "  "
+                + _field(
+                    "Lifted",
+                    f"someone else removed gpuhealth's {', '.join(own['liftedByOthers'])} (LiftedByOthers); "
+                    "not put back this episode",
+                )
+            )
+    out.append("  " + _field("State label", f"gpuhealth.dev/state={_v(m.get('stateLabel'), '(none)')}"))
+    c = m.get("condition")
+    if c:
+        cond = f"GPUHealthy={c.get('status')} ({_v(c.get('reason'))})"
+        if c.get("message"):
+            cond += f": {c['message']}"
+        out.append("  " + _field("Condition", cond))
+    else:
+        out.append("  " + _field("Condition", "GPUHealthy not set"))
+    if m.get("otherTaints"):
+        out.append("  " + _field("Other taints", ", ".join(m["otherTaints"])))
+    if m.get("releaseRequested"):
+        out.append("  " + _field("Release", f"requested at {m['releaseRequested']}, not processed by the operator yet"))
+    return out
+
+
+def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
+    out = []
+    qs = h.get("quarantines") or []
+    flap = h.get("flapping")
+    limit = (
+        f" (at {flap['maxQuarantines']} within {format_duration(flap['windowSeconds'])} "
+        "the node goes to AwaitingRepair)"
+        if flap
+        else ""
+    )
+    out.append("  " + _field("Quarantines", f"{len(qs)} in the flapping window{limit}", 16))
+    for q in qs:
+        out.append(f"    {q} ({age_of(q, now)} ago)")
+    if "probationSeconds" in h:
+        text = format_duration(h["probationSeconds"])
+        if h.get("healthySince"):
+            text += f"; clean since {h['healthySince']}"
+        if "probationLeftSeconds" in h:
+            text += f"; {human_age(h['probationLeftSeconds'])} left"
+        out.append("  " + _field("Probation", text, 16))
+    elif h.get("healthySince"):
+        out.append("  " + _field("Clean since", str(h["healthySince"]), 16))
+    if h.get("clearedBefore"):
+        out.append("  " + _field("Released", f"evidence before {h['clearedBefore']} cleared by a human", 16))
+    if h.get("heldByBreaker"):
+        out.append("  " + _field("Breaker", "a quarantine is due but the policy's breaker holds it back", 16))
+    if h.get("drainAction"):
+        out.append("  " + _field("After drain", _v(h["drainAction"]), 16))
+    return out
+
+
+def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
+    now = parse_time(m.get("generatedAt")) or dt.datetime.now(dt.UTC)
+    state = m.get("state") or ""
+    lines = [_field("Node", str(m["node"]) + ("" if m.get("nodeExists") else " (no such Node)"))]
+    if not m.get("hasReport"):
+        lines.append(_field("State", "- (no GPUNodeHealth report for this node)"))
+    else:
+        shown = paint_state(state or "-", state, color)
+        if m.get("dryRun"):
+            shown += " (DryRun: computed, no Node changed)"
+        since = f"   since {m['since']} ({human_age(m.get('ageSeconds'))} ago)" if m.get("since") else ""
+        lines.append(_field("State", shown + since))
+    lines.append(_field("Reason", _v(m.get("reason"))))
+    if m.get("message"):
+        lines.append(_field("Message", str(m["message"])))
+    policy = _v(m.get("policy"))
+    if m.get("policyMode"):
+        policy += f" ({m['policyMode']})"
+    if m.get("overriddenPolicies"):
+        policy += f"; also matches {', '.join(m['overriddenPolicies'])} (lower priority)"
+    lines.append(_field("Policy", policy))
+    g = m.get("gpus") or {}
+    lines.append(_field("GPUs", f"{_v(g.get('healthy'), '?')}/{_v(g.get('total'), '?')} healthy"))
+    lines.append(_field("Last XID", _v(m.get("lastXid"))))
+    a = m.get("agent") or {}
+    if m.get("hasReport"):
+        agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
+        agent += f", heartbeat {human_age(a.get('heartbeatAgeSeconds'))} ago"
+        if a.get("nvmlAvailable") is False:
+            agent += f", NVML UNAVAILABLE: {_v(a.get('nvmlError'))}"
+        else:
+            agent += f", driver {_v(a.get('driverVersion'))}"
+        lines.append(_field("Agent", agent))
+
+    lines += ["", "Node marks:", *_marks_lines(m.get("marks"))]
+
+    devices = m.get("devices") or []
+    lines += ["", "Devices:"]
+    if devices:
+        rows = [
+            [
+                _v(d.get("index")),
+                _v(d.get("uuid")),
+                _v(d.get("model")),
+                _temp(d),
+                _ecc(d),
+                _remap(d),
+                "LOST" if d.get("lost") else "no",
+                ",".join(d.get("unsupported") or []) or "-",
+            ]
+            for d in devices
+        ]
+        lines += table(
+            ["IDX", "UUID", "MODEL", "TEMP", "ECC-UNC(VOL/AGG)", "REMAP(C/U)", "LOST", "UNSUPPORTED"],
+            rows,
+            lambda n, col, cell: paint(cell, STATE_COLORS[State.AWAITING_REPAIR], color and cell.startswith("LOST")),
+            indent="  ",
+        )
+    else:
+        lines.append("  (none reported)")
+
+    xids = m.get("xids") or []
+    lines += ["", "Recent XIDs (newest first):"]
+    if xids:
+        rows = []
+        for x in xids:
+            meaning = str(x.get("meaning") or "")
+            if x.get("catalogAction"):
+                meaning += f" [gpuhealth: {x['catalogAction']}]"
+            if x.get("cleared"):
+                meaning += " (cleared by release)"
+            rows.append([age_of(x.get("time"), now), _v(x.get("gpu")), _v(x.get("xid")), meaning])
+        lines += table(["AGE", "GPU", "XID", "MEANING"], rows, indent="  ")
+    else:
+        lines.append("  (none)")
+
+    evidence = m.get("evidence") or []
+    lines += ["", "Evidence:"]
+    if evidence:
+        rows = [
+            [
+                _v(e.get("reason")),
+                _v(e.get("action")),
+                _v(e.get("gpu")),
+                age_of(e.get("since"), now) if e.get("since") else "-",
+                _v(e.get("detail")),
+            ]
+            for e in evidence
+        ]
+        lines += table(["REASON", "ACTION", "GPU", "AGE", "DETAIL"], rows, indent="  ")
+    else:
+        lines.append("  (none)")
+
+    lines += ["", "Quarantine history:", *_history_lines(m.get("history") or {}, now)]
+
+    drain = m.get("drain")
+    if drain:
+        lines += ["", "Drain:", *drain_lines(drain)]
+
+    events = m.get("events") or []
+    lines += ["", "Events (gpuhealth-operator, last 10):"]
+    if events:
+        rows = [
+            [age_of(e.get("time"), now), _v(e.get("type")), _v(e.get("reason")), _v(e.get("message"))] for e in events
+        ]
+        lines += table(
+            ["AGE", "TYPE", "REASON", "MESSAGE"],
+            rows,
+            lambda n, col, cell: paint(cell, WARNING_COLOR, color and col == 1 and cell.startswith("Warning")),
+            indent="  ",
+        )
+    else:
+        lines.append("  (none)")
+    return "\n".join(lines) + "\n"
+
+
+# -- explain -----------------------------------------------------------------------------------------
+
+
+def render_explain(e: Mapping[str, Any]) -> str:
+    name = str(e["name"])
+    if e.get("mnemonic") and e["mnemonic"] != "UNKNOWN":
+        name += f" ({e['mnemonic']})"
+    lines = [
+        f"XID {e['code']}: {name}",
+        "",
+        _field("Description", str(e["description"]), 18),
+        _field("Immediate action", f"{e['immediateAction']}: {e['immediateActionText']}", 18),
+        _field("Application error", "yes: usually caused by the application" if e["applicationError"] else "no", 18),
+        _field("gpuhealth action", f"{e['defaultAction']}: {e['defaultActionText']}", 18),
+        _field("What to do", str(e["whatToDo"]), 18),
+    ]
+    if e.get("notes"):
+        lines += ["", "Notes:", *(f"  - {n}" for n in e["notes"])]
+    return "\n".join(lines) + "\n"
