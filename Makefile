@@ -50,19 +50,19 @@ test: $(STAMP) control-plane lint typecheck
 	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
 
 demo: $(STAMP) control-plane
-	$(PY) hack/demo.py $(DEMO_ARGS)
+	$(PY) -m hack.demo $(DEMO_ARGS)
 
 bench: $(STAMP) control-plane
-	$(PY) hack/bench.py $(BENCH_ARGS)
+	$(PY) -m hack.bench $(BENCH_ARGS)
 
 chaos: $(STAMP) control-plane
 	$(PY) hack/chaos.py $(CHAOS_ARGS)
 
 cluster-up: $(STAMP) control-plane
-	$(PY) hack/cluster.py up $(CLUSTER_ARGS)
+	$(PY) -m hack.cluster up $(CLUSTER_ARGS)
 
 cluster-down: $(STAMP)
-	$(PY) hack/cluster.py down
+	$(PY) -m hack.cluster down
 
 clean:
 	rm -rf $(BUILD)

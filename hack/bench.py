@@ -29,17 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "hack"))
+from kubernetes import client
+from tests.support.agents import AgentFleet
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import OperatorProcess, wait_for
 
-from kubernetes import client  # noqa: E402
-from tests.support.agents import AgentFleet  # noqa: E402
-from tests.support.cluster import LocalCluster  # noqa: E402
-from tests.support.k8s import OperatorProcess, wait_for  # noqa: E402
-
-from bench_report import write_outputs  # noqa: E402
-from bench_support import (  # noqa: E402
+from hack.bench_report import write_outputs
+from hack.bench_support import (
     FLOOR_TAINT,
     GROUP,
     TAINT,
@@ -54,6 +50,8 @@ from bench_support import (  # noqa: E402
     percentile,
     read_audit,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "build" / "bench"
 OPERATOR_USER, AGENT_USER, SIM_USER = "gpuhealth-operator", "gpuhealth-agent-bench", "gpuhealth-fleet-sim"

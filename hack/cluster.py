@@ -7,10 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tests.support.cluster import LocalCluster, stop_from_pidfile
 
-from tests.support.cluster import LocalCluster, stop_from_pidfile  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WORKDIR = REPO / "build" / "cluster"
 

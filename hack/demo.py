@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from kubernetes import watch
+from tests.support.agents import AgentFleet
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import Kube, OperatorProcess, wait_for
+from tests.support.workloads import indexed_training_job
 
-from kubernetes import watch  # noqa: E402
-from tests.support.agents import AgentFleet  # noqa: E402
-from tests.support.cluster import LocalCluster  # noqa: E402
-from tests.support.k8s import Kube, OperatorProcess, wait_for  # noqa: E402
-from tests.support.workloads import indexed_training_job  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "build" / "demo"
 TAINT = "gpuhealth.dev/unhealthy"

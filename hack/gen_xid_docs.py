@@ -11,11 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpuhealth.catalog import xid
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "xid-catalog.md"
-sys.path.insert(0, str(ROOT / "operator"))
-
-from gpuhealth.catalog import xid  # noqa: E402
 
 HEADER = """\
 # XID catalog

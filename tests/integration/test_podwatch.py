@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gpuhealth.kubeconfig import api_client
 
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.kube.client import Kube as OperatorKube
+from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_nodes
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, ensure_namespace, wait_for

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger("gpuhealth.controller.reconciler")  # the log lines operators and chaos tests read
+log = logging.getLogger(__name__)
 
 RESYNC_AFTER_S = 5.0
 

@@ -35,7 +35,7 @@ from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
 
-log = logging.getLogger("gpuhealth.controller.reconciler")
+log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
 CONFLICT_ATTEMPTS = 5
 

@@ -31,7 +31,7 @@ from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
-log = logging.getLogger("gpuhealth.controller.reconciler")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
