@@ -252,11 +252,11 @@ def test_crashing_workloads_point_at_the_node(
             },
         )
     for app in ("svc-a", "svc-b"):
-        wait_for(
-            lambda app=app: len([p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]) == 3,
-            timeout=60,
-            what=f"{app} on every node",
-        )
+
+        def on_every_node(app: str = app) -> bool:
+            return len([p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]) == 3
+
+        wait_for(on_every_node, timeout=60, what=f"{app} on every node")
     for app in ("svc-a", "svc-b"):
         (victim,) = [p for p in pods(kube, ns, f"app={app}") if p.spec.node_name == bad]
         _crash(kube, victim)
@@ -267,16 +267,12 @@ def test_crashing_workloads_point_at_the_node(
     # The crash-looping pods are evicted from the quarantined node and run elsewhere.
     wait_for(lambda: len(events(kube, bad, "EvictedCrashLooping")) == 2, timeout=30, what="crash-loopers evicted")
     for app in ("svc-a", "svc-b"):
-        wait_for(
-            lambda app=app: (
-                len(
-                    [p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running" and p.spec.node_name != bad]
-                )
-                == 3
-            ),
-            timeout=60,
-            what=f"{app} runs elsewhere",
-        )
+
+        def elsewhere(app: str = app) -> bool:
+            running = [p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]
+            return len([p for p in running if p.spec.node_name != bad]) == 3
+
+        wait_for(elsewhere, timeout=60, what=f"{app} runs elsewhere")
 
 
 def test_flapping_node_waits_for_a_human(

@@ -210,7 +210,7 @@ def agent_pod(kube: Kube, node: str) -> dict[str, Any]:
             NS, label_selector="app.kubernetes.io/name=gpuhealth-agent", field_selector=f"spec.nodeName={node}"
         ).items
         live = [p for p in pods if p.metadata.deletion_timestamp is None]
-        return kube.api.sanitize_for_serialization(live[0]) if live else None  # type: ignore[no-any-return]
+        return kube.api.sanitize_for_serialization(live[0]) if live else None
 
     return wait_for(find, timeout=60, what=f"agent pod on {node}")
 
@@ -428,7 +428,7 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
         # The Deployment's liveness probe path answers (Kopf serves it once the operator runs).
         def healthz() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=5) as r:
-                return r.status == 200
+                return bool(r.status == 200)
 
         started = time.monotonic()
         wait_for(healthz, timeout=30, what="Kopf liveness endpoint")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from kubernetes import client, config
 
@@ -25,8 +25,11 @@ def utcnow() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def wait_for(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> T:
-    """Poll until ``fn`` returns something truthy; fail with the last value otherwise."""
+def wait_for(
+    fn: Callable[[], T | Literal[False] | None], timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
+) -> T:
+    """Poll until ``fn`` returns something truthy (the result, never None or False); fail with the last
+    value otherwise."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -199,7 +202,7 @@ class OperatorProcess:
             if self.popen.poll() is not None:
                 raise AssertionError(f"operator exited with {self.popen.returncode}; see {self.log}")
             with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as r:
-                return r.status == 200
+                return bool(r.status == 200)
 
         wait_for(up, timeout, what="operator metrics endpoint")
         time.sleep(1.0)  # watches established after the initial list

@@ -13,9 +13,8 @@ import pytest
 # pytest import mode.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, fakenvml
-
 from gpuhealth.agent.runner import Agent, AgentConfig
+from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, fakenvml
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from agent_testlib import AgentFactory, Scenario, device, wait_for
 
 from gpuhealth.agent.dcgm_source import DcgmSource, XidChangeDetector, merge_dcgm, parse_dcgm_metrics
 from gpuhealth.agent.model import DeviceFacts, Temperature
+from tests.unit.agent.agent_testlib import AgentFactory, Scenario, device, wait_for
 
 UUID0 = "GPU-9e3779b1-fa4e-4a1b-9c2d-000000001111"  # the fake NVML's GPU 0
 UUID1 = "GPU-3c6ef362-fa4e-4a1b-9c2d-000000002222"

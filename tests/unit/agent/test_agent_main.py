@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_testlib import Scenario
 
 from gpuhealth.agent.main import EXIT_NVML_UNAVAILABLE, build_parser, config_from_args, main
 from gpuhealth.agent.publisher import KubeTransport
+from tests.unit.agent.agent_testlib import Scenario
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

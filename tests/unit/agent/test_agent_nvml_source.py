@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_testlib import Scenario
 
 from gpuhealth.agent.model import DeviceFacts
 from gpuhealth.agent.nvml_source import ENV_LIBRARY, NvmlSource
+from tests.unit.agent.agent_testlib import Scenario
 
 
 @pytest.fixture

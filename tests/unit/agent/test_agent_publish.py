@@ -7,13 +7,13 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, device, wait_for
 
 from gpuhealth.agent.model import DeviceFacts, NvmlStatus, Temperature, XidEvent
 from gpuhealth.agent.publisher import Publisher
 from gpuhealth.agent.report import rfc3339
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.source import DeviceSample, SourceEvents
+from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, device, wait_for
 
 
 class ApiError(Exception):

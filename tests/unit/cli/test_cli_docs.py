@@ -95,7 +95,7 @@ def test_docs_use_only_plugin_commands_that_exist(doc: str) -> None:
     text = (DOCS / doc).read_text(encoding="utf-8")
     used = set(re.findall(r"kubectl gpuhealth ([a-z-]+)", text))
     parser = build_parser()
-    commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr, arg-type]
     if doc == "runbook.md":
         assert {"status", "describe", "explain", "release", "pause", "resume"} <= used
     assert used <= commands, used - commands

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from gpuhealth.controller.runtime import Runtime
 from gpuhealth.controller.store import Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.drain import pods as P
+from gpuhealth.evaluation import transitions
 from gpuhealth.evaluation.transitions import Decision
 from tests.unit.operator.builders import at, report_obj, xid_event
 from tests.unit.operator.fake_kube import FakeKube
@@ -23,7 +24,7 @@ from tests.unit.operator.fake_kube import FakeKube
 TAINT = "gpuhealth.dev/unhealthy"
 
 
-def run(body: Callable[[], Awaitable[None]]) -> None:
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
 
 
@@ -70,7 +71,7 @@ def test_the_breaker_holds_back_without_deciding_twice(monkeypatch: pytest.Monke
         kube.add_node(n)
         kube.add_report(faulty(n))
     calls: list[str] = []
-    real = node_reconciler.decide
+    real = transitions.decide
 
     def counting(*args: Any, **kw: Any) -> Decision:
         calls.append("decide")
