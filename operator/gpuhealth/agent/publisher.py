@@ -18,9 +18,10 @@ from typing import IO, Any, Protocol
 import tenacity
 
 from gpuhealth.agent.events import XidBuffer
+from gpuhealth.agent.merge_patch import merge_patch
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot
-from gpuhealth.agent.report import ReportBuilder, merge_patch, now_utc
+from gpuhealth.agent.report import ReportBuilder, now_utc
 from gpuhealth.api.names import GROUP, VERSION
 from gpuhealth.api.names import REPORT_KIND as KIND
 from gpuhealth.api.names import REPORT_PLURAL as PLURAL

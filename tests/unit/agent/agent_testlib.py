@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.agent.merge_patch import apply_merge_patch
 from gpuhealth.agent.publisher import AlreadyExistsError, NotFoundError
-from gpuhealth.agent.report import apply_merge_patch
 from gpuhealth.agent.runner import Agent
 
 _BUILD_PY = Path(__file__).resolve().parents[2] / "fakenvml" / "build.py"

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gpuhealth.agent.merge_patch import apply_merge_patch, merge_patch
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
@@ -21,9 +22,7 @@ from gpuhealth.agent.report import (
     AgentInfo,
     ReportBuilder,
     XidHistory,
-    apply_merge_patch,
     facts_changed,
-    merge_patch,
     rfc3339,
     temperature_changed,
 )
