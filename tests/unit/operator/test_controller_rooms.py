@@ -211,3 +211,34 @@ def test_the_work_queue_processes_a_key_once_at_a_time_and_again_if_it_changed()
             await asyncio.wait_for(q.get(), 0.05)
 
     run(body)
+
+
+def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_path() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {"restartLoop": {"minWorkloads": 2, "minRestarts": 3, "window": "10m"}})
+    for n in ("n1", "n2", "n3"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+        for app in ("svc-a", "svc-b"):
+            pod = kube.add_pod("apps", f"{app}-{n}", n)
+            pod = kube.pods["apps", f"{app}-{n}"]
+            pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{app}-rs", "controller": True}]
+            if n == "n1":
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "restartCount": 5,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2025-01-01T12:00:05Z"}},
+                    }
+                ]
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        await rt.nodes.reconcile("n1")
+        await rt.nodes.reconcile("n1")  # the cached pods are marked deleting: not evicted twice
+        await rt.events.flush()
+
+    run(body)
+    assert state(kube, "n1") == "Quarantined"
+    assert sorted(w for v, w in kube.writes if v == "evict") == ["pod/apps/svc-a-n1", "pod/apps/svc-b-n1"]
+    assert kube.reasons("n1").count("EvictedCrashLooping") == 2
