@@ -16,6 +16,7 @@ Event is posted only by the write that changed the Node, so actions are never an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -49,6 +50,7 @@ from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import plan_drain
+from gpuhealth.evaluation import freshness
 from gpuhealth.evaluation.assess import THERMAL_REASONS, Assessment, NodeView, assess
 from gpuhealth.evaluation.restarts import failure, restart_loop_finding
 from gpuhealth.evaluation.transitions import Decision, Inputs, Record, decide
@@ -234,6 +236,7 @@ class Reconciler:
         self.breaker_open: dict[str, bool] = {}
         self.policy_status_cache: dict[str, dict[str, Any]] = {}
         self.bad_report_versions: dict[str, str] = {}
+        self.seen: dict[str, freshness.Seen] = {}  # when each agent was last heard from (our clock)
         self.first_seen: dict[str, dt.datetime] = {}
         self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
         self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
@@ -297,6 +300,8 @@ class Reconciler:
         self.written_rv.clear()
         self.reserved.clear()
         self.active_drains.clear()
+        self.breaker_open.clear()
+        self.policy_status_cache.clear()
         await self._load()
         log.info("resynced after a pause")
 
@@ -361,7 +366,9 @@ class Reconciler:
         name = body["metadata"]["name"]
         if event == "DELETED":
             self.reports.pop(name, None)
+            self.seen.pop(name, None)
         else:
+            self._heard(name, body, live=enqueue)
             self.reports[name] = _slim_report(body)
             # Our own writes update the record at once; adopt a watched status only if it is newer than
             # our last write (another writer, e.g. a previous leader), never an older echo of it.
@@ -372,12 +379,25 @@ class Reconciler:
         if enqueue:
             self.queue.add(name)
 
+    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> None:
+        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one."""
+        seen, skew = freshness.observe(self.seen.get(name), body, self.clock(), live)
+        if seen is None:
+            self.seen.pop(name, None)
+        else:
+            self.seen[name] = seen
+        if skew is not None:
+            metrics.INVALID_INPUT.labels("ClockSkew").inc()
+            log.warning("report %s: %s", name, skew.describe())
+            self._event("Node", name, name, "Warning", "ClockSkew", skew.describe())
+
     def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         """Pods by node, gang and workload: what drains and restart-loop detection need."""
         uid = body["metadata"].get("uid")
         if not uid:
             return
         old = self.pod_index.pop(uid, None)
+        cached = self.pods_by_node.get(old[0], {}).get(uid) if old is not None else None
         if old is not None:
             self.pods_by_node.get(old[0], {}).pop(uid, None)
             if old[1]:
@@ -386,6 +406,11 @@ class Reconciler:
         node = str((body.get("spec") or {}).get("nodeName") or "")
         if event != "DELETED":
             pod = _slim_pod(body)
+            # A pod's deletion is never undone: an event older than our eviction (still in flight when
+            # we marked the pod) must not make the pod look alive again and be evicted a second time.
+            gone = ((cached or {}).get("metadata") or {}).get("deletionTimestamp")
+            if gone and not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = gone
             gang, workload = P.gang_key(pod), P.workload_key(pod)
             self.pod_index[uid] = (node, gang, workload)
             self.pods_by_node.setdefault(node, {})[uid] = pod
@@ -513,7 +538,7 @@ class Reconciler:
             return True  # sustained heat
         if rec.state == State.UNKNOWN:
             return False  # only a fresh report (an event) brings it back
-        heartbeat = parse_time((report.get("spec") or {}).get("heartbeatTime"))
+        heartbeat = freshness.heard_at(self.seen.get(name), parse_time((report.get("spec") or {}).get("heartbeatTime")))
         policy = self.policies.get(str(status.get("policy") or ""))
         silence = policy.silence_after_s if policy else 0.0
         if heartbeat is None or (now - heartbeat).total_seconds() > silence:
@@ -594,6 +619,8 @@ class Reconciler:
         if report_obj is None and (now - self.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
             return  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
+        if report is not None:
+            report = dataclasses.replace(report, heartbeat=freshness.heard_at(self.seen.get(name), report.heartbeat))
         status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         prior = self.records.get(name) or Record.from_status(dict(status))
         annotations = node["metadata"].get("annotations") or {}
@@ -971,32 +998,13 @@ class Reconciler:
             for s in State:
                 metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
             metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
-            was_open = self.breaker_open.get(pname, False)
-            self.breaker_open[pname] = is_open
             obj = self.policy_objs.get(pname, {})
             uid = obj.get("metadata", {}).get("uid", pname)
-            if is_open != was_open:
-                if is_open:
-                    self._event(
-                        POLICY_KIND,
-                        pname,
-                        uid,
-                        "Warning",
-                        "BreakerOpen",
-                        f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back "
-                        f"{v.held} more quarantines",
-                        API_VERSION,
-                    )
-                else:
-                    self._event(
-                        POLICY_KIND,
-                        pname,
-                        uid,
-                        "Normal",
-                        "BreakerClosed",
-                        f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
-                        API_VERSION,
-                    )
+            # What was last announced is what the policy's status says (it is written before the Event),
+            # so a restarted operator or a new leader does not announce the same transition again.
+            was_open = self.breaker_open.get(pname)
+            if was_open is None:
+                was_open = (obj.get("status") or {}).get("breaker") == "Open"
             overlap_msg = ", ".join(f"{n} nodes governed by {w}" for w, n in sorted(v.overlaps.items()))
             status: dict[str, Any] = {
                 "observedGeneration": policy.generation,
@@ -1019,6 +1027,7 @@ class Reconciler:
                 prev = {k: val for k, val in (obj.get("status") or {}).items() if k in status}
             if all(prev.get(k) == val for k, val in status.items()):
                 self.policy_status_cache[pname] = status
+                self._announce_breaker(pname, uid, was_open, is_open, v, out, limit)
                 continue
             status["conditions"] = [
                 {
@@ -1042,3 +1051,33 @@ class Reconciler:
             except Exception as e:
                 if not is_not_found(e):
                     raise
+                continue  # the policy is gone: nothing to announce on it
+            self._announce_breaker(pname, uid, was_open, is_open, v, out, limit)
+
+    def _announce_breaker(
+        self, pname: str, uid: str, was_open: bool, is_open: bool, v: PolicyView, out: int, limit: int
+    ) -> None:
+        """Announce a breaker transition once, after the status that records it was written."""
+        self.breaker_open[pname] = is_open
+        if is_open == was_open:
+            return
+        if is_open:
+            self._event(
+                POLICY_KIND,
+                pname,
+                uid,
+                "Warning",
+                "BreakerOpen",
+                f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back {v.held} more quarantines",
+                API_VERSION,
+            )
+        else:
+            self._event(
+                POLICY_KIND,
+                pname,
+                uid,
+                "Normal",
+                "BreakerClosed",
+                f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
+                API_VERSION,
+            )
