@@ -210,6 +210,8 @@ def test_operator_killed_mid_quarantine_resumes_without_duplicates(
     wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="healthy")
     kube.put_report(nodes[0], healthy_spec(xids=[xid(79)]))
     wait_for(lambda: kube.our_taint(nodes[0]), what="first quarantine")
+    # Events are posted in the background: a kill before they land loses them (at most once, never twice).
+    wait_for(lambda: _count_actions(kube, nodes[0]) == (1, 1), what="first quarantine announced")
     operator.kill()
     # While the operator is down, another node faults and the first one is still faulty.
     kube.put_report(nodes[1], healthy_spec(xids=[xid(79)]))
