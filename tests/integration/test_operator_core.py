@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
+from typing import Any
 
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster
@@ -208,6 +210,8 @@ def test_operator_killed_mid_quarantine_resumes_without_duplicates(
     wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="healthy")
     kube.put_report(nodes[0], healthy_spec(xids=[xid(79)]))
     wait_for(lambda: kube.our_taint(nodes[0]), what="first quarantine")
+    # Events are posted in the background: a kill before they land loses them (at most once, never twice).
+    wait_for(lambda: _count_actions(kube, nodes[0]) == (1, 1), what="first quarantine announced")
     operator.kill()
     # While the operator is down, another node faults and the first one is still faulty.
     kube.put_report(nodes[1], healthy_spec(xids=[xid(79)]))
@@ -233,3 +237,50 @@ def test_operator_killed_mid_quarantine_resumes_without_duplicates(
     assert taint["value"] == "XID79"
     time.sleep(2)
     assert _count_actions(kube, nodes[2]) == (0, 1), "the decision was made before the kill; only the action is new"
+
+
+def test_agent_clock_ahead_does_not_keep_a_silent_node_healthy(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group, rules={"agentSilence": {"after": "5s"}}))
+    ahead = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    kube.put_report(node, healthy_spec(heartbeatTime=ahead))
+    wait_for(lambda: kube.state(node) == "Healthy", what="Healthy verdict on a live report")
+    skew = wait_for(lambda: kube.node_events(node, "ClockSkew"), what="ClockSkew event")
+    assert "ahead of the operator's" in skew[0].message
+    # The agent dies: its heartbeat still says an hour from now, but nothing new is written.
+    wait_for(lambda: kube.state(node) == "Unknown", timeout=20, what="silence detected despite the future heartbeat")
+    assert "no heartbeat from the agent" in kube.report(node)["status"]["message"]
+
+
+def test_restarted_operator_does_not_announce_an_open_breaker_again(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group, safety={"maxUnhealthy": 1}, rules={"xid": {"overrides": [{"code": 79, "action": "cordon"}]}}
+        ),
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="all healthy")
+    for n in nodes[:2]:
+        kube.put_report(n, healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.get_policy(group).get("status", {}).get("breaker") == "Open", what="breaker open")
+
+    def breaker_events() -> list[Any]:
+        evs = kube.core.list_namespaced_event("default", field_selector=f"involvedObject.name={group}").items
+        return [e for e in evs if e.reason == "BreakerOpen"]
+
+    wait_for(breaker_events, what="BreakerOpen event")
+    operator.kill()
+    operator.start()
+    # The restarted operator is acting once it holds back the next fault too; then give it a few sweeps.
+    kube.put_report(nodes[2], healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.node_events(nodes[2], "QuarantineHeldBack"), what="restarted operator acting")
+    time.sleep(3)
+    assert kube.get_policy(group)["status"]["breaker"] == "Open"
+    assert [e.count or 1 for e in breaker_events()] == [1], "the transition was announced once"

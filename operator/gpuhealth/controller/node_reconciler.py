@@ -13,6 +13,7 @@ Event is posted only by the write that changed the Node, so actions are never an
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,6 +31,7 @@ from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store, gpu_capacity, slim_report
 from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
@@ -130,6 +132,8 @@ class NodeReconciler:
         if report_obj is None and (now - store.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
             return  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
+        if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock
+            report = dataclasses.replace(report, heartbeat=heard_at(store.seen.get(name), report.heartbeat))
         status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         prior = store.records.get(name) or Record.from_status(status)
         annotations = node["metadata"].get("annotations") or {}

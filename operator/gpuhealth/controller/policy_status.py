@@ -61,6 +61,11 @@ class PolicyStatus:
         self.breaker_open: dict[str, bool] = {}
         self._written: dict[str, dict[str, Any]] = {}
 
+    def forget(self) -> None:
+        """After a pause: re-read what the statuses say before announcing or skipping a write."""
+        self.breaker_open.clear()
+        self._written.clear()
+
     async def update(self) -> None:
         for pname, v in summarize(self.store).items():
             await self._update_one(pname, v)
@@ -73,32 +78,13 @@ class PolicyStatus:
         for s in State:
             metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
         metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
-        was_open = self.breaker_open.get(pname, False)
-        self.breaker_open[pname] = is_open
         obj = self.store.policy_objs.get(pname, {})
         uid = obj.get("metadata", {}).get("uid", pname)
-        if is_open != was_open:
-            if is_open:
-                self.events(
-                    POLICY_KIND,
-                    pname,
-                    uid,
-                    "Warning",
-                    "BreakerOpen",
-                    f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back "
-                    f"{v.held} more quarantines",
-                    API_VERSION,
-                )
-            else:
-                self.events(
-                    POLICY_KIND,
-                    pname,
-                    uid,
-                    "Normal",
-                    "BreakerClosed",
-                    f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
-                    API_VERSION,
-                )
+        # What was last announced is what the policy's status says (it is written before the Event),
+        # so a restarted operator or a new leader does not announce the same transition again.
+        was_open = self.breaker_open.get(pname)
+        if was_open is None:
+            was_open = (obj.get("status") or {}).get("breaker") == "Open"
         overlap_msg = ", ".join(f"{n} nodes governed by {w}" for w, n in sorted(v.overlaps.items()))
         status: dict[str, Any] = {
             "observedGeneration": policy.generation,
@@ -121,6 +107,7 @@ class PolicyStatus:
             prev = {k: val for k, val in (obj.get("status") or {}).items() if k in status}
         if all(prev.get(k) == val for k, val in status.items()):
             self._written[pname] = status
+            self._announce_breaker(pname, uid, was_open, is_open, v, out, limit)
             return
         status["conditions"] = [
             {
@@ -144,3 +131,33 @@ class PolicyStatus:
         except Exception as e:
             if not is_not_found(e):
                 raise
+            return  # the policy is gone: nothing to announce on it
+        self._announce_breaker(pname, uid, was_open, is_open, v, out, limit)
+
+    def _announce_breaker(
+        self, pname: str, uid: str, was_open: bool, is_open: bool, v: PolicyView, out: int, limit: int
+    ) -> None:
+        """Announce a breaker transition once, after the status that records it was written."""
+        self.breaker_open[pname] = is_open
+        if is_open == was_open:
+            return
+        if is_open:
+            self.events(
+                POLICY_KIND,
+                pname,
+                uid,
+                "Warning",
+                "BreakerOpen",
+                f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back {v.held} more quarantines",
+                API_VERSION,
+            )
+        else:
+            self.events(
+                POLICY_KIND,
+                pname,
+                uid,
+                "Normal",
+                "BreakerClosed",
+                f"Back under the limit ({out} of {v.nodes} out of service, limit {limit})",
+                API_VERSION,
+            )

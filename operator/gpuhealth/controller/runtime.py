@@ -28,6 +28,7 @@ from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
 from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.evaluation import freshness
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
@@ -91,6 +92,7 @@ class Runtime:
         """
         self.store.forget_records()
         self.breaker.clear()
+        self.policy_status.forget()
         await self._load()
         log.info("resynced after a pause")
 
@@ -156,10 +158,24 @@ class Runtime:
         name = body["metadata"]["name"]
         if event == "DELETED":
             self.store.reports.pop(name, None)
+            self.store.seen.pop(name, None)
         else:
+            self._heard(name, body, live=enqueue)
             self.store.put_report(name, body)
         if enqueue:
             self.queue.add(name)
+
+    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> None:
+        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one."""
+        seen, skew = freshness.observe(self.store.seen.get(name), body, self.clock(), live)
+        if seen is None:
+            self.store.seen.pop(name, None)
+        else:
+            self.store.seen[name] = seen
+        if skew is not None:
+            metrics.INVALID_INPUT.labels("ClockSkew").inc()
+            log.warning("report %s: %s", name, skew.describe())
+            self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
 
     def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         """Pods by node, gang and workload: what drains and restart-loop detection need."""
@@ -251,5 +267,5 @@ class Runtime:
         for name in list(store.nodes):
             report = store.reports.get(name)
             pname = str(((report or {}).get("status") or {}).get("policy") or "")
-            if time_dependent(store.records.get(name), report, store.policies.get(pname), now):
+            if time_dependent(store.records.get(name), report, store.policies.get(pname), now, store.seen.get(name)):
                 self.queue.add(name)

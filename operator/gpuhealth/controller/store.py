@@ -16,6 +16,7 @@ from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
 from gpuhealth.drain import pods as P
+from gpuhealth.evaluation.freshness import Seen
 
 NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
 
@@ -127,6 +128,7 @@ class Store:
         self.records: dict[str, Record] = {}
         self.written_rv: dict[str, str] = {}
         self.first_seen: dict[str, dt.datetime] = {}
+        self.seen: dict[str, Seen] = {}  # when each agent was last heard from (our clock)
         self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
         self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
         self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
@@ -213,6 +215,7 @@ class Store:
         if not uid:
             return None
         old = self.pod_index.pop(uid, None)
+        cached = self.pods_by_node.get(old[0], {}).get(uid) if old is not None else None
         if old is not None:
             self.pods_by_node.get(old[0], {}).pop(uid, None)
             if old[1]:
@@ -221,6 +224,11 @@ class Store:
         node = str((body.get("spec") or {}).get("nodeName") or "")
         if not deleted:
             pod = slim_pod(body)
+            # A pod's deletion is never undone: an event older than our eviction (still in flight when
+            # we marked the pod) must not make the pod look alive again and be evicted a second time.
+            gone = ((cached or {}).get("metadata") or {}).get("deletionTimestamp")
+            if gone and not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = gone
             gang, workload = P.gang_key(pod), P.workload_key(pod)
             self.pod_index[uid] = (node, gang, workload)
             self.pods_by_node.setdefault(node, {})[uid] = pod

@@ -18,14 +18,20 @@ from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.assess import THERMAL_REASONS, Assessment
+from gpuhealth.evaluation.freshness import Seen, heard_at
 
 
 def time_dependent(
-    rec: Record | None, report: Mapping[str, Any] | None, policy: Policy | None, now: dt.datetime
+    rec: Record | None,
+    report: Mapping[str, Any] | None,
+    policy: Policy | None,
+    now: dt.datetime,
+    seen: Seen | None = None,
 ) -> bool:
     """Whether the clock alone may change this node's verdict; everything else waits for an event.
 
-    ``report`` is the cached GPUNodeHealth object, ``policy`` the one its status names (if known).
+    ``report`` is the cached GPUNodeHealth object, ``policy`` the one its status names (if known),
+    ``seen`` when the operator last saw the agent write (freshness is judged by the operator's clock).
     """
     if rec is None or report is None:
         return True  # a new node, or one whose agent never reported: silence is measured by the clock
@@ -37,7 +43,7 @@ def time_dependent(
     if rec.state == State.UNKNOWN:
         return False  # only a fresh report (an event) brings it back
     spec = report.get("spec") or {}
-    heartbeat = parse_time(spec.get("heartbeatTime"))
+    heartbeat = heard_at(seen, parse_time(spec.get("heartbeatTime")))
     silence = policy.silence_after_s if policy else 0.0
     if heartbeat is None or (now - heartbeat).total_seconds() > silence:
         return True  # the agent went silent

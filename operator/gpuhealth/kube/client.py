@@ -7,6 +7,7 @@ JSON dicts, not the client's model classes, which are slow to build for thousand
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import uuid
@@ -190,14 +191,17 @@ class Kube:
     ) -> None:
         """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it.
 
-        ``at`` is when it happened (Events are posted in the background, a moment later).
+        ``at`` is when it happened (Events are posted in the background, a moment later). The name is
+        derived from the Event itself, so a retry after a lost response (the first POST did land)
+        finds it already there instead of posting the same announcement twice.
         """
         now = at or dt.datetime.now(dt.UTC)
+        digest = hashlib.sha256(f"{kind}/{name}/{reason}/{message}/{self.instance}".encode()).hexdigest()[:8]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{uuid.uuid4().hex[:6]}",
+                "name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{digest}",
                 "namespace": self.event_namespace,
             },
             "involvedObject": {"kind": kind, "name": name, "uid": uid, "apiVersion": api_version},
@@ -213,7 +217,11 @@ class Kube:
             "eventTime": format_time_precise(now),
             "count": 1,
         }
-        self.core.create_namespaced_event(self.event_namespace, body, _preload_content=False)
+        try:
+            self.core.create_namespaced_event(self.event_namespace, body, _preload_content=False)
+        except Exception as e:
+            if not is_conflict(e):
+                raise  # 409: this very Event was posted by an earlier try whose response was lost
 
 
 def _page_args(cont: str | None) -> dict[str, Any]:
