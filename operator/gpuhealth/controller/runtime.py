@@ -57,7 +57,7 @@ class Runtime:
         self.events = EventPoster(kube.post_event)
         self.breaker = Breaker(self.store)
         self.drainer = Drainer(kube, self.call, self.events, self.queue_later, self.store, self.breaker, clock)
-        self.nodes = NodeReconciler(kube, self.call, self.store, self.breaker, self.drainer, self.events, clock)
+        self.reconciler = NodeReconciler(kube, self.call, self.store, self.breaker, self.drainer, self.events, clock)
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.leadership = Leadership(self._resync)
         self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
@@ -228,7 +228,7 @@ class Runtime:
                 self.queue.add(name)
                 continue
             try:
-                await self.nodes.reconcile(name)
+                await self.reconciler.reconcile(name)
                 self._failures.pop(name, None)
             except asyncio.CancelledError:
                 raise

@@ -51,8 +51,8 @@ def test_a_fault_is_recorded_before_the_node_is_tainted_and_announced_once() -> 
 
     async def body() -> None:
         rt = await runtime(kube)
-        await rt.nodes.reconcile("n1")
-        await rt.nodes.reconcile("n1")  # the empty node's drain completed: Quarantined, announced once
+        await rt.reconciler.reconcile("n1")
+        await rt.reconciler.reconcile("n1")  # the empty node's drain completed: Quarantined, announced once
         await rt.events.flush()
 
     run(body)
@@ -81,7 +81,7 @@ def test_the_breaker_holds_back_without_deciding_twice(monkeypatch: pytest.Monke
 
     async def body() -> None:
         rt = await runtime(kube)
-        await asyncio.gather(*(rt.nodes.reconcile(n) for n in ("n1", "n2", "n3")))
+        await asyncio.gather(*(rt.reconciler.reconcile(n) for n in ("n1", "n2", "n3")))
         await rt.events.flush()
 
     run(body)
@@ -124,19 +124,19 @@ def test_a_drain_evicts_only_after_the_checkpoint_is_acknowledged() -> None:
     async def body() -> None:
         rt = Runtime(kube, clock=lambda: now[0], workers=1)
         await rt._load()
-        await rt.nodes.reconcile("n1")
+        await rt.reconciler.reconcile("n1")
         assert state(kube, "n1") == "Draining"
         pod = kube.pods["ml", "trainer"]
         requested = pod["metadata"]["annotations"].get(P.CHECKPOINT_REQUESTED)
         assert requested and ("evict", "pod/ml/trainer") not in kube.writes
-        await rt.nodes.reconcile("n1")  # not acknowledged yet: keep waiting, never ask twice
+        await rt.reconciler.reconcile("n1")  # not acknowledged yet: keep waiting, never ask twice
         assert ("evict", "pod/ml/trainer") not in kube.writes
         assert kube.writes.count(("patch", "pod/ml/trainer")) == 1
         # The workload saves its state and says so; the pod watch delivers the change.
         pod["metadata"]["annotations"][P.CHECKPOINT_COMPLETED] = "2025-01-01T12:00:20Z"
         rt.on_pod("MODIFIED", pod, enqueue=False)
         now[0] = at(30)
-        await rt.nodes.reconcile("n1")
+        await rt.reconciler.reconcile("n1")
         assert kube.writes.count(("evict", "pod/ml/trainer")) == 1
         await rt.events.flush()
 
@@ -158,8 +158,8 @@ def test_a_budget_refusal_is_retried_later_not_in_a_loop() -> None:
         rt = await runtime(kube)
         requeued: list[tuple[str, float]] = []
         rt.drainer.requeue = lambda name, delay: requeued.append((name, delay))
-        await rt.nodes.reconcile("n1")
-        await rt.nodes.reconcile("n1")  # before retryAt: no second Eviction
+        await rt.reconciler.reconcile("n1")
+        await rt.reconciler.reconcile("n1")  # before retryAt: no second Eviction
         await rt.events.flush()
         assert ("n1", 2.0) in requeued
 
@@ -177,7 +177,7 @@ def test_policy_status_is_patched_once_per_change() -> None:
 
     async def body() -> None:
         rt = await runtime(kube)
-        await rt.nodes.reconcile("n1")
+        await rt.reconciler.reconcile("n1")
         await rt.policy_status.update()
         await rt.policy_status.update()
         assert kube.writes.count(("patch", "policy/p/status")) == 1
@@ -234,8 +234,8 @@ def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_pa
 
     async def body() -> None:
         rt = await runtime(kube)
-        await rt.nodes.reconcile("n1")
-        await rt.nodes.reconcile("n1")  # the cached pods are marked deleting: not evicted twice
+        await rt.reconciler.reconcile("n1")
+        await rt.reconciler.reconcile("n1")  # the cached pods are marked deleting: not evicted twice
         await rt.events.flush()
 
     run(body)
