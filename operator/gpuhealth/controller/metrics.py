@@ -46,9 +46,9 @@ CONFLICTS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
-CAPACITY_GPU_HOURS = Gauge(
+GPUS_OUT_OF_SERVICE = Gauge(
     "gpuhealth_gpus_out_of_service",
-    "GPUs held out of service by state",
+    "GPUs held out of service (quarantined, draining, awaiting repair, recovering), by policy and state",
     ["policy", "state"],
     registry=REGISTRY,
 )

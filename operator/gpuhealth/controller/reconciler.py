@@ -42,7 +42,7 @@ from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_polic
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
-from gpuhealth.controller import metrics
+from gpuhealth.controller import capacity, metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.podwatch import PodWatch
@@ -963,6 +963,7 @@ class Reconciler:
 
     async def update_policy_statuses(self) -> None:
         views = self.summarize()
+        capacity.export_gpus_out_of_service(self.policies, self.nodes, self.records, self.governing)
         for pname, v in views.items():
             policy = self.policies[pname]
             limit = policy.breaker_limit(v.nodes)
