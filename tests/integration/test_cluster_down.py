@@ -41,6 +41,7 @@ def test_cluster_down_stops_kept_demo_and_only_it(tmp_path: Path) -> None:
         cluster.start()
         kube = Kube(cluster.kubeconfig)
         nodes = sorted(n.metadata.name for n in kube.core.list_node().items)
+        kube.apply_policy("demo-fleet", {"nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}})
         operator = OperatorProcess(cluster, tmp_path / "operator.log").start()
         agents = AgentFleet(cluster.kubeconfig, tmp_path / "agents").start(nodes)
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="agents reporting")
