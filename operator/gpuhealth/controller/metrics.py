@@ -65,3 +65,9 @@ POD_WATCH_RELISTS = Counter(
     "Full pod lists after the watch's resourceVersion expired (410 Gone), or at start",
     registry=REGISTRY,
 )
+
+# Label values known in advance start at zero, so a dashboard panel or rate() has a series before
+# the first such event (an absent series reads as "no data", not as "none").
+for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
+    INVALID_INPUT.labels(_kind)
+CONFLICTS.labels("reconcile")
