@@ -84,12 +84,27 @@ def test_helm_install_runs_then_uninstall_leaves_no_marks(own_cluster: LocalClus
     assert "gpuhealth" in helm(cluster, "list", f"--namespace={NS}", "-q").stdout
     # What the release installed, running as far as KWOK goes: both operator replicas Ready, an
     # agent on every GPU node (admitted under Pod Security "restricted").
-    deploy = json.loads(cluster.kubectl("get", "-n", NS, "deploy/gpuhealth-operator", "-o", "json").stdout)
-    assert deploy["status"].get("readyReplicas") == 2
-    agents = json.loads(
-        cluster.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpuhealth-agent", "-o", "json").stdout
-    )["items"]
-    assert sorted(p["spec"]["nodeName"] for p in agents if p["status"]["phase"] == "Running") == nodes
+    wait_for(
+        lambda: (
+            json.loads(cluster.kubectl("get", "-n", NS, "deploy/gpuhealth-operator", "-o", "json").stdout)[
+                "status"
+            ].get("readyReplicas")
+            == 2
+        ),
+        timeout=60,
+        what="both operator replicas Ready",
+    )
+
+    def running_agents() -> list[str]:
+        pods = json.loads(
+            cluster.kubectl(
+                "get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=gpuhealth-agent", "-o", "json"
+            ).stdout
+        )["items"]
+        return sorted(p["spec"]["nodeName"] for p in pods if p["status"]["phase"] == "Running")
+
+    # helm --wait accepts a DaemonSet within its maxUnavailable (10%, one of three nodes here).
+    wait_for(lambda: running_agents() == nodes, timeout=60, what="an agent Running on every GPU node")
     for obj in (
         "validatingadmissionpolicy/gpuhealth-agent-own-node",
         "validatingadmissionpolicy/gpuhealth-operator-policy-spec",
