@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv control-plane lint typecheck unit integration test demo bench chaos cluster-up cluster-down clean
+.PHONY: help venv control-plane tools lint typecheck unit integration test demo bench chaos cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
@@ -30,6 +30,10 @@ venv: $(STAMP)
 control-plane:
 	@bash hack/build-control-plane.sh >/dev/null
 
+# Builds (first time) or finds (cached) helm and promtool for the chart and alert tests; fails loudly.
+tools:
+	@bash hack/build-tools.sh >/dev/null
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator tests hack
 	$(VENV)/bin/ruff format --check operator tests hack
@@ -41,11 +45,11 @@ unit: $(STAMP)
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/unit -q --junitxml=$(BUILD)/junit-unit.xml
 
-integration: $(STAMP) control-plane
+integration: $(STAMP) control-plane tools
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/integration -q --junitxml=$(BUILD)/junit-integration.xml
 
-test: $(STAMP) control-plane lint typecheck
+test: $(STAMP) control-plane tools lint typecheck
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
+from tests.support import pidfile
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, wait_for
@@ -164,12 +165,23 @@ def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str) -> None
     )
 
 
+def keep_for_cluster_down(cluster: LocalCluster, operator: OperatorProcess | None, agents: AgentFleet | None) -> None:
+    """Record everything left running (control plane, operator, agents) where `make cluster-down` looks."""
+    extra = {"operator": operator.popen.pid} if operator and operator.popen else {}
+    if agents:
+        extra.update({f"agent/{n}": a.popen.pid for n, a in agents.agents.items() if a.popen})
+    pidfile.hand_over(cluster.workdir, OUT.parent / "cluster", extra)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the cluster, operator and agents running")
     ap.add_argument("--nodes", type=int, default=8)
     args = ap.parse_args()
 
+    if (OUT.parent / "cluster" / pidfile.PIDFILE).exists():
+        print("a local cluster (or a kept demo) is still running; `make cluster-down` first")
+        return 1
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
     print(f"== Starting a local control plane with {args.nodes} fake GPU nodes (logs in {OUT}) ==")
@@ -286,13 +298,13 @@ def main() -> int:
                 f"\nLeft running. export KUBECONFIG={cluster.kubeconfig}; stop with: make cluster-down "
                 "(the operator and agents log to build/demo)"
             )
-            (OUT.parent / "cluster").mkdir(exist_ok=True)
-            shutil.copy(cluster.workdir / "pids.json", OUT.parent / "cluster" / "pids.json")
             return 0 if ok else 1
         return 0 if ok else 1
     finally:
         stop.set()
-        if not args.keep:
+        if args.keep:  # also after a failure: whatever was started is left for `make cluster-down`
+            keep_for_cluster_down(cluster, operator, agents)
+        else:
             if agents:
                 agents.stop()
             if operator:

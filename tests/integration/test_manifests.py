@@ -31,7 +31,14 @@ from tests.support.k8s import (
 
 REPO = MANIFESTS.parent
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
-ENTRY_POINTS = ("crds", "base", "overlays/example", "overlays/example-monitoring", "components/prometheus")
+ENTRY_POINTS = (
+    "crds",
+    "base",
+    "overlays/example",
+    "overlays/example-monitoring",
+    "overlays/example-sidecar",
+    "components/prometheus",
+)
 NS = GPUHEALTH_NAMESPACE
 IMAGE = "ghcr.io/gpuhealth/gpuhealth:0.1.0"
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.fakenvml.build import build_fake_nvml
+from tests.support.cluster import free_port
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Agent:
     popen: subprocess.Popen[bytes] | None = None
     lines: list[str] = field(default_factory=list)
     xid_seq: int = 0
+    metrics_port: int = 0  # 0: no metrics server
 
     def write(self) -> None:
         tmp = self.scenario.with_suffix(".tmp")
@@ -54,12 +56,16 @@ class AgentFleet:
     event_timeout: float | None = 0.2
     agents: dict[str, Agent] = field(default_factory=dict)
     library: Path | None = None
+    # Serve each agent's /metrics on its own free port (Agent.metrics_port); off by default.
+    metrics: bool = False
 
     def start(self, nodes: list[str]) -> AgentFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.library = self.library or build_fake_nvml(self.workdir / "lib")
         for node in nodes:
             agent = Agent(node, self.workdir / f"{node}.scenario", self.workdir / f"{node}.agent.log")
+            if self.metrics:
+                agent.metrics_port = free_port()
             agent.write()
             self.agents[node] = agent
             self.launch(agent)
@@ -81,7 +87,8 @@ class AgentFleet:
                     f"--interval={self.interval}",
                     f"--heartbeat-interval={self.heartbeat}",
                     *([f"--event-timeout={self.event_timeout}"] if self.event_timeout is not None else []),
-                    "--metrics-port=0",  # several agents share this host
+                    f"--metrics-port={agent.metrics_port}",  # 0 unless asked: several agents share this host
+                    "--metrics-bind=127.0.0.1",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

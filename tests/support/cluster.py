@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import pidfile
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
 CRDS = REPO / "crds"
@@ -409,8 +411,8 @@ class LocalCluster:
         )
 
     def _write_pidfile(self) -> None:
-        pids = {n: p.pid for n, p in self.procs.items()}
-        (self.workdir / "pids.json").write_text(json.dumps(pids))
+        """Record pid and start time of each process (``make cluster-down`` stops exactly these)."""
+        pidfile.record(self.workdir, {n: p.pid for n, p in self.procs.items() if p.pid is not None})
 
     def stop(self) -> None:
         for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
@@ -524,50 +526,3 @@ def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None
         "spec": {},
         "status": {"capacity": resources, "allocatable": resources},
     }
-
-
-def stop_from_pidfile(workdir: Path) -> list[int]:
-    """Stop the processes recorded by an earlier ``start`` (``make cluster-down``)."""
-    pidfile = workdir / "pids.json"
-    if not pidfile.exists():
-        return []
-    pids: dict[str, int] = json.loads(pidfile.read_text())
-    stopped = []
-    for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
-        pid = pids.get(name)
-        if not pid or not _is_ours(pid, name):
-            continue
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(50):
-            if not _alive(pid):
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-        stopped.append(pid)
-    pidfile.unlink()
-    return stopped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in _status(pid)
-
-
-def _status(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return ""
-
-
-def _is_ours(pid: int, name: str) -> bool:
-    """Guard against pid reuse: only signal a process whose command is the binary we started."""
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return False
-    return cmd.endswith("/" + name)

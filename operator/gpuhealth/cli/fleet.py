@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.api.names import GPU_COUNT_LABEL, GPU_RESOURCE, OUT_OF_SERVICE, TAINT_KEY, Mode, State
+from gpuhealth.api.names import OUT_OF_SERVICE, TAINT_KEY, Mode, State
+from gpuhealth.api.nodes import count_of, node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
@@ -61,27 +62,6 @@ def gpu_hours(gpus: int, since: dt.datetime | None, now: dt.datetime) -> float:
     if since is None or gpus <= 0:
         return 0.0
     return gpus * max(0.0, (now - since).total_seconds()) / 3600.0
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.isdigit():
-        return int(v)
-    return None
-
-
-def node_gpus(node: Mapping[str, Any] | None) -> int | None:
-    """GPUs a Node should have: its ``nvidia.com/gpu.count`` label, else its ``nvidia.com/gpu`` capacity."""
-    if not node:
-        return None
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    count = _int(labels.get(GPU_COUNT_LABEL))
-    if count is not None:
-        return count
-    return _int(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE))
 
 
 @dataclass(frozen=True)
@@ -270,10 +250,10 @@ def build_row(
         policy_name = policy_name or (governing.name if governing else "")
     policy_obj = policy_objs.get(policy_name)
     mode = str(((policy_obj or {}).get("spec") or {}).get("mode") or ("Enforce" if policy_obj else ""))
-    total = _int(status.total_gpus)
+    total = count_of(status.total_gpus)
     if not total:
         total = node_gpus(node)
-    healthy = _int(status.healthy_gpus)
+    healthy = count_of(status.healthy_gpus)
     since = parse_time(status.since)
     age = None if since is None else max(0.0, (now - since).total_seconds())
     dry_run = status.dry_run

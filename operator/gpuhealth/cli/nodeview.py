@@ -17,12 +17,12 @@ from gpuhealth.api.names import (
     STATE_LABEL,
     TAINT_KEY,
 )
+from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.ownership import Ownership
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
-from gpuhealth.cli.fleet import node_gpus
 
 MAX_XIDS = 20
 MAX_EVENTS = 10

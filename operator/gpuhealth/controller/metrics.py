@@ -46,9 +46,9 @@ CONFLICTS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
-CAPACITY_GPU_HOURS = Gauge(
+GPUS_OUT_OF_SERVICE = Gauge(
     "gpuhealth_gpus_out_of_service",
-    "GPUs held out of service by state",
+    "GPUs held out of service (quarantined, draining, awaiting repair, recovering), by policy and state",
     ["policy", "state"],
     registry=REGISTRY,
 )
@@ -65,3 +65,9 @@ POD_WATCH_RELISTS = Counter(
     "Full pod lists after the watch's resourceVersion expired (410 Gone), or at start",
     registry=REGISTRY,
 )
+
+# Label values known in advance start at zero, so a dashboard panel or rate() has a series before
+# the first such event (an absent series reads as "no data", not as "none").
+for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
+    INVALID_INPUT.labels(_kind)
+CONFLICTS.labels("reconcile")

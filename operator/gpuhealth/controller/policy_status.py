@@ -14,7 +14,7 @@ from typing import Any
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.controller import metrics
+from gpuhealth.controller import capacity, metrics
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
 from gpuhealth.kube.client import KubePort, is_not_found
@@ -67,6 +67,9 @@ class PolicyStatus:
         self._written.clear()
 
     async def update(self) -> None:
+        capacity.export_gpus_out_of_service(
+            self.store.policies, self.store.nodes, self.store.records, self.store.governing
+        )
         for pname, v in summarize(self.store).items():
             await self._update_one(pname, v)
 

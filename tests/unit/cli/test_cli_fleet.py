@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from gpuhealth.api.nodes import node_gpus
 from gpuhealth.cli.fleet import (
     NO_VERDICT,
     Price,
     filter_rows,
     gpu_hours,
-    node_gpus,
     price_of,
     summarize,
 )

@@ -1,0 +1,86 @@
+{{/* Labels every object carries; the selectors use app.kubernetes.io/name only (one release per cluster). */}}
+{{- define "gpuhealth.labels" -}}
+app.kubernetes.io/part-of: gpuhealth
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "gpuhealth.operatorLabels" -}}
+app.kubernetes.io/name: gpuhealth-operator
+app.kubernetes.io/component: operator
+{{ include "gpuhealth.labels" . }}
+{{- end }}
+
+{{- define "gpuhealth.agentLabels" -}}
+app.kubernetes.io/name: gpuhealth-agent
+app.kubernetes.io/component: agent
+{{ include "gpuhealth.labels" . }}
+{{- end }}
+
+{{- define "gpuhealth.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The service-account usernames the admission policies match. */}}
+{{- define "gpuhealth.agentUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:gpuhealth-agent
+{{- end }}
+{{- define "gpuhealth.operatorUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:gpuhealth-operator
+{{- end }}
+
+{{/* Restricted container security context, shared by the operator, the agent and the sidecar. */}}
+{{- define "gpuhealth.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The agent container: in the agent DaemonSet, or as a sidecar of the DCGM exporter's pods. */}}
+{{- define "gpuhealth.agentContainer" -}}
+name: {{ .name | default "agent" }}
+image: {{ include "gpuhealth.image" .root }}
+imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+command:
+  - gpuhealth-agent
+env:
+  - name: NODE_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: spec.nodeName
+  - name: NVIDIA_VISIBLE_DEVICES
+    value: all
+  - name: NVIDIA_DRIVER_CAPABILITIES
+    value: utility
+  - name: GPUHEALTH_METRICS_PORT
+    value: {{ .root.Values.agent.metricsPort | quote }}
+  {{- with .dcgmUrl }}
+  - name: GPUHEALTH_DCGM_URL
+    value: {{ . | quote }}
+  {{- end }}
+ports:
+  - name: {{ .portName | default "metrics" }}
+    containerPort: {{ .root.Values.agent.metricsPort }}
+    protocol: TCP
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .portName | default "metrics" }}
+  initialDelaySeconds: 30
+  periodSeconds: 30
+  timeoutSeconds: 5
+  failureThreshold: 3
+resources:
+  {{- toYaml .root.Values.agent.resources | nindent 2 }}
+securityContext:
+  {{- include "gpuhealth.containerSecurityContext" .root | nindent 2 }}
+volumeMounts:
+  - name: {{ .volume | default "tmp" }}
+    mountPath: /tmp
+{{- end }}

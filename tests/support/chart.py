@@ -1,0 +1,70 @@
+"""Render the Helm chart and the kustomize manifests into comparable objects.
+
+The chart (charts/gpuhealth) and manifests/ describe the same install; tests compare what each
+renders, after dropping only the bookkeeping labels Helm adds to every object.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.tools import run
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gpuhealth"
+MANIFESTS = REPO / "manifests"
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+HELM_LABELS = (
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+)
+
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def helm_template(*args: str, namespace: str = "gpuhealth-system", crds: bool = False) -> list[dict[str, Any]]:
+    out = run(
+        "helm",
+        "template",
+        "gpuhealth",
+        str(CHART),
+        f"--namespace={namespace}",
+        *(["--include-crds"] if crds else []),
+        *args,
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def kustomize(path: str) -> list[dict[str, Any]]:
+    proc = subprocess.run([KUBECTL, "kustomize", str(MANIFESTS / path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"kustomize {path}: {proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def key(obj: dict[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return (obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def normalized(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without Helm's bookkeeping labels (release name, chart version, manager)."""
+    meta = dict(obj["metadata"])
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in HELM_LABELS}
+    if labels:
+        meta["labels"] = labels
+    else:
+        meta.pop("labels", None)
+    return {**obj, "metadata": meta}
+
+
+def by_key(objs: Iterable[dict[str, Any]], skip_kinds: Sequence[str] = ()) -> dict[Key, dict[str, Any]]:
+    return {key(o): normalized(o) for o in objs if o["kind"] not in skip_kinds}

@@ -1,0 +1,43 @@
+"""helm and promtool for the chart and alert-rule tests, built by ``hack/build-tools.sh``.
+
+Like the control plane, they are built from Go modules on first use and cached outside the repo.
+A test that needs one fails loudly when it cannot be built; it never skips.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "hack" / "build-tools.sh"
+
+
+class ToolError(RuntimeError):
+    """helm or promtool could not be built or found."""
+
+
+@functools.cache
+def tools_bin_dir() -> Path:
+    if env := os.environ.get("GPUHEALTH_TOOLS_DIR"):
+        return Path(env)
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ToolError(f"hack/build-tools.sh failed with exit code {proc.returncode}")
+    return Path(lines[-1])
+
+
+def tool(name: str) -> Path:
+    path = tools_bin_dir() / name
+    if not os.access(path, os.X_OK):
+        raise ToolError(f"{name} not found at {path}; run `bash hack/build-tools.sh`")
+    return path
+
+
+def run(name: str, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(tool(name)), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+    )
