@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
+from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
 from gpuhealth.catalog import xid as catalog
@@ -50,6 +50,7 @@ class Finding:
     uuid: str = ""
     code: int | None = None
     since: dt.datetime | None = None
+    scope: Scope = Scope.NODE  # set under the policy by evaluation.scope; Node until then
 
     @property
     def key(self) -> str:
@@ -296,6 +297,9 @@ def assess(
     healthy = sum(1 for d in report.devices if d.index not in faulty and not d.lost)
     last = report.xids[-1] if report.xids else None
     last_xid = "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
+    from gpuhealth.evaluation.scope import scope_of  # scope builds on this module's types
+
+    findings = [replace(f, scope=scope_of(f, policy, report)) for f in findings]
     return Assessment(
         findings=tuple(sorted(findings, key=lambda f: f.key)),
         unknown=unknown,
