@@ -88,3 +88,15 @@ def device_findings(a: Assessment) -> tuple[Finding, ...]:
 def node_findings(a: Assessment) -> tuple[Finding, ...]:
     """Quarantine-level findings that take the whole node out."""
     return tuple(f for f in a.findings if f.scope == Scope.NODE and f.action.quarantines)
+
+
+def rule_of(finding: Finding) -> str:
+    """The policy rule (its name under spec.rules) a finding comes from, for status and Events."""
+    if finding.signal == Signal.XID:
+        return "xid"
+    return RULE_OF.get(finding.signal) or {
+        Signal.GPU_COUNT: "gpuCount",
+        Signal.AGENT_SILENT: "agentSilence",
+        Signal.NVML_UNAVAILABLE: "agentSilence",
+        Signal.RESTART_LOOP: "restartLoop",
+    }.get(finding.signal, str(finding.signal))
