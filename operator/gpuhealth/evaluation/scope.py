@@ -10,8 +10,6 @@ the node's. The policy can override the scope per rule (``spec.rules.<rule>.scop
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuhealth.api.names import Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report
@@ -72,12 +70,6 @@ def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> 
     if rule is None:
         return Scope.NODE
     return policy.devices.rule_scopes.get(rule, RULE_SCOPE[rule])
-
-
-def with_scopes(a: Assessment, policy: Policy, report: Report | None = None) -> Assessment:
-    """The assessment with every finding's scope set under ``policy``."""
-    findings = tuple(replace(f, scope=scope_of(f, policy, report)) for f in a.findings)
-    return replace(a, findings=findings)
 
 
 def device_findings(a: Assessment) -> tuple[Finding, ...]:
