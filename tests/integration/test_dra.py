@@ -78,6 +78,7 @@ def test_device_taint_rule_steers_the_real_scheduler_and_foreign_rules_stay(
     except client.ApiException as e:
         assert e.status == 409  # idempotent by name: a restarted operator cannot duplicate it
 
+    dra.wait_rule_seen(kube, rule_name(gpu3))
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "whole-node", "eight-gpus", node))
     assert "cannot allocate" in dra.wait_unschedulable(kube, ns, "whole-node")
 
@@ -135,6 +136,7 @@ def test_dry_run_rule_is_informational(cluster: LocalCluster, kube: Kube, group:
     gpu0 = DeviceRef(dra.DRIVER, node, "gpu-0")
     rule = ours.create_device_taint_rule(build_rule(gpu0, "XID48", dry_run=True))
     assert rule["spec"]["taint"]["effect"] == "None"
+    dra.wait_rule_seen(kube, rule["metadata"]["name"])
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "p", "one-gpu", node))
     assert dra.wait_allocated(kube, ns, "p") == ["gpu-0"]  # DryRun keeps the GPU in allocation
     ours.delete_device_taint_rule(rule["metadata"]["name"], rule["metadata"]["uid"])
@@ -146,7 +148,7 @@ def test_pod_asking_for_an_extended_resource_is_found_through_its_claim(
     node = f"{group}-dra-only"[:63]
     manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
     for key in ("capacity", "allocatable"):
-        manifest["status"][key].pop("nvidia.com/gpu")  # a DRA node: no device-plugin resource
+        manifest["status"][key].pop("nvidia.com/gpu", None)  # a DRA node: no device-plugin resource
     cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
     cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
     ns = ensure_namespace(kube, f"dra-{group}"[:60])

@@ -184,9 +184,25 @@ def wait_unschedulable(kube: Kube, namespace: str, pod: str, timeout: float = 60
 
     def message() -> str:
         p = kube.core.read_namespaced_pod(pod, namespace)
+        if p.spec.node_name:
+            raise AssertionError(f"{pod} was scheduled on {p.spec.node_name}")
         for c in p.status.conditions or []:
             if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
                 return str(c.message or "unschedulable")
         return ""
 
     return wait_for(message, timeout=timeout, what=f"{pod} marked unschedulable")
+
+
+def wait_rule_seen(kube: Kube, name: str, timeout: float = 30.0) -> None:
+    """Wait until kube-controller-manager has reported on a DeviceTaintRule (its status condition).
+
+    The scheduler watches the same rules; once the controller manager has seen a rule, the
+    scheduler has almost surely seen it too, so the next claim is allocated under it.
+    """
+
+    def seen() -> bool:
+        rule = kube.custom.get_cluster_custom_object(G, V, "devicetaintrules", name)
+        return bool((rule.get("status") or {}).get("conditions"))
+
+    wait_for(seen, timeout=timeout, what=f"DeviceTaintRule {name} observed by the controller manager")
