@@ -7,6 +7,7 @@ allocates them. Everything gpuhealth does here goes through its own Kube port.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from kubernetes import client
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
 from gpuhealth.actions.kube import Kube as OperatorKube
 from gpuhealth.actions.slices import DeviceRef
+from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status, devices_to_status
 from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.kubeconfig import api_client
@@ -159,3 +161,23 @@ def test_pod_asking_for_an_extended_resource_is_found_through_its_claim(
     ours = operator_kube(cluster)
     held = pods_holding([DeviceRef(dra.DRIVER, node, device)], ours.list_resource_claims(), scheduled_pods(kube, ns))
     assert held == {f"{ns}/plugin-style"}
+
+
+def test_per_gpu_records_round_trip_through_the_status_subresource(
+    cluster: LocalCluster, kube: Kube, group: str
+) -> None:
+    name = f"{group}-status"[:63]
+    kube.put_report(name, {})
+    t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    records = [
+        DeviceRecord(0, uuid=dra.fake_nvml_uuid(0)),
+        DeviceRecord(3, dra.fake_nvml_uuid(3), DeviceState.DRAINING, "EccUncorrected", "GPU 3: 2 ECC", t, "ecc", (t,)),
+    ]
+    ours = operator_kube(cluster)
+    stored = ours.patch_report_status(name, {"status": {"devices": devices_to_status(records)}})
+    assert devices_from_status(stored["status"]) == {r.index: r for r in records}
+    try:
+        ours.patch_report_status(name, {"status": {"devices": [{"index": 1, "state": "Broken"}]}})
+        raise AssertionError("an unknown device state must be refused")
+    except client.ApiException as e:
+        assert e.status == 422 and "status.devices[0].state" in json.loads(e.body)["message"]
