@@ -153,6 +153,18 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
         "spec.nodeSelector.matchExpressions[0].values",
     ),
     ("priority-range", {"priority": 100000}, "spec.priority"),
+    ("device-scope", {"devices": {"scope": "Rack"}}, "spec.devices.scope"),
+    ("bad-gpus-per-node", {"devices": {"maxBadGPUsPerNode": 0}}, "spec.devices.maxBadGPUsPerNode"),
+    ("on-flapping", {"devices": {"onFlapping": "Cordon"}}, "spec.devices.onFlapping"),
+    ("dra-driver", {"devices": {"drivers": ["Not A Driver"]}}, "spec.devices.drivers[0]"),
+    ("rule-scope", {"rules": {"ecc": {"scope": "GPU"}}}, "spec.rules.ecc.scope"),
+    (
+        "xid-scope",
+        {"rules": {"xid": {"overrides": [{"code": 48, "scope": "Rack"}]}}},
+        "spec.rules.xid.overrides[0].scope",
+    ),
+    ("xid-override-empty", {"rules": {"xid": {"overrides": [{"code": 48}]}}}, "spec.rules.xid.overrides[0]"),
+    ("gpu-budget", {"safety": {"maxUnhealthyGPUs": "120%"}}, "spec.safety.maxUnhealthyGPUs"),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [

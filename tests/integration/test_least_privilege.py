@@ -88,6 +88,9 @@ def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | 
     return answer == "yes"
 
 
+SLICES, CLAIMS = "resourceslices.resource.k8s.io", "resourceclaims.resource.k8s.io"
+TAINT_RULES = "devicetaintrules.resource.k8s.io"
+
 # (verb, resource, namespace, subresource)
 OPERATOR_CAN = [
     *[(v, "nodes", None, "") for v in ("get", "list", "watch", "patch")],
@@ -100,6 +103,9 @@ OPERATOR_CAN = [
     *[(v, POLICIES, None, "") for v in ("get", "list", "watch", "patch")],  # patch: Kopf's finalizer only
     ("patch", POLICIES, None, "status"),
     *[(v, PEERINGS, None, "") for v in ("get", "list", "watch", "patch")],
+    *[(v, SLICES, None, "") for v in ("list", "watch")],
+    ("list", CLAIMS, ALL, ""),
+    *[(v, TAINT_RULES, None, "") for v in ("list", "create", "delete")],
 ]
 OPERATOR_CANNOT = [
     ("get", "secrets", ALL, ""),
@@ -128,10 +134,17 @@ OPERATOR_CANNOT = [
     ("create", "clusterrolebindings", None, ""),
     ("escalate", "clusterroles", None, ""),
     ("impersonate", "serviceaccounts", ALL, ""),
+    *[(v, SLICES, None, "") for v in ("get", "create", "update", "patch", "delete")],
+    *[(v, CLAIMS, ALL, "") for v in ("get", "watch", "create", "update", "patch", "delete")],
+    ("patch", CLAIMS, ALL, "status"),
+    *[(v, TAINT_RULES, None, "") for v in ("get", "update", "patch")],
+    ("create", "deviceclasses.resource.k8s.io", None, ""),
     ("*", "*", ALL, ""),
 ]
 AGENT_CAN = [(v, REPORTS, None, "") for v in ("get", "create", "patch")]
 AGENT_CANNOT = [
+    ("create", TAINT_RULES, None, ""),
+    ("list", SLICES, None, ""),
     ("patch", REPORTS, None, "status"),
     ("update", REPORTS, None, "status"),
     ("update", REPORTS, None, ""),

@@ -176,6 +176,9 @@ OPERATOR_RULES = {
     ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch patch",  # Kopf's finalizer; spec: admission
     ("gpuhealth.dev", "gpuhealthpolicies/status"): "patch",
     ("kopf.dev", "clusterkopfpeerings"): "get list watch patch",
+    ("resource.k8s.io", "resourceslices"): "list watch",  # controller/slicewatch.py
+    ("resource.k8s.io", "resourceclaims"): "list",  # which pods hold a device
+    ("resource.k8s.io", "devicetaintrules"): "list create delete",  # never update: delete and recreate
 }
 AGENT_RULES = {("gpuhealth.dev", "gpunodehealths"): "get create patch"}
 

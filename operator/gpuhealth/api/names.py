@@ -89,3 +89,27 @@ class Signal(StrEnum):
     AGENT_SILENT = "AgentSilent"
     RESTART_LOOP = "RestartLoop"
     FLAPPING = "Flapping"
+
+
+class Scope(StrEnum):
+    """How much of a node a finding takes out of service.
+
+    ``Device``: the fault is confined to one GPU; only that GPU is held out (through a DRA
+    DeviceTaintRule), where a ResourceSlice publishes it. ``Node``: the whole node is quarantined.
+    """
+
+    DEVICE = "Device"
+    NODE = "Node"
+
+
+# Key of the DeviceTaintRule taint gpuhealth writes on a bad GPU (the same key as the Node taint).
+DEVICE_TAINT_KEY = TAINT_KEY
+# Label on every DeviceTaintRule gpuhealth creates; a rule without it is never changed or deleted.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "gpuhealth"
+# The node (pool) and GPU index a DeviceTaintRule of gpuhealth's is about, for humans and cleanup.
+DEVICE_NODE_LABEL = f"{GROUP}/node"
+DEVICE_GPU_LABEL = f"{GROUP}/gpu"
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSION = "v1"
+DEFAULT_DRA_DRIVER = "gpu.nvidia.com"

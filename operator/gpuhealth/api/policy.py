@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.durations import parse_duration
-from gpuhealth.api.names import Action, Mode
+from gpuhealth.api.names import DEFAULT_DRA_DRIVER, Action, Mode, Scope
 
 
 class PolicyError(ValueError):
@@ -52,6 +52,38 @@ class DrainSettings:
     force_delete_after_s: float = 7200.0
     gang_survives_rank_loss: bool = False
     system_namespaces: tuple[str, ...] = ("kube-system", "gpuhealth-system")
+
+
+# Rules whose findings can be confined to one GPU, by their name under spec.rules (the scope
+# override is spec.rules.<name>.scope). Restart loops, GPU count and agent silence are node facts.
+DEVICE_RULES = ("applicationRepeat", "ecc", "rowRemapFailure", "pendingRemap", "thermal", "gpuLost")
+FLAPPING_CHOICES = ("AwaitingRepair", "Node")
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """Per-device quarantine (spec.devices and the ``scope`` of each rule).
+
+    ``scope`` is the fleet switch: ``Node`` quarantines whole nodes for every fault (the behaviour
+    before per-device quarantine); ``Device`` (the default) lets faults confined to one GPU take out
+    only that GPU, on nodes whose GPUs a DRA ResourceSlice publishes. Nodes without DRA fall back
+    to node scope either way, so the default changes nothing on a device-plugin cluster.
+    """
+
+    scope: Scope = Scope.DEVICE
+    rule_scopes: Mapping[str, Scope] = field(default_factory=dict)
+    xid_scopes: Mapping[int, Scope] = field(default_factory=dict)
+    # More GPUs than this out on one node and the node is quarantined instead: two GPUs failing on
+    # one baseboard point at a shared cause (power, cooling, NVLink), and such a node can no longer
+    # run a full-node job anyway.
+    max_bad_gpus_per_node: int = 1
+    # What a GPU that flaps (spec.safety.flapping) gets: held for repair on its own, or its node.
+    on_flapping: str = "AwaitingRepair"
+    drivers: tuple[str, ...] = (DEFAULT_DRA_DRIVER,)
+
+    @property
+    def enabled(self) -> bool:
+        return self.scope == Scope.DEVICE
 
 
 @dataclass(frozen=True)
@@ -93,6 +125,12 @@ class Policy:
     restart_loop_action: Action = Action.CORDON
     gpu_hourly_cost: float | None = None
     currency: str = "USD"
+    devices: DeviceSettings = field(default_factory=DeviceSettings)
+    max_unhealthy_gpus: int | str = "10%"
+
+    def gpu_breaker_limit(self, total_gpus: int) -> int:
+        """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs)."""
+        return breaker_limit(self.max_unhealthy_gpus, total_gpus, "spec.safety.maxUnhealthyGPUs")
 
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""
@@ -102,7 +140,7 @@ class Policy:
 _PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
 
 
-def breaker_limit(max_unhealthy: int | str, total_nodes: int) -> int:
+def breaker_limit(max_unhealthy: int | str, total_nodes: int, path: str = "spec.safety.maxUnhealthy") -> int:
     """Percent rounds up, so a small fleet with a non-zero percent can still quarantine one node.
 
     5% of 1000 is 50; 10% of 4 is 1; 0% is 0 (no quarantine at all).
@@ -111,7 +149,7 @@ def breaker_limit(max_unhealthy: int | str, total_nodes: int) -> int:
         return max(0, max_unhealthy)
     m = _PERCENT.fullmatch(str(max_unhealthy))
     if not m:
-        raise PolicyError(f"spec.safety.maxUnhealthy: invalid value {max_unhealthy!r}")
+        raise PolicyError(f"{path}: invalid value {max_unhealthy!r}")
     return -(-(total_nodes * int(m.group(1))) // 100)
 
 
@@ -152,6 +190,49 @@ def _int(v: Any, path: str, lo: int, hi: int) -> int:
     return v
 
 
+def _scope(v: Any, path: str) -> Scope:
+    try:
+        return Scope(v)
+    except ValueError:
+        raise PolicyError(f"{path}: unknown scope {v!r} (Device or Node)") from None
+
+
+_DRIVER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def parse_devices(spec: Mapping[str, Any], xid_scopes: Mapping[int, Scope] | None = None) -> DeviceSettings:
+    """spec.devices plus the ``scope`` of each rule that can be confined to one GPU."""
+    devices = _section(spec, "devices", "spec")
+    rules = _section(spec, "rules", "spec")
+    rule_scopes: dict[str, Scope] = {}
+    for rule in DEVICE_RULES:
+        section = (
+            _section(_section(rules, "xid", "spec.rules"), rule, "spec.rules.xid")
+            if rule == "applicationRepeat"
+            else _section(rules, rule, "spec.rules")
+        )
+        if section.get("scope") is not None:
+            where = "spec.rules.xid.applicationRepeat" if rule == "applicationRepeat" else f"spec.rules.{rule}"
+            rule_scopes[rule] = _scope(section.get("scope"), f"{where}.scope")
+    on_flapping = str(_get(devices, "", "onFlapping", "AwaitingRepair"))
+    if on_flapping not in FLAPPING_CHOICES:
+        raise PolicyError(f"spec.devices.onFlapping: invalid {on_flapping!r} (AwaitingRepair or Node)")
+    drivers = _get(devices, "", "drivers", [DEFAULT_DRA_DRIVER])
+    if not isinstance(drivers, list) or not drivers:
+        raise PolicyError("spec.devices.drivers: must be a non-empty list of DRA driver names")
+    for i, d in enumerate(drivers):
+        if not isinstance(d, str) or len(d) > 63 or not _DRIVER.fullmatch(d):
+            raise PolicyError(f"spec.devices.drivers[{i}]: invalid DRA driver name {d!r}")
+    return DeviceSettings(
+        scope=_scope(_get(devices, "", "scope", "Device"), "spec.devices.scope"),
+        rule_scopes=rule_scopes,
+        xid_scopes=dict(xid_scopes or {}),
+        max_bad_gpus_per_node=_int(_get(devices, "", "maxBadGPUsPerNode", 1), "spec.devices.maxBadGPUsPerNode", 1, 64),
+        on_flapping=on_flapping,
+        drivers=tuple(drivers),
+    )
+
+
 def parse_selector(raw: Any, path: str = "spec.nodeSelector") -> LabelSelector:
     if not raw:
         return LabelSelector()
@@ -176,12 +257,20 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     xid = _section(rules, "xid", "spec.rules")
     repeat = _section(xid, "applicationRepeat", "spec.rules.xid")
     overrides: dict[int, Action] = {}
+    xid_scopes: dict[int, Scope] = {}
+    seen: set[int] = set()
     for i, o in enumerate(xid.get("overrides") or []):
         p = f"spec.rules.xid.overrides[{i}]"
         code = _int(o.get("code"), f"{p}.code", 1, 1023)
-        if code in overrides:
+        if code in seen:
             raise PolicyError(f"{p}.code: duplicate XID {code}")
-        overrides[code] = _action(o.get("action"), f"{p}.action")
+        seen.add(code)
+        if o.get("action") is None and o.get("scope") is None:
+            raise PolicyError(f"{p}: an override sets action, scope or both")
+        if o.get("action") is not None:
+            overrides[code] = _action(o.get("action"), f"{p}.action")
+        if o.get("scope") is not None:
+            xid_scopes[code] = _scope(o.get("scope"), f"{p}.scope")
     ecc = _section(rules, "ecc", "spec.rules")
     thermal = _section(rules, "thermal", "spec.rules")
     count = _section(rules, "gpuCount", "spec.rules")
@@ -202,6 +291,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
     max_unhealthy = _get(safety, "spec.safety", "maxUnhealthy", "10%")
     breaker_limit(max_unhealthy, 100)  # validates
+    max_unhealthy_gpus = _get(safety, "spec.safety", "maxUnhealthyGPUs", "10%")
+    breaker_limit(max_unhealthy_gpus, 100, "spec.safety.maxUnhealthyGPUs")  # validates
     expected = count.get("expected")
     hourly = cost.get("gpuHourly")
     policy = Policy(
@@ -272,6 +363,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         restart_loop_action=_action(_get(loop, "", "action", "cordon"), "spec.restartLoop.action"),
         gpu_hourly_cost=None if hourly is None else float(hourly),
         currency=str(_get(cost, "", "currency", "USD")),
+        devices=parse_devices(spec, xid_scopes),
+        max_unhealthy_gpus=max_unhealthy_gpus,
     )
     if policy.flapping_window_s <= policy.probation_s:
         raise PolicyError("spec.safety.flapping.window: must be longer than spec.safety.probation")

@@ -29,6 +29,7 @@ __all__ = [
     "XidEntry",
     "action_for_recovery",
     "all_entries",
+    "canonical_recovery",
     "default_action",
     "describe",
     "is_application_error",
@@ -188,15 +189,23 @@ def action_for_recovery(recovery: str) -> str:
     wording ("Drain and Reset", "GPU Reset Required", "Node Reboot Required"), and NVML's numeric
     values ("0".."4", "0x2"). Raises ValueError for anything else.
     """
+    return RECOVERY_ACTIONS[canonical_recovery(recovery)]
+
+
+def canonical_recovery(recovery: str) -> str:
+    """The canonical name (a key of :data:`RECOVERY_ACTIONS`) of a recovery action in any spelling.
+
+    Raises ValueError for anything that is not a recovery action.
+    """
     if recovery in RECOVERY_ACTIONS:
-        return RECOVERY_ACTIONS[recovery]
+        return recovery
     key = re.sub(r"[^a-z0-9]", "", recovery.strip().lower())
     if re.fullmatch(r"0x[0-9a-f]+", key):
         key = str(int(key, 16))
     canonical = _RECOVERY_ALIASES.get(key)
     if canonical is None:
         raise ValueError(f"unknown GPU recovery action {recovery!r}")
-    return RECOVERY_ACTIONS[canonical]
+    return canonical
 
 
 def describe(code: int) -> str:

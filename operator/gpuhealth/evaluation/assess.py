@@ -9,12 +9,15 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
 from gpuhealth.catalog import xid as catalog
+from gpuhealth.evaluation.findings import Assessment as Assessment
+from gpuhealth.evaluation.findings import Finding as Finding
+from gpuhealth.evaluation.scope import scope_of
 
 # NVML clock-event reasons that mean the hardware is protecting itself from heat.
 HW_SLOWDOWN = 0x8
@@ -37,57 +40,6 @@ class NodeView:
         if label and label.isdigit():
             return int(label)
         return self.gpu_capacity
-
-
-@dataclass(frozen=True)
-class Finding:
-    signal: Signal
-    action: Action
-    detail: str
-    gpu: int | None = None
-    uuid: str = ""
-    code: int | None = None
-    since: dt.datetime | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
-
-    @property
-    def reason(self) -> str:
-        """Short machine reason: taint value and condition reason (a valid label value)."""
-        return f"XID{self.code}" if self.signal == Signal.XID else str(self.signal)
-
-    def describe(self) -> str:
-        where = f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
-        return f"{where}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class Assessment:
-    findings: tuple[Finding, ...] = ()
-    unknown: bool = False
-    unknown_reason: str = ""
-    unknown_signal: Signal = Signal.AGENT_SILENT
-    pending: Mapping[str, str] = field(default_factory=dict)
-    total_gpus: int = 0
-    healthy_gpus: int = 0
-    last_xid: str = ""
-
-    @property
-    def level(self) -> Action:
-        return max((f.action for f in self.findings), key=lambda a: a.severity, default=Action.IGNORE)
-
-    @property
-    def top(self) -> Finding | None:
-        """The most severe finding; the earliest among equals, so the reason is stable."""
-        if not self.findings:
-            return None
-        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-        return min(self.findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
-
-    def actionable(self) -> tuple[Finding, ...]:
-        return tuple(f for f in self.findings if f.action != Action.IGNORE)
 
 
 def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
@@ -294,6 +246,7 @@ def assess(
     healthy = sum(1 for d in report.devices if d.index not in faulty and not d.lost)
     last = report.xids[-1] if report.xids else None
     last_xid = "" if last is None else (f"{last.xid} (GPU {last.gpu})" if last.gpu is not None else str(last.xid))
+    findings = [replace(f, scope=scope_of(f, policy, report)) for f in findings]
     return Assessment(
         findings=tuple(sorted(findings, key=lambda f: f.key)),
         unknown=unknown,

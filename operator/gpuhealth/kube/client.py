@@ -17,7 +17,17 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.api.names import (
+    COMPONENT,
+    DRA_GROUP,
+    DRA_VERSION,
+    GROUP,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    POLICY_PLURAL,
+    REPORT_PLURAL,
+    VERSION,
+)
 from gpuhealth.api.timeutil import format_time_precise
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
 from gpuhealth.kube.paging import PAGE, list_all, pages
@@ -175,6 +185,72 @@ class Kube:
 
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)
+
+    # -- DRA (resource.k8s.io/v1) ---------------------------------------------------------------
+
+    def _list_dra(
+        self, plural: str, transform: Callable[[dict[str, Any]], Any] = lambda o: o, **kw: Any
+    ) -> tuple[list[Any], str]:
+        """Every object of a cluster-wide DRA list, page by page, and the list's resourceVersion."""
+        items: list[Any] = []
+        cont = None
+        while True:
+            args: dict[str, Any] = {"limit": 500, "_preload_content": False, **kw}
+            if cont:
+                args["_continue"] = cont
+            data = self._json(self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, **args))
+            items.extend(transform(o) for o in data.get("items") or [])
+            meta = data.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def list_resource_slices_rv(self, transform: Callable[[dict[str, Any]], Any]) -> tuple[list[Any], str]:
+        """ResourceSlices (each slimmed by ``transform`` as it is read) and the resourceVersion to watch from."""
+        return self._list_dra("resourceslices", transform)
+
+    def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """Raw watch events (parsed JSON, one per line) for ResourceSlices, from ``resource_version``."""
+        resp = self.custom.list_cluster_custom_object(
+            DRA_GROUP,
+            DRA_VERSION,
+            "resourceslices",
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _preload_content=False,
+            _request_timeout=(10, timeout_s + 30),
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                yield json.loads(line)
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        """ResourceClaims of every namespace: which pods hold which devices (status.allocation, reservedFor)."""
+        return self._list_dra("resourceclaims")[0]
+
+    def list_device_taint_rules(self) -> list[dict[str, Any]]:
+        """gpuhealth's own DeviceTaintRules (by label): nobody else's is ever read for change."""
+        return self._list_dra("devicetaintrules", label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")[0]
+
+    def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create one rule; 409 if its (deterministic) name exists, which callers treat as done."""
+        return self._json(  # type: ignore[no-any-return]
+            self.custom.create_cluster_custom_object(
+                DRA_GROUP, DRA_VERSION, "devicetaintrules", body, _preload_content=False
+            )
+        )
+
+    def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None:
+        """Delete one rule, only the object that was read (uid precondition) when ``uid`` is given."""
+        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        self.custom.delete_cluster_custom_object(
+            DRA_GROUP, DRA_VERSION, "devicetaintrules", name, body=body, _preload_content=False
+        )
 
     # -- events ----------------------------------------------------------------------------------
 

@@ -1,0 +1,133 @@
+"""The per-GPU record gpuhealth keeps in GPUNodeHealth ``status.devices``.
+
+One entry per GPU of the node: its index and UUID, its own state (a GPU can be held out of service
+while its node stays in service), why, since when and under which rule, plus the history the
+per-device state machine needs (quarantine times for flapping, probation start, drain progress).
+It is the write-ahead record of a device quarantine, exactly as the node record is for a node: the
+status is written before the DeviceTaintRule, so a restarted operator converges to it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpuhealth.api.timeutil import format_time, parse_time
+
+
+@dataclass(frozen=True, order=True)
+class DeviceRef:
+    """One DRA device: what a DeviceTaintRule's ``deviceSelector`` and a claim's result name."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+class DeviceState(StrEnum):
+    IN_SERVICE = "InService"
+    QUARANTINED = "Quarantined"  # tainted (DeviceTaintRule NoSchedule); pods on it keep running
+    DRAINING = "Draining"  # tainted, and the pods that hold it are being drained
+    AWAITING_REPAIR = "AwaitingRepair"  # tainted until a human releases it
+    RECOVERING = "Recovering"  # still tainted, on probation
+
+
+DEVICE_OUT_OF_SERVICE = frozenset(
+    {DeviceState.QUARANTINED, DeviceState.DRAINING, DeviceState.AWAITING_REPAIR, DeviceState.RECOVERING}
+)
+MAX_DEVICE_HISTORY = 20
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One GPU's verdict. ``rule`` names the policy rule that took it out (``ecc``, ``xid``, ...)."""
+
+    index: int
+    uuid: str = ""
+    state: DeviceState = DeviceState.IN_SERVICE
+    reason: str = ""
+    message: str = ""
+    since: dt.datetime | None = None
+    rule: str = ""
+    quarantines: tuple[dt.datetime, ...] = ()
+    healthy_since: dt.datetime | None = None
+    cleared_before: dt.datetime | None = None
+    held_by_breaker: bool = False
+    drain_action: str = ""
+    drained: bool = False
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.state in DEVICE_OUT_OF_SERVICE
+
+    def to_status(self) -> dict[str, Any]:
+        """The entry in ``status.devices``; absent facts are omitted so entries stay short."""
+        out: dict[str, Any] = {"index": self.index, "state": str(self.state)}
+        optional: dict[str, Any] = {
+            "uuid": self.uuid,
+            "reason": self.reason,
+            "message": self.message,
+            "since": format_time(self.since) if self.since else "",
+            "rule": self.rule,
+            "quarantines": [format_time(t) for t in self.quarantines],
+            "healthySince": format_time(self.healthy_since) if self.healthy_since else "",
+            "clearedBefore": format_time(self.cleared_before) if self.cleared_before else "",
+            "heldByBreaker": self.held_by_breaker,
+            "drainAction": self.drain_action,
+            "drained": self.drained,
+        }
+        out.update({k: v for k, v in optional.items() if v})
+        return out
+
+    @staticmethod
+    def from_status(entry: Mapping[str, Any]) -> DeviceRecord | None:
+        """The record from a ``status.devices`` entry; None for an entry without a usable index."""
+        index = entry.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            return None
+        try:
+            state = DeviceState(str(entry.get("state") or DeviceState.IN_SERVICE))
+        except ValueError:
+            state = DeviceState.IN_SERVICE
+        raw = entry.get("quarantines") or []
+        quarantines = tuple(t for t in (parse_time(str(x)) for x in raw if x) if t) if isinstance(raw, list) else ()
+        return DeviceRecord(
+            index=index,
+            uuid=str(entry.get("uuid") or ""),
+            state=state,
+            reason=str(entry.get("reason") or ""),
+            message=str(entry.get("message") or ""),
+            since=parse_time(entry.get("since")),
+            rule=str(entry.get("rule") or ""),
+            quarantines=quarantines[-MAX_DEVICE_HISTORY:],
+            healthy_since=parse_time(entry.get("healthySince")),
+            cleared_before=parse_time(entry.get("clearedBefore")),
+            held_by_breaker=bool(entry.get("heldByBreaker", False)),
+            drain_action=str(entry.get("drainAction") or ""),
+            drained=bool(entry.get("drained", False)),
+        )
+
+
+def devices_to_status(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
+    """``status.devices``, ordered by index (a merge patch replaces the whole list)."""
+    return [r.to_status() for r in sorted(records, key=lambda r: r.index)]
+
+
+def devices_from_status(status: Mapping[str, Any] | None) -> dict[int, DeviceRecord]:
+    """Records by GPU index from a GPUNodeHealth status; unreadable entries are dropped."""
+    raw = (status or {}).get("devices") or []
+    out: dict[int, DeviceRecord] = {}
+    if not isinstance(raw, list):
+        return out
+    for entry in raw:
+        if isinstance(entry, Mapping):
+            rec = DeviceRecord.from_status(entry)
+            if rec is not None:
+                out[rec.index] = rec
+    return out

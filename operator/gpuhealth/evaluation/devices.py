@@ -1,0 +1,311 @@
+"""The per-GPU state machine: device-scoped findings x prior per-GPU records x policy x time.
+
+Pure. It mirrors the node state machine (transitions.py) one GPU at a time:
+
+- InService -> Quarantined (a ``cordon`` finding) or Draining (``drain`` / ``repair``), only if the
+  breaker's GPU budget admits it; otherwise the GPU stays InService with ``heldByBreaker``;
+- Quarantined -> Draining on a drain-level finding not yet drained; Draining -> Quarantined or
+  AwaitingRepair when its drain completes;
+- out of service, facts clean -> Recovering; Recovering for ``probation`` of fresh, clean facts ->
+  InService (its DeviceTaintRule is deleted); any fault during probation is a relapse;
+- the ``flapping.maxQuarantines``-th quarantine within ``flapping.window`` -> AwaitingRepair (reason
+  ``Flapping``), and with ``devices.onFlapping: Node`` the node is escalated as well;
+- AwaitingRepair is left only through a human release -> Recovering.
+
+It also says whether the node must be quarantined instead: more GPUs out than
+``devices.maxBadGPUsPerNode``, or a flapping GPU under ``onFlapping: Node``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from gpuhealth.api.devices import MAX_DEVICE_HISTORY, DeviceRecord, DeviceState
+from gpuhealth.api.names import Action, Scope, Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.evaluation.assess import Finding
+from gpuhealth.evaluation.scope import rule_of
+
+_EVIDENCE_SIGNALS = frozenset({Signal.XID, Signal.APP_XID_REPEATED})  # events a release acknowledges
+
+
+@dataclass(frozen=True)
+class DeviceInputs:
+    """Facts beyond the findings: freshness, the breaker's remaining GPU budget, drains, releases."""
+
+    fresh: bool = True
+    gpu_budget: int = 1_000_000
+    drained: frozenset[int] = frozenset()
+    released: frozenset[int] = frozenset()
+    uuids: Mapping[int, str] = field(default_factory=dict)  # the GPUs the report lists
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    type: str
+    reason: str
+    message: str
+    index: int
+
+
+@dataclass(frozen=True)
+class DeviceVerdict:
+    records: tuple[DeviceRecord, ...]
+    escalate: bool = False
+    escalate_reason: str = ""
+    new_quarantines: tuple[int, ...] = ()
+    lifted: tuple[int, ...] = ()
+    events: tuple[DeviceEvent, ...] = ()
+
+    @property
+    def out_of_service(self) -> tuple[DeviceRecord, ...]:
+        return tuple(r for r in self.records if r.out_of_service)
+
+    def record(self, index: int) -> DeviceRecord | None:
+        return next((r for r in self.records if r.index == index), None)
+
+
+def _where(rec: DeviceRecord) -> str:
+    return f"GPU {rec.index}" + (f" ({rec.uuid})" if rec.uuid else "")
+
+
+def _level(findings: Iterable[Finding]) -> Action:
+    return max((f.action for f in findings), key=lambda a: a.severity, default=Action.IGNORE)
+
+
+def _top(findings: list[Finding]) -> Finding:
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    return min(findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
+
+
+def _index_of(f: Finding, uuids: Mapping[int, str]) -> int | None:
+    if f.gpu is not None:
+        return f.gpu
+    return next((i for i, u in uuids.items() if f.uuid and u == f.uuid), None)
+
+
+def decide_devices(
+    prior: Mapping[int, DeviceRecord],
+    findings: Iterable[Finding],
+    policy: Policy,
+    now: dt.datetime,
+    inputs: DeviceInputs = DeviceInputs(),
+) -> DeviceVerdict:
+    """Each GPU's next record, and whether the node must be quarantined instead.
+
+    ``findings`` may be the whole assessment's: only quarantine-level, device-scoped ones count.
+    A device finding whose GPU cannot be told (no index, unknown UUID) escalates to the node.
+    """
+    by_gpu: dict[int, list[Finding]] = {}
+    unplaced: list[Finding] = []
+    for f in findings:
+        if f.scope != Scope.DEVICE or not f.action.quarantines:
+            continue
+        index = _index_of(f, inputs.uuids)
+        if index is None:
+            unplaced.append(f)
+        else:
+            by_gpu.setdefault(index, []).append(f)
+    indices = sorted(set(inputs.uuids) | set(by_gpu) | {i for i, r in prior.items() if r.out_of_service})
+    budget = max(0, inputs.gpu_budget)
+    records: list[DeviceRecord] = []
+    events: list[DeviceEvent] = []
+    new: list[int] = []
+    lifted: list[int] = []
+    for index in indices:
+        rec = prior.get(index) or DeviceRecord(index=index)
+        uuid = inputs.uuids.get(index) or rec.uuid
+        rec = replace(rec, uuid=uuid)
+        mine = [
+            f
+            for f in by_gpu.get(index, [])
+            if not (f.signal in _EVIDENCE_SIGNALS and rec.cleared_before and f.since and f.since <= rec.cleared_before)
+        ]
+        step = _step(rec, mine, policy, now, inputs, index in inputs.drained, index in inputs.released, budget > 0)
+        rec = step.record
+        if step.admitted:
+            budget -= 1
+        if step.new_quarantine:
+            new.append(index)
+        if step.lift:
+            lifted.append(index)
+        events.extend(DeviceEvent(t, r, m, index) for t, r, m in step.events)
+        records.append(rec)
+    out = [r for r in records if r.out_of_service]
+    flapped_to_node = [
+        r
+        for r in out
+        if policy.devices.on_flapping == "Node"
+        and r.state == DeviceState.AWAITING_REPAIR
+        and r.reason == str(Signal.FLAPPING)
+    ]
+    escalate_reason = ""
+    if unplaced:
+        escalate_reason = "; ".join(f"{f.describe()}: the GPU cannot be told apart" for f in unplaced)
+    elif flapped_to_node:
+        escalate_reason = (
+            f"{_where(flapped_to_node[0])} flaps (quarantined {len(flapped_to_node[0].quarantines)} times within "
+            f"{int(policy.flapping_window_s)}s); the policy takes the node out (devices.onFlapping: Node)"
+        )
+    elif len(out) > policy.devices.max_bad_gpus_per_node:
+        escalate_reason = (
+            f"{len(out)} GPUs out of service ({', '.join(str(r.index) for r in out)}), more than "
+            f"devices.maxBadGPUsPerNode {policy.devices.max_bad_gpus_per_node}: the node is quarantined"
+        )
+    return DeviceVerdict(
+        records=tuple(records),
+        escalate=bool(escalate_reason),
+        escalate_reason=escalate_reason,
+        new_quarantines=tuple(new),
+        lifted=tuple(lifted),
+        events=tuple(events),
+    )
+
+
+@dataclass(frozen=True)
+class _Step:
+    record: DeviceRecord
+    admitted: bool = False
+    new_quarantine: bool = False
+    lift: bool = False
+    events: tuple[tuple[str, str, str], ...] = ()
+
+
+def _step(
+    rec: DeviceRecord,
+    mine: list[Finding],
+    policy: Policy,
+    now: dt.datetime,
+    inputs: DeviceInputs,
+    drained: bool,
+    released: bool,
+    budget_left: bool,
+) -> _Step:
+    events: list[tuple[str, str, str]] = []
+    if released:
+        rec = replace(rec, cleared_before=now, quarantines=())
+        if rec.state == DeviceState.AWAITING_REPAIR:
+            rec = replace(rec, state=DeviceState.RECOVERING, since=now, healthy_since=None, drained=False)
+            events.append(("Normal", "Released", f"{_where(rec)} released by a human; on probation"))
+            mine = [f for f in mine if f.signal not in _EVIDENCE_SIGNALS]
+    window = dt.timedelta(seconds=policy.flapping_window_s)
+    rec = replace(rec, quarantines=tuple(t for t in rec.quarantines if now - t <= window))
+    if rec.state == DeviceState.AWAITING_REPAIR:
+        return _Step(rec, events=tuple(events))
+    if rec.state == DeviceState.DRAINING and drained:
+        nxt = DeviceState.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else DeviceState.QUARANTINED
+        rec = replace(rec, state=nxt, since=now, drained=True)
+        what = "waits for a human repair" if nxt == DeviceState.AWAITING_REPAIR else "stays tainted until it is clean"
+        events.append(("Normal", "DrainComplete", f"{_where(rec)}: the pods that held it are gone; it {what}"))
+        return _Step(rec, events=tuple(events))
+    level = _level(mine)
+    if level.quarantines:
+        top = _top(mine)
+        detail = "; ".join(f.describe() for f in sorted(mine, key=lambda f: f.key))
+        if not rec.out_of_service:
+            if not budget_left:
+                if not rec.held_by_breaker:
+                    events.append(
+                        (
+                            "Warning",
+                            "QuarantineHeldBack",
+                            f"{detail}. The policy {policy.name!r} GPU budget is spent (maxUnhealthyGPUs "
+                            f"{policy.max_unhealthy_gpus}): not taking the GPU out yet",
+                        )
+                    )
+                held = replace(rec, held_by_breaker=True, reason=top.reason, rule=rule_of(top), message=detail)
+                return _Step(held, events=tuple(events))
+            return _enter(rec, top, level, detail, now, policy, events, admitted=True)
+        if rec.state == DeviceState.RECOVERING:
+            return _enter(rec, top, level, detail, now, policy, events, relapse=True)
+        if rec.state == DeviceState.QUARANTINED and level == Action.REPAIR and rec.drained:
+            rec = replace(rec, state=DeviceState.AWAITING_REPAIR, since=now, reason=top.reason, message=detail)
+            events.append(("Warning", "AwaitingRepair", f"{detail}. The GPU waits for a human repair"))
+            return _Step(rec, events=tuple(events))
+        if rec.state == DeviceState.QUARANTINED and level.severity >= Action.DRAIN.severity and not rec.drained:
+            rec = replace(
+                rec, state=DeviceState.DRAINING, since=now, reason=top.reason, drain_action=str(level), message=detail
+            )
+            events.append(("Warning", "Draining", f"{detail}. Draining the pods that hold the GPU"))
+            return _Step(rec, events=tuple(events))
+        if rec.state == DeviceState.DRAINING and level == Action.REPAIR and rec.drain_action != Action.REPAIR:
+            rec = replace(rec, drain_action=str(Action.REPAIR), reason=top.reason)
+        return _Step(replace(rec, message=detail), events=tuple(events))
+    # No fault on this GPU.
+    if not rec.out_of_service:
+        return _Step(replace(rec, held_by_breaker=False, reason="", rule="", message=""), events=tuple(events))
+    if rec.state == DeviceState.DRAINING and rec.drain_action == Action.REPAIR:
+        return _Step(rec, events=tuple(events))  # suspect hardware: finish the drain, then a human decides
+    if not inputs.fresh:
+        return _Step(replace(rec, healthy_since=None), events=tuple(events))  # stale facts never count
+    if rec.state != DeviceState.RECOVERING or rec.healthy_since is None:
+        if rec.state != DeviceState.RECOVERING:
+            events.append(
+                ("Normal", "Recovering", f"{_where(rec)} is clean; back in service after {int(policy.probation_s)}s")
+            )
+        rec = replace(
+            rec, state=DeviceState.RECOVERING, since=rec.since if rec.state == DeviceState.RECOVERING else now
+        )
+        return _Step(replace(rec, healthy_since=now), events=tuple(events))
+    if (now - rec.healthy_since).total_seconds() < policy.probation_s:
+        return _Step(rec, events=tuple(events))
+    rec = replace(
+        rec,
+        state=DeviceState.IN_SERVICE,
+        since=now,
+        reason="",
+        rule="",
+        message="",
+        healthy_since=None,
+        drain_action="",
+        drained=False,
+    )
+    events.append(("Normal", "ReturnedToService", f"{_where(rec)} clean for the whole probation: taint removed"))
+    return _Step(rec, lift=True, events=tuple(events))
+
+
+def _enter(
+    rec: DeviceRecord,
+    top: Finding,
+    level: Action,
+    detail: str,
+    now: dt.datetime,
+    policy: Policy,
+    events: list[tuple[str, str, str]],
+    admitted: bool = False,
+    relapse: bool = False,
+) -> _Step:
+    quarantines = (*rec.quarantines, now)[-MAX_DEVICE_HISTORY:]
+    base = replace(
+        rec,
+        since=now,
+        quarantines=quarantines,
+        held_by_breaker=False,
+        healthy_since=None,
+        drained=False,
+        rule=rule_of(top),
+    )
+    if len(quarantines) >= policy.flapping_max:
+        nrec = replace(
+            base,
+            state=DeviceState.AWAITING_REPAIR,
+            reason=str(Signal.FLAPPING),
+            message=f"quarantined {len(quarantines)} times within the flapping window; last: {detail}",
+            drain_action=str(Action.REPAIR),
+        )
+        events.append(("Warning", "Flapping", f"{detail}. The GPU stays out until a human releases it"))
+        return _Step(nrec, admitted=admitted, new_quarantine=True, events=tuple(events))
+    state = DeviceState.QUARANTINED if level == Action.CORDON else DeviceState.DRAINING
+    nrec = replace(
+        base,
+        state=state,
+        reason=top.reason,
+        message=detail,
+        drain_action=str(level) if state == DeviceState.DRAINING else "",
+    )
+    verb = "Relapsed during probation" if relapse else "GPU quarantined"
+    then = "its pods are drained" if state == DeviceState.DRAINING else "running pods continue"
+    events.append(("Warning", "DeviceQuarantined", f"{verb}: {detail}. Only this GPU is taken out; {then}"))
+    return _Step(nrec, admitted=admitted, new_quarantine=True, events=tuple(events))

@@ -1,0 +1,63 @@
+"""What an evaluation finds: findings (a signal on a GPU or the node, with its action and scope) and
+the assessment that lists them. Types only, shared by ``assess`` and ``scope``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuhealth.api.names import Action, Scope, Signal
+
+
+@dataclass(frozen=True)
+class Finding:
+    signal: Signal
+    action: Action
+    detail: str
+    gpu: int | None = None
+    uuid: str = ""
+    code: int | None = None
+    since: dt.datetime | None = None
+    scope: Scope = Scope.NODE  # set under the policy by evaluation.scope; Node until then
+
+    @property
+    def key(self) -> str:
+        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+
+    @property
+    def reason(self) -> str:
+        """Short machine reason: taint value and condition reason (a valid label value)."""
+        return f"XID{self.code}" if self.signal == Signal.XID else str(self.signal)
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") if self.gpu is not None else "node"
+        return f"{where}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    findings: tuple[Finding, ...] = ()
+    unknown: bool = False
+    unknown_reason: str = ""
+    unknown_signal: Signal = Signal.AGENT_SILENT
+    pending: Mapping[str, str] = field(default_factory=dict)
+    total_gpus: int = 0
+    healthy_gpus: int = 0
+    last_xid: str = ""
+
+    @property
+    def level(self) -> Action:
+        return max((f.action for f in self.findings), key=lambda a: a.severity, default=Action.IGNORE)
+
+    @property
+    def top(self) -> Finding | None:
+        """The most severe finding; the earliest among equals, so the reason is stable."""
+        if not self.findings:
+            return None
+        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+        return min(self.findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
+
+    def actionable(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.action != Action.IGNORE)

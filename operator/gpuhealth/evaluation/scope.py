@@ -1,0 +1,94 @@
+"""Scope of a finding: does the fault take out one GPU (``Device``) or the whole node (``Node``)?
+
+Pure. The built-in scope comes from the kind of evidence and, for XIDs, from NVIDIA's catalog
+remedy: a fault whose remedy is a GPU reset is confined to that GPU; one whose remedy is a node
+reboot, an NVLink / fabric fault, a lost GPU, a missing GPU, a restart loop or a silent agent is
+the node's. The policy can override the scope per rule (``spec.rules.<rule>.scope``) and per XID
+(``spec.rules.xid.overrides[].scope``), and turn device scope off for the whole fleet
+(``spec.devices.scope: Node``). A finding without a GPU is always node scope.
+"""
+
+from __future__ import annotations
+
+from gpuhealth.api.names import Scope, Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.report import Report
+from gpuhealth.catalog import xid as catalog
+from gpuhealth.evaluation.findings import Assessment, Finding
+
+# The rule (its name under spec.rules) each GPU-confinable signal comes from, and its built-in scope.
+RULE_OF: dict[Signal, str] = {
+    Signal.APP_XID_REPEATED: "applicationRepeat",
+    Signal.ECC: "ecc",
+    Signal.ROW_REMAP_FAILURE: "rowRemapFailure",
+    Signal.PENDING_REMAP: "pendingRemap",
+    Signal.THERMAL: "thermal",
+    Signal.GPU_LOST: "gpuLost",
+}
+RULE_SCOPE: dict[str, Scope] = {
+    "applicationRepeat": Scope.DEVICE,  # an application XID repeating on one GPU: that GPU's hardware
+    "ecc": Scope.DEVICE,
+    "rowRemapFailure": Scope.DEVICE,
+    "pendingRemap": Scope.DEVICE,  # pending row remap or retired page: a reset of that GPU
+    "thermal": Scope.DEVICE,  # heat or HW slowdown on one GPU (several hot GPUs escalate by count)
+    "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
+}
+# XID 154 carries the driver's own recovery action: a GPU reset is the GPU's, anything wider the node's.
+_RECOVERY_SCOPE = {"Reset": Scope.DEVICE, "DrainAndReset": Scope.DEVICE}
+NVLINK_XIDS = frozenset({74})
+
+
+def xid_scope(code: int, recovery_action: str = "") -> Scope:
+    """Built-in scope of an XID: Device only when NVIDIA's remedy is a reset of that GPU."""
+    if code in NVLINK_XIDS:
+        return Scope.NODE
+    if code == 154:
+        canonical = _canonical_recovery(recovery_action)
+        return _RECOVERY_SCOPE.get(canonical, Scope.NODE)
+    return Scope.DEVICE if catalog.lookup(code).immediate_action == "RESET_GPU" else Scope.NODE
+
+
+def _canonical_recovery(recovery: str) -> str:
+    try:
+        return catalog.canonical_recovery(recovery) if recovery else ""
+    except ValueError:
+        return ""
+
+
+def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> Scope:
+    """The scope ``finding`` has under ``policy`` (see the module docstring for the order)."""
+    if finding.gpu is None and not finding.uuid:
+        return Scope.NODE
+    if not policy.devices.enabled:
+        return Scope.NODE
+    if finding.signal == Signal.XID and finding.code is not None:
+        if finding.code in policy.devices.xid_scopes:
+            return policy.devices.xid_scopes[finding.code]
+        device = report.device(finding.gpu) if report is not None else None
+        return xid_scope(finding.code, (device.recovery_action or "") if device else "")
+    rule = RULE_OF.get(finding.signal)
+    if rule is None:
+        return Scope.NODE
+    return policy.devices.rule_scopes.get(rule, RULE_SCOPE[rule])
+
+
+def device_findings(a: Assessment) -> tuple[Finding, ...]:
+    """Quarantine-level findings confined to one GPU."""
+    return tuple(f for f in a.findings if f.scope == Scope.DEVICE and f.action.quarantines)
+
+
+def node_findings(a: Assessment) -> tuple[Finding, ...]:
+    """Quarantine-level findings that take the whole node out."""
+    return tuple(f for f in a.findings if f.scope == Scope.NODE and f.action.quarantines)
+
+
+def rule_of(finding: Finding) -> str:
+    """The policy rule (its name under spec.rules) a finding comes from, for status and Events."""
+    if finding.signal == Signal.XID:
+        return "xid"
+    return RULE_OF.get(finding.signal) or {
+        Signal.GPU_COUNT: "gpuCount",
+        Signal.AGENT_SILENT: "agentSilence",
+        Signal.NVML_UNAVAILABLE: "agentSilence",
+        Signal.RESTART_LOOP: "restartLoop",
+    }.get(finding.signal, str(finding.signal))
