@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`make chaos`: fault injection against fresh local control planes; writes build/chaos/report.json.
 
-Scenarios (tests/chaos/scenarios.py) run one after another on a control plane per group (one with
-the API server's default limits, one throttled to 5 requests in flight), each torn down at the end.
+Scenarios (tests/chaos/scenarios/, one module each, named in registry.py) run one after another on
+a control plane per group (one with the API server's default limits, one throttled to 5 requests in
+flight), each torn down at the end.
 After every scenario the invariants in tests/chaos/invariants.py are checked. Exit status 1 if any
 invariant was violated (other than a known, reported product bug that still reproduces), or if a
 known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
@@ -113,7 +114,7 @@ def main() -> int:
         f"in {report['seconds']}s; report: {report_path}"
     )
     if report["known_bugs_no_longer_reproducing"]:
-        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios.py):")
+        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios/registry.py):")
         for bug in report["known_bugs_no_longer_reproducing"]:
             print(f"  - {bug}")
     return 1 if report["invariant_violations"] or report["known_bugs_no_longer_reproducing"] else 0

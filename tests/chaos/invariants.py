@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.chaos.scenarios import Ctx
+    from tests.chaos.scenarios.context import Ctx
 
 TAINT = "gpuhealth.dev/unhealthy"
 QUARANTINE = "gpuhealth.dev/quarantine"

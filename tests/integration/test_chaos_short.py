@@ -1,6 +1,6 @@
 """The chaos suite with short counts, on real control planes (the full one is `make chaos`).
 
-Each test runs one scenario of tests/chaos/scenarios.py (about 1/5 of `make chaos`'s counts) and
+Each test runs one scenario of tests/chaos/scenarios/ (about 1/5 of `make chaos`'s counts) and
 every invariant of tests/chaos/invariants.py after it. Violations that reproduce an already
 reported product bug are split off: the scenario's test still fails on anything else, and a
 strict xfail test per bug turns red the moment the bug is fixed (then drop its mark).
