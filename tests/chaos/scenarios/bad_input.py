@@ -8,8 +8,11 @@ from typing import Any
 
 from kubernetes import client
 
+from gpuhealth.api.durations import parse_duration
 from tests.chaos import invariants as inv
+from tests.chaos.fieldpath import names_field, refused_fields
 from tests.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
+from tests.chaos.scenarios.common import SILENCE
 from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.k8s import healthy_spec
 
@@ -22,8 +25,10 @@ def _refused(ctx: Ctx, what: str, create: Callable[[], Any], path: str, cleanup:
         body = e.body.decode() if isinstance(e.body, bytes) else str(e.body)
         if e.status != 422:
             ctx.violate(f"bad input {what!r}: refused with {e.status}, not 422: {body[:200]}")
-        elif path not in body:
-            ctx.violate(f"bad input {what!r}: the 422 message does not name {path}: {body[:300]}")
+        elif not names_field(body, path):
+            ctx.violate(
+                f"bad input {what!r}: the 422 names {sorted(refused_fields(body))}, not exactly {path}: {body[:300]}"
+            )
         else:
             ctx.stats["refused"] = ctx.stats.get("refused", 0) + 1
         return
@@ -36,9 +41,9 @@ def bad_input(ctx: Ctx) -> None:
     where no schema can refuse them, handled by the operator (Event, metric, no action, no crash)."""
     governed, lonely, clean, ghosty = ctx.make_nodes(4)
     for n in (governed, clean):
-        ctx.silence[n] = 600.0
+        ctx.silence[n] = parse_duration(SILENCE)
     ctx.policy(
-        {"rules": {"agentSilence": {"after": "10m"}}, "safety": {"maxUnhealthy": "100%"}},
+        {"rules": {"agentSilence": {"after": SILENCE}}, "safety": {"maxUnhealthy": "100%"}},
         match={"chaos-role": "governed"},
         nodes=[governed, clean],
     )
@@ -129,7 +134,7 @@ def bad_input(ctx: Ctx) -> None:
     ctx.fault(kind="bad_input")
     ctx.cluster.kubectl("label", "node", ghosty, "chaos-role=huge", "--overwrite")
     ctx.policy(
-        {"rules": {"thermal": {"sustainedFor": "99999999999h"}, "agentSilence": {"after": "10m"}}},
+        {"rules": {"thermal": {"sustainedFor": "99999999999h"}, "agentSilence": {"after": SILENCE}}},
         name=huge,
         match={"chaos-role": "huge"},
         nodes=[ghosty],
@@ -141,10 +146,10 @@ def bad_input(ctx: Ctx) -> None:
     ctx.retry(
         ctx.kube.apply_policy,
         everything,
-        {"priority": -1000, "safety": {"maxUnhealthy": "100%"}, "rules": {"agentSilence": {"after": "10m"}}},
+        {"priority": -1000, "safety": {"maxUnhealthy": "100%"}, "rules": {"agentSilence": {"after": SILENCE}}},
     )
     ctx.policies.append(everything)
-    ctx.silence[lonely] = 600.0
+    ctx.silence[lonely] = parse_duration(SILENCE)
     ctx.put_report(lonely, healthy_spec(xids=[xid(79, gpu=2)]))
     ctx.fault(kind="gpu")
     ctx.expect[lonely] = "out"
@@ -183,7 +188,7 @@ def bad_input(ctx: Ctx) -> None:
         op.metrics()
     except Exception as e:
         ctx.violate(f"the metrics endpoint is down after bad input: {e}")
-    ctx.runs += 1
+    ctx.cycles += 1
     n_policies, n_reports = len(bad_policies()), len(bad_reports(ghosty))
     ctx.note(
         f"{n_policies} invalid policies and {n_reports} invalid reports sent: {ctx.stats.get('refused', 0)} refused "

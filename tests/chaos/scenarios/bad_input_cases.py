@@ -12,9 +12,11 @@ def _long(n: int) -> str:
 
 
 def bad_policies() -> list[tuple[str, Any, str]]:
-    """(what, spec, field path the API server's message must name)."""
+    """(what, spec, the exact field path the API server's refusal must name)."""
     o = "spec.rules.xid.overrides"
     d = "spec.actions.drain"
+    r = "spec.rules.xid.applicationRepeat"
+    th = "spec.rules.thermal"
     cases: list[tuple[str, Any, str]] = [
         ("unknown mode", {"mode": "Sometimes"}, "spec.mode"),
         ("mode of the wrong type", {"mode": 5}, "spec.mode"),
@@ -23,7 +25,11 @@ def bad_policies() -> list[tuple[str, Any, str]]:
         ("priority as a string", {"priority": "high"}, "spec.priority"),
         ("XID code 0", {"rules": {"xid": {"overrides": [{"code": 0, "action": "drain"}]}}}, f"{o}[0].code"),
         ("XID code 1024", {"rules": {"xid": {"overrides": [{"code": 1024, "action": "drain"}]}}}, f"{o}[0].code"),
-        ("XID code as a string", {"rules": {"xid": {"overrides": [{"code": "79", "action": "drain"}]}}}, o),
+        (
+            "XID code as a string",
+            {"rules": {"xid": {"overrides": [{"code": "79", "action": "drain"}]}}},
+            f"{o}[0].code",
+        ),
         ("unknown action", {"rules": {"xid": {"overrides": [{"code": 79, "action": "nuke"}]}}}, f"{o}[0].action"),
         ("override without action", {"rules": {"xid": {"overrides": [{"code": 79}]}}}, f"{o}[0].action"),
         (
@@ -36,16 +42,20 @@ def bad_policies() -> list[tuple[str, Any, str]]:
             {"rules": {"xid": {"overrides": [{"code": c, "action": "drain"} for c in range(1, 258)]}}},
             o,
         ),
-        ("repeat count 1", {"rules": {"xid": {"applicationRepeat": {"count": 1}}}}, "applicationRepeat.count"),
-        ("repeat count 100000", {"rules": {"xid": {"applicationRepeat": {"count": 100000}}}}, "count"),
-        ("repeat window in words", {"rules": {"xid": {"applicationRepeat": {"window": "ten min"}}}}, "window"),
-        ("repeat window 100 chars", {"rules": {"xid": {"applicationRepeat": {"window": _long(100)}}}}, "window"),
+        ("repeat count 1", {"rules": {"xid": {"applicationRepeat": {"count": 1}}}}, f"{r}.count"),
+        ("repeat count 100000", {"rules": {"xid": {"applicationRepeat": {"count": 100000}}}}, f"{r}.count"),
+        ("repeat window in words", {"rules": {"xid": {"applicationRepeat": {"window": "ten min"}}}}, f"{r}.window"),
+        ("repeat window 100 chars", {"rules": {"xid": {"applicationRepeat": {"window": _long(100)}}}}, f"{r}.window"),
         ("ECC threshold 0", {"rules": {"ecc": {"uncorrectedThreshold": 0}}}, "spec.rules.ecc.uncorrectedThreshold"),
         ("ECC threshold -5", {"rules": {"ecc": {"uncorrectedThreshold": -5}}}, "spec.rules.ecc.uncorrectedThreshold"),
-        ("ECC threshold 2e6", {"rules": {"ecc": {"uncorrectedThreshold": 2000000}}}, "uncorrectedThreshold"),
+        (
+            "ECC threshold 2e6",
+            {"rules": {"ecc": {"uncorrectedThreshold": 2000000}}},
+            "spec.rules.ecc.uncorrectedThreshold",
+        ),
         ("ECC action unknown", {"rules": {"ecc": {"action": "panic"}}}, "spec.rules.ecc.action"),
-        ("temperature 10C", {"rules": {"thermal": {"temperatureThresholdC": 10}}}, "temperatureThresholdC"),
-        ("temperature 500C", {"rules": {"thermal": {"temperatureThresholdC": 500}}}, "temperatureThresholdC"),
+        ("temperature 10C", {"rules": {"thermal": {"temperatureThresholdC": 10}}}, f"{th}.temperatureThresholdC"),
+        ("temperature 500C", {"rules": {"thermal": {"temperatureThresholdC": 500}}}, f"{th}.temperatureThresholdC"),
         ("slowdown as a string", {"rules": {"thermal": {"slowdown": "yes"}}}, "spec.rules.thermal.slowdown"),
         ("negative duration", {"rules": {"thermal": {"sustainedFor": "-5m"}}}, "spec.rules.thermal.sustainedFor"),
         ("expected GPUs 0", {"rules": {"gpuCount": {"expected": 0}}}, "spec.rules.gpuCount.expected"),
@@ -53,10 +63,14 @@ def bad_policies() -> list[tuple[str, Any, str]]:
         ("silence after 1s (< 5s)", {"rules": {"agentSilence": {"after": "1s"}}}, "spec.rules.agentSilence.after"),
         ("silence after 100ms", {"rules": {"agentSilence": {"after": "100ms"}}}, "spec.rules.agentSilence.after"),
         ("silence action drain", {"rules": {"agentSilence": {"action": "drain"}}}, "spec.rules.agentSilence.action"),
-        ("taint effect PreferNoSchedule", {"actions": {"taintEffect": "PreferNoSchedule"}}, "taintEffect"),
+        ("taint effect PreferNoSchedule", {"actions": {"taintEffect": "PreferNoSchedule"}}, "spec.actions.taintEffect"),
         ("cordon as a string", {"actions": {"cordon": "sure"}}, "spec.actions.cordon"),
         ("checkpoint mode unknown", {"actions": {"drain": {"checkpointMode": "magic"}}}, f"{d}.checkpointMode"),
-        ("timeout behaviour unknown", {"actions": {"drain": {"onCheckpointTimeout": "Panic"}}}, "onCheckpointTimeout"),
+        (
+            "timeout behaviour unknown",
+            {"actions": {"drain": {"onCheckpointTimeout": "Panic"}}},
+            f"{d}.onCheckpointTimeout",
+        ),
         (
             "force delete before maxWait (contradictory)",
             {"actions": {"drain": {"allowForceDelete": True, "forceDeleteAfter": "1m", "maxWait": "1h"}}},
@@ -67,7 +81,11 @@ def bad_policies() -> list[tuple[str, Any, str]]:
             {"actions": {"drain": {"systemNamespaces": [f"ns{i}" for i in range(65)]}}},
             f"{d}.systemNamespaces",
         ),
-        ("system namespace 64 chars", {"actions": {"drain": {"systemNamespaces": [_long(64)]}}}, "systemNamespaces"),
+        (
+            "system namespace 64 chars",
+            {"actions": {"drain": {"systemNamespaces": [_long(64)]}}},
+            f"{d}.systemNamespaces[0]",
+        ),
         ("maxUnhealthy 150%", {"safety": {"maxUnhealthy": "150%"}}, "spec.safety.maxUnhealthy"),
         ("maxUnhealthy -1", {"safety": {"maxUnhealthy": -1}}, "spec.safety.maxUnhealthy"),
         ("maxUnhealthy in words", {"safety": {"maxUnhealthy": "lots"}}, "spec.safety.maxUnhealthy"),
@@ -100,7 +118,11 @@ def bad_policies() -> list[tuple[str, Any, str]]:
             {"nodeSelector": {"matchLabels": {f"k{i}": "v" for i in range(65)}}},
             "spec.nodeSelector.matchLabels",
         ),
-        ("label value 100 chars", {"nodeSelector": {"matchLabels": {"k": _long(100)}}}, "spec.nodeSelector"),
+        (
+            "label value 100 chars",
+            {"nodeSelector": {"matchLabels": {"k": _long(100)}}},
+            "spec.nodeSelector.matchLabels.k",
+        ),
         ("spec as a string", "not an object", "spec"),
         ("rules.xid as a list", {"rules": {"xid": []}}, "spec.rules.xid"),
     ]
@@ -131,7 +153,11 @@ def bad_reports(node: str) -> list[tuple[str, dict[str, Any], str]]:
         ("XID detail 300 chars", {**ok, "xidEvents": [{**x, "detail": _long(300)}]}, "spec.xidEvents[0].detail"),
         ("XID source unknown", {**ok, "xidEvents": [{**x, "source": "rumour"}]}, "spec.xidEvents[0].source"),
         ("negative ECC count", with_dev(ecc={"volatileUncorrected": -1}), "spec.devices[0].ecc.volatileUncorrected"),
-        ("ECC count as a string", with_dev(ecc={"volatileUncorrected": "many"}), "volatileUncorrected"),
+        (
+            "ECC count as a string",
+            with_dev(ecc={"volatileUncorrected": "many"}),
+            "spec.devices[0].ecc.volatileUncorrected",
+        ),
         ("temperature 1000C", with_dev(temperature={"currentC": 1000}), "spec.devices[0].temperature.currentC"),
         ("recovery action unknown", with_dev(recoveryAction="Explode"), "spec.devices[0].recoveryAction"),
         ("MIG mode unknown", with_dev(migMode="Maybe"), "spec.devices[0].migMode"),

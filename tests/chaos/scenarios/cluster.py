@@ -28,7 +28,8 @@ FALLBACK_OBJECT = Path(__file__).resolve().parents[1] / "kopf-peering.yaml"
 
 
 def start_cluster(workdir: Path, throttled: bool = False) -> LocalCluster:
-    """A fresh control plane with no nodes, auditing the operator's and the agents' identities."""
+    """A fresh control plane with no nodes, auditing the operator's and the agents' identities. The
+    main one runs etcd with fsync, as a real one does: control_plane_crashes SIGKILLs it."""
     tokens = {tok: (user, CHAOS_GROUP) for tok, user in (OPERATOR_A, OPERATOR_B, AGENT, LOAD)}
     cluster = LocalCluster(
         workdir,
@@ -36,6 +37,7 @@ def start_cluster(workdir: Path, throttled: bool = False) -> LocalCluster:
         apiserver_args=THROTTLE_ARGS if throttled else (),
         extra_tokens=tokens,
         audit_users=[OPERATOR_A[1], OPERATOR_B[1], AGENT[1]],
+        etcd_fsync=not throttled,
     )
     cluster.start()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tests.chaos import invariants as inv
+from tests.chaos.scenarios.common import SILENCE
 from tests.chaos.scenarios.context import Ctx, xid
 from tests.chaos.scenarios.foreign_writer import ForeignWriter
 from tests.support.k8s import healthy_spec
@@ -17,7 +18,7 @@ def conflicting_writers(ctx: Ctx) -> None:
     cycles = ctx.n(5, 2)
     ctx.policy(
         {
-            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "10m"}},
+            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": SILENCE}},
             "safety": {"maxUnhealthy": "100%", "probation": "2s", "flapping": {"maxQuarantines": 100}},
         }
     )
@@ -35,7 +36,7 @@ def conflicting_writers(ctx: Ctx) -> None:
         for n in nodes:
             ctx.put_report(n, healthy_spec())
         ctx.wait_states(nodes, lambda s: s.get("state") == "Healthy", 60, f"cycle {c}: back in service")
-        ctx.runs += len(nodes)
+        ctx.cycles += 1
     time.sleep(1.0)
     writer.stop.set()
     time.sleep(0.5)

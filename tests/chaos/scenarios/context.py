@@ -18,6 +18,7 @@ from kubernetes import client
 from gpuhealth.api.durations import parse_duration
 from gpuhealth.workload import COMPLETED, REQUESTED, acknowledge
 from tests.chaos import invariants as inv
+from tests.chaos.foreign import ForeignLog
 from tests.chaos.scenarios.cluster import AGENT, IDENTITIES, OPERATOR_USERS
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
@@ -25,6 +26,23 @@ from tests.support.k8s import Kube, OperatorProcess, utcnow, wait_for
 from tests.support.workloads import indexed_training_job
 
 T = TypeVar("T")
+# How often the scenarios' stand-in agents (the heartbeater) re-send a report: every scenario's
+# agentSilence.after is a few of these, short enough that a stale Healthy verdict is caught.
+HEARTBEAT_S = 4.0
+# What the report counts apart: processes killed or crashed, writes by another controller, invalid
+# or hostile objects sent, reports gone wrong (a clock ahead, a report deleted), and the simulated
+# GPU faults the scenarios react to.
+FAULT_CLASSES = {
+    "operator_kill": "process",
+    "agent_kill": "process",
+    "apiserver_crash": "process",
+    "etcd_crash": "process",
+    "foreign_write": "foreign_writes",
+    "bad_input": "hostile_objects",
+    "gpu": "gpu_faults",
+    "agent_clock_ahead": "agent_faults",
+    "report_deleted": "agent_faults",
+}
 
 
 def xid(code: int, gpu: int = 0) -> dict[str, Any]:
@@ -53,8 +71,8 @@ class Ctx:
     kube: Kube = field(init=False)
     rng: random.Random = field(init=False)
     started: dt.datetime = field(default_factory=inv.now)
-    runs: int = 0
-    faults: int = 0
+    cycles: int = 0  # repetitions within this one episode (not independent runs)
+    faults: dict[str, int] = field(default_factory=dict)  # by kind
     notes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -62,8 +80,17 @@ class Ctx:
     namespaces: list[str] = field(default_factory=list)
     policies: list[str] = field(default_factory=list)
     expect: dict[str, str] = field(default_factory=dict)
-    foreign_taints: dict[str, set[str]] = field(default_factory=dict)
-    foreign_cordon: dict[str, bool] = field(default_factory=dict)
+    foreign: ForeignLog = field(default_factory=ForeignLog)
+    # Namespaces whose every pod declares `gpuhealth.dev/checkpoint: annotation` (asked before eviction),
+    # and when the workload first saw each pod's request (a second witness next to the audit log).
+    checkpoint_namespaces: set[str] = field(default_factory=set)
+    workload_saw: dict[str, dt.datetime] = field(default_factory=dict)
+    # The last report spec put for each node (the heartbeater re-sends it with a fresh heartbeatTime),
+    # and the nodes it leaves silent on purpose.
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    quiet: set[str] = field(default_factory=set)
+    _report_locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _heartbeating: bool = False
     silence: dict[str, float] = field(default_factory=dict)
     default_silence: float = 120.0
     breakers: dict[str, tuple[list[str], int]] = field(default_factory=dict)
@@ -85,10 +112,12 @@ class Ctx:
     def n(self, full: int, quick: int) -> int:
         return quick if self.quick else full
 
-    def fault(self, count: int = 1, kind: str = "fault") -> None:
+    def fault(self, count: int = 1, kind: str = "gpu") -> None:
+        """Count something injected, by kind (FAULT_CLASSES says how the report groups it)."""
+        if kind not in FAULT_CLASSES:
+            raise ValueError(f"unknown fault kind {kind!r}")
         with self._lock:
-            self.faults += count
-            self.stats[f"faults_{kind}"] = self.stats.get(f"faults_{kind}", 0) + count
+            self.faults[kind] = self.faults.get(kind, 0) + count
 
     def note(self, msg: str) -> None:
         self.notes.append(msg)
@@ -115,7 +144,43 @@ class Ctx:
                 delay = min(2.0, delay * 2)
 
     def put_report(self, node: str, spec: Mapping[str, Any]) -> None:
-        self.retry(self.kube.put_report, node, spec)
+        """Write a report as an agent would; from then on the heartbeater keeps it fresh."""
+        with self._lock:
+            lock = self._report_locks.setdefault(node, threading.Lock())
+        with lock:
+            self.reports[node] = dict(spec)
+            self.retry(self.kube.put_report, node, spec)
+        if not self._heartbeating:
+            self._heartbeating = True
+            self.background(self._heartbeats, "heartbeater")
+
+    def _heartbeats(self, stop: threading.Event) -> None:
+        """Like an agent, re-send each node's last report with a fresh heartbeatTime every
+        HEARTBEAT_S seconds, so a short agentSilence.after holds in every scenario for the right reason."""
+        while not stop.wait(HEARTBEAT_S):
+            for node in list(self.reports):
+                if node in self.quiet:
+                    continue
+                with self._report_locks[node]:
+                    if stop.is_set() or node in self.quiet:
+                        return
+                    # The API may be down on purpose; the next beat tries again.
+                    with contextlib.suppress(Exception):
+                        self.kube.put_report(node, {**self.reports[node], "heartbeatTime": utcnow()})
+
+    def go_quiet(self, node: str) -> None:
+        """Stop heartbeats for ``node`` (its agent fell silent)."""
+        with self._lock:
+            lock = self._report_locks.setdefault(node, threading.Lock())
+        with lock:
+            self.quiet.add(node)
+
+    def foreign_check(self, name: str, node: Mapping[str, Any]) -> list[str]:
+        return inv.foreign_problems(self, name, node)
+
+    @staticmethod
+    def clock() -> str:
+        return f"{inv.now():%H:%M:%S.%f}"[:-3]
 
     def statuses(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = set(names)
@@ -224,6 +289,7 @@ class Ctx:
 
     def training_job(self, ns: str, name: str, target: str, ranks: int = 4, gpus: int = 2) -> None:
         """An indexed Job (a gang of ``ranks``) that checkpoints on request, preferring ``target``."""
+        self.checkpoint_namespaces.add(ns)  # the job declares `gpuhealth.dev/checkpoint: annotation`
         body = indexed_training_job(
             name, target, ranks=ranks, gpus=gpus, backoff_limit=50, node_selector={"chaos-group": self.group}
         )
@@ -281,6 +347,7 @@ class Ctx:
                         if not req or p.metadata.deletion_timestamp:
                             continue
                         key = (p.metadata.uid, req)
+                        self.workload_saw.setdefault(f"{ns}/{p.metadata.name}", inv.now())
                         if key in done or (ann.get(COMPLETED) or "") >= req[:19]:
                             continue
                         first = seen.setdefault(key, time.monotonic() + self.rng.uniform(0, max_delay))

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tests.chaos import invariants as inv
+from tests.chaos.scenarios.common import SILENCE
 from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.k8s import healthy_spec, wait_for
 
@@ -21,7 +22,7 @@ def fault_storm(ctx: Ctx) -> None:
     limit = max(1, count // 5)
     pname = ctx.policy(
         {
-            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "10m"}},
+            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": SILENCE}},
             "safety": {"maxUnhealthy": limit, "probation": "2s", "flapping": {"maxQuarantines": 100}},
         }
     )
@@ -59,7 +60,7 @@ def fault_storm(ctx: Ctx) -> None:
             list(pool.map(lambda n: ctx.put_report(n, healthy_spec()), faulty))
         wait_for(lambda c=closed0: len(policy_events("BreakerClosed")) > c, timeout=60, what="BreakerClosed Event")
         ctx.wait_states(nodes, lambda s: s.get("state") == "Healthy", 60, "fleet back in service")
-        ctx.runs += 1
+        ctx.cycles += 1
     time.sleep(1.0)
     opened, closed = len(policy_events("BreakerOpen")), len(policy_events("BreakerClosed"))
     if opened != rounds or closed != rounds:

@@ -1,4 +1,11 @@
-"""Another controller writing the same Nodes (taints, labels, cordon)."""
+"""Another controller writing the same Nodes (taints, labels, cordon), keeping its own log.
+
+It changes only its own taints (``example.com/chaos-*``), a label and its own cordon, with
+read-modify-PUT under the resourceVersion (a well-behaved writer: a lost update would be
+gpuhealth's). What it wants on each Node comes from its own log (tests/chaos/foreign.py), never from
+the live Node, so a taint gpuhealth dropped is reported rather than forgotten: before each write it
+checks the Node it just read against that log, and the sampler checks every read too.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +15,18 @@ import threading
 
 from kubernetes import client
 
+from tests.chaos.foreign import resource_version
 from tests.chaos.scenarios.context import Ctx
 
 
 class ForeignWriter:
-    """Another controller changing the same Nodes: its own taints, labels and cordon, with read-modify-
-    update under the resourceVersion (a well-behaved writer: a lost update would be gpuhealth's)."""
-
     KEYS = ("example.com/chaos-a", "example.com/chaos-b", "example.com/chaos-c")
 
     def __init__(self, ctx: Ctx, nodes: list[str]) -> None:
         self.ctx, self.nodes = ctx, nodes
         self.writes = 0
         self.conflicts = 0
-        for n in nodes:
-            ctx.foreign_taints[n] = set()
-            ctx.foreign_cordon[n] = False
+        self.checks = 0
         self.stop = ctx.background(self._loop, "foreign-writer")
 
     def _loop(self, stop: threading.Event) -> None:
@@ -35,40 +38,41 @@ class ForeignWriter:
                     if self._once(rng, name):
                         break
                 except client.ApiException as e:
+                    self.ctx.foreign.abort(name)
                     if e.status != 409:
                         raise
                     self.conflicts += 1
 
     def _once(self, rng: random.Random, name: str) -> bool:
-        ctx = self.ctx
+        ctx, log = self.ctx, self.ctx.foreign
         node = json.loads(ctx.kube.core.read_node(name, _preload_content=False).data)
+        # Our last write is answered and logged: this read must hold what it left.
+        self.checks += 1
+        for problem in ctx.foreign_check(name, node):
+            ctx.violate(f"[foreign writer {ctx.clock()}] {problem}")
+        last = log.latest(name)
+        mine = set(last.taints) if last else set()
+        cordon = bool(last and last.cordon)
         spec = node.setdefault("spec", {})
-        taints = list(spec.get("taints") or [])
-        mine = {t["key"] for t in taints if t["key"] in self.KEYS}
+        others = [t for t in spec.get("taints") or [] if t["key"] not in self.KEYS]
         op = rng.choice(["add", "remove", "label", "cordon", "uncordon"])
-        cordon = ctx.foreign_cordon[name]
         if op == "add" and len(mine) < len(self.KEYS):
-            key = rng.choice([k for k in self.KEYS if k not in mine])
-            taints.append({"key": key, "value": "chaos", "effect": "NoSchedule"})
-            mine = mine | {key}
+            mine.add(rng.choice([k for k in self.KEYS if k not in mine]))
         elif op == "remove" and mine:
-            key = rng.choice(sorted(mine))
-            taints = [t for t in taints if t["key"] != key]
-            mine = mine - {key}
-        elif op == "cordon" and not spec.get("unschedulable"):
-            spec["unschedulable"] = True
-            cordon = True
+            mine.discard(rng.choice(sorted(mine)))
+        elif op == "cordon" and not cordon and not spec.get("unschedulable"):
+            spec["unschedulable"], cordon = True, True  # only a Node nobody has cordoned: then it is ours
         elif op == "uncordon" and cordon:
-            spec["unschedulable"] = False
-            cordon = False
+            spec["unschedulable"], cordon = False, False
         else:
             node["metadata"].setdefault("labels", {})["example.com/chaos-label"] = str(rng.randrange(1000))
-        spec["taints"] = taints or None
+        if cordon:
+            spec["unschedulable"] = True  # ours, whatever the read says (it was checked above)
+        spec["taints"] = others + [{"key": k, "value": "chaos", "effect": "NoSchedule"} for k in sorted(mine)] or None
+        log.begin(name, frozenset(mine), cordon)
         # A PUT with the resourceVersion just read: refused (409) if anyone wrote in between.
-        ctx.kube.core.replace_node(name, node, _preload_content=False)
-        with ctx._lock:
-            ctx.foreign_taints[name] = set(mine)
-            ctx.foreign_cordon[name] = cordon
+        resp = ctx.kube.core.replace_node(name, node, _preload_content=False)
+        log.record(name, resource_version(json.loads(resp.data)), frozenset(mine), cordon)
         self.writes += 1
-        ctx.fault(kind="conflicting_write")
+        ctx.fault(kind="foreign_write")
         return True

@@ -51,7 +51,7 @@ def operator_kills(ctx: Ctx) -> None:
         for job in jobs:
             ctx.delete_job(ns, job)
         wait_for(lambda: not ctx.kube.core.list_namespaced_pod(ns).items, timeout=90, what="round's pods gone")
-        ctx.runs += width
+        ctx.cycles += 1
         durations.append(time.monotonic() - t0)
     monkey.finish()
     for n in targets + spares:
@@ -59,8 +59,9 @@ def operator_kills(ctx: Ctx) -> None:
         ctx.expect[n] = "healthy"
     ctx.stats["operator_kills"] = monkey.kills
     ctx.stats["targeted_kills"] = monkey.targeted
+    ctx.stats["kills_by_moment"] = monkey.by_mode
     ctx.stats["round_seconds_max"] = round(max(durations), 1)
     ctx.note(
-        f"{ctx.runs} quarantine/drain/recovery runs ({rounds} rounds of {width} nodes, 4-rank gangs), "
-        f"{monkey.kills} SIGKILLs at random instants ({monkey.targeted} of them at a drain's first checkpoint request)"
+        f"{ctx.cycles} quarantine/drain/recovery rounds of {width} nodes (4-rank gangs), {monkey.kills} SIGKILLs "
+        f"(by moment: {monkey.by_mode}; 'startup' before the metrics answer, 'resync' right after)"
     )

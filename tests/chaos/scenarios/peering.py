@@ -8,6 +8,7 @@ from typing import Any
 
 from tests.chaos import invariants as inv
 from tests.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
+from tests.chaos.scenarios.common import SILENCE
 from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.cluster import REPO
 from tests.support.k8s import healthy_spec
@@ -61,7 +62,7 @@ def peering(ctx: Ctx) -> None:
     nodes = ctx.make_nodes(4)
     ctx.policy(
         {
-            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "10m"}},
+            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": SILENCE}},
             "safety": {"maxUnhealthy": "100%", "probation": "3s"},
         }
     )
@@ -130,7 +131,7 @@ def peering(ctx: Ctx) -> None:
                 f"{n}: {len(q)} Quarantined and {len(acts)} GPUHealthAction Events for one fault "
                 f"(instances {sorted(i or '' for i in instances)})"
             )
-    ctx.runs += 2
+    ctx.cycles += 1
     ctx.expect.update({nodes[0]: "out", nodes[1]: "out", nodes[2]: "healthy", nodes[3]: "healthy"})
     ctx.note(
         f"peering objects from {source}; paused after both started: {paused}; writes while both ran: "

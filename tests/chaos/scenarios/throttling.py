@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tests.chaos import invariants as inv
 from tests.chaos.scenarios.cluster import LOAD
+from tests.chaos.scenarios.common import SILENCE
 from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.k8s import Kube, healthy_spec
 
@@ -20,7 +21,7 @@ def throttling(ctx: Ctx) -> None:
     nodes = ctx.make_nodes(count)
     ctx.policy(
         {
-            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "10m"}},
+            "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": SILENCE}},
             "safety": {"maxUnhealthy": "100%", "probation": "2s", "flapping": {"maxQuarantines": 100}},
         }
     )
@@ -81,7 +82,7 @@ def throttling(ctx: Ctx) -> None:
         code = str((e.get("responseStatus") or {}).get("code"))
         codes[code] = codes.get(code, 0) + 1
     per_node = len(entries) / count
-    ctx.runs += count
+    ctx.cycles += 1
     ctx.stats.update(
         operator_requests=len(entries),
         requests_per_node=round(per_node, 1),
