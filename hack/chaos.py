@@ -11,6 +11,7 @@ known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
     make chaos                                  # full counts (about 15-20 minutes on 2 cores)
     make chaos CHAOS_ARGS=--quick               # the short counts `make test` also runs
     make chaos CHAOS_ARGS="--only peering --only bad_input"
+    make soak SOAK_MINUTES=30                   # the soak: build/chaos/soak.json
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.chaos.scenarios import SCENARIOS, run_scenario, start_cluster  # noqa: E402
+from tests.chaos.soak import soak  # noqa: E402
 
 OUT = REPO / "build" / "chaos"
 
@@ -61,6 +63,33 @@ def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, start
     }
 
 
+def run_soak(minutes: float, seed: int, work: Path, path: Path) -> int:
+    """`make soak`: one control plane, one long soak; writes build/chaos/soak.json."""
+    started = time.monotonic()
+    cluster = start_cluster(work / "soak-cluster")
+    try:
+        result = soak(cluster, work, minutes, seed)
+    finally:
+        cluster.stop()
+    report = {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.monotonic() - started, 1),
+        **result,
+    }
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    for name, tr in result["trends"].items():
+        print(
+            f"   {name}: mean {tr['mean']}, slope {tr['per_hour']}/h "
+            f"({tr['per_hour_pct_of_mean']}% of the mean per hour)"
+        )
+    print(f"== soak {minutes} min: events {result['events']}, {len(result['violations'])} violations; report: {path}")
+    for v in result["violations"]:
+        print(f"     ! {v}")
+    return 1 if result["violations"] else 0
+
+
 def _git(*args: str) -> str:
     proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
     return proc.stdout.strip()
@@ -72,6 +101,7 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[], help="run only this scenario (repeatable)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="random seed (recorded)")
     ap.add_argument("--repeat", type=int, default=1, help="independent runs of each scenario (fresh nodes, seeds)")
+    ap.add_argument("--soak", type=float, metavar="MINUTES", help="instead: the soak (tests/chaos/soak.py)")
     ap.add_argument("--out", type=Path, default=OUT, help="report and logs directory")
     args = ap.parse_args()
     names = [s.name for s in SCENARIOS]
@@ -83,6 +113,8 @@ def main() -> int:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    if args.soak:
+        return run_soak(args.soak, args.seed, work, out / "soak.json")
     report_path = out / "report.json"
     started = time.monotonic()
     by: dict[str, list[dict[str, Any]]] = {}
