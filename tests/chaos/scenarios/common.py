@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 # agentSilence.after of every scenario whose reports come from the heartbeater (context.HEARTBEAT_S):
-# five beats, so a missed beat or two under load is no silence, while a node that stays Healthy on a
+# four beats, so a missed beat or two under load is no silence, while a node that stays Healthy on a
 # stale report is caught well within any scenario's length.
-SILENCE = "20s"
+SILENCE = "10s"
 
 
 def drain_policy(**safety: Any) -> dict[str, Any]:

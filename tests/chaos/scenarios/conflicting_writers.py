@@ -42,7 +42,7 @@ def conflicting_writers(ctx: Ctx) -> None:
     time.sleep(0.5)
     for n in nodes:
         ctx.expect[n] = "healthy"
-    ctx.stats.update(foreign_writes=writer.writes, foreign_conflicts=writer.conflicts)
+    ctx.stats.update(foreign_writes=writer.writes, foreign_conflicts=writer.conflicts, writer_checks=writer.checks)
     lifted = [e for n in nodes for e in inv.events_on(inv.operator_events(ctx), n, "LiftedByOthers")]
     ctx.note(
         f"{len(nodes)} nodes x {cycles} quarantine/recovery cycles against {writer.writes} foreign writes "

@@ -28,7 +28,7 @@ from tests.support.workloads import indexed_training_job
 T = TypeVar("T")
 # How often the scenarios' stand-in agents (the heartbeater) re-send a report: every scenario's
 # agentSilence.after is a few of these, short enough that a stale Healthy verdict is caught.
-HEARTBEAT_S = 4.0
+HEARTBEAT_S = 2.5
 # What the report counts apart: processes killed or crashed, writes by another controller, invalid
 # or hostile objects sent, reports gone wrong (a clock ahead, a report deleted), and the simulated
 # GPU faults the scenarios react to.
@@ -91,6 +91,7 @@ class Ctx:
     quiet: set[str] = field(default_factory=set)
     _report_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _heartbeating: bool = False
+    _beat_stop: threading.Event = field(default_factory=threading.Event)
     silence: dict[str, float] = field(default_factory=dict)
     default_silence: float = 120.0
     breakers: dict[str, tuple[list[str], int]] = field(default_factory=dict)
@@ -150,9 +151,11 @@ class Ctx:
         with lock:
             self.reports[node] = dict(spec)
             self.retry(self.kube.put_report, node, spec)
-        if not self._heartbeating:
+        if not self._heartbeating:  # its own thread, not a background task: it runs until cleanup
             self._heartbeating = True
-            self.background(self._heartbeats, "heartbeater")
+            threading.Thread(
+                target=self._guard, args=(self._heartbeats, self._beat_stop, "heartbeater"), daemon=True
+            ).start()
 
     def _heartbeats(self, stop: threading.Event) -> None:
         """Like an agent, re-send each node's last report with a fresh heartbeatTime every
@@ -367,6 +370,7 @@ class Ctx:
         self._stops.clear()
 
     def cleanup(self) -> None:
+        self._beat_stop.set()
         self.stop_background()
         # Policies go first, while an operator still runs: Kopf keeps a finalizer on them.
         for p in self.policies:
