@@ -94,7 +94,11 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
                     "xid": {"overrides": [{"code": 79, "action": "cordon"}]},
                     "ecc": {"action": "cordon"},
                 },
-                "safety": {"maxUnhealthy": "100%", "probation": "5s", "flapping": {"maxQuarantines": 1000}},
+                "safety": {
+                    "maxUnhealthy": "100%",
+                    "probation": "5s",
+                    "flapping": {"maxQuarantines": 100, "window": "1m"},
+                },
             }
         )
         fleet = ctx.agents(nodes, heartbeat=2.0)
@@ -151,7 +155,16 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
                 cluster.kubectl("delete", "node", n, "--wait=false", check=False)
                 live.remove(n)
                 deleted.append(n)
-                (fresh,) = ctx.make_nodes(1)
+                # Not ctx.make_nodes: it waits for every node of the group to be schedulable, and
+                # quarantined ones are cordoned. The agent's report and KWOK follow by themselves.
+                (fresh,) = ctx.retry(
+                    cluster.add_gpu_nodes,
+                    1,
+                    prefix=f"{ctx.group}-",
+                    start=len(ctx.all_nodes),
+                    labels={"chaos-group": ctx.group},
+                )
+                ctx.all_nodes.append(fresh)
                 fleet.start([fresh])  # one more agent; the others keep running
                 live.append(fresh)
             time.sleep(rng.uniform(1.0, 4.0))
