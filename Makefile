@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv control-plane tools lint typecheck unit integration test demo bench chaos cluster-up cluster-down clean
+.PHONY: help venv control-plane tools lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
 	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make chaos         fault-injection suite"
+	@echo "make soak          random faults, kills and node churn for SOAK_MINUTES (30); resource slopes"
 	@echo "make cluster-up    start a local control plane with fake GPU nodes (make cluster-down stops it)"
 
 $(STAMP): pyproject.toml
@@ -60,7 +61,11 @@ bench: $(STAMP) control-plane
 	$(PY) -m hack.bench $(BENCH_ARGS)
 
 chaos: $(STAMP) control-plane
-	$(PY) hack/chaos.py $(CHAOS_ARGS)
+	$(PY) -m hack.chaos $(CHAOS_ARGS)
+
+SOAK_MINUTES ?= 30
+soak: $(STAMP) control-plane
+	$(PY) -m hack.chaos --soak $(SOAK_MINUTES) $(CHAOS_ARGS)
 
 cluster-up: $(STAMP) control-plane
 	$(PY) -m hack.cluster up $(CLUSTER_ARGS)

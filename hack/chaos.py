@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`make chaos`: fault injection against fresh local control planes; writes build/chaos/report.json.
 
-Scenarios (tests/chaos/scenarios.py) run one after another on a control plane per group (one with
-the API server's default limits, one throttled to 5 requests in flight), each torn down at the end.
+Scenarios (tests/chaos/scenarios/, one module each, named in registry.py) run one after another on
+a control plane per group (one with the API server's default limits, one throttled to 5 requests in
+flight), each torn down at the end.
 After every scenario the invariants in tests/chaos/invariants.py are checked. Exit status 1 if any
 invariant was violated (other than a known, reported product bug that still reproduces), or if a
 known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
@@ -10,6 +11,7 @@ known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
     make chaos                                  # full counts (about 15-20 minutes on 2 cores)
     make chaos CHAOS_ARGS=--quick               # the short counts `make test` also runs
     make chaos CHAOS_ARGS="--only peering --only bad_input"
+    make soak SOAK_MINUTES=30                   # the soak: build/chaos/soak.json
 """
 
 from __future__ import annotations
@@ -17,35 +19,79 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tests.chaos.scenarios import SCENARIOS, run_scenario, start_cluster
+from tests.chaos.soak import soak
 
-from tests.chaos.scenarios import SCENARIOS, run_scenario, start_cluster  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "build" / "chaos"
 
 
-def summarize(by: dict[str, dict[str, Any]], quick: bool, seed: int, started: float) -> dict[str, Any]:
-    unexpected = sum(len(r["violations"]) for r in by.values())
-    known = sum(len(r.get("known_violations", [])) for r in by.values())
-    fixed = [bug for r in by.values() for bug in r.get("known_bugs_not_reproduced", [])]
+def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, started: float) -> dict[str, Any]:
+    """Totals that count honestly: a run is one independent episode (a scenario on fresh nodes with
+    its own policy and operator); its cycles are not runs. Process-level faults (SIGKILLs, crashes),
+    writes by another controller, hostile objects and simulated GPU faults are counted apart."""
+    results = [r for rs in by.values() for r in rs]
+    faults: dict[str, int] = {}
+    for r in results:
+        for cls, n in r.get("faults", {}).items():
+            faults[cls] = faults.get(cls, 0) + n
     return {
         "scenarios": len(by),
-        "faults_injected": sum(r["faults_injected"] for r in by.values()),
-        "runs": sum(r["runs"] for r in by.values()),
-        "invariant_violations": unexpected,
-        "known_violations": known,
-        "known_bugs_no_longer_reproducing": fixed,
+        "runs": sum(r.get("runs", 1) for r in results),
+        "cycles": sum(r.get("cycles", 0) for r in results),
+        "faults": dict(sorted(faults.items())),
+        "invariant_violations": sum(len(r["violations"]) for r in results),
+        "known_violations": sum(len(r.get("known_violations", [])) for r in results),
+        "known_bugs_no_longer_reproducing": sorted(
+            {bug for r in results for bug in r.get("known_bugs_not_reproduced", [])}
+        ),
         "quick": quick,
         "seed": seed,
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.monotonic() - started, 1),
         "by_scenario": by,
     }
+
+
+def run_soak(minutes: float, seed: int, work: Path, path: Path) -> int:
+    """`make soak`: one control plane, one long soak; writes build/chaos/soak.json."""
+    started = time.monotonic()
+    cluster = start_cluster(work / "soak-cluster")
+    try:
+        result = soak(cluster, work, minutes, seed)
+    finally:
+        cluster.stop()
+    report = {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(time.monotonic() - started, 1),
+        **result,
+    }
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    for name, tr in result["trends"].items():
+        print(
+            f"   {name}: mean {tr['mean']}, slope {tr['per_hour']}/h "
+            f"({tr['per_hour_pct_of_mean']}% of the mean per hour)"
+        )
+    print(f"== soak {minutes} min: events {result['events']}, {len(result['violations'])} violations; report: {path}")
+    for v in result["violations"]:
+        print(f"     ! {v}")
+    return 1 if result["violations"] else 0
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    return proc.stdout.strip()
 
 
 def main() -> int:
@@ -53,6 +99,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short counts (about 1/5), as in make test")
     ap.add_argument("--only", action="append", default=[], help="run only this scenario (repeatable)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="random seed (recorded)")
+    ap.add_argument("--repeat", type=int, default=1, help="independent runs of each scenario (fresh nodes, seeds)")
+    ap.add_argument("--soak", type=float, metavar="MINUTES", help="instead: the soak (tests/chaos/soak.py)")
     ap.add_argument("--out", type=Path, default=OUT, help="report and logs directory")
     args = ap.parse_args()
     names = [s.name for s in SCENARIOS]
@@ -64,9 +112,11 @@ def main() -> int:
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    if args.soak:
+        return run_soak(args.soak, args.seed, work, out / "soak.json")
     report_path = out / "report.json"
     started = time.monotonic()
-    by: dict[str, dict[str, Any]] = {}
+    by: dict[str, list[dict[str, Any]]] = {}
     for kind in ("main", "throttled"):
         group = [s for s in chosen if s.cluster == kind]
         if not group:
@@ -76,31 +126,34 @@ def main() -> int:
         try:
             cluster = start_cluster(work / kind / "cluster", throttled=kind == "throttled")
             for i, sc in enumerate(group):
-                print(f"-- {sc.name} ...", flush=True)
-                result = run_scenario(sc.name, cluster, work / kind, args.quick, args.seed + i)
-                by[sc.name] = result
-                known = result.get("known_violations", [])
-                print(
-                    f"   {sc.name}: {result['runs']} runs, {result['faults_injected']} faults, "
-                    f"{len(result['violations'])} violations (+{len(known)} from known bugs) in {result['seconds']}s",
-                    flush=True,
-                )
-                for v in result["violations"]:
-                    print(f"     ! {v}", flush=True)
-                for v in known:
-                    print(f"     (known) {v}", flush=True)
-                report_path.write_text(json.dumps(summarize(by, args.quick, args.seed, started), indent=2) + "\n")
+                for rep in range(args.repeat):
+                    print(f"-- {sc.name} (run {rep + 1} of {args.repeat}) ...", flush=True)
+                    seed = args.seed + 100 * rep + i
+                    result = run_scenario(sc.name, cluster, work / kind / f"run{rep}", args.quick, seed)
+                    by.setdefault(sc.name, []).append(result)
+                    known = result.get("known_violations", [])
+                    print(
+                        f"   {sc.name}: {result['cycles']} cycles, faults {result['faults']}, "
+                        f"{len(result['violations'])} violations (+{len(known)} from known bugs) "
+                        f"in {result['seconds']}s",
+                        flush=True,
+                    )
+                    for v in result["violations"]:
+                        print(f"     ! {v}", flush=True)
+                    for v in known:
+                        print(f"     (known) {v}", flush=True)
+                    report_path.write_text(json.dumps(summarize(by, args.quick, args.seed, started), indent=2) + "\n")
         except Exception as e:
-            for sc in group:
-                by.setdefault(
-                    sc.name,
+            for sc in [s for s in group if s.name not in by]:
+                by.setdefault(sc.name, []).append(
                     {
                         "runs": 0,
-                        "faults_injected": 0,
+                        "cycles": 0,
+                        "faults": {},
                         "violations": [f"control plane '{kind}' failed: {e!r}"],
                         "seconds": 0,
                         "notes": [],
-                    },
+                    }
                 )
         finally:
             if cluster is not None:
@@ -108,12 +161,13 @@ def main() -> int:
     report = summarize(by, args.quick, args.seed, started)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(
-        f"== {report['scenarios']} scenarios, {report['runs']} runs, {report['faults_injected']} faults injected, "
+        f"== {report['scenarios']} scenarios, {report['runs']} runs ({report['cycles']} cycles), "
+        f"faults {report['faults']}, "
         f"{report['invariant_violations']} invariant violations ({report['known_violations']} more from known bugs) "
         f"in {report['seconds']}s; report: {report_path}"
     )
     if report["known_bugs_no_longer_reproducing"]:
-        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios.py):")
+        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios/registry.py):")
         for bug in report["known_bugs_no_longer_reproducing"]:
             print(f"  - {bug}")
     return 1 if report["invariant_violations"] or report["known_bugs_no_longer_reproducing"] else 0

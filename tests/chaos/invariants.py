@@ -4,16 +4,19 @@ Everything is read from the API (Nodes, GPUNodeHealth reports, the operator's Ev
 and from the API server's audit log, where the operator runs under its own token so its requests
 are told apart from the scenario's own:
 
-- each pod is evicted at most once per drain (`Evicted` Events, and successful `pods/eviction`
-  creates by the operator in the audit log);
-- each checkpoint is requested at most once per drain (`CheckpointRequested` Events, and successful
-  pod patches by the operator, which patches pods only to set `gpuhealth.dev/checkpoint-requested`);
+- each pod is evicted at most once per drain and, if its checkpoint mode needs a request, asked to
+  checkpoint before its eviction, at most once (`Evicted`/`CheckpointRequested` Events, and the
+  order of the operator's successful `pods/eviction` creates and pod patches in the audit log;
+  podorder.py);
 - every gpuhealth taint or cordon has a recorded reason (the Node's `gpuhealth.dev/quarantine`
   annotation and the report's `status.reason`);
-- no cordon or taint placed by someone else was lifted;
+- no cordon or taint placed by someone else was lifted, against the foreign writer's own log
+  (foreign.py; sampled continuously and checked by the writer before each of its writes);
 - while the annotation says gpuhealth's taint is on, the taint is on (sampled continuously);
 - the final state of every node is what the policy says for its final facts;
-- nothing is Healthy without a fresh report (heartbeat within agentSilence.after; sampled).
+- nothing is Healthy without a fresh report: the heartbeat changed within agentSilence.after by the
+  sampler's clock and by the agent's, and no Node says Healthy once its report is gone (freshness.py;
+  sampled).
 """
 
 from __future__ import annotations
@@ -25,12 +28,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests.chaos.foreign import foreign_problems as foreign_log_problems
+from tests.chaos.freshness import Freshness, node_says_healthy
+from tests.chaos.podorder import order_problems, pod_writes
+from tests.chaos.timeparse import now as now
+from tests.chaos.timeparse import parse_time as parse_time
+
 if TYPE_CHECKING:
-    from tests.chaos.scenarios import Ctx
+    from tests.chaos.scenarios.context import Ctx
 
 TAINT = "gpuhealth.dev/unhealthy"
 QUARANTINE = "gpuhealth.dev/quarantine"
@@ -44,20 +52,6 @@ FRESHNESS_SLACK_S = 5.0
 
 _EVICTED = re.compile(r"^Evicted ([^\s:]+)")
 _REQUESTED = re.compile(r"^Asked ([^\s:]+) to checkpoint")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # -- sources ---------------------------------------------------------------------------------------
@@ -123,52 +117,35 @@ def events_on(events: Iterable[Mapping[str, Any]], name: str, reason: str | None
 # -- pods: at most one eviction and one checkpoint request per drain ----------------------------------
 
 
-@dataclass
-class PodCounts:
-    evicted_events: Counter[str] = field(default_factory=Counter)
-    eviction_calls: Counter[str] = field(default_factory=Counter)
-    requested_events: Counter[str] = field(default_factory=Counter)
-    request_patches: Counter[str] = field(default_factory=Counter)
-
-
-def pod_counts(ctx: Ctx, events: list[dict[str, Any]]) -> PodCounts:
-    pc = PodCounts()
+def event_counts(ctx: Ctx, events: list[dict[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+    """(Evicted, CheckpointRequested) Events per pod on this scenario's nodes."""
+    evicted: Counter[str] = Counter()
+    requested: Counter[str] = Counter()
     nodes = set(ctx.all_nodes)
     for e in events:
         if (e.get("involvedObject") or {}).get("name") not in nodes:
             continue
         msg = e.get("message") or ""
         if e.get("reason") in ("Evicted", "EvictedCrashLooping") and (m := _EVICTED.match(msg)):
-            pc.evicted_events[m.group(1)] += int(e.get("count") or 1)
+            evicted[m.group(1)] += int(e.get("count") or 1)
         elif e.get("reason") == "CheckpointRequested" and (m := _REQUESTED.match(msg)):
-            pc.requested_events[m.group(1)] += int(e.get("count") or 1)
-    namespaces = set(ctx.namespaces)
-    for a in audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started):
-        ref = a.get("objectRef") or {}
-        if ref.get("resource") != "pods" or ref.get("namespace") not in namespaces or not _ok(a):
-            continue
-        key = f"{ref.get('namespace')}/{ref.get('name')}"
-        if a.get("verb") == "create" and ref.get("subresource") == "eviction":
-            pc.eviction_calls[key] += 1
-        elif a.get("verb") == "patch" and not ref.get("subresource"):
-            pc.request_patches[key] += 1  # the operator patches pods only to request a checkpoint
-    return pc
+            requested[m.group(1)] += int(e.get("count") or 1)
+    return evicted, requested
 
 
 def check_pods(ctx: Ctx, events: list[dict[str, Any]]) -> list[str]:
-    pc = pod_counts(ctx, events)
+    """Each pod asked and evicted at most once; a pod whose mode needs a request asked before its
+    eviction (the audit log's order; tests/chaos/podorder.py)."""
     out = []
-    for what, counter in (
-        ("Evicted events", pc.evicted_events),
-        ("successful eviction calls", pc.eviction_calls),
-        ("CheckpointRequested events", pc.requested_events),
-        ("checkpoint-request patches", pc.request_patches),
-    ):
+    evicted, requested = event_counts(ctx, events)
+    for what, counter in (("Evicted events", evicted), ("CheckpointRequested events", requested)):
         for pod, n in sorted(counter.items()):
             if n > 1:
                 out.append(f"pod {pod}: {n} {what} (at most 1 per drain)")
-    ctx.stats["pods_evicted"] = len(pc.eviction_calls)
-    ctx.stats["checkpoints_requested"] = len(pc.request_patches)
+    writes = pod_writes(audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started), ctx.namespaces)
+    out += order_problems(writes, lambda pod: pod.split("/")[0] in ctx.checkpoint_namespaces, ctx.workload_saw)
+    ctx.stats["pods_evicted"] = len({w.pod for w in writes if w.kind == "evict"})
+    ctx.stats["checkpoints_requested"] = len({w.pod for w in writes if w.kind == "request"})
     return out
 
 
@@ -230,13 +207,8 @@ def marks_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
 
 
 def foreign_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
-    out = []
-    keys = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
-    for k in sorted(ctx.foreign_taints.get(name, set()) - keys):
-        out.append(f"{name}: foreign taint {k} was lifted")
-    if ctx.foreign_cordon.get(name) and not (node.get("spec") or {}).get("unschedulable"):
-        out.append(f"{name}: a cordon placed by someone else was lifted")
-    return out
+    """Foreign taints and cordons, against the foreign writer's own log (tests/chaos/foreign.py)."""
+    return foreign_log_problems(ctx.foreign, name, node)
 
 
 def expectation_problems(
@@ -261,7 +233,8 @@ def expectation_problems(
             out.append(f"{name}: expected Healthy (clean facts for longer than probation), is {state}")
         if taint is not None or ann is not None:
             out.append(f"{name}: Healthy but gpuhealth's taint/annotation remain ({taint}, {ann})")
-        if unsched and not ctx.foreign_cordon.get(name):
+        foreign = ctx.foreign.latest(name)
+        if unsched and not (foreign and foreign.cordon):
             out.append(f"{name}: Healthy but still cordoned, and nobody else cordoned it")
         if label != "Healthy" or (cond or {}).get("status") != "True":
             out.append(f"{name}: Healthy but label {label!r} / condition {(cond or {}).get('status')!r}")
@@ -288,9 +261,18 @@ def expectation_problems(
             out.append(f"{name}: expected held back by the breaker, is {state} (taint {taint})")
     elif want == "unknown":
         if state != "Unknown" or (cond or {}).get("status") != "Unknown":
-            out.append(f"{name}: expected Unknown (agent silent), is {state} / condition {cond}")
+            hb_age = _heartbeat_age(report, at)
+            ahead = (
+                f"; its heartbeatTime is {-hb_age:.0f}s ahead of this clock"
+                if hb_age is not None and hb_age < -60
+                else ""
+            )
+            out.append(f"{name}: expected Unknown (agent silent), is {state} / condition {cond}{ahead}")
         if taint is not None:
             out.append(f"{name}: Unknown under an observe-only silence action, but tainted")
+    elif want == "no_report":
+        if node_says_healthy(node):
+            out.append(f"{name}: its report is gone, but the Node still says Healthy")
     elif want == "untouched":
         if taint is not None or ann is not None or (state in OUT_OF_SERVICE):
             out.append(f"{name}: gpuhealth acted on input it should have refused ({state}, taint {taint})")
@@ -351,6 +333,7 @@ class Sampler:
         self.violations: dict[str, str] = {}  # dedup key -> first message
         self.samples = 0
         self.max_out: dict[str, int] = {}
+        self.fresh = Freshness(slack=FRESHNESS_SLACK_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
 
@@ -371,20 +354,17 @@ class Sampler:
             try:
                 nodes, reports = snapshot(self.ctx)
             except Exception:
+                self.fresh.unreadable()
                 continue  # the API server may be down on purpose
             self.samples += 1
             at = now()
+            mono = time.monotonic()
             for name, node in nodes.items():
-                for p in marks_problems(self.ctx, name, node):
+                for p in marks_problems(self.ctx, name, node) + foreign_problems(self.ctx, name, node):
                     self._add(f"marks/{name}/{p.split(':', 1)[1][:40]}", f"[sampled {at:%H:%M:%S}] {p}")
-                status = (reports.get(name) or {}).get("status") or {}
-                if status.get("state") == "Healthy":
-                    age = _heartbeat_age(reports.get(name), at)
-                    if age is None or age > self.ctx.silence_after(name) + FRESHNESS_SLACK_S:
-                        self._add(
-                            f"fresh/{name}",
-                            f"[sampled {at:%H:%M:%S}] {name}: Healthy without a fresh report (heartbeat age {age})",
-                        )
+                after = self.ctx.silence_after(name)
+                for kind, p in self.fresh.observe(mono, at, name, reports.get(name), node, after):
+                    self._add(f"{kind}/{name}", f"[sampled {at:%H:%M:%S}] {p}")
             for pname, (members, limit) in self.ctx.breakers.items():
                 out = sum(1 for n in members if n in nodes and _our_taint(nodes[n]) is not None)
                 self.max_out[pname] = max(self.max_out.get(pname, 0), out)

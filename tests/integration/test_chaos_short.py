@@ -1,6 +1,6 @@
 """The chaos suite with short counts, on real control planes (the full one is `make chaos`).
 
-Each test runs one scenario of tests/chaos/scenarios.py (about 1/5 of `make chaos`'s counts) and
+Each test runs one scenario of tests/chaos/scenarios/ (about 1/5 of `make chaos`'s counts) and
 every invariant of tests/chaos/invariants.py after it. Violations that reproduce an already
 reported product bug are split off: the scenario's test still fails on anything else, and a
 strict xfail test per bug turns red the moment the bug is fixed (then drop its mark).
@@ -54,9 +54,9 @@ def throttled(workdir: Path) -> dict[str, Any]:
     return _results["throttling"]
 
 
-def assert_clean(result: dict[str, Any], min_runs: int) -> None:
+def assert_clean(result: dict[str, Any], min_cycles: int) -> None:
     assert not result["violations"], "invariant violations:\n" + "\n".join(result["violations"])
-    assert result["runs"] >= min_runs, result["notes"]
+    assert result["cycles"] >= min_cycles, result["notes"]
 
 
 def _known_for(result: dict[str, Any], bug: str, scenario: str) -> list[str]:
@@ -68,24 +68,25 @@ def _known_for(result: dict[str, Any], bug: str, scenario: str) -> list[str]:
 # The throttled control plane first, so it is gone before the main one starts (2 cores).
 def test_throttled_storm_completes_without_busy_loop(chaos_workdir: Path) -> None:
     r = throttled(chaos_workdir)
-    assert_clean(r, 6)
+    assert_clean(r, 1)
     assert r["stats"]["requests_per_node"] < 50
 
 
 def test_operator_sigkilled_at_random_instants(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("operator_kills", main_cluster, chaos_workdir)
-    assert_clean(r, 6)
+    assert_clean(r, 1)
     assert r["stats"]["operator_kills"] >= 1
+    assert r["stats"]["pods_evicted"] >= 1, "the order invariant had no eviction to judge"
 
 
 def test_conflicting_writers_lose_nothing(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("conflicting_writers", main_cluster, chaos_workdir)
-    assert_clean(r, 6)
+    assert_clean(r, 2)
     assert r["stats"]["foreign_writes"] > 0
 
 
 def test_dead_agent_unknown_and_never_back_on_stale_data(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
-    assert_clean(run("agent_death", main_cluster, chaos_workdir), 4)
+    assert_clean(run("agent_death", main_cluster, chaos_workdir), 1)
 
 
 def test_bad_input_refused_or_handled(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
@@ -96,7 +97,7 @@ def test_bad_input_refused_or_handled(main_cluster: LocalCluster, chaos_workdir:
 
 def test_peering_no_standby_acts_and_handover(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("peering", main_cluster, chaos_workdir)
-    assert_clean(r, 2)
+    assert_clean(r, 1)
     assert sum(1 for n in r["stats"]["writes_while_both_ran"].values() if n) <= 1, "only one replica may write"
 
 
@@ -104,11 +105,13 @@ def test_fault_storm_breaker_opens_and_closes(main_cluster: LocalCluster, chaos_
     assert_clean(run("fault_storm", main_cluster, chaos_workdir), 1)
 
 
-# Last on the main control plane: it restarts kube-apiserver and etcd.
-def test_apiserver_and_etcd_restarts_mid_drain(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
-    r = run("control_plane_restarts", main_cluster, chaos_workdir)
+# Last on the main control plane: it SIGKILLs kube-apiserver and etcd.
+def test_apiserver_and_etcd_crashes_mid_drain(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("control_plane_crashes", main_cluster, chaos_workdir)
     assert_clean(r, 2)
-    assert max(r["stats"]["operator_recovery_s"] + r["stats"]["agents_recovery_s"]) <= 30
+    assert r["faults"]["process"] >= 2
+    # The agents' recovery bound is a violation of its own (split off while the known 403 back-off bug stands).
+    assert max(r["stats"]["operator_recovery_s"]) <= 30
 
 
 # One test per known, already reported product bug (KNOWN_VIOLATIONS): strict xfail where the bug

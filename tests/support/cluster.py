@@ -200,6 +200,9 @@ class LocalCluster:
     extra_tokens: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # Users whose requests the API server writes to workdir/audit.log (Metadata level).
     audit_users: Sequence[str] = ()
+    # etcd syncs its WAL to disk like a real one (the chaos suite's crash scenarios); off by default,
+    # as the integration tests need speed more than durability.
+    etcd_fsync: bool = False
     procs: dict[str, Proc] = field(default_factory=dict)
     etcd_port: int = 0
     api_port: int = 0
@@ -271,7 +274,7 @@ class LocalCluster:
                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-cluster=default=http://127.0.0.1:{peer}",
-                "--unsafe-no-fsync",
+                *([] if self.etcd_fsync else ["--unsafe-no-fsync"]),
                 "--quota-backend-bytes=4294967296",
                 "--log-level=warn",
             ],
@@ -419,10 +422,11 @@ class LocalCluster:
             if p := self.procs.get(name):
                 p.stop()
 
-    def restart(self, name: str, down_for: float = 0.0) -> None:
-        """Stop one component and start it again with the same arguments (chaos scenarios)."""
+    def restart(self, name: str, down_for: float = 0.0, sig: int = signal.SIGTERM) -> None:
+        """Stop one component (``sig``: SIGKILL for a crash) and start it again with the same
+        arguments (chaos scenarios)."""
         p = self.procs[name]
-        p.stop()
+        p.stop(sig)
         time.sleep(down_for)
         p.start()
         if name == "kube-apiserver":

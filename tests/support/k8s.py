@@ -174,7 +174,8 @@ class OperatorProcess:
     metrics_port: int = 0
     kubeconfig_flag: bool = True  # False: credentials come from ``env`` (KUBECONFIG), as in a shell
 
-    def start(self) -> OperatorProcess:
+    def start(self, wait: bool = True) -> OperatorProcess:
+        """Start the process; with ``wait``, return once its metrics answer and its watches are up."""
         self.metrics_port = free_port()
         exe = Path(sys.executable).parent / "gpuhealth-operator"
         with open(self.log, "ab") as out:
@@ -191,10 +192,11 @@ class OperatorProcess:
                 start_new_session=True,
                 env={**os.environ, **self.env},
             )
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0, settle: float = 1.0) -> None:
         import urllib.request
 
         def up() -> bool:
@@ -205,7 +207,7 @@ class OperatorProcess:
                 return bool(r.status == 200)
 
         wait_for(up, timeout, what="operator metrics endpoint")
-        time.sleep(1.0)  # watches established after the initial list
+        time.sleep(settle)  # watches established after the initial list
 
     def metrics(self) -> str:
         import urllib.request

@@ -1,0 +1,103 @@
+"""Scenario: real agents SIGKILLed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+from tests.chaos import invariants as inv
+from tests.chaos.scenarios.context import Ctx
+from tests.support.k8s import healthy_spec
+
+
+def agent_death(ctx: Ctx) -> None:
+    """Real agents are SIGKILLed: a healthy node turns Unknown within two heartbeats plus
+    agentSilence.after; the silence action applies; a node that was out of service stays out; an
+    agent killed while it writes a new fault and restarted still gets the node quarantined; a node
+    whose report is deleted is not Healthy; a report from a clock an hour ahead does not keep a
+    silent node Healthy."""
+    heartbeat, after, probation = 2.0, 5.0, 10.0
+    sets = ctx.n(3, 1)
+    healthy, quarantined, recovering, cordoned, midwrite, gone = [], [], [], [], [], []
+    for _ in range(sets):
+        a, b, c, m, g = ctx.make_nodes(5)
+        midwrite.append(m)
+        gone.append(g)
+        (d,) = ctx.make_nodes(1, labels={"chaos-silence": "cordon"})
+        healthy.append(a)
+        quarantined.append(b)
+        recovering.append(c)
+        cordoned.append(d)
+    base = {
+        "rules": {
+            "agentSilence": {"after": f"{after:.0f}s"},
+            "xid": {"overrides": [{"code": 79, "action": "cordon"}]},
+            "ecc": {"action": "cordon"},
+        },
+        "safety": {"maxUnhealthy": "100%", "probation": f"{probation:.0f}s"},
+    }
+    ctx.policy(base)
+    strict = json.loads(json.dumps(base))
+    strict["rules"]["agentSilence"]["action"] = "cordon"
+    strict["priority"] = 10
+    ctx.policy(strict, name=f"{ctx.group}-cordon", match={"chaos-silence": "cordon"}, nodes=cordoned)
+    everyone = healthy + quarantined + recovering + cordoned + midwrite + gone
+    fleet = ctx.agents(everyone, heartbeat=heartbeat)
+    (ahead,) = ctx.make_nodes(1)
+    ctx.go_quiet(ahead)  # no heartbeater: one report, from a clock an hour ahead, then silence
+    future = (inv.now() + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ctx.put_report(ahead, {**healthy_spec(), "heartbeatTime": future})
+    ctx.fault(kind="agent_clock_ahead")
+    ctx.operator()
+    ctx.wait_states(everyone, lambda s: s.get("state") == "Healthy", 90, "agents report, all Healthy")
+    # Agents SIGKILLed while they publish a new fault (the agent polls every 0.5 s), then restarted:
+    # the fault must not be forgotten.
+    for m in midwrite:
+        fleet[m].inject_xid(gpu=5, code=79)
+        time.sleep(ctx.rng.uniform(0.0, 1.0))
+        fleet[m].kill()
+        fleet.launch(fleet[m])
+    ctx.fault(len(midwrite), kind="gpu")
+    ctx.fault(len(midwrite), kind="agent_kill")
+    ctx.wait_states(midwrite, lambda s: s.get("state") == "Quarantined", 30, "fault survives an agent kill mid-write")
+    for b in quarantined:
+        fleet[b].inject_xid(gpu=1, code=79)
+    for c in recovering:
+        fleet[c].set("gpu 2 ecc_volatile_uncorrected 3")
+    ctx.fault(len(quarantined) + len(recovering), kind="gpu")
+    ctx.wait_states(quarantined + recovering, lambda s: s.get("state") == "Quarantined", 30, "quarantined")
+    for c in recovering:
+        fleet[c].set("gpu 2 ecc_volatile_uncorrected 0")
+    ctx.wait_states(recovering, lambda s: s.get("state") == "Recovering", 30, "on probation")
+    t0 = time.monotonic()
+    for n in everyone:
+        fleet[n].kill()
+    ctx.fault(len(everyone), kind="agent_kill")
+    bound = 2 * heartbeat + after
+    ctx.wait_states(healthy, lambda s: s.get("state") == "Unknown", bound + 10, "Unknown", interval=0.25)
+    took = time.monotonic() - t0
+    if took > bound + 1.0:  # one sweep (--tick=1) of measuring slack
+        ctx.violate(f"healthy nodes became Unknown {took:.1f}s after their agents died (bound {bound:.0f}s)")
+    ctx.wait_states(cordoned, lambda s: s.get("state") == "Quarantined", 30, "silence action cordon applied")
+    for g in gone:  # the agent is dead; now its report goes too
+        ctx.retry(ctx.kube.custom.delete_cluster_custom_object, inv.GROUP, inv.VERSION, "gpunodehealths", g)
+    ctx.fault(len(gone), kind="report_deleted")
+    # Long past the probation: nothing on stale data may return to service.
+    time.sleep(max(0.0, probation + after + 3 - (time.monotonic() - t0)))
+    ctx.cycles += 1
+    for n in healthy:
+        ctx.expect[n] = "unknown"
+    for n in quarantined + cordoned + midwrite:
+        ctx.expect[n] = "out"
+    for n in gone:
+        ctx.expect[n] = "no_report"
+    ctx.expect[ahead] = "unknown"
+    for n in recovering:
+        ctx.expect[n] = "out_of_service"
+    ctx.stats["unknown_after_s"] = round(took, 1)
+    ctx.note(
+        f"{len(everyone)} agents SIGKILLed (heartbeat {heartbeat:.0f}s, agentSilence.after {after:.0f}s): healthy "
+        f"nodes Unknown after {took:.1f}s (bound {bound:.0f}s); quarantined and on-probation nodes stayed out "
+        f"of service past the {probation:.0f}s probation; silence action cordon quarantined its nodes"
+    )

@@ -1,0 +1,151 @@
+"""Every scenario by name, the known product bugs, and run_scenario (scenario + invariants + cleanup)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.chaos import invariants as inv
+from tests.chaos.scenarios.agent_death import agent_death
+from tests.chaos.scenarios.bad_input import bad_input
+from tests.chaos.scenarios.conflicting_writers import conflicting_writers
+from tests.chaos.scenarios.context import FAULT_CLASSES, Ctx
+from tests.chaos.scenarios.control_plane_crashes import control_plane_crashes
+from tests.chaos.scenarios.fault_storm import fault_storm
+from tests.chaos.scenarios.operator_kills import operator_kills
+from tests.chaos.scenarios.peering import peering
+from tests.chaos.scenarios.throttling import throttling
+from tests.support.cluster import LocalCluster
+
+# -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fn: Callable[[Ctx], None]
+    cluster: str  # "main" or "throttled"
+    allow_lifts: bool = False
+
+
+SCENARIOS = [
+    Scenario("operator_kills", operator_kills, "main"),
+    Scenario("conflicting_writers", conflicting_writers, "main"),
+    Scenario("agent_death", agent_death, "main"),
+    Scenario("bad_input", bad_input, "main"),
+    Scenario("peering", peering, "main"),
+    Scenario("fault_storm", fault_storm, "main"),
+    Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
+    Scenario("throttling", throttling, "throttled"),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+# Violations that reproduce product bugs already reported, not yet fixed: scenario ->
+# [((substrings of its violations), the bug)]. They are reported apart and do not fail a run; a known
+# bug that no longer reproduces does (so its mark goes once it is fixed), unless it is listed in
+# TIMING_DEPENDENT (it needs a fault to land in a narrow window). In make test each gets an xfail test.
+# Found by control_plane_crashes (seed 106): an agent whose write lands while a restarted kube-apiserver
+# already serves but has not synced its RBAC caches gets 403 Forbidden, treats it as not retryable and
+# waits its longest back-off (30 s) before the next write: a 30 s heartbeat gap, as long as the
+# scenario's agentSilence.after (evidence: agent log "publishing the report failed: (403)", audit
+# log: patch 403 at 15:06:45.29, next write 15:07:15.30; agents back after 29.1 s, limit 30 s).
+_AGENT_403 = (
+    "issue 13: after a kube-apiserver crash an agent's early 403 (RBAC not yet synced) is treated as "
+    "permanent: it waits its 30 s max back-off, so its heartbeat stops for 30 s"
+)
+_AGENT_403_PATTERN = "crash: the agents took"
+KNOWN_VIOLATIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "agent_death": [
+        (
+            ("ahead of this clock",),
+            "issue 13: a report whose heartbeatTime is an hour ahead keeps its node Healthy after the agent falls "
+            "silent (freshness judged by the agent's clock alone)",
+        )
+    ],
+    "control_plane_crashes": [((_AGENT_403_PATTERN,), _AGENT_403)],
+}
+TIMING_DEPENDENT: set[str] = {_AGENT_403}
+
+
+def split_known(name: str, violations: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(unexpected, known, known bugs that did not reproduce) for one scenario's violations. A bug that
+    reproduces only when a fault lands in a narrow window (TIMING_DEPENDENT) may legitimately not show."""
+    bugs = KNOWN_VIOLATIONS.get(name, [])
+    pats = [p for patterns, _ in bugs for p in patterns]
+    unexpected = [v for v in violations if not any(p in v for p in pats)]
+    known = [v for v in violations if any(p in v for p in pats)]
+    gone = [
+        bug
+        for patterns, bug in bugs
+        if bug not in TIMING_DEPENDENT and not any(p in v for p in patterns for v in violations)
+    ]
+    return unexpected, known, gone
+
+
+def fault_classes(by_kind: dict[str, int]) -> dict[str, int]:
+    """Injected faults grouped as the report shows them apart (context.FAULT_CLASSES)."""
+    out = dict.fromkeys(sorted(set(FAULT_CLASSES.values())), 0)
+    for kind, n in by_kind.items():
+        out[FAULT_CLASSES[kind]] += n
+    return out
+
+
+def _get_policy(ctx: Ctx, name: str) -> dict[str, Any]:
+    try:
+        return ctx.kube.get_policy(name)
+    except Exception:
+        return {}
+
+
+def run_scenario(name: str, cluster: LocalCluster, workdir: Path, quick: bool, seed: int) -> dict[str, Any]:
+    """Run one scenario and every invariant after it; always cleans up what it created."""
+    sc = BY_NAME[name]
+    ctx = Ctx(name, cluster, workdir / name, quick=quick, seed=seed, allow_lifts=sc.allow_lifts)
+    t0 = time.monotonic()
+    sampler = inv.Sampler(ctx).start()
+    try:
+        try:
+            sc.fn(ctx)
+        except Exception as e:
+            ctx.violate(f"scenario aborted: {e!r}")
+            ctx.note(traceback.format_exc(limit=4)[-1500:])
+        ctx.stop_background()
+        ctx.violations += inv.check_all(ctx)
+        ctx.stats["policy_finalizers"] = sorted(
+            {f for p in ctx.policies for f in (_get_policy(ctx, p).get("metadata") or {}).get("finalizers") or []}
+        )
+        ctx.violations += sampler.stop()
+        if sampler.max_out:
+            ctx.stats["max_tainted_sampled"] = sampler.max_out
+        ctx.stats["samples"] = sampler.samples
+        for op in ctx.operators:
+            if op.popen is not None and op.popen.poll() is None:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).close()
+                except Exception as e:
+                    ctx.violate(f"operator metrics endpoint down at the end: {e}")
+    finally:
+        sampler.stop()
+        ctx.cleanup()
+    unexpected, known, gone = split_known(name, ctx.violations)
+    result: dict[str, Any] = {
+        "runs": 1,  # one independent episode: fresh nodes, policy and operator
+        "cycles": ctx.cycles,  # repetitions within it (rounds, storms, crashes), not independent runs
+        "faults": fault_classes(ctx.faults),
+        "faults_by_kind": dict(sorted(ctx.faults.items())),
+        "violations": unexpected,
+        "seconds": round(time.monotonic() - t0, 1),
+        "notes": ctx.notes,
+        "stats": ctx.stats,
+        "seed": seed,
+    }
+    if name in KNOWN_VIOLATIONS:
+        result["known_violations"] = known
+        result["known_bugs"] = [bug for _, bug in KNOWN_VIOLATIONS[name]]
+        result["known_bugs_not_reproduced"] = gone
+    return result
