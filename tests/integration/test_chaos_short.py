@@ -110,7 +110,6 @@ def test_apiserver_and_etcd_crashes_mid_drain(main_cluster: LocalCluster, chaos_
     r = run("control_plane_crashes", main_cluster, chaos_workdir)
     assert_clean(r, 2)
     assert r["faults"]["process"] >= 2
-    # The agents' recovery bound is a violation of its own (split off while the known 403 back-off bug stands).
     assert max(r["stats"]["operator_recovery_s"]) <= 30
 
 

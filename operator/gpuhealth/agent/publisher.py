@@ -25,7 +25,7 @@ from gpuhealth.agent.report import ReportBuilder, now_utc
 from gpuhealth.api.names import GROUP, VERSION
 from gpuhealth.api.names import REPORT_KIND as KIND
 from gpuhealth.api.names import REPORT_PLURAL as PLURAL
-from gpuhealth.kube.errors import is_conflict, retryable
+from gpuhealth.kube.errors import is_conflict, retryable, status_of
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,17 @@ class ReportTransport(Protocol):
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Failures worth retrying unchanged: conflicts (the patch is re-sent whole), and what
-    ``gpuhealth.kube.errors.retryable`` says: throttling, server errors, the network."""
+    """Failures worth retrying with growing delays: conflicts (the patch is re-sent whole), what
+    ``gpuhealth.kube.errors.retryable`` says (throttling, server errors, the network), and 401/403.
+
+    A restarted API server answers 403 until its authorization caches have synced; treating that
+    as permanent stopped the heartbeat for the longest back-off (found by chaos: 30 s of silence
+    after a kube-apiserver crash). A real RBAC mistake is retried too, at the capped rate, and
+    counted in ``gpuhealth_agent_publish_errors_total``.
+    """
     if isinstance(exc, NotFoundError | AlreadyExistsError):
         return False
-    return retryable(exc) or is_conflict(exc)
+    return retryable(exc) or is_conflict(exc) or status_of(exc) in (401, 403)
 
 
 class KubeTransport:

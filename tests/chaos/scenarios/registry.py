@@ -49,27 +49,8 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 # [((substrings of its violations), the bug)]. They are reported apart and do not fail a run; a known
 # bug that no longer reproduces does (so its mark goes once it is fixed), unless it is listed in
 # TIMING_DEPENDENT (it needs a fault to land in a narrow window). In make test each gets an xfail test.
-# Found by control_plane_crashes (seed 106): an agent whose write lands while a restarted kube-apiserver
-# already serves but has not synced its RBAC caches gets 403 Forbidden, treats it as not retryable and
-# waits its longest back-off (30 s) before the next write: a 30 s heartbeat gap, as long as the
-# scenario's agentSilence.after (evidence: agent log "publishing the report failed: (403)", audit
-# log: patch 403 at 15:06:45.29, next write 15:07:15.30; agents back after 29.1 s, limit 30 s).
-_AGENT_403 = (
-    "issue 13: after a kube-apiserver crash an agent's early 403 (RBAC not yet synced) is treated as "
-    "permanent: it waits its 30 s max back-off, so its heartbeat stops for 30 s"
-)
-_AGENT_403_PATTERN = "crash: the agents took"
-KNOWN_VIOLATIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
-    "agent_death": [
-        (
-            ("ahead of this clock",),
-            "issue 13: a report whose heartbeatTime is an hour ahead keeps its node Healthy after the agent falls "
-            "silent (freshness judged by the agent's clock alone)",
-        )
-    ],
-    "control_plane_crashes": [((_AGENT_403_PATTERN,), _AGENT_403)],
-}
-TIMING_DEPENDENT: set[str] = {_AGENT_403}
+KNOWN_VIOLATIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {}
+TIMING_DEPENDENT: set[str] = set()
 
 
 def split_known(name: str, violations: list[str]) -> tuple[list[str], list[str], list[str]]:

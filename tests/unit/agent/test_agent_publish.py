@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuhealth.agent.model import DeviceFacts, NvmlStatus, Temperature, XidEvent
-from gpuhealth.agent.publisher import Publisher
+from gpuhealth.agent.publisher import Publisher, is_retryable
 from gpuhealth.agent.report import rfc3339
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.source import DeviceSample, SourceEvents
@@ -141,7 +141,7 @@ def test_publishes_latest_state_after_api_outage(make_agent: AgentFactory, scena
     assert agent.health()[0]
 
 
-@pytest.mark.parametrize("status", [409, 429, 500, 503])
+@pytest.mark.parametrize("status", [401, 403, 409, 429, 500, 503])
 def test_retries_retryable_statuses(make_agent: AgentFactory, status: int) -> None:
     api = FakeTransport()
     api.fail_next = [ApiError(status), ApiError(status)]
@@ -282,3 +282,9 @@ def test_agent_runs_on_any_device_source() -> None:
     finally:
         agent.stop()
     assert stub.closed
+
+
+def test_a_forbidden_write_is_retried_soon_not_after_the_longest_back_off() -> None:
+    # A restarted API server answers 403 until its authorization caches sync (found by chaos).
+    assert is_retryable(ApiError(403)) and is_retryable(ApiError(401))
+    assert not is_retryable(ApiError(422)) and not is_retryable(ApiError(404))
