@@ -21,11 +21,12 @@ from datetime import datetime
 from typing import IO, Any, Protocol
 
 from gpuhealth.agent.publisher import FIELD_MANAGER, MERGE_PATCH, AlreadyExistsError, NotFoundError
+from gpuhealth.api.names import AGENT_LEASE_SELECTOR, AGENT_MANAGER, MANAGED_BY_LABEL
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
-MANAGED_BY = {"app.kubernetes.io/managed-by": FIELD_MANAGER}
 # The operator's Lease watch selects on this label, server-side.
-LEASE_SELECTOR = f"app.kubernetes.io/managed-by={FIELD_MANAGER}"
+MANAGED_BY = {MANAGED_BY_LABEL: AGENT_MANAGER}
+LEASE_SELECTOR = AGENT_LEASE_SELECTOR
 
 
 class LeaseTransport(Protocol):
