@@ -75,6 +75,11 @@ LEASE_RENEWALS = Counter(
     "Agent node Lease renewals seen (each only refreshes the agent's freshness record)",
     registry=REGISTRY,
 )
+LEASE_RECONCILES = Counter(
+    "gpuhealth_lease_reconciles_total",
+    "Reconciles queued by a Lease renewal (only for an Unknown node, or one with no verdict yet)",
+    registry=REGISTRY,
+)
 LEASE_WATCH_ERRORS = Counter(
     "gpuhealth_lease_watch_errors_total",
     "Lease watch connections that failed and were resumed after a delay",

@@ -209,6 +209,7 @@ class Runtime:
         metrics.LEASE_RENEWALS.inc()
         rec = self.store.records.get(name)
         if name in self.store.nodes and (rec is None or rec.state == State.UNKNOWN):
+            metrics.LEASE_RECONCILES.inc()
             self.queue.add(name)
 
     def replace_leases(self, leases: list[dict[str, Any]]) -> None:

@@ -72,6 +72,7 @@ def test_renewals_cost_no_reconcile_and_silence_is_still_detected() -> None:
         rt.queue._dirty.clear()
         writes = len(kube.writes)
         renewals = metrics.LEASE_RENEWALS._value.get()
+        woken = metrics.LEASE_RECONCILES._value.get()
 
         # Heartbeats every 30 s for four minutes, the report never changing: no reconcile, no write.
         for t in range(30, 241, 30):
@@ -81,6 +82,7 @@ def test_renewals_cost_no_reconcile_and_silence_is_still_detected() -> None:
             assert queued(rt) == set(), f"a renewal at {t}s queued the node"
         assert len(kube.writes) == writes
         assert metrics.LEASE_RENEWALS._value.get() - renewals == 8
+        assert metrics.LEASE_RECONCILES._value.get() == woken
 
         # The agent dies: no renewal. Within the silence period nothing happens; past it the sweep
         # queues the node and it becomes Unknown.
@@ -97,7 +99,7 @@ def test_renewals_cost_no_reconcile_and_silence_is_still_detected() -> None:
         # It comes back (a renewal only, no report write): an Unknown node is queued and leaves Unknown.
         clock.now = at(400)
         rt.on_lease("MODIFIED", slim_lease(lease("n1", renewed=400, rv="400")))
-        assert queued(rt) == {"n1"}
+        assert queued(rt) == {"n1"} and metrics.LEASE_RECONCILES._value.get() == woken + 1
         await rt.reconciler.reconcile("n1")
         assert kube.reports["n1"]["status"]["state"] == "Healthy"
         await rt.events.flush()
