@@ -101,7 +101,7 @@ OPERATOR_CAN = [
     *[(v, "pods", ALL, "") for v in ("list", "watch", "patch", "delete")],
     ("create", "pods", ALL, "eviction"),
     ("create", "events", "default", ""),
-    *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create")],
+    *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create", "delete")],
     ("patch", REPORTS, None, "status"),
     *[(v, POLICIES, None, "") for v in ("get", "list", "watch", "patch")],  # patch: Kopf's finalizer only
     ("patch", POLICIES, None, "status"),
@@ -127,7 +127,6 @@ OPERATOR_CANNOT = [
     ("delete", POLICIES, None, ""),
     ("patch", REPORTS, None, ""),
     ("update", REPORTS, None, ""),
-    ("delete", REPORTS, None, ""),
     ("create", "events", "kube-system", ""),
     ("create", "events", NS, ""),
     ("delete", "events", "default", ""),

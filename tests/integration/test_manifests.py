@@ -175,7 +175,7 @@ OPERATOR_RULES = {
     ("", "nodes/status"): "patch",
     ("", "pods"): "list watch patch delete",
     ("", "pods/eviction"): "create",
-    ("gpuhealth.dev", "gpunodehealths"): "get list watch create",
+    ("gpuhealth.dev", "gpunodehealths"): "get list watch create delete",
     ("gpuhealth.dev", "gpunodehealths/status"): "patch",
     ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch patch",  # Kopf's finalizer; spec: admission
     ("gpuhealth.dev", "gpuhealthpolicies/status"): "patch",

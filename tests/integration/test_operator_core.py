@@ -284,3 +284,26 @@ def test_restarted_operator_does_not_announce_an_open_breaker_again(
     time.sleep(3)
     assert kube.get_policy(group)["status"]["breaker"] == "Open"
     assert [e.count or 1 for e in breaker_events()] == [1], "the transition was announced once"
+
+
+def test_a_deleted_nodes_report_is_deleted_and_a_relabelled_nodes_is_kept(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    gone, relabelled = make_nodes(cluster, group, 2)
+    kube.apply_policy(group, policy_spec(group))
+    for n in (gone, relabelled):
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: kube.state(gone) == "Healthy" and kube.state(relabelled) == "Healthy", what="healthy")
+    # Losing the GPU label looks like DELETED to the operator's label-selected watch: not a deletion.
+    kube.core.patch_node(relabelled, {"metadata": {"labels": {"nvidia.com/gpu.present": "false"}}})
+    kube.core.delete_node(gone)
+
+    def report_gone() -> bool:
+        try:
+            kube.report(gone)
+        except Exception as e:
+            return getattr(e, "status", None) == 404
+        return False
+
+    wait_for(report_gone, timeout=30, what="the deleted Node's report deleted by the operator")
+    assert kube.report(relabelled)["status"]["state"] == "Healthy"

@@ -27,6 +27,7 @@ from gpuhealth.controller.leasewatch import LeaseWatch
 from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
+from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
@@ -61,6 +62,7 @@ class Runtime:
         self.drainer = Drainer(kube, self.call, self.events, self.queue_later, self.store, self.breaker, clock)
         self.reconciler = NodeReconciler(kube, self.call, self.store, self.breaker, self.drainer, self.events, clock)
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
+        self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
         self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
         # The agents' heartbeats (node Leases), where the agents run; none: reports carry them.
@@ -126,7 +128,7 @@ class Runtime:
             self.on_report("ADDED", r, enqueue=False)
         for n in nodes:
             self.on_node("ADDED", n, enqueue=False)
-        for name in self.store.nodes:
+        for name in [*self.store.nodes, *self.reports_gc.suspect_orphans()]:
             self.queue.add(name)
 
     async def start(self) -> None:
@@ -164,6 +166,9 @@ class Runtime:
             self.store.forget_node(name)
             self.store.records.pop(name, None)
             self.store.renewed.pop(name, None)
+            self.reports_gc.suspect(name)
+            if enqueue:
+                self.queue.add(name)  # the worker deletes its report if the Node is really gone
             return
         self.store.put_node(name, body)
         self.store.first_seen.setdefault(name, self.clock())
@@ -268,8 +273,11 @@ class Runtime:
                 self.queue.add(name)
                 continue
             try:
-                metrics.RECONCILES.inc()
-                await self.reconciler.reconcile(name)
+                if name in self.store.nodes:
+                    metrics.RECONCILES.inc()
+                    await self.reconciler.reconcile(name)
+                else:
+                    await self.reports_gc.collect(name)
                 self._failures.pop(name, None)
             except asyncio.CancelledError:
                 raise

@@ -64,6 +64,7 @@ class KubePort(Protocol):
     def get_report(self, name: str) -> dict[str, Any]: ...
     def create_report(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    def delete_report(self, name: str, uid: str | None) -> None: ...
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
     def post_event(
         self,
@@ -231,6 +232,11 @@ class Kube:
         return self.custom.patch_cluster_custom_object_status(  # type: ignore[no-any-return]
             GROUP, VERSION, REPORT_PLURAL, name, patch, _content_type=MERGE
         )
+
+    def delete_report(self, name: str, uid: str | None) -> None:
+        """Delete a report; with ``uid``, only that very object (409 if the name now holds another)."""
+        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        self.custom.delete_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name, body=body)
 
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)

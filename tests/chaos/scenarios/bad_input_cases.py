@@ -31,7 +31,8 @@ def bad_policies() -> list[tuple[str, Any, str]]:
             f"{o}[0].code",
         ),
         ("unknown action", {"rules": {"xid": {"overrides": [{"code": 79, "action": "nuke"}]}}}, f"{o}[0].action"),
-        ("override without action", {"rules": {"xid": {"overrides": [{"code": 79}]}}}, f"{o}[0].action"),
+        # An override may set the action, the scope or both (per-device quarantine): one with neither is refused whole.
+        ("override without action or scope", {"rules": {"xid": {"overrides": [{"code": 79}]}}}, f"{o}[0]"),
         (
             "duplicate XID overrides",
             {"rules": {"xid": {"overrides": [{"code": 79, "action": "drain"}, {"code": 79, "action": "ignore"}]}}},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.chaos.scenarios import registry
 from tests.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
 from tests.chaos.scenarios.context import FAULT_CLASSES
 from tests.chaos.scenarios.registry import fault_classes, split_known
@@ -23,10 +24,12 @@ def test_faults_are_counted_apart_by_class() -> None:
     assert set(counts) == set(FAULT_CLASSES.values())
 
 
-def test_a_known_bug_is_split_off_and_its_absence_reported() -> None:
+def test_a_known_bug_is_split_off_and_its_absence_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    bug = "a report whose heartbeatTime is ahead keeps its node Healthy"
+    monkeypatch.setattr(registry, "KNOWN_VIOLATIONS", {"agent_death": [(("ahead of this clock",), bug)]})
     bug_line = (
         "agent_death-x-5: expected Unknown (agent silent), is Healthy; its heartbeatTime is 3599s ahead of this clock"
     )
     unexpected, known, gone = split_known("agent_death", [bug_line, "something else"])
     assert unexpected == ["something else"] and known == [bug_line] and gone == []
-    assert split_known("agent_death", [])[2]  # the bug stopped reproducing: its mark must go
+    assert split_known("agent_death", [])[2] == [bug]  # the bug stopped reproducing: its mark must go

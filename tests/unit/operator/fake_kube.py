@@ -162,6 +162,14 @@ class FakeKube:
         self.writes.append(("patch", f"report/{name}/status"))
         return self._patch(self.reports, name, patch)
 
+    def delete_report(self, name: str, uid: str | None) -> None:
+        self.writes.append(("delete", f"report/{name}"))
+        if name not in self.reports:
+            raise _error(404)
+        if uid and self.reports[name]["metadata"].get("uid") != uid:
+            raise _error(409)
+        del self.reports[name]
+
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.writes.append(("patch", f"policy/{name}/status"))
         self._patch(self.policies, name, patch)
