@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import urllib.request
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster, free_port
@@ -90,6 +92,7 @@ def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | 
 
 SLICES, CLAIMS = "resourceslices.resource.k8s.io", "resourceclaims.resource.k8s.io"
 TAINT_RULES = "devicetaintrules.resource.k8s.io"
+LEASES = "leases.coordination.k8s.io"
 
 # (verb, resource, namespace, subresource)
 OPERATOR_CAN = [
@@ -106,6 +109,7 @@ OPERATOR_CAN = [
     *[(v, SLICES, None, "") for v in ("list", "watch")],
     ("list", CLAIMS, ALL, ""),
     *[(v, TAINT_RULES, None, "") for v in ("list", "create", "delete")],
+    *[(v, LEASES, NS, "") for v in ("list", "watch")],  # the agents' heartbeats, in their namespace
 ]
 OPERATOR_CANNOT = [
     ("get", "secrets", ALL, ""),
@@ -138,9 +142,15 @@ OPERATOR_CANNOT = [
     ("patch", CLAIMS, ALL, "status"),
     *[(v, TAINT_RULES, None, "") for v in ("get", "update", "patch")],
     ("create", "deviceclasses.resource.k8s.io", None, ""),
+    *[(v, LEASES, NS, "") for v in ("get", "create", "update", "patch", "delete")],
+    *[(v, LEASES, ALL, "") for v in ("list", "watch")],
+    ("list", LEASES, "kube-node-lease", ""),
     ("*", "*", ALL, ""),
 ]
-AGENT_CAN = [(v, REPORTS, None, "") for v in ("get", "create", "patch")]
+AGENT_CAN = [
+    *[(v, REPORTS, None, "") for v in ("get", "create", "patch")],
+    *[(v, LEASES, NS, "") for v in ("create", "patch")],
+]
 AGENT_CANNOT = [
     ("create", TAINT_RULES, None, ""),
     ("list", SLICES, None, ""),
@@ -157,6 +167,9 @@ AGENT_CANNOT = [
     ("list", "pods", ALL, ""),
     ("get", "secrets", NS, ""),
     ("create", "events", "default", ""),
+    *[(v, LEASES, NS, "") for v in ("get", "list", "watch", "update", "delete")],
+    *[(v, LEASES, "kube-node-lease", "") for v in ("create", "patch", "delete")],
+    ("create", LEASES, "default", ""),
     ("*", "*", ALL, ""),
 ]
 
@@ -305,6 +318,45 @@ def test_agent_writes_only_its_own_nodes_report(
     )
     msg = refusal(unbound.put_report, a, healthy_spec())
     assert VAP in msg and "token names no node" in msg, msg
+
+
+def test_agent_renews_only_its_own_nodes_lease(
+    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
+) -> None:
+    """Through the agent's own code (NodeLease over the real client), with the pod-bound tokens."""
+    a, b = make_nodes(cluster, group, 2)
+    agent_a = as_agent_on(cluster, kube, a, tmp_path)
+    agent_b = as_agent_on(cluster, kube, b, tmp_path)
+    lease_a = NodeLease(KubeLeaseTransport(agent_a.api), NS, a, heartbeat_interval_s=30)
+    lease_b = NodeLease(KubeLeaseTransport(agent_b.api), NS, b, heartbeat_interval_s=30)
+    leases = client.CoordinationV1Api(kube.api)
+
+    # Its own Lease: created, then renewed (a merge patch reaches admission as UPDATE).
+    assert lease_a.renew(dt.datetime.now(dt.UTC)) == "create"
+    assert lease_a.renew(dt.datetime.now(dt.UTC)) == "renew"
+    assert leases.read_namespaced_lease(a, NS).spec.holder_identity == a
+
+    # Node b's Lease: agent a may neither create it nor renew it once b's agent has.
+    as_a_for_b = NodeLease(KubeLeaseTransport(agent_a.api), NS, b, heartbeat_interval_s=30)
+    msg = refusal(as_a_for_b.renew, dt.datetime.now(dt.UTC))
+    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
+    assert lease_b.renew(dt.datetime.now(dt.UTC)) == "create"
+    before = leases.read_namespaced_lease(b, NS).spec.renew_time
+    msg = refusal(as_a_for_b.renew, dt.datetime.now(dt.UTC))
+    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
+    assert leases.read_namespaced_lease(b, NS).spec.renew_time == before
+
+    # Nor delete it (no delete at all), nor claim its own Lease for another holder.
+    msg = refusal(client.CoordinationV1Api(agent_a.api).delete_namespaced_lease, b, NS)
+    assert 'cannot delete resource "leases"' in msg, msg
+
+    def hand_over() -> None:
+        client.CoordinationV1Api(agent_a.api).patch_namespaced_lease(
+            a, NS, {"spec": {"holderIdentity": b}}, _content_type="application/merge-patch+json"
+        )
+
+    msg = refusal(hand_over)
+    assert VAP in msg and "holderIdentity" in msg, msg
 
 
 def test_agent_never_writes_the_verdict(

@@ -136,6 +136,10 @@ def test_base_contents_and_hardening() -> None:
     assert agent["command"] == ["gpuhealth-agent"]
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The heartbeat Lease lives in the agent's own namespace, where the operator watches it.
+    assert env["GPUHEALTH_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    op_env = {e["name"]: e for e in op["env"]}
+    assert op_env["GPUHEALTH_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
     assert [p["containerPort"] for p in agent["ports"]] == [9401]
@@ -196,11 +200,21 @@ def test_rbac_is_exactly_what_the_code_uses() -> None:
     events = find(docs, "Role", "gpuhealth-operator-events")
     assert events["metadata"]["namespace"] == "default"
     assert _rules(events) == {("", "events", "create")}
+    # The heartbeat Leases: agents create and renew (merge patch) in their namespace; the operator
+    # lists and watches them there. Nobody gets them cluster-wide, nobody may delete them.
+    agent_lease = find(docs, "Role", "gpuhealth-agent-lease")
+    assert agent_lease["metadata"]["namespace"] == NS
+    assert _rules(agent_lease) == {("coordination.k8s.io", "leases", v) for v in ("create", "patch")}
+    op_leases = find(docs, "Role", "gpuhealth-operator-leases")
+    assert op_leases["metadata"]["namespace"] == NS
+    assert _rules(op_leases) == {("coordination.k8s.io", "leases", v) for v in ("list", "watch")}
     bindings = [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert {(b["roleRef"]["name"], b["subjects"][0]["name"], b["subjects"][0]["namespace"]) for b in bindings} == {
         ("gpuhealth-operator", "gpuhealth-operator", NS),
         ("gpuhealth-operator-events", "gpuhealth-operator", NS),
         ("gpuhealth-agent", "gpuhealth-agent", NS),
+        ("gpuhealth-agent-lease", "gpuhealth-agent", NS),
+        ("gpuhealth-operator-leases", "gpuhealth-operator", NS),
     }
     assert all(len(b["subjects"]) == 1 for b in bindings)
 
@@ -209,9 +223,11 @@ def test_admission_policies_shape() -> None:
     docs = render("base")
     vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-agent-own-node")
     assert vap["apiVersion"] == "admissionregistration.k8s.io/v1"
-    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    rule, lease_rule = vap["spec"]["matchConstraints"]["resourceRules"]
     assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     assert set(rule["resources"]) == {"gpunodehealths", "gpunodehealths/status"}
+    assert lease_rule["apiGroups"] == ["coordination.k8s.io"] and lease_rule["resources"] == ["leases"]
+    assert set(lease_rule["operations"]) == {"CREATE", "UPDATE"}
     (cond,) = vap["spec"]["matchConditions"]
     assert "system:serviceaccount:gpuhealth-system:gpuhealth-agent" in cond["expression"]
     binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-agent-own-node")

@@ -58,6 +58,8 @@ class AgentFleet:
     library: Path | None = None
     # Serve each agent's /metrics on its own free port (Agent.metrics_port); off by default.
     metrics: bool = False
+    # Renew a node Lease in this (existing) namespace as the heartbeat; None: heartbeat the report.
+    lease_namespace: str | None = None
 
     def start(self, nodes: list[str]) -> AgentFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ class AgentFleet:
     def launch(self, agent: Agent) -> None:
         exe = Path(sys.executable).parent / "gpuhealth-agent"
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in ("GPUHEALTH_LEASE_NAMESPACE", "POD_NAMESPACE")},
             "NODE_NAME": agent.node,
             "FAKE_NVML_SCENARIO": str(agent.scenario),
             "GPUHEALTH_NVML_LIBRARY": str(self.library),
@@ -89,6 +91,7 @@ class AgentFleet:
                     *([f"--event-timeout={self.event_timeout}"] if self.event_timeout is not None else []),
                     f"--metrics-port={agent.metrics_port}",  # 0 unless asked: several agents share this host
                     "--metrics-bind=127.0.0.1",
+                    *([f"--lease-namespace={self.lease_namespace}"] if self.lease_namespace else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

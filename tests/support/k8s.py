@@ -185,6 +185,8 @@ class OperatorProcess:
                     *([f"--kubeconfig={self.cluster.kubeconfig}"] if self.kubeconfig_flag else []),
                     f"--metrics-port={self.metrics_port}",
                     "--tick=1",
+                    # The agents' heartbeat Leases, where a gpuhealth install (and AgentFleet) puts them.
+                    f"--lease-namespace={GPUHEALTH_NAMESPACE}",
                     *self.extra_args,
                 ],
                 stdout=out,

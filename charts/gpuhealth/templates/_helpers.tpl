@@ -54,6 +54,11 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: spec.nodeName
+  # The heartbeat: a Lease named after the node, in the agent's own namespace.
+  - name: GPUHEALTH_LEASE_NAMESPACE
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.namespace
   - name: NVIDIA_VISIBLE_DEVICES
     value: all
   - name: NVIDIA_DRIVER_CAPABILITIES

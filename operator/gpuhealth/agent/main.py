@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between heartbeats when nothing changed (env GPUHEALTH_HEARTBEAT_INTERVAL, default 30)",
     )
     p.add_argument(
+        "--lease-namespace",
+        default=_env("GPUHEALTH_LEASE_NAMESPACE") or _env("POD_NAMESPACE"),
+        help="namespace of the node Lease renewed as the heartbeat (env GPUHEALTH_LEASE_NAMESPACE, then "
+        "POD_NAMESPACE); unset: heartbeat by patching the report",
+    )
+    p.add_argument(
         "--event-timeout",
         type=_positive,
         default=1.0,
@@ -106,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         metrics_bind=args.metrics_bind,
         max_xid_events=args.max_xid_events,
         max_backoff_s=args.max_backoff,
+        lease_namespace=args.lease_namespace or None,
     )
 
 
@@ -125,11 +132,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.write(json.dumps(spec, indent=2, sort_keys=True) + "\n")
         sys.exit(0 if spec["nvml"]["available"] else EXIT_NVML_UNAVAILABLE)
 
+    from gpuhealth.agent.lease import KubeLeaseTransport, LeaseTransport, PrintLeaseTransport
     from gpuhealth.agent.publisher import KubeTransport, PrintTransport, ReportTransport
 
-    transport: ReportTransport = (
-        PrintTransport(sys.stdout) if args.dry_run else KubeTransport(api_client(args.kubeconfig))
-    )
+    transport: ReportTransport
+    leases: LeaseTransport
+    if args.dry_run:
+        transport, leases = PrintTransport(sys.stdout), PrintLeaseTransport(sys.stdout)
+    else:
+        api = api_client(args.kubeconfig)
+        transport, leases = KubeTransport(api), KubeLeaseTransport(api)
 
     if args.once:
         agent = Agent(dataclasses.replace(config, metrics_port=0), transport)
@@ -146,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
-    Agent(config, transport).run(stop)
+    Agent(config, transport, lease_transport=leases).run(stop)
 
 
 if __name__ == "__main__":

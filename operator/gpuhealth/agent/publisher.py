@@ -1,5 +1,9 @@
 """Writes the GPUNodeHealth report: creates it, merge-patches facts, and heartbeats.
 
+The heartbeat is a node Lease renewal (``lease.py``) when the agent knows its Lease namespace: the
+report is then written only when a fact changes (and once on start). Without one, the heartbeat is
+a merge patch of the report's ``heartbeatTime``, as older agents did.
+
 One publisher thread owns all API traffic. Each write attempt re-renders from the *latest*
 snapshot and drained XIDs, so retries after an outage publish the current state instead of
 replaying stale bodies. Retryable failures (409, 429, 5xx, connection errors) back off
@@ -13,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import IO, Any, Protocol
 
 import tenacity
@@ -55,6 +60,12 @@ class ReportTransport(Protocol):
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Apply a JSON merge patch; raises NotFoundError if the object is gone."""
         ...
+
+
+class Renewer(Protocol):
+    """A heartbeat that is not a report write (``lease.NodeLease``); raises what the API raised."""
+
+    def renew(self, now: datetime) -> str: ...
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -182,8 +193,10 @@ class Publisher:
         initial_backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         metrics: AgentMetrics | None = None,
+        lease: Renewer | None = None,
     ) -> None:
         self._transport = transport
+        self._lease = lease
         self._builder = builder
         self._latest = latest
         self._xids = xids
@@ -196,6 +209,7 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._exists: bool | None = None
         self._last_write = float("-inf")
+        self._last_renew = float("-inf")
         self.restored = threading.Event()
         self.last_loop = time.monotonic()
         # Seconds after which a write gives up; None retries until stopped (the daemon's way).
@@ -236,7 +250,7 @@ class Publisher:
         self.restored.set()
 
     def publish(self, force: bool = False) -> str | None:
-        """Write whatever is due now; returns "create", "patch", "heartbeat" or None."""
+        """Write whatever is due now; returns "create", "patch", "heartbeat", "lease" or None."""
         kind: str | None = self._retrying(self._attempt, force)
         return kind
 
@@ -266,10 +280,9 @@ class Publisher:
                     self._metrics.publish_errors.inc()
                 self._stop.wait(self._max_backoff_s)
                 continue
-            if self._last_write == float("-inf"):
-                due = self._heartbeat_s  # nothing written yet: wait for the first sample
-            else:
-                due = self._last_write + self._heartbeat_s - time.monotonic()
+            last = self._last_renew if self._lease is not None else self._last_write
+            # Nothing written yet: wait for the first sample (it wakes us).
+            due = self._heartbeat_s if last == float("-inf") else last + self._heartbeat_s - time.monotonic()
             self._wake.wait(max(0.0, min(due, self._heartbeat_s)))
 
     def _retrying(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -318,10 +331,22 @@ class Publisher:
         if snapshot is None:
             return None  # nothing sampled yet; the first sample wakes us
         now = now_utc()
+        kind = self._write_report(snapshot, now, force)
+        if self._lease is not None and time.monotonic() - self._last_renew >= self._heartbeat_s:
+            # After the report: a renewal vouches for an agent whose report (and XID watch) exists.
+            self._lease.renew(now)
+            self._last_renew = time.monotonic()
+            self._count("lease")
+            kind = kind or "lease"
+        return kind
+
+    def _write_report(self, snapshot: Snapshot, now: datetime, force: bool) -> str | None:
+        """The report write that is due, if any: the facts changed, or (without a Lease) a heartbeat."""
         name = self._builder.node_name
         full = force or self._exists is not True or self._builder.needs_write(snapshot)
         kind: str | None = None
-        if not full and time.monotonic() - self._last_write >= self._heartbeat_s:
+        heartbeat_due = self._lease is None and time.monotonic() - self._last_write >= self._heartbeat_s
+        if not full and heartbeat_due:
             patch = self._builder.heartbeat_patch(now)
             try:
                 self._transport.patch(name, {"spec": patch})
@@ -338,11 +363,14 @@ class Publisher:
         if kind is None:
             return None
         self._last_write = time.monotonic()
+        self._count(kind)
+        log.debug("report %s: %s", name, kind)
+        return kind
+
+    def _count(self, kind: str) -> None:
         if self._metrics is not None:
             self._metrics.writes.labels(kind=kind).inc()
             self._metrics.last_write.set(time.time())
-        log.debug("report %s: %s", name, kind)
-        return kind
 
     def _write_full(self, name: str, spec: dict[str, Any]) -> str:
         if self._exists is True:

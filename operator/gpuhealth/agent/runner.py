@@ -22,6 +22,7 @@ from typing import Any
 from gpuhealth.agent.dcgm_source import DcgmSource, merge_dcgm
 from gpuhealth.agent.events import EventWatcher, XidBuffer
 from gpuhealth.agent.host import read_boot_time
+from gpuhealth.agent.lease import LeaseTransport, NodeLease
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
 from gpuhealth.agent.nvml_source import NvmlSource
@@ -62,6 +63,8 @@ class AgentConfig:
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
     boot_time: datetime | None = None  # None: read from /proc/stat
+    # Namespace of the node Lease renewed as the heartbeat; None: heartbeat by patching the report.
+    lease_namespace: str | None = None
 
 
 class Agent:
@@ -69,7 +72,8 @@ class Agent:
 
     ``source`` defaults to the real NVML (honouring ``nvml_library`` /
     ``GPUHEALTH_NVML_LIBRARY``); ``transport`` is where reports go (``KubeTransport`` in
-    production, a fake in unit tests).
+    production, a fake in unit tests); ``lease_transport`` with ``config.lease_namespace`` turns
+    the heartbeat into a node Lease renewal.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Agent:
         source: DeviceSource | None = None,
         dcgm: DcgmSource | None = None,
         metrics: AgentMetrics | None = None,
+        lease_transport: LeaseTransport | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else AgentMetrics()
@@ -98,6 +103,11 @@ class Agent:
         )
         self.latest = LatestSnapshot()
         self.xids = XidBuffer(on_put=self._wake_publisher)
+        lease = (
+            NodeLease(lease_transport, config.lease_namespace, config.node_name, config.heartbeat_interval_s)
+            if lease_transport is not None and config.lease_namespace
+            else None
+        )
         self.publisher = Publisher(
             transport,
             self.builder,
@@ -107,6 +117,7 @@ class Agent:
             initial_backoff_s=config.initial_backoff_s,
             max_backoff_s=config.max_backoff_s,
             metrics=self.metrics,
+            lease=lease,
         )
         self.events = EventWatcher(
             self.source, self.xids, timeout_s=config.event_timeout_s, on_resample=self.request_sample

@@ -113,3 +113,8 @@ DEVICE_GPU_LABEL = f"{GROUP}/gpu"
 DRA_GROUP = "resource.k8s.io"
 DRA_VERSION = "v1"
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
+
+# The agents' node Leases (their heartbeat): labelled by the agent, so the operator's watch selects
+# them server-side; one per node, named after it, in the namespace the agents run in.
+AGENT_MANAGER = "gpuhealth-agent"
+AGENT_LEASE_SELECTOR = f"{MANAGED_BY_LABEL}={AGENT_MANAGER}"

@@ -71,6 +71,7 @@ class Client:
         self.api = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
         self.timeout = timeout
 
     @contextmanager
@@ -145,6 +146,10 @@ class Client:
         return self._read(
             f"get gpunodehealth/{name}", self.custom.get_cluster_custom_object, GROUP, VERSION, REPORT_PLURAL, name
         )
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The agent's heartbeat Lease for a node, or None when it has none."""
+        return self._read(f"get lease/{name} in {namespace}", self.coordination.read_namespaced_lease, name, namespace)
 
     def list_policies(self) -> list[dict[str, Any]]:
         return self._pages(

@@ -101,6 +101,11 @@ def build_parser() -> Parser:
         default=os.environ.get("GPUHEALTH_EVENT_NAMESPACE", "default"),
         help="namespace of the operator's Events about Nodes (default: default)",
     )
+    p.add_argument(
+        "--agent-namespace",
+        default=os.environ.get("GPUHEALTH_LEASE_NAMESPACE", "gpuhealth-system"),
+        help="namespace of the agents' heartbeat Leases (default: gpuhealth-system)",
+    )
     p.set_defaults(func=cmd_describe)
 
     p = sub.add_parser("explain", help="what an XID means and what gpuhealth does about it (no cluster needed)")
@@ -217,7 +222,11 @@ def cmd_describe(ctx: Context) -> int:
         events = ctx.client.node_events(a.node, a.event_namespace)
     except ApiError as e:
         events, events_error = [], str(e)
-    model = nodeview.describe_node(a.node, node, report, policy, events, ctx.clock())
+    try:
+        lease = ctx.client.get_lease(a.agent_namespace, a.node)
+    except ApiError:
+        lease = None  # not allowed to read Leases: the report's own heartbeat is shown
+    model = nodeview.describe_node(a.node, node, report, policy, events, ctx.clock(), lease=lease)
     if events_error:
         model["eventsError"] = events_error
     if a.output == "json":

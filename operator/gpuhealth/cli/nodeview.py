@@ -164,12 +164,16 @@ def describe_node(
     policy: Mapping[str, Any] | None,
     events: Iterable[Mapping[str, Any]],
     now: dt.datetime,
+    lease: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``describe`` model; ``policy`` is the GPUHealthPolicy named in the report's status, if any."""
+    """The ``describe`` model; ``policy`` is the GPUHealthPolicy named in the report's status, if any;
+    ``lease`` the agent's heartbeat Lease (its renewal is the heartbeat; the report is written only on
+    change)."""
     spec: Mapping[str, Any] = (report or {}).get("spec") or {}
     status = read_report_status(report)
     since = parse_time(status.since)
-    heartbeat = parse_time(spec.get("heartbeatTime"))
+    renewed = parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
+    heartbeat = max((t for t in (parse_time(spec.get("heartbeatTime")), renewed) if t is not None), default=None)
     cleared = parse_time(status.cleared_before)
     parsed = _policy(policy)
     agent = spec.get("agent") or {}
@@ -213,6 +217,7 @@ def describe_node(
             "sources": list(agent.get("sources") or []),
             "bootTime": agent.get("bootTime"),
             "heartbeatTime": spec.get("heartbeatTime"),
+            "leaseRenewTime": None if renewed is None else format_time(renewed),
             "heartbeatAgeSeconds": _age(heartbeat, now),
             "observedTime": spec.get("observedTime"),
             "nvmlAvailable": nvml.get("available"),

@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("GPUHEALTH_EVENT_NAMESPACE", "default"),
         help="namespace for Events about cluster-scoped objects (Nodes, policies)",
     )
+    ap.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("GPUHEALTH_LEASE_NAMESPACE", ""),
+        help="namespace of the agents' node Leases (their heartbeats) to watch; empty: reports carry heartbeats",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     return ap.parse_args(argv)
 
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
-    reconciler = Runtime(kube, workers=args.workers, tick=args.tick)
+    reconciler = Runtime(kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, args.kubeconfig)
     asyncio.run(

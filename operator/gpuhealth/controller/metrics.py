@@ -65,6 +65,26 @@ POD_WATCH_RELISTS = Counter(
     "Full pod lists after the watch's resourceVersion expired (410 Gone), or at start",
     registry=REGISTRY,
 )
+RECONCILES = Counter(
+    "gpuhealth_reconciles_total",
+    "Node reconciles run (a heartbeat that changes no fact must not add to it)",
+    registry=REGISTRY,
+)
+LEASE_RENEWALS = Counter(
+    "gpuhealth_lease_renewals_total",
+    "Agent node Lease renewals seen (each only refreshes the agent's freshness record)",
+    registry=REGISTRY,
+)
+LEASE_RECONCILES = Counter(
+    "gpuhealth_lease_reconciles_total",
+    "Reconciles queued by a Lease renewal (only for an Unknown node, or one with no verdict yet)",
+    registry=REGISTRY,
+)
+LEASE_WATCH_ERRORS = Counter(
+    "gpuhealth_lease_watch_errors_total",
+    "Lease watch connections that failed and were resumed after a delay",
+    registry=REGISTRY,
+)
 
 # Label values known in advance start at zero, so a dashboard panel or rate() has a series before
 # the first such event (an absent series reads as "no data", not as "none").

@@ -133,7 +133,7 @@ class NodeReconciler:
             return  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
         if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock
-            report = dataclasses.replace(report, heartbeat=heard_at(store.seen.get(name), report.heartbeat))
+            report = dataclasses.replace(report, heartbeat=heard_at(store.heard(name), report.heartbeat))
         status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         prior = store.records.get(name) or Record.from_status(status)
         annotations = node["metadata"].get("annotations") or {}

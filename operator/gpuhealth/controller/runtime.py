@@ -16,13 +16,14 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gpuhealth.api.names import API_VERSION, POLICY_KIND
+from gpuhealth.api.names import API_VERSION, POLICY_KIND, State
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventPoster
 from gpuhealth.controller.leadership import Leadership
+from gpuhealth.controller.leasewatch import LeaseWatch
 from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
@@ -47,6 +48,7 @@ class Runtime:
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         workers: int = 16,
         tick: float = 5.0,
+        lease_namespace: str = "",
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -63,6 +65,11 @@ class Runtime:
         self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
         self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
+        # The agents' heartbeats (node Leases), where the agents run; none: reports carry them.
+        self.lease_watch = (
+            LeaseWatch(kube, lease_namespace, self.on_lease, self.replace_leases) if lease_namespace else None
+        )
+        self._leases_listed = False
         self.ready = asyncio.Event()
         self._pods_listed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -111,6 +118,10 @@ class Runtime:
             for pod in await self.call(self.pod_watch.list):
                 self.on_pod("ADDED", pod, enqueue=False)
             self._pods_listed = True
+        if self.lease_watch is not None and not self._leases_listed:
+            for lease in await self.call(self.lease_watch.list):
+                self.on_lease("ADDED", lease, live=False)
+            self._leases_listed = True
         for p in policies:
             self.on_policy("ADDED", p, enqueue=False)
         for r in reports:
@@ -124,6 +135,8 @@ class Runtime:
         """Prime the caches with a full list, so the breaker counts every node before any decision."""
         await self._load()
         self.pod_watch.start(asyncio.get_running_loop())
+        if self.lease_watch is not None:
+            self.lease_watch.start(asyncio.get_running_loop())
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
@@ -136,6 +149,8 @@ class Runtime:
 
     async def stop(self) -> None:
         self.pod_watch.stop()
+        if self.lease_watch is not None:
+            self.lease_watch.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -150,6 +165,7 @@ class Runtime:
         if event == "DELETED":
             self.store.forget_node(name)
             self.store.records.pop(name, None)
+            self.store.renewed.pop(name, None)
             self.reports_gc.suspect(name)
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
@@ -181,6 +197,30 @@ class Runtime:
             metrics.INVALID_INPUT.labels("ClockSkew").inc()
             log.warning("report %s: %s", name, skew.describe())
             self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
+
+    def on_lease(self, event: str | None, lease: Mapping[str, Any], live: bool = True) -> None:
+        """An agent's node Lease renewed: a sign of life, by our clock. It costs no reconcile and no
+        write, except where a sign of life can change the verdict (Unknown, or no verdict yet)."""
+        name = str((lease.get("metadata") or {}).get("name") or "")
+        if not name or event == "DELETED":
+            return  # the last renewal still happened; the agent recreates its Lease on the next beat
+        prior = self.store.renewed.get(name)
+        seen = freshness.observe_lease(prior, lease, self.clock(), live)
+        if seen is None or seen is prior:
+            return
+        self.store.renewed[name] = seen
+        if not live:
+            return
+        metrics.LEASE_RENEWALS.inc()
+        rec = self.store.records.get(name)
+        if name in self.store.nodes and (rec is None or rec.state == State.UNKNOWN):
+            metrics.LEASE_RECONCILES.inc()
+            self.queue.add(name)
+
+    def replace_leases(self, leases: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): renewals missed meanwhile count from their renewTime."""
+        for lease in leases:
+            self.on_lease("MODIFIED", lease, live=False)
 
     def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         """Pods by node, gang and workload: what drains and restart-loop detection need."""
@@ -234,6 +274,7 @@ class Runtime:
                 continue
             try:
                 if name in self.store.nodes:
+                    metrics.RECONCILES.inc()
                     await self.reconciler.reconcile(name)
                 else:
                     await self.reports_gc.collect(name)
@@ -275,5 +316,5 @@ class Runtime:
         for name in list(store.nodes):
             report = store.reports.get(name)
             pname = str(((report or {}).get("status") or {}).get("policy") or "")
-            if time_dependent(store.records.get(name), report, store.policies.get(pname), now, store.seen.get(name)):
+            if time_dependent(store.records.get(name), report, store.policies.get(pname), now, store.heard(name)):
                 self.queue.add(name)

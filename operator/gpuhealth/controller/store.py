@@ -16,7 +16,7 @@ from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
 from gpuhealth.drain import pods as P
-from gpuhealth.evaluation.freshness import Seen
+from gpuhealth.evaluation.freshness import Seen, latest
 
 NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
 
@@ -129,6 +129,7 @@ class Store:
         self.written_rv: dict[str, str] = {}
         self.first_seen: dict[str, dt.datetime] = {}
         self.seen: dict[str, Seen] = {}  # when each agent was last heard from (our clock)
+        self.renewed: dict[str, Seen] = {}  # when each agent's node Lease was last seen renewed
         self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
         self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
         self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
@@ -185,6 +186,10 @@ class Store:
         """Another replica may have written meanwhile: re-read records before deciding again."""
         self.records.clear()
         self.written_rv.clear()
+
+    def heard(self, name: str) -> Seen | None:
+        """When the node's agent was last heard from: its report's last spec write or Lease renewal."""
+        return latest(self.seen.get(name), self.renewed.get(name))
 
     # -- policies --------------------------------------------------------------------------------
 

@@ -11,6 +11,11 @@ For reports that were already there when the operator started, nobody saw the wr
 heartbeat is taken, clamped to the operator's clock (a future heartbeat counts as "now", so silence
 is still detected within the silence period after start-up).
 
+Agents that renew a node Lease (``coordination.k8s.io``, the heartbeat that writes no report) are
+judged the same way: a new ``renewTime`` seen on the Lease is a sign of life at the moment the
+operator sees it (``observe_lease``), and a Lease already there at start-up counts from its
+``renewTime``, clamped to the operator's clock. The later of the two signs (report, Lease) counts.
+
 A live heartbeat far from the operator's clock is flagged as clock skew (an Event and a metric, once
 per episode); it never changes a verdict.
 """
@@ -32,7 +37,7 @@ SKEW_TOLERANCE_S = 120.0
 class Seen:
     """The last spec version of a report that the operator saw, and when (operator clock)."""
 
-    key: tuple[str, int]
+    key: tuple[str, int | str]  # (uid, generation) of a report, (uid, renewTime) of a Lease
     at: dt.datetime
     skewed: bool = False
 
@@ -81,6 +86,29 @@ def observe(
     skewed = abs(skew) > SKEW_TOLERANCE_S
     announce = skewed and not (prior is not None and prior.skewed)
     return Seen(key, now, skewed), (Skew(skew, heartbeat) if announce else None)
+
+
+def observe_lease(prior: Seen | None, lease: Mapping[str, Any], now: dt.datetime, live: bool) -> Seen | None:
+    """Fold one watched Lease into when the agent was last heard from through it.
+
+    Only a new ``renewTime`` counts (a label edited by someone else is no sign of life); the same
+    Lease listed again after a dropped watch changes nothing.
+    """
+    meta = lease.get("metadata") or {}
+    raw = (lease.get("spec") or {}).get("renewTime")
+    renewed = parse_time(raw)
+    if renewed is None:
+        return prior
+    key = (str(meta.get("uid") or ""), str(raw))
+    if prior is not None and prior.key == key:
+        return prior
+    return Seen(key, now if live else min(renewed, now))
+
+
+def latest(*seen: Seen | None) -> Seen | None:
+    """The most recent of several signs of life (report, Lease)."""
+    known = [s for s in seen if s is not None]
+    return max(known, key=lambda s: s.at) if known else None
 
 
 def heard_at(seen: Seen | None, heartbeat: dt.datetime | None) -> dt.datetime | None:

@@ -55,6 +55,12 @@ class KubePort(Protocol):
     def evict_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
     def list_custom(self, plural: str) -> list[dict[str, Any]]: ...
+    def list_leases_rv(
+        self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]: ...
+    def watch_leases(
+        self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
+    ) -> Iterator[dict[str, Any]]: ...
     def get_report(self, name: str) -> dict[str, Any]: ...
     def create_report(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
@@ -78,6 +84,7 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
         self.event_namespace = event_namespace
         self.instance = f"{COMPONENT}-{uuid.uuid4().hex[:8]}"
 
@@ -163,6 +170,48 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         self.core.delete_namespaced_pod(name, namespace, body=body, grace_period_seconds=0, _preload_content=False)
+
+    # -- node Leases (the agents' heartbeats) ------------------------------------------------------
+
+    def list_leases_rv(
+        self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The agents' Leases in ``namespace`` (selected server-side), slimmed page by page, and the
+        list's resourceVersion to watch from."""
+        items: list[dict[str, Any]] = []
+        rv = ""
+
+        def fetch(cont: str | None) -> dict[str, Any]:
+            kw = _page_args(cont)
+            return self._json(  # type: ignore[no-any-return]
+                self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **kw)
+            )
+
+        for page in pages(fetch):
+            items.extend(transform(o) for o in page.get("items") or [])
+            rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        return items, rv
+
+    def watch_leases(
+        self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
+    ) -> Iterator[dict[str, Any]]:
+        """Raw watch events (parsed JSON, one per line) for the agents' Leases, from ``resource_version``."""
+        resp = self.coordination.list_namespaced_lease(
+            namespace,
+            label_selector=label_selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _preload_content=False,
+            _request_timeout=(10, timeout_s + 30),
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                yield json.loads(line)
+        finally:
+            resp.close()
+            resp.release_conn()
 
     # -- our CRDs --------------------------------------------------------------------------------
 

@@ -294,3 +294,15 @@ def test_explain_text() -> None:
     assert text.startswith("XID 79: GPU has fallen off the bus (")
     assert "Immediate action:  REBOOT_NODE: reboot the node" in text
     assert "gpuhealth action:  drain:" in text and "What to do:" in text and "Application error: no" in text
+
+
+def test_describe_takes_the_heartbeat_from_the_agents_lease_when_it_is_newer() -> None:
+    """With a Lease the report is written only when a fact changes; its renewal is the heartbeat."""
+    rep = report("n", "Healthy")
+    rep["spec"]["heartbeatTime"] = ago(3600)
+    lease = {"metadata": {"name": "n"}, "spec": {"holderIdentity": "n", "renewTime": ago(12)}}
+    model = describe_node("n", node("n"), rep, None, [], NOW, lease=lease)
+    assert model["agent"]["heartbeatAgeSeconds"] == 12 and model["agent"]["leaseRenewTime"] == ago(12)
+    assert "heartbeat 12s ago" in render_describe(model)
+    # An older agent without a Lease: the report's own heartbeat, as before.
+    assert describe_node("n", node("n"), rep, None, [], NOW)["agent"]["heartbeatAgeSeconds"] == 3600

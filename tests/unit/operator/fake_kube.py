@@ -29,6 +29,7 @@ class FakeKube:
         self.reports: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.leases: dict[str, dict[str, Any]] = {}  # the agents' node Leases, by node
         self.events: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str]] = []  # (verb, object)
         self.refuse_evictions: dict[str, int] = {}  # pod name -> HTTP status an Eviction gets
@@ -114,6 +115,16 @@ class FakeKube:
         return [transform(copy.deepcopy(p)) for p in self.pods.values()], "1"
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_leases_rv(
+        self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]:
+        return [transform(copy.deepcopy(lease)) for lease in self.leases.values()], "1"
+
+    def watch_leases(
+        self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
+    ) -> Iterator[dict[str, Any]]:
         return iter(())
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
