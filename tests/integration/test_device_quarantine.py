@@ -36,7 +36,7 @@ def device(kube: Kube, node: str, index: int) -> dict[str, Any]:
     return next((d for d in status.get("devices") or [] if d["index"] == index), {})
 
 
-def annotations(kube: Kube, ns: str, pod: str) -> dict[str, str]:
+def pod_annotations(kube: Kube, ns: str, pod: str) -> dict[str, str]:
     return dict(kube.core.read_namespaced_pod(pod, ns).metadata.annotations or {})
 
 
@@ -94,11 +94,11 @@ def test_one_bad_gpu_costs_one_gpu(cluster: LocalCluster, kube: Kube, operator: 
     assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
 
     # Only the pod holding the bad GPU is asked to checkpoint, and evicted once it has.
-    wait_for(lambda: CHECKPOINT_REQUESTED in annotations(kube, ns, "rank-0"), timeout=30, what="checkpoint asked")
+    wait_for(lambda: CHECKPOINT_REQUESTED in pod_annotations(kube, ns, "rank-0"), timeout=30, what="checkpoint asked")
     kube.core.patch_namespaced_pod("rank-0", ns, {"metadata": {"annotations": {CHECKPOINT_COMPLETED: utcnow()}}})
     wait_for(lambda: gone_or_deleting(kube, ns, "rank-0"), timeout=30, what="the pod on the bad GPU evicted")
     for pod in ("rank-1", "rank-2"):
-        assert CHECKPOINT_REQUESTED not in annotations(kube, ns, pod)
+        assert CHECKPOINT_REQUESTED not in pod_annotations(kube, ns, pod)
         assert not gone_or_deleting(kube, ns, pod)
     wait_for(lambda: device(kube, node, bad).get("state") == "Quarantined", timeout=30, what="device drain done")
     events = " ".join(e.message for e in kube.node_events(node, "DeviceQuarantined"))

@@ -211,3 +211,32 @@ def test_orphaned_rules_of_gpuhealth_go_and_foreign_rules_stay() -> None:
 
     asyncio.run(body())
     assert set(kube.rules) == {"sre-hold", RULE}
+
+
+def test_release_gpu_moves_that_gpu_to_probation_and_is_acknowledged() -> None:
+    kube = setup()
+    kube.reports["n1"] = report_obj(name="n1")  # the GPU was repaired: clean facts
+    kube.reports["n1"]["status"] = {
+        "state": "Healthy",
+        "devices": [
+            {
+                "index": 3,
+                "uuid": "GPU-0003",
+                "state": "AwaitingRepair",
+                "reason": "Flapping",
+                "device": "gpu.nvidia.com/n1/gpu-3",
+                "taintRule": RULE,
+            }
+        ],
+    }
+    kube.nodes["n1"]["metadata"]["annotations"] = {"gpuhealth.dev/release-gpu": "3"}
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")
+
+    asyncio.run(body())
+    dev3 = next(d for d in kube.reports["n1"]["status"]["devices"] if d["index"] == 3)
+    assert dev3["state"] == "Recovering" and RULE in kube.rules  # the rule stays for the probation
+    assert "gpuhealth.dev/release-gpu" not in (kube.nodes["n1"]["metadata"].get("annotations") or {})
