@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.cli.changes import Refused, plan_release_gpu
+from gpuhealth.cli.changes import plan_release_gpu
 from gpuhealth.cli.describe_text import render_describe
+from gpuhealth.cli.errors import Refused
 from gpuhealth.cli.fleet import summarize
 from tests.unit.cli.objects import NOW, ago, node, policy, report
 
