@@ -151,3 +151,42 @@ def test_dry_run_writes_an_informational_rule(
     wait_for(lambda: rule in rules_of(kube, node), timeout=30, what="a DryRun rule")
     assert rules_of(kube, node)[rule]["spec"]["taint"]["effect"] == "None"
     assert kube.our_taint(node) is None
+
+
+def test_operator_killed_between_the_record_and_the_rule_converges_once(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    (node,) = make_nodes(cluster, group, 1)
+    ns = ensure_namespace(kube, f"dk-{group}"[:60])
+    dra.publish_device_classes(kube)
+    dra.publish_slices(kube, [node], uuid=dra.report_uuid)
+    dra.create_claim_template(kube, ns, "one-gpu", 1)
+    kube.put_report(node, healthy_spec())
+    kube.apply_policy(
+        group,
+        policy_spec(group, safety={"maxUnhealthyGPUs": 8}, actions={"drain": {"checkpointMode": "annotation"}}),
+    )
+    kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "rank-0", "one-gpu", node))
+    (dev,) = dra.wait_allocated(kube, ns, "rank-0")
+    bad = int(dev.removeprefix("gpu-"))
+    rule = f"gpuhealth-{node}-gpu-{bad}"
+    kube.put_report(node, ecc(bad))
+    asked = wait_for(
+        lambda: pod_annotations(kube, ns, "rank-0").get(CHECKPOINT_REQUESTED), timeout=30, what="checkpoint asked"
+    )
+    assert asked and rule in rules_of(kube, node)
+    # Events are posted in the background: let the request's land before the kill.
+    wait_for(lambda: len(kube.node_events(node, "CheckpointRequested")) == 1, timeout=20, what="request announced")
+    # Killed after the status write, before the rule write: the record stays, the rule is lost.
+    operator.kill()
+    kube.custom.delete_cluster_custom_object(dra.G, dra.V, "devicetaintrules", rule)
+    assert device(kube, node, bad).get("taintRule") == rule
+    operator.start()
+    wait_for(lambda: rule in rules_of(kube, node), timeout=30, what="the rule written after the restart")
+    kube.core.patch_namespaced_pod("rank-0", ns, {"metadata": {"annotations": {CHECKPOINT_COMPLETED: utcnow()}}})
+    wait_for(lambda: gone_or_deleting(kube, ns, "rank-0"), timeout=30, what="the pod evicted")
+    wait_for(lambda: device(kube, node, bad).get("state") == "Quarantined", timeout=30, what="device drain done")
+    assert list(rules_of(kube, node)) == [rule]
+    assert len(kube.node_events(node, "CheckpointRequested")) == 1, "asked once, not again after the restart"
+    wait_for(lambda: len(kube.node_events(node, "Evicted")) == 1, timeout=20, what="eviction announced")
+    assert len(kube.node_events(node, "Evicted")) == 1, "evicted once"

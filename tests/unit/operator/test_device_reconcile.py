@@ -240,3 +240,25 @@ def test_release_gpu_moves_that_gpu_to_probation_and_is_acknowledged() -> None:
     dev3 = next(d for d in kube.reports["n1"]["status"]["devices"] if d["index"] == 3)
     assert dev3["state"] == "Recovering" and RULE in kube.rules  # the rule stays for the probation
     assert "gpuhealth.dev/release-gpu" not in (kube.nodes["n1"]["metadata"].get("annotations") or {})
+
+
+def test_the_pod_cache_keeps_the_claim_fields_a_device_drain_reads() -> None:
+    from gpuhealth.controller.store import slim_pod
+    from gpuhealth.drain.claims import pod_claim_names
+
+    pod = {
+        "metadata": {"name": "p", "namespace": "ml", "uid": "u", "managedFields": [{}]},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main"}],
+            "resourceClaims": [{"name": "shared", "resourceClaimName": "team-gpus"}],
+        },
+        "status": {
+            "phase": "Running",
+            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x1"}],
+            "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-y2"},
+        },
+    }
+    slim = slim_pod(pod)
+    assert "containers" not in slim["spec"] and "managedFields" not in slim["metadata"]
+    assert pod_claim_names(slim) == {"team-gpus", "p-gpu-x1", "p-extended-resources-y2"}
