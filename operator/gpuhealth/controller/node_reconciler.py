@@ -212,7 +212,10 @@ class NodeReconciler:
             pending=a.pending,
             unknown_message=a.unknown_reason,
             devices=dev.status(),
-            in_service_gpus=dev.in_service(decision.record.out_of_service, a.total_gpus),
+            # DryRun holds nothing out (no Node change, rules with effect None): every GPU serves.
+            in_service_gpus=a.total_gpus
+            if policy.mode == Mode.DRY_RUN
+            else dev.in_service(decision.record.out_of_service, a.total_gpus),
         )
         changed = status_changes(prev, body)
         if report_obj is None:

@@ -169,6 +169,7 @@ def test_dry_run_writes_effect_none_and_moves_no_pod() -> None:
 
     asyncio.run(body())
     assert kube.rules[RULE]["spec"]["taint"]["effect"] == "None"
+    assert kube.reports["n1"]["status"]["inServiceGPUs"] == 8  # DryRun holds nothing out
     assert not [w for w in kube.writes if w[1].startswith("pod/")]
 
 
