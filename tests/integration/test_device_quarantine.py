@@ -8,12 +8,13 @@ holds it (checkpoint first), keep the scheduler off it, and give it back after p
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 TAINT = "gpuhealth.dev/unhealthy"
@@ -108,6 +109,13 @@ def test_one_bad_gpu_costs_one_gpu(cluster: LocalCluster, kube: Kube, operator: 
     dra.wait_rule_seen(kube, rule)
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "fresh", "one-gpu", node))
     assert dra.wait_allocated(kube, ns, "fresh") != [f"gpu-{bad}"]
+    dra.create_claim_template(kube, ns, "eight-gpus", 8)
+    kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "whole-node", "eight-gpus", node))
+    dra.wait_unschedulable(kube, ns, "whole-node")  # 8 GPUs: one of them is held out
+    assert 'gpuhealth_device_actions_total{action="taint",mode="Enforce",reason="EccUncorrected"}' in (
+        operator.metrics()
+    )
+    kube.core.delete_namespaced_pod("whole-node", ns)
 
     # Return to service after probation: gpuhealth deletes its rule, never the foreign one.
     kube.put_report(node, healthy_spec())
@@ -190,3 +198,27 @@ def test_operator_killed_between_the_record_and_the_rule_converges_once(
     assert len(kube.node_events(node, "CheckpointRequested")) == 1, "asked once, not again after the restart"
     wait_for(lambda: len(kube.node_events(node, "Evicted")) == 1, timeout=20, what="eviction announced")
     assert len(kube.node_events(node, "Evicted")) == 1, "evicted once"
+
+
+def test_a_pod_asking_for_an_extended_resource_through_dra_is_drained_like_a_claim(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    node = f"{group}-dra-only"[:63]
+    manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
+    for key in ("capacity", "allocatable"):
+        manifest["status"][key].pop("nvidia.com/gpu", None)  # a DRA node: no device-plugin resource
+    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    ns = ensure_namespace(kube, f"dx-{group}"[:60])
+    dra.publish_device_classes(kube)
+    dra.publish_slices(kube, [node], gpus=2, uuid=dra.report_uuid)  # the driver publishes two of its 8 GPUs
+    kube.put_report(node, healthy_spec())
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthyGPUs": 8}, actions={"drain": {"maxWait": "1s"}}))
+    for name in ("plugin-style-a", "plugin-style-b"):
+        kube.core.create_namespaced_pod(ns, dra.extended_resource_pod(ns, name, node))
+    held = {name: dra.wait_allocated(kube, ns, name)[0] for name in ("plugin-style-a", "plugin-style-b")}
+    bad = int(held["plugin-style-a"].removeprefix("gpu-"))
+    kube.put_report(node, ecc(bad))
+    wait_for(lambda: gone_or_deleting(kube, ns, "plugin-style-a"), timeout=30, what="the pod on the bad GPU moved")
+    assert not gone_or_deleting(kube, ns, "plugin-style-b")
+    assert kube.our_taint(node) is None and f"gpuhealth-{node}-gpu-{bad}" in rules_of(kube, node)
