@@ -89,6 +89,7 @@ class Row:
     gpu_hours: float | None = None  # out-of-service or Unknown capacity; None otherwise
     cost: float | None = None
     currency: str = ""
+    in_service_gpus: int | None = None  # GPUs the scheduler may allocate (status.inServiceGPUs)
     gpus_held: int = 0  # GPUs held out one by one while the node serves on
     device_gpu_hours: float = 0.0
     device_cost: float | None = None
@@ -118,6 +119,7 @@ class Row:
             "gpuHours": None if self.gpu_hours is None else round(self.gpu_hours, 3),
             "cost": None if self.cost is None else round(self.cost, 2),
             "currency": self.currency or None,
+            "gpusInService": self.in_service_gpus,
             "gpusHeldOut": self.gpus_held,
             "deviceGpuHours": round(self.device_gpu_hours, 3),
             "deviceCost": None if self.device_cost is None else round(self.device_cost, 2),
@@ -261,7 +263,7 @@ def build_row(
     total = count_of(status.total_gpus)
     if not total:
         total = node_gpus(node)
-    healthy = count_of(status.in_service_gpus if status.in_service_gpus is not None else status.healthy_gpus)
+    healthy = count_of(status.healthy_gpus)
     since = parse_time(status.since)
     age = None if since is None else max(0.0, (now - since).total_seconds())
     dry_run = status.dry_run
@@ -302,6 +304,7 @@ def build_row(
         gpu_hours=hours,
         cost=cost,
         currency=currency,
+        in_service_gpus=count_of(status.in_service_gpus),
         gpus_held=len(held) if state not in OUT_OF_SERVICE and not dry_run else 0,
         device_gpu_hours=device_hours,
         device_cost=device_cost,

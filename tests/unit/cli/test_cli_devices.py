@@ -24,7 +24,7 @@ def test_a_gpu_held_out_alone_costs_its_own_gpu_hours_and_not_the_node() -> None
     rep = report("a", "Degraded", inServiceGPUs=7, devices=[HELD, {"index": 0, "state": "InService"}])
     fleet = summarize([node("a")], [rep], [policy(cost={"gpuHourly": 2.0})], NOW)
     (row,) = fleet.rows
-    assert row.healthy_gpus == 7 and row.gpus_held == 1
+    assert row.in_service_gpus == 7 and row.gpus_held == 1
     assert row.device_gpu_hours == pytest.approx(2.0) and row.device_cost == pytest.approx(4.0)
     assert fleet.totals.out_gpus == 1 and fleet.totals.out_gpu_hours_by_state == {"Device": pytest.approx(2.0)}
 
