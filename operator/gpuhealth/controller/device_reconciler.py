@@ -160,7 +160,9 @@ class DeviceReconciler:
     ) -> DevicePlan:
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
         prior = devices_from_status(status)
-        placement = place(a.findings, name, self.slices.slices(), policy.devices.drivers, uuids)
+        # Most reconciles have no device-scoped finding: skip reading the slice cache for them.
+        wanted = any(f.scope == Scope.DEVICE for f in a.findings)
+        placement = place(a.findings, name, self.slices.slices() if wanted else (), policy.devices.drivers, uuids)
         findings = [
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
         ]
