@@ -2,8 +2,10 @@
 """`make demo`: gpuhealth end to end on a local control plane with 8 fake GPU nodes.
 
 Real agents (one per node, reading a fake NVML library) report to the real API server; the real
-operator decides and acts. Faults are injected into the fake NVML: an XID 79 on one node, a
-sustained thermal slowdown on another, and an application XID that must be ignored.
+operator decides and acts. Faults are injected into the fake NVML: an XID 79 on one node (the whole
+node goes), a sustained thermal slowdown on GPU 2 of a DRA node (only that GPU goes: a
+DeviceTaintRule, and only the pod holding it checkpoints and moves; the real scheduler keeps its
+replacement off GPU 2), and an application XID that must be ignored.
 Prints a timeline, `kubectl get gpuhealth`, `kubectl get gpunodes` and the Node events, and writes
 build/demo/summary.json. `--keep` leaves everything running for exploring.
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
-from tests.support import pidfile
+from tests.support import dra, pidfile
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, wait_for
@@ -35,10 +37,11 @@ DEMO_POLICY = {
     "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}},
     "mode": "Enforce",
     "rules": {
-        "thermal": {"sustainedFor": "8s", "temperatureThresholdC": 90},
+        "thermal": {"sustainedFor": "8s", "temperatureThresholdC": 90, "action": "drain"},
         "agentSilence": {"after": "30s"},
     },
-    "safety": {"maxUnhealthy": "25%", "probation": "1m"},
+    # A node out of service counts all its GPUs: 25% of 64 GPUs leaves room for one more GPU after it.
+    "safety": {"maxUnhealthy": "25%", "maxUnhealthyGPUs": "25%", "probation": "1m"},
 }
 
 
@@ -88,9 +91,33 @@ def watch_nodes(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
             time.sleep(0.5)
 
 
-def training_ranks(kube: Kube) -> list[Any]:
-    pods = kube.core.list_namespaced_pod("ml", label_selector="app=llm-pretrain").items
+def training_ranks(kube: Kube, app: str = "llm-pretrain") -> list[Any]:
+    pods = kube.core.list_namespaced_pod("ml", label_selector=f"app={app}").items
     return [p for p in pods if not p.metadata.deletion_timestamp]
+
+
+def dra_serving(node: str) -> list[dict[str, Any]]:
+    """Eight 1-GPU pods on ``node`` whose GPUs come from DRA claims (the real scheduler allocates them)."""
+    pod_spec = dra.claim_pod("ml", "x", "one-gpu", node)["spec"]
+    return [
+        dra.claim_template("ml", "one-gpu", 1),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "dra-serving", "namespace": "ml"},
+            "spec": {
+                "replicas": 8,
+                "selector": {"matchLabels": {"app": "dra-serving"}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app": "dra-serving"},
+                        "annotations": {"gpuhealth.dev/checkpoint": "annotation"},
+                    },
+                    "spec": pod_spec,
+                },
+            },
+        },
+    ]
 
 
 def act_as_trainer(kube: Kube, timeline: Timeline, stop: threading.Event, acked: set[str]) -> None:
@@ -100,7 +127,7 @@ def act_as_trainer(kube: Kube, timeline: Timeline, stop: threading.Event, acked:
     files = OUT / "podinfo"
     files.mkdir(exist_ok=True)
     while not stop.is_set():
-        for p in training_ranks(kube):
+        for p in training_ranks(kube) + training_ranks(kube, "dra-serving"):
             ann = p.metadata.annotations or {}
             if p.metadata.name in acked or "gpuhealth.dev/checkpoint-requested" not in ann:
                 continue
@@ -203,6 +230,15 @@ def main() -> int:
         xid_node, hot_node, app_node = nodes[0], nodes[1], nodes[2]
         print("== Running GPU workloads ==")
         run_workloads(cluster, kube, xid_node)
+        dra.publish_device_classes(kube)
+        dra.publish_slices(kube, [hot_node])  # a DRA driver publishes its GPUs (the fake NVML's UUIDs)
+        cluster.apply_objects(dra_serving(hot_node))
+        wait_for(
+            lambda: len([p for p in training_ranks(kube, "dra-serving") if p.status.phase == "Running"]) == 8,
+            timeout=90,
+            what="DRA serving pods running",
+        )
+        timeline.add(f"{hot_node}: DRA node; 8 serving pods, one GPU each from a ResourceClaim")
         before = {p.metadata.name for p in training_ranks(kube)}
         timeline.add(f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation")
         timeline.add("8 inference pods running (4 GPUs each)")
@@ -227,11 +263,16 @@ def main() -> int:
             injected[hot_node],
         )
 
-        wait_for(
-            lambda: xid_node in timeline.taint_seen and hot_node in timeline.taint_seen,
-            timeout=60,
-            what="both hardware faults quarantined",
-        )
+        rule = f"gpuhealth-{hot_node}-gpu-2"
+
+        def rule_seen() -> bool:
+            kube.custom.get_cluster_custom_object(dra.G, dra.V, "devicetaintrules", rule)
+            timeline.taint_seen.setdefault(hot_node, time.time())  # polled: within 0.2s of its creation
+            return True
+
+        wait_for(rule_seen, timeout=60, what="GPU 2 of the hot node held out by a DeviceTaintRule")
+        timeline.add(f"{hot_node}: DeviceTaintRule {rule} (gpu-2 only, NoSchedule); node not tainted")
+        wait_for(lambda: xid_node in timeline.taint_seen, timeout=60, what="the XID 79 node quarantined")
         moved = wait_for(
             lambda: (
                 len(
@@ -247,6 +288,18 @@ def main() -> int:
         )
         timeline.add("training job: 4 ranks running again on " + ", ".join(sorted({p.spec.node_name for p in moved})))
         wait_for(lambda: kube.state(xid_node) == "Quarantined", timeout=30, what="drain finished")
+
+        def gpu2_state() -> str:
+            devs = (kube.report(hot_node).get("status") or {}).get("devices") or []
+            return str(next((d["state"] for d in devs if d["index"] == 2), ""))
+
+        wait_for(lambda: gpu2_state() == "Quarantined", timeout=60, what="the pod on GPU 2 moved")
+        serving = training_ranks(kube, "dra-serving")
+        pending = [p.metadata.name for p in serving if not p.spec.node_name]
+        timeline.add(
+            f"{hot_node}: the pod on GPU 2 checkpointed and was evicted; its replacement stays Pending "
+            f"({len(pending)}): the scheduler does not allocate the tainted GPU; 7 pods serve on"
+        )
         time.sleep(3)
         app_taint = kube.our_taint(app_node)
         app_report = kube.report(app_node)
@@ -270,6 +323,14 @@ def main() -> int:
             print(f"  {e.involved_object.kind}/{e.involved_object.name}  {e.type:7s} {e.reason}: {e.message}")
 
         quarantined = sorted(n for n in nodes if kube.our_taint(n) is not None)
+        statuses = {n: kube.report(n).get("status") or {} for n in nodes}
+        devices_out = [
+            {"node": n, "gpu": d["index"], "state": d["state"], "reason": d.get("reason"), "rule": d.get("taintRule")}
+            for n, st in statuses.items()
+            for d in st.get("devices") or []
+            if d.get("state") != "InService"
+        ]
+        device_nodes = {d["node"] for d in devices_out} - set(quarantined)
         node_events = [e for e in events if e.involved_object.name == xid_node]
         summary: dict[str, Any] = {
             "nodes": len(nodes),
@@ -283,14 +344,25 @@ def main() -> int:
             "checkpoints_acknowledged": len(acked),
             "evicted_pods": sum(1 for e in node_events if e.reason == "Evicted"),
             "rescheduled_pods": sum(1 for p in moved if p.metadata.name not in before),
-            "note": "the thermal fault must be sustained for the policy's 8s before it counts",
+            "devices_quarantined": devices_out,
+            "gpus_held_out": sum(
+                int(st.get("totalGPUs") or 0) - int(st.get("inServiceGPUs") or 0)
+                for st in statuses.values()
+                if st.get("inServiceGPUs") is not None
+            ),
+            "gpus_kept_in_service": sum(int(statuses[n].get("inServiceGPUs") or 0) for n in device_nodes),
+            "device_pods_running": len([p for p in serving if p.status.phase == "Running"]),
+            "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
+            "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s)",
         }
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
         ok = (
-            quarantined == sorted([xid_node, hot_node])
+            quarantined == [xid_node]
+            and [(d["node"], d["gpu"]) for d in devices_out] == [(hot_node, 2)]
+            and summary["gpus_kept_in_service"] == 7
             and bool(summary["ignored_faults"])
-            and summary["checkpoints_acknowledged"] == 4
+            and summary["checkpoints_acknowledged"] == 5
             and summary["rescheduled_pods"] == 4
         )
         if args.keep:

@@ -20,10 +20,10 @@ from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
-from tests.integration.conftest import make_nodes
+from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
 from tests.support.cluster import LocalCluster, gpu_node_manifest
-from tests.support.k8s import Kube, ensure_namespace, wait_for
+from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, wait_for
 
 DRIVERS = (dra.DRIVER,)
 
@@ -39,6 +39,18 @@ def all_rules(kube: Kube) -> list[dict[str, Any]]:
 def scheduled_pods(kube: Kube, ns: str) -> list[dict[str, Any]]:
     pods = kube.api.sanitize_for_serialization(kube.core.list_namespaced_pod(ns)).get("items") or []
     return [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+
+
+def hold_still(kube: Kube, group: str) -> None:
+    """A Paused policy for the test's nodes, seen by the running operator: it then leaves their rules
+    alone (these tests write gpuhealth's rules by hand; an operator would delete such a rule on a node
+    no policy governs, as an orphan)."""
+    kube.apply_policy(group, policy_spec(group, mode="Paused"))
+    wait_for(
+        lambda: (kube.get_policy(group).get("status") or {}).get("nodes") == 1,
+        timeout=30,
+        what="the operator counts the node under the Paused policy",
+    )
 
 
 def test_slice_reflector_maps_gpus_from_the_real_api(cluster: LocalCluster, kube: Kube, group: str) -> None:
@@ -61,9 +73,10 @@ def test_slice_reflector_maps_gpus_from_the_real_api(cluster: LocalCluster, kube
 
 
 def test_device_taint_rule_steers_the_real_scheduler_and_foreign_rules_stay(
-    cluster: LocalCluster, kube: Kube, group: str
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
+    hold_still(kube, group)
     ns = ensure_namespace(kube, f"dra-{group}"[:60])
     dra.publish_device_classes(kube)
     dra.publish_slices(kube, [node])
@@ -128,8 +141,11 @@ def test_device_taint_rule_steers_the_real_scheduler_and_foreign_rules_stay(
     kube.custom.delete_cluster_custom_object(dra.G, dra.V, "devicetaintrules", foreign["metadata"]["name"])
 
 
-def test_dry_run_rule_is_informational(cluster: LocalCluster, kube: Kube, group: str) -> None:
+def test_dry_run_rule_is_informational(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
     (node,) = make_nodes(cluster, group, 1)
+    hold_still(kube, group)
     ns = ensure_namespace(kube, f"dra-{group}"[:60])
     dra.publish_device_classes(kube)
     dra.publish_slices(kube, [node], gpus=1)

@@ -29,6 +29,13 @@ class DeviceRef:
     def __str__(self) -> str:
         return f"{self.driver}/{self.pool}/{self.device}"
 
+    @staticmethod
+    def parse(text: str) -> DeviceRef | None:
+        """The inverse of ``str``: a driver and a device name hold no slash, a pool may."""
+        driver, _, rest = text.partition("/")
+        pool, _, device = rest.rpartition("/")
+        return DeviceRef(driver, pool, device) if driver and pool and device else None
+
 
 class DeviceState(StrEnum):
     IN_SERVICE = "InService"
@@ -61,6 +68,8 @@ class DeviceRecord:
     held_by_breaker: bool = False
     drain_action: str = ""
     drained: bool = False
+    device: str = ""  # the DRA device ``driver/pool/device`` its DeviceTaintRule selects (write-ahead)
+    taint_rule: str = ""  # the DeviceTaintRule's name, recorded before the rule is created
 
     @property
     def out_of_service(self) -> bool:
@@ -81,6 +90,8 @@ class DeviceRecord:
             "heldByBreaker": self.held_by_breaker,
             "drainAction": self.drain_action,
             "drained": self.drained,
+            "device": self.device,
+            "taintRule": self.taint_rule,
         }
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -111,6 +122,8 @@ class DeviceRecord:
             held_by_breaker=bool(entry.get("heldByBreaker", False)),
             drain_action=str(entry.get("drainAction") or ""),
             drained=bool(entry.get("drained", False)),
+            device=str(entry.get("device") or ""),
+            taint_rule=str(entry.get("taintRule") or ""),
         )
 
 

@@ -20,6 +20,7 @@ CONDITION_TYPE = "GPUHealthy"
 QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
 # A human (or `kubectl gpuhealth release`) sets this on the Node to return an AwaitingRepair node.
 RELEASE_ANNOTATION = f"{GROUP}/release"
+RELEASE_GPU_ANNOTATION = f"{GROUP}/release-gpu"  # GPU indices, comma-separated: release those GPUs only
 
 # The checkpoint handshake on a pod (see docs/workloads.md).
 CHECKPOINT_MODE = f"{GROUP}/checkpoint"
@@ -89,6 +90,7 @@ class Signal(StrEnum):
     AGENT_SILENT = "AgentSilent"
     RESTART_LOOP = "RestartLoop"
     FLAPPING = "Flapping"
+    DEVICE_QUARANTINED = "DeviceQuarantined"  # the node serves on while some of its GPUs are held out
 
 
 class Scope(StrEnum):

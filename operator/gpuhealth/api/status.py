@@ -116,6 +116,7 @@ class NodeStatus:
     dry_run: bool = False
     total_gpus: int | None = None
     healthy_gpus: int | None = None
+    in_service_gpus: int | None = None
     last_xid: str | None = None
     quarantines: tuple[str, ...] = ()
     healthy_since: str | None = None
@@ -124,6 +125,8 @@ class NodeStatus:
     drain_action: str | None = None
     evidence: tuple[dict[str, Any], ...] = ()
     drain: DrainRecord | None = None
+    devices: tuple[dict[str, Any], ...] = ()
+    device_drains: Mapping[str, DrainRecord] | None = None
 
     @staticmethod
     def read(status: Mapping[str, Any] | None) -> NodeStatus:
@@ -138,6 +141,7 @@ class NodeStatus:
             dry_run=bool(s.get("dryRun", False)),
             total_gpus=s.get("totalGPUs"),
             healthy_gpus=s.get("healthyGPUs"),
+            in_service_gpus=s.get("inServiceGPUs"),
             last_xid=s.get("lastXid"),
             quarantines=tuple(str(t) for t in s.get("quarantines") or ()),
             healthy_since=s.get("healthySince"),
@@ -146,6 +150,8 @@ class NodeStatus:
             drain_action=s.get("drainAction"),
             evidence=tuple(dict(e) for e in s.get("evidence") or ()),
             drain=cast(DrainRecord, dict(s["drain"])) if s.get("drain") else None,
+            devices=tuple(dict(d) for d in s.get("devices") or ()),
+            device_drains=dict(s["deviceDrains"]) if s.get("deviceDrains") else None,
         )
 
 
@@ -189,8 +195,14 @@ def node_status(
     evidence: Sequence[Mapping[str, Any]],
     pending: Mapping[str, Any],
     unknown_message: str = "",
+    devices: Sequence[Mapping[str, Any]] = (),
+    in_service_gpus: int | None = None,
 ) -> dict[str, Any]:
-    """The whole status the operator writes (``None`` drops a key in a merge patch)."""
+    """The whole status the operator writes (``None`` drops a key in a merge patch).
+
+    ``devices`` is the per-GPU record (``api.devices``); ``in_service_gpus`` the GPUs the scheduler
+    may allocate (what ``kubectl get gpunodes`` shows as HEALTHY-GPUS).
+    """
     body: dict[str, Any] = dict(record.to_status())
     body.update(
         policy=policy,
@@ -201,6 +213,8 @@ def node_status(
         lastXid=last_xid or None,
         evidence=[dict(e) for e in evidence[:MAX_EVIDENCE]] or None,
         pending=dict(pending) or None,
+        devices=[dict(d) for d in devices] or None,
+        inServiceGPUs=in_service_gpus,
     )
     if record.state == State.UNKNOWN:
         body["message"] = unknown_message or body.get("message")

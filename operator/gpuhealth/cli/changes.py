@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.durations import format_duration
-from gpuhealth.api.names import GROUP, RELEASE_ANNOTATION, Mode, State
+from gpuhealth.api.names import GROUP, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, Mode, State
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.cli.errors import Refused
@@ -173,4 +173,34 @@ def plan_resume(policy: Mapping[str, Any], mode: str | None = None) -> Plan:
         lines.append("gpuhealth re-evaluates every node it governs now and acts on what it finds.")
     else:
         lines.append("gpuhealth re-evaluates every node it governs and writes Events; it changes no Node.")
+    return Plan(patch, tuple(lines))
+
+
+def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, force: bool = False) -> Plan:
+    """Return one repaired GPU to gpuhealth: annotate the Node with ``gpuhealth.dev/release-gpu=<index>``.
+
+    The operator clears that GPU's evidence and flapping history, moves it from AwaitingRepair to
+    Recovering (its DeviceTaintRule stays for the probation) and removes the annotation once done.
+    Only an AwaitingRepair GPU is released unless ``force``; the node itself is left as it is.
+    """
+    status: Mapping[str, Any] = (report or {}).get("status") or {}
+    entry = next((d for d in status.get("devices") or [] if d.get("index") == gpu), None)
+    state = str((entry or {}).get("state") or "")
+    if state != "AwaitingRepair" and not force:
+        if entry is None:
+            raise Refused(f"GPU {gpu} of node {node} has no gpuhealth record: nothing to release")
+        why = f"{state} ({entry.get('reason')})" if entry.get("reason") else state
+        raise Refused(
+            f"GPU {gpu} of node {node} is {why}, not AwaitingRepair: gpuhealth returns it by itself once its "
+            "facts clear and probation passes. Use --force to clear its evidence and flapping history anyway"
+        )
+    patch = {"metadata": {"annotations": {RELEASE_GPU_ANNOTATION: str(gpu)}}}
+    rule = str((entry or {}).get("taintRule") or "")
+    lines = [f"node/{node} GPU {gpu} released ({RELEASE_GPU_ANNOTATION}={gpu})."]
+    if state == "AwaitingRepair":
+        lines.append(
+            "The GPU goes on probation; gpuhealth deletes its DeviceTaintRule"
+            + (f" {rule}" if rule else "")
+            + " once its facts stay clean, and removes the annotation when it has acted on it."
+        )
     return Plan(patch, tuple(lines))

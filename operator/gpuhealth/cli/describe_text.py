@@ -213,7 +213,10 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         policy += f"; also matches {', '.join(m['overriddenPolicies'])} (lower priority)"
     lines.append(_field("Policy", policy))
     g = m.get("gpus") or {}
-    lines.append(_field("GPUs", f"{_v(g.get('healthy'), '?')}/{_v(g.get('total'), '?')} healthy"))
+    gpus = f"{_v(g.get('healthy'), '?')}/{_v(g.get('total'), '?')} healthy"
+    if g.get("inService") is not None:
+        gpus += f", {g['inService']} in service"
+    lines.append(_field("GPUs", gpus))
     lines.append(_field("Last XID", _v(m.get("lastXid"))))
     a = m.get("agent") or {}
     if m.get("hasReport"):
@@ -251,6 +254,26 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         )
     else:
         lines.append("  (none reported)")
+
+    verdicts = [v for v in m.get("gpuVerdicts") or [] if v.get("state") != "InService" or v.get("heldByBreaker")]
+    lines += ["", "GPU verdicts (each GPU's own state; all others InService):"]
+    if verdicts:
+        rows = [
+            [
+                _v(v.get("index")),
+                _v(v.get("state")) + (" (held back by the GPU budget)" if v.get("heldByBreaker") else ""),
+                _v(v.get("reason")),
+                age_of(v.get("since"), now) if v.get("since") else "-",
+                _v(v.get("taintRule")),
+                _v(v.get("uuid")),
+            ]
+            for v in verdicts
+        ]
+        lines += table(["GPU", "STATE", "REASON", "AGE", "DEVICETAINTRULE", "UUID"], rows, indent="  ")
+    else:
+        lines.append("  (every GPU in service)")
+    for index, d in sorted((m.get("deviceDrains") or {}).items()):
+        lines += ["", f"Drain of GPU {index} (only the pods that hold it):", *drain_lines(d)]
 
     xids = m.get("xids") or []
     lines += ["", "Recent XIDs (newest first):"]

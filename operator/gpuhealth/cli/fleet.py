@@ -8,6 +8,8 @@ AwaitingRepair, Recovering) costs ``total GPUs x hours since status.since`` GPU-
 state; nodes in ``Unknown`` (nobody can see their GPUs) are summed separately. Where the governing
 policy has ``spec.cost.gpuHourly`` the GPU-hours are priced in its ``spec.cost.currency``. A verdict
 computed under a DryRun policy changed no Node, so it holds nothing out of service and costs nothing.
+A GPU held out on its own (``status.devices[]``, a DeviceTaintRule) while its node serves on costs
+``1 x hours since that GPU's since``; those GPU-hours are summed under ``Device``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Row:
     gpu_hours: float | None = None  # out-of-service or Unknown capacity; None otherwise
     cost: float | None = None
     currency: str = ""
+    in_service_gpus: int | None = None  # GPUs the scheduler may allocate (status.inServiceGPUs)
+    gpus_held: int = 0  # GPUs held out one by one while the node serves on
+    device_gpu_hours: float = 0.0
+    device_cost: float | None = None
 
     @property
     def out_of_service(self) -> bool:
@@ -113,6 +119,10 @@ class Row:
             "gpuHours": None if self.gpu_hours is None else round(self.gpu_hours, 3),
             "cost": None if self.cost is None else round(self.cost, 2),
             "currency": self.currency or None,
+            "gpusInService": self.in_service_gpus,
+            "gpusHeldOut": self.gpus_held,
+            "deviceGpuHours": round(self.device_gpu_hours, 3),
+            "deviceCost": None if self.device_cost is None else round(self.device_cost, 2),
         }
 
 
@@ -266,6 +276,14 @@ def build_row(
         if price is not None:
             cost = hours * price.hourly
             currency = price.currency
+    held = [d for d in status.devices if d.get("state") not in (None, "InService")]
+    device_hours = 0.0
+    device_cost: float | None = None
+    if held and not dry_run and state not in OUT_OF_SERVICE:
+        device_hours = sum(gpu_hours(1, parse_time(d.get("since")), now) for d in held)
+        price = price_of(policy_obj)
+        if price is not None:
+            device_cost, currency = device_hours * price.hourly, price.currency
     return Row(
         node=name,
         state=state,
@@ -286,6 +304,10 @@ def build_row(
         gpu_hours=hours,
         cost=cost,
         currency=currency,
+        in_service_gpus=count_of(status.in_service_gpus),
+        gpus_held=len(held) if state not in OUT_OF_SERVICE and not dry_run else 0,
+        device_gpu_hours=device_hours,
+        device_cost=device_cost,
     )
 
 
@@ -307,7 +329,12 @@ def totals(rows: Iterable[Row]) -> Totals:
                 t.unpriced_nodes += 1
             else:
                 t.out_cost[r.currency] = t.out_cost.get(r.currency, 0.0) + r.cost
-        elif r.state == State.UNKNOWN and not r.dry_run:
+        elif r.gpus_held:
+            t.out_gpus += r.gpus_held
+            t.out_gpu_hours_by_state["Device"] = t.out_gpu_hours_by_state.get("Device", 0.0) + r.device_gpu_hours
+            if r.device_cost is not None:
+                t.out_cost[r.currency] = t.out_cost.get(r.currency, 0.0) + r.device_cost
+        if r.state == State.UNKNOWN and not r.dry_run:
             t.unknown_nodes += 1
             t.unknown_gpus += r.total_gpus or 0
             t.unknown_gpu_hours += r.gpu_hours or 0.0
@@ -318,7 +345,9 @@ def totals(rows: Iterable[Row]) -> Totals:
         ordered[NO_VERDICT] = t.by_state[NO_VERDICT]
     t.by_state = ordered
     t.out_gpu_hours_by_state = {
-        str(s): t.out_gpu_hours_by_state[str(s)] for s in OUT_OF_SERVICE_ORDER if str(s) in t.out_gpu_hours_by_state
+        str(s): t.out_gpu_hours_by_state[str(s)]
+        for s in (*OUT_OF_SERVICE_ORDER, "Device")
+        if str(s) in t.out_gpu_hours_by_state
     }
     return t
 

@@ -28,6 +28,7 @@ examples:
   kubectl gpuhealth describe gpu-node-0042      devices, XIDs and their meaning, marks, history, events
   kubectl gpuhealth explain 79                  what an XID means and what gpuhealth does (no cluster needed)
   kubectl gpuhealth release gpu-node-0042       return a repaired AwaitingRepair node (probation follows)
+  kubectl gpuhealth release gpu-node-0042 --gpu 3   return one repaired GPU (its DeviceTaintRule goes after probation)
   kubectl gpuhealth pause training              stop a policy from acting (resume restores its mode)
 
 exit codes: 0 ok, 1 API error, 2 usage error or refused
@@ -121,6 +122,12 @@ def build_parser() -> Parser:
         "--force",
         action="store_true",
         help="release even if the node is not AwaitingRepair (clears its evidence and flapping history)",
+    )
+    p.add_argument(
+        "--gpu",
+        type=int,
+        metavar="N",
+        help="release only GPU N (held out on its own by a DeviceTaintRule); the node is left as it is",
     )
     p.set_defaults(func=cmd_release)
 
@@ -253,6 +260,12 @@ def cmd_release(ctx: Context) -> int:
     if node is None:
         raise ApiError(f'node "{a.node}" not found')
     report = ctx.client.get_report(a.node)
+    if a.gpu is not None:
+        gplan = changes.plan_release_gpu(a.node, report, a.gpu, force=a.force)
+        assert gplan.patch is not None
+        ctx.client.patch_node(a.node, gplan.patch)
+        ctx.print("\n".join(gplan.lines))
+        return EXIT_OK
     policy_name = read_report_status(report).policy
     policy = ctx.client.get_policy(str(policy_name)) if policy_name else None
     annotations = (node.get("metadata") or {}).get("annotations") or {}

@@ -210,7 +210,12 @@ def describe_node(
         "policyMode": None if policy is None else ((policy.get("spec") or {}).get("mode") or "Enforce"),
         "overriddenPolicies": list(status.overridden_policies),
         "dryRun": status.dry_run,
-        "gpus": {"healthy": status.healthy_gpus, "total": total},
+        "gpus": {"healthy": status.healthy_gpus, "total": total, "inService": status.in_service_gpus},
+        "gpuVerdicts": [
+            {k: d.get(k) for k in ("index", "uuid", "state", "reason", "since", "rule", "taintRule", "heldByBreaker")}
+            for d in status.devices
+        ],
+        "deviceDrains": dict(status.device_drains) if status.device_drains else None,
         "lastXid": status.last_xid,
         "agent": {
             "version": agent.get("version"),

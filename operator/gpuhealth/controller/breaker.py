@@ -19,6 +19,7 @@ class Breaker:
         self._locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, set[str]] = {}
         self._draining: dict[str, set[str]] = {}
+        self._reserved_gpus: dict[str, dict[str, int]] = {}
 
     def _lock(self, policy: Policy) -> asyncio.Lock:
         return self._locks.setdefault(policy.name, asyncio.Lock())
@@ -36,9 +37,22 @@ class Breaker:
                 return True
             return False
 
+    async def gpu_budget(self, policy: Policy, name: str, wanted: int) -> int:
+        """Reserve up to ``wanted`` more GPUs of ``name`` to leave service one by one, within
+        ``maxUnhealthyGPUs`` of the policy's GPUs; a node out of service counts all its GPUs."""
+        async with self._lock(policy):
+            governed = self._store.governed_by(policy)
+            total = sum(self._store.gpus_of(n) for n in governed)
+            reserved = self._reserved_gpus.setdefault(policy.name, {})
+            out = sum(self._store.gpus_out(n) for n in governed) + sum(v for n, v in reserved.items() if n != name)
+            grant = max(0, min(wanted, policy.gpu_breaker_limit(total) - out))
+            reserved[name] = grant
+            return grant
+
     def release(self, policy: Policy, name: str) -> None:
         """The node's status is written (or the write failed): its record now counts, not the slot."""
         self._reserved.get(policy.name, set()).discard(name)
+        self._reserved_gpus.get(policy.name, {}).pop(name, None)
 
     # -- drain slots -------------------------------------------------------------------------------
 
@@ -66,4 +80,5 @@ class Breaker:
     def clear(self) -> None:
         """After a pause: another replica may have moved things on; slots are re-earned from records."""
         self._reserved.clear()
+        self._reserved_gpus.clear()
         self._draining.clear()

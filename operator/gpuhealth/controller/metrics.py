@@ -91,3 +91,15 @@ LEASE_WATCH_ERRORS = Counter(
 for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
     INVALID_INPUT.labels(_kind)
 CONFLICTS.labels("reconcile")
+DEVICES = Gauge(
+    "gpuhealth_devices",
+    "GPUs by their own gpuhealth state (InService, Quarantined, Draining, AwaitingRepair, Recovering), by policy",
+    ["policy", "state"],
+    registry=REGISTRY,
+)
+DEVICE_ACTIONS = Counter(
+    "gpuhealth_device_actions_total",
+    "Actions on single GPUs (DeviceTaintRules created and deleted, device drains), by kind and reason",
+    ["action", "reason", "mode"],
+    registry=REGISTRY,
+)

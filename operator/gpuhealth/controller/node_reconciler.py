@@ -7,6 +7,11 @@ kill at any line:
    resourceVersion precondition);
 3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so.
 
+Per-GPU quarantine (``device_reconciler.py``) rides on the same order: the GPUs' verdicts are part of
+the status written in step 1 (``status.devices[]``, each with its device and rule name), and only
+then are gpuhealth's DeviceTaintRules of the node converged to them, before the Node is touched;
+the drain of the pods that hold a bad GPU (``device_drainer.py``) follows the node's drain.
+
 A restarted operator re-reads everything, finds the record, and converges the Node to it; an action
 Event is posted only by the write that changed the Node, so actions are never announced twice.
 """
@@ -20,13 +25,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
-from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, RELEASE_ANNOTATION, REPORT_KIND, Mode
+from gpuhealth.api.names import (
+    API_VERSION,
+    OUT_OF_SERVICE,
+    RELEASE_ANNOTATION,
+    RELEASE_GPU_ANNOTATION,
+    REPORT_KIND,
+    Mode,
+)
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.device_drainer import DeviceDrainer
+from gpuhealth.controller.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store, gpu_capacity, slim_report
@@ -59,7 +73,11 @@ class NodeReconciler:
         drainer: Drainer,
         events: EventSink,
         clock: Callable[[], dt.datetime],
+        devices: DeviceReconciler,
+        device_drainer: DeviceDrainer,
     ) -> None:
+        self.devices = devices
+        self.device_drainer = device_drainer
         self.kube = kube
         self.call = call
         self.store = store
@@ -144,21 +162,30 @@ class NodeReconciler:
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
+        gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
+        dev = await self.devices.plan(name, policy, report, a, status, now, gpus)
+        node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
-        allows = not wants_quarantine(prior, a, policy) or await self.breaker.admit(policy, name)
+        allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)
         inputs = Inputs(breaker_allows=allows, drain_complete=drain_done(read_drain(status), prior), released=released)
-        decision = decide(prior, a, policy, now, inputs)
+        decision = decide(prior, node_a, policy, now, inputs)
         try:
-            await self._persist(name, policy, overridden, report_obj, decision, a)
+            await self._persist(name, policy, overridden, report_obj, decision, a, dev)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
+            escalated = dev.verdict.escalate and decision.new_quarantine
+            fallback = decision.new_quarantine and any(
+                f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
+            )
+            self.devices.announce(name, policy, dev, escalated, fallback)
+            await self.devices.converge_rules(name, policy, dev.records)
             if policy.mode == Mode.ENFORCE:
-                await self._converge_node(name, policy, decision.record, a, now)
-                await self.drainer.run(name, policy, decision.record, fatal(a), now)
-                if released:
-                    await self.call(
-                        self.kube.patch_node, name, {"metadata": {"annotations": {RELEASE_ANNOTATION: None}}}
-                    )
+                await self._converge_node(name, policy, decision.record, node_a, now)
+                await self.drainer.run(name, policy, decision.record, fatal(node_a), now)
+                await self.device_drainer.run(name, policy, decision.record, dev.records, a, now)
+                ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
+                if released or gpus:
+                    await self.call(self.kube.patch_node, name, {"metadata": {"annotations": ack}})
         finally:
             self.breaker.release(policy, name)
 
@@ -170,6 +197,7 @@ class NodeReconciler:
         report_obj: Mapping[str, Any] | None,
         decision: Decision,
         a: Assessment,
+        dev: DevicePlan,
     ) -> None:
         prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         body = node_status(
@@ -183,6 +211,11 @@ class NodeReconciler:
             evidence=evidence(a),
             pending=a.pending,
             unknown_message=a.unknown_reason,
+            devices=dev.status(),
+            # DryRun holds nothing out (no Node change, rules with effect None): every GPU serves.
+            in_service_gpus=a.total_gpus
+            if policy.mode == Mode.DRY_RUN
+            else dev.in_service(decision.record.out_of_service, a.total_gpus),
         )
         changed = status_changes(prev, body)
         if report_obj is None:

@@ -30,6 +30,9 @@ class PolicyView:
     counts: dict[str, int] = field(default_factory=dict)
     overlaps: dict[str, int] = field(default_factory=dict)
     held: int = 0
+    gpus: int = 0
+    gpus_out: int = 0
+    gpus_held: int = 0  # GPUs whose own quarantine the GPU budget holds back
 
 
 def summarize(store: Store) -> dict[str, PolicyView]:
@@ -44,6 +47,10 @@ def summarize(store: Store) -> dict[str, PolicyView]:
         v.counts[str(rec.state)] = v.counts.get(str(rec.state), 0) + 1
         if rec.held_by_breaker:
             v.held += 1
+        v.gpus += store.gpus_of(name)
+        v.gpus_out += store.gpus_out(name)
+        devices = ((store.reports.get(name) or {}).get("status") or {}).get("devices") or []
+        v.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") == "InService")
         for o in others:
             views[o.name].overlaps[winner.name] = views[o.name].overlaps.get(winner.name, 0) + 1
     return views
@@ -77,7 +84,7 @@ class PolicyStatus:
         policy = self.store.policies[pname]
         limit = policy.breaker_limit(v.nodes)
         out = sum(v.counts.get(str(s), 0) for s in OUT_OF_SERVICE)
-        is_open = v.held > 0
+        is_open = v.held > 0 or v.gpus_held > 0
         for s in State:
             metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
         metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
@@ -103,6 +110,10 @@ class PolicyStatus:
             "breakerLimit": limit,
             "outOfService": out,
             "heldBack": v.held,
+            "gpus": v.gpus,
+            "gpusOutOfService": v.gpus_out,
+            "gpuBreakerLimit": policy.gpu_breaker_limit(v.gpus),
+            "gpusHeldBack": v.gpus_held,
             "overlaps": overlap_msg or None,
         }
         prev = self._written.get(pname)
@@ -151,7 +162,9 @@ class PolicyStatus:
                 uid,
                 "Warning",
                 "BreakerOpen",
-                f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back {v.held} more quarantines",
+                f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back {v.held} more "
+                f"quarantines; {v.gpus_out} of {v.gpus} GPUs out (maxUnhealthyGPUs limit "
+                f"{self.store.policies[pname].gpu_breaker_limit(v.gpus)}): holding back {v.gpus_held} GPUs",
                 API_VERSION,
             )
         else:

@@ -20,6 +20,8 @@ from gpuhealth.api.names import API_VERSION, POLICY_KIND, State
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.device_drainer import DeviceDrainer
+from gpuhealth.controller.device_reconciler import DeviceReconciler
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventPoster
 from gpuhealth.controller.leadership import Leadership
@@ -28,6 +30,7 @@ from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.report_gc import ReportCollector
+from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
@@ -60,7 +63,23 @@ class Runtime:
         self.events = EventPoster(kube.post_event)
         self.breaker = Breaker(self.store)
         self.drainer = Drainer(kube, self.call, self.events, self.queue_later, self.store, self.breaker, clock)
-        self.reconciler = NodeReconciler(kube, self.call, self.store, self.breaker, self.drainer, self.events, clock)
+        # DRA ResourceSlices (which device each GPU is) for per-GPU quarantine; a slice change re-queues its node.
+        self.slice_watch = SliceWatch(kube, on_change=self._on_slice)
+        self.devices = DeviceReconciler(
+            kube, self.call, self.store, self.breaker, self.slice_watch.cache, self.events, clock
+        )
+        self.device_drainer = DeviceDrainer(kube, self.call, self.store, self.drainer, self.events, self.queue_later)
+        self.reconciler = NodeReconciler(
+            kube,
+            self.call,
+            self.store,
+            self.breaker,
+            self.drainer,
+            self.events,
+            clock,
+            self.devices,
+            self.device_drainer,
+        )
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
@@ -74,6 +93,7 @@ class Runtime:
         self._pods_listed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[str, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run one blocking API call on the kube thread pool."""
@@ -122,6 +142,7 @@ class Runtime:
             for lease in await self.call(self.lease_watch.list):
                 self.on_lease("ADDED", lease, live=False)
             self._leases_listed = True
+        await self.devices.load_rules()
         for p in policies:
             self.on_policy("ADDED", p, enqueue=False)
         for r in reports:
@@ -137,6 +158,8 @@ class Runtime:
         self.pod_watch.start(asyncio.get_running_loop())
         if self.lease_watch is not None:
             self.lease_watch.start(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self.slice_watch.start()
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
@@ -151,6 +174,7 @@ class Runtime:
         self.pod_watch.stop()
         if self.lease_watch is not None:
             self.lease_watch.stop()
+        self.slice_watch.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -233,6 +257,16 @@ class Runtime:
         for n in self.breaker.drains():
             self.queue.add(n)
 
+    def _on_slice(self, pool: str) -> None:
+        """From the slice watch's thread: a node's devices changed (``""``: all of them, after a list)."""
+        loop = self._loop
+        if loop is None:
+            return
+        names = [pool] if pool else list(self.store.nodes)
+        for n in names:
+            if n in self.store.nodes:
+                loop.call_soon_threadsafe(self.queue.add, n)
+
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): pods missing from it are gone."""
         fresh = {p["metadata"].get("uid") for p in pods}
@@ -304,6 +338,7 @@ class Runtime:
                     await self.leadership.resync()
                 self.sweep()
                 await self.policy_status.update()
+                await self.devices.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -60,7 +60,16 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
     if "containerStatuses" in status:
         slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
-    return {"metadata": slim_meta, "spec": {"nodeName": spec.get("nodeName")}, "status": slim_status}
+    # The claims a pod uses: a device drain finds the pods that hold one GPU by them (drain/claims.py).
+    for key in ("resourceClaimStatuses", "extendedResourceClaimStatus"):
+        if status.get(key):
+            slim_status[key] = status[key]
+    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    if spec.get("resourceClaims"):
+        slim_spec["resourceClaims"] = [
+            {k: c[k] for k in ("name", "resourceClaimName") if k in c} for c in spec["resourceClaims"]
+        ]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 
 
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,6 +253,23 @@ class Store:
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
         return list(self.pods_by_node.get(node, {}).values())
+
+    # -- GPUs (the breaker's GPU budget) -----------------------------------------------------------
+
+    def gpus_of(self, node: str) -> int:
+        """The node's GPUs: as last reported, else its advertised capacity."""
+        total = ((self.reports.get(node) or {}).get("status") or {}).get("totalGPUs")
+        if isinstance(total, int) and total > 0:
+            return total
+        return gpu_capacity(self.nodes.get(node) or {}) or 0
+
+    def gpus_out(self, node: str) -> int:
+        """GPUs gpuhealth holds out on ``node``: all of them while the node is out, else those held one by one."""
+        rec = self.records.get(node)
+        if rec is not None and rec.out_of_service:
+            return self.gpus_of(node)
+        devices = ((self.reports.get(node) or {}).get("status") or {}).get("devices") or []
+        return sum(1 for d in devices if isinstance(d, Mapping) and d.get("state") not in (None, "InService"))
 
     def gangs(self) -> Lists:
         return Lists(self.pods_by_gang)

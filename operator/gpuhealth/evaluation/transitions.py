@@ -251,7 +251,14 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                 message=detail,
                 held_by_breaker=False,
             )
-            events.append(("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy"))
+            if first.signal == Signal.DEVICE_QUARANTINED:
+                events.append(("Warning", "Degraded", f"{detail}: no node taint, no cordon"))
+            else:
+                events.append(
+                    ("Warning", "Degraded", f"{detail}. Observing only: no taint or cordon under this policy")
+                )
+        elif rec.message != detail:
+            rec = replace(rec, message=detail)  # e.g. a held-out GPU moved on from Draining: say so, quietly
         return Decision(rec, events=tuple(events))
 
     if rec.state != State.HEALTHY:

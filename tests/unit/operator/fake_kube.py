@@ -33,6 +33,10 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str]] = []  # (verb, object)
         self.refuse_evictions: dict[str, int] = {}  # pod name -> HTTP status an Eviction gets
+        self.slices: list[dict[str, Any]] = []
+        self.claims: list[dict[str, Any]] = []
+        self.rules: dict[str, dict[str, Any]] = {}  # DeviceTaintRules by name, anyone's
+        self._uids = itertools.count(1)
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
@@ -173,6 +177,43 @@ class FakeKube:
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.writes.append(("patch", f"policy/{name}/status"))
         self._patch(self.policies, name, patch)
+
+    # -- DRA -------------------------------------------------------------------------------------
+
+    def list_resource_slices_rv(self, transform: Callable[[dict[str, Any]], Any]) -> tuple[list[Any], str]:
+        return [transform(copy.deepcopy(s)) for s in self.slices], "1"
+
+    def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.claims)
+
+    def list_device_taint_rules(self) -> list[dict[str, Any]]:
+        """Like the real port: only rules with gpuhealth's label."""
+        return [
+            copy.deepcopy(r)
+            for r in self.rules.values()
+            if (r["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by") == "gpuhealth"
+        ]
+
+    def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        self.writes.append(("create", f"devicetaintrule/{name}"))
+        if name in self.rules:
+            raise _error(409)
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"]["uid"] = f"rule-uid-{next(self._uids)}"
+        self.rules[name] = obj
+        return self._stamp(obj)
+
+    def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None:
+        self.writes.append(("delete", f"devicetaintrule/{name}"))
+        if name not in self.rules:
+            raise _error(404)
+        if uid and self.rules[name]["metadata"]["uid"] != uid:
+            raise _error(409)
+        del self.rules[name]
 
     def post_event(
         self,

@@ -1,0 +1,129 @@
+"""Drains only the pods that hold a bad GPU, with the node drain's plan and its one execution path.
+
+A GPU in ``Draining`` moves the pods that hold its DRA device, nothing else on the node. Which pods
+hold it comes from ResourceClaims (``status.allocation.devices.results``, ``status.reservedFor``) and
+from the pods' own claim fields, kept in the pod cache (``drain/claims.py``). Claims are *listed*
+while a device drain runs, not reflected: device drains are rare and short, and a claim reflector
+would hold every claim of the cluster in memory all the time for them. One list serves every node
+for ``CLAIMS_TTL_S``.
+
+The pods found go through exactly the node drain's logic: ``drain.plan.plan_drain`` (checkpoint
+handshake, whole gangs, timeouts) and ``Drainer.execute`` (PodDisruptionBudget retries with growing
+delays, Events). Progress lives per GPU in ``status.deviceDrains["<index>"]``, written before the
+first request, so a restarted operator neither asks twice nor evicts twice. Device drains take no
+``maxConcurrentDrains`` slot: they move the pods of one GPU, and the GPU budget already bounds how
+many GPUs leave at once. While the node itself is Draining, its drain moves every pod and the
+device drains wait for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
+from gpuhealth.api.names import Mode, State
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.status import DrainRecord, Record
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.controller import metrics
+from gpuhealth.controller.device_reconciler import device_drains, drain_current
+from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.store import Store
+from gpuhealth.drain import pods as P
+from gpuhealth.drain.claims import pods_holding
+from gpuhealth.drain.plan import plan_drain
+from gpuhealth.evaluation.findings import Assessment
+from gpuhealth.evaluation.rules import fatal
+from gpuhealth.kube.client import KubePort
+
+Call = Callable[..., Awaitable[Any]]
+CLAIMS_TTL_S = 1.0
+
+
+class DeviceDrainer:
+    def __init__(
+        self,
+        kube: KubePort,
+        call: Call,
+        store: Store,
+        drainer: Drainer,
+        events: EventSink,
+        requeue: Callable[[str, float], None],
+    ) -> None:
+        self.kube = kube
+        self.call = call
+        self.store = store
+        self.drainer = drainer
+        self.events = events
+        self.requeue = requeue
+        self._claims: list[dict[str, Any]] = []
+        self._claims_at = -1e9
+
+    async def claims(self) -> list[dict[str, Any]]:
+        if time.monotonic() - self._claims_at > CLAIMS_TTL_S:
+            self._claims = await self.call(self.kube.list_resource_claims)
+            self._claims_at = time.monotonic()
+        return self._claims
+
+    async def _write(self, name: str, drains: Mapping[str, DrainRecord | None]) -> None:
+        body = {"status": {"deviceDrains": {k: None if v is None else dict(v) for k, v in drains.items()}}}
+        result = await self.call(self.kube.patch_report_status, name, body)
+        self.store.wrote(name, result)
+
+    async def run(
+        self,
+        name: str,
+        policy: Policy,
+        node: Record,
+        records: Sequence[DeviceRecord],
+        a: Assessment,
+        now: dt.datetime,
+    ) -> None:
+        status = (self.store.reports.get(name) or {}).get("status") or {}
+        drains = device_drains(status)
+        draining = {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
+        stale = {str(i): None for i in drains if i not in draining}
+        if stale:
+            await self._write(name, stale)  # drains of GPUs no longer Draining: their record goes
+        if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
+            return
+        pods = self.store.pods_on(name)
+        claims = await self.claims()
+        for index, rec in sorted(draining.items()):
+            record = drains.get(index) or DrainRecord()
+            if record and not drain_current(record, rec):
+                record = DrainRecord()
+            if record.get("phase") == "Completed":
+                continue
+            if not record.get("startedAt"):
+                record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
+                await self._write(name, {str(index): record})  # before the first request: a restart resumes it
+            ref = DeviceRef.parse(rec.device)
+            assert ref is not None
+            holding = pods_holding([ref], claims, pods)
+            mine = [p for p in pods if P.key(p) in holding]
+            gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
+            plan = plan_drain(name, mine, self.store.gangs(), policy.drain, gpu_fatal, record, now)
+            new_record = await self.drainer.execute(name, plan, now)
+            if plan.complete:
+                metrics.DEVICE_ACTIONS.labels("drain", rec.reason, str(policy.mode)).inc()
+                self.events(
+                    "Node",
+                    name,
+                    name,
+                    "Normal",
+                    "DeviceDrainFinished",
+                    f"GPU {index}"
+                    + (f" ({rec.uuid})" if rec.uuid else "")
+                    + f": all {new_record.get('total', 0)} pods that held it have left "
+                    f"({new_record.get('evicted', 0)} evicted); the node's other pods were not touched",
+                )
+                self.requeue(name, 0.05)  # the GPU's state machine moves on with the completed drain
+            if new_record != record:
+                await self._write(name, {str(index): new_record})
+            if not plan.complete:
+                self.requeue(name, 1.0)

@@ -1,0 +1,58 @@
+"""The on-call view of per-GPU quarantine: GPU-hours priced per GPU, `release --gpu`, describe."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhealth.cli.changes import plan_release_gpu
+from gpuhealth.cli.describe_text import render_describe
+from gpuhealth.cli.errors import Refused
+from gpuhealth.cli.fleet import summarize
+from tests.unit.cli.objects import NOW, ago, node, policy, report
+
+HELD = {
+    "index": 3,
+    "uuid": "GPU-3",
+    "state": "Quarantined",
+    "reason": "EccUncorrected",
+    "since": ago(7200),
+    "taintRule": "gpuhealth-a-gpu-3",
+}
+
+
+def test_a_gpu_held_out_alone_costs_its_own_gpu_hours_and_not_the_node() -> None:
+    rep = report("a", "Degraded", inServiceGPUs=7, devices=[HELD, {"index": 0, "state": "InService"}])
+    fleet = summarize([node("a")], [rep], [policy(cost={"gpuHourly": 2.0})], NOW)
+    (row,) = fleet.rows
+    assert row.in_service_gpus == 7 and row.gpus_held == 1
+    assert row.device_gpu_hours == pytest.approx(2.0) and row.device_cost == pytest.approx(4.0)
+    assert fleet.totals.out_gpus == 1 and fleet.totals.out_gpu_hours_by_state == {"Device": pytest.approx(2.0)}
+
+
+def test_release_gpu_annotates_the_node_only_for_a_gpu_awaiting_repair() -> None:
+    waiting = report("a", "Degraded", devices=[{**HELD, "state": "AwaitingRepair"}])
+    plan = plan_release_gpu("a", waiting, 3)
+    assert plan.patch == {"metadata": {"annotations": {"gpuhealth.dev/release-gpu": "3"}}}
+    assert "gpuhealth-a-gpu-3" in " ".join(plan.lines)
+    with pytest.raises(Refused, match="not AwaitingRepair"):
+        plan_release_gpu("a", report("a", "Degraded", devices=[HELD]), 3)
+    with pytest.raises(Refused, match="no gpuhealth record"):
+        plan_release_gpu("a", waiting, 5)
+    assert plan_release_gpu("a", report("a", "Degraded", devices=[HELD]), 3, force=True).patch
+
+
+def test_describe_lists_each_gpu_held_out_with_its_rule() -> None:
+    text = render_describe(
+        {
+            "node": "a",
+            "nodeExists": True,
+            "hasReport": True,
+            "state": "Degraded",
+            "generatedAt": NOW.isoformat(),
+            "gpus": {"healthy": 7, "total": 8, "inService": 7},
+            "gpuVerdicts": [HELD, {"index": 0, "state": "InService"}],
+        }
+    )
+    assert "7 in service" in text
+    line = next(ln for ln in text.splitlines() if "gpuhealth-a-gpu-3" in ln)
+    assert "Quarantined" in line and "EccUncorrected" in line and line.split()[0] == "3"
