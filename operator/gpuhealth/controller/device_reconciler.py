@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,6 +53,8 @@ from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.kube.client import KubePort, status_of
 
 log = logging.getLogger(__name__)
+# Our rules are re-listed this often for changes someone else made; our own are tracked in memory.
+RELIST_S = 300.0
 Call = Callable[..., Awaitable[Any]]
 
 
@@ -144,6 +147,7 @@ class DeviceReconciler:
         self.events = events
         self.clock = clock
         self.rules: dict[str, dict[str, Any]] = {}  # gpuhealth's DeviceTaintRules by name
+        self._listed_at = float("-inf")
         self.wanted: dict[str, set[str]] = {}  # node -> the rule names its last convergence wanted
 
     # -- deciding ----------------------------------------------------------------------------------
@@ -226,7 +230,8 @@ class DeviceReconciler:
     # -- rules -------------------------------------------------------------------------------------
 
     async def load_rules(self) -> None:
-        """gpuhealth's rules as the API has them (at start, after a pause, and on each sweep)."""
+        """gpuhealth's rules as the API has them (at start, after a pause, and every RELIST_S)."""
+        self._listed_at = time.monotonic()
         try:
             rules = await self.call(self.kube.list_device_taint_rules)
         except Exception as e:
@@ -270,8 +275,14 @@ class DeviceReconciler:
         self.rules.pop(rname, None)
 
     async def sweep(self) -> None:
-        """Delete gpuhealth's rules that nothing wants: node gone or not governed, GPU not held out."""
-        await self.load_rules()
+        """Delete gpuhealth's rules that nothing wants: node gone or not governed, GPU not held out.
+
+        Judged every tick from memory (our own creates and deletes keep ``self.rules`` current, and a
+        deleted Node or policy shows in the store at once), so an idle fleet costs no request; the
+        rules are listed again only every RELIST_S, for changes made by someone else.
+        """
+        if time.monotonic() - self._listed_at >= RELIST_S:
+            await self.load_rules()
         for rname, rule in list(self.rules.items()):
             node = _rule_node(rule)
             policy = self.store.governing(node)[0] if node in self.store.nodes else None

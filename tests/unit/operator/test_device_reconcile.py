@@ -7,7 +7,10 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.controller import device_reconciler
 from gpuhealth.controller.runtime import Runtime
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import at, gpu, report_obj
@@ -263,3 +266,29 @@ def test_the_pod_cache_keeps_the_claim_fields_a_device_drain_reads() -> None:
     slim = slim_pod(pod)
     assert "containers" not in slim["spec"] and "managedFields" not in slim["metadata"]
     assert pod_claim_names(slim) == {"team-gpus", "p-gpu-x1", "p-extended-resources-y2"}
+
+
+def test_an_idle_sweep_costs_no_request_and_relists_only_now_and_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = setup()
+    clock = Clock()
+    lists = 0
+    real = kube.list_device_taint_rules
+
+    def counted() -> list[dict[str, Any]]:
+        nonlocal lists
+        lists += 1
+        return real()
+
+    monkeypatch.setattr(kube, "list_device_taint_rules", counted)
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        at_start = lists
+        for _ in range(10):
+            await rt.devices.sweep()
+        assert lists == at_start  # from memory
+        monkeypatch.setattr(device_reconciler, "RELIST_S", 0.0)
+        await rt.devices.sweep()
+        assert lists == at_start + 1
+
+    asyncio.run(body())
