@@ -1,0 +1,161 @@
+"""The bench figures in README.md and docs/bench.md, generated from committed result files.
+
+A `make bench` run writes build/bench/results.json. Filing it copies it to docs/bench/ with the
+commit, date and machine load it ran at; the marked blocks in README.md and docs/bench.md are then
+rendered from the newest filed full run, never typed. A unit test (tests/unit/test_bench_docs.py)
+fails when a block differs from its rendering, so a figure cannot drift from its result file.
+
+    python -m hack.bench_docs --add build/bench/results.json --commit SHA   # file a run, re-render
+    python -m hack.bench_docs                                               # re-render the blocks
+    python -m hack.bench_docs --check                                       # exit 1 if a block is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hack.bench_report import TARGETS, _fmt
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "bench"
+DOCS = (REPO / "README.md", REPO / "docs" / "bench.md")
+BEGIN = "<!-- bench:begin (python -m hack.bench_docs) -->"
+END = "<!-- bench:end -->"
+AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
+AB_END = "<!-- bench-ab:end -->"
+
+
+def filed_runs(directory: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
+    """Full (not --quick) filed runs, oldest first by their date."""
+    runs = []
+    for path in sorted(directory.glob("bench-*.json")):
+        res = json.loads(path.read_text(encoding="utf-8"))
+        if not res.get("quick"):
+            runs.append((path, res))
+    return sorted(runs, key=lambda r: str(r[1].get("date", "")))
+
+
+def render(path: Path, res: dict[str, Any]) -> str:
+    """The block: what ran, where, and every target with its result; misses stay misses."""
+    targets = res["targets"]
+    passed = sum(1 for e in targets.values() if e["pass"])
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    s, o = res["storm"], res["operator"]
+    lines = [
+        BEGIN,
+        f"Latest filed full run: {res['nodes']:,} nodes, {res.get('pods', 0):,} running pods, "
+        f"{res['config']['faults']} faults; commit `{res['commit']}`, {res['date']}, {res['machine']}; "
+        f"load average {res['load']} during the run (2 fills both cores). **{passed} of {len(targets)} targets "
+        f"met** (`{rel}`).",
+        "",
+        "| figure | result | target | |",
+        "| --- | --- | --- | --- |",
+    ]
+    for t in TARGETS:
+        e = targets[t.key]
+        lines.append(
+            f"| {t.label} | {_fmt(e['value'], t.unit)} | {t.target} | {'met' if e['pass'] else '**missed**'} |"
+        )
+    lines += [
+        "",
+        f"Storm detail: reports published in {s['publish_s']} s, each node's report write to its taint p50 "
+        f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s; "
+        f"idle: {o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def render_ab(directory: Path = RESULTS) -> str:
+    """Side-by-side runs of the same smaller bench at two commits (docs/bench/ab-*.json)."""
+    lines = [
+        AB_BEGIN,
+        "| run | commit | load | storm nodes/s | reports published in | report to taint p50 | operator CPU |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path in sorted(directory.glob("ab-*.json")):
+        r = json.loads(path.read_text(encoding="utf-8"))
+        s, o = r["storm"], r["operator"]
+        lines.append(
+            f"| {r['label']} (`{path.name}`) | `{r['commit']}` | {r['load']} | {s['nodes_per_s']} | {s['publish_s']} s "
+            f"| {s['report_to_taint_ms_p50']} ms | {o['cpu_s']} s over {o['wall_s']} s |"
+        )
+    lines.append(AB_END)
+    return "\n".join(lines)
+
+
+def rewrite(text: str, block: str) -> str:
+    """Replace the block that starts and ends like ``block`` (its first and last lines)."""
+    first, last = block.split("\n", 1)[0], block.rsplit("\n", 1)[-1]
+    pattern = re.compile(re.escape(first) + r".*?" + re.escape(last), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no {first} ... {last} block")
+    return pattern.sub(lambda _: block, text, count=1)
+
+
+def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
+    """Each document and the blocks it carries, rendered from the filed results."""
+    runs = filed_runs(directory)
+    latest = render(*runs[-1]) if runs else ""
+    return {DOCS[0]: [latest], DOCS[1]: [latest, render_ab(directory)]}
+
+
+def stale(directory: Path = RESULTS) -> list[Path]:
+    """The documents whose blocks differ from their rendering (or with nothing filed to render)."""
+    out = []
+    for doc, rendered in blocks(directory).items():
+        text = doc.read_text(encoding="utf-8")
+        new = text
+        for block in rendered:
+            new = rewrite(new, block) if block else ""
+        if new != text:
+            out.append(doc)
+    return out
+
+
+def file_run(results: Path, commit: str, date: str | None = None) -> Path:
+    """Copy a run's results.json into docs/bench/ with the commit, date and load it ran at."""
+    res = json.loads(results.read_text(encoding="utf-8"))
+    loads = [p[2] for p in res.get("phases", []) if len(p) > 2]
+    res["commit"] = commit[:7]
+    res["date"] = date or res.get("date") or dt.date.today().isoformat()
+    res["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
+    out = RESULTS / f"bench-{res['nodes']}-{res['date']}-{res['commit']}.json"
+    out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--add", type=Path, help="a results.json to file under docs/bench/")
+    ap.add_argument("--commit", help="the commit the filed run measured (with --add)")
+    ap.add_argument("--date", help="the day it ran (with --add; default today)")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
+    args = ap.parse_args(argv)
+    if args.check:
+        bad = stale()
+        for d in bad:
+            print(f"{d} is stale: run python -m hack.bench_docs", file=sys.stderr)
+        return 1 if bad else 0
+    if args.add:
+        if not args.commit:
+            ap.error("--add needs --commit")
+        print(f"filed {file_run(args.add, args.commit, args.date)}")
+    if not filed_runs():
+        ap.error("no filed full run under docs/bench/")
+    for doc, rendered in blocks().items():
+        text = doc.read_text(encoding="utf-8")
+        for block in rendered:
+            text = rewrite(text, block)
+        doc.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
