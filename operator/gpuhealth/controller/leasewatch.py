@@ -9,31 +9,21 @@ still measured by the sweeper from the last renewal or report change.
 
 Only the Leases labelled by the agents are watched (label selector, server-side), in one
 namespace (the agents'). Each is slimmed to name, uid and ``renewTime`` as soon as it is parsed.
-The protocol is the pod reflector's (``podwatch.py``): list (paged) for a resourceVersion, watch
-from there with bookmarks, resume after a dropped connection, list again on 410 Gone, retry errors
-with growing delays.
+The protocol (list, watch with bookmarks, resume, list again on 410 Gone, growing retry delays) is
+``reflector.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR
 from gpuhealth.controller import metrics
-from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.podwatch import Gone, WatchError
-from gpuhealth.kube.errors import status_of
-
-log = logging.getLogger(__name__)
-
-WATCH_TIMEOUT_S = 300
-RETRY_BASE_S, RETRY_MAX_S = 0.5, 5.0
+from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
 
 
 class LeaseSource(Protocol):
@@ -56,8 +46,11 @@ def slim_lease(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the watch below)
+
+
 @dataclass
-class LeaseWatch:
+class LeaseWatch(Reflector[dict[str, Any]]):
     """Feeds ``on_event(type, slim_lease)`` and ``on_replace(slim_leases)`` on ``loop``, from a thread."""
 
     source: LeaseSource
@@ -68,61 +61,38 @@ class LeaseWatch:
     resource_version: str = ""
     stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    NAME = "lease-watch"
 
     def list(self) -> list[dict[str, Any]]:
         """The initial (or a fresh) full list; the watch continues from its resourceVersion."""
         leases, self.resource_version = self.source.list_leases_rv(self.namespace, self.selector, slim_lease)
         return leases
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._thread = threading.Thread(target=self._run, args=(loop,), name="lease-watch", daemon=True)
-        self._thread.start()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:  # type: ignore[override]
+        self._loop = loop
+        super().start()
 
-    def stop(self) -> None:
-        self.stopping.set()
+    def _list(self) -> Items:
+        return self.list()
 
-    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                if not self.resource_version:
-                    loop.call_soon_threadsafe(self.on_replace, self.list())
-                started, seen = time.monotonic(), False
-                events = self.source.watch_leases(self.namespace, self.selector, self.resource_version, WATCH_TIMEOUT_S)
-                for kind, lease in self.follow(events):
-                    loop.call_soon_threadsafe(self.on_event, kind, lease)
-                    failures, seen = 0, True
-                    if self.stopping.is_set():
-                        return
-                if not seen and time.monotonic() - started < 1.0:
-                    failures += 1  # closed at once with nothing in it: never reconnect in a tight loop
-                    self.stopping.wait(growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S))
-            except Gone:
-                log.info("lease watch: resourceVersion %s expired; listing again", self.resource_version)
-                self.resource_version = ""
-            except Exception as e:
-                if self.stopping.is_set() or loop.is_closed():
-                    return
-                failures += 1
-                delay = growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S)
-                metrics.LEASE_WATCH_ERRORS.inc()
-                if status_of(e) == 410:
-                    self.resource_version = ""
-                    continue
-                log.warning("lease watch failed (%s); resuming in %.1fs", e, delay)
-                self.stopping.wait(delay)
+    def _watch(self) -> Iterable[Mapping[str, Any]]:
+        return self.source.watch_leases(self.namespace, self.selector, self.resource_version, WATCH_TIMEOUT_S)
 
-    def follow(self, events: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Turn raw watch events into (type, slim lease), keeping the resourceVersion to resume from."""
-        for ev in events:
-            kind = ev.get("type")
-            obj = ev.get("object") or {}
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise Gone(obj.get("message", "410 Gone"))
-                raise WatchError(f"watch error {obj.get('code')}: {obj.get('message')}")
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self.resource_version = str(rv)
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                yield kind, slim_lease(obj)
+    def _slim(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return slim_lease(obj)
+
+    def _replaced(self, items: Items) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.on_replace, items)
+
+    def _event(self, kind: str, item: dict[str, Any]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.on_event, kind, item)
+
+    def _failed(self, e: BaseException) -> None:
+        metrics.LEASE_WATCH_ERRORS.inc()
+
+    def _closed(self) -> bool:
+        return self._loop is not None and self._loop.is_closed()

@@ -3,9 +3,8 @@
 ResourceSlices carry every attribute and capacity a driver publishes (a few KB per node); the
 operator needs the driver, pool and each device's name, UUID and index, so each slice is slimmed
 (``actions.slices.slim_slice``) as soon as it is read and kept in a :class:`SliceCache`, which
-readers query from any thread. The protocol is the pod reflector's (``podwatch.py``): list (paged)
-for a resourceVersion, watch from there with bookmarks, resume after a dropped connection, list
-again and replace the cache on 410 Gone, retry errors with growing delays.
+readers query from any thread. The protocol (list, watch with bookmarks, resume, list again and
+replace the cache on 410 Gone, growing retry delays) is ``reflector.py``'s.
 
 On a cluster without DRA (no resource.k8s.io/v1, or no slices) the cache stays empty and every
 GPU falls back to node scope.
@@ -15,20 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuhealth.actions.slices import DeviceMatch, SlimSlice, find_device, slim_slice
-from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.podwatch import Gone, WatchError
-from gpuhealth.kube.errors import status_of
+from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
 
 log = logging.getLogger(__name__)
-
-WATCH_TIMEOUT_S = 300
-RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
 
 class SliceSource(Protocol):
@@ -66,8 +59,11 @@ class SliceCache:
         return find_device(self.slices(), node, drivers, index, uuid)
 
 
+Items = list[SlimSlice]  # (a name of its own: `list` is a method of the watch below)
+
+
 @dataclass
-class SliceWatch:
+class SliceWatch(Reflector[SlimSlice]):
     """Keeps ``cache`` current from a thread; ``on_change(pool)`` (optional) hears which pool changed."""
 
     source: SliceSource
@@ -77,17 +73,13 @@ class SliceWatch:
     stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
+    NAME = "slice-watch"
+    # 404 (an API server without resource.k8s.io/v1) is retried too, slowly.
+    RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
+
     def list(self) -> None:
-        """A fresh full list; the watch continues from its resourceVersion."""
-        slices, self.resource_version = self.source.list_resource_slices_rv(slim_slice)
-        self.cache.replace(slices)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="slice-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
+        """A fresh full list into the cache; the watch continues from its resourceVersion."""
+        self._replaced(self._list())
 
     def _notify(self, pool: str) -> None:
         if self.on_change is not None:
@@ -96,49 +88,20 @@ class SliceWatch:
             except Exception:
                 log.exception("slice watch: on_change failed")
 
-    def _run(self) -> None:
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                if not self.resource_version:
-                    self.list()
-                    self._notify("")
-                started, seen = time.monotonic(), False
-                for kind, s in self.follow(self.source.watch_resource_slices(self.resource_version, WATCH_TIMEOUT_S)):
-                    self.cache.apply(kind, s)
-                    self._notify(s.pool)
-                    failures, seen = 0, True
-                    if self.stopping.is_set():
-                        return
-                if not seen and time.monotonic() - started < 1.0:
-                    failures += 1
-                    self.stopping.wait(growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S))
-            except Gone:
-                log.info("slice watch: resourceVersion %s expired; listing again", self.resource_version)
-                self.resource_version = ""
-            except Exception as e:
-                if self.stopping.is_set():
-                    return
-                failures += 1
-                if status_of(e) == 410:
-                    self.resource_version = ""
-                    continue
-                delay = growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S)
-                # 404: this API server does not serve resource.k8s.io/v1; keep trying, slowly.
-                log.warning("slice watch failed (%s); retrying in %.1fs", e, delay)
-                self.stopping.wait(delay)
+    def _list(self) -> Items:
+        slices, self.resource_version = self.source.list_resource_slices_rv(slim_slice)
+        return list(slices)
 
-    def follow(self, events: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, SlimSlice]]:
-        """Raw watch events -> (type, slim slice), keeping the resourceVersion to resume from."""
-        for ev in events:
-            kind = ev.get("type")
-            obj = ev.get("object") or {}
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise Gone(obj.get("message", "410 Gone"))
-                raise WatchError(f"watch error {obj.get('code')}: {obj.get('message')}")
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self.resource_version = str(rv)
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                yield str(kind), slim_slice(obj)
+    def _watch(self) -> Iterable[Mapping[str, Any]]:
+        return self.source.watch_resource_slices(self.resource_version, WATCH_TIMEOUT_S)
+
+    def _slim(self, obj: Mapping[str, Any]) -> SlimSlice:
+        return slim_slice(obj)
+
+    def _replaced(self, items: Items) -> None:
+        self.cache.replace(items)
+        self._notify("")
+
+    def _event(self, kind: str, item: SlimSlice) -> None:
+        self.cache.apply(kind, item)
+        self._notify(item.pool)

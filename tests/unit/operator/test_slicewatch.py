@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.actions.slices import DeviceRef
-from gpuhealth.controller.podwatch import Gone, WatchError
+from gpuhealth.controller.reflector import Gone, WatchError
 from gpuhealth.controller.slicewatch import SliceCache, SliceWatch
 from tests.unit.operator.test_slices import slice_obj, uuid
 

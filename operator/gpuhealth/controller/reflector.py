@@ -1,0 +1,128 @@
+"""The list-then-watch protocol, once: what the pod, lease and ResourceSlice watches share.
+
+As Kubernetes reflectors do it: list (paged) for a resourceVersion, watch from there with
+bookmarks, resume from the last version seen after a dropped connection or a server-side timeout,
+and list again (replacing what is cached) when the API answers 410 Gone. Errors are retried with
+growing delays, and a watch that closes at once with nothing in it is never reopened in a tight
+loop. Each object is slimmed as soon as its line is parsed, so full bodies never pile up.
+
+A watch supplies its source calls and what to do with the results through the hooks below; the
+loop runs in its own thread (``start``), and stops soon after ``stop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.kube.errors import status_of
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+WATCH_TIMEOUT_S = 300
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old: list again."""
+
+
+class WatchError(Exception):
+    """An ERROR event other than 410: the watch is restarted after a delay."""
+
+
+class Reflector(Generic[T]):
+    """The loop; subclasses (dataclasses) provide ``resource_version``, ``stopping`` and the hooks."""
+
+    NAME = "watch"
+    RETRY_BASE_S, RETRY_MAX_S = 0.5, 5.0
+    resource_version: str
+    stopping: threading.Event
+    _thread: threading.Thread | None
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def _list(self) -> list[T]:
+        """A full list; sets ``resource_version`` to continue from."""
+        raise NotImplementedError
+
+    def _watch(self) -> Iterable[Mapping[str, Any]]:
+        """Raw watch events from ``resource_version`` (with bookmarks, ending at WATCH_TIMEOUT_S)."""
+        raise NotImplementedError
+
+    def _slim(self, obj: Mapping[str, Any]) -> T:
+        raise NotImplementedError
+
+    def _replaced(self, items: list[T]) -> None:
+        """A fresh full list (at first, and after 410 Gone): what is not in it is gone."""
+        raise NotImplementedError
+
+    def _event(self, kind: str, item: T) -> None:
+        raise NotImplementedError
+
+    def _failed(self, e: BaseException) -> None:
+        """Count a failed list or watch (a metric, where the watch has one)."""
+
+    def _closed(self) -> bool:
+        """Whether whoever receives the results has gone away (then the loop ends quietly)."""
+        return False
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=self.NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                if not self.resource_version:
+                    self._replaced(self._list())
+                started, seen = time.monotonic(), False
+                for kind, item in self.follow(self._watch()):
+                    self._event(kind, item)
+                    failures, seen = 0, True
+                    if self.stopping.is_set():
+                        return
+                if not seen and time.monotonic() - started < 1.0:
+                    # Closed at once with nothing in it: never reconnect in a tight loop.
+                    failures += 1
+                    self.stopping.wait(growing_delay(failures, self.RETRY_BASE_S, self.RETRY_MAX_S))
+                # Otherwise the server ended the watch at its timeout: resume from the last version.
+            except Gone:
+                log.info("%s: resourceVersion %s expired; listing again", self.NAME, self.resource_version)
+                self.resource_version = ""
+            except Exception as e:
+                if self.stopping.is_set() or self._closed():
+                    return
+                failures += 1
+                self._failed(e)
+                if status_of(e) == 410:
+                    self.resource_version = ""
+                    continue
+                delay = growing_delay(failures, self.RETRY_BASE_S, self.RETRY_MAX_S)
+                log.warning("%s failed (%s); resuming in %.1fs", self.NAME, e, delay)
+                self.stopping.wait(delay)
+
+    def follow(self, events: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, T]]:
+        """Raw watch events -> (type, slim object), keeping the resourceVersion to resume from."""
+        for ev in events:
+            kind = str(ev.get("type"))
+            obj = ev.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise Gone(obj.get("message", "410 Gone"))
+                raise WatchError(f"watch error {obj.get('code')}: {obj.get('message')}")
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self.resource_version = str(rv)
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                yield kind, self._slim(obj)
