@@ -85,6 +85,28 @@ class KubePort(Protocol):
     ) -> None: ...
 
 
+def _watch_args(resource_version: str, timeout_s: int) -> dict[str, Any]:
+    """A watch from ``resource_version`` with bookmarks, ended by the server at ``timeout_s``."""
+    return {
+        "watch": True,
+        "resource_version": resource_version,
+        "allow_watch_bookmarks": True,
+        "timeout_seconds": timeout_s,
+        "_preload_content": False,
+        "_request_timeout": (10, timeout_s + 30),
+    }
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    """Raw watch events (parsed JSON, one per line); the connection goes back to the pool at the end."""
+    try:
+        for line in iter_resp_lines(resp):
+            yield json.loads(line)
+    finally:
+        resp.close()
+        resp.release_conn()
+
+
 class Kube:
     def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
         self.api = api
@@ -140,20 +162,10 @@ class Kube:
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
         resp = self.core.list_pod_for_all_namespaces(
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
             field_selector=SCHEDULED,
-            _preload_content=False,
-            _request_timeout=(10, timeout_s + 30),
+            **_watch_args(resource_version, timeout_s),
         )
-        try:
-            for line in iter_resp_lines(resp):
-                yield json.loads(line)
-        finally:
-            resp.close()
-            resp.release_conn()
+        yield from _events(resp)
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -205,19 +217,9 @@ class Kube:
         resp = self.coordination.list_namespaced_lease(
             namespace,
             label_selector=label_selector,
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            _request_timeout=(10, timeout_s + 30),
+            **_watch_args(resource_version, timeout_s),
         )
-        try:
-            for line in iter_resp_lines(resp):
-                yield json.loads(line)
-        finally:
-            resp.close()
-            resp.release_conn()
+        yield from _events(resp)
 
     # -- our CRDs --------------------------------------------------------------------------------
 
@@ -276,19 +278,9 @@ class Kube:
             DRA_GROUP,
             DRA_VERSION,
             "resourceslices",
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            _request_timeout=(10, timeout_s + 30),
+            **_watch_args(resource_version, timeout_s),
         )
-        try:
-            for line in iter_resp_lines(resp):
-                yield json.loads(line)
-        finally:
-            resp.close()
-            resp.release_conn()
+        yield from _events(resp)
 
     def list_resource_claims(self) -> list[dict[str, Any]]:
         """ResourceClaims of every namespace: which pods hold which devices (status.allocation, reservedFor)."""
