@@ -331,7 +331,8 @@ def main() -> int:
             if d.get("state") != "InService"
         ]
         device_nodes = {d["node"] for d in devices_out} - set(quarantined)
-        node_events = [e for e in events if e.involved_object.name == xid_node]
+        # The drains on both faulted nodes: the XID node's four ranks and the DRA node's pod on GPU 2.
+        node_events = [e for e in events if e.involved_object.name in (xid_node, hot_node)]
         summary: dict[str, Any] = {
             "nodes": len(nodes),
             "quarantined_nodes": quarantined,
@@ -362,7 +363,7 @@ def main() -> int:
             and [(d["node"], d["gpu"]) for d in devices_out] == [(hot_node, 2)]
             and summary["gpus_kept_in_service"] == 7
             and bool(summary["ignored_faults"])
-            and summary["checkpoints_acknowledged"] == 5
+            and summary["checkpoints_acknowledged"] == summary["checkpoints_requested"] == 5
             and summary["rescheduled_pods"] == 4
         )
         if args.keep:
