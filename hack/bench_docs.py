@@ -124,9 +124,9 @@ def file_run(results: Path, commit: str, date: str | None = None) -> Path:
     res = json.loads(results.read_text(encoding="utf-8"))
     loads = [p[2] for p in res.get("phases", []) if len(p) > 2]
     res["commit"] = commit[:7]
-    res["date"] = date or res.get("date") or dt.date.today().isoformat()
+    res["date"] = date or res.get("date") or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
     res["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
-    out = RESULTS / f"bench-{res['nodes']}-{res['date']}-{res['commit']}.json"
+    out = RESULTS / f"bench-{res['nodes']}-{res['date'][:10]}-{res['commit']}.json"
     out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--add", type=Path, help="a results.json to file under docs/bench/")
     ap.add_argument("--commit", help="the commit the filed run measured (with --add)")
-    ap.add_argument("--date", help="the day it ran (with --add; default today)")
+    ap.add_argument("--date", help="when it ran, e.g. 2026-11-30T17:04Z (with --add; default now)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
