@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR
 from gpuhealth.controller import metrics
-from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
+from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, LoopReflector
 
 
 class LeaseSource(Protocol):
@@ -50,7 +50,7 @@ Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the wa
 
 
 @dataclass
-class LeaseWatch(Reflector[dict[str, Any]]):
+class LeaseWatch(LoopReflector[dict[str, Any]]):
     """Feeds ``on_event(type, slim_lease)`` and ``on_replace(slim_leases)`` on ``loop``, from a thread."""
 
     source: LeaseSource
@@ -70,10 +70,6 @@ class LeaseWatch(Reflector[dict[str, Any]]):
         leases, self.resource_version = self.source.list_leases_rv(self.namespace, self.selector, slim_lease)
         return leases
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:  # type: ignore[override]
-        self._loop = loop
-        super().start()
-
     def _list(self) -> Items:
         return self.list()
 
@@ -83,16 +79,5 @@ class LeaseWatch(Reflector[dict[str, Any]]):
     def _slim(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         return slim_lease(obj)
 
-    def _replaced(self, items: Items) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self.on_replace, items)
-
-    def _event(self, kind: str, item: dict[str, Any]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self.on_event, kind, item)
-
     def _failed(self, e: BaseException) -> None:
         metrics.LEASE_WATCH_ERRORS.inc()
-
-    def _closed(self) -> bool:
-        return self._loop is not None and self._loop.is_closed()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Gone, Reflector, WatchError
+from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Gone, LoopReflector, WatchError
 
 __all__ = ["Gone", "PodSource", "PodWatch", "WatchError"]
 
@@ -33,7 +33,7 @@ Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the wa
 
 
 @dataclass
-class PodWatch(Reflector[dict[str, Any]]):
+class PodWatch(LoopReflector[dict[str, Any]]):
     """Feeds ``on_event(type, slim_pod)`` and ``on_replace(slim_pods)`` on ``loop``, from a thread."""
 
     source: PodSource
@@ -54,10 +54,6 @@ class PodWatch(Reflector[dict[str, Any]]):
         pods, self.resource_version = self.source.list_pods_rv(self.slim)
         return pods
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:  # type: ignore[override]
-        self._loop = loop
-        super().start()
-
     def _list(self) -> Items:
         return self.list()
 
@@ -68,16 +64,8 @@ class PodWatch(Reflector[dict[str, Any]]):
         return self.slim(obj)
 
     def _replaced(self, items: Items) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self.on_replace, items)
+        super()._replaced(items)
         metrics.POD_WATCH_RELISTS.inc()
-
-    def _event(self, kind: str, item: dict[str, Any]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self.on_event, kind, item)
 
     def _failed(self, e: BaseException) -> None:
         metrics.POD_WATCH_ERRORS.inc()
-
-    def _closed(self) -> bool:
-        return self._loop is not None and self._loop.is_closed()

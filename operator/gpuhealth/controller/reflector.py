@@ -12,10 +12,11 @@ loop runs in its own thread (``start``), and stops soon after ``stop``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from gpuhealth.controller.backoff import growing_delay
@@ -126,3 +127,27 @@ class Reflector(Generic[T]):
                 self.resource_version = str(rv)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 yield kind, self._slim(obj)
+
+
+class LoopReflector(Reflector[T]):
+    """A reflector whose results go to ``on_replace`` / ``on_event`` on an asyncio loop (the runtime's),
+    handed over thread-safely; it ends quietly once that loop is closed."""
+
+    on_event: Callable[[str, T], None]
+    on_replace: Callable[[list[T]], None]
+    _loop: asyncio.AbstractEventLoop | None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:  # type: ignore[override]
+        self._loop = loop
+        super().start()
+
+    def _replaced(self, items: list[T]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.on_replace, items)
+
+    def _event(self, kind: str, item: T) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.on_event, kind, item)
+
+    def _closed(self) -> bool:
+        return self._loop is not None and self._loop.is_closed()
