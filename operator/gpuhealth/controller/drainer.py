@@ -55,6 +55,10 @@ class Drainer:
         self.store = store
         self.breaker = breaker
         self.clock = clock
+        # Crash-looping pods evicted outside a drain, by node: pod uids kept until the pod leaves the
+        # cache. A watch event that was already on its way when we evicted brings back a copy without
+        # the deletionTimestamp; this memory, not the cached pod, keeps it from being evicted twice.
+        self._evicted: dict[str, set[str]] = {}
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -66,8 +70,9 @@ class Drainer:
         if rec.state != State.DRAINING:
             self.breaker.end_drain(policy, name)
             if rec.state in OUT_OF_SERVICE:
-                for step in crashloop_evictions(policy, self.store.pods_on(name), now):
-                    await self._evict(name, step, None, now)
+                await self._evict_crashlooping(name, policy, now)
+            else:
+                self._evicted.pop(name, None)
             if record and rec.state == State.HEALTHY:
                 await self.write(name, None)
             return
@@ -112,6 +117,20 @@ class Drainer:
         if not plan.complete:
             self.requeue(name, 1.0)
 
+    async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
+        """Evict the pods that keep failing on this out-of-service node, each once."""
+        pods = self.store.pods_on(name)
+        evicted = self._evicted.setdefault(name, set())
+        evicted &= {p["metadata"].get("uid") for p in pods}  # forget pods that have left
+        for step in crashloop_evictions(policy, pods, now):
+            uid = step.pod["metadata"].get("uid")
+            if uid in evicted:
+                continue
+            if await self._evict(name, step, None, now):
+                evicted.add(uid)
+        if not evicted:
+            self._evicted.pop(name, None)
+
     async def write(self, name: str, record: DrainRecord | None) -> None:
         """Write (or, with ``None``, remove) ``status.drain``."""
         body = {"status": {"drain": None if record is None else dict(record)}}
@@ -154,32 +173,35 @@ class Drainer:
             f"Asked {step.key} to checkpoint (annotation {P.CHECKPOINT_REQUESTED}={at})",
         )
 
-    async def _evict(self, node: str, step: Step, prec: PodDrain | None, now: dt.datetime) -> None:
-        """The one eviction path. ``prec`` is the pod's drain progress; ``None`` outside a drain,
-        where a refusal is left for the next reconcile to try again."""
+    async def _evict(self, node: str, step: Step, prec: PodDrain | None, now: dt.datetime) -> bool:
+        """The one eviction path; True once the pod is evicted (or already gone). ``prec`` is the pod's
+        drain progress; ``None`` outside a drain, where a refusal is left for the next reconcile."""
         meta = step.pod["metadata"]
         try:
             await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             code = status_of(e)
             if prec is None:
-                if code in (404, 409, 429, 500):
-                    return
+                if code == 404:
+                    return True
+                if code in (409, 429, 500):
+                    log.info("eviction of %s refused (%s); the next reconcile tries again", step.key, code)
+                    return False
                 raise
             if code == 404:
                 prec["evictedAt"] = format_time_precise(now)
-                return
+                return True
             if code in (429, 500):
                 self._blocked(node, step, prec, code, now)
-                return
+                return False
             raise
         if prec is None:
-            meta["deletionTimestamp"] = format_time(now)  # the cached pod: not evicted again before the watch says so
             self._event(node, "Normal", step.reason, step.message)
-            return
+            return True
         prec["evictedAt"] = format_time_precise(now)
         prec.pop("retryAt", None)
         self._event(node, "Normal", step.reason or "Evicted", step.message or f"Evicted {step.key}: {step.why}")
+        return True
 
     def _blocked(self, node: str, step: Step, prec: PodDrain, code: int, now: dt.datetime) -> None:
         """A budget (429) or overlapping budgets (500) refused the eviction: retry with growing delays."""

@@ -238,8 +238,8 @@ class Store:
         node = str((body.get("spec") or {}).get("nodeName") or "")
         if not deleted:
             pod = slim_pod(body)
-            # A pod's deletion is never undone: an event older than our eviction (still in flight when
-            # we marked the pod) must not make the pod look alive again and be evicted a second time.
+            # A pod's deletion is never undone: an older copy of the pod (a watch event that was in
+            # flight when a newer copy reached the cache) must not make it look alive again.
             gone = ((cached or {}).get("metadata") or {}).get("deletionTimestamp")
             if gone and not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = gone

@@ -4,6 +4,7 @@ Kube port, with an in-memory fake API and a fixed clock."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime as dt
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -232,10 +233,21 @@ def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_pa
                     }
                 ]
 
+    stale = [copy.deepcopy(kube.pods["apps", f"{app}-n1"]) for app in ("svc-a", "svc-b")]
+
     async def body() -> None:
         rt = await runtime(kube)
+        evict = kube.evict_pod
+
+        def evict_while_a_watch_event_lands(namespace: str, name: str, uid: str | None) -> None:
+            # A watch event already on its way replaces the cached pod with its pre-eviction self.
+            (pod,) = [p for p in stale if p["metadata"]["name"] == name]
+            rt.store.put_pod(copy.deepcopy(pod))
+            evict(namespace, name, uid)
+
+        kube.evict_pod = evict_while_a_watch_event_lands  # type: ignore[method-assign]
         await rt.reconciler.reconcile("n1")
-        await rt.reconciler.reconcile("n1")  # the cached pods are marked deleting: not evicted twice
+        await rt.reconciler.reconcile("n1")  # not evicted (nor announced) twice
         await rt.events.flush()
 
     run(body)
