@@ -7,8 +7,13 @@ Measures, in one run (see docs/bench.md):
 2. detection to taint: an XID 79 published by the agent's own publishing code on one node at a time, until an
    independent Node watch sees the gpuhealth taint; against a floor, a no-logic watch-and-patch chain;
 3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%;
-4. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
-5. one real agent's footprint (RSS, CPU, writes per hour).
+4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
+   independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once);
+5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
+6. one real agent's footprint (RSS, CPU, writes per hour).
+
+All of it under heartbeat traffic: every simulated agent renews its node Lease every --heartbeat seconds
+(the nodes spread evenly over the interval), as the real agent does; the rate achieved is recorded.
 
 Writes build/bench/results.json, summary.md and report.png. Tears down everything it started.
 """
@@ -16,6 +21,7 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -30,24 +36,35 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from tests.support import dra
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import OperatorProcess, wait_for
 
+from gpuhealth.api.durations import format_duration
 from hack.bench_report import write_outputs
 from hack.bench_support import (
+    DRA_GROUP,
+    DRA_VERSION,
     FLOOR_TAINT,
     GROUP,
+    LEASE_NAMESPACE,
     TAINT,
     VERSION,
+    HeartbeatDriver,
+    HeartbeatStats,
     NodeWatch,
     ProcSampler,
     ReportWatch,
+    RuleWatch,
     SimNode,
     api_client,
     describe,
     find_log_line,
+    gpu_uuid,
+    latency_summary,
     percentile,
+    rate,
     read_audit,
 )
 
@@ -62,7 +79,8 @@ TOKENS = {
 }
 POLICY = "bench"
 AGENT_NODE = "agent-node-0000"
-FAULT_TIMEOUT_S = 10.0  # how long one single fault may wait for its taint
+FAULT_TIMEOUT_S = 10.0  # how long one single fault may wait for its taint (or its DeviceTaintRule)
+DEVICE_GPU = 3  # the GPU that takes the uncorrected ECC error on a DRA node
 # Local control-plane clients default to 20 (controller-manager) and 50 (scheduler) requests per second, which
 # makes creating 8,000 pods take many minutes; the bench raises them. Nothing of gpuhealth's is tuned.
 CONTROL_PLANE_ARGS = {
@@ -119,21 +137,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--idle", type=float, default=None, help="idle window in seconds (default 60; quick 20)")
     ap.add_argument("--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at 5%%")
     ap.add_argument("--tick", type=float, default=5.0, help="the operator's --tick")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm")
+    ap.add_argument("--heartbeat", type=float, default=30.0, help="seconds between each agent's Lease renewals")
+    ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
+    ap.add_argument("--device-storm", type=int, default=100, help="GPUs on distinct DRA nodes faulting at once")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm, 10+20 device"
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     if args.quick:
         args.nodes, args.pods, args.faults, args.storm = 100, 400, 20, 20
         args.floor_nodes = min(args.floor_nodes, 10)
         args.breaker_window = min(args.breaker_window, 10.0)
+        args.device_faults, args.device_storm = 10, 20
     if args.idle is None:
         args.idle = 20.0 if args.quick else 60.0
     if args.floor_samples is None:
         args.floor_samples = 10 if args.quick else max(20, args.faults // 2)
+    # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.
+    if args.faults + 2 * args.storm + args.device_faults + args.device_storm > args.nodes:
+        ap.error("--nodes must cover faults + 2 x storm + device-faults + device-storm distinct nodes")
+    if args.heartbeat <= 0:
+        ap.error("--heartbeat must be positive")
     return args
 
 
-def policy_spec(max_unhealthy: str) -> dict[str, Any]:
+def agent_silence(heartbeat_s: float) -> str:
+    """The policy's agentSilence.after: 2 minutes, or four heartbeats where those are longer."""
+    return format_duration(max(120, math.ceil(4 * heartbeat_s)))
+
+
+def policy_spec(max_unhealthy: str, heartbeat_s: float = 30.0) -> dict[str, Any]:
     return {
         "nodeSelector": {
             "matchLabels": {"nvidia.com/gpu.present": "true"},
@@ -143,8 +177,14 @@ def policy_spec(max_unhealthy: str) -> dict[str, Any]:
             ],
         },
         "mode": "Enforce",
-        "rules": {"xid": {"overrides": [{"code": 79, "action": "cordon"}]}, "agentSilence": {"after": "1h"}},
-        "safety": {"maxUnhealthy": max_unhealthy, "probation": "2s"},
+        "rules": {
+            "xid": {"overrides": [{"code": 79, "action": "cordon"}]},
+            "agentSilence": {"after": agent_silence(heartbeat_s)},
+        },
+        # Device scope (the default, stated): an uncorrected ECC error on a DRA node takes out that GPU only.
+        # The GPU budget is the whole fleet's GPUs, so no device storm is ever held back by it.
+        "devices": {"scope": "Device"},
+        "safety": {"maxUnhealthy": max_unhealthy, "maxUnhealthyGPUs": "100%", "probation": "2s"},
     }
 
 
@@ -264,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             "floor_samples": args.floor_samples,
             "idle_window_s": args.idle,
             "operator_tick_s": args.tick,
+            "heartbeat_s": args.heartbeat,
+            "agent_silence": agent_silence(args.heartbeat),
+            "device_faults": args.device_faults,
+            "device_storm": args.device_storm,
         },
     }
     series: dict[str, Any] = {}
@@ -284,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     operator: OperatorProcess | None = None
     fleet: AgentFleet | None = None
-    watches: list[NodeWatch | ReportWatch] = []
+    watches: list[NodeWatch | ReportWatch | RuleWatch] = []
+    heartbeats: HeartbeatDriver | None = None
     samplers: list[ProcSampler] = []
     pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="sim")
     rc = 1
@@ -301,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         kc = {u: cluster.kubeconfig_with_token(tok, out / f"{u}.kubeconfig", u) for tok, (u, _) in TOKENS.items()}
         admin = api_client(cluster.kubeconfig, pool=8)
         core, apps, custom = client.CoreV1Api(admin), client.AppsV1Api(admin), client.CustomObjectsApi(admin)
+        # The agents' heartbeat Leases live where a gpuhealth install puts them (and the operator watches).
+        cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}])
         governed = sorted(
             n["metadata"]["name"]
             for n in json.loads(
@@ -311,9 +358,16 @@ def main(argv: list[str] | None = None) -> int:
         assert len(governed) == args.nodes, f"expected {args.nodes} governed nodes, found {len(governed)}"
 
         # The real agent runs for the whole bench, so its steady state is measured over minutes.
-        phase("one real agent (fake NVML, interval 10s, heartbeat 30s) on its own node")
+        phase("one real agent (fake NVML, interval 10s, Lease heartbeat 30s) on its own node")
         # The agent's production event wait (1 s), not the tests' short one.
-        fleet = AgentFleet(kc[AGENT_USER], out / "agent", interval=10.0, heartbeat=30.0, event_timeout=None)
+        fleet = AgentFleet(
+            kc[AGENT_USER],
+            out / "agent",
+            interval=10.0,
+            heartbeat=30.0,
+            event_timeout=None,
+            lease_namespace=LEASE_NAMESPACE,
+        )
         fleet.start([AGENT_NODE])
         agent = fleet[AGENT_NODE]
         agent_proc = agent.popen
@@ -328,11 +382,29 @@ def main(argv: list[str] | None = None) -> int:
 
         phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
         sim_api = api_client(kc[SIM_USER], pool=48)
-        sims = {n: SimNode(n, i, sim_api) for i, n in enumerate([*governed, *floor_names])}
+        hb_stats = HeartbeatStats()
+        sims = {
+            n: SimNode(n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats)
+            for i, n in enumerate([*governed, *floor_names])
+        }
         t = time.monotonic()
         failed = publish_all(pool, SimNode.start, list(sims.values()))
         res["initial_reports_s"] = round(time.monotonic() - t, 1)
         log(f"  {len(sims) - failed} reports created in {res['initial_reports_s']}s ({failed} failed)")
+        heartbeats = HeartbeatDriver(list(sims.values()), args.heartbeat).start()
+        log(f"  {len(sims)} simulated agents renew their Leases every {args.heartbeat:g}s, spread evenly")
+
+        # The DRA nodes: the last governed ones, their GPUs published as NVIDIA's DRA driver would (one
+        # ResourceSlice per node, pool = node name, devices gpu-0..7 with the UUIDs their reports carry).
+        dra_nodes = governed[len(governed) - args.device_faults - args.device_storm :]
+        if dra_nodes:
+            phase(f"DRA: a DeviceClass and {len(dra_nodes)} ResourceSlices")
+            custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses", dra.device_class())
+            for n in dra_nodes:
+                body = dra.resource_slice(n, 8, uuid=functools.partial(gpu_uuid, sims[n].index))
+                custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", body)
+        rule_watch = RuleWatch(api_client(cluster.kubeconfig, pool=2)).start()
+        watches.append(rule_watch)
 
         node_watch = NodeWatch(api_client(cluster.kubeconfig, pool=2)).start()
         watches.append(node_watch)
@@ -347,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "GPUHealthPolicy",
                 "metadata": {"name": POLICY},
-                "spec": policy_spec("100%"),
+                "spec": policy_spec("100%", args.heartbeat),
             },
         )
 
@@ -367,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  'watching ... GPU nodes' after {watching_s}s; all {args.nodes} nodes Healthy after {healthy_s}s")
         res["operator"] = {"startup_watching_s": watching_s, "startup_s": healthy_s}
         time.sleep(2 * args.tick)  # let the first sweeps pass
+        hb_stats.reset_gap()
+        hb_from = hb_stats.mark()
 
         phase(f"detection to taint: {args.faults} single faults, floor: {args.floor_samples} samples")
         detect_nodes = governed[: args.faults]
@@ -487,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         log(f"  {len(faulted)} nodes back to Healthy in {res['recovery']['seconds_to_all_healthy']}s")
 
+        if dra_nodes:
+            res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
+                args, sims, dra_nodes, rule_watch, node_watch, pool, series, phase
+            )
+
         phase(f"breaker at 5%: {args.storm} nodes fault at once")
         limit = math.ceil(args.nodes * 5 / 100)
         custom.patch_cluster_custom_object(
@@ -582,12 +661,28 @@ def main(argv: list[str] | None = None) -> int:
             res["agent"]["cpu_percent"] = round((cpu_total - cpu_first) / (now - agent_writes[0]) * 100, 2)
             span = agent_writes[-1] - agent_writes[0]
             res["agent"]["writes_per_hour"] = round((len(agent_writes) - 1) / span * 3600, 1) if span > 0 else 0.0
+        hb_to = hb_stats.mark()
+        achieved = rate(hb_from, hb_to)
+        res["heartbeats"] = {
+            "interval_s": args.heartbeat,
+            "agents": len(sims),
+            "asked_per_s": round(len(sims) / args.heartbeat, 2),
+            "achieved_per_s": round(achieved, 2) if achieved is not None else None,
+            "renewals": hb_to[1] - hb_from[1],
+            "window_s": round(hb_to[0] - hb_from[0], 1),
+            "failures": hb_stats.failures,
+            "max_gap_s": round(hb_stats.max_gap_s, 1),
+            "agent_silence": agent_silence(args.heartbeat),
+        }
+        log(f"  heartbeats: {res['heartbeats']}")
         log(f"  operator: {res['operator']}")
         log(f"  agent: {res['agent']}")
         res["phases"] = phases
         write_outputs(out, res, series)
         rc = 0
     finally:
+        if heartbeats is not None:
+            heartbeats.close()
         for w in watches:
             w.stop.set()
         for s in samplers:
@@ -599,6 +694,82 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
         cluster.stop()
     return rc
+
+
+def measure_devices(
+    args: argparse.Namespace,
+    sims: dict[str, SimNode],
+    dra_nodes: list[str],
+    rule_watch: RuleWatch,
+    node_watch: NodeWatch,
+    pool: ThreadPoolExecutor,
+    series: dict[str, Any],
+    phase: Any,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Device faults one at a time, then a device storm, then every GPU reset; the three result blocks."""
+    gpu = f"gpu-{DEVICE_GPU}"
+    single, storm_nodes = dra_nodes[: args.device_faults], dra_nodes[args.device_faults :]
+    phase(f"device faults: uncorrected ECC on GPU {DEVICE_GPU} of {len(single)} DRA nodes, one at a time")
+    lat: list[float] = []
+    timeouts = 0
+    for i, name in enumerate(single):
+        t0 = time.time()
+        sims[name].device_fault(DEVICE_GPU)
+        t1 = rule_watch.wait_rule(name, gpu, timeout=FAULT_TIMEOUT_S)
+        if t1 is None:
+            timeouts += 1
+        else:
+            lat.append((t1 - t0) * 1000)
+        time.sleep(0.2)
+        if (i + 1) % 50 == 0:
+            log(f"  {i + 1}/{len(single)}: p50 so far {percentile(lat, 50):.0f} ms")
+    latency = latency_summary(lat, timeouts, FAULT_TIMEOUT_S * 1000)
+    # A device fault must not take out its node: count node taints on the DRA nodes.
+    latency["nodes_tainted"] = sum(1 for n in single if (n, TAINT) in node_watch.seen_at)
+    series["device_ms"] = lat
+    log(f"  device fault to DeviceTaintRule p50 {latency['p50']} ms p99 {latency['p99']} ms ({timeouts} timed out)")
+
+    phase(f"device storm: GPU {DEVICE_GPU} of {len(storm_nodes)} DRA nodes at once")
+    published_at: dict[str, float] = {}
+
+    def fault(sim: SimNode) -> None:
+        sim.device_fault(DEVICE_GPU)
+        published_at[sim.name] = time.time()
+
+    t0 = time.time()
+    failed = publish_all(pool, fault, [sims[n] for n in storm_nodes])
+    published = time.time() - t0
+    done = rule_watch.wait_all([(n, gpu) for n in storm_nodes], timeout=180)
+    seen_at = {n: rule_watch.seen_at[(n, gpu)] for n in storm_nodes if (n, gpu) in rule_watch.seen_at}
+    seen = sorted(t - t0 for t in seen_at.values())
+    seconds = seen[-1] if seen and done else None
+    per_gpu = [(seen_at[n] - published_at[n]) * 1000 for n in seen_at if n in published_at]
+    storm = {
+        "gpus": len(storm_nodes),
+        "rules": len(seen),
+        "seconds": round(seconds, 2) if seconds else None,
+        "rules_per_s": round(len(storm_nodes) / seconds, 1) if seconds else None,
+        "publish_s": round(published, 2),
+        "first_rule_s": round(seen[0], 3) if seen else None,
+        "publish_failures": failed,
+        "report_to_rule_ms_p50": round(percentile(per_gpu, 50), 1),
+        "report_to_rule_ms_max": round(max(per_gpu, default=float("nan")), 1),
+        "nodes_tainted": sum(1 for n in storm_nodes if (n, TAINT) in node_watch.seen_at),
+    }
+    series["device_storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(seen)]]
+    log(f"  {len(seen)}/{len(storm_nodes)} DeviceTaintRules in {seconds}s (reports published in {published:.2f}s)")
+
+    phase("device recovery: every GPU reset (clean samples), probation 2s")
+    t0 = time.time()
+    publish_all(pool, SimNode.device_clear, [sims[n] for n in dra_nodes])
+    gone = rule_watch.wait_all([(n, gpu) for n in dra_nodes], timeout=180, present=False)
+    recovery = {
+        "gpus": len(dra_nodes),
+        "seconds_to_all_rules_deleted": round(time.time() - t0, 1) if gone else None,
+        "rules_left": rule_watch.count(),
+    }
+    log(f"  {len(dra_nodes)} GPUs back in service in {recovery['seconds_to_all_rules_deleted']}s")
+    return latency, storm, recovery
 
 
 def agent_cpu_at_first_write(sampler: ProcSampler, first_write: float) -> float:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_report import TARGETS, _fmt
+from hack.bench_report import TARGETS, _fmt, device_line, heartbeat_line, measured, tally, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "bench"
@@ -42,31 +42,38 @@ def filed_runs(directory: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def render(path: Path, res: dict[str, Any]) -> str:
-    """The block: what ran, where, and every target with its result; misses stay misses."""
+    """The block: what ran, where, and every target with its result; misses stay misses.
+
+    A run filed before a target or figure existed renders it as "not measured" (never as met or missed).
+    """
     targets = res["targets"]
-    passed = sum(1 for e in targets.values() if e["pass"])
+    passed, counted, skipped = tally(targets)
+    unmeasured = f", {skipped} not measured in this run" if skipped else ""
     rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
     s, o = res["storm"], res["operator"]
     lines = [
         BEGIN,
         f"Latest filed full run: {res['nodes']:,} nodes, {res.get('pods', 0):,} running pods, "
         f"{res['config']['faults']} faults; commit `{res['commit']}`, {res['date']}, {res['machine']}; "
-        f"load average {res['load']} during the run (2 fills both cores). **{passed} of {len(targets)} targets "
-        f"met** (`{rel}`).",
+        f"load average {res['load']} during the run (2 fills both cores). **{passed} of {counted} targets "
+        f"met**{unmeasured} (`{rel}`).",
         "",
         "| figure | result | target | |",
         "| --- | --- | --- | --- |",
     ]
     for t in TARGETS:
-        e = targets[t.key]
-        lines.append(
-            f"| {t.label} | {_fmt(e['value'], t.unit)} | {t.target} | {'met' if e['pass'] else '**missed**'} |"
-        )
+        e = targets.get(t.key)
+        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
+        lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
     lines += [
         "",
         f"Storm detail: reports published in {s['publish_s']} s, each node's report write to its taint p50 "
         f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s; "
         f"idle: {o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min.",
+        "",
+        device_line(res),
+        "",
+        heartbeat_line(res),
         END,
     ]
     return "\n".join(lines)

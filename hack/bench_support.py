@@ -8,12 +8,15 @@ real agent would send.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import heapq
 import json
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth.agent.events import XidBuffer
+from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
@@ -41,6 +45,8 @@ GROUP, VERSION, REPORTS = "gpuhealth.dev", "v1alpha1", "gpunodehealths"
 TAINT = "gpuhealth.dev/unhealthy"
 FLOOR_TAINT = "bench.gpuhealth.dev/floor"
 GPU_SELECTOR = "nvidia.com/gpu.present=true"
+LEASE_NAMESPACE = "gpuhealth-system"  # where the operator (OperatorProcess) watches the agents' Leases
+DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES = "resource.k8s.io", "v1", "devicetaintrules"
 MERGE = "application/merge-patch+json"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -56,7 +62,7 @@ def api_client(kubeconfig: Path, pool: int = 16) -> client.ApiClient:
 # -- the simulated fleet ---------------------------------------------------------------------------
 
 
-def _uuid(node_index: int, gpu: int) -> str:
+def gpu_uuid(node_index: int, gpu: int) -> str:
     return f"GPU-{node_index:08x}-{gpu:04x}-4000-8000-{node_index * 8 + gpu:012x}"
 
 
@@ -65,7 +71,7 @@ def healthy_snapshot(node_index: int, gpus: int = 8) -> Snapshot:
     devices = tuple(
         DeviceFacts(
             index=i,
-            uuid=_uuid(node_index, i),
+            uuid=gpu_uuid(node_index, i),
             pci_bus_id=f"00000000:{0x18 + i * 0x10:02X}:00.0",
             model="NVIDIA H100 80GB HBM3",
             mig_mode="Disabled",
@@ -87,13 +93,83 @@ def healthy_snapshot(node_index: int, gpus: int = 8) -> Snapshot:
     )
 
 
-class SimNode:
-    """One node's agent with a simulated device source and the real publisher."""
+def ecc_snapshot(node_index: int, gpu: int, gpus: int = 8) -> Snapshot:
+    """The healthy node with one uncorrected (volatile) ECC error on ``gpu``: a device-scoped fault."""
+    snap = healthy_snapshot(node_index, gpus)
+    devices = tuple(dataclasses.replace(d, ecc=EccCounts(1, 0, 0, 0)) if d.index == gpu else d for d in snap.devices)
+    return dataclasses.replace(snap, devices=devices)
 
-    def __init__(self, name: str, index: int, api: client.ApiClient) -> None:
+
+class HeartbeatStats:
+    """Every Lease renewal the simulated fleet made: how many, and the longest gap on any one node."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.renewals = 0
+        self.failures = 0
+        self.last: dict[str, float] = {}
+        self.max_gap_s = 0.0
+
+    def renewed(self, node: str, at: float) -> None:
+        with self.lock:
+            self.renewals += 1
+            prev = self.last.get(node)
+            if prev is not None:
+                self.max_gap_s = max(self.max_gap_s, at - prev)
+            self.last[node] = at
+
+    def failed(self) -> None:
+        with self.lock:
+            self.failures += 1
+
+    def reset_gap(self) -> None:
+        """Measure the longest gap from here on (the first pass after start-up may skip one renewal)."""
+        with self.lock:
+            self.max_gap_s = 0.0
+            now = time.time()
+            self.last = dict.fromkeys(self.last, now)
+
+    def mark(self) -> tuple[float, int]:
+        """(now, renewals so far): two marks give the rate achieved between them."""
+        with self.lock:
+            return time.time(), self.renewals
+
+
+class CountingLease:
+    """The agent's own ``NodeLease`` renewal, counted (the simulator's identity is not audited)."""
+
+    def __init__(self, lease: NodeLease, stats: HeartbeatStats) -> None:
+        self.lease = lease
+        self.stats = stats
+
+    def renew(self, now: dt.datetime) -> str:
+        kind = self.lease.renew(now)
+        self.stats.renewed(self.lease.node, time.time())
+        return kind
+
+
+class SimNode:
+    """One node's agent with a simulated device source and the real publisher and Lease renewal.
+
+    Calls are serialised per node (the real agent has one publisher thread): faults and the heartbeat
+    driver may reach the same node from different threads.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        api: client.ApiClient,
+        heartbeat_s: float = 3600.0,
+        stats: HeartbeatStats | None = None,
+    ) -> None:
         self.name = name
         self.index = index
         self.transport = KubeTransport(api)
+        self.heartbeat_s = heartbeat_s
+        self.stats = stats or HeartbeatStats()
+        self.lease = NodeLease(KubeLeaseTransport(api), LEASE_NAMESPACE, name, heartbeat_s)
+        self.lock = threading.RLock()
         self._boot(now_utc() - dt.timedelta(hours=1))
 
     def _boot(self, boot_time: dt.datetime) -> None:
@@ -102,33 +178,127 @@ class SimNode:
         )
         self.latest = LatestSnapshot()
         self.xids = XidBuffer()
-        # No heartbeats during the measurement (the policy's agentSilence.after is long); retries as the agent does.
+        # As the agent: the heartbeat is a Lease renewal every heartbeat_s, the report written only on change;
+        # retries as the agent does.
         self.publisher = Publisher(
             self.transport,
             self.builder,
             self.latest,
             self.xids,
-            heartbeat_interval_s=3600.0,
+            heartbeat_interval_s=self.heartbeat_s,
             initial_backoff_s=0.2,
             max_backoff_s=5.0,
+            lease=CountingLease(self.lease, self.stats),
         )
         self.publisher.give_up_after_s = 60.0
 
     def start(self) -> str | None:
         """What the agent does at start: read the existing report, sample, write (create or patch)."""
-        self.publisher.restore()
-        self.latest.set(healthy_snapshot(self.index))
-        return self.publisher.publish()
+        with self.lock:
+            self.publisher.restore()
+            self.latest.set(healthy_snapshot(self.index))
+            return self.publisher.publish()
 
     def fault(self, xid: int = 79, gpu: int = 3) -> str | None:
         """The XID enters the source (the event thread's hand-off) and the publisher writes it at once."""
-        self.xids.put(XidEvent(xid=xid, time=now_utc(), source="simulated", gpu=gpu, uuid=_uuid(self.index, gpu)))
-        return self.publisher.publish()
+        with self.lock:
+            event = XidEvent(xid=xid, time=now_utc(), source="simulated", gpu=gpu, uuid=gpu_uuid(self.index, gpu))
+            self.xids.put(event)
+            return self.publisher.publish()
+
+    def device_fault(self, gpu: int = 3) -> str | None:
+        """A sample with an uncorrected ECC error on ``gpu`` (device scope), written at once."""
+        with self.lock:
+            self.latest.set(ecc_snapshot(self.index, gpu))
+            return self.publisher.publish()
+
+    def device_clear(self) -> str | None:
+        """The GPU was reset: the next sample is clean again."""
+        with self.lock:
+            self.latest.set(healthy_snapshot(self.index))
+            return self.publisher.publish()
+
+    def heartbeat(self) -> str | None:
+        """The publisher's scheduled pass: renews the Lease when due, writes the report only if it changed."""
+        with self.lock:
+            return self.publisher.publish()
 
     def reboot(self) -> str | None:
         """The node was repaired and rebooted: a new agent, a new boot, an XID history without the fault."""
-        self._boot(now_utc())
-        return self.start()
+        with self.lock:
+            self._boot(now_utc())
+            return self.start()
+
+
+def spread_offsets(count: int, interval_s: float) -> list[float]:
+    """First-renewal offsets of ``count`` agents spread evenly over one heartbeat interval."""
+    return [i * interval_s / count for i in range(count)] if count > 0 else []
+
+
+def rate(mark_from: tuple[float, int], mark_to: tuple[float, int]) -> float | None:
+    """Events per second between two (time, count) marks; None over an empty window."""
+    span = mark_to[0] - mark_from[0]
+    return (mark_to[1] - mark_from[1]) / span if span > 0 else None
+
+
+class HeartbeatDriver:
+    """The fleet's publisher loops: each node's next pass is due one interval after its last one ended.
+
+    That is the agent's own loop (wait ``last + interval - now``, publish). The nodes start spread
+    evenly over one interval (:func:`spread_offsets`), so renewals arrive at about N / interval per
+    second, as from N agents started at different times. Passes run on a small pool so one slow
+    request does not hold the others back.
+    """
+
+    def __init__(self, sims: list[SimNode], interval_s: float, workers: int = 8) -> None:
+        self.sims = sims
+        self.interval_s = interval_s
+        self.cond = threading.Condition()
+        self.due: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="heartbeat")
+        self.thread = threading.Thread(target=self._run, name="bench-heartbeats", daemon=True)
+
+    def start(self) -> HeartbeatDriver:
+        t0 = time.monotonic()
+        with self.cond:
+            self.due = [(t0 + off, i) for i, off in enumerate(spread_offsets(len(self.sims), self.interval_s))]
+            heapq.heapify(self.due)
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with self.cond:
+                if not self.due:
+                    self.cond.wait(1.0)
+                    continue
+                at, i = self.due[0]
+                wait = at - time.monotonic()
+                if wait > 0:
+                    self.cond.wait(wait)
+                    continue
+                heapq.heappop(self.due)
+            try:
+                self.pool.submit(self._pass, i)
+            except RuntimeError:
+                return  # shut down
+
+    def _pass(self, i: int) -> None:
+        sim = self.sims[i]
+        try:
+            sim.heartbeat()
+        except Exception:
+            sim.stats.failed()
+        with self.cond:
+            heapq.heappush(self.due, (time.monotonic() + self.interval_s, i))
+            self.cond.notify_all()
 
 
 # -- watches ----------------------------------------------------------------------------------------
@@ -251,6 +421,82 @@ class NodeWatch:
     def tainted(self, key: str = TAINT) -> int:
         with self.cond:
             return self.count[key]
+
+
+class RuleWatch:
+    """An independent watch on ``resource.k8s.io/v1`` DeviceTaintRules: since when each device has one.
+
+    A device is ``(pool, device)`` from the rule's ``spec.deviceSelector`` (pool = node name in the
+    NVIDIA model), whoever wrote the rule; the bench compares nothing but presence and time.
+    """
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.cond = threading.Condition()
+        self.rules: dict[str, tuple[str, str]] = {}
+        self.seen_at: dict[tuple[str, str], float] = {}
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-rule-watch", daemon=True)
+
+    def start(self) -> RuleWatch:
+        self.thread.start()
+        if not self.synced.wait(60):
+            raise RuntimeError("DeviceTaintRule watch did not sync in 60s")
+        return self
+
+    def _run(self) -> None:
+        _raw_watch(
+            lambda **kw: self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, **kw),
+            self._sync,
+            self._event,
+            self.stop,
+        )
+
+    @staticmethod
+    def _device(obj: dict[str, Any]) -> tuple[str, str]:
+        sel = (obj.get("spec") or {}).get("deviceSelector") or {}
+        return str(sel.get("pool") or ""), str(sel.get("device") or "")
+
+    def _put(self, name: str, dev: tuple[str, str] | None, now: float) -> None:
+        old = self.rules.pop(name, None)
+        if old is not None and old not in self.rules.values():
+            self.seen_at.pop(old, None)
+        if dev is not None:
+            self.rules[name] = dev
+            self.seen_at.setdefault(dev, now)
+
+    def _sync(self, items: list[dict[str, Any]]) -> None:
+        now = time.time()
+        with self.cond:
+            names = {o["metadata"]["name"] for o in items}
+            for name in set(self.rules) - names:
+                self._put(name, None, now)
+            for obj in items:
+                self._put(obj["metadata"]["name"], self._device(obj), now)
+            self.cond.notify_all()
+        self.synced.set()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        with self.cond:
+            self._put(obj["metadata"]["name"], None if kind == "DELETED" else self._device(obj), now)
+            self.cond.notify_all()
+
+    def wait_rule(self, pool: str, device: str, timeout: float) -> float | None:
+        """When the watch first saw a rule for the device (epoch seconds), or None after ``timeout``."""
+        with self.cond:
+            self.cond.wait_for(lambda: (pool, device) in self.seen_at, timeout)
+            return self.seen_at.get((pool, device))
+
+    def wait_all(self, devices: Iterable[tuple[str, str]], timeout: float, present: bool = True) -> bool:
+        wanted = list(devices)
+        with self.cond:
+            return self.cond.wait_for(lambda: all((d in self.seen_at) == present for d in wanted), timeout)
+
+    def count(self) -> int:
+        with self.cond:
+            return len(self.rules)
 
 
 class ReportWatch:
@@ -459,3 +705,16 @@ def percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     k = max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))
     return s[int(k)]
+
+
+def latency_summary(samples_ms: list[float], timeouts: int, timeout_ms: float) -> dict[str, Any]:
+    """p50/p90/p99/max of one-at-a-time latencies; a timed-out sample counts as the timeout (a lower bound)."""
+    values = samples_ms + [timeout_ms] * timeouts
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p90": round(percentile(values, 90), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(max(values, default=float("nan")), 1),
+        "samples": len(values),
+        "timeouts": timeouts,
+    }
