@@ -66,6 +66,7 @@ from hack.bench_support import (
     percentile,
     rate,
     read_audit,
+    steady_writes_per_hour,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -659,8 +660,8 @@ def main(argv: list[str] | None = None) -> int:
             # CPU from its first write on: what it uses running, not its start-up imports.
             cpu_first = agent_cpu_at_first_write(agent_sampler, agent_writes[0])
             res["agent"]["cpu_percent"] = round((cpu_total - cpu_first) / (now - agent_writes[0]) * 100, 2)
-            span = agent_writes[-1] - agent_writes[0]
-            res["agent"]["writes_per_hour"] = round((len(agent_writes) - 1) / span * 3600, 1) if span > 0 else 0.0
+            per_hour, res["agent"]["startup_writes"] = steady_writes_per_hour(agent_writes)
+            res["agent"]["writes_per_hour"] = round(per_hour, 1) if per_hour is not None else None
         hb_to = hb_stats.mark()
         achieved = rate(hb_from, hb_to)
         res["heartbeats"] = {

@@ -262,7 +262,8 @@ def summary_md(res: dict[str, Any]) -> str:
         + ", ".join(f"{p[0].split(':')[0].split(' (')[0]} {p[2]:.1f}" for p in res.get("phases", []) if len(p) > 2)
         + ".",
         f"- Agent: RSS {a['rss_mb']} MB, CPU {a['cpu_percent']}% of a core, {a['writes_per_hour']} writes/h "
-        f"({a['writes']} writes over {a['window_s']} s).",
+        f"once started ({a['writes']} writes over {a['window_s']} s, {a.get('startup_writes')} of them its "
+        "start-up: report create, Lease patch 404 and create).",
         "",
     ]
     return "\n".join(lines)

@@ -15,11 +15,11 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from kubernetes import client, config
@@ -46,6 +46,8 @@ TAINT = "gpuhealth.dev/unhealthy"
 FLOOR_TAINT = "bench.gpuhealth.dev/floor"
 GPU_SELECTOR = "nvidia.com/gpu.present=true"
 LEASE_NAMESPACE = "gpuhealth-system"  # where the operator (OperatorProcess) watches the agents' Leases
+# A pass is due a little after the publisher's own clock says so (it stamps a renewal just after ours).
+NEXT_PASS_SLACK_S = 0.01
 DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES = "resource.k8s.io", "v1", "devicetaintrules"
 MERGE = "application/merge-patch+json"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -141,9 +143,11 @@ class CountingLease:
     def __init__(self, lease: NodeLease, stats: HeartbeatStats) -> None:
         self.lease = lease
         self.stats = stats
+        self.last_monotonic = float("-inf")
 
     def renew(self, now: dt.datetime) -> str:
         kind = self.lease.renew(now)
+        self.last_monotonic = time.monotonic()
         self.stats.renewed(self.lease.node, time.time())
         return kind
 
@@ -169,6 +173,9 @@ class SimNode:
         self.heartbeat_s = heartbeat_s
         self.stats = stats or HeartbeatStats()
         self.lease = NodeLease(KubeLeaseTransport(api), LEASE_NAMESPACE, name, heartbeat_s)
+        # One counter across boots: it knows when this node last renewed, as the agent's loop does.
+        self.renewer = CountingLease(self.lease, self.stats)
+        self.primed = False
         self.lock = threading.RLock()
         self._boot(now_utc() - dt.timedelta(hours=1))
 
@@ -188,7 +195,7 @@ class SimNode:
             heartbeat_interval_s=self.heartbeat_s,
             initial_backoff_s=0.2,
             max_backoff_s=5.0,
-            lease=CountingLease(self.lease, self.stats),
+            lease=self.renewer,
         )
         self.publisher.give_up_after_s = 60.0
 
@@ -219,9 +226,21 @@ class SimNode:
             return self.publisher.publish()
 
     def heartbeat(self) -> str | None:
-        """The publisher's scheduled pass: renews the Lease when due, writes the report only if it changed."""
+        """The publisher's scheduled pass: renews the Lease when due, writes the report only if it changed.
+
+        The bench starts every simulated agent at once; a real fleet's agents started at different times.
+        The first pass stands in for this agent's own start (the driver spreads first passes over one
+        interval), so it renews whatever the publisher's clock says; from then on the publisher decides.
+        """
         with self.lock:
+            if not self.primed:
+                self.primed = True
+                return self.renewer.renew(now_utc())
             return self.publisher.publish()
+
+    def next_due(self, interval_s: float) -> float:
+        """Monotonic time of this node's next renewal: one interval after its last (the agent's wait)."""
+        return self.renewer.last_monotonic + interval_s + NEXT_PASS_SLACK_S
 
     def reboot(self) -> str | None:
         """The node was repaired and rebooted: a new agent, a new boot, an XID history without the fault."""
@@ -241,6 +260,16 @@ def rate(mark_from: tuple[float, int], mark_to: tuple[float, int]) -> float | No
     return (mark_to[1] - mark_from[1]) / span if span > 0 else None
 
 
+class Beating(Protocol):
+    """What the heartbeat driver needs of a node: one publisher pass, and where to count failures."""
+
+    stats: HeartbeatStats
+
+    def heartbeat(self) -> str | None: ...
+
+    def next_due(self, interval_s: float) -> float: ...
+
+
 class HeartbeatDriver:
     """The fleet's publisher loops: each node's next pass is due one interval after its last one ended.
 
@@ -250,7 +279,7 @@ class HeartbeatDriver:
     request does not hold the others back.
     """
 
-    def __init__(self, sims: list[SimNode], interval_s: float, workers: int = 8) -> None:
+    def __init__(self, sims: Sequence[Beating], interval_s: float, workers: int = 8) -> None:
         self.sims = sims
         self.interval_s = interval_s
         self.cond = threading.Condition()
@@ -294,10 +323,13 @@ class HeartbeatDriver:
         sim = self.sims[i]
         try:
             sim.heartbeat()
+            # Due one interval after the node's last renewal, wherever it came from (a pass, a reboot).
+            due = max(time.monotonic() + NEXT_PASS_SLACK_S, sim.next_due(self.interval_s))
         except Exception:
-            sim.stats.failed()
+            sim.stats.failed()  # the publisher already retried for a minute; try again next interval
+            due = time.monotonic() + self.interval_s
         with self.cond:
-            heapq.heappush(self.due, (time.monotonic() + self.interval_s, i))
+            heapq.heappush(self.due, (due, i))
             self.cond.notify_all()
 
 
@@ -718,3 +750,18 @@ def latency_summary(samples_ms: list[float], timeouts: int, timeout_ms: float) -
         "samples": len(values),
         "timeouts": timeouts,
     }
+
+
+def steady_writes_per_hour(write_times: list[float], startup_s: float = 5.0) -> tuple[float | None, int]:
+    """Writes per hour once started, and how many start-up writes were left out.
+
+    An agent's start is a burst (the report created, its Lease patched: 404, then created); what it
+    costs while nothing changes is the rate after that: (writes - 1) / (last - first) of the rest.
+    """
+    times = sorted(write_times)
+    if not times:
+        return None, 0
+    startup = [t for t in times if t < times[0] + startup_s]
+    steady = times[len(startup) :]
+    span = steady[-1] - steady[0] if steady else 0.0
+    return ((len(steady) - 1) / span * 3600 if span > 0 else None), len(startup)
