@@ -178,7 +178,8 @@ def heartbeat_line(res: dict[str, Any]) -> str:
     return (
         f"Heartbeat traffic: {h['agents']:,} simulated agents renewed their node Lease every {h['interval_s']:g} s "
         f"(agentSilence {h['agent_silence']}): {h['achieved_per_s']} renewals/s achieved of {h['asked_per_s']} "
-        f"asked, {h['failures']} failed, longest gap on one node {h['max_gap_s']} s."
+        f"asked (restarted agents renew at once, on top), {h['failures']} failed, longest gap on one node "
+        f"{h['max_gap_s']} s."
     )
 
 
@@ -302,7 +303,7 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     ax.axvline(200, color="tab:green", ls="--", lw=1, label="target p50 200 ms")
     ax.axvline(1000, color="tab:red", ls="--", lw=1, label="target p99 1 s")
     ax.set_xscale("log")
-    ax.set_xlabel("detection to taint seen by a Node watch (ms, log)")
+    ax.set_xlabel("fault to taint (Node watch) or DeviceTaintRule (rule watch) (ms, log)")
     ax.set_ylabel("fraction of faults")
     ax.set_title("Latency CDF: one fault at a time")
     ax.legend(fontsize=8, loc="lower right")
@@ -328,7 +329,7 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     s = res["storm"]
     ax.set_title(f"Storm, breaker 100%: {s['nodes']} nodes at once -> {s['nodes_per_s']} nodes/s")
     ax.set_xlabel("seconds since the reports were published")
-    ax.set_ylabel("nodes quarantined (taint seen)")
+    ax.set_ylabel("nodes quarantined (taint seen) / GPUs with a rule")
     ax.grid(alpha=0.3)
 
     ax = axes[1][0]
