@@ -40,8 +40,9 @@ DEMO_POLICY = {
         "thermal": {"sustainedFor": "8s", "temperatureThresholdC": 90, "action": "drain"},
         "agentSilence": {"after": "30s"},
     },
-    # A node out of service counts all its GPUs: 25% of 64 GPUs leaves room for one more GPU after it.
-    "safety": {"maxUnhealthy": "25%", "maxUnhealthyGPUs": "25%", "probation": "1m"},
+    # The GPU budget is left unset: the node budget in GPUs (2 of 8 nodes, 16 GPUs), so the node
+    # quarantine (8 GPUs) leaves room for the GPU quarantines.
+    "safety": {"maxUnhealthy": "25%", "probation": "1m"},
 }
 
 

@@ -28,6 +28,10 @@
  *                                    set registered for XIDs on that GPU. <seq> identifies it, so
  *                                    the same code can be injected again with a new seq.
  *
+ * With $FAKE_NVML_EMIT_LOG set, each XID delivery appends a line "xid <seq> gpu <i> code <n> at
+ * <unix-ns>" to that file (the wall-clock instant the library hands the event to the caller), so
+ * a benchmark can measure from the GPU event itself rather than from when a test wrote the file.
+ *
  * As with the real driver, an XID only reaches event sets that were registered before it
  * happened: XID lines already in the file when a set registers for a GPU count as past (so a
  * restarted agent does not see old XIDs again). Inject XIDs after the agent is up; the agent
@@ -726,6 +730,19 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long ev
     LEAVE(NVML_SUCCESS);
 }
 
+/* Append the delivery of an XID, with the wall-clock instant, to $FAKE_NVML_EMIT_LOG (if set). */
+static void log_emit(const struct fake_xid *x) {
+    const char *path = getenv("FAKE_NVML_EMIT_LOG");
+    if (!path || !*path) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "xid %llu gpu %d code %llu at %lld\n", x->seq, x->gpu, x->code,
+            (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    fclose(f);
+}
+
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
@@ -744,6 +761,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventDat
             data->eventData = x->code;
             data->gpuInstanceId = 0xffffffffu;
             data->computeInstanceId = 0xffffffffu;
+            log_emit(x);
             LEAVE(NVML_SUCCESS);
         }
         pthread_mutex_unlock(&mu);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,9 +33,14 @@ def test_injected_xid79_taints_and_cordons_end_to_end(
     report = kube.report(nodes[0])["spec"]
     assert len(report["devices"]) == 8 and report["nvml"]["available"] is True
     assert report["agent"]["sources"] == ["nvml"]
+    before = time.time()
     fleet[nodes[0]].inject_xid(gpu=5, code=79)
     taint = wait_for(lambda: kube.our_taint(nodes[0]), timeout=20, what="taint from the agent's XID")
     assert taint["value"] == "XID79"
+    # The fake library logged the instant it handed the XID to the agent: the start of the
+    # end-to-end latency make bench measures.
+    (emitted,) = fleet[nodes[0]].emitted().values()
+    assert before <= emitted <= time.time()
     n = kube.node(nodes[0])
     assert n["spec"]["unschedulable"] is True
     xids = kube.report(nodes[0])["spec"]["xidEvents"]

@@ -22,6 +22,8 @@ class Agent:
     lines: list[str] = field(default_factory=list)
     xid_seq: int = 0
     metrics_port: int = 0  # 0: no metrics server
+    # Where the fake library logs each XID it hands to the agent (FAKE_NVML_EMIT_LOG).
+    emit_log: Path | None = None
 
     def write(self) -> None:
         tmp = self.scenario.with_suffix(".tmp")
@@ -35,6 +37,17 @@ class Agent:
     def inject_xid(self, gpu: int, code: int) -> None:
         self.xid_seq += 1
         self.set(f"xid {self.xid_seq} gpu {gpu} code {code}")
+
+    def emitted(self) -> dict[int, float]:
+        """XID seq -> the wall-clock instant (Unix seconds) the fake library delivered it to the agent."""
+        if self.emit_log is None or not self.emit_log.exists():
+            return {}
+        out = {}
+        for line in self.emit_log.read_text().splitlines():
+            words = line.split()  # xid <seq> gpu <i> code <n> at <unix-ns>
+            if len(words) == 8 and words[0] == "xid":
+                out[int(words[1])] = int(words[7]) / 1e9
+        return out
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -66,6 +79,7 @@ class AgentFleet:
         self.library = self.library or build_fake_nvml(self.workdir / "lib")
         for node in nodes:
             agent = Agent(node, self.workdir / f"{node}.scenario", self.workdir / f"{node}.agent.log")
+            agent.emit_log = self.workdir / f"{node}.emitted"
             if self.metrics:
                 agent.metrics_port = free_port()
             agent.write()
@@ -79,6 +93,7 @@ class AgentFleet:
             **{k: v for k, v in os.environ.items() if k not in ("GPUHEALTH_LEASE_NAMESPACE", "POD_NAMESPACE")},
             "NODE_NAME": agent.node,
             "FAKE_NVML_SCENARIO": str(agent.scenario),
+            **({"FAKE_NVML_EMIT_LOG": str(agent.emit_log)} if agent.emit_log else {}),
             "GPUHEALTH_NVML_LIBRARY": str(self.library),
         }
         with open(agent.log, "ab") as out:

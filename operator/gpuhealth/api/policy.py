@@ -126,11 +126,23 @@ class Policy:
     gpu_hourly_cost: float | None = None
     currency: str = "USD"
     devices: DeviceSettings = field(default_factory=DeviceSettings)
-    max_unhealthy_gpus: int | str = "10%"
+    max_unhealthy_gpus: int | str | None = None  # unset: the node budget's worth of GPUs
 
-    def gpu_breaker_limit(self, total_gpus: int) -> int:
-        """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs)."""
-        return breaker_limit(self.max_unhealthy_gpus, total_gpus, "spec.safety.maxUnhealthyGPUs")
+    def gpu_breaker_limit(self, total_gpus: int, total_nodes: int) -> int:
+        """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs).
+
+        Unset, it is what ``maxUnhealthy`` allows in nodes, counted in GPUs (the limit in nodes times
+        the policy's GPUs per node, rounded up): per-device quarantine may take out as much capacity
+        as node quarantine could, never more. A fixed percent of GPUs would be spent by one node
+        quarantine on a small fleet (10% of eight 8-GPU nodes is 7 GPUs, one node is 8) and hold
+        every GPU quarantine back while the node budget still had room.
+        """
+        if self.max_unhealthy_gpus is not None:
+            return breaker_limit(self.max_unhealthy_gpus, total_gpus, "spec.safety.maxUnhealthyGPUs")
+        if total_nodes <= 0 or total_gpus <= 0:
+            return 0
+        per_node = -(-total_gpus // total_nodes)
+        return min(total_gpus, self.breaker_limit(total_nodes) * per_node)
 
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""
@@ -291,8 +303,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
     max_unhealthy = _get(safety, "spec.safety", "maxUnhealthy", "10%")
     breaker_limit(max_unhealthy, 100)  # validates
-    max_unhealthy_gpus = _get(safety, "spec.safety", "maxUnhealthyGPUs", "10%")
-    breaker_limit(max_unhealthy_gpus, 100, "spec.safety.maxUnhealthyGPUs")  # validates
+    max_unhealthy_gpus = _get(safety, "spec.safety", "maxUnhealthyGPUs", None)
+    if max_unhealthy_gpus is not None:
+        breaker_limit(max_unhealthy_gpus, 100, "spec.safety.maxUnhealthyGPUs")  # validates
     expected = count.get("expected")
     hourly = cost.get("gpuHourly")
     policy = Policy(

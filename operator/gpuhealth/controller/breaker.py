@@ -45,7 +45,7 @@ class Breaker:
             total = sum(self._store.gpus_of(n) for n in governed)
             reserved = self._reserved_gpus.setdefault(policy.name, {})
             out = sum(self._store.gpus_out(n) for n in governed) + sum(v for n, v in reserved.items() if n != name)
-            grant = max(0, min(wanted, policy.gpu_breaker_limit(total) - out))
+            grant = max(0, min(wanted, policy.gpu_breaker_limit(total, len(governed)) - out))
             reserved[name] = grant
             return grant
 

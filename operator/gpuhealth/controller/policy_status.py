@@ -112,7 +112,7 @@ class PolicyStatus:
             "heldBack": v.held,
             "gpus": v.gpus,
             "gpusOutOfService": v.gpus_out,
-            "gpuBreakerLimit": policy.gpu_breaker_limit(v.gpus),
+            "gpuBreakerLimit": policy.gpu_breaker_limit(v.gpus, v.nodes),
             "gpusHeldBack": v.gpus_held,
             "overlaps": overlap_msg or None,
         }
@@ -164,7 +164,7 @@ class PolicyStatus:
                 "BreakerOpen",
                 f"{out} of {v.nodes} nodes are out of service (limit {limit}): holding back {v.held} more "
                 f"quarantines; {v.gpus_out} of {v.gpus} GPUs out (maxUnhealthyGPUs limit "
-                f"{self.store.policies[pname].gpu_breaker_limit(v.gpus)}): holding back {v.gpus_held} GPUs",
+                f"{self.store.policies[pname].gpu_breaker_limit(v.gpus, v.nodes)}): holding back {v.gpus_held} GPUs",
                 API_VERSION,
             )
         else:

@@ -212,7 +212,8 @@ def _step(
                             "Warning",
                             "QuarantineHeldBack",
                             f"{detail}. The policy {policy.name!r} GPU budget is spent (maxUnhealthyGPUs "
-                            f"{policy.max_unhealthy_gpus}): not taking the GPU out yet",
+                            f"{policy.max_unhealthy_gpus or 'unset: the maxUnhealthy nodes in GPUs'}): "
+                            "not taking the GPU out yet",
                         )
                     )
                 held = replace(rec, held_by_breaker=True, reason=top.reason, rule=rule_of(top), message=detail)

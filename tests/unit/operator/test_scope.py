@@ -137,7 +137,7 @@ def test_device_defaults() -> None:
     assert p.devices.max_bad_gpus_per_node == 1
     assert p.devices.on_flapping == "AwaitingRepair"
     assert p.devices.drivers == ("gpu.nvidia.com",)
-    assert p.max_unhealthy_gpus == "10%"
+    assert p.max_unhealthy_gpus is None
 
 
 def test_device_fields_parse() -> None:
@@ -155,7 +155,7 @@ def test_device_fields_parse() -> None:
     assert p.devices.max_bad_gpus_per_node == 3
     assert p.devices.on_flapping == "Node"
     assert p.devices.drivers == ("gpu.nvidia.com", "gpu.example.org")
-    assert p.gpu_breaker_limit(1000) == 16
+    assert p.gpu_breaker_limit(1000, 125) == 16
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,25 @@ def test_device_fields_parse() -> None:
     [("10%", 64, 7), ("0%", 64, 0), ("100%", 64, 64), (5, 64, 5), ("1%", 8, 1)],
 )
 def test_gpu_budget_rounds_up_like_the_node_breaker(value: int | str, total: int, limit: int) -> None:
-    assert make_policy({"safety": {"maxUnhealthyGPUs": value}}).gpu_breaker_limit(total) == limit
+    assert make_policy({"safety": {"maxUnhealthyGPUs": value}}).gpu_breaker_limit(total, total // 8) == limit
+
+
+@pytest.mark.parametrize(
+    ("max_unhealthy", "gpus", "nodes", "limit"),
+    [
+        ("10%", 64, 8, 8),  # one node's worth: a node quarantine no longer spends a budget of 7
+        ("10%", 8000, 1000, 800),
+        ("25%", 32, 4, 8),
+        (2, 16, 2, 16),  # never more than the policy's GPUs
+        ("0%", 64, 8, 0),
+        ("10%", 0, 0, 0),
+        ("10%", 12, 3, 4),  # uneven nodes: GPUs per node rounded up
+    ],
+)
+def test_unset_gpu_budget_is_the_node_budget_in_gpus(
+    max_unhealthy: int | str, gpus: int, nodes: int, limit: int
+) -> None:
+    assert make_policy({"safety": {"maxUnhealthy": max_unhealthy}}).gpu_breaker_limit(gpus, nodes) == limit
 
 
 @pytest.mark.parametrize(
