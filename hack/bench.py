@@ -21,11 +21,9 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -36,38 +34,31 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support import dra
 from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
 from tests.support.k8s import OperatorProcess, wait_for
 
-from gpuhealth.api.durations import format_duration
+from hack.bench_devices import measure_devices, publish_dra
+from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench_report import write_outputs
+from hack.bench_setup import BenchCluster, agent_silence, machine, policy_spec, run_pods
 from hack.bench_support import (
-    DRA_GROUP,
-    DRA_VERSION,
+    FAULT_TIMEOUT_S,
     FLOOR_TAINT,
     GROUP,
-    LEASE_NAMESPACE,
     TAINT,
     VERSION,
-    HeartbeatDriver,
-    HeartbeatStats,
-    NodeWatch,
     ProcSampler,
-    ReportWatch,
-    RuleWatch,
-    SimNode,
     api_client,
     describe,
     find_log_line,
-    gpu_uuid,
-    latency_summary,
+    log,
     percentile,
+    publish_all,
     rate,
     read_audit,
     steady_writes_per_hour,
 )
+from hack.bench_watch import NodeWatch, ReportWatch, RuleWatch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,51 +71,6 @@ TOKENS = {
 }
 POLICY = "bench"
 AGENT_NODE = "agent-node-0000"
-FAULT_TIMEOUT_S = 10.0  # how long one single fault may wait for its taint (or its DeviceTaintRule)
-DEVICE_GPU = 3  # the GPU that takes the uncorrected ECC error on a DRA node
-# Local control-plane clients default to 20 (controller-manager) and 50 (scheduler) requests per second, which
-# makes creating 8,000 pods take many minutes; the bench raises them. Nothing of gpuhealth's is tuned.
-CONTROL_PLANE_ARGS = {
-    "kube-controller-manager": ["--kube-api-qps=300", "--kube-api-burst=600", "--concurrent-replicaset-syncs=10"],
-    "kube-scheduler": ["--kube-api-qps=300", "--kube-api-burst=600"],
-}
-
-
-class BenchCluster(LocalCluster):
-    """The test control plane, with faster control-plane clients for creating thousands of pods."""
-
-    def _proc(self, name: str, args: list[str]) -> Any:
-        return super()._proc(name, [*args, *CONTROL_PLANE_ARGS.get(name, [])])
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = 0.0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = int(line.split()[1]) / 1024 / 1024
-    except OSError:
-        pass
-    osname = platform.platform()
-    try:
-        for line in Path("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                osname = f"{line.split('=', 1)[1].strip(chr(34))}, Linux {platform.release()}"
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB RAM, {osname}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,131 +107,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.heartbeat <= 0:
         ap.error("--heartbeat must be positive")
     return args
-
-
-def agent_silence(heartbeat_s: float) -> str:
-    """The policy's agentSilence.after: 2 minutes, or four heartbeats where those are longer."""
-    return format_duration(max(120, math.ceil(4 * heartbeat_s)))
-
-
-def policy_spec(max_unhealthy: str, heartbeat_s: float = 30.0) -> dict[str, Any]:
-    return {
-        "nodeSelector": {
-            "matchLabels": {"nvidia.com/gpu.present": "true"},
-            "matchExpressions": [
-                {"key": "bench-floor", "operator": "DoesNotExist"},
-                {"key": "bench-agent", "operator": "DoesNotExist"},
-            ],
-        },
-        "mode": "Enforce",
-        "rules": {
-            "xid": {"overrides": [{"code": 79, "action": "cordon"}]},
-            "agentSilence": {"after": agent_silence(heartbeat_s)},
-        },
-        # Device scope (the default, stated): an uncorrected ECC error on a DRA node takes out that GPU only.
-        # The GPU budget is the whole fleet's GPUs, so no device storm is ever held back by it.
-        "devices": {"scope": "Device"},
-        "safety": {"maxUnhealthy": max_unhealthy, "maxUnhealthyGPUs": "100%", "probation": "2s"},
-    }
-
-
-def deployments(pods: int, per: int = 200) -> list[dict[str, Any]]:
-    """Deployments of 1-GPU pods, kept off the floor and agent nodes."""
-    out = []
-    count = max(1, math.ceil(pods / per))
-    for i in range(count):
-        replicas = pods // count + (1 if i < pods % count else 0)
-        labels = {"app": f"train-{i:03d}"}
-        out.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": f"train-{i:03d}", "namespace": "bench"},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "train",
-                                    "image": "train:latest",
-                                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                                }
-                            ],
-                            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-                            "affinity": {
-                                "nodeAffinity": {
-                                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                                        "nodeSelectorTerms": [
-                                            {
-                                                "matchExpressions": [
-                                                    {"key": "bench-floor", "operator": "DoesNotExist"},
-                                                    {"key": "bench-agent", "operator": "DoesNotExist"},
-                                                ]
-                                            }
-                                        ]
-                                    }
-                                }
-                            },
-                            "terminationGracePeriodSeconds": 0,
-                        },
-                    },
-                },
-            }
-        )
-    return out
-
-
-def count_running(core: client.CoreV1Api, namespace: str) -> int:
-    """Pods in phase Running (KWOK sometimes leaves a running pod's Ready condition False)."""
-    running, cont = 0, None
-    while True:
-        kw: dict[str, Any] = {"field_selector": "status.phase=Running", "limit": 2000, "_preload_content": False}
-        if cont:
-            kw["_continue"] = cont
-        data = json.loads(core.list_namespaced_pod(namespace, **kw).data)
-        running += len(data.get("items") or [])
-        cont = (data.get("metadata") or {}).get("continue")
-        if not cont:
-            return running
-
-
-def run_pods(cluster: LocalCluster, apps: client.AppsV1Api, core: client.CoreV1Api, pods: int) -> int:
-    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}])
-    wait_for(lambda: core.read_namespaced_service_account("default", "bench"), what="namespace bench ready")
-    cluster.apply_objects(deployments(pods))
-    deadline = time.monotonic() + max(300.0, pods * 0.15)
-    running, last_print, last_count = 0, 0.0, time.monotonic()
-    while time.monotonic() < deadline:
-        # Deployment status is cheap to poll; the (expensive) pod count once it is nearly done, or every
-        # 30 s (KWOK may leave running pods not Ready, so readiness alone can stall).
-        data = json.loads(apps.list_namespaced_deployment("bench", _preload_content=False).data)
-        ready = sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in data["items"])
-        if ready >= 0.98 * pods or time.monotonic() - last_count > 30:
-            running, last_count = count_running(core, "bench"), time.monotonic()
-        if time.monotonic() - last_print > 10 or running >= pods:
-            log(f"  pods ready: {ready}/{pods}, running: {running or '-'}")
-            last_print = time.monotonic()
-        if running >= pods:
-            break
-        time.sleep(3)
-    return running or count_running(core, "bench")
-
-
-def publish_all(pool: ThreadPoolExecutor, fn: Any, sims: list[SimNode]) -> int:
-    """Run ``fn(sim)`` for every node on the pool; the number that failed."""
-    futures = [pool.submit(fn, s) for s in sims]
-    failed = 0
-    for f in futures:
-        try:
-            f.result()
-        except Exception as e:
-            failed += 1
-            if failed <= 3:
-                log(f"  publish failed: {e}")
-    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,10 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         dra_nodes = governed[len(governed) - args.device_faults - args.device_storm :]
         if dra_nodes:
             phase(f"DRA: a DeviceClass and {len(dra_nodes)} ResourceSlices")
-            custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses", dra.device_class())
-            for n in dra_nodes:
-                body = dra.resource_slice(n, 8, uuid=functools.partial(gpu_uuid, sims[n].index))
-                custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", body)
+            publish_dra(custom, [sims[n] for n in dra_nodes])
         rule_watch = RuleWatch(api_client(cluster.kubeconfig, pool=2)).start()
         watches.append(rule_watch)
 
@@ -695,82 +513,6 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
         cluster.stop()
     return rc
-
-
-def measure_devices(
-    args: argparse.Namespace,
-    sims: dict[str, SimNode],
-    dra_nodes: list[str],
-    rule_watch: RuleWatch,
-    node_watch: NodeWatch,
-    pool: ThreadPoolExecutor,
-    series: dict[str, Any],
-    phase: Any,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Device faults one at a time, then a device storm, then every GPU reset; the three result blocks."""
-    gpu = f"gpu-{DEVICE_GPU}"
-    single, storm_nodes = dra_nodes[: args.device_faults], dra_nodes[args.device_faults :]
-    phase(f"device faults: uncorrected ECC on GPU {DEVICE_GPU} of {len(single)} DRA nodes, one at a time")
-    lat: list[float] = []
-    timeouts = 0
-    for i, name in enumerate(single):
-        t0 = time.time()
-        sims[name].device_fault(DEVICE_GPU)
-        t1 = rule_watch.wait_rule(name, gpu, timeout=FAULT_TIMEOUT_S)
-        if t1 is None:
-            timeouts += 1
-        else:
-            lat.append((t1 - t0) * 1000)
-        time.sleep(0.2)
-        if (i + 1) % 50 == 0:
-            log(f"  {i + 1}/{len(single)}: p50 so far {percentile(lat, 50):.0f} ms")
-    latency = latency_summary(lat, timeouts, FAULT_TIMEOUT_S * 1000)
-    # A device fault must not take out its node: count node taints on the DRA nodes.
-    latency["nodes_tainted"] = sum(1 for n in single if (n, TAINT) in node_watch.seen_at)
-    series["device_ms"] = lat
-    log(f"  device fault to DeviceTaintRule p50 {latency['p50']} ms p99 {latency['p99']} ms ({timeouts} timed out)")
-
-    phase(f"device storm: GPU {DEVICE_GPU} of {len(storm_nodes)} DRA nodes at once")
-    published_at: dict[str, float] = {}
-
-    def fault(sim: SimNode) -> None:
-        sim.device_fault(DEVICE_GPU)
-        published_at[sim.name] = time.time()
-
-    t0 = time.time()
-    failed = publish_all(pool, fault, [sims[n] for n in storm_nodes])
-    published = time.time() - t0
-    done = rule_watch.wait_all([(n, gpu) for n in storm_nodes], timeout=180)
-    seen_at = {n: rule_watch.seen_at[(n, gpu)] for n in storm_nodes if (n, gpu) in rule_watch.seen_at}
-    seen = sorted(t - t0 for t in seen_at.values())
-    seconds = seen[-1] if seen and done else None
-    per_gpu = [(seen_at[n] - published_at[n]) * 1000 for n in seen_at if n in published_at]
-    storm = {
-        "gpus": len(storm_nodes),
-        "rules": len(seen),
-        "seconds": round(seconds, 2) if seconds else None,
-        "rules_per_s": round(len(storm_nodes) / seconds, 1) if seconds else None,
-        "publish_s": round(published, 2),
-        "first_rule_s": round(seen[0], 3) if seen else None,
-        "publish_failures": failed,
-        "report_to_rule_ms_p50": round(percentile(per_gpu, 50), 1),
-        "report_to_rule_ms_max": round(max(per_gpu, default=float("nan")), 1),
-        "nodes_tainted": sum(1 for n in storm_nodes if (n, TAINT) in node_watch.seen_at),
-    }
-    series["device_storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(seen)]]
-    log(f"  {len(seen)}/{len(storm_nodes)} DeviceTaintRules in {seconds}s (reports published in {published:.2f}s)")
-
-    phase("device recovery: every GPU reset (clean samples), probation 2s")
-    t0 = time.time()
-    publish_all(pool, SimNode.device_clear, [sims[n] for n in dra_nodes])
-    gone = rule_watch.wait_all([(n, gpu) for n in dra_nodes], timeout=180, present=False)
-    recovery = {
-        "gpus": len(dra_nodes),
-        "seconds_to_all_rules_deleted": round(time.time() - t0, 1) if gone else None,
-        "rules_left": rule_watch.count(),
-    }
-    log(f"  {len(dra_nodes)} GPUs back in service in {recovery['seconds_to_all_rules_deleted']}s")
-    return latency, storm, recovery
 
 
 def agent_cpu_at_first_write(sampler: ProcSampler, first_write: float) -> float:

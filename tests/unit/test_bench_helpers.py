@@ -12,19 +12,13 @@ from typing import Any
 
 import pytest
 from hack import bench_docs
-from hack.bench import agent_silence, parse_args, policy_spec
+from hack.bench import parse_args
+from hack.bench_fleet import HeartbeatDriver, HeartbeatStats, ecc_snapshot, healthy_snapshot, spread_offsets
 from hack.bench_report import evaluate, heartbeat_line, summary_md, tally
-from hack.bench_support import (
-    HeartbeatDriver,
-    HeartbeatStats,
-    ecc_snapshot,
-    healthy_snapshot,
-    latency_summary,
-    percentile,
-    rate,
-    spread_offsets,
-    steady_writes_per_hour,
-)
+from hack.bench_setup import agent_silence, policy_spec
+from hack.bench_support import latency_summary, percentile, rate, steady_writes_per_hour
+from hack.bench_watch import RuleWatch
+from kubernetes import client
 
 FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 
@@ -194,3 +188,25 @@ def test_a_slow_device_storm_is_a_miss() -> None:
     assert "| Device storm (GPUs on distinct nodes at once) | 5.00 rules/s | >= 20 rules/s | **missed** |" in (
         bench_docs.render(FILED, {**res, "targets": targets})
     )
+
+
+def _rule(name: str, pool: str, device: str) -> dict[str, Any]:
+    selector = {"driver": "gpu.nvidia.com", "pool": pool, "device": device}
+    return {"metadata": {"name": name}, "spec": {"deviceSelector": selector}}
+
+
+def test_rule_watch_records_when_each_device_first_had_a_rule() -> None:
+    watch = RuleWatch(client.ApiClient())  # never started: its bookkeeping is fed by hand
+    watch._sync([_rule("r1", "node-1", "gpu-3")])
+    first = watch.seen_at[("node-1", "gpu-3")]
+    watch._event("ADDED", _rule("r2", "node-2", "gpu-3"))
+    watch._event("MODIFIED", _rule("r1", "node-1", "gpu-3"))
+    assert watch.seen_at[("node-1", "gpu-3")] == first  # an update does not move the first sighting
+    assert watch.count() == 2
+    assert watch.wait_rule("node-2", "gpu-3", timeout=0) is not None
+    assert watch.wait_rule("node-3", "gpu-3", timeout=0) is None
+    watch._event("DELETED", _rule("r1", "node-1", "gpu-3"))
+    assert watch.wait_all([("node-1", "gpu-3")], timeout=0, present=False)
+    assert not watch.wait_all([("node-1", "gpu-3"), ("node-2", "gpu-3")], timeout=0)
+    watch._sync([])  # a relist without them: both gone
+    assert watch.count() == 0 and watch.seen_at == {}

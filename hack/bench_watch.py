@@ -1,0 +1,302 @@
+"""The independent watches of `make bench`: Nodes (which taints, since when), GPUNodeHealth (each
+node's verdict, and the no-logic floor chain) and DeviceTaintRules (which devices have one, since when).
+
+Raw JSON (no model deserialisation), list then watch, relisting on any error: they observe what the
+API server serves, independently of the operator's own watches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
+
+from hack.bench_support import (
+    DEVICE_TAINT_RULES,
+    DRA_GROUP,
+    DRA_VERSION,
+    FLOOR_TAINT,
+    GPU_SELECTOR,
+    GROUP,
+    MERGE,
+    REPORTS,
+    TAINT,
+    VERSION,
+)
+
+
+def _raw_watch(
+    list_fn: Callable[..., Any],
+    on_sync: Callable[[list[dict[str, Any]]], None],
+    on_event: Callable[[str, dict[str, Any]], None],
+    stop: threading.Event,
+    **kwargs: Any,
+) -> None:
+    """List then watch, raw JSON (no model deserialisation), relisting on any error."""
+    while not stop.is_set():
+        try:
+            data = json.loads(list_fn(_preload_content=False, **kwargs).data)
+            rv = data["metadata"]["resourceVersion"]
+            on_sync(data.get("items") or [])
+            while not stop.is_set():
+                resp = list_fn(
+                    watch=True,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=20,
+                    _preload_content=False,
+                    _request_timeout=(5, 60),
+                    **kwargs,
+                )
+                try:
+                    for line in iter_resp_lines(resp):
+                        ev = json.loads(line)
+                        if ev["type"] == "ERROR":
+                            raise RuntimeError(f"watch error: {ev.get('object')}")
+                        obj = ev["object"]
+                        rv = obj["metadata"]["resourceVersion"]
+                        if ev["type"] != "BOOKMARK":
+                            on_event(ev["type"], obj)
+                        if stop.is_set():
+                            return
+                finally:
+                    resp.release_conn()
+        except Exception:
+            if stop.is_set():
+                return
+            time.sleep(0.5)
+
+
+class NodeWatch:
+    """An independent watch on the GPU Nodes: which taint keys each node carries, and since when."""
+
+    def __init__(self, api: client.ApiClient, keys: Iterable[str] = (TAINT, FLOOR_TAINT)) -> None:
+        self.core = client.CoreV1Api(api)
+        self.keys = frozenset(keys)
+        self.cond = threading.Condition()
+        self.taints: dict[str, frozenset[str]] = {}
+        self.seen_at: dict[tuple[str, str], float] = {}
+        self.count: dict[str, int] = dict.fromkeys(self.keys, 0)
+        self.curve: dict[str, list[tuple[float, int]]] = {k: [] for k in self.keys}
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-node-watch", daemon=True)
+
+    def start(self) -> NodeWatch:
+        self.thread.start()
+        if not self.synced.wait(60):
+            raise RuntimeError("node watch did not sync in 60s")
+        return self
+
+    def _run(self) -> None:
+        _raw_watch(self.core.list_node, self._sync, self._event, self.stop, label_selector=GPU_SELECTOR)
+
+    def _keys_of(self, obj: dict[str, Any]) -> frozenset[str]:
+        return frozenset(t.get("key") for t in (obj.get("spec") or {}).get("taints") or []) & self.keys
+
+    def _set(self, name: str, keys: frozenset[str], now: float) -> None:
+        old = self.taints.get(name, frozenset())
+        if old == keys:
+            return
+        self.taints[name] = keys
+        for k in keys - old:
+            self.seen_at[(name, k)] = now
+            self.count[k] += 1
+            self.curve[k].append((now, self.count[k]))
+        for k in old - keys:
+            self.seen_at.pop((name, k), None)
+            self.count[k] -= 1
+            self.curve[k].append((now, self.count[k]))
+
+    def _sync(self, items: list[dict[str, Any]]) -> None:
+        now = time.time()
+        with self.cond:
+            names = set()
+            for obj in items:
+                name = obj["metadata"]["name"]
+                names.add(name)
+                self._set(name, self._keys_of(obj), now)
+            for name in set(self.taints) - names:
+                self._set(name, frozenset(), now)
+            self.cond.notify_all()
+        self.synced.set()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        with self.cond:
+            name = obj["metadata"]["name"]
+            self._set(name, frozenset() if kind == "DELETED" else self._keys_of(obj), now)
+            self.cond.notify_all()
+
+    def wait_taint(self, node: str, key: str, timeout: float) -> float | None:
+        """When the watch first saw ``key`` on ``node`` (epoch seconds), or None after ``timeout``."""
+        with self.cond:
+            self.cond.wait_for(lambda: (node, key) in self.seen_at, timeout)
+            return self.seen_at.get((node, key))
+
+    def wait_all(self, nodes: Iterable[str], key: str, timeout: float, present: bool = True) -> bool:
+        names = list(nodes)
+        with self.cond:
+            return self.cond.wait_for(lambda: all(((n, key) in self.seen_at) == present for n in names), timeout)
+
+    def tainted(self, key: str = TAINT) -> int:
+        with self.cond:
+            return self.count[key]
+
+
+class RuleWatch:
+    """An independent watch on ``resource.k8s.io/v1`` DeviceTaintRules: since when each device has one.
+
+    A device is ``(pool, device)`` from the rule's ``spec.deviceSelector`` (pool = node name in the
+    NVIDIA model), whoever wrote the rule; the bench compares nothing but presence and time.
+    """
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.cond = threading.Condition()
+        self.rules: dict[str, tuple[str, str]] = {}
+        self.seen_at: dict[tuple[str, str], float] = {}
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-rule-watch", daemon=True)
+
+    def start(self) -> RuleWatch:
+        self.thread.start()
+        if not self.synced.wait(60):
+            raise RuntimeError("DeviceTaintRule watch did not sync in 60s")
+        return self
+
+    def _run(self) -> None:
+        _raw_watch(
+            lambda **kw: self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, **kw),
+            self._sync,
+            self._event,
+            self.stop,
+        )
+
+    @staticmethod
+    def _device(obj: dict[str, Any]) -> tuple[str, str]:
+        sel = (obj.get("spec") or {}).get("deviceSelector") or {}
+        return str(sel.get("pool") or ""), str(sel.get("device") or "")
+
+    def _put(self, name: str, dev: tuple[str, str] | None, now: float) -> None:
+        """Record rule ``name`` selecting ``dev`` (None: gone). An update of a rule (the API server and
+        the eviction controller write its status) keeps the device's first sighting."""
+        old = self.rules.pop(name, None)
+        if dev is not None:
+            self.rules[name] = dev
+            self.seen_at.setdefault(dev, now)
+        if old is not None and old != dev and old not in self.rules.values():
+            self.seen_at.pop(old, None)
+
+    def _sync(self, items: list[dict[str, Any]]) -> None:
+        now = time.time()
+        with self.cond:
+            names = {o["metadata"]["name"] for o in items}
+            for name in set(self.rules) - names:
+                self._put(name, None, now)
+            for obj in items:
+                self._put(obj["metadata"]["name"], self._device(obj), now)
+            self.cond.notify_all()
+        self.synced.set()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        with self.cond:
+            self._put(obj["metadata"]["name"], None if kind == "DELETED" else self._device(obj), now)
+            self.cond.notify_all()
+
+    def wait_rule(self, pool: str, device: str, timeout: float) -> float | None:
+        """When the watch first saw a rule for the device (epoch seconds), or None after ``timeout``."""
+        with self.cond:
+            self.cond.wait_for(lambda: (pool, device) in self.seen_at, timeout)
+            return self.seen_at.get((pool, device))
+
+    def wait_all(self, devices: Iterable[tuple[str, str]], timeout: float, present: bool = True) -> bool:
+        wanted = list(devices)
+        with self.cond:
+            return self.cond.wait_for(lambda: all((d in self.seen_at) == present for d in wanted), timeout)
+
+    def count(self) -> int:
+        with self.cond:
+            return len(self.rules)
+
+
+class ReportWatch:
+    """A watch on the GPUNodeHealth objects: each node's verdict (status.state), plus the floor chain.
+
+    The floor chain is the least any controller could do: on a report carrying an XID for an armed floor
+    node, patch that Node with a taint, in one merge patch, from the watch thread itself.
+    """
+
+    def __init__(self, api: client.ApiClient, floor_api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.floor_core = client.CoreV1Api(floor_api)
+        self.armed: set[str] = set()
+        self.floor_errors = 0
+        self.cond = threading.Condition()
+        self.states: dict[str, str] = {}
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-report-watch", daemon=True)
+
+    def start(self) -> ReportWatch:
+        self.thread.start()
+        if not self.synced.wait(60):
+            raise RuntimeError("report watch did not sync in 60s")
+        return self
+
+    def _run(self) -> None:
+        _raw_watch(
+            lambda **kw: self.custom.list_cluster_custom_object(GROUP, VERSION, REPORTS, **kw),
+            self._sync,
+            self._event,
+            self.stop,
+        )
+
+    def _floor(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if name in self.armed and (obj.get("spec") or {}).get("xidEvents"):
+            self.armed.discard(name)
+            try:
+                self.floor_core.patch_node(
+                    name,
+                    {"spec": {"taints": [{"key": FLOOR_TAINT, "value": "XID79", "effect": "NoSchedule"}]}},
+                    _content_type=MERGE,
+                    _preload_content=False,
+                )
+            except Exception:
+                self.floor_errors += 1
+
+    def _sync(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.states = {o["metadata"]["name"]: str((o.get("status") or {}).get("state") or "") for o in items}
+            self.cond.notify_all()
+        self.synced.set()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.armed:
+            self._floor(obj)
+        with self.cond:
+            name = obj["metadata"]["name"]
+            if kind == "DELETED":
+                self.states.pop(name, None)
+            else:
+                self.states[name] = str((obj.get("status") or {}).get("state") or "")
+            self.cond.notify_all()
+
+    def wait_states(self, nodes: Iterable[str], state: str, timeout: float) -> float | None:
+        """Epoch seconds at which every node in ``nodes`` was seen in ``state``; None on timeout."""
+        names = list(nodes)
+        with self.cond:
+            ok = self.cond.wait_for(lambda: all(self.states.get(n) == state for n in names), timeout)
+            return time.time() if ok else None
+
+    def count(self, nodes: Iterable[str], state: str) -> int:
+        with self.cond:
+            return sum(1 for n in nodes if self.states.get(n) == state)
