@@ -149,6 +149,9 @@ class DeviceReconciler:
         self.rules: dict[str, dict[str, Any]] = {}  # gpuhealth's DeviceTaintRules by name
         self._listed_at = float("-inf")
         self.wanted: dict[str, set[str]] = {}  # node -> the rule names its last convergence wanted
+        # Rules whose delete is on its way: a node's convergence and the sweep may both find the
+        # same rule unwanted, and the second would otherwise send a delete that can only get a 404.
+        self._deleting: set[str] = set()
 
     # -- deciding ----------------------------------------------------------------------------------
 
@@ -252,8 +255,8 @@ class DeviceReconciler:
         plan = plan_rules(desired, existing)
         mode = str(policy.mode)
         for rname, uid in plan.delete:
-            await self._delete(rname, uid)
-            metrics.DEVICE_ACTIONS.labels("untaint", _reason(existing, rname), mode).inc()
+            if await self._delete(rname, uid):
+                metrics.DEVICE_ACTIONS.labels("untaint", _reason(existing, rname), mode).inc()
         for body in plan.create:
             try:
                 created = await self.call(self.kube.create_device_taint_rule, body)
@@ -266,13 +269,20 @@ class DeviceReconciler:
             self.rules[created["metadata"]["name"]] = created
             metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
 
-    async def _delete(self, rname: str, uid: str) -> None:
+    async def _delete(self, rname: str, uid: str) -> bool:
+        """Delete one of gpuhealth's rules once; False if it is already gone or being deleted."""
+        if rname in self._deleting or rname not in self.rules:
+            return False
+        self._deleting.add(rname)
         try:
             await self.call(self.kube.delete_device_taint_rule, rname, uid or None)
         except Exception as e:
             if status_of(e) not in (404, 409):  # gone; or replaced since read (the next sweep re-reads)
                 raise
+        finally:
+            self._deleting.discard(rname)
         self.rules.pop(rname, None)
+        return True
 
     async def sweep(self) -> None:
         """Delete gpuhealth's rules that nothing wants: node gone or not governed, GPU not held out.
@@ -290,8 +300,9 @@ class DeviceReconciler:
                 continue
             if policy is not None and (rname in self.wanted.get(node, set()) or rname in _recorded(self.store, node)):
                 continue
-            log.info("deleting orphaned DeviceTaintRule %s (node %s)", rname, node)
-            await self._delete(rname, str(rule["metadata"].get("uid") or ""))
+            if not await self._delete(rname, str(rule["metadata"].get("uid") or "")):
+                continue  # deleted meanwhile by the node's own convergence
+            log.info("deleted orphaned DeviceTaintRule %s (node %s)", rname, node)
             self.events(
                 "Node",
                 node,

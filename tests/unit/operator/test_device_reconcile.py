@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from typing import Any
 
 import pytest
@@ -292,3 +293,38 @@ def test_an_idle_sweep_costs_no_request_and_relists_only_now_and_then(monkeypatc
         assert lists == at_start + 1
 
     asyncio.run(body())
+
+
+def test_a_rule_both_the_node_and_the_sweep_find_unwanted_is_deleted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = setup()
+    clock = Clock()
+    stale = "gpuhealth-n1-gpu-5"
+    kube.rules[stale] = {
+        "metadata": {
+            "name": stale,
+            "uid": "u5",
+            "labels": {"app.kubernetes.io/managed-by": "gpuhealth", "gpuhealth.dev/node": "n1"},
+        },
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-5"}},
+    }
+    real = kube.delete_device_taint_rule
+
+    def slow_delete(name: str, uid: str | None = None) -> None:
+        time.sleep(0.3)  # the delete is still on its way when the node's convergence finds the rule
+        real(name, uid)
+
+    monkeypatch.setattr(kube, "delete_device_taint_rule", slow_delete)
+
+    async def body() -> None:
+        rt = Runtime(kube, clock=clock, workers=4)  # API calls in parallel, as in the operator
+        rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))])
+        await rt._load()
+        await asyncio.gather(rt.devices.sweep(), rt.reconciler.reconcile("n1"))
+        await rt.devices.sweep()
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert [w for w in kube.writes if w == ("delete", f"devicetaintrule/{stale}")] == [
+        ("delete", f"devicetaintrule/{stale}")
+    ]
+    assert set(kube.rules) == {RULE}
