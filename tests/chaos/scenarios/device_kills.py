@@ -205,7 +205,12 @@ def device_kills(ctx: Ctx) -> None:
 
             def recorded(bad: dict[str, int] = bad) -> bool:
                 st = ctx.statuses(nodes)
-                return any(_device(st.get(n, {}), bad[n]).get("taintRule") for n in nodes)
+                names = {_device(st.get(n, {}), bad[n]).get("taintRule") for n in nodes} - {None, ""}
+                if names:  # killed next: was the rule already there (after step 2) or not yet (between)?
+                    there = {x["metadata"]["name"] for x in _rules(ctx, pools)}
+                    key = "record_kills_rule_there" if names <= there else "record_kills_rule_missing"
+                    ctx.stats[key] = ctx.stats.get(key, 0) + 1
+                return bool(names)
 
             _watch_once(ctx, monkey, recorded, moment)
         elif moment == "first checkpoint request":
