@@ -23,7 +23,6 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth.actions.devicetaints import is_ours
 from gpuhealth.workload import COMPLETED
 from tests.chaos import devicerules as dr
 from tests.chaos import invariants as inv
@@ -107,7 +106,10 @@ class ForeignRuleWriter:
                     continue
             except client.ApiException as e:
                 self.log.abort(name)
-                if e.status not in (409, 429, 500, 503):
+                if e.status == 404 and op != "create":  # its own rule, gone: someone else deleted it
+                    self.ctx.violate(f"[foreign rule writer {self.ctx.clock()}] its DeviceTaintRule {name} is gone")
+                    self.live.pop(name, None)  # the log still wants it: the final check reports it too
+                elif e.status not in (409, 429, 500, 503):
                     raise
                 continue
             except Exception:
@@ -248,7 +250,7 @@ def device_kills(ctx: Ctx) -> None:
             ctx.put_report(node, healthy_spec())  # the GPU was reset: clean facts
         ctx.wait_states(nodes, lambda s: s.get("state") == "Healthy", 120, f"round {r}: GPUs back in service")
         wait_for(
-            lambda: not [x for x in _rules(ctx, pools) if is_ours(x)], timeout=60, what=f"round {r}: rules deleted"
+            lambda: not [x for x in _rules(ctx, pools) if dr.is_ours(x)], timeout=60, what=f"round {r}: rules deleted"
         )
         for pod in [p.metadata.name for p in ctx.pods(ns)]:
             with contextlib.suppress(client.ApiException):

@@ -124,3 +124,9 @@ def test_a_status_write_by_the_controller_manager_is_no_modification() -> None:
     live = [rule("sre-1", "n1", "gpu-3", ours=False, gen=1)]  # resourceVersion moved on, generation did not
     live[0]["status"] = {"conditions": [{"type": "EvictionInProgress", "status": "False"}]}
     assert foreign_rule_problems(log.latest(), live) == []
+
+
+def test_names_of_other_drivers_are_not_judged_by_the_plain_scheme() -> None:
+    other = rule("gpuhealth-n1-gpu-3-1a2b3c4d5e", "n1", "gpu-3")
+    other["spec"]["deviceSelector"]["driver"] = "example.com/gpu"
+    assert sample_problems([other]) == []
