@@ -8,8 +8,8 @@ judge what it saw:
   (`gpuhealth-<pool>-<device>`), so a create repeated after a crash can only answer 409;
 - a foreign rule (without gpuhealth's label) is never modified or deleted by gpuhealth: the live rule
   keeps the generation and spec of the writer's last logged write (not its resourceVersion, which
-  kube-controller-manager bumps when it writes the rule's status), and the audit log holds no write
-  of the operator on it;
+  kube-controller-manager bumps when it writes the rule's status), and the audit log holds no update,
+  patch or delete of the operator on it;
 - pods that hold only healthy GPUs are never evicted by a device drain;
 - at the end every bad GPU has exactly one gpuhealth rule and every healthy one none.
 """
@@ -158,7 +158,7 @@ def foreign_rule_problems(
         ref = e.get("objectRef") or {}
         if ref.get("resource") != "devicetaintrules" or ref.get("name") not in log:
             continue
-        if e.get("verb") in ("create", "update", "patch", "delete"):
+        if e.get("verb") in ("update", "patch", "delete"):  # a create of a taken name only answers 409
             code = (e.get("responseStatus") or {}).get("code")
             out.append(f"the operator sent {e.get('verb')} on foreign DeviceTaintRule {ref.get('name')} (code {code})")
     return out

@@ -177,6 +177,7 @@ def device_kills(ctx: Ctx) -> None:
     ctx.acknowledger([ns])
     current_bad: list[dr.Device] = []
     writer = ForeignRuleWriter(ctx, nodes, lambda: list(current_bad))
+    squat = _squat(ctx, writer)
     sampled: dict[str, str] = {}
     ctx.background(lambda stop: _sample(ctx, pools, sampled, stop), "device-rule-sampler")
     monkey = KillMonkey(ctx, op, gap=(2.0, 7.0), down=(0.0, 2.0))
@@ -259,12 +260,14 @@ def device_kills(ctx: Ctx) -> None:
     monkey.finish()
     writer.finish()
     _final_checks(ctx, nodes, ns, current_bad, held, bad_of_pod, writer)
+    _squat_check(ctx, *squat)
     for n in nodes:
         ctx.expect[n] = "any"  # Degraded with one GPU held out: judged above, per GPU
     ctx.stats["operator_kills"] = monkey.kills
     ctx.stats["targeted_kills"] = monkey.targeted
     ctx.stats["kills_by_moment"] = monkey.by_mode
     ctx.stats["foreign_rule_writes"] = writer.writes
+    ctx.expect[squat[0]] = "any"  # judged by _squat_check
     ctx.note(
         f"{ctx.cycles} device quarantine/drain rounds on {width} DRA node(s) ({PODS_PER_NODE} one-GPU claim pods "
         f"each), {monkey.kills} SIGKILLs (by moment: {monkey.by_mode}), {writer.writes} foreign DeviceTaintRule writes"
@@ -310,6 +313,61 @@ def _final_checks(
         and int((e.get("responseStatus") or {}).get("code") or 0) < 300
     )
     ctx.stats["foreign_rules_at_end"] = sum(1 for w in writer.log.latest().values() if w.spec is not None)
+
+
+SQUAT_GPU = 5
+
+
+def _squat(ctx: Ctx, writer: ForeignRuleWriter) -> tuple[str, str]:
+    """One more DRA node whose GPU 5 already has a foreign rule under the very name gpuhealth would give
+    its own (``gpuhealth-<pool>-gpu-5``, without gpuhealth's label, effect ``None``), then an
+    uncorrected ECC error on that GPU. gpuhealth must still hold the GPU out somehow (a rule of its
+    own, or the node) and must not touch the foreign rule."""
+    (node,) = ctx.make_nodes(1)
+    slices = ctx.retry(dra.publish_slices, ctx.kube, [node], uuid=dra.report_uuid)
+    ctx.extra_cleanup.append(lambda: _delete_slices(ctx, slices))
+    ctx.extra_cleanup.append(lambda: _delete_rules(ctx, {node}))
+    name = f"gpuhealth-{node}-gpu-{SQUAT_GPU}"
+    spec = {
+        "deviceSelector": {"driver": dra.DRIVER, "pool": node, "device": f"gpu-{SQUAT_GPU}"},
+        "taint": {"key": "example.com/suspect", "value": "squat", "effect": "None"},
+    }
+    body = {"apiVersion": f"{dra.G}/{dra.V}", "kind": "DeviceTaintRule", "metadata": {"name": name}, "spec": spec}
+    writer.log.begin(name)
+    got = ctx.retry(ctx.kube.custom.create_cluster_custom_object, dra.G, dra.V, RULES, body)
+    writer.log.record(name, dr.generation(got), spec)
+    ctx.fault(kind="foreign_write")
+    ctx.put_report(node, ecc(SQUAT_GPU))
+    ctx.fault(kind="gpu")
+    return node, name
+
+
+def _squat_check(ctx: Ctx, node: str, name: str) -> None:
+    dev = (dra.DRIVER, node, f"gpu-{SQUAT_GPU}")
+
+    def held_out() -> bool:
+        ours = [r for r in _rules(ctx, {node}) if dr.is_ours(r) and dr.selector(r) == dev]
+        tainted = any(t.key == inv.TAINT for t in ctx.retry(ctx.kube.core.read_node, node).spec.taints or [])
+        return bool(ours) or tainted
+
+    with contextlib.suppress(AssertionError):
+        wait_for(held_out, timeout=15, what="the squatted GPU held out")
+    if held_out():
+        return
+    record = _device(ctx.statuses([node]).get(node, {}), SQUAT_GPU)
+    audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
+    refused = sum(
+        1
+        for e in audit
+        if (e.get("objectRef") or {}).get("name") == name
+        and e.get("verb") == "create"
+        and (e.get("responseStatus") or {}).get("code") == 409
+    )
+    ctx.violate(
+        f"{node} GPU {SQUAT_GPU}: its DeviceTaintRule name {name} is taken by a foreign rule, and gpuhealth holds "
+        f"the GPU out neither by a rule of its own nor by the node's taint (its record: {record.get('state')}, "
+        f"taintRule {record.get('taintRule')!r}; {refused} creates of that name answered 409)"
+    )
 
 
 def _delete_rules(ctx: Ctx, pools: set[str]) -> None:

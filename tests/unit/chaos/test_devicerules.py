@@ -80,7 +80,12 @@ def test_an_operator_write_on_a_foreign_rule_fires_even_if_it_failed() -> None:
         "objectRef": {"resource": "devicetaintrules", "name": "sre-1"},
         "responseStatus": {"code": 409},
     }
-    [problem] = foreign_rule_problems(log.latest(), live, [delete])
+    create = {
+        "verb": "create",
+        "objectRef": {"resource": "devicetaintrules", "name": "sre-1"},
+        "responseStatus": {"code": 409},
+    }
+    [problem] = foreign_rule_problems(log.latest(), live, [delete, create])
     assert "the operator sent delete on foreign DeviceTaintRule sre-1" in problem
 
 
