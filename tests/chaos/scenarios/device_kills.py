@@ -146,6 +146,8 @@ def _sample(ctx: Ctx, pools: set[str], seen: dict[str, str], stop: threading.Eve
         try:
             problems = dr.sample_problems(_rules(ctx, pools))
             for n in ctx.kube.core.list_node(label_selector=sel).items:
+                if n.metadata.name not in pools:  # the squat node may rightly be quarantined whole
+                    continue
                 node = ctx.kube.api.sanitize_for_serialization(n)
                 problems += dr.node_mark_problems(n.metadata.name, node, inv.TAINT)
         except Exception:

@@ -51,16 +51,7 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 # [((substrings of its violations), the bug)]. They are reported apart and do not fail a run; a known
 # bug that no longer reproduces does (so its mark goes once it is fixed), unless it is listed in
 # TIMING_DEPENDENT (it needs a fault to land in a narrow window). In make test each gets an xfail test.
-KNOWN_VIOLATIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
-    "device_kills": [
-        (
-            ("is taken by a foreign rule",),
-            "a foreign DeviceTaintRule under gpuhealth's deterministic name for a GPU (without its label) "
-            "makes every create answer 409: the bad GPU is recorded as held out but nothing of gpuhealth's "
-            "holds it out, and each reconcile repeats the create and a LIST",
-        )
-    ]
-}
+KNOWN_VIOLATIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {}
 TIMING_DEPENDENT: set[str] = set()
 
 
