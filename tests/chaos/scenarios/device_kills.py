@@ -354,9 +354,11 @@ def _squat_check(ctx: Ctx, node: str, name: str) -> None:
 
     with contextlib.suppress(AssertionError):
         wait_for(held_out, timeout=15, what="the squatted GPU held out")
+    status = ctx.statuses([node]).get(node, {})
+    record = _device(status, SQUAT_GPU)
+    ctx.stats["squatted_gpu"] = {"node_state": status.get("state"), "gpu_state": record.get("state")}
     if held_out():
         return
-    record = _device(ctx.statuses([node]).get(node, {}), SQUAT_GPU)
     audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
     refused = sum(
         1
