@@ -8,9 +8,10 @@ words, for the Event and the status.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.slices import DeviceRef, SlimSlice, find_device
 from gpuhealth.api.names import Scope
 from gpuhealth.evaluation.assess import Finding
@@ -29,8 +30,13 @@ def place(
     slices: Iterable[SlimSlice],
     drivers: Sequence[str],
     uuids: Mapping[int, str],
+    taken: Collection[str] = frozenset(),
 ) -> Placement:
-    """Findings with their scope corrected for what the cluster publishes, and each GPU's device."""
+    """Findings with their scope corrected for what the cluster publishes, and each GPU's device.
+
+    ``taken``: rule names someone else's DeviceTaintRule already holds. gpuhealth's rule for such a
+    device can never be created (its name is a function of the device), so that GPU cannot be held
+    out on its own and falls back to node scope too."""
     slices = list(slices)
     refs: dict[int, DeviceRef] = {}
     fallbacks: dict[int, str] = {}
@@ -45,7 +51,12 @@ def place(
             continue
         if index not in refs and index not in fallbacks:
             match = find_device(slices, node, drivers, index, f.uuid or uuids.get(index, ""))
-            if match.ref is not None:
+            if match.ref is not None and rule_name(match.ref) in taken:
+                fallbacks[index] = (
+                    f"a DeviceTaintRule gpuhealth does not own holds the name {rule_name(match.ref)} of its rule "
+                    f"for device {match.ref}: the whole node is quarantined instead"
+                )
+            elif match.ref is not None:
                 refs[index] = match.ref
             else:
                 fallbacks[index] = match.reason

@@ -63,8 +63,9 @@ class DeviceDrainer:
         self._claims: list[dict[str, Any]] = []
         self._claims_at = -1e9
 
-    async def claims(self) -> list[dict[str, Any]]:
-        if time.monotonic() - self._claims_at > CLAIMS_TTL_S:
+    async def claims(self, fresh: bool = False) -> list[dict[str, Any]]:
+        """The cluster's ResourceClaims, listed at most once per CLAIMS_TTL_S unless ``fresh``."""
+        if fresh or time.monotonic() - self._claims_at > CLAIMS_TTL_S:
             self._claims = await self.call(self.kube.list_resource_claims)
             self._claims_at = time.monotonic()
         return self._claims
@@ -102,6 +103,9 @@ class DeviceDrainer:
             if not record.get("startedAt"):
                 record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
                 await self._write(name, {str(index): record})  # before the first request: a restart resumes it
+                # A drain judges who holds the GPU on claims listed after it started: a list cached from
+                # before a pod's claim was allocated would find nobody and complete the drain at once.
+                claims = await self.claims(fresh=True)
             ref = DeviceRef.parse(rec.device)
             assert ref is not None
             holding = pods_holding([ref], claims, pods)

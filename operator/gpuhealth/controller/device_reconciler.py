@@ -152,6 +152,10 @@ class DeviceReconciler:
         # Rules whose delete is on its way: a node's convergence and the sweep may both find the
         # same rule unwanted, and the second would otherwise send a delete that can only get a 404.
         self._deleting: set[str] = set()
+        # Names of our rules that someone else's DeviceTaintRule holds (a create answered 409 and the
+        # re-list has no rule of ours by that name): those GPUs fall back to node scope from then on,
+        # until this process restarts and tries again.
+        self.taken: set[str] = set()
 
     # -- deciding ----------------------------------------------------------------------------------
 
@@ -169,7 +173,9 @@ class DeviceReconciler:
         prior = devices_from_status(status)
         # Most reconciles have no device-scoped finding: skip reading the slice cache for them.
         wanted = any(f.scope == Scope.DEVICE for f in a.findings)
-        placement = place(a.findings, name, self.slices.slices() if wanted else (), policy.devices.drivers, uuids)
+        placement = place(
+            a.findings, name, self.slices.slices() if wanted else (), policy.devices.drivers, uuids, self.taken
+        )
         findings = [
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
         ]
@@ -201,7 +207,8 @@ class DeviceReconciler:
             ref = self.slices.find(node, policy.devices.drivers, rec.index, rec.uuid).ref
         if ref is None:
             return rec
-        return replace(rec, device=str(ref), taint_rule=rule_name(ref))
+        rname = rule_name(ref)
+        return replace(rec, device=str(ref), taint_rule="" if rname in self.taken else rname)
 
     # -- announcing --------------------------------------------------------------------------------
 
@@ -248,7 +255,7 @@ class DeviceReconciler:
         desired = []
         for r in records:
             ref = DeviceRef.parse(r.device) if r.out_of_service else None
-            if ref is not None:
+            if ref is not None and rule_name(ref) not in self.taken:
                 desired.append(build_rule(ref, r.reason or "Unhealthy", dry, r.index, r.uuid))
         self.wanted[name] = {d["metadata"]["name"] for d in desired}
         existing = [r for r in self.rules.values() if _rule_node(r) == name]
@@ -263,8 +270,12 @@ class DeviceReconciler:
             except Exception as e:
                 if status_of(e) != 409:
                     raise
-                log.info("DeviceTaintRule %s exists already; re-reading gpuhealth's rules", body["metadata"]["name"])
+                rname = body["metadata"]["name"]
+                log.info("DeviceTaintRule %s exists already; re-reading gpuhealth's rules", rname)
                 await self.load_rules()
+                if rname not in self.rules:
+                    log.warning("DeviceTaintRule %s is someone else's: its GPU falls back to node scope", rname)
+                    self.taken.add(rname)
                 continue
             self.rules[created["metadata"]["name"]] = created
             metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()

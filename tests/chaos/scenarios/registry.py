@@ -16,6 +16,7 @@ from tests.chaos.scenarios.bad_input import bad_input
 from tests.chaos.scenarios.conflicting_writers import conflicting_writers
 from tests.chaos.scenarios.context import FAULT_CLASSES, Ctx
 from tests.chaos.scenarios.control_plane_crashes import control_plane_crashes
+from tests.chaos.scenarios.device_kills import device_kills
 from tests.chaos.scenarios.fault_storm import fault_storm
 from tests.chaos.scenarios.operator_kills import operator_kills
 from tests.chaos.scenarios.peering import peering
@@ -40,6 +41,7 @@ SCENARIOS = [
     Scenario("bad_input", bad_input, "main"),
     Scenario("peering", peering, "main"),
     Scenario("fault_storm", fault_storm, "main"),
+    Scenario("device_kills", device_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]

@@ -111,6 +111,59 @@ def test_one_bad_gpu_gets_a_rule_after_its_record_and_the_node_stays_in_service(
     assert msgs and "GPU 3 (GPU-0003)" in msgs[0] and RULE in msgs[0]
 
 
+def test_a_foreign_rule_holding_our_rule_name_sends_the_gpu_to_node_scope_once() -> None:
+    """Regression (chaos device_kills): a foreign rule under gpuhealth's name for GPU 3 made every create
+    answer 409; the GPU was recorded as held out, nothing held it out, and each reconcile re-tried."""
+    kube = setup()
+    foreign = {
+        "metadata": {"name": RULE, "uid": "foreign-uid", "labels": {"team": "sre"}},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"},
+            "taint": {"key": "example.com/suspect", "value": "x", "effect": "None"},
+        },
+    }
+    kube.rules[RULE] = foreign
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        for _ in range(4):
+            await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=2)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert kube.rules == {RULE: foreign}  # the foreign rule untouched, no rule of ours under another name
+    assert kube.writes.count(("create", f"devicetaintrule/{RULE}")) == 1  # learnt once, not re-tried
+    assert not any(w[0] == "delete" and w[1].startswith("devicetaintrule/") for w in kube.writes)
+    node = kube.nodes["n1"]
+    assert TAINT in {t["key"] for t in node["spec"].get("taints") or []}  # the node holds the GPU out
+    msgs = [e["message"] for e in kube.events if e["reason"] == "NodeScopeFallback"]
+    assert msgs and f"holds the name {RULE}" in msgs[-1]
+    dev3 = next(d for d in kube.reports["n1"]["status"]["devices"] if d["index"] == 3)
+    assert dev3.get("taintRule", "") == ""
+
+
+def test_a_drain_does_not_judge_on_a_claim_list_from_before_the_allocation() -> None:
+    """Regression (chaos device_kills): a claim list cached (CLAIMS_TTL_S) from just before the pod's
+    claim was allocated found nobody on the bad GPU, and the device drain completed at once, leaving the
+    pod running on it."""
+    kube = setup()
+    allocated = kube.claims
+    kube.claims = []  # listed a moment before the scheduler allocated them
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.device_drainer.claims()
+        kube.claims = allocated
+        await rt.reconciler.reconcile("n1")
+
+    asyncio.run(body())
+    assert kube.pods["ml", "on-gpu-3"]["metadata"]["annotations"].get(P.CHECKPOINT_REQUESTED)
+    assert kube.reports["n1"]["status"]["deviceDrains"]["3"].get("phase") != "Completed"
+
+
 def test_a_restart_between_the_record_and_the_rule_makes_one_rule_and_evicts_once() -> None:
     kube = setup()
     clock = Clock()

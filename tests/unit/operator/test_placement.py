@@ -43,3 +43,11 @@ def test_found_by_uuid_when_the_index_is_unknown_else_node() -> None:
     p = place([by_uuid, unknown], "n1", [slim_slice(slice_obj("n1"))], ("gpu.nvidia.com",), UUIDS)
     assert p.refs == {5: DeviceRef("gpu.nvidia.com", "n1", "gpu-5")}
     assert [x.scope for x in p.findings] == [Scope.DEVICE, Scope.NODE]
+
+
+def test_a_gpu_whose_rule_name_someone_else_holds_falls_back_with_a_reason() -> None:
+    slices = [slim_slice(slice_obj("n1"))]
+    p = place([f(2), f(6)], "n1", slices, ("gpu.nvidia.com",), UUIDS, taken={"gpuhealth-n1-gpu-6"})
+    assert [x.scope for x in p.findings] == [Scope.DEVICE, Scope.NODE]
+    assert 6 not in p.refs and 2 in p.refs
+    assert "holds the name gpuhealth-n1-gpu-6" in p.fallbacks[6] and "whole node" in p.fallbacks[6]
