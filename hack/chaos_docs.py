@@ -101,13 +101,32 @@ def render_soak(path: Path, rep: dict[str, Any]) -> str:
         + f"; {rep['nodes_deleted']} Nodes deleted, {len(rep.get('leftovers', []))} left anything behind; "
         f"**{len(rep['violations'])} invariant violations** (`{_rel(path)}`).",
         "",
-        "| series | mean | slope per hour | slope, % of the mean per hour |",
-        "| --- | --- | --- | --- |",
+        "| series | mean | slope per hour | slope, % of the mean per hour | second half: slope per hour |",
+        "| --- | --- | --- | --- | --- |",
     ]
+    series = rep.get("series") or {}
     for name, tr in rep["trends"].items():
-        lines.append(f"| {name} | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} |")
+        late = second_half_slope(series.get("t") or [], series.get(name) or [])
+        lines.append(
+            f"| {name} | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} "
+            f"| {'n/a' if late is None else late} |"
+        )
     lines.append(SOAK_END)
     return "\n".join(lines)
+
+
+def second_half_slope(t: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope per hour over the second half of the samples: a warm-up that settles
+    (allocator arenas, bounded histories filling) shows as a whole-run slope, a leak in both."""
+    half = len(t) // 2
+    xs, vs = t[half:], ys[half:]
+    if len(xs) < 3 or len(xs) != len(vs):
+        return None
+    mx, mv = sum(xs) / len(xs), sum(vs) / len(vs)
+    den = sum((x - mx) ** 2 for x in xs)
+    if den == 0:
+        return None
+    return round(sum((x - mx) * (v - mv) for x, v in zip(xs, vs, strict=True)) / den * 3600, 2)
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:

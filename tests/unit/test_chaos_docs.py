@@ -32,6 +32,7 @@ def report(**over: Any) -> dict[str, Any]:
 
 def test_readme_and_chaos_doc_match_the_filed_reports() -> None:
     assert chaos_docs.filed_runs(), "no full chaos run filed under docs/chaos/"
+    assert chaos_docs.filed_soaks(), "no soak filed under docs/chaos/"
     assert chaos_docs.stale() == [], "run: python -m hack.chaos_docs"
 
 
@@ -85,4 +86,13 @@ def test_a_soak_renders_its_slopes(tmp_path: Path) -> None:
     }
     block = chaos_docs.render_soak(tmp_path / "soak.json", soak)
     assert "30 minutes, seed 7" in block and "4 Nodes deleted, 0 left anything behind" in block
-    assert "| rss_mb | 80.5 | 0.4 | 0.5 |" in block
+    assert "| rss_mb | 80.5 | 0.4 | 0.5 | n/a |" in block
+
+
+def test_the_second_half_slope_tells_a_settling_warm_up_from_a_leak() -> None:
+    t = [float(i * 60) for i in range(20)]
+    settling = [90.0 + min(i, 10) for i in range(20)]  # grows, then flat
+    leak = [90.0 + i for i in range(20)]  # 1 MB a minute throughout
+    assert chaos_docs.second_half_slope(t, settling) == 0.0
+    assert chaos_docs.second_half_slope(t, leak) == 60.0
+    assert chaos_docs.second_half_slope(t[:4], leak[:4]) is None
