@@ -44,6 +44,13 @@ Call = Callable[..., Awaitable[Any]]
 CLAIMS_TTL_S = 1.0
 
 
+def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
+    """The GPU's drain record if it belongs to its current Draining episode, else a blank one."""
+    if record and drain_current(record, rec):
+        return record
+    return DrainRecord()
+
+
 class DeviceDrainer:
     def __init__(
         self,
@@ -93,25 +100,28 @@ class DeviceDrainer:
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
             return
         pods = self.store.pods_on(name)
-        claims = await self.claims()
+        current = {i: _current(drains.get(i), r) for i, r in draining.items()}
+        # A drain judges who holds the GPU on claims listed after it started: a list cached from before
+        # a pod's claim was allocated would find nobody and complete the drain at once.
+        claims = await self.claims(fresh=any(not r.get("startedAt") for r in current.values()))
         for index, rec in sorted(draining.items()):
-            record = drains.get(index) or DrainRecord()
-            if record and not drain_current(record, rec):
-                record = DrainRecord()
+            record = current[index]
             if record.get("phase") == "Completed":
                 continue
+            ahead = None
             if not record.get("startedAt"):
-                record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
-                await self._write(name, {str(index): record})  # before the first request: a restart resumes it
-                # A drain judges who holds the GPU on claims listed after it started: a list cached from
-                # before a pod's claim was allocated would find nobody and complete the drain at once.
-                claims = await self.claims(fresh=True)
+                record = ahead = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
             ref = DeviceRef.parse(rec.device)
             assert ref is not None
             holding = pods_holding([ref], claims, pods)
             mine = [p for p in pods if P.key(p) in holding]
             gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
             plan = plan_drain(name, mine, self.store.gangs(), policy.drain, gpu_fatal, record, now)
+            if ahead is not None and not (plan.complete and not plan.steps):
+                # Recorded before the first request, so a restart resumes this drain (and its timeouts
+                # count from its start). A drain that is complete with nothing to ask or evict writes
+                # its outcome once, below.
+                await self._write(name, {str(index): ahead})
             new_record = await self.drainer.execute(name, plan, now)
             if plan.complete:
                 metrics.DEVICE_ACTIONS.labels("drain", rec.reason, str(policy.mode)).inc()

@@ -250,7 +250,8 @@ class DeviceReconciler:
             rules = []  # this API server serves no resource.k8s.io/v1 DeviceTaintRules
         self.rules = {r["metadata"]["name"]: r for r in rules}
 
-    async def converge_rules(self, name: str, policy: Policy, records: Iterable[DeviceRecord]) -> None:
+    async def converge_rules(self, name: str, policy: Policy, records: Iterable[DeviceRecord]) -> int:
+        """Make gpuhealth's rules of the node what ``records`` hold out; returns the rules created."""
         dry = policy.mode == Mode.DRY_RUN
         desired = []
         for r in records:
@@ -261,6 +262,7 @@ class DeviceReconciler:
         existing = [r for r in self.rules.values() if _rule_node(r) == name]
         plan = plan_rules(desired, existing)
         mode = str(policy.mode)
+        created_n = 0
         for rname, uid in plan.delete:
             if await self._delete(rname, uid):
                 metrics.DEVICE_ACTIONS.labels("untaint", _reason(existing, rname), mode).inc()
@@ -279,6 +281,8 @@ class DeviceReconciler:
                 continue
             self.rules[created["metadata"]["name"]] = created
             metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
+            created_n += 1
+        return created_n
 
     async def _delete(self, rname: str, uid: str) -> bool:
         """Delete one of gpuhealth's rules once; False if it is already gone or being deleted."""

@@ -5,7 +5,8 @@ kill at any line:
    precondition so a decision is never based on a stale record;
 2. the Node (taint, cordon, state label and the ownership annotation, in one patch, also with a
    resourceVersion precondition);
-3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so.
+3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so (on the
+   node's next pass when this one took it or a GPU out: protection first, for every node of a storm).
 
 Per-GPU quarantine (``device_reconciler.py``) rides on the same order: the GPUs' verdicts are part of
 the status written in step 1 (``status.devices[]``, each with its device and rule name), and only
@@ -75,9 +76,11 @@ class NodeReconciler:
         clock: Callable[[], dt.datetime],
         devices: DeviceReconciler,
         device_drainer: DeviceDrainer,
+        requeue: Callable[[str, float], None],
     ) -> None:
         self.devices = devices
         self.device_drainer = device_drainer
+        self.requeue = requeue
         self.kube = kube
         self.call = call
         self.store = store
@@ -178,11 +181,17 @@ class NodeReconciler:
                 f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
             )
             self.devices.announce(name, policy, dev, escalated, fallback)
-            await self.devices.converge_rules(name, policy, dev.records)
+            created = await self.devices.converge_rules(name, policy, dev.records)
             if policy.mode == Mode.ENFORCE:
                 await self._converge_node(name, policy, decision.record, node_a, now)
-                await self.drainer.run(name, policy, decision.record, fatal(node_a), now)
-                await self.device_drainer.run(name, policy, decision.record, dev.records, a, now)
+                if decision.new_quarantine or created:
+                    # Protection first: the drain, which takes several requests, starts on this node's
+                    # next pass, queued behind the other nodes' first passes, so that in a storm every
+                    # taint and DeviceTaintRule is written before any worker spends its time draining.
+                    self.requeue(name, 0.05)
+                else:
+                    await self.drainer.run(name, policy, decision.record, fatal(node_a), now)
+                    await self.device_drainer.run(name, policy, decision.record, dev.records, a, now)
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
                     await self.call(self.kube.patch_node, name, {"metadata": {"annotations": ack}})

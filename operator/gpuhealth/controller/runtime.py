@@ -79,6 +79,7 @@ class Runtime:
             clock,
             self.devices,
             self.device_drainer,
+            self.queue_later,
         )
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)

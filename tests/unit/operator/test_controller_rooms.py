@@ -52,8 +52,9 @@ def test_a_fault_is_recorded_before_the_node_is_tainted_and_announced_once() -> 
 
     async def body() -> None:
         rt = await runtime(kube)
-        await rt.reconciler.reconcile("n1")
-        await rt.reconciler.reconcile("n1")  # the empty node's drain completed: Quarantined, announced once
+        await rt.reconciler.reconcile("n1")  # recorded, tainted, announced; the drain waits for the next pass
+        await rt.reconciler.reconcile("n1")  # the empty node's drain completes
+        await rt.reconciler.reconcile("n1")  # Quarantined, announced once
         await rt.events.flush()
 
     run(body)
@@ -125,8 +126,13 @@ def test_a_drain_evicts_only_after_the_checkpoint_is_acknowledged() -> None:
     async def body() -> None:
         rt = Runtime(kube, clock=lambda: now[0], workers=1)
         await rt._load()
+        requeued: list[str] = []
+        rt.reconciler.requeue = lambda name, delay: requeued.append(name)
         await rt.reconciler.reconcile("n1")
-        assert state(kube, "n1") == "Draining"
+        # Protection first: this pass tainted the node and queued it again; the drain starts on the next.
+        assert state(kube, "n1") == "Draining" and kube.nodes["n1"]["spec"]["taints"] and requeued == ["n1"]
+        assert ("patch", "pod/ml/trainer") not in kube.writes
+        await rt.reconciler.reconcile("n1")
         pod = kube.pods["ml", "trainer"]
         requested = pod["metadata"]["annotations"].get(P.CHECKPOINT_REQUESTED)
         assert requested and ("evict", "pod/ml/trainer") not in kube.writes

@@ -85,6 +85,9 @@ def test_one_bad_gpu_gets_a_rule_after_its_record_and_the_node_stays_in_service(
     async def body() -> None:
         rt = await runtime(kube, clock)
         await rt.reconciler.reconcile("n1")
+        # Protection first: the rule is written on this pass, the GPU's drain starts on the next.
+        assert RULE in kube.rules and not [w for w in kube.writes if w[1].startswith("pod/")]
+        await rt.reconciler.reconcile("n1")
         await rt.events.flush()
 
     asyncio.run(body())
@@ -157,7 +160,8 @@ def test_a_drain_does_not_judge_on_a_claim_list_from_before_the_allocation() -> 
         rt = await runtime(kube, clock)
         await rt.device_drainer.claims()
         kube.claims = allocated
-        await rt.reconciler.reconcile("n1")
+        await rt.reconciler.reconcile("n1")  # the rule
+        await rt.reconciler.reconcile("n1")  # the drain, within CLAIMS_TTL_S of the cached list
 
     asyncio.run(body())
     assert kube.pods["ml", "on-gpu-3"]["metadata"]["annotations"].get(P.CHECKPOINT_REQUESTED)
@@ -381,3 +385,30 @@ def test_a_rule_both_the_node_and_the_sweep_find_unwanted_is_deleted_once(monkey
         ("delete", f"devicetaintrule/{stale}")
     ]
     assert set(kube.rules) == {RULE}
+
+
+def test_a_gpu_nobody_holds_is_drained_with_one_list_and_one_write() -> None:
+    kube = setup()
+    kube.claims = [claim("c5", "gpu-5", "on-gpu-5")]  # nothing holds gpu-3
+    clock = Clock()
+    lists = 0
+    real = kube.list_resource_claims
+
+    def counted() -> list[dict[str, Any]]:
+        nonlocal lists
+        lists += 1
+        return real()
+
+    kube.list_resource_claims = counted  # type: ignore[method-assign]
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")  # the record and the rule
+        before = kube.writes.count(("patch", "report/n1/status"))
+        await rt.reconciler.reconcile("n1")  # the drain: nothing to move
+        assert kube.writes.count(("patch", "report/n1/status")) == before + 1
+        assert lists == 1
+
+    asyncio.run(body())
+    assert kube.reports["n1"]["status"]["deviceDrains"]["3"]["phase"] == "Completed"
+    assert not [w for w in kube.writes if w[1].startswith("pod/")]
