@@ -40,7 +40,7 @@ from tests.support.agents import AgentFleet
 from tests.support.k8s import OperatorProcess, wait_for
 
 from hack.bench_devices import measure_devices, publish_dra
-from hack.bench_e2e import measure_e2e
+from hack.bench_e2e import measure_e2e, real_agents
 from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench_report import write_outputs
 from hack.bench_setup import BenchCluster, agent_policy_spec, agent_silence, machine, policy_spec, run_pods
@@ -210,27 +210,11 @@ def main(argv: list[str] | None = None) -> int:
 
         # The real agents run for the whole bench, so the footprint agent's steady state is measured over minutes.
         phase(f"{args.real_agents} real agents (fake NVML, interval 10s, Lease heartbeat 30s), each on its own node")
-        # The agent's production event wait (1 s), not the tests' short one.
-        fleet = AgentFleet(
-            kc[AGENT_USER],
-            out / "agent",
-            interval=10.0,
-            heartbeat=30.0,
-            event_timeout=None,
-            lease_namespace=LEASE_NAMESPACE,
-        )
+        fleet = real_agents(kc[AGENT_USER], out / "agent", LEASE_NAMESPACE)
         fleets.append(fleet)
         fleet.start([AGENT_NODE])
         agent = fleet[AGENT_NODE]
-        e2e_fleet = AgentFleet(
-            kc[E2E_USER],
-            out / "agents-e2e",
-            interval=10.0,
-            heartbeat=30.0,
-            event_timeout=None,
-            library=fleet.library,
-            lease_namespace=LEASE_NAMESPACE,
-        )
+        e2e_fleet = real_agents(kc[E2E_USER], out / "agents-e2e", LEASE_NAMESPACE, library=fleet.library)
         fleets.append(e2e_fleet)
         e2e_fleet.start([n for n in agent_nodes if n != AGENT_NODE])
         agent_proc = agent.popen

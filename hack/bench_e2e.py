@@ -21,10 +21,11 @@ import datetime as dt
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.agents import Agent
+from tests.support.agents import Agent, AgentFleet
 
 from hack.bench_support import FAULT_TIMEOUT_S, MERGE, TAINT, latency_summary, log, percentile
 from hack.bench_watch import NodeWatch, ReportWatch
@@ -33,6 +34,20 @@ RELEASE_ANNOTATION = "gpuhealth.dev/release"
 E2E_XID = 79  # node scope: the whole node is tainted
 RECOVERY_TIMEOUT_S = 60.0  # release -> probation -> Healthy, untainted (probation 2 s, sweep every --tick)
 GPUS = 8
+
+
+def real_agents(kubeconfig: Path, workdir: Path, lease_namespace: str, library: Path | None = None) -> AgentFleet:
+    """Real agents as a node runs them: interval 10 s, Lease heartbeat 30 s, the production event wait
+    (1 s, not the tests' short one); metrics server off (they share this host)."""
+    return AgentFleet(
+        kubeconfig,
+        workdir,
+        interval=10.0,
+        heartbeat=30.0,
+        event_timeout=None,
+        library=library,
+        lease_namespace=lease_namespace,
+    )
 
 
 @dataclass(frozen=True)
