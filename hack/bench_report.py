@@ -218,9 +218,10 @@ def e2e_line(res: dict[str, Any]) -> str:
     if not e:
         return "End to end (real agents): not measured in this run."
     a, o, g = e["emit_to_taint_ms"], e["report_to_taint_ms"], e["emit_to_report_ms"]
+    agents = f"{e['agents']} agent{'' if e['agents'] == 1 else 's'}"
     return (
         f"End to end (real agents): the fake NVML library's XID to the taint p50 {a['p50']} ms, p90 {a['p90']} ms, "
-        f"p99 {a['p99']} ms, max {a['max']} ms over {e['faults']} faults on {e['agents']} agent{'' if e['agents'] == 1 else 's'} "
+        f"p99 {a['p99']} ms, max {a['max']} ms over {e['faults']} faults on {agents} "
         f"({a['timeouts']} timed out); of it the agent (XID to report write seen) p50 {g['p50']} ms, "
         f"p99 {g['p99']} ms, and the operator (report write seen to taint) p50 {o['p50']} ms, p99 {o['p99']} ms."
     )
