@@ -10,7 +10,9 @@ Measures, in one run (see docs/bench.md):
 4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
    independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once);
 5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
-6. one real agent's footprint (RSS, CPU, writes per hour).
+6. one real agent's footprint (RSS, CPU, writes per hour);
+7. end to end: XIDs from the fake NVML library through real agents on their own governed nodes, to the taint
+   (with the agent's and the operator's shares; see hack/bench_e2e.py).
 
 All of it under heartbeat traffic: every simulated agent renews its node Lease every --heartbeat seconds
 (the nodes spread evenly over the interval), as the real agent does; the rate achieved is recorded.
@@ -38,9 +40,10 @@ from tests.support.agents import AgentFleet
 from tests.support.k8s import OperatorProcess, wait_for
 
 from hack.bench_devices import measure_devices, publish_dra
+from hack.bench_e2e import measure_e2e, real_agents
 from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench_report import write_outputs
-from hack.bench_setup import BenchCluster, agent_silence, machine, policy_spec, run_pods
+from hack.bench_setup import BenchCluster, agent_policy_spec, agent_silence, machine, policy_spec, run_pods
 from hack.bench_support import (
     FAULT_TIMEOUT_S,
     FLOOR_TAINT,
@@ -64,12 +67,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "build" / "bench"
 OPERATOR_USER, AGENT_USER, SIM_USER = "gpuhealth-operator", "gpuhealth-agent-bench", "gpuhealth-fleet-sim"
+E2E_USER = (
+    "gpuhealth-agent-e2e"  # the faulted real agents: their own user, so the footprint agent's writes stay its own
+)
 TOKENS = {
     "bench-operator-token": (OPERATOR_USER, "system:masters"),
     "bench-agent-token": (AGENT_USER, "system:masters"),
+    "bench-e2e-token": (E2E_USER, "system:masters"),
     "bench-sim-token": (SIM_USER, "system:masters"),
 }
 POLICY = "bench"
+AGENT_POLICY = "bench-agents"  # governs the real agents' nodes only, so the fleet's breaker figures stay its own
 AGENT_NODE = "agent-node-0000"
 
 
@@ -88,7 +96,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
     ap.add_argument("--device-storm", type=int, default=100, help="GPUs on distinct DRA nodes faulting at once")
     ap.add_argument(
-        "--quick", action="store_true", help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm, 10+20 device"
+        "--real-agents", type=int, default=None, help="real agents, each on its own governed node (default 5; quick 2)"
+    )
+    ap.add_argument(
+        "--e2e-faults",
+        type=int,
+        default=None,
+        help="XIDs from the fake NVML library, one at a time (default 20; quick 6)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm, 10+20 device, 2 real agents, 6 e2e faults",
     )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -99,6 +118,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.device_faults, args.device_storm = 10, 20
     if args.idle is None:
         args.idle = 20.0 if args.quick else 60.0
+    if args.real_agents is None:
+        args.real_agents = 2 if args.quick else 5
+    if args.e2e_faults is None:
+        args.e2e_faults = 6 if args.quick else 20
+    # Agent 0 keeps the footprint figures; the faults go to the others.
+    if args.real_agents < 1 or (args.e2e_faults > 0 and args.real_agents < 2):
+        ap.error("--real-agents must be >= 1, and >= 2 with --e2e-faults (agent 0 only measures the footprint)")
     if args.floor_samples is None:
         args.floor_samples = 10 if args.quick else max(20, args.faults // 2)
     # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.
@@ -130,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             "agent_silence": agent_silence(args.heartbeat),
             "device_faults": args.device_faults,
             "device_storm": args.device_storm,
+            "real_agents": args.real_agents,
+            "e2e_faults": args.e2e_faults,
         },
     }
     series: dict[str, Any] = {}
@@ -149,21 +177,22 @@ def main(argv: list[str] | None = None) -> int:
         apiserver_args=["--max-requests-inflight=1000", "--max-mutating-requests-inflight=500"],
     )
     operator: OperatorProcess | None = None
-    fleet: AgentFleet | None = None
+    fleets: list[AgentFleet] = []
     watches: list[NodeWatch | ReportWatch | RuleWatch] = []
     heartbeats: HeartbeatDriver | None = None
     samplers: list[ProcSampler] = []
     pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="sim")
     rc = 1
     try:
-        phase(f"control plane with {args.nodes} + {args.floor_nodes} floor + 1 agent fake GPU nodes")
+        phase(f"control plane with {args.nodes} + {args.floor_nodes} floor + {args.real_agents} agent fake GPU nodes")
         t = time.monotonic()
         cluster.start()
         floor_names = cluster.add_gpu_nodes(args.floor_nodes, prefix="floor-node-", labels={"bench-floor": "true"})
-        cluster.add_gpu_nodes(1, prefix="agent-node-", labels={"bench-agent": "true"})
-        cluster.wait_nodes_ready(args.nodes + args.floor_nodes + 1, timeout=300)
+        agent_nodes = cluster.add_gpu_nodes(args.real_agents, prefix="agent-node-", labels={"bench-agent": "true"})
+        cluster.wait_nodes_ready(args.nodes + args.floor_nodes + args.real_agents, timeout=300)
         res["cluster_start_s"] = round(time.monotonic() - t, 1)
-        log(f"  control plane and {args.nodes + args.floor_nodes + 1} nodes ready in {res['cluster_start_s']}s")
+        total = args.nodes + args.floor_nodes + args.real_agents
+        log(f"  control plane and {total} nodes ready in {res['cluster_start_s']}s")
 
         kc = {u: cluster.kubeconfig_with_token(tok, out / f"{u}.kubeconfig", u) for tok, (u, _) in TOKENS.items()}
         admin = api_client(cluster.kubeconfig, pool=8)
@@ -179,19 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         assert len(governed) == args.nodes, f"expected {args.nodes} governed nodes, found {len(governed)}"
 
-        # The real agent runs for the whole bench, so its steady state is measured over minutes.
-        phase("one real agent (fake NVML, interval 10s, Lease heartbeat 30s) on its own node")
-        # The agent's production event wait (1 s), not the tests' short one.
-        fleet = AgentFleet(
-            kc[AGENT_USER],
-            out / "agent",
-            interval=10.0,
-            heartbeat=30.0,
-            event_timeout=None,
-            lease_namespace=LEASE_NAMESPACE,
-        )
+        # The real agents run for the whole bench, so the footprint agent's steady state is measured over minutes.
+        phase(f"{args.real_agents} real agents (fake NVML, interval 10s, Lease heartbeat 30s), each on its own node")
+        fleet = real_agents(kc[AGENT_USER], out / "agent", LEASE_NAMESPACE)
+        fleets.append(fleet)
         fleet.start([AGENT_NODE])
         agent = fleet[AGENT_NODE]
+        e2e_fleet = real_agents(kc[E2E_USER], out / "agents-e2e", LEASE_NAMESPACE, library=fleet.library)
+        fleets.append(e2e_fleet)
+        e2e_fleet.start([n for n in agent_nodes if n != AGENT_NODE])
         agent_proc = agent.popen
         assert agent_proc is not None
         agent_sampler = ProcSampler(agent_proc.pid, period=1.0).start()
@@ -239,6 +264,17 @@ def main(argv: list[str] | None = None) -> int:
                 "kind": "GPUHealthPolicy",
                 "metadata": {"name": POLICY},
                 "spec": policy_spec("100%", args.heartbeat),
+            },
+        )
+        client.CustomObjectsApi(admin).create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpuhealthpolicies",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUHealthPolicy",
+                "metadata": {"name": AGENT_POLICY},
+                "spec": agent_policy_spec(),
             },
         )
 
@@ -333,6 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         res["ratio_to_floor"] = round(p50 / floor_p50, 2) if floor else None
         series["detect_ms"], series["floor_ms"] = detect, floor
         log(f"  detect p50 {p50:.0f} ms p99 {res['detect_to_taint_ms']['p99']:.0f} ms; floor p50 {floor_p50:.0f} ms")
+
+        if args.e2e_faults:
+            phase(f"end to end: {args.e2e_faults} XIDs from fake NVML through {len(e2e_fleet.agents)} real agents")
+            res["e2e"] = measure_e2e(
+                list(e2e_fleet.agents.values()), args.e2e_faults, node_watch, report_watch, core, series
+            )
+            p = res["e2e"]["emit_to_taint_ms"]
+            log(f"  end to end p50 {p['p50']:.0f} ms p99 {p['p99']:.0f} ms ({p['timeouts']} timed out)")
 
         phase(f"storm: {args.storm} nodes fault at once, breaker at 100%")
         published_at: dict[str, float] = {}
@@ -507,8 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in samplers:
             s.stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        if fleet is not None:
-            fleet.stop()
+        for f in fleets:
+            f.stop()
         if operator is not None:
             operator.stop()
         cluster.stop()

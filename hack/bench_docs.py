@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_report import TARGETS, _fmt, device_line, heartbeat_line, measured, tally, verdict
+from hack.bench_report import TARGETS, _fmt, device_line, e2e_line, heartbeat_line, measured, tally, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "bench"
@@ -70,6 +70,8 @@ def render(path: Path, res: dict[str, Any]) -> str:
         f"Storm detail: reports published in {s['publish_s']} s, each node's report write to its taint p50 "
         f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s; "
         f"idle: {o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min.",
+        "",
+        e2e_line(res),
         "",
         device_line(res),
         "",

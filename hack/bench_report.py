@@ -44,6 +44,22 @@ TARGETS = [
         " ms",
     ),
     Target(
+        "e2e_p50",
+        "XID to taint end to end (real agent), p50",
+        "<= 200 ms",
+        lambda r: r["e2e"]["emit_to_taint_ms"]["p50"],
+        lambda v, r: _num(v) and v <= 200,
+        " ms",
+    ),
+    Target(
+        "e2e_p99",
+        "XID to taint end to end (real agent), p99",
+        "<= 1000 ms",
+        lambda r: r["e2e"]["emit_to_taint_ms"]["p99"],
+        lambda v, r: _num(v) and v <= 1000 and r["e2e"]["emit_to_taint_ms"]["timeouts"] == 0,
+        " ms",
+    ),
+    Target(
         "ratio_to_floor",
         "Ratio to the no-logic floor (p50)",
         "<= 5",
@@ -196,6 +212,21 @@ def device_line(res: dict[str, Any]) -> str:
     )
 
 
+def e2e_line(res: dict[str, Any]) -> str:
+    """The end-to-end detail for summaries, or "not measured" for runs before it existed."""
+    e = res.get("e2e")
+    if not e:
+        return "End to end (real agents): not measured in this run."
+    a, o, g = e["emit_to_taint_ms"], e["report_to_taint_ms"], e["emit_to_report_ms"]
+    agents = f"{e['agents']} agent{'' if e['agents'] == 1 else 's'}"
+    return (
+        f"End to end (real agents): the fake NVML library's XID to the taint p50 {a['p50']} ms, p90 {a['p90']} ms, "
+        f"p99 {a['p99']} ms, max {a['max']} ms over {e['faults']} faults on {agents} "
+        f"({a['timeouts']} timed out); of it the agent (XID to report write seen) p50 {g['p50']} ms, "
+        f"p99 {g['p99']} ms, and the operator (report write seen to taint) p50 {o['p50']} ms, p99 {o['p99']} ms."
+    )
+
+
 def _fmt(v: Any, unit: str) -> str:
     if v is None:
         return "n/a"
@@ -235,7 +266,9 @@ def summary_md(res: dict[str, Any]) -> str:
         "## Details",
         "",
         f"- Fleet: {res['nodes']} fake 8-GPU nodes governed by the policy, {res.get('pods')} running 1-GPU pods; "
-        f"{res['config']['floor_nodes']} floor nodes and 1 agent node outside the policy.",
+        f"{res['config']['floor_nodes']} floor nodes outside it; "
+        f"{res['config'].get('real_agents', 1)} real agents, each on its own node"
+        f"{' (under a policy of their own)' if 'real_agents' in res['config'] else ' (outside the policy)'}.",
         f"- Operator start-up: `watching N GPU nodes` after {o.get('startup_watching_s')} s, every node Healthy "
         f"after {o.get('startup_s')} s (from process start).",
         f"- Detection to taint: p50 {d['p50']} ms, p90 {d['p90']} ms, p99 {d['p99']} ms, max {d['max']} ms over "
@@ -247,6 +280,7 @@ def summary_md(res: dict[str, Any]) -> str:
         f"reports published in {s['publish_s']} s, first taint after {s['first_taint_s']} s; each node's "
         f"report write to its taint p50 {s['report_to_taint_ms_p50']} ms, max {s['report_to_taint_ms_max']} ms; "
         f"first report written to last taint: {s['operator_nodes_per_s']} nodes/s.",
+        f"- {e2e_line(res)}",
         f"- {device_line(res)}",
         f"- {heartbeat_line(res)}",
         f"- Recovery: {res['recovery']['nodes']} nodes back to Healthy in "
@@ -280,15 +314,17 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     fig.suptitle(f"gpuhealth bench: {res['nodes']} nodes, {res.get('pods')} pods; {res['machine']}", fontsize=9)
 
     ax = axes[0][0]
-    for key, stats, label, color in (
-        ("detect_ms", "detect_to_taint_ms", "gpuhealth: report -> taint", "tab:blue"),
-        ("floor_ms", "floor_ms", "floor", "tab:gray"),
-        ("device_ms", "device_to_rule_ms", "gpuhealth: GPU fault -> DeviceTaintRule", "tab:green"),
-    ):
-        if stats not in res:
+    curves = (
+        ("detect_ms", res.get("detect_to_taint_ms"), "gpuhealth: report -> taint", "tab:blue"),
+        ("floor_ms", res.get("floor_ms"), "floor", "tab:gray"),
+        ("device_ms", res.get("device_to_rule_ms"), "gpuhealth: GPU fault -> DeviceTaintRule", "tab:green"),
+        ("e2e_ms", (res.get("e2e") or {}).get("emit_to_taint_ms"), "real agent: NVML XID -> taint", "tab:red"),
+    )
+    for key, stats, label, color in curves:
+        if not stats:
             continue
         vals = sorted(series.get(key) or [])
-        timeouts = int(res[stats].get("timeouts") or 0)
+        timeouts = int(stats.get("timeouts") or 0)
         if vals:
             # Faults whose taint never came within the timeout count in the denominator (the curve stops short of 1).
             ys = [(i + 1) / (len(vals) + timeouts) for i in range(len(vals))]
@@ -297,7 +333,7 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
                 vals,
                 ys,
                 where="post",
-                label=f"{label} (p50 {res[stats]['p50']:.0f} ms, n={len(vals)}{extra})",
+                label=f"{label} (p50 {stats['p50']:.0f} ms, n={len(vals)}{extra})",
                 color=color,
             )
     ax.axvline(200, color="tab:green", ls="--", lw=1, label="target p50 200 ms")

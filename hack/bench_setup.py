@@ -86,6 +86,16 @@ def policy_spec(max_unhealthy: str, heartbeat_s: float = 30.0) -> dict[str, Any]
     }
 
 
+def agent_policy_spec(heartbeat_s: float = 30.0) -> dict[str, Any]:
+    """The real agents' nodes under a policy of their own: the same rules, no breaker limit.
+
+    Their faults (the end-to-end figure) then neither count against nor move the fleet policy's breaker.
+    """
+    spec = policy_spec("100%", heartbeat_s)
+    spec["nodeSelector"] = {"matchLabels": {"nvidia.com/gpu.present": "true", "bench-agent": "true"}}
+    return spec
+
+
 def deployments(pods: int, per: int = 200) -> list[dict[str, Any]]:
     """Deployments of 1-GPU pods, kept off the floor and agent nodes."""
     out = []

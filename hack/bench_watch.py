@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -28,6 +28,25 @@ from hack.bench_support import (
     TAINT,
     VERSION,
 )
+
+# One XID event of a report: (code, GPU index or None, its time as the agent wrote it).
+XidKey = tuple[int, int | None, str]
+
+
+def xid_keys(obj: dict[str, Any]) -> frozenset[XidKey]:
+    """The XID events a GPUNodeHealth object's spec carries, as comparable keys."""
+    out = set()
+    for e in (obj.get("spec") or {}).get("xidEvents") or []:
+        if isinstance(e, dict) and isinstance(e.get("xid"), int):
+            gpu = e.get("gpu")
+            out.add((int(e["xid"]), gpu if isinstance(gpu, int) else None, str(e.get("time") or "")))
+    return frozenset(out)
+
+
+def first_new_xid(seen: Mapping[XidKey, float], before: frozenset[XidKey], code: int, gpu: int) -> float | None:
+    """The earliest sighting of an XID ``code`` on ``gpu`` that is not among ``before``; None if none yet."""
+    times = [t for k, t in seen.items() if k not in before and k[0] == code and k[1] == gpu]
+    return min(times) if times else None
 
 
 def _raw_watch(
@@ -232,6 +251,9 @@ class ReportWatch:
 
     The floor chain is the least any controller could do: on a report carrying an XID for an armed floor
     node, patch that Node with a taint, in one merge patch, from the watch thread itself.
+
+    For the nodes in ``track_xids`` (the real agents' nodes) it also records when it first saw each XID
+    event of their reports (``xid_seen``): the report write that carried it, for the end-to-end split.
     """
 
     def __init__(self, api: client.ApiClient, floor_api: client.ApiClient) -> None:
@@ -241,6 +263,8 @@ class ReportWatch:
         self.floor_errors = 0
         self.cond = threading.Condition()
         self.states: dict[str, str] = {}
+        self.track_xids: set[str] = set()
+        self.xid_seen: dict[str, dict[XidKey, float]] = {}
         self.synced = threading.Event()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="bench-report-watch", daemon=True)
@@ -273,13 +297,25 @@ class ReportWatch:
             except Exception:
                 self.floor_errors += 1
 
+    def _xids(self, obj: dict[str, Any], now: float) -> None:
+        """Record the first sighting of each XID event a tracked node's report carries (caller holds cond)."""
+        name = obj["metadata"]["name"]
+        if name in self.track_xids:
+            seen = self.xid_seen.setdefault(name, {})
+            for key in xid_keys(obj):
+                seen.setdefault(key, now)
+
     def _sync(self, items: list[dict[str, Any]]) -> None:
+        now = time.time()
         with self.cond:
             self.states = {o["metadata"]["name"]: str((o.get("status") or {}).get("state") or "") for o in items}
+            for o in items:
+                self._xids(o, now)
             self.cond.notify_all()
         self.synced.set()
 
     def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.time()
         if self.armed:
             self._floor(obj)
         with self.cond:
@@ -288,7 +324,21 @@ class ReportWatch:
                 self.states.pop(name, None)
             else:
                 self.states[name] = str((obj.get("status") or {}).get("state") or "")
+                self._xids(obj, now)
             self.cond.notify_all()
+
+    def xids_of(self, node: str) -> frozenset[XidKey]:
+        """The XID events seen so far in ``node``'s report (to tell the next one from them)."""
+        with self.cond:
+            return frozenset(self.xid_seen.get(node, {}))
+
+    def wait_new_xid(self, node: str, before: frozenset[XidKey], code: int, gpu: int, timeout: float) -> float | None:
+        """When the watch first saw a report of ``node`` carrying an XID ``code`` on ``gpu`` not in ``before``."""
+        with self.cond:
+            self.cond.wait_for(
+                lambda: first_new_xid(self.xid_seen.get(node, {}), before, code, gpu) is not None, timeout
+            )
+            return first_new_xid(self.xid_seen.get(node, {}), before, code, gpu)
 
     def wait_states(self, nodes: Iterable[str], state: str, timeout: float) -> float | None:
         """Epoch seconds at which every node in ``nodes`` was seen in ``state``; None on timeout."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hack import bench_docs
 from hack.bench import parse_args
+from hack.bench_e2e import Sample, summarize
 from hack.bench_fleet import HeartbeatDriver, HeartbeatStats, ecc_snapshot, healthy_snapshot, spread_offsets
 from hack.bench_report import evaluate, heartbeat_line, summary_md, tally
 from hack.bench_setup import agent_silence, policy_spec
@@ -151,6 +152,8 @@ def _with_new_figures() -> dict[str, Any]:
         "max_gap_s": 31.2,
         "agent_silence": "2m",
     }
+    res["e2e"] = summarize([Sample(100.0, 100.08, 100.15), Sample(200.0, 200.1, 200.3)], 10_000.0)
+    res["e2e"].update({"agents": 4, "xid": 79, "not_recovered": 0})
     res["targets"] = evaluate(res)
     return res
 
@@ -160,21 +163,21 @@ def test_an_older_run_renders_the_new_figures_as_not_measured() -> None:
     assert "device_to_rule_ms" not in old and "device_p50" not in old["targets"]
     block = bench_docs.render(FILED, old)
     assert "| Device fault to DeviceTaintRule, p50 | not measured | <= 200 ms | not measured |" in block
-    assert "**10 of 10 targets met**, 3 not measured in this run" in block
+    assert "**10 of 10 targets met**, 5 not measured in this run" in block
     assert "Heartbeat traffic: not measured in this run." in block
     assert "Devices (DRA): not measured in this run." in block
     # Evaluating an old result afresh: the new targets are not measured, not missed.
     fresh = evaluate(old)
-    assert tally(fresh) == (10, 10, 3)
+    assert tally(fresh) == (10, 10, 5)
 
 
 def test_a_run_with_the_new_figures_renders_them() -> None:
     res = _with_new_figures()
-    assert tally(res["targets"]) == (13, 13, 0)
+    assert tally(res["targets"]) == (15, 15, 0)
     block = bench_docs.render(FILED, res)
     assert "| Device fault to DeviceTaintRule, p99 | 900.0 ms | <= 1000 ms | met |" in block
     assert "| Device storm (GPUs on distinct nodes at once) | 25.0 rules/s | >= 20 rules/s | met |" in block
-    assert "**13 of 13 targets met** (" in block
+    assert "**15 of 15 targets met** (" in block
     assert "33.9 renewals/s achieved of 34.0 asked" in heartbeat_line(res)
     assert "Devices (DRA): fault to DeviceTaintRule p50 60.0 ms" in summary_md(res)
 
