@@ -255,28 +255,18 @@ def main(argv: list[str] | None = None) -> int:
         report_watch = ReportWatch(api_client(cluster.kubeconfig, pool=2), api_client(kc[SIM_USER], pool=2)).start()
         watches.append(report_watch)
 
-        client.CustomObjectsApi(admin).create_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpuhealthpolicies",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GPUHealthPolicy",
-                "metadata": {"name": POLICY},
-                "spec": policy_spec("100%", args.heartbeat),
-            },
-        )
-        client.CustomObjectsApi(admin).create_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpuhealthpolicies",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GPUHealthPolicy",
-                "metadata": {"name": AGENT_POLICY},
-                "spec": agent_policy_spec(),
-            },
-        )
+        for name, spec in ((POLICY, policy_spec("100%", args.heartbeat)), (AGENT_POLICY, agent_policy_spec())):
+            client.CustomObjectsApi(admin).create_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "gpuhealthpolicies",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "GPUHealthPolicy",
+                    "metadata": {"name": name},
+                    "spec": spec,
+                },
+            )
 
         phase("operator start-up")
         operator = OperatorProcess(

@@ -115,17 +115,21 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     return {DOCS[0]: [latest], DOCS[1]: [latest, render_ab(directory)]}
 
 
-def stale(directory: Path = RESULTS) -> list[Path]:
+def stale_docs(rendered: dict[Path, list[str]]) -> list[Path]:
     """The documents whose blocks differ from their rendering (or with nothing filed to render)."""
     out = []
-    for doc, rendered in blocks(directory).items():
+    for doc, doc_blocks in rendered.items():
         text = doc.read_text(encoding="utf-8")
         new = text
-        for block in rendered:
+        for block in doc_blocks:
             new = rewrite(new, block) if block else ""
         if new != text:
             out.append(doc)
     return out
+
+
+def stale(directory: Path = RESULTS) -> list[Path]:
+    return stale_docs(blocks(directory))
 
 
 def file_run(results: Path, commit: str, date: str | None = None) -> Path:

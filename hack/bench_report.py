@@ -26,39 +26,32 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
 
 
+def latency(key: str, label: str, *path: str) -> tuple[Target, Target]:
+    """p50 <= 200 ms and p99 <= 1 s (with no timeouts) for the latency summary at ``path`` in the results."""
+
+    def at(r: dict[str, Any]) -> dict[str, Any]:
+        for p in path:
+            r = r[p]
+        return r
+
+    return (
+        Target(
+            f"{key}_p50", f"{label}, p50", "<= 200 ms", lambda r: at(r)["p50"], lambda v, r: _num(v) and v <= 200, " ms"
+        ),
+        Target(
+            f"{key}_p99",
+            f"{label}, p99",
+            "<= 1000 ms",
+            lambda r: at(r)["p99"],
+            lambda v, r: _num(v) and v <= 1000 and at(r)["timeouts"] == 0,
+            " ms",
+        ),
+    )
+
+
 TARGETS = [
-    Target(
-        "detect_p50",
-        "Detection to taint, p50",
-        "<= 200 ms",
-        lambda r: r["detect_to_taint_ms"]["p50"],
-        lambda v, r: _num(v) and v <= 200,
-        " ms",
-    ),
-    Target(
-        "detect_p99",
-        "Detection to taint, p99",
-        "<= 1000 ms",
-        lambda r: r["detect_to_taint_ms"]["p99"],
-        lambda v, r: _num(v) and v <= 1000 and r["detect_to_taint_ms"]["timeouts"] == 0,
-        " ms",
-    ),
-    Target(
-        "e2e_p50",
-        "XID to taint end to end (real agent), p50",
-        "<= 200 ms",
-        lambda r: r["e2e"]["emit_to_taint_ms"]["p50"],
-        lambda v, r: _num(v) and v <= 200,
-        " ms",
-    ),
-    Target(
-        "e2e_p99",
-        "XID to taint end to end (real agent), p99",
-        "<= 1000 ms",
-        lambda r: r["e2e"]["emit_to_taint_ms"]["p99"],
-        lambda v, r: _num(v) and v <= 1000 and r["e2e"]["emit_to_taint_ms"]["timeouts"] == 0,
-        " ms",
-    ),
+    *latency("detect", "Detection to taint", "detect_to_taint_ms"),
+    *latency("e2e", "XID to taint end to end (real agent)", "e2e", "emit_to_taint_ms"),
     Target(
         "ratio_to_floor",
         "Ratio to the no-logic floor (p50)",
@@ -74,22 +67,7 @@ TARGETS = [
         lambda v, r: _num(v) and v >= 20,
         " nodes/s",
     ),
-    Target(
-        "device_p50",
-        "Device fault to DeviceTaintRule, p50",
-        "<= 200 ms",
-        lambda r: r["device_to_rule_ms"]["p50"],
-        lambda v, r: _num(v) and v <= 200,
-        " ms",
-    ),
-    Target(
-        "device_p99",
-        "Device fault to DeviceTaintRule, p99",
-        "<= 1000 ms",
-        lambda r: r["device_to_rule_ms"]["p99"],
-        lambda v, r: _num(v) and v <= 1000 and r["device_to_rule_ms"]["timeouts"] == 0,
-        " ms",
-    ),
+    *latency("device", "Device fault to DeviceTaintRule", "device_to_rule_ms"),
     Target(
         "device_storm_rate",
         "Device storm (GPUs on distinct nodes at once)",

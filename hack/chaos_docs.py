@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import rewrite
+from hack.bench_docs import rewrite, stale_docs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "chaos"
@@ -138,16 +138,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
 
 def stale(directory: Path = RESULTS) -> list[Path]:
     """The documents whose blocks differ from their rendering (or with nothing filed to render)."""
-    out = []
-    for doc, rendered in blocks(directory).items():
-        text = doc.read_text(encoding="utf-8")
-        new = text
-        for block in rendered:
-            if block:
-                new = rewrite(new, block)
-        if new != text:
-            out.append(doc)
-    return out
+    return stale_docs(blocks(directory))
 
 
 def file_report(report: Path, directory: Path = RESULTS) -> Path:
