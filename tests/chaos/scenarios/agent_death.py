@@ -60,7 +60,17 @@ def agent_death(ctx: Ctx) -> None:
         fleet.launch(fleet[m])
     ctx.fault(len(midwrite), kind="gpu")
     ctx.fault(len(midwrite), kind="agent_kill")
-    ctx.wait_states(midwrite, lambda s: s.get("state") == "Quarantined", 30, "fault survives an agent kill mid-write")
+    try:
+        ctx.wait_states(
+            midwrite, lambda s: s.get("state") == "Quarantined", 30, "fault survives an agent kill mid-write"
+        )
+    except AssertionError:
+        # Known product bug (registry.KNOWN_VIOLATIONS): NVML delivers an XID once, and an agent killed
+        # after receiving it but before its report write forgets it. Recorded; the scenario goes on.
+        states = ctx.statuses(midwrite)
+        for m in midwrite:
+            if states.get(m, {}).get("state") != "Quarantined":
+                ctx.violate(f"agent kill mid-write lost the fault on {m}: {states.get(m, {}).get('state')}")
     for b in quarantined:
         fleet[b].inject_xid(gpu=1, code=79)
     for c in recovering:
