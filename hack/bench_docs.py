@@ -132,6 +132,23 @@ def stale(directory: Path = RESULTS) -> list[Path]:
     return stale_docs(blocks(directory))
 
 
+def check(bad: list[Path], tool: str) -> int:
+    """``--check``: name each stale document and the command that re-renders it; 1 if any."""
+    for d in bad:
+        print(f"{d} is stale: run python -m {tool}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def write_docs(rendered: dict[Path, list[str]]) -> None:
+    """Replace each document's marked blocks with their rendering (a block with nothing filed stays)."""
+    for doc, doc_blocks in rendered.items():
+        text = doc.read_text(encoding="utf-8")
+        for block in doc_blocks:
+            if block:
+                text = rewrite(text, block)
+        doc.write_text(text, encoding="utf-8")
+
+
 def file_run(results: Path, commit: str, date: str | None = None) -> Path:
     """Copy a run's results.json into docs/bench/ with the commit, date and load it ran at."""
     res = json.loads(results.read_text(encoding="utf-8"))
@@ -152,21 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
-        bad = stale()
-        for d in bad:
-            print(f"{d} is stale: run python -m hack.bench_docs", file=sys.stderr)
-        return 1 if bad else 0
+        return check(stale(), "hack.bench_docs")
     if args.add:
         if not args.commit:
             ap.error("--add needs --commit")
         print(f"filed {file_run(args.add, args.commit, args.date)}")
     if not filed_runs():
         ap.error("no filed full run under docs/bench/")
-    for doc, rendered in blocks().items():
-        text = doc.read_text(encoding="utf-8")
-        for block in rendered:
-            text = rewrite(text, block)
-        doc.write_text(text, encoding="utf-8")
+    write_docs(blocks())
     return 0
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import rewrite, stale_docs
+from hack.bench_docs import check, stale_docs, write_docs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "chaos"
@@ -161,21 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
-        bad = stale()
-        for d in bad:
-            print(f"{d} is stale: run python -m hack.chaos_docs", file=sys.stderr)
-        return 1 if bad else 0
+        return check(stale(), "hack.chaos_docs")
     for report in args.add:
         try:
             print(f"filed {file_report(report)}")
         except ValueError as e:
             ap.error(str(e))
-    for doc, rendered in blocks().items():
-        text = doc.read_text(encoding="utf-8")
-        for block in rendered:
-            if block:
-                text = rewrite(text, block)
-        doc.write_text(text, encoding="utf-8")
+    write_docs(blocks())
     return 0
 
 
