@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
@@ -91,10 +91,31 @@ def _raw_watch(
             time.sleep(0.5)
 
 
-class NodeWatch:
+class _Watch:
+    """One of the bench's independent watches: a daemon thread that lists, then watches, and says
+    when its first list is in (``start`` waits for it); ``stop`` ends it."""
+
+    def __init__(self, thread_name: str, what: str) -> None:
+        self.what = what
+        self.synced = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def start(self) -> Self:
+        self.thread.start()
+        if not self.synced.wait(60):
+            raise RuntimeError(f"{self.what} did not sync in 60s")
+        return self
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class NodeWatch(_Watch):
     """An independent watch on the GPU Nodes: which taint keys each node carries, and since when."""
 
     def __init__(self, api: client.ApiClient, keys: Iterable[str] = (TAINT, FLOOR_TAINT)) -> None:
+        super().__init__("bench-node-watch", "node watch")
         self.core = client.CoreV1Api(api)
         self.keys = frozenset(keys)
         self.cond = threading.Condition()
@@ -102,15 +123,6 @@ class NodeWatch:
         self.seen_at: dict[tuple[str, str], float] = {}
         self.count: dict[str, int] = dict.fromkeys(self.keys, 0)
         self.curve: dict[str, list[tuple[float, int]]] = {k: [] for k in self.keys}
-        self.synced = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="bench-node-watch", daemon=True)
-
-    def start(self) -> NodeWatch:
-        self.thread.start()
-        if not self.synced.wait(60):
-            raise RuntimeError("node watch did not sync in 60s")
-        return self
 
     def _run(self) -> None:
         _raw_watch(self.core.list_node, self._sync, self._event, self.stop, label_selector=GPU_SELECTOR)
@@ -168,7 +180,7 @@ class NodeWatch:
             return self.count[key]
 
 
-class RuleWatch:
+class RuleWatch(_Watch):
     """An independent watch on ``resource.k8s.io/v1`` DeviceTaintRules: since when each device has one.
 
     A device is ``(pool, device)`` from the rule's ``spec.deviceSelector`` (pool = node name in the
@@ -176,19 +188,11 @@ class RuleWatch:
     """
 
     def __init__(self, api: client.ApiClient) -> None:
+        super().__init__("bench-rule-watch", "DeviceTaintRule watch")
         self.custom = client.CustomObjectsApi(api)
         self.cond = threading.Condition()
         self.rules: dict[str, tuple[str, str]] = {}
         self.seen_at: dict[tuple[str, str], float] = {}
-        self.synced = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="bench-rule-watch", daemon=True)
-
-    def start(self) -> RuleWatch:
-        self.thread.start()
-        if not self.synced.wait(60):
-            raise RuntimeError("DeviceTaintRule watch did not sync in 60s")
-        return self
 
     def _run(self) -> None:
         _raw_watch(
@@ -246,7 +250,7 @@ class RuleWatch:
             return len(self.rules)
 
 
-class ReportWatch:
+class ReportWatch(_Watch):
     """A watch on the GPUNodeHealth objects: each node's verdict (status.state), plus the floor chain.
 
     The floor chain is the least any controller could do: on a report carrying an XID for an armed floor
@@ -257,6 +261,7 @@ class ReportWatch:
     """
 
     def __init__(self, api: client.ApiClient, floor_api: client.ApiClient) -> None:
+        super().__init__("bench-report-watch", "report watch")
         self.custom = client.CustomObjectsApi(api)
         self.floor_core = client.CoreV1Api(floor_api)
         self.armed: set[str] = set()
@@ -265,15 +270,6 @@ class ReportWatch:
         self.states: dict[str, str] = {}
         self.track_xids: set[str] = set()
         self.xid_seen: dict[str, dict[XidKey, float]] = {}
-        self.synced = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="bench-report-watch", daemon=True)
-
-    def start(self) -> ReportWatch:
-        self.thread.start()
-        if not self.synced.wait(60):
-            raise RuntimeError("report watch did not sync in 60s")
-        return self
 
     def _run(self) -> None:
         _raw_watch(
