@@ -111,8 +111,33 @@ def render_soak(path: Path, rep: dict[str, Any]) -> str:
             f"| {name} | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} "
             f"| {'n/a' if late is None else late} |"
         )
+    heap = rep.get("heap") or {}
+    for name, tr in (heap.get("trends") or {}).items():
+        late = second_half_slope(heap.get("t") or [], heap.get(name) or [])
+        lines.append(
+            f"| {name} (heap profile) | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} "
+            f"| {'n/a' if late is None else late} |"
+        )
+    if heap.get("growth"):
+        lines += [
+            "",
+            "Python heap growth from the profile's baseline to its last sample, by allocating line:",
+            "",
+            "| line | bytes gained | objects gained |",
+            "| --- | --- | --- |",
+        ]
+        for g in heap["growth"][:8]:
+            lines.append(f"| `{_site(g['site'])}` | {g['size_diff']} | {g['count_diff']} |")
     lines.append(SOAK_END)
     return "\n".join(lines)
+
+
+def _site(path: str) -> str:
+    """A source line as a path inside the repository or the installed library it belongs to."""
+    for mark in ("/operator/", "/site-packages/", "/lib/python3"):
+        if mark in path:
+            return path.split(mark, 1)[1]
+    return path
 
 
 def second_half_slope(t: list[float], ys: list[float]) -> float | None:

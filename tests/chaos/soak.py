@@ -6,13 +6,17 @@ kill scenarios cover restarts). Around it: real agents (fake NVML) whose GPUs de
 errors and XIDs, agents SIGKILLed and restarted, kube-apiserver SIGKILLed now and then, and Nodes
 deleted (with their agents) and new ones added. Every 10 s: the operator's RSS, open file
 descriptors and threads (psutil) and the nodes it tracks (the sum of its `gpuhealth_nodes` gauge, a
-view of its per-node caches). The report fits a least-squares line to each series over the run
-(after a warm-up) and gives its slope per hour next to its mean, and checks that deleted Nodes left
-nothing behind: no report, and the operator's tracked count back to the live fleet's size.
+view of its per-node caches). The operator also runs with its heap profile on
+(gpuhealth/controller/heapprofile.py), so the Python heap is reported apart from RSS with the
+lines that grew most: a leak grows the heap, an allocator settling only RSS. The report fits a
+least-squares line to each series over the run (after a warm-up) and gives its slope per hour next
+to its mean, and checks that deleted Nodes left nothing behind: no report, and the operator's
+tracked count back to the live fleet's size.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -29,6 +33,7 @@ from tests.support.cluster import LocalCluster
 
 SAMPLE_S = 10.0
 WARMUP_S = 60.0
+HEAP_S = 30.0  # the operator's heap profile interval (gpuhealth/controller/heapprofile.py)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -85,6 +90,7 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
     events: dict[str, int] = {}
     deleted: list[str] = []
     leftovers: list[str] = []
+    heap_file = ctx.workdir / "operator-heap.jsonl"
     try:
         nodes = ctx.make_nodes(12)
         ctx.policy(
@@ -102,7 +108,9 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
             }
         )
         fleet = ctx.agents(nodes, heartbeat=2.0)
-        op = ctx.operator()
+        op = ctx.operator(
+            env={"GPUHEALTH_HEAP_PROFILE": str(heap_file), "GPUHEALTH_HEAP_PROFILE_INTERVAL": str(HEAP_S)}
+        )
         ctx.wait_states(nodes, lambda s: s.get("state") == "Healthy", 120, "agents report, all Healthy")
         proc = psutil.Process(op.popen.pid if op.popen else 0)
         live = list(nodes)
@@ -190,10 +198,34 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
         "leftovers": leftovers,
         "violations": ctx.violations,
         "trends": series.trends(WARMUP_S),
+        "heap": heap_profile(heap_file),
         "series": {
             "t": [round(t, 1) for t in series.t],
             **{k: [round(x, 2) for x in v] for k, v in series.values.items()},
         },
+    }
+
+
+def heap_profile(path: Path, top: int = 12) -> dict[str, Any]:
+    """The operator's Python heap over the run, from its heap profile: the bytes its objects hold
+    (what a leak grows) apart from the process's RSS (which the allocator settling grows too), and
+    the lines whose holdings grew most from the baseline to the last sample."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    t = [float(x["t"]) for x in lines]
+    heap = [x["traced_bytes"] / 2**20 for x in lines]
+    overhead = [x["overhead_bytes"] / 2**20 for x in lines]
+    keep = [i for i, at in enumerate(t) if at >= WARMUP_S]
+    xs = [t[i] for i in keep]
+    last: list[dict[str, Any]] = next((x["growth"] for x in reversed(lines) if "growth" in x), [])
+    return {
+        "t": [round(x, 1) for x in t],
+        "python_heap_mb": [round(x, 3) for x in heap],
+        "tracemalloc_overhead_mb": [round(x, 3) for x in overhead],
+        "trends": {
+            "python_heap_mb": trend(xs, [heap[i] for i in keep]),
+            "tracemalloc_overhead_mb": trend(xs, [overhead[i] for i in keep]),
+        },
+        "growth": last[:top],
     }
 
 

@@ -96,3 +96,26 @@ def test_the_second_half_slope_tells_a_settling_warm_up_from_a_leak() -> None:
     assert chaos_docs.second_half_slope(t, settling) == 0.0
     assert chaos_docs.second_half_slope(t, leak) == 60.0
     assert chaos_docs.second_half_slope(t[:4], leak[:4]) is None
+
+
+def test_a_soak_with_a_heap_profile_shows_the_python_heap_and_where_it_grew(tmp_path: Path) -> None:
+    soak = {
+        "minutes": 30.0,
+        "seed": 7,
+        "commit": "abcdef0123",
+        "date": "2026-11-30T20:00:00Z",
+        "events": {},
+        "nodes_deleted": 0,
+        "leftovers": [],
+        "violations": [],
+        "trends": {},
+        "heap": {
+            "t": [float(i * 30) for i in range(10)],
+            "python_heap_mb": [40.0 + i for i in range(10)],
+            "trends": {"python_heap_mb": {"mean": 44.5, "per_hour": 120.0, "per_hour_pct_of_mean": 269.66}},
+            "growth": [{"site": "/x/operator/gpuhealth/controller/store.py:12", "size_diff": 4096, "count_diff": 8}],
+        },
+    }
+    block = chaos_docs.render_soak(tmp_path / "soak.json", soak)
+    assert "| python_heap_mb (heap profile) | 44.5 | 120.0 | 269.66 | 120.0 |" in block
+    assert "| `gpuhealth/controller/store.py:12` | 4096 | 8 |" in block

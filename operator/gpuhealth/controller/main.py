@@ -7,12 +7,14 @@ import asyncio
 import logging
 import os
 import random
+from pathlib import Path
 
 import kopf
 from prometheus_client import start_http_server
 
 from gpuhealth.controller import metrics
 from gpuhealth.controller.handlers import register
+from gpuhealth.controller.heapprofile import HeapProfiler
 from gpuhealth.controller.runtime import Runtime
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
@@ -63,6 +65,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("GPUHEALTH_LEASE_NAMESPACE", ""),
         help="namespace of the agents' node Leases (their heartbeats) to watch; empty: reports carry heartbeats",
     )
+    ap.add_argument(
+        "--heap-profile",
+        default=os.environ.get("GPUHEALTH_HEAP_PROFILE", ""),
+        help="diagnostics: trace Python allocations and append growth by line to this JSON-lines file",
+    )
+    ap.add_argument(
+        "--heap-profile-interval",
+        type=float,
+        default=float(os.environ.get("GPUHEALTH_HEAP_PROFILE_INTERVAL", "60")),
+        help="seconds between heap profile samples (the first after a minute is the baseline)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     return ap.parse_args(argv)
 
@@ -74,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if args.heap_profile:
+        HeapProfiler(Path(args.heap_profile), args.heap_profile_interval).start()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)

@@ -258,13 +258,16 @@ class Ctx:
                 self.silence[n] = after
         return name
 
-    def operator(self, identity: str = "a", extra_args: Iterable[str] = ()) -> OperatorProcess:
+    def operator(
+        self, identity: str = "a", extra_args: Iterable[str] = (), env: dict[str, str] | None = None
+    ) -> OperatorProcess:
         token, user = IDENTITIES[identity]
         kc = self.cluster.kubeconfig_with_token(token, self.workdir / f"operator-{identity}.kubeconfig", user)
         op = OperatorProcess(
             self.cluster,
             self.workdir / f"operator-{identity}.log",
             extra_args=[f"--kubeconfig={kc}", *extra_args],
+            env=dict(env or {}),
         )
         self.operators.append(op)
         return op.start()
