@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, free_port
 from tests.support.k8s import Kube, OperatorProcess, wait_for
 
 
@@ -67,3 +68,36 @@ def test_dead_agent_makes_node_unknown_never_healthy(
     wait_for(lambda: kube.node_events(node, "AgentSilent"), what="AgentSilent event")
     fleet.launch(fleet[node])
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="Healthy again on a fresh report")
+
+
+def test_xid_held_by_an_agent_killed_before_its_report_write_is_published_after_restart(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, fleet: AgentFleet, tmp_path: Path
+) -> None:
+    """NVML delivers an XID once. The agent gets it while it cannot reach the API server (so it cannot
+    have published it), is SIGKILLed, and restarts with the same state dir (the DaemonSet's emptyDir):
+    its XID journal brings the fault to the report and the node is quarantined."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group))
+    fleet.start([node])
+    wait_for(lambda: kube.state(node) == "Healthy", timeout=60, what="agent reports, node Healthy")
+    agent = fleet[node]
+    agent.kill()
+    # The same cluster at a port nobody listens on: the agent retries its restore forever, writes nothing.
+    dead_api = json.loads(cluster.kubeconfig.read_text())
+    for entry in dead_api["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    (tmp_path / "dead-api.kubeconfig").write_text(json.dumps(dead_api))
+    fleet.launch(agent, kubeconfig=tmp_path / "dead-api.kubeconfig")
+    # "started" is logged once the XID events are registered: an XID injected earlier would count as past.
+    wait_for(lambda: agent.log.read_text().count("agent started for node") == 2, timeout=30, what="agent restarted")
+    agent.inject_xid(gpu=5, code=79)
+    wait_for(lambda: 1 in agent.emitted(), timeout=10, interval=0.01, what="NVML delivered the XID")
+    wait_for(lambda: agent.journal(), timeout=10, interval=0.01, what="the agent journaled the XID")
+    agent.kill()  # SIGKILL with the XID only in its memory and its journal; NVML will not repeat it
+    assert not kube.report(node)["spec"].get("xidEvents") and kube.our_taint(node) is None
+    fleet.launch(agent)  # the real API again, the same state dir
+    taint = wait_for(lambda: kube.our_taint(node), timeout=30, what="taint from the journaled XID")
+    assert taint["value"] == "XID79"
+    xids = kube.report(node)["spec"]["xidEvents"]
+    assert [(e["xid"], e["gpu"]) for e in xids] == [(79, 5)]
+    assert list(agent.emitted()) == [1], "the restarted agent got the XID from its journal, not from NVML"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,9 @@ class Agent:
     metrics_port: int = 0  # 0: no metrics server
     # Where the fake library logs each XID it hands to the agent (FAKE_NVML_EMIT_LOG).
     emit_log: Path | None = None
+    # The agent's --state-dir (its XID journal). Kept across kill and launch, as the DaemonSet's
+    # emptyDir survives a container restart.
+    state_dir: Path | None = None
 
     def write(self) -> None:
         tmp = self.scenario.with_suffix(".tmp")
@@ -47,6 +51,19 @@ class Agent:
             words = line.split()  # xid <seq> gpu <i> code <n> at <unix-ns>
             if len(words) == 8 and words[0] == "xid":
                 out[int(words[1])] = int(words[7]) / 1e9
+        return out
+
+    def journal(self) -> list[dict[str, object]]:
+        """The whole entries of the agent's XID journal (a torn last line is left out)."""
+        path = self.state_dir / "xid-journal.jsonl" if self.state_dir else None
+        if path is None or not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
         return out
 
     def alive(self) -> bool:
@@ -80,6 +97,7 @@ class AgentFleet:
         for node in nodes:
             agent = Agent(node, self.workdir / f"{node}.scenario", self.workdir / f"{node}.agent.log")
             agent.emit_log = self.workdir / f"{node}.emitted"
+            agent.state_dir = self.workdir / "state" / node
             if self.metrics:
                 agent.metrics_port = free_port()
             agent.write()
@@ -87,7 +105,8 @@ class AgentFleet:
             self.launch(agent)
         return self
 
-    def launch(self, agent: Agent) -> None:
+    def launch(self, agent: Agent, kubeconfig: Path | None = None) -> None:
+        """(Re)start the agent's process; ``kubeconfig`` overrides the fleet's for this run."""
         exe = Path(sys.executable).parent / "gpuhealth-agent"
         env = {
             **{k: v for k, v in os.environ.items() if k not in ("GPUHEALTH_LEASE_NAMESPACE", "POD_NAMESPACE")},
@@ -100,13 +119,14 @@ class AgentFleet:
             agent.popen = subprocess.Popen(
                 [
                     str(exe),
-                    f"--kubeconfig={self.kubeconfig}",
+                    f"--kubeconfig={kubeconfig or self.kubeconfig}",
                     f"--interval={self.interval}",
                     f"--heartbeat-interval={self.heartbeat}",
                     *([f"--event-timeout={self.event_timeout}"] if self.event_timeout is not None else []),
                     f"--metrics-port={agent.metrics_port}",  # 0 unless asked: several agents share this host
                     "--metrics-bind=127.0.0.1",
                     *([f"--lease-namespace={self.lease_namespace}"] if self.lease_namespace else []),
+                    *([f"--state-dir={agent.state_dir}"] if agent.state_dir else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -60,7 +60,10 @@ def test_base_contents_and_hardening() -> None:
         assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
         assert c["resources"]["requests"] and c["resources"]["limits"]
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
+        # The agent's XID journal lives in an emptyDir of its own (survives container restarts).
+        want = {"/tmp", "/var/lib/gpuhealth-agent"} if w is ds else {"/tmp"}
+        assert {m["mountPath"] for m in c["volumeMounts"]} == want
+        assert all(set(v) == {"name", "emptyDir"} for v in spec.get("volumes") or [])
 
     op = dep["spec"]["template"]["spec"]["containers"][0]
     assert op["command"][:3] == ["gpuhealth-operator", "--peering=gpuhealth", "--liveness=http://0.0.0.0:8081/healthz"]
@@ -73,6 +76,7 @@ def test_base_contents_and_hardening() -> None:
     assert agent["command"] == ["gpuhealth-agent"]
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GPUHEALTH_STATE_DIR"]["value"] == "/var/lib/gpuhealth-agent"
     # The heartbeat Lease lives in the agent's own namespace, where the operator watches it.
     assert env["GPUHEALTH_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     op_env = {e["name"]: e for e in op["env"]}

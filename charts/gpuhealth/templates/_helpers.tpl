@@ -65,6 +65,10 @@ env:
     value: utility
   - name: GPUHEALTH_METRICS_PORT
     value: {{ .root.Values.agent.metricsPort | quote }}
+  # The local XID journal: an XID NVML delivered survives an agent crash or container restart
+  # (an emptyDir lives as long as the pod; no hostPath, no privileges).
+  - name: GPUHEALTH_STATE_DIR
+    value: /var/lib/gpuhealth-agent
   {{- with .dcgmUrl }}
   - name: GPUHEALTH_DCGM_URL
     value: {{ . | quote }}
@@ -88,4 +92,6 @@ securityContext:
 volumeMounts:
   - name: {{ .volume | default "tmp" }}
     mountPath: /tmp
+  - name: state
+    mountPath: /var/lib/gpuhealth-agent
 {{- end }}

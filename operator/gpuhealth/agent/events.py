@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from gpuhealth.agent.model import XidEvent
 from gpuhealth.agent.source import DeviceSource
@@ -18,19 +19,31 @@ from gpuhealth.agent.source import DeviceSource
 log = logging.getLogger(__name__)
 
 
+class Journal(Protocol):
+    """Where an XID is made durable before it is handed on (``journal.XidJournal``)."""
+
+    def append(self, event: XidEvent, baseline: bool = False) -> None: ...
+
+
 class XidBuffer:
     """Thread-safe hand-off of XID events from producers to the publisher.
 
     Bounded so an XID storm during a long API outage cannot exhaust memory; the report keeps
     only the newest events anyway, so dropping the oldest loses nothing it would carry.
+    With a ``journal``, each event is appended to it on the producer's thread *before* it is
+    queued: NVML delivers an XID once, so it must be on disk before the agent can be killed
+    with it only in memory.
     """
 
     def __init__(self, maxlen: int = 1024, on_put: Callable[[], None] | None = None) -> None:
         self._items: deque[tuple[XidEvent, bool]] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
         self._on_put = on_put
+        self.journal: Journal | None = None
 
     def put(self, event: XidEvent, *, baseline: bool = False) -> None:
+        if self.journal is not None:
+            self.journal.append(event, baseline)
         with self._lock:
             if len(self._items) == self._items.maxlen:
                 log.warning("XID buffer full; dropping the oldest pending event")

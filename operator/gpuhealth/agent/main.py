@@ -21,6 +21,8 @@ from gpuhealth.kube.credentials import api_client
 log = logging.getLogger("gpuhealth.agent")
 
 EXIT_NVML_UNAVAILABLE = 3
+# Used when --state-dir is unset and this directory exists (the DaemonSet mounts an emptyDir here).
+DEFAULT_STATE_DIR = "/var/lib/gpuhealth-agent"
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -87,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="port for /metrics and /healthz; 0 disables (env GPUHEALTH_METRICS_PORT, default 9401)",
     )
     p.add_argument("--metrics-bind", default="0.0.0.0", help="address for the metrics server (default 0.0.0.0)")
+    p.add_argument(
+        "--state-dir",
+        default=_env("GPUHEALTH_STATE_DIR"),
+        help="directory of the local XID journal, which keeps XIDs across agent crashes (env "
+        f"GPUHEALTH_STATE_DIR; default {DEFAULT_STATE_DIR} if it exists, else no journal)",
+    )
     p.add_argument("--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds")
     p.add_argument("--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)")
     p.add_argument("--once", action="store_true", help="sample once, write (or print) the report once, exit")
@@ -113,7 +121,21 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_xid_events=args.max_xid_events,
         max_backoff_s=args.max_backoff,
         lease_namespace=args.lease_namespace or None,
+        state_dir=None if args.once and args.dry_run else resolve_state_dir(args.state_dir),
     )
+
+
+def resolve_state_dir(value: str | None, default: str = DEFAULT_STATE_DIR) -> str | None:
+    """The journal directory: the one given, else the default where it exists, else none (warned)."""
+    if value:
+        return value
+    if os.path.isdir(default):
+        return default
+    log.warning(
+        "no --state-dir and no %s: running without the XID journal; an XID received just before a crash can be lost",
+        default,
+    )
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

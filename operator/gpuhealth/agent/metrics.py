@@ -67,6 +67,12 @@ class AgentMetrics:
             "gpuhealth_agent_sample_duration_seconds", "How long the last sample took.", registry=r
         )
         self.dcgm_errors = Counter("gpuhealth_agent_dcgm_scrape_errors", "Failed DCGM exporter scrapes.", registry=r)
+        self.journal_errors = Counter(
+            "gpuhealth_agent_journal_errors",
+            "XID journal problems: op=read (torn or invalid lines skipped), op=write (unwritable state dir).",
+            ("op",),
+            registry=r,
+        )
 
     def observe(self, snapshot: Snapshot) -> None:
         """Mirror one sample into the gauges (live values, unlike the deduplicated report)."""

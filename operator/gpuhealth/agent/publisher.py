@@ -23,9 +23,10 @@ from typing import IO, Any, Protocol
 import tenacity
 
 from gpuhealth.agent.events import XidBuffer
+from gpuhealth.agent.journal import not_yet_known
 from gpuhealth.agent.merge_patch import merge_patch
 from gpuhealth.agent.metrics import AgentMetrics
-from gpuhealth.agent.model import Snapshot
+from gpuhealth.agent.model import Snapshot, XidEvent
 from gpuhealth.agent.report import ReportBuilder, now_utc
 from gpuhealth.api.names import GROUP, VERSION
 from gpuhealth.api.names import REPORT_KIND as KIND
@@ -211,6 +212,8 @@ class Publisher:
         self._last_write = float("-inf")
         self._last_renew = float("-inf")
         self.restored = threading.Event()
+        # This boot's XIDs from the local journal (XidJournal.load), adopted once after restore.
+        self.replay: list[tuple[XidEvent, bool]] = []
         self.last_loop = time.monotonic()
         # Seconds after which a write gives up; None retries until stopped (the daemon's way).
         self.give_up_after_s: float | None = None
@@ -247,6 +250,13 @@ class Publisher:
         kept = self._builder.restore(spec if isinstance(spec, dict) else None)
         if existing is not None:
             log.info("found existing report %s; kept %d XID event(s) from this boot", self._builder.node_name, kept)
+        # XIDs journaled before a crash that never reached the API: the next write carries them.
+        replayed = 0
+        for event, baseline in not_yet_known(self.replay, self._builder.history.events):
+            replayed += self._builder.add_xid(event, baseline=baseline)
+        if self.replay:
+            log.info("XID journal: %d of %d event(s) were not in the report yet", replayed, len(self.replay))
+        self.replay = []
         self.restored.set()
 
     def publish(self, force: bool = False) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 from gpuhealth.agent.dcgm_source import DcgmSource, merge_dcgm
 from gpuhealth.agent.events import EventWatcher, XidBuffer
 from gpuhealth.agent.host import read_boot_time
+from gpuhealth.agent.journal import XidJournal
 from gpuhealth.agent.lease import LeaseTransport, NodeLease
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
@@ -65,6 +66,8 @@ class AgentConfig:
     boot_time: datetime | None = None  # None: read from /proc/stat
     # Namespace of the node Lease renewed as the heartbeat; None: heartbeat by patching the report.
     lease_namespace: str | None = None
+    # Directory of the local XID journal (journal.py); None: no journal.
+    state_dir: str | None = None
 
 
 class Agent:
@@ -131,6 +134,22 @@ class Agent:
     def _wake_publisher(self) -> None:
         self.publisher.wake()
 
+    def open_journal(self) -> None:
+        """Load this boot's journaled XIDs for the publisher to adopt, then journal every new one.
+
+        Runs before the first sample and the event registration, so no XID is handed on unjournaled.
+        """
+        if not self.config.state_dir or self.xids.journal is not None:
+            return
+        boot = self.builder.agent.boot_time
+        if boot is None:
+            log.warning("host boot time unknown: the XID journal in %s stays off", self.config.state_dir)
+            return
+        journal = XidJournal(self.config.state_dir, boot, self.config.max_xid_events, self.metrics)
+        self.publisher.replay = journal.load()
+        if journal.enabled:
+            self.xids.journal = journal
+
     # ---- sampling ------------------------------------------------------------------------
 
     def sample_once(self) -> Snapshot:
@@ -184,6 +203,7 @@ class Agent:
         if self.config.metrics_port:
             self._server = MetricsServer(self.metrics, self.health, self.config.metrics_port, self.config.metrics_bind)
             self._server.start()
+        self.open_journal()
         try:
             self.latest.set(self.sample_once())
         except Exception:
@@ -219,6 +239,7 @@ class Agent:
         """Restore, sample once and write the report once (``--once`` without ``--dry-run``)."""
         self.publisher.give_up_after_s = max(30.0, 4 * self.config.max_backoff_s)
         try:
+            self.open_journal()
             self.publisher.restore()
             self.latest.set(self.sample_once())
             return self.publisher.publish(force=True)

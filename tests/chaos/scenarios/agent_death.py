@@ -8,7 +8,8 @@ import time
 
 from tests.chaos import invariants as inv
 from tests.chaos.scenarios.context import Ctx
-from tests.support.k8s import healthy_spec
+from tests.support.agents import Agent
+from tests.support.k8s import healthy_spec, wait_for
 
 
 def agent_death(ctx: Ctx) -> None:
@@ -51,11 +52,24 @@ def agent_death(ctx: Ctx) -> None:
     ctx.fault(kind="agent_clock_ahead")
     ctx.operator()
     ctx.wait_states(everyone, lambda s: s.get("state") == "Healthy", 90, "agents report, all Healthy")
-    # Agents SIGKILLed while they publish a new fault (the agent polls every 0.5 s), then restarted:
-    # the fault must not be forgotten.
+    # Agents SIGKILLed while they publish a new fault, then restarted: the fault must not be forgotten.
+    # The kill lands at a random instant after the agent holds the XID (NVML delivered it, which the
+    # fake library logs, and the agent journaled it): the window between NVML's one delivery and the
+    # report write, where an agent without its local journal forgot the fault.
     for m in midwrite:
-        fleet[m].inject_xid(gpu=5, code=79)
-        time.sleep(ctx.rng.uniform(0.0, 1.0))
+        agent = fleet[m]
+        seq = agent.xid_seq + 1
+        agent.inject_xid(gpu=5, code=79)
+
+        def delivered(agent: Agent = agent, seq: int = seq) -> bool:
+            return seq in agent.emitted()
+
+        def journaled(agent: Agent = agent) -> bool:
+            return any(e.get("xid") == 79 and e.get("gpu") == 5 for e in agent.journal())
+
+        wait_for(delivered, 10, 0.002, f"NVML delivered the XID on {m}")
+        wait_for(journaled, 10, 0.002, f"the agent on {m} holds the XID")
+        time.sleep(ctx.rng.uniform(0.0, 0.02))  # the report write follows within milliseconds
         fleet[m].kill()
         fleet.launch(fleet[m])
     ctx.fault(len(midwrite), kind="gpu")
@@ -65,9 +79,7 @@ def agent_death(ctx: Ctx) -> None:
             midwrite, lambda s: s.get("state") == "Quarantined", 30, "fault survives an agent kill mid-write"
         )
     except AssertionError:
-        # Known product bug (registry.KNOWN_VIOLATIONS): NVML delivers an XID once, and an agent killed
-        # after receiving it but before its report write forgets it. Recorded; the scenario goes on.
-        states = ctx.statuses(midwrite)
+        states = ctx.statuses(midwrite)  # recorded; the scenario goes on
         for m in midwrite:
             if states.get(m, {}).get("state") != "Quarantined":
                 ctx.violate(f"agent kill mid-write lost the fault on {m}: {states.get(m, {}).get('state')}")
