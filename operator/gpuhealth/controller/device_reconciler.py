@@ -258,7 +258,10 @@ class DeviceReconciler:
             ref = DeviceRef.parse(r.device) if r.out_of_service else None
             if ref is not None and rule_name(ref) not in self.taken:
                 desired.append(build_rule(ref, r.reason or "Unhealthy", dry, r.index, r.uuid))
-        self.wanted[name] = {d["metadata"]["name"] for d in desired}
+        if desired:
+            self.wanted[name] = {d["metadata"]["name"] for d in desired}
+        else:  # only nodes holding GPUs out are kept, so the map cannot grow with node churn
+            self.wanted.pop(name, None)
         existing = [r for r in self.rules.values() if _rule_node(r) == name]
         plan = plan_rules(desired, existing)
         mode = str(policy.mode)
@@ -308,6 +311,8 @@ class DeviceReconciler:
         """
         if time.monotonic() - self._listed_at >= RELIST_S:
             await self.load_rules()
+        for gone in [n for n in self.wanted if n not in self.store.nodes]:
+            del self.wanted[gone]  # the Node was deleted: its wishes go with it
         for rname, rule in list(self.rules.items()):
             node = _rule_node(rule)
             policy = self.store.governing(node)[0] if node in self.store.nodes else None

@@ -412,3 +412,24 @@ def test_a_gpu_nobody_holds_is_drained_with_one_list_and_one_write() -> None:
     asyncio.run(body())
     assert kube.reports["n1"]["status"]["deviceDrains"]["3"]["phase"] == "Completed"
     assert not [w for w in kube.writes if w[1].startswith("pod/")]
+
+
+def test_the_rules_a_node_wanted_are_forgotten_with_the_node() -> None:
+    """The soak found one entry per deleted node left in this map: it must not grow with churn."""
+    kube = setup()
+    kube.add_node("n2")
+    kube.add_report(report_obj(name="n2"))  # a clean node: nothing wanted, nothing kept
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")
+        await rt.reconciler.reconcile("n2")
+        assert rt.devices.wanted == {"n1": {RULE}}
+        rt.store.forget_node("n1")  # the Node was deleted
+        await rt.devices.sweep()
+        assert rt.devices.wanted == {}
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert RULE not in kube.rules  # and its rule went too
