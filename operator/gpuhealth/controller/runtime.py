@@ -189,7 +189,6 @@ class Runtime:
         name = body["metadata"]["name"]
         if event == "DELETED":
             self.store.forget_node(name)
-            self.store.records.pop(name, None)
             self.store.renewed.pop(name, None)
             self.reports_gc.suspect(name)
             if enqueue:
@@ -203,8 +202,7 @@ class Runtime:
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
         if event == "DELETED":
-            self.store.reports.pop(name, None)
-            self.store.seen.pop(name, None)
+            self.store.drop_report(name)
         else:
             self._heard(name, body, live=enqueue)
             self.store.put_report(name, body)

@@ -13,8 +13,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
+from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
+from gpuhealth.controller.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import Seen, latest
 
@@ -126,15 +128,19 @@ class Lists(Mapping[str, list[dict[str, Any]]]):
 
 
 class Store:
-    """Caches and indexes. Methods that take a watched body return the node names it may affect."""
+    """Caches and indexes. Methods that take a watched body return the node names it may affect.
+
+    Nodes, reports and records are read through read-only views and written only through methods,
+    so that each write also updates the node's share of its policy's counts (``tally.py``).
+    """
 
     def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.reports: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._reports: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, Policy] = {}
         self.policy_objs: dict[str, dict[str, Any]] = {}
         self.invalid_policies: dict[str, str] = {}
-        self.records: dict[str, Record] = {}
+        self._records: dict[str, Record] = {}
         self.written_rv: dict[str, str] = {}
         self.first_seen: dict[str, dt.datetime] = {}
         self.seen: dict[str, Seen] = {}  # when each agent was last heard from (our clock)
@@ -144,30 +150,95 @@ class Store:
         self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
         self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
+        self._tallies = Tallies()
+
+    @property
+    def nodes(self) -> Mapping[str, dict[str, Any]]:
+        return self._nodes
+
+    @property
+    def reports(self) -> Mapping[str, dict[str, Any]]:
+        return self._reports
+
+    @property
+    def records(self) -> Mapping[str, Record]:
+        return self._records
 
     # -- nodes -----------------------------------------------------------------------------------
 
     def put_node(self, name: str, body: Mapping[str, Any]) -> None:
         """Cache a Node; which policy governs it is re-computed only when its labels change."""
-        old = self.nodes.get(name)
-        self.nodes[name] = slim_node(body)
+        old = self._nodes.get(name)
+        self._nodes[name] = slim_node(body)
         if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
             self._governing.pop(name, None)
+        self._recount(name)
 
     def forget_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        """A Node deleted: its cache, its record and its share go (its report stays until collected)."""
+        self._nodes.pop(name, None)
+        self._records.pop(name, None)
         self._governing.pop(name, None)
+        self._tallies.set(name, None)
 
     def governing(self, name: str) -> tuple[Policy | None, list[Policy]]:
         """The policy that governs a cached node (and those it overrides), memoized per node."""
         hit = self._governing.get(name)
         if hit is None:
-            labels = ((self.nodes.get(name) or {}).get("metadata") or {}).get("labels") or {}
-            hit = self._governing[name] = select_policy(list(self.policies.values()), labels)
+            node = self._nodes.get(name)
+            labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+            hit = select_policy(list(self.policies.values()), labels)
+            if node is not None:
+                self._governing[name] = hit
         return hit
 
-    def governed_by(self, policy: Policy) -> list[str]:
-        return [n for n in self.nodes if self.governing(n)[0] is policy]
+    # -- per-policy counts -----------------------------------------------------------------------
+
+    def tally(self, policy: Policy) -> Tally:
+        """The counts of the nodes ``policy`` governs (read only). A superseded copy of a policy
+        governs no node: the counts are empty for it, as a fresh recount would find."""
+        if self.policies.get(policy.name) is not policy:
+            return EMPTY
+        return self._tallies.of(policy.name)
+
+    def counted_out(self, policy: Policy, name: str) -> bool:
+        """Whether ``name`` counts as out of service in ``policy``'s tally."""
+        s = self._tallies.share(name)
+        return s is not None and s.out and s.policy == policy.name and self.policies.get(policy.name) is policy
+
+    def _share(self, name: str) -> Share | None:
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        winner, others = self.governing(name)
+        if winner is None:
+            return None
+        rec = self._records.get(name)
+        state = rec.state if rec is not None else Record().state
+        devices = ((self._reports.get(name) or {}).get("status") or {}).get("devices") or []
+        return Share(
+            policy=winner.name,
+            overridden=tuple(o.name for o in others),
+            state=str(state),
+            out=rec is not None and rec.out_of_service,
+            held=rec is not None and rec.held_by_breaker,
+            gpus=self.gpus_of(name),
+            gpus_out=self.gpus_out(name),
+            gpus_held=sum(
+                1
+                for d in devices
+                if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
+            ),
+            node_gpus=node_gpus(node) or 0,
+        )
+
+    def _recount(self, name: str) -> None:
+        self._tallies.set(name, self._share(name))
+
+    def _recount_all(self) -> None:
+        self._tallies.reset(self.policies)
+        for name in self._nodes:
+            self._recount(name)
 
     # -- reports and records ---------------------------------------------------------------------
 
@@ -175,26 +246,46 @@ class Store:
         """Cache a watched report. Our own writes update the record at once (``wrote``); adopt a
         watched status only if it is newer than our last write (another writer, e.g. a previous
         leader), never an older echo of it."""
-        self.reports[name] = slim_report(body)
+        self._reports[name] = slim_report(body)
         if body.get("status") and (
-            name not in self.records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
+            name not in self._records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
         ):
-            self.records[name] = Record.from_status(dict(body["status"]))
+            self._records[name] = Record.from_status(dict(body["status"]))
+        self._recount(name)
 
     def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
         """A report read fresh after a conflict: its status is the record, whoever wrote it."""
-        self.reports[name] = slim_report(body)
-        self.records[name] = Record.from_status(body.get("status"))
+        self._reports[name] = slim_report(body)
+        self._records[name] = Record.from_status(body.get("status"))
+        self._recount(name)
 
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:
         """Reflect a status write of ours (the API's answer)."""
-        self.reports[name] = slim_report(result)
+        self._reports[name] = slim_report(result)
         self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
+        self._recount(name)
+
+    def created(self, name: str, result: Mapping[str, Any]) -> None:
+        """Reflect a report we created (a stub with no status yet), or the one found in its place."""
+        self._reports[name] = slim_report(result)
+        self._recount(name)
+
+    def drop_report(self, name: str) -> None:
+        """The report is gone (deleted, or collected with its Node)."""
+        self._reports.pop(name, None)
+        self.seen.pop(name, None)
+        self._recount(name)
+
+    def set_record(self, name: str, record: Record) -> None:
+        """The decision record of ``name``, as just written (or found unchanged)."""
+        self._records[name] = record
+        self._recount(name)
 
     def forget_records(self) -> None:
         """Another replica may have written meanwhile: re-read records before deciding again."""
-        self.records.clear()
+        self._records.clear()
         self.written_rv.clear()
+        self._recount_all()
 
     def heard(self, name: str) -> Seen | None:
         """When the node's agent was last heard from: its report's last spec write or Lease renewal."""
@@ -203,8 +294,15 @@ class Store:
     # -- policies --------------------------------------------------------------------------------
 
     def put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
-        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused."""
-        self._governing.clear()
+        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused.
+        Every node is re-selected and re-counted: once per policy change, never per node event."""
+        try:
+            return self._put_policy(name, body)
+        finally:
+            self._governing.clear()
+            self._recount_all()
+
+    def _put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
         if body is None:
             self.policies.pop(name, None)
             self.policy_objs.pop(name, None)
