@@ -31,7 +31,8 @@ from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
+from gpuhealth.controller.slim import slim_pod
+from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
 from gpuhealth.evaluation.rules import time_dependent

@@ -2,13 +2,14 @@
 decision records. Nothing here talks to the API or decides; handlers feed it, the node reconciler
 reads it and records what it wrote.
 
-Watched objects are slimmed on the way in (``slim_*``): pods are most of a cluster's objects, and a
-real Node's image list and managed fields are most of its size, so only what is read is kept.
+Watched objects are slimmed on the way in (``slim.py``): only what is read is kept, with shared
+strings, so memory per node stays small.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,78 +17,12 @@ from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
+from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
 from gpuhealth.controller.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import Seen, latest
 
 NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
-
-_POD_META = (
-    "name",
-    "namespace",
-    "uid",
-    "labels",
-    "annotations",
-    "ownerReferences",
-    "deletionTimestamp",
-    "resourceVersion",
-)
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-def _slim_container(cs: Mapping[str, Any]) -> dict[str, Any]:
-    """Restart count, exit codes and times, the waiting reason: what restart-loop detection reads."""
-    out: dict[str, Any] = {"restartCount": cs.get("restartCount") or 0}
-    for key in ("state", "lastState"):
-        state = cs.get(key) or {}
-        slim: dict[str, Any] = {}
-        term = state.get("terminated")
-        if term:
-            slim["terminated"] = {f: term[f] for f in ("exitCode", "finishedAt") if f in term}
-        if state.get("waiting"):
-            slim["waiting"] = {"reason": state["waiting"].get("reason")}
-        if slim:
-            out[key] = slim
-    return out
-
-
-def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
-    if _LAST_APPLIED in (meta.get("annotations") or {}):
-        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
-    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
-    if "containerStatuses" in status:
-        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
-    # The claims a pod uses: a device drain finds the pods that hold one GPU by them (drain/claims.py).
-    for key in ("resourceClaimStatuses", "extendedResourceClaimStatus"):
-        if status.get(key):
-            slim_status[key] = status[key]
-    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
-    if spec.get("resourceClaims"):
-        slim_spec["resourceClaims"] = [
-            {k: c[k] for k in ("name", "resourceClaimName") if k in c} for c in spec["resourceClaims"]
-        ]
-    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
-
-
-def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What taints, cordons, conditions and policy selection read."""
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
-    return {
-        "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
-        "spec": body.get("spec") or {},
-        "status": {k: status[k] for k in ("capacity", "conditions") if k in status},
-    }
-
-
-def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
-    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 def gpu_capacity(node: Mapping[str, Any]) -> int | None:
@@ -342,6 +277,8 @@ class Store:
             if gone and not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = gone
             gang, workload = P.gang_key(pod), P.workload_key(pod)
+            # One copy of each key for all the pods of a gang or workload, not one per pod.
+            gang, workload = sys.intern(gang) if gang else gang, sys.intern(workload)
             self.pod_index[uid] = (node, gang, workload)
             self.pods_by_node.setdefault(node, {})[uid] = pod
             if gang:
