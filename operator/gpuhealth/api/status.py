@@ -19,7 +19,7 @@ from gpuhealth.api.timeutil import format_time, parse_time
 MAX_EVIDENCE = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """The part of GPUNodeHealth status the state machine owns."""
 

@@ -3,6 +3,9 @@
 A node about to leave service asks for a slot under its policy's lock; the slot stays reserved
 until the node's status is written (``release``), so concurrent workers cannot overshoot
 ``maxUnhealthy``. Drains take one of ``maxConcurrentDrains`` slots the same way.
+
+Admission reads the store's per-policy tally (kept as nodes and records change), never the fleet:
+its cost under the lock is the number of reserved slots, whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ class Breaker:
     async def admit(self, policy: Policy, name: str) -> bool:
         """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more."""
         async with self._lock(policy):
-            governed = self._store.governed_by(policy)
+            tally = self._store.tally(policy)
             reserved = self._reserved.setdefault(policy.name, set())
-            records = self._store.records
-            out = {n for n in governed if (r := records.get(n)) is not None and r.out_of_service} | reserved
-            out.discard(name)
-            if len(out) + 1 <= policy.breaker_limit(len(governed)):
+            # Nodes out of service by their records, plus slots reserved for nodes not counted so.
+            out = tally.out + sum(1 for n in reserved if not self._store.counted_out(policy, n))
+            if name in reserved or self._store.counted_out(policy, name):
+                out -= 1  # the node itself is not one more
+            if out + 1 <= policy.breaker_limit(tally.nodes):
                 reserved.add(name)
                 return True
             return False
@@ -41,11 +45,10 @@ class Breaker:
         """Reserve up to ``wanted`` more GPUs of ``name`` to leave service one by one, within
         ``maxUnhealthyGPUs`` of the policy's GPUs; a node out of service counts all its GPUs."""
         async with self._lock(policy):
-            governed = self._store.governed_by(policy)
-            total = sum(self._store.gpus_of(n) for n in governed)
+            tally = self._store.tally(policy)
             reserved = self._reserved_gpus.setdefault(policy.name, {})
-            out = sum(self._store.gpus_out(n) for n in governed) + sum(v for n, v in reserved.items() if n != name)
-            grant = max(0, min(wanted, policy.gpu_breaker_limit(total, len(governed)) - out))
+            out = tally.gpus_out + sum(v for n, v in reserved.items() if n != name)
+            grant = max(0, min(wanted, policy.gpu_breaker_limit(tally.gpus, tally.nodes) - out))
             reserved[name] = grant
             return grant
 

@@ -56,5 +56,11 @@ def export_gpus_out_of_service(
     governing: Callable[[str], tuple[_Named | None, Any]],
 ) -> None:
     """Set ``gpuhealth_gpus_out_of_service{policy,state}`` from the current caches."""
-    for (policy, state), gpus in gpus_out_of_service(policies, nodes, records, governing).items():
+    export_counts(gpus_out_of_service(policies, nodes, records, governing))
+
+
+def export_counts(counts: Mapping[tuple[str, str], int]) -> None:
+    """Set ``gpuhealth_gpus_out_of_service{policy,state}`` from (policy, state) -> GPUs, as
+    :func:`gpus_out_of_service` counts them (the operator keeps the same count per policy as it goes)."""
+    for (policy, state), gpus in counts.items():
         metrics.GPUS_OUT_OF_SERVICE.labels(policy, state).set(gpus)

@@ -44,7 +44,7 @@ from gpuhealth.controller.device_drainer import DeviceDrainer
 from gpuhealth.controller.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store, gpu_capacity, slim_report
+from gpuhealth.controller.store import Store, gpu_capacity
 from gpuhealth.evaluation.assess import Assessment, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
@@ -231,12 +231,12 @@ class NodeReconciler:
             report_obj = await self._create_stub(name)
             changed = body
         if not changed:
-            self.store.records[name] = decision.record
+            self.store.set_record(name, decision.record)
             return
         patch = {"metadata": {"resourceVersion": report_obj["metadata"]["resourceVersion"]}, "status": changed}
         result = await self.call(self.kube.patch_report_status, name, patch)
         self.store.wrote(name, result)
-        self.store.records[name] = decision.record
+        self.store.set_record(name, decision.record)
 
     async def _create_stub(self, name: str) -> dict[str, Any]:
         """No agent report after the silence period: create a stub so the Unknown verdict has a home."""
@@ -247,7 +247,7 @@ class NodeReconciler:
             if status_of(e) != 409:
                 raise
             obj = await self.call(self.kube.get_report, name)
-        self.store.reports[name] = slim_report(obj)
+        self.store.created(name, obj)
         return obj
 
     async def _converge_node(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:

@@ -1,7 +1,8 @@
 """Each policy's status (counts per state, the breaker, overlaps), its metrics and breaker Events.
 
-Computed from the caches on every sweep and written only when it changed, so an idle fleet costs
-no policy writes.
+Computed on every sweep from the store's per-policy tallies (kept as nodes and records change, so
+a sweep costs the number of policies, not of nodes) and written only when it changed, so an idle
+fleet costs no policy writes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
-from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import capacity, metrics
 from gpuhealth.controller.events import EventSink
@@ -36,23 +36,19 @@ class PolicyView:
 
 
 def summarize(store: Store) -> dict[str, PolicyView]:
-    views = {p: PolicyView() for p in store.policies}
-    for name in store.nodes:
-        winner, others = store.governing(name)
-        if winner is None:
-            continue
-        v = views[winner.name]
-        v.nodes += 1
-        rec = store.records.get(name) or Record()
-        v.counts[str(rec.state)] = v.counts.get(str(rec.state), 0) + 1
-        if rec.held_by_breaker:
-            v.held += 1
-        v.gpus += store.gpus_of(name)
-        v.gpus_out += store.gpus_out(name)
-        devices = ((store.reports.get(name) or {}).get("status") or {}).get("devices") or []
-        v.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") == "InService")
-        for o in others:
-            views[o.name].overlaps[winner.name] = views[o.name].overlaps.get(winner.name, 0) + 1
+    """Each policy's view, from the store's per-policy tallies: the cost is the number of policies."""
+    views = {}
+    for policy in store.policies.values():
+        t = store.tally(policy)
+        views[policy.name] = PolicyView(
+            nodes=t.nodes,
+            counts=dict(t.counts),
+            overlaps=dict(t.overlaps),
+            held=t.held,
+            gpus=t.gpus,
+            gpus_out=t.gpus_out,
+            gpus_held=t.gpus_held,
+        )
     return views
 
 
@@ -74,8 +70,12 @@ class PolicyStatus:
         self._written.clear()
 
     async def update(self) -> None:
-        capacity.export_gpus_out_of_service(
-            self.store.policies, self.store.nodes, self.store.records, self.store.governing
+        capacity.export_counts(
+            {
+                (p.name, str(s)): self.store.tally(p).gpus_by_state.get(str(s), 0)
+                for p in self.store.policies.values()
+                for s in OUT_OF_SERVICE
+            }
         )
         for pname, v in summarize(self.store).items():
             await self._update_one(pname, v)

@@ -71,7 +71,6 @@ class ReportCollector:
             self._suspects.discard(name)
             return False
         self._suspects.discard(name)
-        self.store.reports.pop(name, None)
-        self.store.seen.pop(name, None)
+        self.store.drop_report(name)
         log.info("deleted the report of node %s: the Node no longer exists", name)
         return True

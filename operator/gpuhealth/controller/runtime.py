@@ -31,7 +31,8 @@ from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.store import NODE_SELECTOR, Store, slim_pod
+from gpuhealth.controller.slim import slim_pod
+from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
 from gpuhealth.evaluation.rules import time_dependent
@@ -189,7 +190,6 @@ class Runtime:
         name = body["metadata"]["name"]
         if event == "DELETED":
             self.store.forget_node(name)
-            self.store.records.pop(name, None)
             self.store.renewed.pop(name, None)
             self.reports_gc.suspect(name)
             if enqueue:
@@ -203,8 +203,7 @@ class Runtime:
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
         if event == "DELETED":
-            self.store.reports.pop(name, None)
-            self.store.seen.pop(name, None)
+            self.store.drop_report(name)
         else:
             self._heard(name, body, live=enqueue)
             self.store.put_report(name, body)

@@ -2,90 +2,27 @@
 decision records. Nothing here talks to the API or decides; handlers feed it, the node reconciler
 reads it and records what it wrote.
 
-Watched objects are slimmed on the way in (``slim_*``): pods are most of a cluster's objects, and a
-real Node's image list and managed fields are most of its size, so only what is read is kept.
+Watched objects are slimmed on the way in (``slim.py``): only what is read is kept, with shared
+strings, so memory per node stays small.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
+from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
+from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
+from gpuhealth.controller.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import Seen, latest
 
 NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
-
-_POD_META = (
-    "name",
-    "namespace",
-    "uid",
-    "labels",
-    "annotations",
-    "ownerReferences",
-    "deletionTimestamp",
-    "resourceVersion",
-)
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-def _slim_container(cs: Mapping[str, Any]) -> dict[str, Any]:
-    """Restart count, exit codes and times, the waiting reason: what restart-loop detection reads."""
-    out: dict[str, Any] = {"restartCount": cs.get("restartCount") or 0}
-    for key in ("state", "lastState"):
-        state = cs.get(key) or {}
-        slim: dict[str, Any] = {}
-        term = state.get("terminated")
-        if term:
-            slim["terminated"] = {f: term[f] for f in ("exitCode", "finishedAt") if f in term}
-        if state.get("waiting"):
-            slim["waiting"] = {"reason": state["waiting"].get("reason")}
-        if slim:
-            out[key] = slim
-    return out
-
-
-def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
-    if _LAST_APPLIED in (meta.get("annotations") or {}):
-        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
-    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
-    if "containerStatuses" in status:
-        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
-    # The claims a pod uses: a device drain finds the pods that hold one GPU by them (drain/claims.py).
-    for key in ("resourceClaimStatuses", "extendedResourceClaimStatus"):
-        if status.get(key):
-            slim_status[key] = status[key]
-    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
-    if spec.get("resourceClaims"):
-        slim_spec["resourceClaims"] = [
-            {k: c[k] for k in ("name", "resourceClaimName") if k in c} for c in spec["resourceClaims"]
-        ]
-    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
-
-
-def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What taints, cordons, conditions and policy selection read."""
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
-    return {
-        "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
-        "spec": body.get("spec") or {},
-        "status": {k: status[k] for k in ("capacity", "conditions") if k in status},
-    }
-
-
-def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
-    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 def gpu_capacity(node: Mapping[str, Any]) -> int | None:
@@ -126,15 +63,19 @@ class Lists(Mapping[str, list[dict[str, Any]]]):
 
 
 class Store:
-    """Caches and indexes. Methods that take a watched body return the node names it may affect."""
+    """Caches and indexes. Methods that take a watched body return the node names it may affect.
+
+    Nodes, reports and records are read through read-only views and written only through methods,
+    so that each write also updates the node's share of its policy's counts (``tally.py``).
+    """
 
     def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.reports: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._reports: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, Policy] = {}
         self.policy_objs: dict[str, dict[str, Any]] = {}
         self.invalid_policies: dict[str, str] = {}
-        self.records: dict[str, Record] = {}
+        self._records: dict[str, Record] = {}
         self.written_rv: dict[str, str] = {}
         self.first_seen: dict[str, dt.datetime] = {}
         self.seen: dict[str, Seen] = {}  # when each agent was last heard from (our clock)
@@ -144,30 +85,95 @@ class Store:
         self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
         self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
+        self._tallies = Tallies()
+
+    @property
+    def nodes(self) -> Mapping[str, dict[str, Any]]:
+        return self._nodes
+
+    @property
+    def reports(self) -> Mapping[str, dict[str, Any]]:
+        return self._reports
+
+    @property
+    def records(self) -> Mapping[str, Record]:
+        return self._records
 
     # -- nodes -----------------------------------------------------------------------------------
 
     def put_node(self, name: str, body: Mapping[str, Any]) -> None:
         """Cache a Node; which policy governs it is re-computed only when its labels change."""
-        old = self.nodes.get(name)
-        self.nodes[name] = slim_node(body)
+        old = self._nodes.get(name)
+        self._nodes[name] = slim_node(body)
         if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
             self._governing.pop(name, None)
+        self._recount(name)
 
     def forget_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        """A Node deleted: its cache, its record and its share go (its report stays until collected)."""
+        self._nodes.pop(name, None)
+        self._records.pop(name, None)
         self._governing.pop(name, None)
+        self._tallies.set(name, None)
 
     def governing(self, name: str) -> tuple[Policy | None, list[Policy]]:
         """The policy that governs a cached node (and those it overrides), memoized per node."""
         hit = self._governing.get(name)
         if hit is None:
-            labels = ((self.nodes.get(name) or {}).get("metadata") or {}).get("labels") or {}
-            hit = self._governing[name] = select_policy(list(self.policies.values()), labels)
+            node = self._nodes.get(name)
+            labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+            hit = select_policy(list(self.policies.values()), labels)
+            if node is not None:
+                self._governing[name] = hit
         return hit
 
-    def governed_by(self, policy: Policy) -> list[str]:
-        return [n for n in self.nodes if self.governing(n)[0] is policy]
+    # -- per-policy counts -----------------------------------------------------------------------
+
+    def tally(self, policy: Policy) -> Tally:
+        """The counts of the nodes ``policy`` governs (read only). A superseded copy of a policy
+        governs no node: the counts are empty for it, as a fresh recount would find."""
+        if self.policies.get(policy.name) is not policy:
+            return EMPTY
+        return self._tallies.of(policy.name)
+
+    def counted_out(self, policy: Policy, name: str) -> bool:
+        """Whether ``name`` counts as out of service in ``policy``'s tally."""
+        s = self._tallies.share(name)
+        return s is not None and s.out and s.policy == policy.name and self.policies.get(policy.name) is policy
+
+    def _share(self, name: str) -> Share | None:
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        winner, others = self.governing(name)
+        if winner is None:
+            return None
+        rec = self._records.get(name)
+        state = rec.state if rec is not None else Record().state
+        devices = ((self._reports.get(name) or {}).get("status") or {}).get("devices") or []
+        return Share(
+            policy=winner.name,
+            overridden=tuple(o.name for o in others),
+            state=str(state),
+            out=rec is not None and rec.out_of_service,
+            held=rec is not None and rec.held_by_breaker,
+            gpus=self.gpus_of(name),
+            gpus_out=self.gpus_out(name),
+            gpus_held=sum(
+                1
+                for d in devices
+                if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
+            ),
+            node_gpus=node_gpus(node) or 0,
+        )
+
+    def _recount(self, name: str) -> None:
+        self._tallies.set(name, self._share(name))
+
+    def _recount_all(self) -> None:
+        self._tallies.reset(self.policies)
+        for name in self._nodes:
+            self._recount(name)
 
     # -- reports and records ---------------------------------------------------------------------
 
@@ -175,26 +181,46 @@ class Store:
         """Cache a watched report. Our own writes update the record at once (``wrote``); adopt a
         watched status only if it is newer than our last write (another writer, e.g. a previous
         leader), never an older echo of it."""
-        self.reports[name] = slim_report(body)
+        self._reports[name] = slim_report(body)
         if body.get("status") and (
-            name not in self.records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
+            name not in self._records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
         ):
-            self.records[name] = Record.from_status(dict(body["status"]))
+            self._records[name] = Record.from_status(dict(body["status"]))
+        self._recount(name)
 
     def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
         """A report read fresh after a conflict: its status is the record, whoever wrote it."""
-        self.reports[name] = slim_report(body)
-        self.records[name] = Record.from_status(body.get("status"))
+        self._reports[name] = slim_report(body)
+        self._records[name] = Record.from_status(body.get("status"))
+        self._recount(name)
 
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:
         """Reflect a status write of ours (the API's answer)."""
-        self.reports[name] = slim_report(result)
+        self._reports[name] = slim_report(result)
         self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
+        self._recount(name)
+
+    def created(self, name: str, result: Mapping[str, Any]) -> None:
+        """Reflect a report we created (a stub with no status yet), or the one found in its place."""
+        self._reports[name] = slim_report(result)
+        self._recount(name)
+
+    def drop_report(self, name: str) -> None:
+        """The report is gone (deleted, or collected with its Node)."""
+        self._reports.pop(name, None)
+        self.seen.pop(name, None)
+        self._recount(name)
+
+    def set_record(self, name: str, record: Record) -> None:
+        """The decision record of ``name``, as just written (or found unchanged)."""
+        self._records[name] = record
+        self._recount(name)
 
     def forget_records(self) -> None:
         """Another replica may have written meanwhile: re-read records before deciding again."""
-        self.records.clear()
+        self._records.clear()
         self.written_rv.clear()
+        self._recount_all()
 
     def heard(self, name: str) -> Seen | None:
         """When the node's agent was last heard from: its report's last spec write or Lease renewal."""
@@ -203,8 +229,15 @@ class Store:
     # -- policies --------------------------------------------------------------------------------
 
     def put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
-        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused."""
-        self._governing.clear()
+        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused.
+        Every node is re-selected and re-counted: once per policy change, never per node event."""
+        try:
+            return self._put_policy(name, body)
+        finally:
+            self._governing.clear()
+            self._recount_all()
+
+    def _put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
         if body is None:
             self.policies.pop(name, None)
             self.policy_objs.pop(name, None)
@@ -244,6 +277,8 @@ class Store:
             if gone and not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = gone
             gang, workload = P.gang_key(pod), P.workload_key(pod)
+            # One copy of each key for all the pods of a gang or workload, not one per pod.
+            gang, workload = sys.intern(gang) if gang else gang, sys.intern(workload)
             self.pod_index[uid] = (node, gang, workload)
             self.pods_by_node.setdefault(node, {})[uid] = pod
             if gang:

@@ -33,7 +33,7 @@ from gpuhealth.api.timeutil import parse_time
 SKEW_TOLERANCE_S = 120.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Seen:
     """The last spec version of a report that the operator saw, and when (operator clock)."""
 

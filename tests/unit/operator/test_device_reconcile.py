@@ -305,7 +305,7 @@ def test_release_gpu_moves_that_gpu_to_probation_and_is_acknowledged() -> None:
 
 
 def test_the_pod_cache_keeps_the_claim_fields_a_device_drain_reads() -> None:
-    from gpuhealth.controller.store import slim_pod
+    from gpuhealth.controller.slim import slim_pod
     from gpuhealth.drain.claims import pod_claim_names
 
     pod = {

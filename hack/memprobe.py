@@ -1,0 +1,435 @@
+"""What each GPU node costs the operator in memory: ``python -m hack.memprobe --sizes 1000,5000,10000``.
+
+In process, no control plane. For each size N it builds the operator's real ``Runtime`` (the store
+with its caches, indexes, records and per-policy tallies; the pod and Lease feeders; the breaker,
+the device reconciler) and feeds it, through the same ``on_*`` feeders the watches call, N Nodes
+shaped like KWOK's (labels, 8 GPUs, allocatable, conditions, images, managed fields), N
+GPUNodeHealth reports as the agent renders them (its real ``ReportBuilder``: 8 GPUs with ECC,
+temperatures and an XID history) with the status the operator writes, N agent Leases and 8 pods
+per node. It measures, with tracemalloc after a full collection, the bytes still held per node, fits
+the per-node slope by least squares across the sizes and names the allocation sites that cost the
+most per node. Kopf's own per-object bookkeeping and the interpreter's baseline are outside it (the
+bench measures the whole process's RSS): the figures are a lower bound of the operator's RSS slope.
+
+Writes ``build/memprobe/memprobe.json`` (commit, date, machine) and prints a table; ``--render``
+rewrites the generated block of docs/bench.md from a result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import linecache
+import os
+import platform
+import re
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpuhealth.agent.model import (
+    DeviceFacts,
+    EccCounts,
+    NvmlStatus,
+    RemappedRows,
+    RetiredPages,
+    Snapshot,
+    Temperature,
+    XidEvent,
+)
+from gpuhealth.agent.report import AgentInfo, ReportBuilder, rfc3339
+from gpuhealth.api.status import Record, node_status
+from gpuhealth.controller.runtime import Runtime
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT = REPO / "build" / "memprobe" / "memprobe.json"
+DOC = REPO / "docs" / "bench.md"
+BEGIN, END = "<!-- memprobe:begin (python -m hack.memprobe --render FILE) -->", "<!-- memprobe:end -->"
+T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+PODS_PER_NODE = 8
+GPUS = 8
+TOP = 8
+FRAMES = 12
+
+
+class _NoKube:
+    """The probe makes no API call; any attempt is a bug in the probe."""
+
+    def __getattr__(self, name: str) -> Any:
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise RuntimeError(f"memprobe called the API: {name}")
+
+        return refuse
+
+
+def policy_body() -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuhealth.dev/v1alpha1",
+        "kind": "GPUHealthPolicy",
+        "metadata": {"name": "fleet", "uid": "uid-fleet", "generation": 1, "resourceVersion": "1"},
+        "spec": {"nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}, "maxUnhealthy": "10%"},
+    }
+
+
+def node_body(i: int) -> dict[str, Any]:
+    """A GPU Node as KWOK's fake nodes and the API server's watch deliver it."""
+    name = f"gpu-node-{i:05d}"
+    t = rfc3339(T0)
+    cond = [
+        {"type": c, "status": s, "reason": r, "message": m, "lastHeartbeatTime": t, "lastTransitionTime": t}
+        for c, s, r, m in (
+            ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            ("NetworkUnavailable", "False", "RouteCreated", "RouteController created a route"),
+        )
+    ]
+    resources = {
+        "cpu": "96",
+        "memory": "1056Gi",
+        "pods": "110",
+        "ephemeral-storage": "3500Gi",
+        "nvidia.com/gpu": str(GPUS),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"6f1c2d9e-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(1000 + i),
+            "creationTimestamp": t,
+            "labels": {
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/role": "agent",
+                "node-role.kubernetes.io/agent": "",
+                "node.kubernetes.io/instance-type": "p5.48xlarge",
+                "topology.kubernetes.io/region": "us-east-1",
+                "topology.kubernetes.io/zone": f"us-east-1{'abcd'[i % 4]}",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.count": str(GPUS),
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.memory": "81559",
+                "pool": f"pool-{i % 16}",
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "kwok.x-k8s.io/node": "fake",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+            "managedFields": [
+                {
+                    "manager": m,
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": t,
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:conditions": {f'k:{{"type":"{c["type"]}"}}': {} for c in cond}}},
+                }
+                for m in ("kwok", "kube-controller-manager", "kubectl")
+            ],
+        },
+        "spec": {"providerID": f"kwok://{name}", "podCIDR": f"10.{i // 256 % 256}.{i % 256}.0/24"},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": cond,
+            "addresses": [{"type": "InternalIP", "address": f"10.0.{i // 256 % 256}.{i % 256}"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "kubeletVersion": "fake",
+                "kubeProxyVersion": "fake",
+                "operatingSystem": "linux",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "containerRuntimeVersion": "",
+                "kernelVersion": "",
+                "osImage": "",
+            },
+            "images": [{"names": [f"registry.example/train:{v}"], "sizeBytes": 9_000_000_000} for v in range(3)],
+        },
+    }
+
+
+def report_body(i: int, node: str) -> dict[str, Any]:
+    """The agent's report as its ReportBuilder renders it, with the status the operator writes."""
+    builder = ReportBuilder(node, AgentInfo(version="0.9.0", sources=("nvml",), boot_time=T0))
+    devices = tuple(
+        DeviceFacts(
+            index=g,
+            uuid=f"GPU-{i:08x}-{g:04x}-4000-8000-{i * GPUS + g:012x}",
+            pci_bus_id=f"00000000:{0x18 + g * 0x10:02X}:00.0",
+            model="NVIDIA H100 80GB HBM3",
+            ecc_mode="Enabled",
+            ecc=EccCounts(0, (i + g) % 7, 0, (i * g) % 31),
+            retired_pages=RetiredPages(0, 0, False),
+            remapped_rows=RemappedRows(g % 3, 0, False, False),
+            temperature=Temperature(40 + (i + g) % 30, 87, 92),
+            clock_event_reasons=0,
+            power_w=300.0 + g,
+        )
+        for g in range(GPUS)
+    )
+    # A few application XIDs in history, as a busy fleet has (bounded by the agent's own limit).
+    for k in range(i % 4):
+        builder.add_xid(XidEvent(xid=13, time=T0 + dt.timedelta(minutes=k), source="nvml", gpu=k, detail="pid=1"))
+    snap = Snapshot(time=T0, nvml=NvmlStatus(True, driver_version="570.86.15", cuda_version="12.8"), devices=devices)
+    spec = builder.render(snap, T0)
+    status = node_status(
+        Record(since=T0, healthy_since=T0),
+        policy="fleet",
+        overridden=[],
+        dry_run=False,
+        total_gpus=GPUS,
+        healthy_gpus=GPUS,
+        last_xid="",
+        evidence=[],
+        pending={},
+        in_service_gpus=GPUS,
+    )
+    return {
+        "apiVersion": "gpuhealth.dev/v1alpha1",
+        "kind": "GPUNodeHealth",
+        "metadata": {
+            "name": node,
+            "uid": f"8a2b-{i:012d}",
+            "resourceVersion": str(500_000 + i),
+            "generation": 1,
+            "creationTimestamp": rfc3339(T0),
+            "managedFields": [{"manager": "gpuhealth-agent", "operation": "Update", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": spec,
+        "status": {k: v for k, v in status.items() if v is not None},  # as stored: a merge patch's nulls drop keys
+    }
+
+
+def lease_body(i: int, node: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": node, "namespace": "gpuhealth-system", "uid": f"lease-{i}", "resourceVersion": str(i)},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": "2026-11-30T12:00:00.000000Z"},
+    }
+
+
+def pod_body(i: int, k: int, node: str) -> dict[str, Any]:
+    job = f"train-{i // 4:05d}"
+    t = rfc3339(T0)
+    return {
+        "metadata": {
+            "name": f"{job}-rank-{i % 4 * PODS_PER_NODE + k}",
+            "namespace": "training",
+            "uid": f"3d2a7c55-{k:04d}-4000-8000-{i:012d}",
+            "resourceVersion": str(2_000_000 + i * PODS_PER_NODE + k),
+            # As the Job controller labels an indexed Job's pods: the index makes each pod's labels its own.
+            "labels": {
+                "app": "llm-train",
+                "job-name": job,
+                "batch.kubernetes.io/job-name": job,
+                "controller-uid": f"0b6f3c1e-0000-4000-8000-{i // 4:012d}",
+                "batch.kubernetes.io/controller-uid": f"0b6f3c1e-0000-4000-8000-{i // 4:012d}",
+                "batch.kubernetes.io/job-completion-index": str(i % 4 * PODS_PER_NODE + k),
+            },
+            "annotations": {
+                "gpuhealth.dev/checkpoint": "signal",
+                "batch.kubernetes.io/job-completion-index": str(i % 4 * PODS_PER_NODE + k),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": f"0b6f3c1e-0000-4000-8000-{i // 4:012d}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "trainer", "image": "registry.example/train:1", "resources": {}}],
+        },
+        "status": {
+            "phase": "Running",
+            "startTime": t,
+            "podIP": f"10.1.{i % 256}.{k}",
+            "containerStatuses": [
+                {"name": "trainer", "restartCount": 0, "ready": True, "state": {"running": {"startedAt": t}}}
+            ],
+        },
+    }
+
+
+def wire(body: dict[str, Any]) -> Any:
+    """The body as a watch delivers it: decoded from JSON, so no key or value is shared between
+    objects unless the operator shares it (the probe's own literals would be)."""
+    return json.loads(json.dumps(body))
+
+
+def feed(rt: Runtime, n: int) -> None:
+    """The fleet through the same feeders the watches call, one object at a time (no body kept)."""
+    rt.on_policy("ADDED", wire(policy_body()), enqueue=False)
+    for i in range(n):
+        name = f"gpu-node-{i:05d}"
+        rt.on_node("ADDED", wire(node_body(i)), enqueue=False)
+        rt.on_report("ADDED", wire(report_body(i, name)), enqueue=False)
+        rt.on_lease("ADDED", wire(lease_body(i, name)), live=False)
+        for k in range(PODS_PER_NODE):
+            rt.on_pod("ADDED", wire(pod_body(i, k, name)), enqueue=False)
+
+
+def probe(n: int, frames: int = 1) -> tuple[int, list[tuple[str, int]]]:
+    """Bytes held after feeding ``n`` nodes, and the top allocation sites by bytes held (named well
+    only with ``frames`` > 1, which makes tracemalloc several times slower)."""
+    gc.collect()
+    tracemalloc.start(frames)
+    base = tracemalloc.take_snapshot()
+    rt = Runtime(_NoKube(), clock=lambda: T0, workers=1)
+    feed(rt, n)
+    gc.collect()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    sites: dict[str, int] = {}
+    for s in snap.compare_to(base, "traceback"):
+        where = _site(s.traceback)
+        sites[where] = sites.get(where, 0) + s.size_diff
+    total = sum(sites.values())
+    top = sorted(sites.items(), key=lambda kv: -kv[1])[:TOP]
+    rt.pool.shutdown(wait=False)
+    rt.events.close()
+    del rt
+    gc.collect()
+    return total, top
+
+
+def _site(tb: tracemalloc.Traceback) -> str:
+    """The innermost line of the project that allocated it; for what the JSON decoder allocated
+    (strings and numbers of the watched body that the cache kept), which feeder kept it."""
+    for f in reversed(tb):  # innermost first
+        path = Path(f.filename).resolve()
+        if path == Path(__file__).resolve():
+            line = linecache.getline(f.filename, f.lineno)
+            feeder = re.search(r"rt\.(on_\w+)", line)
+            if feeder:
+                return f"values of the watched body kept by {feeder.group(1)}"
+            continue
+        if REPO in path.parents and "json" not in path.parts:
+            return f"{path.relative_to(REPO)}:{f.lineno}"
+    return f"{tb[-1].filename}:{tb[-1].lineno}"
+
+
+def fit(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """Least-squares line through (nodes, bytes): (bytes per node, intercept)."""
+    k = len(points)
+    if k < 2:
+        n, b = points[0]
+        return b / n, 0.0
+    mx = sum(p[0] for p in points) / k
+    my = sum(p[1] for p in points) / k
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return slope, my - slope * mx
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def run(sizes: list[int]) -> dict[str, Any]:
+    results = []
+    for n in sizes:
+        total, _ = probe(n)
+        results.append({"nodes": n, "bytes": total, "bytes_per_node": round(total / n)})
+        print(f"  {n:>6} nodes: {total / n / 1024:8.1f} KiB per node", file=sys.stderr)
+    slope, intercept = fit([(r["nodes"], r["bytes"]) for r in results])
+    # Where the bytes go, from a run at the smallest size with deep tracebacks (the slow part).
+    n = min(sizes)
+    _, top = probe(n, FRAMES)
+    return {
+        "commit": commit(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {
+            "python": platform.python_version(),
+            "nproc": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        },
+        "fleet": {"gpus_per_node": GPUS, "pods_per_node": PODS_PER_NODE, "leases": True},
+        "results": results,
+        "sites": {"nodes": n, "top": [{"site": s, "bytes_per_node": round(b / n)} for s, b in top]},
+        "slope_bytes_per_node": round(slope),
+        "intercept_bytes": round(intercept),
+    }
+
+
+def table(data: dict[str, Any]) -> Iterator[str]:
+    yield "| nodes | held (MiB) | per node (KiB) |"
+    yield "| ---: | ---: | ---: |"
+    for r in data["results"]:
+        yield f"| {r['nodes']:,} | {r['bytes'] / 2**20:,.1f} | {r['bytes_per_node'] / 1024:,.1f} |"
+
+
+def render(data: dict[str, Any], source: str) -> str:
+    """The docs block, generated from a result file."""
+    m = data["machine"]
+    sites = data["sites"]
+    lines = [
+        BEGIN,
+        f"{data['fleet']['gpus_per_node']} GPUs and {data['fleet']['pods_per_node']} pods per node; commit "
+        f"`{data['commit']}`, {data['date']}, Python {m['python']} (`{source}`).",
+        "",
+        *table(data),
+        "",
+        f"Least-squares slope: **{data['slope_bytes_per_node'] / 1024:,.1f} KiB per node**. "
+        f"Top allocation sites at {sites['nodes']:,} nodes (bytes per node):",
+        "",
+        "| site | per node (bytes) |",
+        "| --- | ---: |",
+        *[f"| `{t['site']}` | {t['bytes_per_node']:,} |" for t in sites["top"]],
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_doc(block: str, doc: Path = DOC) -> None:
+    text = doc.read_text()
+    if BEGIN not in text:
+        raise SystemExit(f"{doc}: no {BEGIN!r} marker")
+    head, rest = text.split(BEGIN, 1)
+    doc.write_text(head + block + rest.split(END, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,5000,10000", help="comma-separated node counts")
+    ap.add_argument("--out", type=Path, default=RESULT)
+    ap.add_argument("--render", type=Path, help="only regenerate docs/bench.md's block from this result file")
+    a = ap.parse_args(argv)
+    if a.render:
+        data = json.loads(a.render.read_text())
+        write_doc(render(data, str(a.render.resolve().relative_to(REPO))))
+        return 0
+    data = run([int(s) for s in a.sizes.split(",") if s])
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(data, indent=2) + "\n")
+    print("\n".join(table(data)))
+    print(f"slope: {data['slope_bytes_per_node'] / 1024:.1f} KiB per node; top sites at {data['sites']['nodes']}:")
+    for t in data["sites"]["top"]:
+        print(f"  {t['bytes_per_node']:>8,} B/node  {t['site']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,232 @@
+"""Slim copies of watched objects: only the fields the operator reads, with shared strings.
+
+Every cached Node, report and pod costs memory for as long as it exists, and a fleet holds tens of
+thousands of them; a body as the watch decodes it has its own copy of every key and value (a real
+Node's image list and managed fields, an agent report's power readings, PCI bus ids and DCGM
+details are most of its size, and nothing here reads them). So each body is cut to what is read,
+on the way into the cache, and dictionary keys and short repeated strings (label keys and values,
+GPU models, states, reasons) are interned, so that ten thousand nodes share one copy of each.
+
+What is read, and by whom:
+- Node: labels (policy selection, GPU count), gpuhealth's own annotations (ownership, release),
+  taints and ``unschedulable`` (``actions/nodes.py``), the GPU capacity, the ``GPUHealthy``
+  condition, and name, uid and resourceVersion (write preconditions).
+- GPUNodeHealth: what ``api/report.py`` ``parse_report`` and ``evaluation`` read of the spec (a
+  malformed part is kept whole, so that it is refused exactly as before), the whole status (the
+  operator's own record), and name, uid, generation and resourceVersion (freshness, preconditions).
+- Pod: what drains and restart-loop detection read.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
+
+_SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
+
+_POD_META = (
+    "name",
+    "namespace",
+    "uid",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "deletionTimestamp",
+    "resourceVersion",
+)
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_OWN_PREFIX = f"{GROUP}/"
+
+# Report spec fields, and per-device fields and sub-fields, that parse_report and the rules read.
+_SPEC_KEYS = ("nodeName", "heartbeatTime", "observedTime")
+_NVML_KEYS = ("available", "error")
+_DEVICE_KEYS = ("index", "uuid", "model", "lost", "clockEventReasons", "clockEventsSince", "recoveryAction")
+_DEVICE_PARTS = {
+    "ecc": ("volatileUncorrected", "aggregateUncorrected"),
+    "retiredPages": ("pending",),
+    "remappedRows": ("pending", "failure"),
+    "temperature": ("currentC", "slowdownC"),
+}
+_XID_KEYS = ("xid", "time", "gpu", "uuid")
+# Flags that parse_report reads as ``bool(x.get(key, False))``: an explicit False is the same as none.
+_FALSE_IS_ABSENT = {"lost", "pending", "failure"}
+
+
+def share(value: Any) -> Any:
+    """A short string as the one shared copy of it; anything else unchanged."""
+    if type(value) is str and len(value) <= _SHORT:
+        return sys.intern(value)
+    return value
+
+
+class Leaf(dict[str, Any]):
+    """A small read-only object of scalars, shared by every equal one that is alive.
+
+    Read only, because one copy serves many cached objects; weakly held by the table, so a shape
+    nobody uses any more (a deleted pod's) is forgotten, not kept as a history."""
+
+    __slots__ = ("__weakref__",)
+
+    def _refuse(self, *_: Any, **__: Any) -> NoReturn:
+        raise TypeError("a shared cached object is read only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+
+_LEAVES: weakref.WeakValueDictionary[tuple[tuple[str, Any], ...], Leaf] = weakref.WeakValueDictionary()
+
+
+def leaf(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The shared copy of a small object of scalars (most GPUs report the same ECC counters, most
+    containers the same restart count, a node's pods the same ``nodeName``, a Job's pods the same
+    owner); anything holding an unhashable value is returned as it is."""
+    if isinstance(value, Leaf):
+        return value
+    try:
+        key = tuple(value.items())
+        hit = _LEAVES.get(key)
+    except TypeError:  # an unhashable value: not a leaf
+        return value
+    if hit is None:
+        hit = _LEAVES[key] = Leaf(value)
+    return hit
+
+
+def compact(value: Any) -> Any:
+    """A JSON tree rebuilt with interned keys and short strings (the same tree, shared parts)."""
+    if isinstance(value, Leaf):
+        return value  # already shared
+    if isinstance(value, Mapping):
+        return {sys.intern(str(k)): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return share(value)
+
+
+def _pick(m: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: compact(m[k]) for k in keys if k in m}
+
+
+def _pick_device(m: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """As ``_pick``, leaving out flags that are exactly False (most of a healthy GPU's sub-objects)."""
+    return {k: compact(m[k]) for k in keys if k in m and not (k in _FALSE_IS_ABSENT and m[k] is False)}
+
+
+def _slim_container(cs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Restart count, exit codes and times, the waiting reason: what restart-loop detection reads."""
+    out: dict[str, Any] = {"restartCount": cs.get("restartCount") or 0}
+    for key in ("state", "lastState"):
+        state = cs.get(key) or {}
+        slim: dict[str, Any] = {}
+        term = state.get("terminated")
+        if term:
+            slim["terminated"] = {f: share(term[f]) for f in ("exitCode", "finishedAt") if f in term}
+        if state.get("waiting"):
+            slim["waiting"] = {"reason": share(state["waiting"].get("reason"))}
+        if slim:
+            out[key] = slim
+    return leaf(out)  # shared when it is only a restart count (a running container's usual state)
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
+    if meta.get("ownerReferences"):
+        # Only the controller's kind and name are read (DaemonSet pods, gangs, Jobs: drain/pods.py).
+        refs = [r for r in meta["ownerReferences"] if isinstance(r, Mapping) and r.get("controller")]
+        slim_meta["ownerReferences"] = [
+            leaf(compact({k: r[k] for k in ("kind", "name", "controller") if k in r})) for r in refs
+        ]
+    if _LAST_APPLIED in (meta.get("annotations") or {}):
+        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
+    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
+    if "containerStatuses" in status:
+        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
+    # The claims a pod uses: a device drain finds the pods that hold one GPU by them (drain/claims.py).
+    for key in ("resourceClaimStatuses", "extendedResourceClaimStatus"):
+        if status.get(key):
+            slim_status[key] = status[key]
+    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    if spec.get("resourceClaims"):
+        slim_spec["resourceClaims"] = [
+            {k: c[k] for k in ("name", "resourceClaimName") if k in c} for c in spec["resourceClaims"]
+        ]
+    spec_out = leaf(compact(slim_spec)) if "resourceClaims" not in slim_spec else slim_spec
+    out: dict[str, Any] = compact({"metadata": slim_meta, "spec": spec_out, "status": slim_status})
+    return out
+
+
+def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What taints, cordons, the GPUHealthy condition, GPU counts and policy selection read."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    slim_meta = _pick(meta, ("name", "uid", "resourceVersion", "labels"))
+    own = {k: v for k, v in (meta.get("annotations") or {}).items() if str(k).startswith(_OWN_PREFIX)}
+    if own:
+        slim_meta["annotations"] = compact(own)
+    slim_status: dict[str, Any] = {}
+    gpus = (status.get("capacity") or {}).get(GPU_RESOURCE)
+    if gpus is not None:
+        slim_status["capacity"] = {GPU_RESOURCE: share(gpus)}
+    ours = [c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE]
+    if ours:
+        slim_status["conditions"] = compact(ours)
+    return {"metadata": slim_meta, "spec": _pick(spec, ("taints", "unschedulable")), "status": slim_status}
+
+
+def _slim_device(d: Any) -> Any:
+    if not isinstance(d, Mapping):
+        return d  # refused by parse_report as it stands
+    out = _pick_device(d, _DEVICE_KEYS)
+    for part, keys in _DEVICE_PARTS.items():
+        sub = d.get(part)
+        if isinstance(sub, Mapping):
+            picked = _pick_device(sub, keys)
+            if picked:
+                out[part] = leaf(picked)
+        elif part in d:
+            out[part] = compact(sub)  # not an object: kept, to be read (and refused) as before
+    return out
+
+
+def _slim_spec(spec: Any) -> Any:
+    if not isinstance(spec, Mapping):
+        return spec  # refused by parse_report as it stands
+    out = _pick(spec, _SPEC_KEYS)
+    nvml = spec.get("nvml")
+    if isinstance(nvml, Mapping) and nvml:
+        # A non-empty nvml object with neither key still means "available" (parse_report's default).
+        out["nvml"] = _pick(nvml, _NVML_KEYS) or {"available": True}
+    elif "nvml" in spec:
+        out["nvml"] = compact(nvml)
+    devices = spec.get("devices")
+    if isinstance(devices, list):
+        out["devices"] = [_slim_device(d) for d in devices]
+    elif "devices" in spec:
+        out["devices"] = compact(devices)
+    xids = spec.get("xidEvents")
+    if isinstance(xids, list):
+        out["xidEvents"] = [_pick(e, _XID_KEYS) if isinstance(e, Mapping) else e for e in xids]
+    elif "xidEvents" in spec:
+        out["xidEvents"] = compact(xids)
+    return out
+
+
+def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What evaluation, freshness and the writers read of a GPUNodeHealth (see the module's doc)."""
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {"metadata": _pick(meta, ("name", "uid", "generation", "resourceVersion"))}
+    if "spec" in body:
+        out["spec"] = _slim_spec(body["spec"])
+    if "status" in body:
+        out["status"] = compact(body["status"])
+    return out

@@ -1,0 +1,104 @@
+"""Per-policy counts kept up to date as nodes, reports, records and policies change.
+
+The breaker asks, for every node about to leave service and under its policy's lock, how many
+nodes and GPUs the policy governs and how many are out; the policy status asks the same per state.
+Walking the fleet for each question made the cost of one fault grow with the fleet. Instead every
+cached node carries its ``Share`` (which policy governs it and what it adds to that policy's
+counts); the store replaces a node's share whenever something it is computed from changes, and
+the ``Tally`` of each policy is the sum of its nodes' shares, adjusted by the difference only. A
+policy change re-selects every node once.
+
+Pure bookkeeping: no clock, no API, no decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one node adds to the counts of the policy that governs it."""
+
+    policy: str
+    overridden: tuple[str, ...]  # matching policies of lower priority: the node counts as their overlap
+    state: str  # the record's state (Healthy without a record)
+    out: bool  # it has a record and the record is out of service
+    held: bool  # the breaker holds its quarantine back
+    gpus: int  # its GPUs: as last reported, else its advertised capacity
+    gpus_out: int  # GPUs gpuhealth holds out: all while the node is out, else those held one by one
+    gpus_held: int  # GPUs whose own quarantine the GPU budget holds back
+    node_gpus: int  # its GPU count label, else capacity (the capacity gauge's count)
+
+
+@dataclass(slots=True)
+class Tally:
+    """The sum of the shares of the nodes one policy governs."""
+
+    nodes: int = 0
+    out: int = 0
+    held: int = 0
+    gpus: int = 0
+    gpus_out: int = 0
+    gpus_held: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # state -> nodes
+    gpus_by_state: dict[str, int] = field(default_factory=dict)  # state -> node_gpus, out-of-service states
+    overlaps: dict[str, int] = field(default_factory=dict)  # higher-priority policy -> nodes it took
+
+    def add(self, s: Share, sign: int) -> None:
+        self.nodes += sign
+        self.out += sign * s.out
+        self.held += sign * s.held
+        self.gpus += sign * s.gpus
+        self.gpus_out += sign * s.gpus_out
+        self.gpus_held += sign * s.gpus_held
+        _bump(self.counts, s.state, sign)
+        if s.out:
+            _bump(self.gpus_by_state, s.state, sign * s.node_gpus)
+
+
+def _bump(counts: dict[str, int], key: str, by: int) -> None:
+    """Add ``by`` to ``counts[key]``; a count back at zero leaves the map, as if never counted."""
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+
+
+EMPTY = Tally()
+
+
+class Tallies:
+    """Every node's share and every policy's tally."""
+
+    def __init__(self) -> None:
+        self._shares: dict[str, Share] = {}
+        self._tallies: dict[str, Tally] = {}
+
+    def reset(self, policies: Iterable[str]) -> None:
+        """Start again from no node (a policy changed: every node is re-selected)."""
+        self._shares.clear()
+        self._tallies = {p: Tally() for p in policies}
+
+    def share(self, node: str) -> Share | None:
+        return self._shares.get(node)
+
+    def of(self, policy: str) -> Tally:
+        """The policy's tally; a policy governing no node (or unknown) has the empty one. Read only."""
+        return self._tallies.get(policy, EMPTY)
+
+    def set(self, node: str, share: Share | None) -> None:
+        """Replace the node's share (``None``: it counts for no policy)."""
+        old = self._shares.pop(node, None)
+        if old is not None:
+            self._apply(old, -1)
+        if share is not None:
+            self._shares[node] = share
+            self._apply(share, 1)
+
+    def _apply(self, s: Share, sign: int) -> None:
+        self._tallies.setdefault(s.policy, Tally()).add(s, sign)
+        for o in s.overridden:
+            _bump(self._tallies.setdefault(o, Tally()).overlaps, s.policy, sign)
