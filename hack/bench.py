@@ -6,7 +6,8 @@ Measures, in one run (see docs/bench.md):
 1. operator start-up: process start to "watching N GPU nodes", and to every node Healthy;
 2. detection to taint: an XID 79 published by the agent's own publishing code on one node at a time, until an
    independent Node watch sees the gpuhealth taint; against a floor, a no-logic watch-and-patch chain;
-3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%;
+3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%
+   (half the storm where 5% is not below it);
 4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
    independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once);
 5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 from kubernetes import client
 from tests.support.agents import AgentFleet
 from tests.support.k8s import OperatorProcess, wait_for
@@ -43,7 +44,15 @@ from hack.bench_devices import measure_devices, publish_dra
 from hack.bench_e2e import measure_e2e, real_agents
 from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench_report import write_outputs
-from hack.bench_setup import BenchCluster, agent_policy_spec, agent_silence, machine, policy_spec, run_pods
+from hack.bench_setup import (
+    BenchCluster,
+    agent_policy_spec,
+    agent_silence,
+    breaker_setting,
+    machine,
+    policy_spec,
+    run_pods,
+)
 from hack.bench_support import (
     FAULT_TIMEOUT_S,
     FLOOR_TAINT,
@@ -119,7 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--floor-nodes", type=int, default=20, help="extra nodes for the no-logic floor chain")
     ap.add_argument("--floor-samples", type=int, default=None, help="floor measurements (default faults/2, >= 20)")
     ap.add_argument("--idle", type=float, default=None, help="idle window in seconds (default 60; quick 20)")
-    ap.add_argument("--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at 5%%")
+    ap.add_argument(
+        "--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at the breaker's limit"
+    )
     ap.add_argument("--tick", type=float, default=5.0, help="the operator's --tick")
     ap.add_argument("--heartbeat", type=float, default=30.0, help="seconds between each agent's Lease renewals")
     ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
@@ -187,9 +198,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.
     if args.faults + 2 * args.storm + args.device_faults + args.device_storm > args.nodes:
         ap.error("--nodes must cover faults + 2 x storm + device-faults + device-storm distinct nodes")
-    # The traffic phase faults the first nodes again (after the recovery) and sends traffic to the others.
-    if args.traffic and args.traffic_faults + 1 > args.nodes - args.device_faults - args.device_storm:
-        ap.error("--nodes must leave room for --traffic-faults and at least one node of traffic")
+    # The traffic phase faults nodes other than the detection faults' and DRA nodes, its own for each rate,
+    # and sends the traffic to the rest.
+    if args.traffic and len(args.traffic) * args.traffic_faults + 1 > (
+        args.nodes - args.faults - args.device_faults - args.device_storm
+    ):
+        ap.error("--nodes must leave --traffic-faults nodes for each rate and one for traffic, beyond the faults")
     if args.heartbeat <= 0:
         ap.error("--heartbeat must be positive")
     return args
@@ -257,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         agent_nodes = cluster.add_gpu_nodes(args.real_agents, prefix="agent-node-", labels={"bench-agent": "true"})
         cluster.wait_nodes_ready(args.nodes + args.floor_nodes + args.real_agents, timeout=300)
         res["cluster_start_s"] = round(time.monotonic() - t, 1)
+        # Memory of each control-plane process and of the bench itself (the simulated fleet and the watches):
+        # whether a fleet this size fits the machine.
+        mem_samplers = {
+            name: ProcSampler(pid, period=5.0).start()
+            for name, pid in [*((n, p.pid) for n, p in cluster.procs.items()), ("bench", os.getpid())]
+            if pid is not None
+        }
+        samplers.extend(mem_samplers.values())
         total = args.nodes + args.floor_nodes + args.real_agents
         log(f"  control plane and {total} nodes ready in {res['cluster_start_s']}s")
 
@@ -367,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         floor_every = max(1, args.faults // max(1, args.floor_samples))
         floor_i = 0
 
-        def measure_floor() -> None:
+        def floor_once() -> float | None:
+            """One no-logic floor sample (ms), None if its taint never came."""
             nonlocal floor_i
             name = floor_names[floor_i % len(floor_names)]
             floor_i += 1
@@ -376,14 +399,18 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             sims[name].fault()
             t1 = node_watch.wait_taint(name, FLOOR_TAINT, timeout=FAULT_TIMEOUT_S)
-            if t1 is None:
-                misses["floor"] += 1
-            else:
-                floor.append((t1 - t0) * 1000)
             report_watch.armed.discard(name)
             # Back to clean for the next round: untaint, and the node "reboots" (clean report).
             core.patch_node(name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
             sims[name].reboot()
+            return None if t1 is None else (t1 - t0) * 1000
+
+        def measure_floor() -> None:
+            ms = floor_once()
+            if ms is None:
+                misses["floor"] += 1
+            else:
+                floor.append(ms)
 
         for i, name in enumerate(detect_nodes):
             t0 = time.time()
@@ -483,8 +510,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {len(faulted)} nodes back to Healthy in {res['recovery']['seconds_to_all_healthy']}s")
 
         if args.traffic:
-            traffic_faults = governed[: args.traffic_faults]
-            quiet = set(traffic_faults) | set(dra_nodes)
+            # Nodes not faulted yet first (the storm's had one quarantine): the operator holds a node that
+            # was quarantined three times within its flapping window for repair, and the detection nodes
+            # were faulted once already; each rate takes its own nodes.
+            fresh = governed[args.faults : len(governed) - len(dra_nodes)]
+            fresh = fresh[args.storm :] + fresh[: args.storm]
+            per_rate = [
+                fresh[i * args.traffic_faults : (i + 1) * args.traffic_faults] for i in range(len(args.traffic))
+            ]
+            quiet = {n for nodes in per_rate for n in nodes} | set(dra_nodes)
             phase(
                 f"fact traffic: {', '.join(f'{r:g}' for r in args.traffic)} changes/s, "
                 f"{args.traffic_faults} single faults under each"
@@ -498,18 +532,19 @@ def main(argv: list[str] | None = None) -> int:
                 audit_log=cluster.audit_log,
                 operator_user=OPERATOR_USER,
                 pool=pool,
+                floor=floor_once,
             )
-            res["traffic"] = measure_traffic(ctx, args.traffic, traffic_faults)
+            res["traffic"] = measure_traffic(ctx, args.traffic, per_rate)
 
         if dra_nodes:
             res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
                 args, sims, dra_nodes, rule_watch, node_watch, pool, series, phase
             )
 
-        phase(f"breaker at 5%: {args.storm} nodes fault at once")
-        limit = math.ceil(args.nodes * 5 / 100)
+        max_unhealthy, limit = breaker_setting(args.nodes, args.storm)
+        phase(f"breaker at maxUnhealthy {max_unhealthy} (limit {limit}): {args.storm} nodes fault at once")
         custom.patch_cluster_custom_object(
-            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": "5%"}}}
+            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": max_unhealthy}}}
         )
         wait_for(
             lambda: (
@@ -519,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                 == limit
             ),
             timeout=60,
-            what=f"operator applied maxUnhealthy 5% (breakerLimit {limit})",
+            what=f"operator applied maxUnhealthy {max_unhealthy} (breakerLimit {limit})",
         )
         samples: list[tuple[float, int]] = []
         stop_sampling = threading.Event()
@@ -546,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         pstatus = custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}
         res["breaker"] = {
+            "max_unhealthy": max_unhealthy,
             "limit": limit,
             "max_quarantined_seen": max_seen,
             "quarantined_at_end": actual,
@@ -613,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
             "failures": hb_stats.failures,
             "max_gap_s": round(hb_stats.max_gap_s, 1),
             "agent_silence": agent_silence(args.heartbeat),
+        }
+        res["memory_mb"] = {
+            **{n: round(m.peak_rss / 2**20) for n, m in mem_samplers.items()},
+            "operator": round(op_sampler.peak_rss / 2**20),
+            "machine_available_at_end": round(psutil.virtual_memory().available / 2**20),
         }
         res["api"] = api_footprint(res, ops, list(read_audit(cluster.audit_log, AGENT_USER)), op_sampler, agent_sampler)
         log(f"  heartbeats: {res['heartbeats']}")

@@ -121,7 +121,7 @@ def targets_for(nodes: int) -> list[Target]:
         ),
         Target(
             "breaker",
-            "Breaker at 5%: most quarantined at any instant",
+            "Breaker at 5% (or half the storm): most quarantined at any instant",
             "<= limit",
             lambda r: r["breaker"]["max_quarantined_seen"],
             lambda v, r: _num(v) and v <= r["breaker"]["limit"],
@@ -255,6 +255,13 @@ def pods_rate(res: dict[str, Any]) -> str:
     return f" (Running {res['pods_start_s']} s after creation began: {res['pods_per_s']} pods/s)"
 
 
+def _floor(t: dict[str, Any]) -> str:
+    f = t.get("floor_ms")
+    if not f or not f.get("samples"):
+        return ""
+    return f", the no-logic floor under the same traffic p50 {f['p50']} ms (ratio {t.get('ratio_to_floor')})"
+
+
 def traffic_line(res: dict[str, Any]) -> str:
     """Detection under background fact traffic, rate by rate, or "not measured" for runs before it existed."""
     runs = res.get("traffic")
@@ -266,7 +273,7 @@ def traffic_line(res: dict[str, Any]) -> str:
         parts.append(
             f"{t['asked_per_s']:g}/s asked, {t['achieved_per_s']}/s achieved ({t['writes']:,} report writes, "
             f"{t['failures']} failed): detection to taint p50 {d['p50']} ms, p99 {d['p99']} ms over {d['samples']} "
-            f"faults ({d['timeouts']} timed out); operator CPU {t['operator_cpu_percent']}% of a core "
+            f"faults ({d['timeouts']} timed out){_floor(t)}; operator CPU {t['operator_cpu_percent']}% of a core "
             f"({t['operator_cpu_percent_traffic_only']}% with the traffic alone), operator writes "
             f"{t['operator_writes']} ({t['operator_writes_traffic_only']} with the traffic alone)"
         )
@@ -297,6 +304,20 @@ def api_line(res: dict[str, Any]) -> str:
         f" and {_rate(g['bytes_per_s'], 'B/s')}, so {a['fleet_agents']:,} agents "
         f"{_rate(a['agents_requests_per_s'], 'requests/s')} and {_rate(a['agents_bytes_per_s'], 'B/s')} "
         "(requests from the audit log; bytes read and written by each process, /proc/PID/io, its log included)."
+    )
+
+
+def memory_line(res: dict[str, Any]) -> str:
+    """Peak RSS of every process of the run (does a fleet this size fit the machine?)."""
+    m = res.get("memory_mb")
+    if not m:
+        return "Memory per process: not measured in this run."
+    procs = {k: v for k, v in m.items() if k != "machine_available_at_end"}
+    return (
+        "Peak RSS per process: "
+        + ", ".join(f"{k} {v:,} MB" for k, v in sorted(procs.items(), key=lambda kv: -kv[1]))
+        + f" (together {sum(procs.values()):,} MB); memory available on the machine at the end: "
+        f"{m.get('machine_available_at_end', 0):,} MB."
     )
 
 
@@ -387,10 +408,12 @@ def summary_md(res: dict[str, Any]) -> str:
         f"- {heartbeat_line(res)}",
         f"- {traffic_line(res)}",
         f"- {api_line(res)}",
+        f"- {memory_line(res)}",
         f"- Recovery: {res['recovery']['nodes']} nodes back to Healthy in "
         f"{res['recovery']['seconds_to_all_healthy']} s "
         f"(probation 2 s, sweep every {res['config']['operator_tick_s']} s).",
-        f"- Breaker at 5%: limit {b['limit']}, at most {b['max_quarantined_seen']} quarantined at any 50 ms sample, "
+        f"- Breaker at maxUnhealthy {b.get('max_unhealthy', '5%')}: limit {b['limit']}, "
+        f"at most {b['max_quarantined_seen']} quarantined at any 50 ms sample, "
         f"{b['quarantined_at_end']} at the end, {b['held_back']} held back, breaker {b['breaker']}.",
         f"- Operator: peak RSS {o['peak_rss_mb']} MB, {o['cpu_s']} CPU s over {o['wall_s']} s; idle "
         f"{o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min, "
@@ -477,9 +500,12 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     if br:
         ax.plot([t for t, _ in br], [c for _, c in br], color="tab:orange", label="quarantined (50 ms samples)")
     b = res["breaker"]
-    ax.axhline(b["limit"], color="tab:red", ls="--", lw=1, label=f"limit {b['limit']} (5%)")
+    ax.axhline(b["limit"], color="tab:red", ls="--", lw=1, label=f"limit {b['limit']} ({b.get('max_unhealthy', '5%')})")
     ax.set_ylim(0, max(b["limit"], b["max_quarantined_seen"], b.get("faulted") or 0) * 1.15 + 1)
-    ax.set_title(f"Breaker 5%: {b.get('faulted')} nodes fault at once; max seen {b['max_quarantined_seen']}")
+    ax.set_title(
+        f"Breaker {b.get('max_unhealthy', '5%')}: {b.get('faulted')} nodes fault at once; "
+        f"max seen {b['max_quarantined_seen']}"
+    )
     ax.set_xlabel("seconds since the faults")
     ax.set_ylabel("nodes carrying the gpuhealth taint")
     ax.legend(fontsize=8, loc="lower right")

@@ -121,6 +121,17 @@ def policy_spec(max_unhealthy: str, heartbeat_s: float = 30.0) -> dict[str, Any]
     }
 
 
+def breaker_setting(nodes: int, storm: int) -> tuple[int | str, int]:
+    """The breaker phase's ``maxUnhealthy`` and the limit it gives: 5% of the nodes, as at 1,000 nodes
+    (limit 50 under a storm of 100), unless 5% is not below the storm (10,000 nodes: 500 against 100),
+    where the breaker would never hold a node back; then an absolute half of the storm.
+    """
+    limit = math.ceil(nodes * 5 / 100)
+    if limit < storm:
+        return "5%", limit
+    return storm // 2, storm // 2
+
+
 def agent_policy_spec(heartbeat_s: float = 30.0) -> dict[str, Any]:
     """The real agents' nodes under a policy of their own: the same rules, no breaker limit.
 

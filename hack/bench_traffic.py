@@ -18,7 +18,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,17 +159,22 @@ class TrafficContext:
     audit_log: Path
     operator_user: str
     pool: ThreadPoolExecutor
+    floor: Callable[[], float | None]  # one no-logic floor sample (ms), None if it timed out
 
 
-def measure_traffic(ctx: TrafficContext, rates: Sequence[float], fault_nodes: Sequence[str]) -> list[dict[str, Any]]:
-    """For each asked rate: the traffic alone, then single faults under it; the traffic stops between rates."""
+def measure_traffic(
+    ctx: TrafficContext, rates: Sequence[float], fault_nodes: Sequence[Sequence[str]]
+) -> list[dict[str, Any]]:
+    """For each asked rate: the traffic alone, then single faults under it on that rate's own nodes (a node
+    quarantined too often within the flapping window would be held for repair); the traffic stops between rates.
+    """
     out = []
-    for asked in rates:
-        out.append(_one_rate(ctx, asked, fault_nodes))
+    for asked, nodes in zip(rates, fault_nodes, strict=True):
+        out.append(_one_rate(ctx, asked, nodes))
         # Back to healthy for the next rate: the faulted nodes "reboot" (clean reports), taints go.
-        publish_all(ctx.pool, SimNode.reboot, [ctx.sims[n] for n in fault_nodes])
-        ctx.report_watch.wait_states(fault_nodes, "Healthy", timeout=120)
-        ctx.node_watch.wait_all(fault_nodes, TAINT, timeout=60, present=False)
+        publish_all(ctx.pool, SimNode.reboot, [ctx.sims[n] for n in nodes])
+        ctx.report_watch.wait_states(nodes, "Healthy", timeout=120)
+        ctx.node_watch.wait_all(nodes, TAINT, timeout=60, present=False)
     return out
 
 
@@ -180,10 +185,13 @@ def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> 
     alone_from, cpu_from = traffic.mark(), ctx.operator.cpu_s()
     time.sleep(TRAFFIC_ONLY_S)
     alone_to, cpu_to = traffic.mark(), ctx.operator.cpu_s()
-    # Then single faults, one at a time, while it keeps going.
+    # Then single faults, one at a time, while it keeps going; after every other one a floor sample (the
+    # no-logic chain through the same API server and watches, under the same traffic): the ratio says how
+    # much of the latency is gpuhealth's and how much the shared machine's.
     detect: list[float] = []
-    timeouts = 0
-    for name in fault_nodes:
+    floor: list[float] = []
+    timeouts = floor_timeouts = 0
+    for i, name in enumerate(fault_nodes):
         t0 = time.time()
         ctx.sims[name].fault()
         t1 = ctx.node_watch.wait_taint(name, TAINT, timeout=FAULT_TIMEOUT_S)
@@ -192,6 +200,13 @@ def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> 
         else:
             detect.append((t1 - t0) * 1000)
         time.sleep(0.2)
+        if i % 2 == 1:
+            ms = ctx.floor()
+            if ms is None:
+                floor_timeouts += 1
+            else:
+                floor.append(ms)
+            time.sleep(0.2)
     faults_to, fault_cpu_to = traffic.mark(), ctx.operator.cpu_s()
     counts = traffic.stop()
     time.sleep(1.0)  # the audit log is written as each request completes
@@ -201,6 +216,7 @@ def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> 
     alone_s = alone_to[0] - alone_from[0]
     achieved = achieved_rate(faults_to[1] - alone_from[1], window)
     d = latency_summary(detect, timeouts, FAULT_TIMEOUT_S * 1000)
+    fl = latency_summary(floor, floor_timeouts, FAULT_TIMEOUT_S * 1000)
     res: dict[str, Any] = {
         "asked_per_s": asked,
         "achieved_per_s": round(achieved, 1) if achieved is not None else None,
@@ -211,16 +227,20 @@ def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> 
         "failures": counts.failures,
         "skipped": counts.skipped,
         "detect_to_taint_ms": d,
+        "floor_ms": fl,
+        "ratio_to_floor": round(d["p50"] / fl["p50"], 2) if floor and fl["p50"] > 0 else None,
         "operator_cpu_percent_traffic_only": round((cpu_to - cpu_from) / alone_s * 100, 1) if alone_s > 0 else None,
         "operator_cpu_percent": round((fault_cpu_to - cpu_from) / window * 100, 1) if window > 0 else None,
         "operator_writes_traffic_only": sum(e.write for e in alone),
+        "operator_writes_traffic_only_by_kind": describe(e for e in alone if e.write),
         "operator_requests": len(ops),
         "operator_writes": sum(e.write for e in ops),
         "operator_writes_by_kind": describe(e for e in ops if e.write),
     }
     log(
         f"  traffic {asked:g}/s asked, {res['achieved_per_s']}/s achieved: detect p50 {d['p50']} ms, "
-        f"p99 {d['p99']} ms ({timeouts} timed out); operator CPU {res['operator_cpu_percent']}%, "
+        f"p99 {d['p99']} ms ({timeouts} timed out), floor p50 {fl['p50']} ms; "
+        f"operator CPU {res['operator_cpu_percent']}%, "
         f"writes {res['operator_writes']} ({res['operator_writes_traffic_only']} with traffic alone)"
     )
     return res

@@ -15,7 +15,7 @@ from hack import bench_docs
 from hack.bench import parse_args
 from hack.bench_fleet import WARM_DELTA_C, healthy_snapshot
 from hack.bench_report import api_line, evaluate, summary_md, tally, targets_for, traffic_line, worst_traffic
-from hack.bench_setup import kwok_args, pods_per_node, policy_spec, replica_sets
+from hack.bench_setup import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
 from hack.bench_support import AuditEntry, api_rates, latency_summary, phase_elapsed
 from hack.bench_traffic import FactTraffic, achieved_rate, due_now
 
@@ -178,6 +178,17 @@ def test_the_10k_profile_and_what_the_command_line_overrides() -> None:
         parse_args(["--profile", "10k", "--quick"])
 
 
+def test_the_breaker_phase_limits_below_its_storm_at_every_size() -> None:
+    assert breaker_setting(1000, 100) == ("5%", 50)  # as before: 5% of 1,000
+    assert breaker_setting(100, 20) == ("5%", 5)
+    assert breaker_setting(10000, 100) == (50, 50)  # 5% would be 500, above the storm: half the storm instead
+
+
+def test_the_traffic_faults_need_nodes_of_their_own() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--quick", "--traffic", "10,20,30,40,50,60,70"])  # 7 x 8 faults > 100 - 20 - 30 nodes
+
+
 def test_pods_must_fit_the_gpus() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--nodes", "1000", "--pods", "8001"])
@@ -212,6 +223,8 @@ def _traffic_run(asked: float, p50: float, p99: float, timeouts: int = 0) -> dic
         "failures": 0,
         "skipped": 0,
         "detect_to_taint_ms": lat,
+        "floor_ms": latency_summary([p50 / 2] * 10, 0, 10_000.0),
+        "ratio_to_floor": 2.0,
         "operator_cpu_percent_traffic_only": 12.0,
         "operator_cpu_percent": 20.0,
         "operator_writes_traffic_only": 0,
@@ -287,6 +300,7 @@ def test_a_run_with_traffic_renders_it() -> None:
     assert "| Detection to taint under fact traffic (worst rate), p99 | 900.0 ms | <= 1000 ms | met |" in block
     line = traffic_line(res)
     assert "300/s asked, 291.0/s achieved" in line and "0 with the traffic alone" in line
+    assert "floor under the same traffic p50 60.0 ms (ratio 2.0)" in line
     assert "10,000 agents" not in api_line(res) and "1,000 agents 34.00 requests/s" in api_line(res)
     assert "50.0 KiB/s" in api_line(res)
     assert traffic_line(res) in summary_md(res)
