@@ -525,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ctx = TrafficContext(
                 nodes=[sims[n] for n in governed if n not in quiet],
+                kubeconfig=kc[SIM_USER],
                 sims=sims,
                 node_watch=node_watch,
                 report_watch=report_watch,
@@ -533,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 operator_user=OPERATOR_USER,
                 pool=pool,
                 floor=floor_once,
+                settle_s=2 * args.tick,
             )
             res["traffic"] = measure_traffic(ctx, args.traffic, per_rate)
 

@@ -151,6 +151,7 @@ class SimNode:
         api: client.ApiClient,
         heartbeat_s: float = 3600.0,
         stats: HeartbeatStats | None = None,
+        renew_lease: bool = True,
     ) -> None:
         self.name = name
         self.index = index
@@ -161,6 +162,7 @@ class SimNode:
         # One counter across boots: it knows when this node last renewed, as the agent's loop does.
         self.renewer = CountingLease(self.lease, self.stats)
         self.primed = False
+        self.renew_lease = renew_lease
         self.lock = threading.RLock()
         self._boot(now_utc() - dt.timedelta(hours=1))
 
@@ -183,7 +185,7 @@ class SimNode:
             heartbeat_interval_s=self.heartbeat_s,
             initial_backoff_s=0.2,
             max_backoff_s=5.0,
-            lease=self.renewer,
+            lease=self.renewer if self.renew_lease else None,
         )
         self.publisher.give_up_after_s = 60.0
 
@@ -193,6 +195,19 @@ class SimNode:
             self.publisher.restore()
             self.latest.set(healthy_snapshot(self.index))
             return self.publisher.publish()
+
+    @property
+    def boot_time(self) -> dt.datetime:
+        boot = self.builder.agent.boot_time
+        assert boot is not None  # every simulated boot has one
+        return boot
+
+    def attach(self, boot_time: dt.datetime) -> None:
+        """Take over a node another simulator (another process) publishes for: the same boot, and the report
+        as the server has it, so the next write is a merge patch against it."""
+        with self.lock:
+            self._boot(boot_time)
+            self.publisher.restore()
 
     def fault(self, xid: int = 79, gpu: int = 3) -> str | None:
         """The XID enters the source (the event thread's hand-off) and the publisher writes it at once."""

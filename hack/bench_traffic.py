@@ -7,14 +7,21 @@ what does a single fault's detection-to-taint cost while the fleet writes N such
 
 ``FactTraffic`` sends the changes through each simulated node's own publisher (``SimNode.fact_change``)
 at a fixed rate on random healthy nodes, and counts the writes it achieved: the rate reported is the
-one achieved, not the one asked. ``measure_traffic`` runs it at each asked rate, first alone (what the
-operator spends on traffic that changes no verdict: its CPU and its writes, which should be none),
-then with single faults one at a time on other nodes, timed as the detection phase times them.
+one achieved, not the one asked. ``TrafficProcesses`` runs it in worker processes of its own, each
+with its share of the rate and of the nodes: in the bench's process, its threads would compete for
+the interpreter lock with the independent watches whose timestamps are the measurement (one process
+managed about 60 writes a second, and the floor chain's latency rose with it). ``measure_traffic``
+runs it at each asked rate, first alone (what the operator spends on traffic that changes no verdict:
+its CPU and its writes, which should be none), then with single faults one at a time on other nodes,
+timed as the detection phase times them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import multiprocessing as mp
+import os
 import random
 import threading
 import time
@@ -29,6 +36,7 @@ from hack.bench_support import (
     FAULT_TIMEOUT_S,
     TAINT,
     ProcSampler,
+    api_client,
     describe,
     latency_summary,
     log,
@@ -147,11 +155,125 @@ class FactTraffic:
             self.slots.release()
 
 
+class LazyFactNode:
+    """A node of a traffic worker process: attached to the node's report on its first change."""
+
+    def __init__(self, name: str, index: int, boot_time: dt.datetime, api: Any) -> None:
+        self.name = name
+        self.index = index
+        self.boot_time = boot_time
+        self.api = api
+        self.sim: SimNode | None = None
+        self.lock = threading.Lock()
+
+    def fact_change(self, event: int) -> str | None:
+        with self.lock:
+            if self.sim is None:
+                # No Lease: the bench's own simulator of this node renews it; this one only writes facts.
+                sim = SimNode(self.name, self.index, self.api, renew_lease=False)
+                sim.attach(self.boot_time)
+                self.sim = sim
+            return self.sim.fact_change(event)
+
+
+COUNT_FIELDS = ("sent", "writes", "unchanged", "failures", "skipped")
+
+
+def traffic_worker(
+    kubeconfig: str,
+    nodes: list[tuple[str, int, str]],
+    rate_per_s: float,
+    seed: int,
+    ready: Any,
+    stop: Any,
+    shared: Any,
+) -> None:
+    """One traffic process: ``nodes`` (name, index, boot time) at ``rate_per_s``, counts mirrored into ``shared``."""
+    api = api_client(Path(kubeconfig), pool=20)
+    lazy = [LazyFactNode(n, i, dt.datetime.fromisoformat(b), api) for n, i, b in nodes]
+    traffic = FactTraffic(lazy, rate_per_s, seed=seed)
+
+    def mirror(counts: TrafficCounts) -> None:
+        for i, f in enumerate(COUNT_FIELDS):
+            shared[i] = getattr(counts, f)
+
+    ready.set()
+    traffic.start()
+    while not stop.wait(0.2):
+        mirror(traffic.counts)
+    mirror(traffic.stop())
+
+
+def split(nodes: Sequence[tuple[str, int, str]], parts: int) -> list[list[tuple[str, int, str]]]:
+    """``nodes`` dealt round robin into ``parts`` disjoint shares (no node is written by two processes)."""
+    return [list(nodes[i::parts]) for i in range(parts)]
+
+
+def processes_for(rate_per_s: float, cpus: int) -> int:
+    """Worker processes for a rate: one per 60 changes a second (what one manages), at most one per CPU."""
+    return max(1, min(max(1, cpus), math.ceil(rate_per_s / 60)))
+
+
+class TrafficProcesses:
+    """``FactTraffic`` in worker processes, each with its share of the rate and of the nodes."""
+
+    def __init__(self, kubeconfig: Path, nodes: Sequence[SimNode], rate_per_s: float) -> None:
+        ctx = mp.get_context("spawn")  # the bench's process has many threads: no fork
+        specs = [(n.name, n.index, n.boot_time.isoformat()) for n in nodes]
+        parts = processes_for(rate_per_s, os.cpu_count() or 1)
+        self.ready = [ctx.Event() for _ in range(parts)]
+        self.stop_event = ctx.Event()
+        self.shared = [ctx.Array("q", len(COUNT_FIELDS)) for _ in range(parts)]
+        self.procs = [
+            ctx.Process(
+                target=traffic_worker,
+                args=(
+                    str(kubeconfig),
+                    share,
+                    rate_per_s / parts,
+                    15 + i,
+                    self.ready[i],
+                    self.stop_event,
+                    self.shared[i],
+                ),
+                name=f"bench-traffic-{i}",
+                daemon=True,
+            )
+            for i, share in enumerate(split(specs, parts))
+        ]
+
+    def start(self, timeout: float = 120.0) -> TrafficProcesses:
+        for proc in self.procs:
+            proc.start()
+        for ev in self.ready:
+            if not ev.wait(timeout):
+                self.stop()
+                raise RuntimeError("a traffic worker process did not start")
+        return self
+
+    def _total(self, field: str) -> int:
+        i = COUNT_FIELDS.index(field)
+        return sum(int(a[i]) for a in self.shared)
+
+    def mark(self) -> tuple[float, int]:
+        """(now, writes so far, to within the workers' 0.2 s mirroring)."""
+        return time.time(), self._total("writes")
+
+    def stop(self) -> TrafficCounts:
+        self.stop_event.set()
+        for proc in self.procs:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+        return TrafficCounts(**{f: self._total(f) for f in COUNT_FIELDS})
+
+
 @dataclass
 class TrafficContext:
     """What the traffic phase measures with: the fleet, the watches, the operator and its audit log."""
 
-    nodes: Sequence[FactNode]  # healthy nodes the traffic may touch (none of the faulted ones)
+    nodes: Sequence[SimNode]  # healthy nodes the traffic may touch (none of the faulted ones)
+    kubeconfig: Path  # the simulated agents' identity
     sims: dict[str, SimNode]
     node_watch: NodeWatch
     report_watch: ReportWatch
@@ -160,6 +282,7 @@ class TrafficContext:
     operator_user: str
     pool: ThreadPoolExecutor
     floor: Callable[[], float | None]  # one no-logic floor sample (ms), None if it timed out
+    settle_s: float  # before each rate: the operator's trailing work of the phase before (Events, sweeps) done
 
 
 def measure_traffic(
@@ -179,8 +302,9 @@ def measure_traffic(
 
 
 def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> dict[str, Any]:
-    traffic = FactTraffic(ctx.nodes, asked).start()
-    time.sleep(1.0)  # the pacer and its workers running
+    time.sleep(ctx.settle_s)
+    traffic = TrafficProcesses(ctx.kubeconfig, ctx.nodes, asked).start()
+    time.sleep(2.0)  # the pacers and their workers running, the first nodes attached
     # The traffic alone: what it costs the operator (no verdict changes, so it should write nothing).
     alone_from, cpu_from = traffic.mark(), ctx.operator.cpu_s()
     time.sleep(TRAFFIC_ONLY_S)
@@ -219,6 +343,7 @@ def _one_rate(ctx: TrafficContext, asked: float, fault_nodes: Sequence[str]) -> 
     fl = latency_summary(floor, floor_timeouts, FAULT_TIMEOUT_S * 1000)
     res: dict[str, Any] = {
         "asked_per_s": asked,
+        "processes": len(traffic.procs),
         "achieved_per_s": round(achieved, 1) if achieved is not None else None,
         "writes": faults_to[1] - alone_from[1],
         "window_s": round(window, 1),

@@ -17,7 +17,7 @@ from hack.bench_fleet import WARM_DELTA_C, healthy_snapshot
 from hack.bench_report import api_line, evaluate, summary_md, tally, targets_for, traffic_line, worst_traffic
 from hack.bench_setup import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
 from hack.bench_support import AuditEntry, api_rates, latency_summary, phase_elapsed
-from hack.bench_traffic import FactTraffic, achieved_rate, due_now
+from hack.bench_traffic import FactTraffic, achieved_rate, due_now, processes_for, split
 
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
 from gpuhealth.api.policy import parse_policy
@@ -82,6 +82,15 @@ def test_traffic_keeps_its_rate_and_counts_the_writes_it_achieved() -> None:
     assert sum(1 for n in nodes if n.events) >= 8
     assert sorted(e for n in nodes for e in n.events) == list(range(counts.sent))  # each event once
     assert counts.failures == 0
+
+
+def test_traffic_processes_share_the_rate_and_never_a_node() -> None:
+    assert processes_for(30, 2) == 1 and processes_for(100, 2) == 2 and processes_for(300, 2) == 2
+    assert processes_for(300, 16) == 5 and processes_for(0.5, 0) == 1
+    nodes = [(f"n{i}", i, "2026-12-01T00:00:00+00:00") for i in range(7)]
+    shares = split(nodes, 3)
+    assert [len(s) for s in shares] == [3, 2, 2]
+    assert sorted(n for s in shares for n in s) == sorted(nodes)  # every node in exactly one share
 
 
 # -- the traffic is facts, never a fault ---------------------------------------------------------------
