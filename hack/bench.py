@@ -6,7 +6,8 @@ Measures, in one run (see docs/bench.md):
 1. operator start-up: process start to "watching N GPU nodes", and to every node Healthy;
 2. detection to taint: an XID 79 published by the agent's own publishing code on one node at a time, until an
    independent Node watch sees the gpuhealth taint; against a floor, a no-logic watch-and-patch chain;
-3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%;
+3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%
+   (half the storm where 5% is not below it);
 4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
    independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once);
 5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 from kubernetes import client
 from tests.support.agents import AgentFleet
 from tests.support.k8s import OperatorProcess, wait_for
@@ -43,24 +44,36 @@ from hack.bench_devices import measure_devices, publish_dra
 from hack.bench_e2e import measure_e2e, real_agents
 from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench_report import write_outputs
-from hack.bench_setup import BenchCluster, agent_policy_spec, agent_silence, machine, policy_spec, run_pods
+from hack.bench_setup import (
+    BenchCluster,
+    agent_policy_spec,
+    agent_silence,
+    breaker_setting,
+    machine,
+    policy_spec,
+    run_pods,
+)
 from hack.bench_support import (
     FAULT_TIMEOUT_S,
     FLOOR_TAINT,
     GROUP,
     TAINT,
     VERSION,
+    AuditEntry,
     ProcSampler,
     api_client,
+    api_rates,
     describe,
     find_log_line,
     log,
     percentile,
+    phase_elapsed,
     publish_all,
     rate,
     read_audit,
     steady_writes_per_hour,
 )
+from hack.bench_traffic import TrafficContext, measure_traffic
 from hack.bench_watch import NodeWatch, ReportWatch, RuleWatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +94,31 @@ AGENT_POLICY = "bench-agents"  # governs the real agents' nodes only, so the fle
 AGENT_NODE = "agent-node-0000"
 
 
+# Named sizes. 10k: the issue's 10,000 nodes with 80,000 pods; the counts that take the longest scaled so the
+# run completes in well under an hour on 2 cores (see docs/bench.md for the time each phase takes).
+PROFILES: dict[str, dict[str, Any]] = {
+    "10k": {
+        "nodes": 10000,
+        "pods": 80000,
+        "faults": 200,
+        "storm": 100,
+        "floor_samples": 40,
+        "device_faults": 100,
+        "device_storm": 100,
+        "e2e_faults": 20,
+        "traffic_faults": 40,
+    },
+}
+
+
+def rates(text: str) -> list[float]:
+    """``--traffic``: comma-separated events per second; "0" or "" for no traffic phase."""
+    out = [float(x) for x in text.split(",") if x.strip()]
+    if any(r < 0 for r in out):
+        raise argparse.ArgumentTypeError("traffic rates must be >= 0")
+    return [r for r in out if r > 0]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000, help="fake GPU nodes governed by the policy")
@@ -90,7 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--floor-nodes", type=int, default=20, help="extra nodes for the no-logic floor chain")
     ap.add_argument("--floor-samples", type=int, default=None, help="floor measurements (default faults/2, >= 20)")
     ap.add_argument("--idle", type=float, default=None, help="idle window in seconds (default 60; quick 20)")
-    ap.add_argument("--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at 5%%")
+    ap.add_argument(
+        "--breaker-window", type=float, default=20.0, help="seconds of 50 ms sampling at the breaker's limit"
+    )
     ap.add_argument("--tick", type=float, default=5.0, help="the operator's --tick")
     ap.add_argument("--heartbeat", type=float, default=30.0, help="seconds between each agent's Lease renewals")
     ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
@@ -105,12 +145,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="XIDs from the fake NVML library, one at a time (default 20; quick 6)",
     )
     ap.add_argument(
+        "--traffic",
+        type=rates,
+        default=None,
+        help="background fact-change rates, events/s, comma-separated (default 30,100,300; quick 10,30; 0: none)",
+    )
+    ap.add_argument(
+        "--traffic-faults", type=int, default=None, help="single faults under each traffic rate (default 40; quick 8)"
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 100 nodes, 400 pods, 20 faults, 20 storm, 10+20 device, 2 real agents, 6 e2e faults",
     )
+    ap.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="a named size: 10k = 10,000 nodes, 80,000 pods, counts scaled to finish within an hour (docs/bench.md)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    if args.profile:
+        if args.quick:
+            ap.error("--profile and --quick exclude each other")
+        # The profile's counts, except those given on the command line.
+        given = {a.split("=", 1)[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+        for key, value in PROFILES[args.profile].items():
+            if f"--{key.replace('_', '-')}" not in given:
+                setattr(args, key, value)
     if args.quick:
         args.nodes, args.pods, args.faults, args.storm = 100, 400, 20, 20
         args.floor_nodes = min(args.floor_nodes, 10)
@@ -122,6 +184,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.real_agents = 2 if args.quick else 5
     if args.e2e_faults is None:
         args.e2e_faults = 6 if args.quick else 20
+    if args.traffic is None:
+        args.traffic = [10.0, 30.0] if args.quick else [30.0, 100.0, 300.0]
+    if args.traffic_faults is None:
+        args.traffic_faults = 8 if args.quick else 40
+    if args.pods > 8 * args.nodes:
+        ap.error("--pods must fit the nodes' GPUs (8 per node)")
     # Agent 0 keeps the footprint figures; the faults go to the others.
     if args.real_agents < 1 or (args.e2e_faults > 0 and args.real_agents < 2):
         ap.error("--real-agents must be >= 1, and >= 2 with --e2e-faults (agent 0 only measures the footprint)")
@@ -130,6 +198,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.
     if args.faults + 2 * args.storm + args.device_faults + args.device_storm > args.nodes:
         ap.error("--nodes must cover faults + 2 x storm + device-faults + device-storm distinct nodes")
+    # The traffic phase faults nodes other than the detection faults' and DRA nodes, its own for each rate,
+    # and sends the traffic to the rest.
+    if args.traffic and len(args.traffic) * args.traffic_faults + 1 > (
+        args.nodes - args.faults - args.device_faults - args.device_storm
+    ):
+        ap.error("--nodes must leave --traffic-faults nodes for each rate and one for traffic, beyond the faults")
     if args.heartbeat <= 0:
         ap.error("--heartbeat must be positive")
     return args
@@ -158,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             "device_storm": args.device_storm,
             "real_agents": args.real_agents,
             "e2e_faults": args.e2e_faults,
+            "traffic_per_s": args.traffic,
+            "traffic_faults": args.traffic_faults,
+            "profile": args.profile,
         },
     }
     series: dict[str, Any] = {}
@@ -166,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def phase(name: str) -> None:
         # The 1-minute load average says how busy the machine was (other work may share it).
-        phases.append((name, round(time.time() - bench_t0, 2), os.getloadavg()[0]))
+        now = round(time.time() - bench_t0, 2)
+        if phases:
+            log(f"   ({phases[-1][0].split(':')[0]} took {phase_elapsed(phases[-1][1], now)}; {now / 60:.1f} min in)")
+        phases.append((name, now, os.getloadavg()[0]))
         log(f"== {name} (load average {os.getloadavg()[0]:.1f}) ==")
 
     cluster = BenchCluster(
@@ -191,11 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         agent_nodes = cluster.add_gpu_nodes(args.real_agents, prefix="agent-node-", labels={"bench-agent": "true"})
         cluster.wait_nodes_ready(args.nodes + args.floor_nodes + args.real_agents, timeout=300)
         res["cluster_start_s"] = round(time.monotonic() - t, 1)
+        # Memory of each control-plane process and of the bench itself (the simulated fleet and the watches):
+        # whether a fleet this size fits the machine.
+        mem_samplers = {
+            name: ProcSampler(pid, period=5.0).start()
+            for name, pid in [*((n, p.pid) for n, p in cluster.procs.items()), ("bench", os.getpid())]
+            if pid is not None
+        }
+        samplers.extend(mem_samplers.values())
         total = args.nodes + args.floor_nodes + args.real_agents
         log(f"  control plane and {total} nodes ready in {res['cluster_start_s']}s")
 
         kc = {u: cluster.kubeconfig_with_token(tok, out / f"{u}.kubeconfig", u) for tok, (u, _) in TOKENS.items()}
-        admin = api_client(cluster.kubeconfig, pool=8)
+        admin = api_client(cluster.kubeconfig, pool=32)
         core, apps, custom = client.CoreV1Api(admin), client.AppsV1Api(admin), client.CustomObjectsApi(admin)
         # The agents' heartbeat Leases live where a gpuhealth install puts them (and the operator watches).
         cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}}])
@@ -222,10 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         agent_sampler = ProcSampler(agent_proc.pid, period=1.0).start()
         samplers.append(agent_sampler)
 
-        phase(f"{args.pods} running 1-GPU pods (Deployments)")
+        phase(f"{args.pods} running 1-GPU pods (one ReplicaSet per node, pods bound to it)")
         t = time.monotonic()
-        res["pods"] = run_pods(cluster, apps, core, args.pods)
+        res["pods"] = run_pods(cluster, apps, core, args.pods, governed, pool)
         res["pods_start_s"] = round(time.monotonic() - t, 1)
+        res["pods_per_s"] = round(res["pods"] / res["pods_start_s"], 1) if res["pods_start_s"] > 0 else None
+        log(f"  {res['pods']} pods Running in {res['pods_start_s']}s ({res['pods_per_s']} pods/s)")
 
         phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
         sim_api = api_client(kc[SIM_USER], pool=48)
@@ -299,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         floor_every = max(1, args.faults // max(1, args.floor_samples))
         floor_i = 0
 
-        def measure_floor() -> None:
+        def floor_once() -> float | None:
+            """One no-logic floor sample (ms), None if its taint never came."""
             nonlocal floor_i
             name = floor_names[floor_i % len(floor_names)]
             floor_i += 1
@@ -308,14 +399,18 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             sims[name].fault()
             t1 = node_watch.wait_taint(name, FLOOR_TAINT, timeout=FAULT_TIMEOUT_S)
-            if t1 is None:
-                misses["floor"] += 1
-            else:
-                floor.append((t1 - t0) * 1000)
             report_watch.armed.discard(name)
             # Back to clean for the next round: untaint, and the node "reboots" (clean report).
             core.patch_node(name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
             sims[name].reboot()
+            return None if t1 is None else (t1 - t0) * 1000
+
+        def measure_floor() -> None:
+            ms = floor_once()
+            if ms is None:
+                misses["floor"] += 1
+            else:
+                floor.append(ms)
 
         for i, name in enumerate(detect_nodes):
             t0 = time.time()
@@ -414,15 +509,44 @@ def main(argv: list[str] | None = None) -> int:
         }
         log(f"  {len(faulted)} nodes back to Healthy in {res['recovery']['seconds_to_all_healthy']}s")
 
+        if args.traffic:
+            # Nodes not faulted yet first (the storm's had one quarantine): the operator holds a node that
+            # was quarantined three times within its flapping window for repair, and the detection nodes
+            # were faulted once already; each rate takes its own nodes.
+            fresh = governed[args.faults : len(governed) - len(dra_nodes)]
+            fresh = fresh[args.storm :] + fresh[: args.storm]
+            per_rate = [
+                fresh[i * args.traffic_faults : (i + 1) * args.traffic_faults] for i in range(len(args.traffic))
+            ]
+            quiet = {n for nodes in per_rate for n in nodes} | set(dra_nodes)
+            phase(
+                f"fact traffic: {', '.join(f'{r:g}' for r in args.traffic)} changes/s, "
+                f"{args.traffic_faults} single faults under each"
+            )
+            ctx = TrafficContext(
+                nodes=[sims[n] for n in governed if n not in quiet],
+                kubeconfig=kc[SIM_USER],
+                sims=sims,
+                node_watch=node_watch,
+                report_watch=report_watch,
+                operator=op_sampler,
+                audit_log=cluster.audit_log,
+                operator_user=OPERATOR_USER,
+                pool=pool,
+                floor=floor_once,
+                settle_s=2 * args.tick,
+            )
+            res["traffic"] = measure_traffic(ctx, args.traffic, per_rate)
+
         if dra_nodes:
             res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
                 args, sims, dra_nodes, rule_watch, node_watch, pool, series, phase
             )
 
-        phase(f"breaker at 5%: {args.storm} nodes fault at once")
-        limit = math.ceil(args.nodes * 5 / 100)
+        max_unhealthy, limit = breaker_setting(args.nodes, args.storm)
+        phase(f"breaker at maxUnhealthy {max_unhealthy} (limit {limit}): {args.storm} nodes fault at once")
         custom.patch_cluster_custom_object(
-            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": "5%"}}}
+            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": max_unhealthy}}}
         )
         wait_for(
             lambda: (
@@ -432,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                 == limit
             ),
             timeout=60,
-            what=f"operator applied maxUnhealthy 5% (breakerLimit {limit})",
+            what=f"operator applied maxUnhealthy {max_unhealthy} (breakerLimit {limit})",
         )
         samples: list[tuple[float, int]] = []
         stop_sampling = threading.Event()
@@ -459,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         pstatus = custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}
         res["breaker"] = {
+            "max_unhealthy": max_unhealthy,
             "limit": limit,
             "max_quarantined_seen": max_seen,
             "quarantined_at_end": actual,
@@ -527,10 +652,21 @@ def main(argv: list[str] | None = None) -> int:
             "max_gap_s": round(hb_stats.max_gap_s, 1),
             "agent_silence": agent_silence(args.heartbeat),
         }
+        res["memory_mb"] = {
+            **{n: round(m.peak_rss / 2**20) for n, m in mem_samplers.items()},
+            "operator": round(op_sampler.peak_rss / 2**20),
+            "machine_available_at_end": round(psutil.virtual_memory().available / 2**20),
+        }
+        res["api"] = api_footprint(res, ops, list(read_audit(cluster.audit_log, AGENT_USER)), op_sampler, agent_sampler)
         log(f"  heartbeats: {res['heartbeats']}")
         log(f"  operator: {res['operator']}")
         log(f"  agent: {res['agent']}")
+        log(f"  API traffic gpuhealth adds: {res['api']}")
+        end = round(time.time() - bench_t0, 2)
+        last = phases[-1][0].split(":")[0]
+        log(f"   ({last} took {phase_elapsed(phases[-1][1], end)}; whole run {phase_elapsed(0, end)})")
         res["phases"] = phases
+        res["wall_s"] = end
         write_outputs(out, res, series)
         rc = 0
     finally:
@@ -547,6 +683,43 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
         cluster.stop()
     return rc
+
+
+def api_footprint(
+    res: dict[str, Any],
+    op_entries: list[AuditEntry],
+    agent_entries: list[AuditEntry],
+    op_sampler: ProcSampler,
+    agent_sampler: ProcSampler,
+) -> dict[str, Any]:
+    """The API traffic gpuhealth adds, operator and agents apart.
+
+    Requests per second from the audit log (the operator over the measured run, from every node evaluated to
+    the end, and over the idle window; the footprint agent from its first request on, and that times the
+    fleet's agents, one per node, since the simulated agents' identity is not audited). Bytes per second are
+    what each process read and wrote through system calls over the same windows (/proc/PID/io: its API
+    traffic, TLS included, plus its log writes); the audit log records no sizes.
+    """
+    now = time.time()
+    op_from = op_sampler.samples[0][0] + float(res["operator"].get("startup_s") or 0.0)
+    first = min((e.at for e in agent_entries), default=now)
+    agent = {**api_rates(agent_entries, first, now), "bytes_per_s": _round(agent_sampler.io_rate(first, now))}
+    fleet = res["nodes"]
+    return {
+        "operator": {
+            **api_rates(op_entries, op_from, now),
+            "bytes_per_s": _round(op_sampler.io_rate(op_from, now)),
+            "idle_requests_per_s": round(res["operator"]["idle_requests_per_min"] / 60, 3),
+        },
+        "agent": agent,
+        "fleet_agents": fleet,
+        "agents_requests_per_s": _round(None if agent["requests_per_s"] is None else agent["requests_per_s"] * fleet),
+        "agents_bytes_per_s": _round(None if agent["bytes_per_s"] is None else agent["bytes_per_s"] * fleet),
+    }
+
+
+def _round(v: float | None, digits: int = 1) -> float | None:
+    return None if v is None else round(v, digits)
 
 
 def agent_cpu_at_first_write(sampler: ProcSampler, first_write: float) -> float:

@@ -20,7 +20,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_report import TARGETS, _fmt, device_line, e2e_line, heartbeat_line, measured, tally, verdict
+from hack.bench_report import (
+    _fmt,
+    api_line,
+    device_line,
+    e2e_line,
+    heartbeat_line,
+    measured,
+    tally,
+    targets_for,
+    traffic_line,
+    verdict,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "bench"
@@ -47,7 +58,7 @@ def render(path: Path, res: dict[str, Any]) -> str:
     A run filed before a target or figure existed renders it as "not measured" (never as met or missed).
     """
     targets = res["targets"]
-    passed, counted, skipped = tally(targets)
+    passed, counted, skipped = tally(targets, res["nodes"])
     unmeasured = f", {skipped} not measured in this run" if skipped else ""
     rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
     s, o = res["storm"], res["operator"]
@@ -61,7 +72,7 @@ def render(path: Path, res: dict[str, Any]) -> str:
         "| figure | result | target | |",
         "| --- | --- | --- | --- |",
     ]
-    for t in TARGETS:
+    for t in targets_for(res["nodes"]):
         e = targets.get(t.key)
         value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
         lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
@@ -76,6 +87,10 @@ def render(path: Path, res: dict[str, Any]) -> str:
         device_line(res),
         "",
         heartbeat_line(res),
+        "",
+        traffic_line(res),
+        "",
+        api_line(res),
         END,
     ]
     return "\n".join(lines)

@@ -44,8 +44,17 @@ def gpu_uuid(node_index: int, gpu: int) -> str:
     return f"GPU-{node_index:08x}-{gpu:04x}-4000-8000-{node_index * 8 + gpu:012x}"
 
 
-def healthy_snapshot(node_index: int, gpus: int = 8) -> Snapshot:
-    """What a healthy 8x H100 node looks like to the sampler."""
+# A temperature move of the background traffic: past the report's 5 C dead band (so the agent writes it),
+# far below the policy's thermal threshold (90 C) and the GPUs' slowdown (90 C): a fact, never a fault.
+WARM_DELTA_C = 8
+
+
+def healthy_snapshot(node_index: int, gpus: int = 8, corrected: Sequence[int] = (), warm: bool = False) -> Snapshot:
+    """What a healthy 8x H100 node looks like to the sampler.
+
+    ``corrected``: each GPU's volatile corrected-ECC count (no rule acts on corrected errors); ``warm``:
+    every GPU ``WARM_DELTA_C`` warmer than idle. Both are the background fact traffic's changes.
+    """
     devices = tuple(
         DeviceFacts(
             index=i,
@@ -54,10 +63,10 @@ def healthy_snapshot(node_index: int, gpus: int = 8) -> Snapshot:
             model="NVIDIA H100 80GB HBM3",
             mig_mode="Disabled",
             ecc_mode="Enabled",
-            ecc=EccCounts(0, 0, 0, 0),
+            ecc=EccCounts(0, corrected[i] if i < len(corrected) else 0, 0, 0),
             retired_pages=RetiredPages(0, 0, False),
             remapped_rows=RemappedRows(0, 0, False, False),
-            temperature=Temperature(44 + i % 4, 90, 95),
+            temperature=Temperature(44 + i % 4 + (WARM_DELTA_C if warm else 0), 90, 95),
             clock_event_reasons=0,
             power_w=310.0 + i,
         )
@@ -142,6 +151,7 @@ class SimNode:
         api: client.ApiClient,
         heartbeat_s: float = 3600.0,
         stats: HeartbeatStats | None = None,
+        renew_lease: bool = True,
     ) -> None:
         self.name = name
         self.index = index
@@ -152,10 +162,14 @@ class SimNode:
         # One counter across boots: it knows when this node last renewed, as the agent's loop does.
         self.renewer = CountingLease(self.lease, self.stats)
         self.primed = False
+        self.renew_lease = renew_lease
         self.lock = threading.RLock()
         self._boot(now_utc() - dt.timedelta(hours=1))
 
     def _boot(self, boot_time: dt.datetime) -> None:
+        # The background traffic's facts: volatile counters and a temperature, which a reboot clears.
+        self.corrected: list[int] = [0] * 8
+        self.warm = False
         self.builder = ReportBuilder(
             self.name, AgentInfo(version=agent_version(), sources=("simulated",), boot_time=boot_time)
         )
@@ -171,7 +185,7 @@ class SimNode:
             heartbeat_interval_s=self.heartbeat_s,
             initial_backoff_s=0.2,
             max_backoff_s=5.0,
-            lease=self.renewer,
+            lease=self.renewer if self.renew_lease else None,
         )
         self.publisher.give_up_after_s = 60.0
 
@@ -181,6 +195,19 @@ class SimNode:
             self.publisher.restore()
             self.latest.set(healthy_snapshot(self.index))
             return self.publisher.publish()
+
+    @property
+    def boot_time(self) -> dt.datetime:
+        boot = self.builder.agent.boot_time
+        assert boot is not None  # every simulated boot has one
+        return boot
+
+    def attach(self, boot_time: dt.datetime) -> None:
+        """Take over a node another simulator (another process) publishes for: the same boot, and the report
+        as the server has it, so the next write is a merge patch against it."""
+        with self.lock:
+            self._boot(boot_time)
+            self.publisher.restore()
 
     def fault(self, xid: int = 79, gpu: int = 3) -> str | None:
         """The XID enters the source (the event thread's hand-off) and the publisher writes it at once."""
@@ -199,6 +226,20 @@ class SimNode:
         """The GPU was reset: the next sample is clean again."""
         with self.lock:
             self.latest.set(healthy_snapshot(self.index))
+            return self.publisher.publish()
+
+    def fact_change(self, event: int) -> str | None:
+        """Background health traffic, not a fault: the sampler sees a fact move and the publisher writes it.
+
+        Even events add a corrected ECC error on one GPU, odd ones move the GPUs' temperature by
+        ``WARM_DELTA_C`` (up, then back down): changes the agent reports, below every threshold of the policy.
+        """
+        with self.lock:
+            if event % 2 == 0:
+                self.corrected[(event // 2) % len(self.corrected)] += 1
+            else:
+                self.warm = not self.warm
+            self.latest.set(healthy_snapshot(self.index, corrected=self.corrected, warm=self.warm))
             return self.publisher.publish()
 
     def heartbeat(self) -> str | None:

@@ -26,17 +26,29 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
 
 
-def latency(key: str, label: str, *path: str) -> tuple[Target, Target]:
-    """p50 <= 200 ms and p99 <= 1 s (with no timeouts) for the latency summary at ``path`` in the results."""
+def path(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The results' block at ``keys`` (KeyError where the run lacks it: "not measured")."""
 
     def at(r: dict[str, Any]) -> dict[str, Any]:
-        for p in path:
-            r = r[p]
+        for k in keys:
+            r = r[k]
         return r
 
+    return at
+
+
+def latency(
+    key: str, label: str, at: Callable[[dict[str, Any]], dict[str, Any]], p50_ms: float = 200
+) -> tuple[Target, Target]:
+    """p50 <= ``p50_ms`` and p99 <= 1 s (with no timeouts) for the latency summary ``at`` gives of the results."""
     return (
         Target(
-            f"{key}_p50", f"{label}, p50", "<= 200 ms", lambda r: at(r)["p50"], lambda v, r: _num(v) and v <= 200, " ms"
+            f"{key}_p50",
+            f"{label}, p50",
+            f"<= {p50_ms:g} ms",
+            lambda r: at(r)["p50"],
+            lambda v, r: _num(v) and v <= p50_ms,
+            " ms",
         ),
         Target(
             f"{key}_p99",
@@ -49,56 +61,111 @@ def latency(key: str, label: str, *path: str) -> tuple[Target, Target]:
     )
 
 
-TARGETS = [
-    *latency("detect", "Detection to taint", "detect_to_taint_ms"),
-    *latency("e2e", "XID to taint end to end (real agent)", "e2e", "emit_to_taint_ms"),
-    Target(
-        "ratio_to_floor",
-        "Ratio to the no-logic floor (p50)",
-        "<= 5",
-        lambda r: r["ratio_to_floor"],
-        lambda v, r: _num(v) and v <= 5,
-    ),
-    Target(
-        "storm_rate",
-        "Storm at 100% breaker",
-        ">= 20 nodes/s",
-        lambda r: r["storm"]["nodes_per_s"],
-        lambda v, r: _num(v) and v >= 20,
-        " nodes/s",
-    ),
-    *latency("device", "Device fault to DeviceTaintRule", "device_to_rule_ms"),
-    Target(
-        "device_storm_rate",
-        "Device storm (GPUs on distinct nodes at once)",
-        ">= 20 rules/s",
-        lambda r: r["device_storm"]["rules_per_s"],
-        lambda v, r: _num(v) and v >= 20,
-        " rules/s",
-    ),
-    Target(
-        "breaker",
-        "Breaker at 5%: most quarantined at any instant",
-        "<= limit",
-        lambda r: r["breaker"]["max_quarantined_seen"],
-        lambda v, r: _num(v) and v <= r["breaker"]["limit"],
-    ),
-    Target(
-        "operator_rss",
-        "Operator peak RSS",
-        "<= 250 MB",
-        lambda r: r["operator"]["peak_rss_mb"],
-        lambda v, r: _num(v) and v <= 250,
-        " MB",
-    ),
-    Target(
-        "operator_idle_writes",
-        "Operator writes while idle",
-        "0 /min",
-        lambda r: r["operator"]["idle_writes_per_min"],
-        lambda v, r: _num(v) and v == 0,
-        " /min",
-    ),
+def worst_traffic(r: dict[str, Any]) -> dict[str, Any]:
+    """The detection latency under background fact traffic, at its worst over the rates measured.
+
+    Each rate has its own p50/p99; the targets hold for every rate, so the worst p50, the worst p99 and all
+    timeouts are what is checked. A run without the traffic phase raises KeyError: "not measured".
+    """
+    runs = r["traffic"]
+    if not runs:
+        raise KeyError("traffic")
+    lat = [t["detect_to_taint_ms"] for t in runs]
+    return {
+        "p50": max(x["p50"] for x in lat),
+        "p99": max(x["p99"] for x in lat),
+        "timeouts": sum(x["timeouts"] for x in lat),
+    }
+
+
+# The issue's targets for the 10,000-node run (and larger), where they differ from the 1,000-node ones.
+LARGE_FLEET_NODES = 10000
+
+
+def targets_for(nodes: int) -> list[Target]:
+    """The targets a run of ``nodes`` nodes is held to: the 1,000-node ones, or the issue's 10k ones."""
+    large = nodes >= LARGE_FLEET_NODES
+    storm_min, rss_max = (25, 400) if large else (20, 250)
+    out = [
+        *latency("detect", "Detection to taint", path("detect_to_taint_ms")),
+        *latency(
+            "e2e",
+            "XID to taint end to end (real agent)",
+            path("e2e", "emit_to_taint_ms"),
+            p50_ms=150 if large else 200,
+        ),
+        Target(
+            "ratio_to_floor",
+            "Ratio to the no-logic floor (p50)",
+            "<= 5",
+            lambda r: r["ratio_to_floor"],
+            lambda v, r: _num(v) and v <= 5,
+        ),
+        Target(
+            "storm_rate",
+            "Storm at 100% breaker",
+            f">= {storm_min} nodes/s",
+            lambda r: r["storm"]["nodes_per_s"],
+            lambda v, r: _num(v) and v >= storm_min,
+            " nodes/s",
+        ),
+        *latency("traffic", "Detection to taint under fact traffic (worst rate)", worst_traffic, p50_ms=150),
+        *latency("device", "Device fault to DeviceTaintRule", path("device_to_rule_ms")),
+        Target(
+            "device_storm_rate",
+            "Device storm (GPUs on distinct nodes at once)",
+            ">= 20 rules/s",
+            lambda r: r["device_storm"]["rules_per_s"],
+            lambda v, r: _num(v) and v >= 20,
+            " rules/s",
+        ),
+        Target(
+            "breaker",
+            "Breaker at 5% (or half the storm): most quarantined at any instant",
+            "<= limit",
+            lambda r: r["breaker"]["max_quarantined_seen"],
+            lambda v, r: _num(v) and v <= r["breaker"]["limit"],
+        ),
+        Target(
+            "operator_rss",
+            "Operator peak RSS",
+            f"<= {rss_max} MB",
+            lambda r: r["operator"]["peak_rss_mb"],
+            lambda v, r: _num(v) and v <= rss_max,
+            " MB",
+        ),
+        Target(
+            "operator_idle_writes",
+            "Operator writes while idle",
+            "0 /min",
+            lambda r: r["operator"]["idle_writes_per_min"],
+            lambda v, r: _num(v) and v == 0,
+            " /min",
+        ),
+    ]
+    if large:
+        out += [
+            Target(
+                "startup",
+                "Operator start-up to every node evaluated",
+                "<= 60 s",
+                lambda r: r["operator"]["startup_s"],
+                lambda v, r: _num(v) and v <= 60,
+                " s",
+            ),
+            Target(
+                "operator_idle_cpu",
+                "Operator CPU while idle (one core)",
+                "<= 10%",
+                lambda r: r["operator"]["idle_cpu_percent"],
+                lambda v, r: _num(v) and v <= 10,
+                " %",
+            ),
+        ]
+    return out + AGENT_TARGETS
+
+
+AGENT_TARGETS = [
     Target(
         "agent_rss",
         "Agent RSS",
@@ -126,10 +193,14 @@ TARGETS = [
 ]
 
 
+# The default run's (1,000 nodes) targets.
+TARGETS = targets_for(1000)
+
+
 def evaluate(res: dict[str, Any]) -> dict[str, Any]:
     """Each target's value and verdict; a figure whose block the run lacks is "not measured", not a miss."""
     out: dict[str, Any] = {}
-    for t in TARGETS:
+    for t in targets_for(res["nodes"]):
         try:
             v = t.value(res)
         except KeyError:
@@ -157,9 +228,9 @@ def verdict(entry: dict[str, Any] | None, met: str, missed: str) -> str:
     return met if entry["pass"] else missed
 
 
-def tally(targets: dict[str, Any]) -> tuple[int, int, int]:
-    """(met, measured, not measured) over the current TARGETS; older runs lack the newer targets."""
-    entries = [targets.get(t.key) for t in TARGETS]
+def tally(targets: dict[str, Any], nodes: int) -> tuple[int, int, int]:
+    """(met, measured, not measured) over the current targets of a run's size; older runs lack the newer ones."""
+    entries = [targets.get(t.key) for t in targets_for(nodes)]
     done = [e for e in entries if measured(e)]
     return sum(1 for e in done if e and e["pass"]), len(done), len(entries) - len(done)
 
@@ -174,6 +245,79 @@ def heartbeat_line(res: dict[str, Any]) -> str:
         f"(agentSilence {h['agent_silence']}): {h['achieved_per_s']} renewals/s achieved of {h['asked_per_s']} "
         f"asked (restarted agents renew at once, on top), {h['failures']} failed, longest gap on one node "
         f"{h['max_gap_s']} s."
+    )
+
+
+def pods_rate(res: dict[str, Any]) -> str:
+    """How fast the pods were placed (runs before it was recorded: nothing)."""
+    if not _num(res.get("pods_per_s")):
+        return ""
+    return f" (Running {res['pods_start_s']} s after creation began: {res['pods_per_s']} pods/s)"
+
+
+def _floor(t: dict[str, Any]) -> str:
+    f = t.get("floor_ms")
+    if not f or not f.get("samples"):
+        return ""
+    return f", the no-logic floor under the same traffic p50 {f['p50']} ms (ratio {t.get('ratio_to_floor')})"
+
+
+def traffic_line(res: dict[str, Any]) -> str:
+    """Detection under background fact traffic, rate by rate, or "not measured" for runs before it existed."""
+    runs = res.get("traffic")
+    if not runs:
+        return "Fact traffic: not measured in this run."
+    parts = []
+    for t in runs:
+        d = t["detect_to_taint_ms"]
+        parts.append(
+            f"{t['asked_per_s']:g}/s asked, {t['achieved_per_s']}/s achieved ({t['writes']:,} report writes, "
+            f"{t['failures']} failed): detection to taint p50 {d['p50']} ms, p99 {d['p99']} ms over {d['samples']} "
+            f"faults ({d['timeouts']} timed out){_floor(t)}; operator CPU {t['operator_cpu_percent']}% of a core "
+            f"({t['operator_cpu_percent_traffic_only']}% with the traffic alone), operator writes "
+            f"{t['operator_writes']} ({t['operator_writes_traffic_only']} with the traffic alone)"
+        )
+    return (
+        "Fact traffic (corrected ECC errors and temperature moves on random healthy nodes, each a report write "
+        "through the agent's publisher, below every threshold of the policy): " + "; ".join(parts) + "."
+    )
+
+
+def _rate(v: Any, unit: str) -> str:
+    if not _num(v):
+        return "n/a"
+    if unit == "B/s":
+        return f"{v / 1024:,.1f} KiB/s"
+    return f"{v:,.2f} {unit}"
+
+
+def api_line(res: dict[str, Any]) -> str:
+    """The API traffic gpuhealth adds, operator and agents apart, or "not measured" for runs before it existed."""
+    a = res.get("api")
+    if not a:
+        return "API traffic gpuhealth adds: not measured in this run."
+    o, g = a["operator"], a["agent"]
+    return (
+        f"API traffic gpuhealth adds: the operator {_rate(o['requests_per_s'], 'requests/s')} "
+        f"({_rate(o['writes_per_s'], 'writes/s')}, {_rate(o['idle_requests_per_s'], 'requests/s')} idle) and "
+        f"{_rate(o['bytes_per_s'], 'B/s')} through its process; one agent {_rate(g['requests_per_s'], 'requests/s')}"
+        f" and {_rate(g['bytes_per_s'], 'B/s')}, so {a['fleet_agents']:,} agents "
+        f"{_rate(a['agents_requests_per_s'], 'requests/s')} and {_rate(a['agents_bytes_per_s'], 'B/s')} "
+        "(requests from the audit log; bytes read and written by each process, /proc/PID/io, its log included)."
+    )
+
+
+def memory_line(res: dict[str, Any]) -> str:
+    """Peak RSS of every process of the run (does a fleet this size fit the machine?)."""
+    m = res.get("memory_mb")
+    if not m:
+        return "Memory per process: not measured in this run."
+    procs = {k: v for k, v in m.items() if k != "machine_available_at_end"}
+    return (
+        "Peak RSS per process: "
+        + ", ".join(f"{k} {v:,} MB" for k, v in sorted(procs.items(), key=lambda kv: -kv[1]))
+        + f" (together {sum(procs.values()):,} MB); memory available on the machine at the end: "
+        f"{m.get('machine_available_at_end', 0):,} MB."
     )
 
 
@@ -219,7 +363,7 @@ def summary_md(res: dict[str, Any]) -> str:
         "| figure | value | target | result |",
         "| --- | --- | --- | --- |",
     ]
-    for t in TARGETS:
+    for t in targets_for(res["nodes"]):
         e = targets.get(t.key)
         value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
         rows.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'pass', '**MISS**')} |")
@@ -231,7 +375,7 @@ def summary_md(res: dict[str, Any]) -> str:
         res["operator"],
         res["agent"],
     )
-    passed, counted, skipped = tally(targets)
+    passed, counted, skipped = tally(targets, res["nodes"])
     lines = [
         f"# gpuhealth bench: {res['nodes']} nodes{' (quick)' if res.get('quick') else ''}",
         "",
@@ -243,7 +387,8 @@ def summary_md(res: dict[str, Any]) -> str:
         "",
         "## Details",
         "",
-        f"- Fleet: {res['nodes']} fake 8-GPU nodes governed by the policy, {res.get('pods')} running 1-GPU pods; "
+        f"- Fleet: {res['nodes']} fake 8-GPU nodes governed by the policy, {res.get('pods')} running 1-GPU pods"
+        f"{pods_rate(res)}; "
         f"{res['config']['floor_nodes']} floor nodes outside it; "
         f"{res['config'].get('real_agents', 1)} real agents, each on its own node"
         f"{' (under a policy of their own)' if 'real_agents' in res['config'] else ' (outside the policy)'}.",
@@ -261,10 +406,14 @@ def summary_md(res: dict[str, Any]) -> str:
         f"- {e2e_line(res)}",
         f"- {device_line(res)}",
         f"- {heartbeat_line(res)}",
+        f"- {traffic_line(res)}",
+        f"- {api_line(res)}",
+        f"- {memory_line(res)}",
         f"- Recovery: {res['recovery']['nodes']} nodes back to Healthy in "
         f"{res['recovery']['seconds_to_all_healthy']} s "
         f"(probation 2 s, sweep every {res['config']['operator_tick_s']} s).",
-        f"- Breaker at 5%: limit {b['limit']}, at most {b['max_quarantined_seen']} quarantined at any 50 ms sample, "
+        f"- Breaker at maxUnhealthy {b.get('max_unhealthy', '5%')}: limit {b['limit']}, "
+        f"at most {b['max_quarantined_seen']} quarantined at any 50 ms sample, "
         f"{b['quarantined_at_end']} at the end, {b['held_back']} held back, breaker {b['breaker']}.",
         f"- Operator: peak RSS {o['peak_rss_mb']} MB, {o['cpu_s']} CPU s over {o['wall_s']} s; idle "
         f"{o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min, "
@@ -351,9 +500,12 @@ def plot(path: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     if br:
         ax.plot([t for t, _ in br], [c for _, c in br], color="tab:orange", label="quarantined (50 ms samples)")
     b = res["breaker"]
-    ax.axhline(b["limit"], color="tab:red", ls="--", lw=1, label=f"limit {b['limit']} (5%)")
+    ax.axhline(b["limit"], color="tab:red", ls="--", lw=1, label=f"limit {b['limit']} ({b.get('max_unhealthy', '5%')})")
     ax.set_ylim(0, max(b["limit"], b["max_quarantined_seen"], b.get("faulted") or 0) * 1.15 + 1)
-    ax.set_title(f"Breaker 5%: {b.get('faulted')} nodes fault at once; max seen {b['max_quarantined_seen']}")
+    ax.set_title(
+        f"Breaker {b.get('max_unhealthy', '5%')}: {b.get('faulted')} nodes fault at once; "
+        f"max seen {b['max_quarantined_seen']}"
+    )
     ax.set_xlabel("seconds since the faults")
     ax.set_ylabel("nodes carrying the gpuhealth taint")
     ax.legend(fontsize=8, loc="lower right")

@@ -68,6 +68,8 @@ class ProcSampler:
     period: float = 0.25
     samples: list[tuple[float, int]] = field(default_factory=list)
     cpu_samples: list[tuple[float, float]] = field(default_factory=list)
+    # Bytes the process read and wrote through system calls (sockets and files: /proc/PID/io rchar + wchar).
+    io_samples: list[tuple[float, int]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> ProcSampler:
@@ -81,6 +83,8 @@ class ProcSampler:
                 now = time.time()
                 self.samples.append((now, self.proc.memory_info().rss))
                 self.cpu_samples.append((now, self.cpu_s()))
+                io = self.proc.io_counters()
+                self.io_samples.append((now, int(io.read_chars + io.write_chars)))
             except psutil.Error:
                 return
             self.stop.wait(self.period)
@@ -88,6 +92,13 @@ class ProcSampler:
     def cpu_s(self) -> float:
         t = self.proc.cpu_times()
         return float(t.user + t.system)
+
+    def io_rate(self, start: float, end: float) -> float | None:
+        """Bytes per second read and written between two instants (the samples nearest inside them)."""
+        inside = [(t, b) for t, b in self.io_samples if start <= t <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
     @property
     def peak_rss(self) -> int:
@@ -172,6 +183,18 @@ def _read_audit_file(path: Path, user: str) -> Iterator[AuditEntry]:
             )
 
 
+def api_rates(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, float | None]:
+    """One identity's API requests and writes per second between two instants, from its audit entries."""
+    inside = [e for e in entries if start <= e.at < end]
+    span = end - start
+    if span <= 0:
+        return {"requests_per_s": None, "writes_per_s": None}
+    return {
+        "requests_per_s": round(len(inside) / span, 3),
+        "writes_per_s": round(sum(e.write for e in inside) / span, 3),
+    }
+
+
 def describe(entries: Iterable[AuditEntry]) -> dict[str, int]:
     """Counts by 'verb resource[/subresource]', for the report."""
     out: dict[str, int] = {}
@@ -222,3 +245,10 @@ def rate(mark_from: tuple[float, int], mark_to: tuple[float, int]) -> float | No
     """Events per second between two (time, count) marks; None over an empty window."""
     span = mark_to[0] - mark_from[0]
     return (mark_to[1] - mark_from[1]) / span if span > 0 else None
+
+
+def phase_elapsed(start_s: float, end_s: float) -> str:
+    """How long a phase took, for the progress line a long run prints: "42 s" or "12 min 5 s"."""
+    took = max(0.0, end_s - start_s)
+    minutes, seconds = divmod(round(took), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{took:.0f} s"
