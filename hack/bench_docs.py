@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.bench_report import (
+    LARGE_FLEET_NODES,
     _fmt,
     api_line,
     device_line,
@@ -38,6 +39,8 @@ RESULTS = REPO / "docs" / "bench"
 DOCS = (REPO / "README.md", REPO / "docs" / "bench.md")
 BEGIN = "<!-- bench:begin (python -m hack.bench_docs) -->"
 END = "<!-- bench:end -->"
+LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench_docs) -->"
+LARGE_END = "<!-- bench-10k:end -->"
 AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
 AB_END = "<!-- bench-ab:end -->"
 
@@ -52,7 +55,7 @@ def filed_runs(directory: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
     return sorted(runs, key=lambda r: str(r[1].get("date", "")))
 
 
-def render(path: Path, res: dict[str, Any]) -> str:
+def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
     """The block: what ran, where, and every target with its result; misses stay misses.
 
     A run filed before a target or figure existed renders it as "not measured" (never as met or missed).
@@ -63,7 +66,7 @@ def render(path: Path, res: dict[str, Any]) -> str:
     rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
     s, o = res["storm"], res["operator"]
     lines = [
-        BEGIN,
+        begin,
         f"Latest filed full run: {res['nodes']:,} nodes, {res.get('pods', 0):,} running pods, "
         f"{res['config']['faults']} faults; commit `{res['commit']}`, {res['date']}, {res['machine']}; "
         f"load average {res['load']} during the run (2 fills both cores). **{passed} of {counted} targets "
@@ -91,7 +94,7 @@ def render(path: Path, res: dict[str, Any]) -> str:
         traffic_line(res),
         "",
         api_line(res),
-        END,
+        end,
     ]
     return "\n".join(lines)
 
@@ -124,10 +127,21 @@ def rewrite(text: str, block: str) -> str:
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
-    """Each document and the blocks it carries, rendered from the filed results."""
+    """Each document and the blocks it carries, rendered from the filed results.
+
+    The README and the first block of docs/bench.md show the newest run below 10,000 nodes (what
+    `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more.
+    """
     runs = filed_runs(directory)
-    latest = render(*runs[-1]) if runs else ""
-    return {DOCS[0]: [latest], DOCS[1]: [latest, render_ab(directory)]}
+    small = [r for r in runs if r[1]["nodes"] < LARGE_FLEET_NODES]
+    large = [r for r in runs if r[1]["nodes"] >= LARGE_FLEET_NODES]
+    latest = render(*small[-1]) if small else ""
+    big = (
+        render(*large[-1], begin=LARGE_BEGIN, end=LARGE_END)
+        if large
+        else f"{LARGE_BEGIN}\nNo run of {LARGE_FLEET_NODES:,} nodes or more is filed yet.\n{LARGE_END}"
+    )
+    return {DOCS[0]: [latest], DOCS[1]: [latest, big, render_ab(directory)]}
 
 
 def stale_docs(rendered: dict[Path, list[str]]) -> list[Path]:

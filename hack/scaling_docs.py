@@ -1,0 +1,168 @@
+"""docs/scaling.md's curve, generated from the filed bench runs of every fleet size.
+
+One replica's limits are read off full `make bench` runs filed under docs/bench/ (bench-N-*.json,
+filed with ``python -m hack.bench_docs --add``). The newest filed run of each node count is one
+point of the curve; this renders the marked table in docs/scaling.md from those points (with the
+commit and date of each, since the points may come from different commits) and draws
+docs/bench/scaling.png (latency, memory, start-up and storm against nodes). A unit test
+(tests/unit/test_scaling_docs.py) fails when the table differs from its rendering.
+
+    python -m hack.scaling_docs            # re-render the table and the plot
+    python -m hack.scaling_docs --check    # exit 1 if the table is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hack.bench_docs import check, filed_runs, rewrite
+from hack.bench_report import measured, targets_for
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "scaling.md"
+PLOT = REPO / "docs" / "bench" / "scaling.png"
+BEGIN = "<!-- scaling:begin (python -m hack.scaling_docs) -->"
+END = "<!-- scaling:end -->"
+
+
+def points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
+    """The newest run of each node count (``runs`` oldest first), smallest fleet first."""
+    newest: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for path, res in runs:
+        newest[int(res["nodes"])] = (path, res)
+    return [newest[n] for n in sorted(newest)]
+
+
+def _get(res: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(res, dict) or k not in res:
+            return None
+        res = res[k]
+    return res
+
+
+def _ms(v: Any) -> str:
+    return f"{v:,.0f}" if isinstance(v, int | float) else "n/a"
+
+
+def slope_kb_per_node(pts: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of peak RSS (MB) against nodes, in KB per node; None below two sizes."""
+    if len({n for n, _ in pts}) < 2:
+        return None
+    mx = sum(n for n, _ in pts) / len(pts)
+    my = sum(m for _, m in pts) / len(pts)
+    num = sum((n - mx) * (m - my) for n, m in pts)
+    den = sum((n - mx) ** 2 for n, _ in pts)
+    return num / den * 1000
+
+
+def missed(res: dict[str, Any]) -> list[str]:
+    """The labels of the targets a run of its size missed (only those it measured)."""
+    out = []
+    for t in targets_for(int(res["nodes"])):
+        e = res["targets"].get(t.key)
+        if measured(e) and e is not None and not e["pass"]:
+            out.append(f"{t.label} ({e['value']}, target {t.target})")
+    return out
+
+
+def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
+    pts = points(runs)
+    lines = [
+        BEGIN,
+        "| nodes | pods | commit, date | detection to taint p50 / p99 (ms) | XID to taint end to end p50 / p99 (ms) "
+        "| storm (nodes/s) | operator peak RSS (MB) | start-up to every node evaluated (s) "
+        "| idle operator CPU (% of a core) | targets met |",
+        "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    rss: list[tuple[int, float]] = []
+    for path, r in pts:
+        met = sum(1 for t in targets_for(int(r["nodes"])) if measured(e := r["targets"].get(t.key)) and e and e["pass"])
+        counted = sum(1 for t in targets_for(int(r["nodes"])) if measured(r["targets"].get(t.key)))
+        peak = _get(r, "operator", "peak_rss_mb")
+        if isinstance(peak, int | float):
+            rss.append((int(r["nodes"]), float(peak)))
+        lines.append(
+            f"| {r['nodes']:,} | {r.get('pods', 0):,} | `{r['commit']}`, {str(r['date'])[:10]} (`{path.name}`) "
+            f"| {_ms(_get(r, 'detect_to_taint_ms', 'p50'))} / {_ms(_get(r, 'detect_to_taint_ms', 'p99'))} "
+            f"| {_ms(_get(r, 'e2e', 'emit_to_taint_ms', 'p50'))} / {_ms(_get(r, 'e2e', 'emit_to_taint_ms', 'p99'))} "
+            f"| {_get(r, 'storm', 'nodes_per_s')} | {peak} | {_get(r, 'operator', 'startup_s')} "
+            f"| {_get(r, 'operator', 'idle_cpu_percent')} | {met} of {counted} |"
+        )
+    slope = slope_kb_per_node(rss)
+    lines.append("")
+    if slope is None:
+        lines.append("Peak RSS per node: one fleet size filed so far, no slope to fit.")
+    else:
+        lines.append(
+            f"Operator peak RSS, least-squares slope across the {len(rss)} sizes: **{slope:,.1f} KB per node** "
+            "(peak RSS includes the transient peaks of the storm and start-up, not only what is held)."
+        )
+    for _, r in pts:
+        miss = missed(r)
+        lines.append("")
+        lines.append(f"Missed at {r['nodes']:,} nodes: " + ("; ".join(miss) + "." if miss else "nothing it measured."))
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def plot(runs: list[tuple[Path, dict[str, Any]]], out: Path = PLOT) -> None:
+    """Latency, memory, start-up and storm rate against the fleet size, one marker per filed size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [r for _, r in points(runs)]
+    n = [r["nodes"] for r in pts]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax = axes[0][0]
+    for label, keys in (
+        ("detection p50", ("detect_to_taint_ms", "p50")),
+        ("detection p99", ("detect_to_taint_ms", "p99")),
+        ("end to end p50", ("e2e", "emit_to_taint_ms", "p50")),
+        ("end to end p99", ("e2e", "emit_to_taint_ms", "p99")),
+    ):
+        ys = [_get(r, *keys) for r in pts]
+        ax.plot(n, ys, marker="o", label=label)
+    ax.set(title="XID to taint (ms)", xscale="log", yscale="log", xlabel="nodes")
+    ax.legend()
+    for ax, title, keys in (
+        (axes[0][1], "operator peak RSS (MB)", ("operator", "peak_rss_mb")),
+        (axes[1][0], "start-up to every node evaluated (s)", ("operator", "startup_s")),
+        (axes[1][1], "storm at 100% breaker (nodes/s)", ("storm", "nodes_per_s")),
+    ):
+        ax.plot(n, [_get(r, *keys) for r in pts], marker="o")
+        ax.set(title=title, xscale="log", xlabel="nodes")
+    fig.suptitle("One gpuhealth operator replica against fleet size (filed runs under docs/bench/)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def stale() -> list[Path]:
+    text = DOC.read_text(encoding="utf-8")
+    return [DOC] if rewrite(text, render(filed_runs())) != text else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/scaling.md's table is stale")
+    args = ap.parse_args(argv)
+    if args.check:
+        return check(stale(), "hack.scaling_docs")
+    runs = filed_runs()
+    if not runs:
+        ap.error("no filed full run under docs/bench/")
+    DOC.write_text(rewrite(DOC.read_text(encoding="utf-8"), render(runs)), encoding="utf-8")
+    plot(runs)
+    print(f"rendered {DOC} and {PLOT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
