@@ -14,11 +14,14 @@ docs/bench/scaling.png (latency, memory, start-up and storm against nodes). A un
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import check, filed_runs, rewrite
+from hack.bench_docs import RESULTS, check, filed_runs, rewrite
 from hack.bench_report import measured, targets_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +72,58 @@ def missed(res: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
+PHASE = re.compile(r"^\[[0-9:]+\]\s+\((?P<what>.+) took (?P<took>[0-9]+ min [0-9]+ s|[0-9]+ s); [0-9.]+ min in\)$")
+STARTUP = re.compile(
+    r"'watching \.\.\. GPU nodes' after (?P<watch>[0-9.]+)s; all (?P<n>[0-9]+) nodes Healthy after (?P<all>[0-9.]+)s"
+)
+SO_FAR = re.compile(r"(?P<done>[0-9]+)/(?P<total>[0-9]+): p50 so far (?P<p50>[0-9]+) ms")
+
+
+def stopped_runs(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Runs stopped before their end (docs/bench/stopped-*.json): the cluster's state when stopped."""
+    return [(p, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(directory.glob("stopped-*.json"))]
+
+
+def render_stopped(path: Path, s: dict[str, Any]) -> list[str]:
+    """What a stopped run got through (from its own log) and the state it was stopped in."""
+    log = (path.parent / s["log"]).read_text(encoding="utf-8").splitlines()
+    phases = [m.group("what", "took") for line in log if (m := PHASE.match(line))]
+    start = next((m for line in log if (m := STARTUP.search(line))), None)
+    so_far = [m for line in log if (m := SO_FAR.search(line))]
+    ages, procs = s["lease_age_s"], s["processes"]
+    lines = [
+        f"**Stopped: {s['nodes']:,} nodes, {s['pods']:,} pods** (commit `{s['commit']}`, {s['date'][:10]}, "
+        f"{s['cpus']} cores, {s['memory_gb']} GiB; `{path.name}` and its log `{s['log']}`). Phases it completed:",
+        "",
+        "| phase | took |",
+        "| --- | --- |",
+        *[f"| {what} | {took} |" for what, took in phases],
+        "",
+    ]
+    if start:
+        lines.append(
+            f"Operator start-up: watching after {start['watch']} s, all {int(start['n']):,} nodes evaluated after "
+            f"{start['all']} s."
+        )
+    if so_far:
+        m = so_far[-1]
+        lines.append(f"Detection to taint when stopped: p50 {m['p50']} ms after {m['done']} of {m['total']} faults.")
+    lines += [
+        "",
+        f"When stopped (load average {' / '.join(str(x) for x in s['load_average'])}): node verdicts "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(s["node_states"].items()))
+        + f"; age of the {s['leases']:,} agent Leases' last renewal p10 {ages['p10']} s, p50 {ages['p50']} s, "
+        f"p90 {ages['p90']} s (renewed every 30 s when keeping up); processes: "
+        + ", ".join(
+            f"{name} {p['rss_mb']:,} MB RSS, {p['cpu_s']:,} CPU s over {p['age_s']:,} s"
+            for name, p in sorted(procs.items())
+        )
+        + ".",
+    ]
+    return lines
+
+
+def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path, dict[str, Any]]] = ()) -> str:
     pts = points(runs)
     lines = [
         BEGIN,
@@ -105,6 +159,8 @@ def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
         miss = missed(r)
         lines.append("")
         lines.append(f"Missed at {r['nodes']:,} nodes: " + ("; ".join(miss) + "." if miss else "nothing it measured."))
+    for path, stop in stopped:
+        lines += ["", *render_stopped(path, stop)]
     lines.append(END)
     return "\n".join(lines)
 
@@ -146,7 +202,7 @@ def plot(runs: list[tuple[Path, dict[str, Any]]], out: Path = PLOT) -> None:
 
 def stale() -> list[Path]:
     text = DOC.read_text(encoding="utf-8")
-    return [DOC] if rewrite(text, render(filed_runs())) != text else []
+    return [DOC] if rewrite(text, render(filed_runs(), stopped_runs(RESULTS))) != text else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = filed_runs()
     if not runs:
         ap.error("no filed full run under docs/bench/")
-    DOC.write_text(rewrite(DOC.read_text(encoding="utf-8"), render(runs)), encoding="utf-8")
+    DOC.write_text(rewrite(DOC.read_text(encoding="utf-8"), render(runs, stopped_runs(RESULTS))), encoding="utf-8")
     plot(runs)
     print(f"rendered {DOC} and {PLOT}")
     return 0

@@ -44,3 +44,33 @@ def test_each_size_is_its_newest_run_and_misses_are_named() -> None:
     block = scaling_docs.render(runs)
     assert "Missed at 10,000 nodes: Operator peak RSS (500.0, target <= 400 MB)." in block
     assert "Missed at 1,000 nodes: nothing it measured." in block
+
+
+def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
+    (tmp_path / "stopped-10000-x.log").write_text(
+        "[03:14:39] == control plane ==\n"
+        "[03:17:48]    (control plane took 3 min 9 s; 3.2 min in)\n"
+        "[03:41:59]   'watching ... GPU nodes' after 131.22s; all 10000 nodes Healthy after 645.49s\n"
+        "[03:51:39]   50/200: p50 so far 4793 ms\n",
+        encoding="utf-8",
+    )
+    stop = {
+        "nodes": 10000,
+        "pods": 80000,
+        "commit": "abc1234",
+        "date": "2026-12-01T03:52:28Z",
+        "cpus": 2,
+        "memory_gb": 23.5,
+        "log": "stopped-10000-x.log",
+        "lease_age_s": {"p10": 32.1, "p50": 251.1, "p90": 431.2, "max": 475.8},
+        "leases": 10025,
+        "load_average": [5.0, 5.7, 5.4],
+        "node_states": {"Unknown": 8673, "Healthy": 1281},
+        "processes": {"gpuhealth-operator": {"rss_mb": 1236, "cpu_s": 358.4, "age_s": 1275}},
+    }
+    lines = scaling_docs.render_stopped(tmp_path / "stopped-10000-x.json", stop)
+    text = "\n".join(lines)
+    assert "| control plane | 3 min 9 s |" in text
+    assert "all 10,000 nodes evaluated after 645.49 s" in text
+    assert "p50 4793 ms after 50 of 200 faults" in text
+    assert "Healthy 1,281, Unknown 8,673" in text and "gpuhealth-operator 1,236 MB RSS" in text
