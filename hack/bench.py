@@ -107,6 +107,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "device_storm": 100,
         "e2e_faults": 20,
         "traffic_faults": 40,
+        "kubelet_lease": 600,
     },
 }
 
@@ -133,6 +134,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--tick", type=float, default=5.0, help="the operator's --tick")
     ap.add_argument("--heartbeat", type=float, default=30.0, help="seconds between each agent's Lease renewals")
+    ap.add_argument(
+        "--kubelet-lease",
+        type=int,
+        default=40,
+        help="the emulated kubelets' (KWOK's) node Lease duration in seconds, renewed every quarter (40; 10k: 600)",
+    )
     ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
     ap.add_argument("--device-storm", type=int, default=100, help="GPUs on distinct DRA nodes faulting at once")
     ap.add_argument(
@@ -235,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "traffic_per_s": args.traffic,
             "traffic_faults": args.traffic_faults,
             "profile": args.profile,
+            "kubelet_lease_s": args.kubelet_lease,
         },
     }
     series: dict[str, Any] = {}
@@ -255,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_tokens=TOKENS,
         audit_users=[OPERATOR_USER, AGENT_USER],
         apiserver_args=["--max-requests-inflight=1000", "--max-mutating-requests-inflight=500"],
+        kubelet_lease_s=args.kubelet_lease,
     )
     operator: OperatorProcess | None = None
     fleets: list[AgentFleet] = []

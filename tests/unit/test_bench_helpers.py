@@ -213,3 +213,20 @@ def test_rule_watch_records_when_each_device_first_had_a_rule() -> None:
     assert not watch.wait_all([("node-1", "gpu-3"), ("node-2", "gpu-3")], timeout=0)
     watch._sync([])  # a relist without them: both gone
     assert watch.count() == 0 and watch.seen_at == {}
+
+
+def test_the_emulated_kubelets_lease_reaches_kwok_and_the_node_controller_waits_longer() -> None:
+    from hack.bench_setup import kubelet_lease_args
+
+    assert kubelet_lease_args("kwok", 600) == ["--node-lease-duration-seconds=600"]
+    assert kubelet_lease_args("kube-controller-manager", 600) == ["--node-monitor-grace-period=900s"]
+    assert kubelet_lease_args("kube-controller-manager", 20) == ["--node-monitor-grace-period=60s"]
+    assert kubelet_lease_args("kube-apiserver", 600) == []
+
+
+def test_the_10k_profile_lengthens_the_emulated_kubelets_lease_unless_given() -> None:
+    from hack.bench import parse_args
+
+    assert parse_args(["--profile", "10k"]).kubelet_lease == 600
+    assert parse_args(["--profile", "10k", "--kubelet-lease", "40"]).kubelet_lease == 40
+    assert parse_args([]).kubelet_lease == 40
