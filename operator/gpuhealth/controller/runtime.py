@@ -202,17 +202,21 @@ class Runtime:
 
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
+        news = False
         if event == "DELETED":
             self.store.drop_report(name)
         else:
-            self._heard(name, body, live=enqueue)
+            news = self._heard(name, body, live=enqueue)
             self.store.put_report(name, body)
         if enqueue:
-            self.queue.add(name)
+            self.queue.add(name, urgent=news)  # the agent's new facts go ahead of the fleet's backlog
 
-    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> None:
-        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one."""
-        seen, skew = freshness.observe(self.store.seen.get(name), body, self.clock(), live)
+    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:
+        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one.
+
+        Returns whether it was one (not our own status write echoed, nor the same object again)."""
+        prior = self.store.seen.get(name)
+        seen, skew = freshness.observe(prior, body, self.clock(), live)
         if seen is None:
             self.store.seen.pop(name, None)
         else:
@@ -221,6 +225,7 @@ class Runtime:
             metrics.INVALID_INPUT.labels("ClockSkew").inc()
             log.warning("report %s: %s", name, skew.describe())
             self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
+        return seen is not None and seen is not prior
 
     def on_lease(self, event: str | None, lease: Mapping[str, Any], live: bool = True) -> None:
         """An agent's node Lease renewed: a sign of life, by our clock. It costs no reconcile and no

@@ -260,3 +260,60 @@ def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_pa
     assert state(kube, "n1") == "Quarantined"
     assert sorted(w for v, w in kube.writes if v == "evict") == ["pod/apps/svc-a-n1", "pod/apps/svc-b-n1"]
     assert kube.reasons("n1").count("EvictedCrashLooping") == 2
+
+
+def test_urgent_keys_are_handed_out_first_and_a_waiting_key_is_promoted() -> None:
+    async def body() -> None:
+        q = WorkQueue()
+        for k in ("silent-1", "silent-2", "faulty", "silent-3"):
+            q.add(k)
+        q.add("fresh", urgent=True)
+        q.add("faulty", urgent=True)  # already waiting: promoted, not queued twice
+        got = [await q.get() for _ in range(5)]
+        assert got == ["fresh", "faulty", "silent-1", "silent-2", "silent-3"]
+        for k in got:
+            q.done(k)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(q.get(), 0.05)  # the promoted key's old place was skipped
+
+    run(body)
+
+
+def test_an_urgent_key_being_processed_waits_for_its_worker_then_goes_first() -> None:
+    async def body() -> None:
+        q = WorkQueue()
+        q.add("a")
+        assert await q.get() == "a"
+        q.add("b")
+        q.add("a", urgent=True)  # changed while being processed: not handed to a second worker
+        assert await q.get() == "b"
+        q.add("c")
+        q.done("a")
+        assert await q.get() == "a"  # once its worker is done, ahead of "c"
+        assert await q.get() == "c"
+
+    run(body)
+
+
+def test_new_facts_from_an_agent_are_queued_urgent_and_our_own_status_echo_is_not() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    for n in ("n1", "n2"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        rt.queue = WorkQueue()
+        rt.on_node("MODIFIED", kube.nodes["n1"])  # e.g. a sweep or a Node change: not urgent
+        echo = copy.deepcopy(rt.store.reports["n2"])
+        echo["status"] = {"state": "Healthy"}
+        rt.on_report("MODIFIED", echo)  # our own status write: same spec, no news
+        assert rt.queue._dirty == {"n1": False, "n2": False}
+        news = report_obj(name="n2", heartbeat=5)
+        news["metadata"]["generation"] = int(echo["metadata"].get("generation") or 1) + 1  # a spec write
+        rt.on_report("MODIFIED", news)  # the agent wrote again
+        assert rt.queue._dirty == {"n1": False, "n2": True}
+        assert await rt.queue.get() == "n2"
+
+    run(body)
