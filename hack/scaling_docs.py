@@ -77,6 +77,9 @@ STARTUP = re.compile(
     r"'watching \.\.\. GPU nodes' after (?P<watch>[0-9.]+)s; all (?P<n>[0-9]+) nodes Healthy after (?P<all>[0-9.]+)s"
 )
 SO_FAR = re.compile(r"(?P<done>[0-9]+)/(?P<total>[0-9]+): p50 so far (?P<p50>[0-9]+) ms")
+E2E_SO_FAR = re.compile(r"(?P<done>[0-9]+)/(?P<total>[0-9]+): end-to-end p50 so far (?P<p50>[0-9]+) ms")
+NOT_BACK = re.compile(r"not back to Healthy and untainted within (?P<s>[0-9]+)s after its release")
+DETECT = re.compile(r"detect p50 (?P<p50>[0-9.]+) ms p99 (?P<p99>[0-9.]+) ms; floor p50 (?P<floor>[0-9.]+) ms")
 
 
 def stopped_runs(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -93,7 +96,8 @@ def render_stopped(path: Path, s: dict[str, Any]) -> list[str]:
     ages, procs = s["lease_age_s"], s["processes"]
     lines = [
         f"**Stopped: {s['nodes']:,} nodes, {s['pods']:,} pods** (commit `{s['commit']}`, {s['date'][:10]}, "
-        f"{s['cpus']} cores, {s['memory_gb']} GiB; `{path.name}` and its log `{s['log']}`). Phases it completed:",
+        f"{s['cpus']} cores, {s['memory_gb']} GiB; `{path.name}` and its log `{s['log']}`): {s['what']}. "
+        "Phases it completed:",
         "",
         "| phase | took |",
         "| --- | --- |",
@@ -105,9 +109,26 @@ def render_stopped(path: Path, s: dict[str, Any]) -> list[str]:
             f"Operator start-up: watching after {start['watch']} s, all {int(start['n']):,} nodes evaluated after "
             f"{start['all']} s."
         )
-    if so_far:
+    detect = next((m for line in log if (m := DETECT.search(line))), None)
+    if detect:
+        lines.append(
+            f"Detection to taint ({so_far[-1]['total'] if so_far else 'all'} faults): p50 {detect['p50']} ms, "
+            f"p99 {detect['p99']} ms; the no-logic floor p50 {detect['floor']} ms."
+        )
+    elif so_far:
         m = so_far[-1]
         lines.append(f"Detection to taint when stopped: p50 {m['p50']} ms after {m['done']} of {m['total']} faults.")
+    e2e = [m for line in log if (m := E2E_SO_FAR.search(line))]
+    if e2e:
+        lines.append(
+            f"End to end when stopped: p50 {e2e[-1]['p50']} ms after {e2e[-1]['done']} of {e2e[-1]['total']} XIDs."
+        )
+    late = [m for line in log if (m := NOT_BACK.search(line))]
+    if late:
+        lines.append(
+            f"Released nodes not back to Healthy and untainted within {late[0]['s']} s: {len(late)} "
+            "(the end-to-end phase waits that long for each)."
+        )
     lines += [
         "",
         f"When stopped (load average {' / '.join(str(x) for x in s['load_average'])}): node verdicts "

@@ -51,7 +51,10 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
         "[03:14:39] == control plane ==\n"
         "[03:17:48]    (control plane took 3 min 9 s; 3.2 min in)\n"
         "[03:41:59]   'watching ... GPU nodes' after 131.22s; all 10000 nodes Healthy after 645.49s\n"
-        "[03:51:39]   50/200: p50 so far 4793 ms\n",
+        "[03:51:39]   50/200: p50 so far 4793 ms\n"
+        "[04:34:09]   detect p50 661 ms p99 2377 ms; floor p50 372 ms\n"
+        "[04:35:09]   10/20: end-to-end p50 so far 56 ms\n"
+        "[04:36:10]   agent-node-0001 not back to Healthy and untainted within 60s after its release\n",
         encoding="utf-8",
     )
     stop = {
@@ -62,6 +65,7 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
         "cpus": 2,
         "memory_gb": 23.5,
         "log": "stopped-10000-x.log",
+        "what": "a 10k run stopped by hand",
         "lease_age_s": {"p10": 32.1, "p50": 251.1, "p90": 431.2, "max": 475.8},
         "leases": 10025,
         "load_average": [5.0, 5.7, 5.4],
@@ -72,5 +76,7 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
     text = "\n".join(lines)
     assert "| control plane | 3 min 9 s |" in text
     assert "all 10,000 nodes evaluated after 645.49 s" in text
-    assert "p50 4793 ms after 50 of 200 faults" in text
+    assert "Detection to taint (200 faults): p50 661 ms, p99 2377 ms; the no-logic floor p50 372 ms." in text
+    assert "End to end when stopped: p50 56 ms after 10 of 20 XIDs." in text
+    assert "within 60 s: 1 (the end-to-end phase" in text
     assert "Healthy 1,281, Unknown 8,673" in text and "gpuhealth-operator 1,236 MB RSS" in text
