@@ -41,6 +41,8 @@ from gpuhealth.kube.client import KubePort, is_conflict, retryable
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
+
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
 
@@ -356,5 +358,8 @@ class Runtime:
         for name in list(store.nodes):
             report = store.reports.get(name)
             pname = str(((report or {}).get("status") or {}).get("policy") or "")
-            if time_dependent(store.records.get(name), report, store.policies.get(pname), now, store.heard(name)):
-                self.queue.add(name)
+            rec = store.records.get(name)
+            if time_dependent(rec, report, store.policies.get(pname), now, store.heard(name)):
+                # A probation's end returns capacity and a drain's deadline finishes a quarantine:
+                # both go ahead of a backlog such as thousands of silent nodes (docs/scaling.md).
+                self.queue.add(name, urgent=rec is not None and rec.state in TIMED_FIRST)

@@ -317,3 +317,25 @@ def test_new_facts_from_an_agent_are_queued_urgent_and_our_own_status_echo_is_no
         assert await rt.queue.get() == "n2"
 
     run(body)
+
+
+def test_a_probation_ending_is_queued_ahead_of_silent_nodes() -> None:
+    from gpuhealth.api.names import State
+    from gpuhealth.api.status import Record
+
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    for n in ("silent", "probation"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n, heartbeat=-3600))  # an hour old: the agent is silent
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        rt.queue = WorkQueue()
+        rt.store.set_record("silent", Record(state=State.HEALTHY))
+        rt.store.set_record("probation", Record(state=State.RECOVERING))
+        rt.sweep()
+        assert rt.queue._dirty == {"silent": False, "probation": True}
+        assert await rt.queue.get() == "probation"
+
+    run(body)
