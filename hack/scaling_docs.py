@@ -186,8 +186,28 @@ def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path
     return "\n".join(lines)
 
 
-def plot(runs: list[tuple[Path, dict[str, Any]]], out: Path = PLOT) -> None:
-    """Latency, memory, start-up and storm rate against the fleet size, one marker per filed size."""
+def stopped_figures(path: Path, s: dict[str, Any]) -> dict[str, float]:
+    """What a stopped run measured before it was stopped: start-up, detection, RSS when stopped."""
+    log = (path.parent / s["log"]).read_text(encoding="utf-8")
+    out: dict[str, float] = {"nodes": float(s["nodes"])}
+    if m := STARTUP.search(log):
+        out["startup_s"] = float(m["all"])
+    if m := DETECT.search(log):
+        out["detect_p50"], out["detect_p99"] = float(m["p50"]), float(m["p99"])
+    elif so_far := SO_FAR.findall(log):
+        out["detect_p50"] = float(so_far[-1][2])
+    if op := s["processes"].get("gpuhealth-operator"):
+        out["rss_mb"] = float(op["rss_mb"])
+    return out
+
+
+def plot(
+    runs: list[tuple[Path, dict[str, Any]]],
+    stopped: Sequence[tuple[Path, dict[str, Any]]] = (),
+    out: Path = PLOT,
+) -> None:
+    """Latency, memory, start-up and storm rate against the fleet size, one marker per filed size;
+    what stopped runs measured before they were stopped as hollow grey markers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,6 +234,18 @@ def plot(runs: list[tuple[Path, dict[str, Any]]], out: Path = PLOT) -> None:
     ):
         ax.plot(n, [_get(r, *keys) for r in pts], marker="o")
         ax.set(title=title, xscale="log", xlabel="nodes")
+    cut = [stopped_figures(p, st) for p, st in stopped]
+    grey = {"linestyle": "none", "markerfacecolor": "none", "color": "grey"}
+    for ax, key, label, marker in (
+        (axes[0][0], "detect_p50", "stopped runs: detection p50", "o"),
+        (axes[0][0], "detect_p99", "stopped runs: detection p99", "s"),
+        (axes[0][1], "rss_mb", "stopped runs: RSS when stopped", "o"),
+        (axes[1][0], "startup_s", "stopped runs", "o"),
+    ):
+        xs = [c["nodes"] for c in cut if key in c]
+        if xs:
+            ax.plot(xs, [c[key] for c in cut if key in c], label=label, marker=marker, **grey)
+            ax.legend()
     fig.suptitle("One gpuhealth operator replica against fleet size (filed runs under docs/bench/)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         ap.error("no filed full run under docs/bench/")
     DOC.write_text(rewrite(DOC.read_text(encoding="utf-8"), render(runs, stopped_runs(RESULTS))), encoding="utf-8")
-    plot(runs)
+    plot(runs, stopped_runs(RESULTS))
     print(f"rendered {DOC} and {PLOT}")
     return 0
 

@@ -80,3 +80,11 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
     assert "End to end when stopped: p50 56 ms after 10 of 20 XIDs." in text
     assert "within 60 s: 1 (the end-to-end phase" in text
     assert "Healthy 1,281, Unknown 8,673" in text and "gpuhealth-operator 1,236 MB RSS" in text
+
+
+def test_a_stopped_runs_figures_for_the_plot_come_from_its_log_and_state() -> None:
+    runs = scaling_docs.stopped_runs(scaling_docs.RESULTS)
+    assert runs, "the stopped 10,000-node runs are filed under docs/bench/"
+    figures = [scaling_docs.stopped_figures(p, s) for p, s in runs]
+    assert all(f["nodes"] == 10000 and f["startup_s"] > 0 and f["rss_mb"] > 0 for f in figures)
+    assert all(f["detect_p50"] > 0 for f in figures)
