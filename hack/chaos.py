@@ -12,6 +12,7 @@ known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
     make chaos CHAOS_ARGS=--quick               # the short counts `make test` also runs
     make chaos CHAOS_ARGS="--only peering --only bad_input"
     make soak SOAK_MINUTES=30                   # the soak: build/chaos/soak.json
+    make soak CHAOS_ARGS=--no-heap-profile      # the soak with the operator as in production
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, start
     }
 
 
-def run_soak(minutes: float, seed: int, work: Path, path: Path) -> int:
+def run_soak(minutes: float, seed: int, work: Path, path: Path, heap_profile_on: bool = True) -> int:
     """`make soak`: one control plane, one long soak; writes build/chaos/soak.json."""
     started = time.monotonic()
     cluster = start_cluster(work / "soak-cluster")
     try:
-        result = soak(cluster, work, minutes, seed)
+        result = soak(cluster, work, minutes, seed, heap_profile_on)
     finally:
         cluster.stop()
     report = {
@@ -101,6 +102,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="random seed (recorded)")
     ap.add_argument("--repeat", type=int, default=1, help="independent runs of each scenario (fresh nodes, seeds)")
     ap.add_argument("--soak", type=float, metavar="MINUTES", help="instead: the soak (tests/chaos/soak.py)")
+    ap.add_argument(
+        "--no-heap-profile",
+        action="store_true",
+        help="soak: run the operator without its heap profile (RSS as in production, no profiler overhead)",
+    )
     ap.add_argument("--out", type=Path, default=OUT, help="report and logs directory")
     args = ap.parse_args()
     names = [s.name for s in SCENARIOS]
@@ -113,7 +119,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     if args.soak:
-        return run_soak(args.soak, args.seed, work, out / "soak.json")
+        return run_soak(args.soak, args.seed, work, out / "soak.json", not args.no_heap_profile)
     report_path = out / "report.json"
     started = time.monotonic()
     by: dict[str, list[dict[str, Any]]] = {}

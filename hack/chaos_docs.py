@@ -96,7 +96,9 @@ def render_soak(path: Path, rep: dict[str, Any]) -> str:
     lines = [
         SOAK_BEGIN,
         f"Latest filed soak: {rep['minutes']:g} minutes, seed {rep['seed']}; commit `{rep['commit'][:7]}`, "
-        f"{rep['date']}. Events: "
+        f"{rep['date']}; operator heap profile "
+        + ("on" if rep.get("heap_profile", True) else "off (RSS as in production)")
+        + ". Events: "
         + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(rep["events"].items()))
         + f"; {rep['nodes_deleted']} Nodes deleted, {len(rep.get('leftovers', []))} left anything behind; "
         f"**{len(rep['violations'])} invariant violations** (`{_rel(path)}`).",

@@ -6,9 +6,11 @@ kill scenarios cover restarts). Around it: real agents (fake NVML) whose GPUs de
 errors and XIDs, agents SIGKILLed and restarted, kube-apiserver SIGKILLed now and then, and Nodes
 deleted (with their agents) and new ones added. Every 10 s: the operator's RSS, open file
 descriptors and threads (psutil) and the nodes it tracks (the sum of its `gpuhealth_nodes` gauge, a
-view of its per-node caches). The operator also runs with its heap profile on
+view of its per-node caches). By default the operator also runs with its heap profile on
 (gpuhealth/controller/heapprofile.py), so the Python heap is reported apart from RSS with the
-lines that grew most: a leak grows the heap, an allocator settling only RSS. The report fits a
+lines that grew most: a leak grows the heap, an allocator settling only RSS. The profiler's own
+trace table grows RSS too, so `--no-heap-profile` runs the operator as it runs in production and
+measures its RSS alone. The report fits a
 least-squares line to each series over the run (after a warm-up) and gives its slope per hour next
 to its mean, and checks that deleted Nodes left nothing behind: no report, and the operator's
 tracked count back to the live fleet's size.
@@ -82,7 +84,9 @@ def _tracked(metrics: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(r"^gpuhealth_nodes\{[^}]*\}\s+(\S+)$", metrics, re.M))
 
 
-def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dict[str, Any]:
+def soak(
+    cluster: LocalCluster, workdir: Path, minutes: float, seed: int, heap_profile_on: bool = True
+) -> dict[str, Any]:
     ctx = Ctx("soak", cluster, workdir / "soak", seed=seed)
     rng = ctx.rng
     sampler = inv.Sampler(ctx).start()
@@ -108,9 +112,8 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
             }
         )
         fleet = ctx.agents(nodes, heartbeat=2.0)
-        op = ctx.operator(
-            env={"GPUHEALTH_HEAP_PROFILE": str(heap_file), "GPUHEALTH_HEAP_PROFILE_INTERVAL": str(HEAP_S)}
-        )
+        profile = {"GPUHEALTH_HEAP_PROFILE": str(heap_file), "GPUHEALTH_HEAP_PROFILE_INTERVAL": str(HEAP_S)}
+        op = ctx.operator(env=profile if heap_profile_on else {})
         ctx.wait_states(nodes, lambda s: s.get("state") == "Healthy", 120, "agents report, all Healthy")
         proc = psutil.Process(op.popen.pid if op.popen else 0)
         live = list(nodes)
@@ -198,7 +201,8 @@ def soak(cluster: LocalCluster, workdir: Path, minutes: float, seed: int) -> dic
         "leftovers": leftovers,
         "violations": ctx.violations,
         "trends": series.trends(WARMUP_S),
-        "heap": heap_profile(heap_file),
+        "heap_profile": heap_profile_on,
+        "heap": heap_profile(heap_file) if heap_profile_on else {},
         "series": {
             "t": [round(t, 1) for t in series.t],
             **{k: [round(x, 2) for x in v] for k, v in series.values.items()},
