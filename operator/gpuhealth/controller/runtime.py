@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gpuhealth.api.names import API_VERSION, POLICY_KIND, State
+from gpuhealth.api.names import API_VERSION, POLICY_KIND, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, State
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
+COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a Node (kubectl gpuhealth release)
+
+
+def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return tuple(annotations.get(k) for k in COMMANDS)
 
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
@@ -197,10 +203,12 @@ class Runtime:
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
             return
+        # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
+        asked = _commands(body) != _commands(self.store.nodes.get(name))
         self.store.put_node(name, body)
         self.store.first_seen.setdefault(name, self.clock())
         if enqueue:
-            self.queue.add(name)
+            self.queue.add(name, urgent=asked)
 
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
