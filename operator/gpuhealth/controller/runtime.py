@@ -31,7 +31,7 @@ from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.slim import slim_pod
+from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
@@ -48,6 +48,7 @@ COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a
 def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
     annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
     return tuple(annotations.get(k) for k in COMMANDS)
+
 
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
@@ -140,8 +141,10 @@ class Runtime:
     async def _load(self) -> None:
         self.leadership.loaded()
         nodes, reports, policies = await asyncio.gather(
-            self.call(self.kube.list_nodes, NODE_SELECTOR),
-            self.call(self.kube.list_custom, "gpunodehealths"),
+            # Slimmed page by page, as the cache would slim them: the full bodies of a 10,000-node
+            # fleet and its reports are never all held at once on top of the caches (docs/scaling.md).
+            self.call(self.kube.list_nodes, NODE_SELECTOR, slim_node),
+            self.call(self.kube.list_custom, "gpunodehealths", slim_report),
             self.call(self.kube.list_custom, "gpuhealthpolicies"),
         )
         if not self._pods_listed:

@@ -40,11 +40,17 @@ STRATEGIC = "application/strategic-merge-patch+json"
 SCHEDULED = "spec.nodeName!="  # only pods placed on a node
 
 
+def _same(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
+
 class KubePort(Protocol):
     """What the controller asks of the API; ``Kube`` below, or an in-memory fake in unit tests."""
 
     def get_node(self, name: str) -> dict[str, Any]: ...
-    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]: ...
+    def list_nodes(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> list[dict[str, Any]]: ...
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
     def list_pods_rv(
@@ -54,7 +60,9 @@ class KubePort(Protocol):
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def evict_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
-    def list_custom(self, plural: str) -> list[dict[str, Any]]: ...
+    def list_custom(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> list[dict[str, Any]]: ...
     def list_leases_rv(
         self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], str]: ...
@@ -125,12 +133,16 @@ class Kube:
     def get_node(self, name: str) -> dict[str, Any]:
         return self._json(self.core.read_node(name, _preload_content=False))  # type: ignore[no-any-return]
 
-    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+    def list_nodes(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> list[dict[str, Any]]:
+        """Nodes page by page; ``transform`` (a slimmer) cuts each before the next page is read."""
+
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = _page_args(cont)
             return self._json(self.core.list_node(label_selector=label_selector, **kw))  # type: ignore[no-any-return]
 
-        return list_all(fetch)
+        return list_all(fetch, transform)
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -223,12 +235,16 @@ class Kube:
 
     # -- our CRDs --------------------------------------------------------------------------------
 
-    def list_custom(self, plural: str) -> list[dict[str, Any]]:
+    def list_custom(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> list[dict[str, Any]]:
+        """Our objects page by page, each cut by ``transform`` as its page arrives."""
+
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = _page_args(cont)
             return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))  # type: ignore[no-any-return]
 
-        return list_all(fetch)
+        return list_all(fetch, transform)
 
     def get_report(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name)  # type: ignore[no-any-return]
