@@ -19,12 +19,6 @@ def pages(fetch: Callable[[str | None], Mapping[str, Any]]) -> Iterator[Mapping[
             return
 
 
-def list_all(
-    fetch: Callable[[str | None], Mapping[str, Any]],
-    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Every item of a paged list, each through ``transform`` (a slimmer) while only its page is
-    held: the full bodies of a 10,000-node fleet are never all in memory at once."""
-    if transform is None:
-        return [item for page in pages(fetch) for item in page.get("items") or []]
-    return [transform(item) for page in pages(fetch) for item in page.get("items") or []]
+def list_all(fetch: Callable[[str | None], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every item of a paged list."""
+    return [item for page in pages(fetch) for item in page.get("items") or []]

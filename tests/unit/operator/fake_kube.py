@@ -149,6 +149,22 @@ class FakeKube:
         self.writes.append(("force-delete", f"pod/{namespace}/{name}"))
         self.pods.pop((namespace, name), None)
 
+    def list_nodes_rv(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> tuple[list[dict[str, Any]], str]:
+        return self.list_nodes(label_selector, transform), "1"
+
+    def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_custom_rv(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> tuple[list[dict[str, Any]], str]:
+        return self.list_custom(plural, transform), "1"
+
+    def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
     def list_custom(
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
     ) -> list[dict[str, Any]]:
