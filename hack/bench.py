@@ -42,7 +42,7 @@ from tests.support.k8s import OperatorProcess, wait_for
 
 from hack.bench_devices import measure_devices, publish_dra
 from hack.bench_e2e import measure_e2e, real_agents
-from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode
+from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
 from hack.bench_report import write_outputs
 from hack.bench_setup import (
     BenchCluster,
@@ -337,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         failed = publish_all(pool, SimNode.start, list(sims.values()))
         res["initial_reports_s"] = round(time.monotonic() - t, 1)
         log(f"  {len(sims) - failed} reports created in {res['initial_reports_s']}s ({failed} failed)")
-        heartbeats = HeartbeatDriver(list(sims.values()), args.heartbeat).start()
-        log(f"  {len(sims)} simulated agents renew their Leases every {args.heartbeat:g}s, spread evenly")
+        workers = heartbeat_workers(len(sims), args.heartbeat)
+        heartbeats = HeartbeatDriver(list(sims.values()), args.heartbeat, workers=workers).start()
+        log(
+            f"  {len(sims)} simulated agents renew their Leases every {args.heartbeat:g}s, spread evenly"
+            f" ({workers} in flight at most)"
+        )
 
         # The DRA nodes: the last governed ones, their GPUs published as NVIDIA's DRA driver would (one
         # ResourceSlice per node, pool = node name, devices gpu-0..7 with the UUIDs their reports carry).

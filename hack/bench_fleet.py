@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import heapq
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -269,6 +270,18 @@ class SimNode:
 def spread_offsets(count: int, interval_s: float) -> list[float]:
     """First-renewal offsets of ``count`` agents spread evenly over one heartbeat interval."""
     return [i * interval_s / count for i in range(count)] if count > 0 else []
+
+
+def heartbeat_workers(count: int, interval_s: float, latency_s: float = 0.15, most: int = 48) -> int:
+    """Passes in flight enough for ``count`` renewals per ``interval_s`` at ``latency_s`` each.
+
+    The renewal rate is fixed by the fleet (N / interval); what a pool of W workers can deliver is
+    W / latency. At 10,000 nodes and 30 s that is 333/s, which eight workers only reach below 24 ms a
+    request: under load the API server answers slower, the fleet's Leases went stale and the nodes
+    Unknown (docs/scaling.md). ``most`` is the sim client's connection pool."""
+    if count <= 0 or interval_s <= 0:
+        return 1
+    return max(8, min(most, math.ceil(count / interval_s * latency_s)))
 
 
 class Beating(Protocol):

@@ -346,6 +346,19 @@ def e2e_line(res: dict[str, Any]) -> str:
         f"p99 {a['p99']} ms, max {a['max']} ms over {e['faults']} faults on {agents} "
         f"({a['timeouts']} timed out); of it the agent (XID to report write seen) p50 {g['p50']} ms, "
         f"p99 {g['p99']} ms, and the operator (report write seen to taint) p50 {o['p50']} ms, p99 {o['p99']} ms."
+        + _stuck(e)
+    )
+
+
+def _stuck(e: dict[str, Any]) -> str:
+    """Nodes that did not come back after their release, and faults never injected because of them."""
+    stuck, skipped = e.get("not_recovered") or 0, e.get("not_injected") or 0
+    if not stuck:
+        return ""
+    return (
+        f" {stuck} node{'' if stuck == 1 else 's'} did not come back within a minute of the release"
+        + (f"; {skipped} faults were not injected" if skipped else "")
+        + "."
     )
 
 

@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "build" / "chaos"
 
 
-def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, started: float) -> dict[str, Any]:
+def summarize(
+    by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, started: float, at: dict[str, Any]
+) -> dict[str, Any]:
     """Totals that count honestly: a run is one independent episode (a scenario on fresh nodes with
     its own policy and operator); its cycles are not runs. Process-level faults (SIGKILLs, crashes),
     writes by another controller, hostile objects and simulated GPU faults are counted apart."""
@@ -55,8 +57,7 @@ def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, start
         ),
         "quick": quick,
         "seed": seed,
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        **at,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.monotonic() - started, 1),
         "by_scenario": by,
@@ -66,14 +67,14 @@ def summarize(by: dict[str, list[dict[str, Any]]], quick: bool, seed: int, start
 def run_soak(minutes: float, seed: int, work: Path, path: Path, heap_profile_on: bool = True) -> int:
     """`make soak`: one control plane, one long soak; writes build/chaos/soak.json."""
     started = time.monotonic()
+    at = commit()  # what runs is what was checked out when it started, whatever is committed meanwhile
     cluster = start_cluster(work / "soak-cluster")
     try:
         result = soak(cluster, work, minutes, seed, heap_profile_on)
     finally:
         cluster.stop()
     report = {
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        **at,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.monotonic() - started, 1),
         **result,
@@ -88,6 +89,11 @@ def run_soak(minutes: float, seed: int, work: Path, path: Path, heap_profile_on:
     for v in result["violations"]:
         print(f"     ! {v}")
     return 1 if result["violations"] else 0
+
+
+def commit() -> dict[str, Any]:
+    """The commit a run is of, and whether the tree differed from it (taken when the run starts)."""
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def _git(*args: str) -> str:
@@ -122,6 +128,7 @@ def main() -> int:
         return run_soak(args.soak, args.seed, work, out / "soak.json", not args.no_heap_profile)
     report_path = out / "report.json"
     started = time.monotonic()
+    at = commit()
     by: dict[str, list[dict[str, Any]]] = {}
     for kind in ("main", "throttled"):
         group = [s for s in chosen if s.cluster == kind]
@@ -148,7 +155,9 @@ def main() -> int:
                         print(f"     ! {v}", flush=True)
                     for v in known:
                         print(f"     (known) {v}", flush=True)
-                    report_path.write_text(json.dumps(summarize(by, args.quick, args.seed, started), indent=2) + "\n")
+                    report_path.write_text(
+                        json.dumps(summarize(by, args.quick, args.seed, started, at), indent=2) + "\n"
+                    )
         except Exception as e:
             for sc in [s for s in group if s.name not in by]:
                 by.setdefault(sc.name, []).append(
@@ -164,7 +173,7 @@ def main() -> int:
         finally:
             if cluster is not None:
                 cluster.stop()
-    report = summarize(by, args.quick, args.seed, started)
+    report = summarize(by, args.quick, args.seed, started, at)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"== {report['scenarios']} scenarios, {report['runs']} runs ({report['cycles']} cycles), "

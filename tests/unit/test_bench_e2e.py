@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hack import bench_docs
 from hack.bench import parse_args
-from hack.bench_e2e import Sample, emitted_at, plan, split, summarize
+from hack.bench_e2e import Sample, emitted_at, next_agent, plan, split, summarize
 from hack.bench_report import e2e_line, evaluate, summary_md
 from hack.bench_setup import agent_policy_spec, policy_spec
 from hack.bench_watch import ReportWatch, XidKey, first_new_xid, xid_keys
@@ -123,3 +123,10 @@ def test_the_e2e_targets_judge_the_end_to_end_figure() -> None:
     res["targets"] = targets
     assert "| XID to taint end to end (real agent), p99 | 1,500.0 ms | <= 1000 ms | **MISS** |" in summary_md(res)
     assert "over 10 faults on 4 agents (0 timed out)" in e2e_line(res)
+
+
+def test_faults_skip_agents_whose_node_did_not_come_back() -> None:
+    assert next_agent(1, 4, set()) == 1
+    assert next_agent(1, 4, {1}) == 2
+    assert next_agent(3, 4, {3, 0}) == 1  # round the ring
+    assert next_agent(2, 4, {0, 1, 2, 3}) is None  # every node stuck: the phase stops

@@ -14,7 +14,14 @@ import pytest
 from hack import bench_docs
 from hack.bench import parse_args
 from hack.bench_e2e import Sample, summarize
-from hack.bench_fleet import HeartbeatDriver, HeartbeatStats, ecc_snapshot, healthy_snapshot, spread_offsets
+from hack.bench_fleet import (
+    HeartbeatDriver,
+    HeartbeatStats,
+    ecc_snapshot,
+    healthy_snapshot,
+    heartbeat_workers,
+    spread_offsets,
+)
 from hack.bench_report import evaluate, heartbeat_line, summary_md, tally
 from hack.bench_setup import agent_silence, policy_spec
 from hack.bench_support import latency_summary, percentile, rate, steady_writes_per_hour
@@ -42,6 +49,13 @@ def test_latency_summary_counts_a_timeout_as_the_timeout() -> None:
 def test_rate_between_two_marks() -> None:
     assert rate((100.0, 10), (110.0, 60)) == 5.0
     assert rate((100.0, 10), (100.0, 60)) is None
+
+
+def test_heartbeat_workers_keep_up_with_the_fleets_renewal_rate() -> None:
+    assert heartbeat_workers(1020, 30.0) == 8  # 34/s: the floor of eight is plenty
+    assert heartbeat_workers(10020, 30.0) == 48  # 334/s at 150 ms: 51 wanted, the pool holds 48
+    assert heartbeat_workers(3000, 30.0) == 15  # 100/s at 150 ms
+    assert heartbeat_workers(0, 30.0) == 1
 
 
 def test_spread_offsets_cover_one_interval_evenly() -> None:

@@ -14,9 +14,8 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from gpuhealth.api.names import GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.api.names import GROUP, POLICY_PLURAL, VERSION
 from gpuhealth.controller.runtime import Runtime
-from gpuhealth.controller.store import NODE_SELECTOR
 from gpuhealth.kube import credentials
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: s
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # our own Events say what happened; no Kopf chatter on Nodes
         settings.scanning.disabled = True  # no cluster-wide namespace/CRD listing: least privilege
-        settings.watching.label_selectors["v1", "nodes"] = NODE_SELECTOR
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
@@ -87,15 +85,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: s
     async def cleanup(**_: Any) -> None:
         await reconciler.stop()
 
-    @kopf.on.event("v1", "nodes", registry=registry)
-    async def node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await reconciler.ready.wait()
-        reconciler.on_node(type, body)
-
-    @kopf.on.event(GROUP, VERSION, REPORT_PLURAL, registry=registry)
-    async def report_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await reconciler.ready.wait()
-        reconciler.on_report(type, body)
+    # Nodes and reports come through the runtime's own slim watches (controller/objectwatch.py), as pods do.
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=5)
     async def acting(stopped: kopf.DaemonStopped, **_: Any) -> None:

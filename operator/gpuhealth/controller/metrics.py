@@ -80,6 +80,18 @@ LEASE_RECONCILES = Counter(
     "Reconciles queued by a Lease renewal (only for an Unknown node, or one with no verdict yet)",
     registry=REGISTRY,
 )
+WATCH_ERRORS = Counter(
+    "gpuhealth_watch_errors_total",
+    "Node or report watch connections that failed and were resumed after a delay, by what is watched",
+    ["watch"],
+    registry=REGISTRY,
+)
+WATCH_RELISTS = Counter(
+    "gpuhealth_watch_relists_total",
+    "Full lists of the Nodes or reports after the watch's resourceVersion expired (410 Gone)",
+    ["watch"],
+    registry=REGISTRY,
+)
 LEASE_WATCH_ERRORS = Counter(
     "gpuhealth_lease_watch_errors_total",
     "Lease watch connections that failed and were resumed after a delay",
@@ -91,6 +103,9 @@ LEASE_WATCH_ERRORS = Counter(
 for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
     INVALID_INPUT.labels(_kind)
 CONFLICTS.labels("reconcile")
+for _watched in ("nodes", "reports"):
+    WATCH_ERRORS.labels(_watched)
+    WATCH_RELISTS.labels(_watched)
 DEVICES = Gauge(
     "gpuhealth_devices",
     "GPUs by their own gpuhealth state (InService, Quarantined, Draining, AwaitingRepair, Recovering), by policy",

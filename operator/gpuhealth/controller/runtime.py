@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gpuhealth.api.names import API_VERSION, POLICY_KIND, State
+from gpuhealth.api.names import (
+    API_VERSION,
+    POLICY_KIND,
+    POLICY_PLURAL,
+    RELEASE_ANNOTATION,
+    RELEASE_GPU_ANNOTATION,
+    REPORT_PLURAL,
+    State,
+)
 from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
@@ -27,11 +35,12 @@ from gpuhealth.controller.events import EventPoster
 from gpuhealth.controller.leadership import Leadership
 from gpuhealth.controller.leasewatch import LeaseWatch
 from gpuhealth.controller.node_reconciler import NodeReconciler
+from gpuhealth.controller.objectwatch import ObjectWatch
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.slim import slim_pod
+from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
@@ -42,6 +51,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
+COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a Node (kubectl gpuhealth release)
+
+
+def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return tuple(annotations.get(k) for k in COMMANDS)
+
 
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
@@ -88,6 +104,24 @@ class Runtime:
         self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
         self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
+        # The fleet itself: GPU Nodes (selected server-side) and the agents' reports, slimmed as they arrive.
+        self.node_watch = ObjectWatch(
+            "nodes",
+            lambda slim: kube.list_nodes_rv(NODE_SELECTOR, slim),
+            lambda rv, timeout: kube.watch_nodes(NODE_SELECTOR, rv, timeout),
+            slim_node,
+            self.on_node,
+            self.replace_nodes,
+        )
+        self.report_watch = ObjectWatch(
+            "reports",
+            lambda slim: kube.list_custom_rv(REPORT_PLURAL, slim),
+            lambda rv, timeout: kube.watch_custom(REPORT_PLURAL, rv, timeout),
+            slim_report,
+            self.on_report,
+            self.replace_reports,
+        )
+        self._fleet_listed = False
         # The agents' heartbeats (node Leases), where the agents run; none: reports carry them.
         self.lease_watch = (
             LeaseWatch(kube, lease_namespace, self.on_lease, self.replace_leases) if lease_namespace else None
@@ -133,11 +167,19 @@ class Runtime:
 
     async def _load(self) -> None:
         self.leadership.loaded()
+        # Slimmed page by page, as the cache would slim them: the full bodies of a 10,000-node fleet
+        # and its reports are never all held at once on top of the caches (docs/scaling.md). The first
+        # list is the watches' own (they continue from its resourceVersion); a resync lists again for
+        # the records another replica wrote, while the watches go on.
+        first = not self._fleet_listed
         nodes, reports, policies = await asyncio.gather(
-            self.call(self.kube.list_nodes, NODE_SELECTOR),
-            self.call(self.kube.list_custom, "gpunodehealths"),
-            self.call(self.kube.list_custom, "gpuhealthpolicies"),
+            self.call(self.node_watch.list) if first else self.call(self.kube.list_nodes, NODE_SELECTOR, slim_node),
+            self.call(self.report_watch.list)
+            if first
+            else self.call(self.kube.list_custom, REPORT_PLURAL, slim_report),
+            self.call(self.kube.list_custom, POLICY_PLURAL),
         )
+        self._fleet_listed = True
         if not self._pods_listed:
             for pod in await self.call(self.pod_watch.list):
                 self.on_pod("ADDED", pod, enqueue=False)
@@ -160,6 +202,8 @@ class Runtime:
         """Prime the caches with a full list, so the breaker counts every node before any decision."""
         await self._load()
         self.pod_watch.start(asyncio.get_running_loop())
+        self.node_watch.start(asyncio.get_running_loop())
+        self.report_watch.start(asyncio.get_running_loop())
         if self.lease_watch is not None:
             self.lease_watch.start(asyncio.get_running_loop())
         self._loop = asyncio.get_running_loop()
@@ -176,6 +220,8 @@ class Runtime:
 
     async def stop(self) -> None:
         self.pod_watch.stop()
+        self.node_watch.stop()
+        self.report_watch.stop()
         if self.lease_watch is not None:
             self.lease_watch.stop()
         self.slice_watch.stop()
@@ -186,7 +232,7 @@ class Runtime:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.events.close()
 
-    # -- cache feeders (called by Kopf handlers) ---------------------------------------------------
+    # -- cache feeders (the watches; policies through Kopf's handlers) -----------------------------
 
     def on_node(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
@@ -197,10 +243,12 @@ class Runtime:
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
             return
+        # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
+        asked = _commands(body) != _commands(self.store.nodes.get(name))
         self.store.put_node(name, body)
         self.store.first_seen.setdefault(name, self.clock())
         if enqueue:
-            self.queue.add(name)
+            self.queue.add(name, urgent=asked)
 
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
@@ -273,6 +321,22 @@ class Runtime:
         for n in names:
             if n in self.store.nodes:
                 loop.call_soon_threadsafe(self.queue.add, n)
+
+    def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): Nodes missing from it were deleted meanwhile."""
+        fresh = {n["metadata"]["name"] for n in nodes}
+        for name in [n for n in self.store.nodes if n not in fresh]:
+            self.on_node("DELETED", {"metadata": {"name": name}})
+        for n in nodes:
+            self.on_node("MODIFIED", n)
+
+    def replace_reports(self, reports: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
+        fresh = {r["metadata"]["name"] for r in reports}
+        for name in [r for r in self.store.reports if r not in fresh]:
+            self.on_report("DELETED", {"metadata": {"name": name}})
+        for r in reports:
+            self.on_report("MODIFIED", r)
 
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): pods missing from it are gone."""

@@ -30,7 +30,7 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.timeutil import format_time_precise
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
-from gpuhealth.kube.paging import PAGE, list_all, pages
+from gpuhealth.kube.paging import PAGE, pages
 
 log = logging.getLogger(__name__)
 __all__ = ["Kube", "KubePort", "is_conflict", "is_not_found", "retryable", "status_of"]
@@ -40,11 +40,21 @@ STRATEGIC = "application/strategic-merge-patch+json"
 SCHEDULED = "spec.nodeName!="  # only pods placed on a node
 
 
+def _same(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
+
 class KubePort(Protocol):
     """What the controller asks of the API; ``Kube`` below, or an in-memory fake in unit tests."""
 
     def get_node(self, name: str) -> dict[str, Any]: ...
-    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]: ...
+    def list_nodes(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> list[dict[str, Any]]: ...
+    def list_nodes_rv(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> tuple[list[dict[str, Any]], str]: ...
+    def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
     def list_pods_rv(
@@ -54,7 +64,13 @@ class KubePort(Protocol):
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def evict_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
-    def list_custom(self, plural: str) -> list[dict[str, Any]]: ...
+    def list_custom(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> list[dict[str, Any]]: ...
+    def list_custom_rv(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
+    ) -> tuple[list[dict[str, Any]], str]: ...
+    def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def list_leases_rv(
         self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], str]: ...
@@ -97,6 +113,18 @@ def _watch_args(resource_version: str, timeout_s: int) -> dict[str, Any]:
     }
 
 
+def _list_rv(
+    fetch: Callable[[str | None], Mapping[str, Any]], transform: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a paged list through ``transform``, and the resourceVersion of the list."""
+    items: list[dict[str, Any]] = []
+    rv = ""
+    for page in pages(fetch):
+        items.extend(transform(o) for o in page.get("items") or [])
+        rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
+    return items, rv
+
+
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
     """Raw watch events (parsed JSON, one per line); the connection goes back to the pool at the end."""
     try:
@@ -125,12 +153,26 @@ class Kube:
     def get_node(self, name: str) -> dict[str, Any]:
         return self._json(self.core.read_node(name, _preload_content=False))  # type: ignore[no-any-return]
 
-    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
-        def fetch(cont: str | None) -> dict[str, Any]:
-            kw = _page_args(cont)
-            return self._json(self.core.list_node(label_selector=label_selector, **kw))  # type: ignore[no-any-return]
+    def list_nodes(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> list[dict[str, Any]]:
+        """Nodes page by page; ``transform`` (a slimmer) cuts each before the next page is read."""
+        return self.list_nodes_rv(label_selector, transform)[0]
 
-        return list_all(fetch)
+    def list_nodes_rv(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> tuple[list[dict[str, Any]], str]:
+        """As ``list_nodes``, with the list's resourceVersion to watch from."""
+
+        def fetch(cont: str | None) -> dict[str, Any]:
+            return self._json(self.core.list_node(label_selector=label_selector, **_page_args(cont)))  # type: ignore[no-any-return]
+
+        return _list_rv(fetch, transform)
+
+    def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """Raw watch events (parsed JSON, one per line) for the selected Nodes, from ``resource_version``."""
+        resp = self.core.list_node(label_selector=label_selector, **_watch_args(resource_version, timeout_s))
+        yield from _events(resp)
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -223,12 +265,29 @@ class Kube:
 
     # -- our CRDs --------------------------------------------------------------------------------
 
-    def list_custom(self, plural: str) -> list[dict[str, Any]]:
+    def list_custom(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> list[dict[str, Any]]:
+        """Our objects page by page, each cut by ``transform`` as its page arrives."""
+        return self.list_custom_rv(plural, transform)[0]
+
+    def list_custom_rv(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    ) -> tuple[list[dict[str, Any]], str]:
+        """As ``list_custom``, with the list's resourceVersion to watch from."""
+
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = _page_args(cont)
             return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))  # type: ignore[no-any-return]
 
-        return list_all(fetch)
+        return _list_rv(fetch, transform)
+
+    def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """Raw watch events (parsed JSON, one per line) for our objects, from ``resource_version``."""
+        resp = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, plural, **_watch_args(resource_version, timeout_s)
+        )
+        yield from _events(resp)
 
     def get_report(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name)  # type: ignore[no-any-return]

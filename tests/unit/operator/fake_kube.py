@@ -100,9 +100,11 @@ class FakeKube:
             raise _error(404)
         return copy.deepcopy(self.nodes[name])
 
-    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+    def list_nodes(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> list[dict[str, Any]]:
         key, _, value = label_selector.partition("=")
-        return [copy.deepcopy(n) for n in self.nodes.values() if n["metadata"]["labels"].get(key) == value]
+        return [transform(copy.deepcopy(n)) for n in self.nodes.values() if n["metadata"]["labels"].get(key) == value]
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         self.writes.append(("patch", f"node/{name}"))
@@ -147,9 +149,27 @@ class FakeKube:
         self.writes.append(("force-delete", f"pod/{namespace}/{name}"))
         self.pods.pop((namespace, name), None)
 
-    def list_custom(self, plural: str) -> list[dict[str, Any]]:
+    def list_nodes_rv(
+        self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> tuple[list[dict[str, Any]], str]:
+        return self.list_nodes(label_selector, transform), "1"
+
+    def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_custom_rv(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> tuple[list[dict[str, Any]], str]:
+        return self.list_custom(plural, transform), "1"
+
+    def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_custom(
+        self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
+    ) -> list[dict[str, Any]]:
         store = self.reports if plural == "gpunodehealths" else self.policies
-        return [copy.deepcopy(o) for o in store.values()]
+        return [transform(copy.deepcopy(o)) for o in store.values()]
 
     def get_report(self, name: str) -> dict[str, Any]:
         if name not in self.reports:

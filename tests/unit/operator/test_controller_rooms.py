@@ -319,6 +319,33 @@ def test_new_facts_from_an_agent_are_queued_urgent_and_our_own_status_echo_is_no
     run(body)
 
 
+def test_a_release_an_sre_asks_for_is_queued_ahead_of_the_backlog() -> None:
+    from gpuhealth.api.names import RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION
+
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    for n in ("silent", "whole", "gpus"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+
+    async def body() -> None:
+        rt = await runtime(kube)
+        rt.queue = WorkQueue()
+        rt.on_node("MODIFIED", kube.nodes["silent"])  # nothing asked: in line
+        for name, key in (("whole", RELEASE_ANNOTATION), ("gpus", RELEASE_GPU_ANNOTATION)):
+            asked = copy.deepcopy(kube.nodes[name])
+            asked["metadata"].setdefault("annotations", {})[key] = "2026-12-01T00:00:00Z"
+            rt.on_node("MODIFIED", asked)
+        assert rt.queue._dirty == {"silent": False, "whole": True, "gpus": True}
+        assert [await rt.queue.get() for _ in range(3)] == ["whole", "gpus", "silent"]
+        for k in ("whole", "gpus", "silent"):
+            rt.queue.done(k)
+        rt.on_node("MODIFIED", copy.deepcopy(rt.store.nodes["whole"]))  # the same release seen again
+        assert rt.queue._dirty == {"whole": False}
+
+    run(body)
+
+
 def test_a_probation_ending_is_queued_ahead_of_silent_nodes() -> None:
     from gpuhealth.api.names import State
     from gpuhealth.api.status import Record

@@ -84,6 +84,15 @@ def test_a_slim_report_drops_what_nothing_reads() -> None:
     assert slim["spec"]["devices"][0]["ecc"] is slim_report(REPORTS[0])["spec"]["devices"][0]["ecc"]
 
 
+@pytest.mark.parametrize("i", range(len(REPORTS)))
+def test_slimming_a_slim_report_again_changes_nothing(i: int) -> None:
+    # The start-up list slims each page as it arrives, and the cache slims what it is handed.
+    body = copy.deepcopy(REPORTS[i])
+    body["status"] = {"state": "Healthy"}
+    once = slim_report(body)
+    assert slim_report(once) == once
+
+
 def kwok_node(**meta: Any) -> dict[str, Any]:
     return {
         "metadata": {
@@ -164,3 +173,40 @@ def test_a_leaf_is_shared_read_only_and_forgotten_when_unused() -> None:
     gc.collect()
     assert (("restartCount", 12345),) not in slim._LEAVES  # no pod uses it any more: forgotten
     assert leaf({"nested": {"a": 1}}) == {"nested": {"a": 1}}  # unhashable: not shared, returned as is
+
+
+def test_slimming_a_slim_node_again_changes_nothing() -> None:
+    once = slim_node(kwok_node())
+    assert slim_node(once) == once
+
+
+def test_the_start_up_list_arrives_slim_and_caches_as_before() -> None:
+    import asyncio
+
+    from gpuhealth.controller.runtime import Runtime
+    from tests.unit.operator.fake_kube import FakeKube
+
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1", devices=[full_device(i) for i in range(8)]))
+    seen: list[dict[str, Any]] = []
+    plain = kube.list_custom
+
+    def spying(plural: str, transform: Any = lambda o: o) -> list[dict[str, Any]]:
+        got = plain(plural, transform)
+        seen.extend(got)
+        return got
+
+    kube.list_custom = spying  # type: ignore[method-assign]
+
+    async def body() -> Runtime:
+        rt = Runtime(kube, workers=1)
+        await rt._load()
+        return rt
+
+    rt = asyncio.run(body())
+    (report,) = [o for o in seen if o.get("kind") != "GPUHealthPolicy" and "spec" in o and "devices" in o["spec"]]
+    assert "pciBusId" not in report["spec"]["devices"][0]  # slimmed in the list, not only in the cache
+    assert rt.store.reports["n1"] == slim_report(kube.reports["n1"])
+    assert rt.store.nodes["n1"] == slim_node(kube.nodes["n1"])
