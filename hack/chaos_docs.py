@@ -103,22 +103,20 @@ def render_soak(path: Path, rep: dict[str, Any]) -> str:
         + f"; {rep['nodes_deleted']} Nodes deleted, {len(rep.get('leftovers', []))} left anything behind; "
         f"**{len(rep['violations'])} invariant violations** (`{_rel(path)}`).",
         "",
-        "| series | mean | slope per hour | slope, % of the mean per hour | second half: slope per hour |",
+        "| series | mean | slope per hour | slope, % of the mean per hour | slope per hour, each quarter of the run |",
         "| --- | --- | --- | --- | --- |",
     ]
     series = rep.get("series") or {}
     for name, tr in rep["trends"].items():
-        late = second_half_slope(series.get("t") or [], series.get(name) or [])
         lines.append(
             f"| {name} | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} "
-            f"| {'n/a' if late is None else late} |"
+            f"| {_quarters(series.get('t') or [], series.get(name) or [])} |"
         )
     heap = rep.get("heap") or {}
     for name, tr in (heap.get("trends") or {}).items():
-        late = second_half_slope(heap.get("t") or [], heap.get(name) or [])
         lines.append(
             f"| {name} (heap profile) | {tr['mean']} | {tr['per_hour']} | {tr['per_hour_pct_of_mean']} "
-            f"| {'n/a' if late is None else late} |"
+            f"| {_quarters(heap.get('t') or [], heap.get(name) or [])} |"
         )
     if heap.get("growth"):
         lines += [
@@ -142,18 +140,27 @@ def _site(path: str) -> str:
     return path
 
 
-def second_half_slope(t: list[float], ys: list[float]) -> float | None:
-    """Least-squares slope per hour over the second half of the samples: a warm-up that settles
-    (allocator arenas, bounded histories filling) shows as a whole-run slope, a leak in both."""
-    half = len(t) // 2
-    xs, vs = t[half:], ys[half:]
-    if len(xs) < 3 or len(xs) != len(vs):
+def quarter_slopes(t: list[float], ys: list[float]) -> list[float] | None:
+    """Least-squares slope per hour over each quarter of the samples. A leak grows at the same rate
+    in every quarter; a warm-up that settles (allocator arenas, bounded histories filling) grows
+    ever slower, towards 0 in the last quarter."""
+    if len(t) != len(ys) or len(t) < 12:
         return None
-    mx, mv = sum(xs) / len(xs), sum(vs) / len(vs)
-    den = sum((x - mx) ** 2 for x in xs)
-    if den == 0:
-        return None
-    return round(sum((x - mx) * (v - mv) for x, v in zip(xs, vs, strict=True)) / den * 3600, 2)
+    n = len(t)
+    out: list[float] = []
+    for q in range(4):
+        xs, vs = t[q * n // 4 : (q + 1) * n // 4], ys[q * n // 4 : (q + 1) * n // 4]
+        mx, mv = sum(xs) / len(xs), sum(vs) / len(vs)
+        den = sum((x - mx) ** 2 for x in xs)
+        if den == 0:
+            return None
+        out.append(round(sum((x - mx) * (v - mv) for x, v in zip(xs, vs, strict=True)) / den * 3600, 2))
+    return out
+
+
+def _quarters(t: list[float], ys: list[float]) -> str:
+    slopes = quarter_slopes(t, ys)
+    return "n/a" if slopes is None else " → ".join(f"{s:g}" for s in slopes)
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:

@@ -86,16 +86,16 @@ def test_a_soak_renders_its_slopes(tmp_path: Path) -> None:
     }
     block = chaos_docs.render_soak(tmp_path / "soak.json", soak)
     assert "30 minutes, seed 7" in block and "4 Nodes deleted, 0 left anything behind" in block
-    assert "| rss_mb | 80.5 | 0.4 | 0.5 | n/a |" in block
+    assert "| rss_mb | 80.5 | 0.4 | 0.5 | n/a |" in block  # too few samples for quarters
 
 
-def test_the_second_half_slope_tells_a_settling_warm_up_from_a_leak() -> None:
+def test_the_quarter_slopes_tell_a_settling_warm_up_from_a_leak() -> None:
     t = [float(i * 60) for i in range(20)]
     settling = [90.0 + min(i, 10) for i in range(20)]  # grows, then flat
     leak = [90.0 + i for i in range(20)]  # 1 MB a minute throughout
-    assert chaos_docs.second_half_slope(t, settling) == 0.0
-    assert chaos_docs.second_half_slope(t, leak) == 60.0
-    assert chaos_docs.second_half_slope(t[:4], leak[:4]) is None
+    assert chaos_docs.quarter_slopes(t, settling) == [60.0, 60.0, 0.0, 0.0]
+    assert chaos_docs.quarter_slopes(t, leak) == [60.0, 60.0, 60.0, 60.0]
+    assert chaos_docs.quarter_slopes(t[:8], leak[:8]) is None
 
 
 def test_a_soak_with_a_heap_profile_shows_the_python_heap_and_where_it_grew(tmp_path: Path) -> None:
@@ -110,12 +110,12 @@ def test_a_soak_with_a_heap_profile_shows_the_python_heap_and_where_it_grew(tmp_
         "violations": [],
         "trends": {},
         "heap": {
-            "t": [float(i * 30) for i in range(10)],
-            "python_heap_mb": [40.0 + i for i in range(10)],
+            "t": [float(i * 30) for i in range(12)],
+            "python_heap_mb": [40.0 + i for i in range(12)],
             "trends": {"python_heap_mb": {"mean": 44.5, "per_hour": 120.0, "per_hour_pct_of_mean": 269.66}},
             "growth": [{"site": "/x/operator/gpuhealth/controller/store.py:12", "size_diff": 4096, "count_diff": 8}],
         },
     }
     block = chaos_docs.render_soak(tmp_path / "soak.json", soak)
-    assert "| python_heap_mb (heap profile) | 44.5 | 120.0 | 269.66 | 120.0 |" in block
+    assert "| python_heap_mb (heap profile) | 44.5 | 120.0 | 269.66 | 120 → 120 → 120 → 120 |" in block
     assert "| `gpuhealth/controller/store.py:12` | 4096 | 8 |" in block
