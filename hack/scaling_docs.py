@@ -222,9 +222,10 @@ def plot(
         ("detection p99", ("detect_to_taint_ms", "p99")),
         ("end to end p50", ("e2e", "emit_to_taint_ms", "p50")),
         ("end to end p99", ("e2e", "emit_to_taint_ms", "p99")),
+        ("no-logic floor p50 (same API server)", ("floor_ms", "p50")),
     ):
         ys = [_get(r, *keys) for r in pts]
-        ax.plot(n, ys, marker="o", label=label)
+        ax.plot(n, ys, marker="o", label=label, **({"linestyle": "--", "color": "grey"} if "floor" in label else {}))
     ax.set(title="XID to taint (ms)", xscale="log", yscale="log", xlabel="nodes")
     ax.legend()
     for ax, title, keys in (
