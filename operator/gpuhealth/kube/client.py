@@ -189,17 +189,12 @@ class Kube:
     ) -> tuple[list[dict[str, Any]], str]:
         """Scheduled pods, page by page (``transform`` slims each one before the next page is read),
         and the list's resourceVersion to watch from."""
-        items: list[dict[str, Any]] = []
-        rv = ""
 
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = _page_args(cont)
             return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw))  # type: ignore[no-any-return]
 
-        for page in pages(fetch):
-            items.extend(transform(p) for p in page.get("items") or [])
-            rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
-        return items, rv
+        return _list_rv(fetch, transform)
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
@@ -238,8 +233,6 @@ class Kube:
     ) -> tuple[list[dict[str, Any]], str]:
         """The agents' Leases in ``namespace`` (selected server-side), slimmed page by page, and the
         list's resourceVersion to watch from."""
-        items: list[dict[str, Any]] = []
-        rv = ""
 
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = _page_args(cont)
@@ -247,10 +240,7 @@ class Kube:
                 self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **kw)
             )
 
-        for page in pages(fetch):
-            items.extend(transform(o) for o in page.get("items") or [])
-            rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
-        return items, rv
+        return _list_rv(fetch, transform)
 
     def watch_leases(
         self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
