@@ -59,6 +59,17 @@ def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
     return tuple(annotations.get(k) for k in COMMANDS)
 
 
+def _replace(
+    fresh: list[dict[str, Any]], cached: Mapping[str, Any], feed: Callable[[str, Mapping[str, Any]], None]
+) -> None:
+    """Feed a fresh full list as events: a DELETED for each cached name missing from it, then each item."""
+    names = {o["metadata"]["name"] for o in fresh}
+    for name in [n for n in cached if n not in names]:
+        feed("DELETED", {"metadata": {"name": name}})
+    for o in fresh:
+        feed("MODIFIED", o)
+
+
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
 
@@ -324,19 +335,11 @@ class Runtime:
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): Nodes missing from it were deleted meanwhile."""
-        fresh = {n["metadata"]["name"] for n in nodes}
-        for name in [n for n in self.store.nodes if n not in fresh]:
-            self.on_node("DELETED", {"metadata": {"name": name}})
-        for n in nodes:
-            self.on_node("MODIFIED", n)
+        _replace(nodes, self.store.nodes, self.on_node)
 
     def replace_reports(self, reports: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
-        fresh = {r["metadata"]["name"] for r in reports}
-        for name in [r for r in self.store.reports if r not in fresh]:
-            self.on_report("DELETED", {"metadata": {"name": name}})
-        for r in reports:
-            self.on_report("MODIFIED", r)
+        _replace(reports, self.store.reports, self.on_report)
 
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): pods missing from it are gone."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from gpuhealth.controller import metrics
@@ -19,6 +17,7 @@ from gpuhealth.controller.runtime import Runtime
 from gpuhealth.controller.slim import slim_node
 from tests.unit.operator.builders import report_obj
 from tests.unit.operator.fake_kube import FakeKube
+from tests.unit.operator.test_podwatch import Script
 
 
 def node(name: str, rv: str) -> dict[str, Any]:
@@ -26,32 +25,6 @@ def node(name: str, rv: str) -> dict[str, Any]:
         "metadata": {"name": name, "resourceVersion": rv, "labels": {"a": "b"}, "managedFields": ["big"]},
         "status": {"images": [{"names": ["big"]}]},
     }
-
-
-class Script:
-    """Answers lists and watches from queued scripts, recording what was asked."""
-
-    def __init__(self, lists: list[tuple[list[dict[str, Any]], str]], watches: list[Any]) -> None:
-        self.lists = lists
-        self.watches = watches
-        self.calls: list[tuple[str, str]] = []
-        self.done = threading.Event()
-
-    def lister(self, transform: Any) -> tuple[list[dict[str, Any]], str]:
-        self.calls.append(("list", ""))
-        items, rv = self.lists.pop(0)
-        return [transform(o) for o in items], rv
-
-    def watcher(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
-        self.calls.append(("watch", resource_version))
-        if not self.watches:
-            self.done.set()
-            threading.Event().wait(0.05)
-            return
-        step = self.watches.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        yield from step
 
 
 def relists(kind: str) -> float:
@@ -75,8 +48,8 @@ def test_the_watch_starts_where_the_start_up_list_ended_and_relists_after_gone()
     async def main() -> list[dict[str, Any]]:
         w = ObjectWatch(
             "nodes",
-            script.lister,
-            script.watcher,
+            script.list_pods_rv,  # any paged list and watch: the scripted source of test_podwatch
+            script.watch_pods,
             slim_node,
             lambda kind, o: events.append((kind, o)),
             lambda items: replaced.append([o["metadata"]["name"] for o in items]),
