@@ -317,7 +317,11 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         xid_overrides=overrides,
         app_repeat_count=_int(_get(repeat, "", "count", 3), "spec.rules.xid.applicationRepeat.count", 2, 1000),
         app_repeat_window_s=_dur(_get(repeat, "", "window", "10m"), "spec.rules.xid.applicationRepeat.window"),
-        app_repeat_action=_action(_get(repeat, "", "action", "drain"), "spec.rules.xid.applicationRepeat.action"),
+        app_repeat_action=_action(
+            _get(repeat, "", "action", "drain"),
+            "spec.rules.xid.applicationRepeat.action",
+            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN, Action.REPAIR}),
+        ),
         ecc_threshold=_int(_get(ecc, "", "uncorrectedThreshold", 1), "spec.rules.ecc.uncorrectedThreshold", 1, 10**6),
         ecc_action=_action(_get(ecc, "", "action", "drain"), "spec.rules.ecc.action"),
         row_remap_failure_action=_action(
@@ -373,7 +377,11 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         restart_loop_window_s=_dur(_get(loop, "", "window", "15m"), "spec.restartLoop.window"),
         restart_loop_min_workloads=_int(_get(loop, "", "minWorkloads", 2), "spec.restartLoop.minWorkloads", 2, 100),
         restart_loop_min_restarts=_int(_get(loop, "", "minRestarts", 3), "spec.restartLoop.minRestarts", 1, 1000),
-        restart_loop_action=_action(_get(loop, "", "action", "cordon"), "spec.restartLoop.action"),
+        restart_loop_action=_action(
+            _get(loop, "", "action", "cordon"),
+            "spec.restartLoop.action",
+            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN}),
+        ),
         gpu_hourly_cost=None if hourly is None else float(hourly),
         currency=str(_get(cost, "", "currency", "USD")),
         devices=parse_devices(spec, xid_scopes),

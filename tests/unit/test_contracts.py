@@ -1,0 +1,474 @@
+"""Every wire contract bound to its one declaration, ``crds/``: a field added on one side and missing
+on the other fails here, with a message naming both.
+
+- The chart ships the same CRDs as ``crds/`` (byte for byte).
+- What the agent writes (its own report builder, every fact set) is declared by the report CRD.
+- Every field the report CRD declares is either read by ``api/report.py`` or listed in
+  :data:`UNREAD_REPORT_FIELDS` with the reason nobody reads it; and the operator's slim cache keeps
+  every field that is read (the fullest report the CRD allows parses the same slimmed and whole).
+- What the operator writes into a report's status (node record, per-GPU records) is declared.
+- Enums: the CRDs' and the api types' vocabularies are the same sets.
+- Policy defaults: the CRD's ``default`` of every field is the parser's default for it, and every
+  action a policy field's enum allows is accepted there, every other action refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from gpuhealth.agent import model as agent_model
+from gpuhealth.agent.model import (
+    DeviceFacts,
+    EccCounts,
+    NvmlStatus,
+    RemappedRows,
+    RetiredPages,
+    Snapshot,
+    Temperature,
+    XidEvent,
+)
+from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
+from gpuhealth.api.devices import DeviceRecord, DeviceState
+from gpuhealth.api.names import Action, Mode, Scope, State
+from gpuhealth.api.policy import PolicyError, parse_policy
+from gpuhealth.api.report import Device, parse_report
+from gpuhealth.api.status import Record, node_status
+from gpuhealth.controller.slim import slim_report
+from tests.support import crdschema
+from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
+
+REPORT_CRD = "gpunodehealths.yaml"
+POLICY_CRD = "gpuhealthpolicies.yaml"
+T = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+# Report fields the CRD declares that the operator does not read, and why. A field leaves this list
+# the day parse_report starts reading it (then the slim cache must keep it: test below).
+UNREAD_REPORT_FIELDS: dict[str, str] = {
+    "spec.agent.version": "for humans (kubectl gpuhealth describe)",
+    "spec.agent.sources[]": "for humans; each XID carries its own source",
+    "spec.agent.bootTime": "the agent's own XID history boundary",
+    "spec.nvml.driverVersion": "for humans",
+    "spec.nvml.cudaVersion": "for humans",
+    "spec.devices[].pciBusId": "for humans",
+    "spec.devices[].migMode": "for humans until partitions are read",
+    "spec.devices[].eccMode": "for humans",
+    "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
+    "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",
+    "spec.devices[].retiredPages.singleBitEcc": "history; pending retirement is the fault",
+    "spec.devices[].retiredPages.doubleBitEcc": "history; pending retirement is the fault",
+    "spec.devices[].remappedRows.corrected": "history; a pending remap or a failure is the fault",
+    "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
+    "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
+    "spec.devices[].powerW": "follows the workload; /metrics has it live",
+    "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
+    "spec.xidEvents[].source": "for humans",
+    "spec.xidEvents[].detail": "for humans",
+}
+
+
+# -- the chart's copy ------------------------------------------------------------------------------
+
+
+def test_the_chart_ships_exactly_the_crds_of_crds() -> None:
+    """The chart's crds/ are links to crds/ (helm packages what they point at): never a second copy."""
+    ours = sorted(p.name for p in CRDS.glob("*.yaml"))
+    assert ours, "crds/ holds no CRD"
+    for name in ours:
+        chart = CHART_CRDS / name
+        assert chart.is_symlink(), (
+            f"charts/gpuhealth/crds/{name} is not a link to crds/{name} (ln -sf ../../../crds/{name} {chart})"
+        )
+        assert chart.resolve() == (CRDS / name).resolve(), f"charts/gpuhealth/crds/{name} points elsewhere"
+
+
+# -- what the agent writes -------------------------------------------------------------------------
+
+
+def _every_fact(index: int) -> DeviceFacts:
+    return DeviceFacts(
+        index=index,
+        uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        pci_bus_id=f"00000000:{index:02X}:00.0",
+        model="NVIDIA H100 80GB HBM3",
+        mig_mode=agent_model.MIG_ENABLED,
+        ecc_mode=agent_model.MIG_ENABLED,
+        lost=True,
+        ecc=EccCounts(1, 2, 3, 4),
+        retired_pages=RetiredPages(1, 2, True),
+        remapped_rows=RemappedRows(1, 2, True, True),
+        temperature=Temperature(80, 87, 92),
+        clock_event_reasons=0x48,
+        power_w=301.5,
+        recovery_action="Reset",
+        unsupported=("nvmlDeviceGetPowerUsage",),
+    )
+
+
+def _unset(value: Any, default: Any) -> bool:
+    return value is None or value == default or value == ()
+
+
+def test_the_fullest_agent_facts_set_every_field() -> None:
+    """Adding a field to the agent's DeviceFacts makes this fail until the report tests set it too."""
+    facts = _every_fact(0)
+    for f in dataclasses.fields(DeviceFacts):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        assert not _unset(getattr(facts, f.name), default), (
+            f"agent/model.py DeviceFacts.{f.name} is not set by tests/unit/test_contracts.py _every_fact: "
+            "set it there, so the report CRD is checked to declare what the agent writes of it"
+        )
+
+
+def _rendered_spec() -> dict[str, Any]:
+    builder = ReportBuilder("node-a", agent_model_info())
+    builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid, detail="fallen off the bus"))
+    snap = Snapshot(T, NvmlStatus(True, "none", "580.65.06", "13.0"), (_every_fact(0), _every_fact(1)))
+    return builder.render(snap, T)
+
+
+def agent_model_info() -> AgentInfo:
+    return AgentInfo(version="0.1.0", sources=("nvml", "dcgm"), boot_time=T)
+
+
+def test_what_the_agent_writes_is_declared_by_the_report_crd() -> None:
+    spec_schema = at(crdschema.schema(REPORT_CRD), "spec")
+    problems = list(violations(spec_schema, _rendered_spec(), "spec"))
+    assert not problems, "agent/report.py writes what crds/gpunodehealths.yaml does not declare:\n" + "\n".join(
+        problems
+    )
+
+
+def test_each_fact_the_agent_observes_reaches_its_report() -> None:
+    """A fact the agent samples but never writes is a contract gap (a dropped signal)."""
+    full = _every_fact(0)
+    builder = ReportBuilder("node-a", agent_model_info())
+    snap = Snapshot(T, NvmlStatus(True), (full,))
+    whole = builder.render(snap, T)["devices"][0]
+    for f in dataclasses.fields(DeviceFacts):
+        if f.name == "index":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        less = builder.render(Snapshot(T, NvmlStatus(True), (full.replace(**{f.name: default}),)), T)
+        assert less["devices"][0] != whole, (
+            f"agent/model.py DeviceFacts.{f.name} never reaches spec.devices[] (agent/report.py device_spec)"
+        )
+
+
+def test_xid_events_the_agent_writes_are_declared() -> None:
+    item = at(crdschema.schema(REPORT_CRD), "spec.xidEvents[]")
+    for ev in (XidEvent(48, T, "dcgm", gpu=3, uuid="GPU-x", detail="d"), XidEvent(13, T, "simulated")):
+        problems = list(violations(item, xid_spec(ev), "spec.xidEvents[]"))
+        assert not problems, "\n".join(problems)
+
+
+def test_the_unit_tests_hand_built_reports_are_what_the_crd_allows() -> None:
+    """tests/unit/operator/builders.py builds reports by hand for speed; they may not drift from the CRD."""
+    from tests.unit.operator import builders
+    from tests.unit.operator.test_slim import full_device
+
+    spec_schema = at(crdschema.schema(REPORT_CRD), "spec")
+    body = builders.report_obj(devices=[full_device(i) for i in range(8)], xids=[builders.xid_event(79, 1)])
+    problems = list(violations(spec_schema, body["spec"], "spec"))
+    assert not problems, "tests/unit/operator/builders.py builds reports the CRD refuses:\n" + "\n".join(problems)
+
+
+# -- what the operator reads of a report -----------------------------------------------------------
+
+
+def _fullest_report(flags: bool = True) -> dict[str, Any]:
+    s = crdschema.schema(REPORT_CRD)
+    body: dict[str, Any] = {
+        "apiVersion": "gpuhealth.dev/v1alpha1",
+        "kind": "GPUNodeHealth",
+        "metadata": {"name": "node-a", "uid": "u1", "generation": 3, "resourceVersion": "7"},
+        "spec": fullest(at(s, "spec"), "spec", {"spec.nodeName": "node-a"}),
+    }
+
+    def flip(v: Any) -> Any:
+        if isinstance(v, bool):
+            return flags
+        if isinstance(v, Mapping):
+            return {k: flip(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [flip(x) for x in v]
+        return v
+
+    body["spec"] = flip(body["spec"])
+    return body
+
+
+def _drop(body: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """A copy of ``body`` without the leaf at ``path`` (items as ``[]``: dropped from every item)."""
+    out = copy.deepcopy(dict(body))
+
+    def walk(node: Any, steps: list[str]) -> None:
+        step, rest = steps[0], steps[1:]
+        name = step.removesuffix("[]")
+        if not isinstance(node, dict) or name not in node:
+            return
+        if not rest:
+            if step.endswith("[]"):
+                node[name] = []
+            else:
+                del node[name]
+            return
+        child = node[name]
+        for c in child if step.endswith("[]") else [child]:
+            walk(c, rest)
+
+    walk(out, path.split("."))
+    return out
+
+
+def _report_fields() -> list[str]:
+    """The report's declared leaves that may be absent (a required one is refused when missing)."""
+    s = crdschema.schema(REPORT_CRD)
+    out = []
+    for path in declared_paths(at(s, "spec"), "spec"):
+        parent, _, name = path.rpartition(".")
+        if name not in (at(s, parent).get("required") or []) and path != "spec.nodeName":
+            out.append(path)
+    return out
+
+
+def test_every_declared_report_field_is_read_or_said_to_be_unread() -> None:
+    whole = parse_report(_fullest_report())
+    unread = []
+    for path in _report_fields():
+        if parse_report(_drop(_fullest_report(), path)) == whole:
+            unread.append(path)
+    missing = [p for p in unread if p not in UNREAD_REPORT_FIELDS]
+    stale = [p for p in UNREAD_REPORT_FIELDS if p not in unread]
+    assert not missing, (
+        "crds/gpunodehealths.yaml declares fields api/report.py parse_report never reads: "
+        f"{missing}; read them, or list them in tests/unit/test_contracts.py UNREAD_REPORT_FIELDS with the reason"
+    )
+    assert not stale, (
+        f"tests/unit/test_contracts.py UNREAD_REPORT_FIELDS lists {stale}, which api/report.py reads "
+        "or crds/gpunodehealths.yaml no longer declares: take them off the list"
+    )
+
+
+def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
+    """An attribute of api/report.py's Device that no CRD field can fill is dead or reads a field the
+    CRD does not declare (which the API server would then prune)."""
+    report = parse_report(_fullest_report())
+    device = report.devices[0]
+    for f in dataclasses.fields(Device):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name == "index":
+            continue
+        assert not _unset(getattr(device, f.name), default), (
+            f"api/report.py Device.{f.name} stays at its default for the fullest report "
+            "crds/gpunodehealths.yaml allows: the field it reads is not declared there"
+        )
+    assert report.xids and report.xids[0].gpu is not None
+
+
+@pytest.mark.parametrize("flags", [True, False])
+def test_the_slim_cache_keeps_every_field_the_operator_reads(flags: bool) -> None:
+    body = _fullest_report(flags)
+    assert parse_report(slim_report(body)) == parse_report(body)
+    for path in _report_fields():
+        less = _drop(body, path)
+        assert parse_report(slim_report(less)) == parse_report(less), (
+            f"controller/slim.py changes what api/report.py reads of {path} (crds/gpunodehealths.yaml)"
+        )
+
+
+# -- what the operator writes into a report's status -----------------------------------------------
+
+
+def _every_device_record() -> DeviceRecord:
+    rec = DeviceRecord(
+        index=2,
+        uuid="GPU-2",
+        state=DeviceState.DRAINING,
+        reason="EccUncorrected",
+        message="m",
+        since=T,
+        rule="ecc",
+        quarantines=(T,),
+        healthy_since=T,
+        cleared_before=T,
+        held_by_breaker=True,
+        drain_action="drain",
+        drained=True,
+        device="gpu.nvidia.com/node-a/gpu-2",
+        taint_rule="gpuhealth-node-a-gpu-2",
+    )
+    for f in dataclasses.fields(DeviceRecord):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        assert not _unset(getattr(rec, f.name), default) or f.name == "index", (
+            f"api/devices.py DeviceRecord.{f.name} is not set by tests/unit/test_contracts.py _every_device_record"
+        )
+    return rec
+
+
+def _node_status() -> dict[str, Any]:
+    record = Record(
+        state=State.DRAINING,
+        reason="XID79",
+        message="m",
+        since=T,
+        quarantines=(T,),
+        healthy_since=T,
+        cleared_before=T,
+        held_by_breaker=True,
+        drain_action="drain",
+        drained=True,
+    )
+    body = node_status(
+        record,
+        policy="p",
+        overridden=["q"],
+        dry_run=True,
+        total_gpus=8,
+        healthy_gpus=7,
+        last_xid="79",
+        evidence=[{"signal": "xid", "gpu": 0, "code": 79, "since": "2026-01-01T00:00:00Z", "detail": "d"}],
+        pending={"signal": "thermal", "since": "2026-01-01T00:00:00Z"},
+        devices=[_every_device_record().to_status()],
+        in_service_gpus=7,
+    )
+    body["drain"] = {"phase": "Running", "startedAt": "2026-01-01T00:00:00Z", "pods": {}}
+    body["deviceDrains"] = {"2": {"phase": "Completed"}}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _undeclared(s: Mapping[str, Any], value: Any, path: str) -> Iterator[str]:
+    """Keys present in ``value`` that ``s`` does not declare (a preserve-unknown-fields status keeps
+    them silently, which is exactly how a contract drifts)."""
+    if isinstance(value, Mapping):
+        props = s.get("properties") or {}
+        if not props:
+            return  # a free-form object (drain progress, evidence details): nothing declared inside
+        for k, v in value.items():
+            if k not in props:
+                yield f"{path}.{k}"
+            else:
+                yield from _undeclared(props[k], v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for v in value:
+            yield from _undeclared(s.get("items") or {}, v, f"{path}[]")
+
+
+def test_the_status_the_operator_writes_is_declared() -> None:
+    status_schema = at(crdschema.schema(REPORT_CRD), "status")
+    body = _node_status()
+    undeclared = sorted(set(_undeclared(status_schema, body, "status")))
+    assert not undeclared, (
+        f"api/status.py / api/devices.py write status fields crds/gpunodehealths.yaml does not declare: {undeclared}"
+    )
+    problems = list(violations(status_schema, body, "status"))
+    assert not problems, "\n".join(problems)
+
+
+def test_device_records_round_trip_through_their_declared_fields() -> None:
+    rec = _every_device_record()
+    assert DeviceRecord.from_status(rec.to_status()) == rec
+    assert Record.from_status(_node_status()).reason == "XID79"
+
+
+# -- vocabularies ----------------------------------------------------------------------------------
+
+
+def _enum(filename: str, path: str) -> set[Any]:
+    return set(at(crdschema.schema(filename), path)["enum"])
+
+
+def test_state_vocabularies_are_the_api_types() -> None:
+    assert _enum(REPORT_CRD, "status.state") == {str(s) for s in State}, "status.state vs api/names.py State"
+    assert _enum(REPORT_CRD, "status.devices[].state") == {str(s) for s in DeviceState}, (
+        "status.devices[].state vs api/devices.py DeviceState"
+    )
+    assert _enum(POLICY_CRD, "spec.mode") == {str(m) for m in Mode}, "spec.mode vs api/names.py Mode"
+
+
+def test_report_vocabularies_are_the_agent_model() -> None:
+    modes = {agent_model.MIG_ENABLED, agent_model.MIG_DISABLED, agent_model.MODE_UNSUPPORTED}
+    assert _enum(REPORT_CRD, "spec.devices[].migMode") == modes, "migMode vs agent/model.py"
+    assert _enum(REPORT_CRD, "spec.devices[].eccMode") == modes, "eccMode vs agent/model.py"
+    assert _enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(agent_model.RECOVERY_ACTIONS.values()), (
+        "spec.devices[].recoveryAction vs agent/model.py RECOVERY_ACTIONS"
+    )
+    sources = set(typing.get_args(agent_model.SourceName))
+    assert _enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
+    assert _enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"
+
+
+def _policy_paths(key: str) -> list[str]:
+    return [p for p in declared_paths(at(crdschema.schema(POLICY_CRD), "spec"), "spec") if p.endswith(f".{key}")]
+
+
+def _spec_with(path: str, value: Any) -> dict[str, Any]:
+    """A policy spec holding ``value`` at ``path`` (list items get their required fields)."""
+    spec: dict[str, Any] = {}
+    node: Any = spec
+    steps = path.removeprefix("spec.").split(".")
+    for i, step in enumerate(steps):
+        name = step.removesuffix("[]")
+        last = i == len(steps) - 1
+        if step.endswith("[]"):
+            item: dict[str, Any] = {"code": 48} if name == "overrides" else {}
+            node[name] = [item]
+            node = item
+        elif last:
+            node[name] = value
+        else:
+            node = node.setdefault(name, {})
+    return spec
+
+
+def _parse(spec: Mapping[str, Any]) -> Any:
+    return parse_policy({"metadata": {"name": "p"}, "spec": spec})
+
+
+@pytest.mark.parametrize("path", _policy_paths("action"))
+def test_every_action_a_policy_field_allows_is_accepted_and_no_other(path: str) -> None:
+    allowed = set(at(crdschema.schema(POLICY_CRD), path)["enum"])
+    assert allowed <= {str(a) for a in Action}, f"{path} allows actions api/names.py Action lacks"
+    for action in Action:
+        spec = _spec_with(path, str(action))
+        if str(action) in allowed:
+            _parse(spec)
+        else:
+            with pytest.raises(PolicyError, match=path.replace("[]", r"\[\d+\]").replace(".", r"\.")):
+                _parse(spec)
+
+
+@pytest.mark.parametrize("path", _policy_paths("scope"))
+def test_every_scope_field_is_the_api_scope(path: str) -> None:
+    assert set(at(crdschema.schema(POLICY_CRD), path)["enum"]) == {str(s) for s in Scope}, f"{path} vs Scope"
+
+
+def _defaults(s: Mapping[str, Any], path: str = "spec") -> Iterator[tuple[str, Any]]:
+    for k, v in (s.get("properties") or {}).items():
+        child = f"{path}.{k}"
+        if "default" in v and not (isinstance(v["default"], dict) and not v["default"]):
+            yield child, v["default"]
+        if v.get("type") == "object":
+            yield from _defaults(v, child)
+
+
+@pytest.mark.parametrize(("path", "default"), list(_defaults(at(crdschema.schema(POLICY_CRD), "spec"))))
+def test_the_crd_default_of_every_policy_field_is_the_parsers(path: str, default: Any) -> None:
+    """The API server fills a CRD default in; a policy read before that (or by a test) must mean the
+    same, so api/policy.py's default and the CRD's are one value."""
+    parent = path.rpartition(".")[0]
+    absent = _spec_with(parent + ".x", None) if parent != "spec" else {}
+    if parent != "spec":
+        node: Any = absent
+        for step in parent.removeprefix("spec.").split("."):
+            node = node[step]
+        node.pop("x")
+    assert _parse(_spec_with(path, default)) == _parse(absent), (
+        f"crds/gpuhealthpolicies.yaml {path} defaults to {default!r}; api/policy.py parse_policy's default differs"
+    )
