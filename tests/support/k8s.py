@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import urllib3
 from kubernetes import client, config
 
 from tests.support.cluster import LocalCluster, free_port
@@ -25,19 +26,25 @@ def utcnow() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# What a poll may meet while the API server is briefly away or an object is not there yet. Anything
+# else raised by a predicate (KeyError, TypeError, a failed assert) is a bug in the test or the code
+# under test, and is raised at once instead of being waited out as a timeout.
+TRANSIENT: tuple[type[BaseException], ...] = (client.exceptions.ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
 def wait_for(
     fn: Callable[[], T | Literal[False] | None], timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
 ) -> T:
     """Poll until ``fn`` returns something truthy (the result, never None or False); fail with the last
-    value otherwise."""
+    value otherwise. Only :data:`TRANSIENT` errors are polled through."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         try:
             last = fn()
-        except Exception as e:  # the API may be briefly unavailable in chaos scenarios
+        except TRANSIENT as e:  # the API may be briefly unavailable in chaos scenarios
             last = e
-        if last and not isinstance(last, Exception):
+        if last and not isinstance(last, BaseException):
             return last  # type: ignore[no-any-return]
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")

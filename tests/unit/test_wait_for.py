@@ -1,0 +1,34 @@
+"""tests/support/k8s.py wait_for polls through a briefly absent API, never through a bug."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.support.k8s import wait_for
+
+
+def test_a_bug_in_the_predicate_is_raised_at_once_not_waited_out() -> None:
+    status: dict[str, str] = {}
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="state"):
+        wait_for(lambda: status["state"], timeout=5, interval=0.01)
+    assert time.monotonic() - start < 1
+
+
+def test_an_api_error_is_polled_through_until_the_condition_holds() -> None:
+    errors: list[BaseException] = [ApiException(status=503), ConnectionRefusedError()]
+
+    def poll() -> str:
+        if errors:
+            raise errors.pop(0)
+        return "ready"
+
+    assert wait_for(poll, timeout=5, interval=0.01) == "ready"
+
+
+def test_a_timeout_names_what_it_waited_for_and_the_last_value() -> None:
+    with pytest.raises(AssertionError, match=r"waiting for the node.*ApiException"):
+        wait_for(lambda: (_ for _ in ()).throw(ApiException(status=404)), timeout=0.05, interval=0.01, what="the node")
