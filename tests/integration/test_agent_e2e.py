@@ -12,7 +12,7 @@ import pytest
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster, free_port
-from tests.support.k8s import Kube, OperatorProcess, wait_for
+from tests.support.k8s import Kube, OperatorProcess, holds, wait_for
 
 
 @pytest.fixture
@@ -66,6 +66,18 @@ def test_dead_agent_makes_node_unknown_never_healthy(
         what="GPUHealthy=Unknown on the Node",
     )
     wait_for(lambda: kube.node_events(node, "AgentSilent"), what="AgentSilent event")
+    # While the agent stays dead, the node stays Unknown: over several sweeper ticks and more than
+    # another silence period, it is never made Healthy (nor its condition True).
+    samples = holds(
+        lambda: (
+            kube.state(node) == "Unknown"
+            and next(c for c in kube.node(node)["status"]["conditions"] if c["type"] == "GPUHealthy")["status"]
+            == "Unknown"
+        ),
+        seconds=8,
+        what="Unknown while the agent is dead",
+    )
+    assert samples >= 10
     fleet.launch(fleet[node])
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="Healthy again on a fresh report")
 

@@ -50,6 +50,25 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+def holds(fn: Callable[[], object], seconds: float, interval: float = 0.2, what: str = "condition") -> int:
+    """Poll ``fn`` for ``seconds`` and fail the moment it is falsy: the opposite of :func:`wait_for`,
+    for what must stay true for a while (a dead agent's node never turning Healthy). Returns the
+    number of samples taken, so a caller can assert the window was really observed."""
+    deadline = time.monotonic() + seconds
+    samples = 0
+    while time.monotonic() < deadline:
+        try:
+            ok = fn()
+        except TRANSIENT:
+            time.sleep(interval)  # the API briefly away says nothing either way
+            continue
+        if not ok:
+            raise AssertionError(f"{what} stopped holding after {samples} samples")
+        samples += 1
+        time.sleep(interval)
+    return samples
+
+
 class Kube:
     """Typed-enough access to the test cluster."""
 

@@ -32,3 +32,12 @@ def test_an_api_error_is_polled_through_until_the_condition_holds() -> None:
 def test_a_timeout_names_what_it_waited_for_and_the_last_value() -> None:
     with pytest.raises(AssertionError, match=r"waiting for the node.*ApiException"):
         wait_for(lambda: (_ for _ in ()).throw(ApiException(status=404)), timeout=0.05, interval=0.01, what="the node")
+
+
+def test_holds_fails_the_moment_the_condition_breaks_and_counts_its_samples() -> None:
+    from tests.support.k8s import holds
+
+    assert holds(lambda: True, seconds=0.1, interval=0.01) >= 5
+    states = iter(["Unknown", "Unknown", "Healthy"])
+    with pytest.raises(AssertionError, match="stopped holding after 2 samples"):
+        holds(lambda: next(states) == "Unknown", seconds=5, interval=0.01)

@@ -150,11 +150,20 @@ def test_retries_retryable_statuses(make_agent: AgentFactory, status: int) -> No
     assert len(api.failed) == 2
 
 
-def test_non_retryable_error_is_retried_later(make_agent: AgentFactory) -> None:
-    api = FakeTransport()
-    api.fail_next = [ApiError(422)]  # invalid: not retried at once, but the state stays dirty
-    _agent, api = make_agent(transport=api, max_backoff_s=0.1)
+def test_non_retryable_error_is_retried_later(make_agent: AgentFactory, scenario: Scenario) -> None:
+    agent, api = make_agent(interval_s=0.05, event_timeout_s=0.05, max_backoff_s=0.3)
     first_write(api)
+    api.fail_next = [ApiError(422)]  # invalid: not retried at once, but the state stays dirty
+    scenario.write("gpu 2 ecc_volatile_uncorrected 1")
+    wait_for(lambda: api.failed)
+    failed = api.failed[0]
+    assert failed.op == "patch" and device(failed.body["spec"], 2)["ecc"]["volatileUncorrected"] == 1
+    wait_for(lambda: device(api.spec, 2).get("ecc", {}).get("volatileUncorrected") == 1)
+    # The 422 was counted, and the same facts were written again after the back-off, not at once
+    # (retryable errors are retried at once, with jitter, inside the publish call).
+    later = [w for w in api.writes() if w.at > failed.at]
+    assert later and later[0].at - failed.at >= 0.25, [w.at - failed.at for w in later]
+    assert agent.metrics.publish_errors._value.get() == 1
 
 
 def test_restart_keeps_xids_from_this_boot_only(make_agent: AgentFactory) -> None:
