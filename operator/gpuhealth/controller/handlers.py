@@ -1,8 +1,12 @@
-"""Kopf handlers: thin. They feed the reconciler's caches and queue; all decisions live elsewhere.
+"""Kopf handlers: thin. They log in, start and stop the runtime, feed it policies, and tell it
+whether this replica acts (peering); all decisions live elsewhere.
 
-Nodes are watched with event handlers only, so Kopf never writes finalizers or progress annotations
-on them; the Node watch is filtered server-side to GPU nodes. Pods are not watched through Kopf: the
-reconciler's slim pod reflector (podwatch.py) keeps only the few fields it reads.
+Kopf watches only GPUHealthPolicies, with an event handler and a daemon, so it never writes
+finalizers or progress annotations on anything. The fleet (GPU Nodes, reports, pods, Leases,
+ResourceSlices) comes through the runtime's own slim reflectors (``objectwatch.py``,
+``podwatch.py``, ``leasewatch.py``, ``slicewatch.py``), filtered server-side and cut to the fields
+read as they are parsed: Kopf's per-object processing and body copies cost too much at fleet size
+(docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -84,8 +88,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: s
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         await reconciler.stop()
-
-    # Nodes and reports come through the runtime's own slim watches (controller/objectwatch.py), as pods do.
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=5)
     async def acting(stopped: kopf.DaemonStopped, **_: Any) -> None:
