@@ -21,16 +21,20 @@ MIG_ENABLED = "Enabled"
 MIG_DISABLED = "Disabled"
 MODE_UNSUPPORTED = "Unsupported"
 
-# Recovery actions as the CRD spells them, keyed by NVML_GPU_RECOVERY_ACTION_* values. Bus
-# reset and system reboot are folded into the closest action the report can express.
+# Recovery actions as the CRD spells them, keyed by NVML's nvmlDeviceGpuRecoveryAction_t values
+# (NVML_GPU_RECOVERY_ACTION_*). Every value gets its own spelling: folding a PCIe bus reset into a
+# GPU reset, or a system reboot into a node reboot, would tell the human the wrong remedy. A value
+# newer than this map is omitted (unknown), never guessed; tests/unit/agent/test_recovery_actions.py
+# fails when the installed pynvml names one this map lacks.
 RECOVERY_ACTIONS: dict[int, str] = {
-    0: "None",
-    1: "Reset",
-    2: "Reboot",
-    3: "DrainP2P",
-    4: "DrainAndReset",
-    6: "Reset",
-    7: "Reboot",
+    0: "None",  # NONE
+    1: "Reset",  # GPU_RESET
+    2: "Reboot",  # NODE_REBOOT
+    3: "DrainP2P",  # DRAIN_P2P
+    4: "DrainAndReset",  # DRAIN_AND_RESET
+    5: "RecoverImexDomain",  # RECOVER_IMEX_DOMAIN
+    6: "BusReset",  # BUS_RESET: reset the GPU's PCIe bus
+    7: "SystemReboot",  # SYSTEM_REBOOT
 }
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,

@@ -75,7 +75,7 @@ def recovery_action(handle: Any) -> str | None:
     )
     action = RECOVERY_ACTIONS.get(raw)
     if action is None:
-        log.info("GPU recovery action %d has no report equivalent; omitted", raw)
+        log.warning("GPU recovery action %d is newer than this agent knows; omitted (unknown)", raw)
     return action
 
 

@@ -72,6 +72,14 @@ def _int(v: Any, where: str) -> int:
     return v
 
 
+def _opt_str(v: Any, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ReportError(f"{where}: expected a string, got {v!r}")
+    return v
+
+
 def parse_report(obj: Mapping[str, Any]) -> Report:
     """Report from a GPUNodeHealth object; raises ReportError if the agent's facts are unusable."""
     meta = obj.get("metadata") or {}
@@ -112,7 +120,7 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 slowdown_c=temp.get("slowdownC"),
                 clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
                 clock_events_since=parse_time(d.get("clockEventsSince")),
-                recovery_action=d.get("recoveryAction"),
+                recovery_action=_opt_str(d.get("recoveryAction"), f"{where}.recoveryAction"),
             )
         )
     xids = []

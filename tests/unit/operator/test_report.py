@@ -134,6 +134,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
         r"spec\.devices\[0\]\.ecc\.volatileUncorrected",
     ),
     (_with(devices=[gpu(0, clockEventReasons="0x40")]), r"spec\.devices\[0\]\.clockEventReasons"),
+    (_with(devices=[gpu(0, recoveryAction=2)]), r"spec\.devices\[0\]\.recoveryAction: expected a string"),
     (_with(xidEvents=[xid_event(79, 0), {"xid": 79, "time": "not a time"}]), r"spec\.xidEvents\[1\]\.time"),
     (_with(xidEvents=[{"xid": 79}]), r"spec\.xidEvents\[0\]\.time: missing"),
     (_with(xidEvents=["79"]), r"spec\.xidEvents\[0\]\.time"),
