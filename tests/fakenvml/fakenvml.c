@@ -2,8 +2,12 @@
  * fakenvml: a stand-in for libnvidia-ml.so.1 that the real pynvml can load.
  *
  * It exports exactly the NVML symbols the gpuhealth agent calls (through pynvml's ctypes
- * wrappers, so the struct layouts below mirror pynvml's) and answers from a scenario file
- * named by $FAKE_NVML_SCENARIO. The file is re-read whenever it changes (path, inode, size or
+ * wrappers) and answers from a scenario file named by $FAKE_NVML_SCENARIO. Types, layouts and
+ * prototypes are NVIDIA's own: tests/fakenvml/build.py compiles this file against nvml.h (from
+ * the nvidia-nvml-dev wheel) when it is installed, with NVML_NO_UNVERSIONED_FUNC_DEFS (so the
+ * legacy unversioned names are declared too) and -Wmissing-prototypes -Werror, so every exported
+ * function must match a prototype of NVIDIA's. Without the header it uses fakenvml_types.h, a
+ * copy that tests/unit/agent/test_fakenvml_abi.py checks against the header. The file is re-read whenever it changes (path, inode, size or
  * mtime), so a test can rewrite it while the agent runs; write it atomically (tmp + rename).
  *
  * Scenario format: one directive per line, '#' starts a comment.
@@ -49,29 +53,21 @@
 #include <sys/time.h>
 #include <time.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#ifdef FAKENVML_WITH_NVML_H
+#include <nvml.h>
+#else
+#include "fakenvml_types.h"
+#endif
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_TIMEOUT = 10,
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
-    NVML_ERROR_GPU_IS_LOST = 15,
-    NVML_ERROR_UNKNOWN = 999,
-};
+#define EXPORT __attribute__((visibility("default")))
 
 #define MAX_GPUS 64
 #define MAX_XIDS 4096
 #define MAX_MISSING 32
 
-#define EVENT_SBE 0x1ULL
-#define EVENT_DBE 0x2ULL
-#define EVENT_XID 0x8ULL
-#define FIELD_RECOVERY_ACTION 230u
+#define EVENT_SBE ((unsigned long long)nvmlEventTypeSingleBitEccError)
+#define EVENT_DBE ((unsigned long long)nvmlEventTypeDoubleBitEccError)
+#define EVENT_XID ((unsigned long long)nvmlEventTypeXidCriticalError)
 
 enum {
     NS_ECC = 1u << 0,
@@ -87,44 +83,10 @@ enum {
     NS_EVENTS = 1u << 10,
 };
 
-/* Layouts mirror pynvml's ctypes structures. */
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain;
-    unsigned int bus;
-    unsigned int device;
-    unsigned int pciDeviceId;
-    unsigned int pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;
-
-typedef struct {
-    void *device;
-    unsigned long long eventType;
-    unsigned long long eventData;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlEventData_t;
-
-typedef union {
-    double dVal;
-    unsigned int uiVal;
-    unsigned long ulVal;
-    unsigned long long ullVal;
-    long long sllVal;
-    int siVal;
-    unsigned short usVal;
-} nvmlValue_t;
-
-typedef struct {
-    unsigned int fieldId;
-    unsigned int scopeId;
-    long long timestamp;
-    long long latencyUsec;
-    unsigned int valueType;
-    unsigned int nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;
+/* Handles are addresses in these arrays; NVML only declares the struct, so the fake defines it. */
+struct nvmlDevice_st {
+    char unused;
+};
 
 struct fake_gpu {
     char name[96];
@@ -159,7 +121,7 @@ struct scenario {
     int n_xids;
 };
 
-struct fake_event_set {
+struct nvmlEventSet_st {
     unsigned long long magic;
     unsigned long long mask[MAX_GPUS];
     unsigned long long seen[MAX_XIDS]; /* XID seqs delivered to, or predating, this set */
@@ -170,7 +132,7 @@ struct fake_event_set {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct scenario S;
 static int init_count;
-static char handles[MAX_GPUS]; /* a device handle is &handles[index] */
+static struct nvmlDevice_st handles[MAX_GPUS]; /* a device handle is &handles[index] */
 static struct {
     int loaded;
     int exists;
@@ -402,10 +364,11 @@ static int is_missing(const char *fn) {
     } while (0)
 
 /* Resolves a handle to its GPU, applying lost / removed / not-supported rules. */
-static nvmlReturn_t gpu_of(void *handle, unsigned int ns_bit, struct fake_gpu **out) {
+static nvmlReturn_t gpu_of(nvmlDevice_t handle, unsigned int ns_bit, struct fake_gpu **out) {
     if (!init_count) return NVML_ERROR_UNINITIALIZED;
     if (!handle) return NVML_ERROR_INVALID_ARGUMENT;
-    ptrdiff_t i = (char *)handle - handles;
+    if (handle < handles || handle >= handles + MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+    ptrdiff_t i = handle - handles;
     if (i < 0 || i >= MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
     if (i >= S.gpus || S.gpu[i].lost) return NVML_ERROR_GPU_IS_LOST;
     if (S.gpu[i].notsupported & ns_bit) return NVML_ERROR_NOT_SUPPORTED;
@@ -448,7 +411,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
 }
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
-    switch (result) {
+    switch ((int)result) {
     case 0: return "Success";
     case 1: return "Uninitialized";
     case 2: return "Invalid Argument";
@@ -496,7 +459,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
     if (!device || index >= MAX_GPUS || (int)index >= S.gpus) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -507,13 +470,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **dev
 
 /* ---- identity ------------------------------------------------------------------------ */
 
-EXPORT nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(copy_string(name, length, g->name));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(copy_string(uuid, length, g->uuid));
@@ -534,19 +497,19 @@ static nvmlReturn_t fill_pci(struct fake_gpu *g, nvmlPciInfo_t *pci) {
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(fill_pci(g, pci));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(void *device, nvmlPciInfo_t *pci) {
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(fill_pci(g, pci));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     ENTER();
     DEVICE(device, NS_MIG);
     if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -555,19 +518,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, un
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetEccMode(void *device, int *current, int *pending) {
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending) {
     ENTER();
     DEVICE(device, NS_ECC_MODE);
     if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *current = (int)g->ecc_mode;
-    *pending = (int)g->ecc_mode;
+    *current = g->ecc_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    *pending = *current;
     LEAVE(NVML_SUCCESS);
 }
 
 /* ---- health counters ----------------------------------------------------------------- */
 
-EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned int errorType,
-                                                unsigned int counterType, unsigned long long *count) {
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                nvmlEccCounterType_t counterType, unsigned long long *count) {
     ENTER();
     DEVICE(device, NS_ECC);
     if (!count || errorType > 1 || counterType > 1) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -576,7 +539,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned int error
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, unsigned int cause, unsigned int *pageCount,
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *pageCount,
                                               unsigned long long *addresses) {
     ENTER();
     DEVICE(device, NS_RETIRED);
@@ -591,15 +554,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, unsigned int cause, 
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *device, int *isPending) {
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
     ENTER();
     DEVICE(device, NS_RETIRED);
     if (!isPending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *isPending = g->retired_pending ? 1 : 0;
+    *isPending = g->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int *uncRows,
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
                                               unsigned int *isPending, unsigned int *failureOccurred) {
     ENTER();
     DEVICE(device, NS_REMAP);
@@ -611,7 +574,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRo
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned int sensor, unsigned int *temp) {
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor, unsigned int *temp) {
     ENTER();
     DEVICE(device, NS_TEMP);
     if (!temp || sensor != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -619,17 +582,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned int sensor, 
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(void *device, unsigned int threshold, unsigned int *temp) {
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t threshold,
+                                                      unsigned int *temp) {
     ENTER();
     DEVICE(device, NS_THRESH);
     if (!temp) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (threshold == 0) *temp = g->shutdown;
-    else if (threshold == 1) *temp = g->slowdown;
+    if (threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) *temp = g->shutdown;
+    else if (threshold == NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) *temp = g->slowdown;
     else LEAVE(NVML_ERROR_NOT_SUPPORTED);
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
     ENTER();
     DEVICE(device, NS_CLOCK);
     if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -637,7 +601,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigne
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsigned long long *reasons) {
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
     ENTER();
     DEVICE(device, NS_CLOCK);
     if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -645,7 +609,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsi
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *power) {
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     ENTER();
     DEVICE(device, NS_POWER);
     if (!power) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -653,7 +617,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *power) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvmlFieldValue_t *values) {
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER();
     DEVICE(device, 0);
     if (valuesCount < 0 || (valuesCount > 0 && !values)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -663,8 +627,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvml
         nvmlFieldValue_t *v = &values[i];
         v->timestamp = (long long)tv.tv_sec * 1000000LL + tv.tv_usec;
         v->latencyUsec = 0;
-        if (v->fieldId == FIELD_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
-            v->valueType = 1; /* unsigned int */
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.ullVal = 0;
             v->value.uiVal = g->recovery_action;
             v->nvmlReturn = NVML_SUCCESS;
@@ -677,28 +641,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvml
 
 /* ---- events -------------------------------------------------------------------------- */
 
-static int was_seen(const struct fake_event_set *set, unsigned long long seq) {
+static int was_seen(const struct nvmlEventSet_st *set, unsigned long long seq) {
     for (int i = 0; i < set->n_seen; i++)
         if (set->seen[i] == seq) return 1;
     return 0;
 }
 
-static void mark_seen(struct fake_event_set *set, unsigned long long seq) {
+static void mark_seen(struct nvmlEventSet_st *set, unsigned long long seq) {
     if (!was_seen(set, seq) && set->n_seen < MAX_XIDS) set->seen[set->n_seen++] = seq;
 }
 
-EXPORT nvmlReturn_t nvmlEventSetCreate(struct fake_event_set **set) {
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
     if (!set) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    struct fake_event_set *s = calloc(1, sizeof(*s));
+    struct nvmlEventSet_st *s = calloc(1, sizeof(*s));
     if (!s) LEAVE(NVML_ERROR_UNKNOWN);
     s->magic = EVENT_SET_MAGIC;
     *set = s;
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     ENTER();
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     set->magic = 0;
@@ -706,7 +670,7 @@ EXPORT nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *eventTypes) {
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
     ENTER();
     DEVICE(device, 0);
     if (!eventTypes) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -714,13 +678,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long eventTypes,
-                                             struct fake_event_set *set) {
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                             nvmlEventSet_t set) {
     ENTER();
     DEVICE(device, NS_EVENTS);
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     if (eventTypes & ~(EVENT_XID | EVENT_SBE | EVENT_DBE)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    int index = (int)((char *)device - handles);
+    int index = (int)(device - handles);
     if ((eventTypes & EVENT_XID) && !(set->mask[index] & EVENT_XID)) {
         /* XIDs that happened before registration are never delivered to this set. */
         for (int i = 0; i < S.n_xids; i++)
@@ -743,7 +707,7 @@ static void log_emit(const struct fake_xid *x) {
     fclose(f);
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
@@ -775,6 +739,6 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventDat
     }
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     return nvmlEventSetWait_v2(set, data, timeoutms);
 }
