@@ -27,13 +27,20 @@
  *   gpu <i|*> notsupported <query>   that query answers NOT_SUPPORTED; queries: ecc ecc_mode mig
  *                                    retired_pages remapped_rows temperature thresholds
  *                                    clock_reasons power recovery_action events all
+ *                                    recovery_events unavailable_events (the GPU does not offer
+ *                                    those event types, as drivers before NVML 13)
  *                                    (case, '_' and '-' are ignored)
  *   xid <seq> gpu <i> code <n>       an XID, delivered once through nvmlEventSetWait to each event
  *                                    set registered for XIDs on that GPU. <seq> identifies it, so
  *                                    the same code can be injected again with a new seq.
+ *   event <seq> gpu <i> type <t>     another NVML event, delivered the same way (and sharing the
+ *                                    XIDs' <seq> space) to sets registered for its type on that
+ *                                    GPU. <t>: recovery_action (nvmlEventTypeGpuRecoveryAction;
+ *                                    set the new value with "gpu <i> recovery_action <n>") or
+ *                                    unavailable (nvmlEventTypeGpuUnavailableError), or a number.
  *
  * With $FAKE_NVML_EMIT_LOG set, each XID delivery appends a line "xid <seq> gpu <i> code <n> at
- * <unix-ns>" to that file (the wall-clock instant the library hands the event to the caller), so
+ * <unix-ns>" (other events: "event <seq> gpu <i> type <t> at <unix-ns>") to that file (the wall-clock instant the library hands the event to the caller), so
  * a benchmark can measure from the GPU event itself rather than from when a test wrote the file.
  *
  * As with the real driver, an XID only reaches event sets that were registered before it
@@ -68,6 +75,9 @@
 #define EVENT_SBE ((unsigned long long)nvmlEventTypeSingleBitEccError)
 #define EVENT_DBE ((unsigned long long)nvmlEventTypeDoubleBitEccError)
 #define EVENT_XID ((unsigned long long)nvmlEventTypeXidCriticalError)
+#define EVENT_UNAVAILABLE ((unsigned long long)nvmlEventTypeGpuUnavailableError)
+#define EVENT_RECOVERY ((unsigned long long)nvmlEventTypeGpuRecoveryAction)
+#define EVENTS_ALL (EVENT_XID | EVENT_SBE | EVENT_DBE | EVENT_UNAVAILABLE | EVENT_RECOVERY)
 
 enum {
     NS_ECC = 1u << 0,
@@ -81,6 +91,8 @@ enum {
     NS_POWER = 1u << 8,
     NS_RECOVERY = 1u << 9,
     NS_EVENTS = 1u << 10,
+    NS_EV_RECOVERY = 1u << 11,
+    NS_EV_UNAVAILABLE = 1u << 12,
 };
 
 /* Handles are addresses in these arrays; NVML only declares the struct, so the fake defines it. */
@@ -103,10 +115,12 @@ struct fake_gpu {
     unsigned int notsupported;
 };
 
+/* An XID or another event, in the order the scenario lists them. */
 struct fake_xid {
     unsigned long long seq;
     int gpu;
-    unsigned long long code;
+    unsigned long long type; /* EVENT_XID, EVENT_RECOVERY, ... */
+    unsigned long long code; /* the XID; 0 for other events (as NVML's eventData) */
 };
 
 struct scenario {
@@ -197,6 +211,8 @@ static unsigned int notsupported_bit(const char *name) {
         {"recoveryaction", NS_RECOVERY},
         {"events", NS_EVENTS},
         {"xidevents", NS_EVENTS},
+        {"recoveryevents", NS_EV_RECOVERY},
+        {"unavailableevents", NS_EV_UNAVAILABLE},
         {"all", 0xffffffffu},
     };
     char key[64];
@@ -304,7 +320,23 @@ static void parse_line(struct scenario *s, char *line, const char *path, int lin
             struct fake_xid *x = &s->xids[s->n_xids++];
             x->seq = strtoull(seq, NULL, 0);
             x->gpu = atoi(gpu);
+            x->type = EVENT_XID;
             x->code = strtoull(code, NULL, 0);
+        } else ok = 0;
+    } else if (strcmp(verb, "event") == 0) {
+        char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kt = token(&rest),
+             *type = token(&rest);
+        unsigned long long t = 0;
+        if (type && strcmp(type, "recovery_action") == 0) t = EVENT_RECOVERY;
+        else if (type && strcmp(type, "unavailable") == 0) t = EVENT_UNAVAILABLE;
+        else if (type) t = strtoull(type, NULL, 0);
+        if (seq && kg && gpu && kt && t && strcmp(kg, "gpu") == 0 && strcmp(kt, "type") == 0 &&
+            s->n_xids < MAX_XIDS) {
+            struct fake_xid *x = &s->xids[s->n_xids++];
+            x->seq = strtoull(seq, NULL, 0);
+            x->gpu = atoi(gpu);
+            x->type = t;
+            x->code = 0;
         } else ok = 0;
     } else ok = 0;
     if (!ok) fprintf(stderr, "fakenvml: %s:%d: ignoring unparsable line\n", path, lineno);
@@ -651,6 +683,15 @@ static void mark_seen(struct nvmlEventSet_st *set, unsigned long long seq) {
     if (!was_seen(set, seq) && set->n_seen < MAX_XIDS) set->seen[set->n_seen++] = seq;
 }
 
+/* The event types a GPU offers (nvmlDeviceGetSupportedEventTypes), less what the scenario withholds. */
+static unsigned long long offered_events(const struct fake_gpu *g) {
+    if (g->notsupported & NS_EVENTS) return 0;
+    unsigned long long types = EVENTS_ALL;
+    if (g->notsupported & NS_EV_RECOVERY) types &= ~EVENT_RECOVERY;
+    if (g->notsupported & NS_EV_UNAVAILABLE) types &= ~EVENT_UNAVAILABLE;
+    return types;
+}
+
 EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
@@ -674,7 +715,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsign
     ENTER();
     DEVICE(device, 0);
     if (!eventTypes) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *eventTypes = (g->notsupported & NS_EVENTS) ? 0 : (EVENT_XID | EVENT_SBE | EVENT_DBE);
+    *eventTypes = offered_events(g);
     LEAVE(NVML_SUCCESS);
 }
 
@@ -683,13 +724,12 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long 
     ENTER();
     DEVICE(device, NS_EVENTS);
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (eventTypes & ~(EVENT_XID | EVENT_SBE | EVENT_DBE)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (eventTypes & ~offered_events(g)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     int index = (int)(device - handles);
-    if ((eventTypes & EVENT_XID) && !(set->mask[index] & EVENT_XID)) {
-        /* XIDs that happened before registration are never delivered to this set. */
-        for (int i = 0; i < S.n_xids; i++)
-            if (S.xids[i].gpu == index) mark_seen(set, S.xids[i].seq);
-    }
+    unsigned long long added = eventTypes & ~set->mask[index];
+    /* Events that happened before registration are never delivered to this set. */
+    for (int i = 0; i < S.n_xids; i++)
+        if (S.xids[i].gpu == index && (S.xids[i].type & added)) mark_seen(set, S.xids[i].seq);
     set->mask[index] |= eventTypes;
     LEAVE(NVML_SUCCESS);
 }
@@ -702,8 +742,9 @@ static void log_emit(const struct fake_xid *x) {
     clock_gettime(CLOCK_REALTIME, &ts);
     FILE *f = fopen(path, "a");
     if (!f) return;
-    fprintf(f, "xid %llu gpu %d code %llu at %lld\n", x->seq, x->gpu, x->code,
-            (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (x->type == EVENT_XID) fprintf(f, "xid %llu gpu %d code %llu at %lld\n", x->seq, x->gpu, x->code, ns);
+    else fprintf(f, "event %llu gpu %d type 0x%llx at %lld\n", x->seq, x->gpu, x->type, ns);
     fclose(f);
 }
 
@@ -716,12 +757,12 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         if (!set || set->magic != EVENT_SET_MAGIC || !data) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
         for (int i = 0; i < S.n_xids; i++) {
             struct fake_xid *x = &S.xids[i];
-            if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & EVENT_XID)) continue;
+            if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & x->type)) continue;
             if (was_seen(set, x->seq)) continue;
             mark_seen(set, x->seq);
             memset(data, 0, sizeof(*data));
             data->device = &handles[x->gpu];
-            data->eventType = EVENT_XID;
+            data->eventType = x->type;
             data->eventData = x->code;
             data->gpuInstanceId = 0xffffffffu;
             data->computeInstanceId = 0xffffffffu;

@@ -42,6 +42,12 @@ class Agent:
         self.xid_seq += 1
         self.set(f"xid {self.xid_seq} gpu {gpu} code {code}")
 
+    def inject_event(self, gpu: int, kind: str) -> None:
+        """An NVML 13 event on ``gpu``: ``recovery_action`` (set the value first with
+        ``set(f"gpu {gpu} recovery_action N")``) or ``unavailable``. Shares the XIDs' sequence."""
+        self.xid_seq += 1
+        self.set(f"event {self.xid_seq} gpu {gpu} type {kind}")
+
     def emitted(self) -> dict[int, float]:
         """XID seq -> the wall-clock instant (Unix seconds) the fake library delivered it to the agent."""
         if self.emit_log is None or not self.emit_log.exists():

@@ -228,6 +228,9 @@ class NvmlSource(NvmlEvents):
         except Lost:
             self._warn_once(dev, "lost", f"GPU {dev.index} ({dev.facts.uuid}) is lost")
             return dev.facts.replace(lost=True)
+        if dev.unavailable:
+            # Counters that still answer are facts, but NVML said the GPU cannot serve work.
+            return facts.replace(lost=True, unsupported=tuple(sorted(unsupported)))
         dev.warned.discard("lost")
         return facts.replace(unsupported=tuple(sorted(unsupported)))
 
