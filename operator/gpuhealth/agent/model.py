@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC as UTC  # re-exported: the agent's modules take the zone from here
+from datetime import datetime
 from typing import Literal
 
 SourceName = Literal["nvml", "dcgm", "simulated"]
-
-# datetime.UTC needs Python 3.11; hack/gpu-smoke.sh also runs on GPU hosts with 3.10.
-UTC = timezone.utc  # noqa: UP017
 
 MIG_ENABLED = "Enabled"
 MIG_DISABLED = "Disabled"
