@@ -30,9 +30,19 @@
  *                                    recovery_events unavailable_events (the GPU does not offer
  *                                    those event types, as drivers before NVML 13)
  *                                    (case, '_' and '-' are ignored)
- *   xid <seq> gpu <i> code <n>       an XID, delivered once through nvmlEventSetWait to each event
+ *   gpu <i|*> max_mig <n>            nvmlDeviceGetMaxMigDeviceCount (default 7, at most 16)
+ *   gpu <i|*> mig_device <slot> <gi> <ci> <profile> [<uuid>]
+ *                                    a MIG device at MIG index <slot> (nvmlDeviceGetMigDeviceHandleByIndex)
+ *                                    with GPU/compute instance IDs <gi>/<ci>; its name is the GPU's
+ *                                    name + " MIG " + <profile> (e.g. 3g.40gb), its UUID <uuid> or a
+ *                                    deterministic "MIG-..."; "gpu <i> mig_device <slot> none" empties
+ *                                    the slot. Listed only while "gpu <i> mig 1" (MIG mode enabled).
+ *   xid <seq> gpu <i> code <n> [gi <g> ci <c>]
+ *                                    an XID, delivered once through nvmlEventSetWait to each event
  *                                    set registered for XIDs on that GPU. <seq> identifies it, so
- *                                    the same code can be injected again with a new seq.
+ *                                    the same code can be injected again with a new seq. gi/ci
+ *                                    attribute it to a MIG instance (nvmlEventData_t's
+ *                                    gpuInstanceId/computeInstanceId; 0xFFFFFFFF otherwise).
  *   event <seq> gpu <i> type <t>     another NVML event, delivered the same way (and sharing the
  *                                    XIDs' <seq> space) to sets registered for its type on that
  *                                    GPU. <t>: recovery_action (nvmlEventTypeGpuRecoveryAction;
@@ -71,6 +81,8 @@
 #define MAX_GPUS 64
 #define MAX_XIDS 4096
 #define MAX_MISSING 32
+#define MAX_MIG 16
+#define NO_INSTANCE 0xffffffffu
 
 #define EVENT_SBE ((unsigned long long)nvmlEventTypeSingleBitEccError)
 #define EVENT_DBE ((unsigned long long)nvmlEventTypeDoubleBitEccError)
@@ -100,6 +112,13 @@ struct nvmlDevice_st {
     char unused;
 };
 
+struct fake_mig {
+    int present;
+    unsigned int gi, ci;
+    char profile[32];
+    char uuid[96];
+};
+
 struct fake_gpu {
     char name[96];
     char uuid[96];
@@ -113,6 +132,8 @@ struct fake_gpu {
     unsigned int recovery_action;
     int lost;
     unsigned int notsupported;
+    unsigned int max_mig;
+    struct fake_mig mig[MAX_MIG];
 };
 
 /* An XID or another event, in the order the scenario lists them. */
@@ -121,6 +142,7 @@ struct fake_xid {
     int gpu;
     unsigned long long type; /* EVENT_XID, EVENT_RECOVERY, ... */
     unsigned long long code; /* the XID; 0 for other events (as NVML's eventData) */
+    unsigned int gi, ci;     /* MIG attribution, NO_INSTANCE when none */
 };
 
 struct scenario {
@@ -147,6 +169,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct scenario S;
 static int init_count;
 static struct nvmlDevice_st handles[MAX_GPUS]; /* a device handle is &handles[index] */
+static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG]; /* a MIG device's is &mig_handles[gpu][slot] */
 static struct {
     int loaded;
     int exists;
@@ -176,6 +199,7 @@ static void set_defaults(struct scenario *s) {
         g->power_mw = 120000;
         g->clock_reasons = 0x1; /* GPU idle */
         g->ecc_mode = 1;
+        g->max_mig = 7;
     }
 }
 
@@ -222,7 +246,7 @@ static unsigned int notsupported_bit(const char *name) {
     return 0;
 }
 
-static int set_gpu_value(struct fake_gpu *g, const char *key, const char *val) {
+static int set_gpu_value(struct fake_gpu *g, int index, const char *key, const char *val) {
     unsigned long long v = strtoull(val, NULL, 0);
     unsigned int u = (unsigned int)v;
     if (strcmp(key, "name") == 0) snprintf(g->name, sizeof(g->name), "%s", val);
@@ -235,6 +259,30 @@ static int set_gpu_value(struct fake_gpu *g, const char *key, const char *val) {
     else if (strcmp(key, "clock_reasons") == 0) g->clock_reasons = v;
     else if (strcmp(key, "ecc_mode") == 0) g->ecc_mode = u;
     else if (strcmp(key, "mig") == 0) g->mig_mode = u;
+    else if (strcmp(key, "max_mig") == 0) g->max_mig = u > MAX_MIG ? MAX_MIG : u;
+    else if (strcmp(key, "mig_device") == 0) {
+        int slot = -1;
+        unsigned int gi = 0, ci = 0;
+        char profile[32] = "", uuid[96] = "", none[8] = "";
+        if (sscanf(val, "%d %7s", &slot, none) == 2 && strcmp(none, "none") == 0) {
+            if (slot < 0 || slot >= MAX_MIG) return -1;
+            memset(&g->mig[slot], 0, sizeof(g->mig[slot]));
+            return 0;
+        }
+        int n = sscanf(val, "%d %u %u %31s %95s", &slot, &gi, &ci, profile, uuid);
+        if (n < 4 || slot < 0 || slot >= MAX_MIG) return -1;
+        struct fake_mig *m = &g->mig[slot];
+        m->present = 1;
+        m->gi = gi;
+        m->ci = ci;
+        snprintf(m->profile, sizeof(m->profile), "%s", profile);
+        if (n == 5) snprintf(m->uuid, sizeof(m->uuid), "%s", uuid);
+        else {
+            unsigned int h = 2246822519u * (unsigned int)(index * MAX_MIG + slot + 1);
+            snprintf(m->uuid, sizeof(m->uuid), "MIG-%08x-%04x-4%03x-8%03x-%012x", h, gi & 0xffffu, ci & 0xfffu,
+                     (unsigned int)slot, (unsigned int)(index + 1) * 0x1111u);
+        }
+    }
     else if (strcmp(key, "recovery_action") == 0) g->recovery_action = u;
     else if (strcmp(key, "lost") == 0) g->lost = u != 0;
     else if (strcmp(key, "ecc_volatile_corrected") == 0) g->ecc[0][0] = v;
@@ -307,21 +355,29 @@ static void parse_line(struct scenario *s, char *line, const char *path, int lin
         char *val = trim(rest);
         if (!sel || !key || !*val) ok = 0;
         else if (strcmp(sel, "*") == 0) {
-            for (int i = 0; i < MAX_GPUS && ok; i++) ok = set_gpu_value(&s->gpu[i], key, val) == 0;
+            for (int i = 0; i < MAX_GPUS && ok; i++) ok = set_gpu_value(&s->gpu[i], i, key, val) == 0;
         } else {
             int i = atoi(sel);
-            ok = i >= 0 && i < MAX_GPUS && set_gpu_value(&s->gpu[i], key, val) == 0;
+            ok = i >= 0 && i < MAX_GPUS && set_gpu_value(&s->gpu[i], i, key, val) == 0;
         }
     } else if (strcmp(verb, "xid") == 0) {
         char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kc = token(&rest),
              *code = token(&rest);
-        if (seq && kg && gpu && kc && code && strcmp(kg, "gpu") == 0 && strcmp(kc, "code") == 0 &&
+        unsigned int gi = NO_INSTANCE, ci = NO_INSTANCE;
+        for (char *k = token(&rest), *v = k ? token(&rest) : NULL; k; k = token(&rest), v = k ? token(&rest) : NULL) {
+            if (v && strcmp(k, "gi") == 0) gi = (unsigned int)strtoul(v, NULL, 0);
+            else if (v && strcmp(k, "ci") == 0) ci = (unsigned int)strtoul(v, NULL, 0);
+            else ok = 0;
+        }
+        if (ok && seq && kg && gpu && kc && code && strcmp(kg, "gpu") == 0 && strcmp(kc, "code") == 0 &&
             s->n_xids < MAX_XIDS) {
             struct fake_xid *x = &s->xids[s->n_xids++];
             x->seq = strtoull(seq, NULL, 0);
             x->gpu = atoi(gpu);
             x->type = EVENT_XID;
             x->code = strtoull(code, NULL, 0);
+            x->gi = gi;
+            x->ci = ci;
         } else ok = 0;
     } else if (strcmp(verb, "event") == 0) {
         char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kt = token(&rest),
@@ -337,6 +393,7 @@ static void parse_line(struct scenario *s, char *line, const char *path, int lin
             x->gpu = atoi(gpu);
             x->type = t;
             x->code = 0;
+            x->gi = x->ci = NO_INSTANCE;
         } else ok = 0;
     } else ok = 0;
     if (!ok) fprintf(stderr, "fakenvml: %s:%d: ignoring unparsable line\n", path, lineno);
@@ -502,16 +559,94 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 
 /* ---- identity ------------------------------------------------------------------------ */
 
+/* Resolves a MIG device handle: its parent GPU (lost rules as gpu_of) and its slot. */
+static nvmlReturn_t mig_of(nvmlDevice_t handle, struct fake_gpu **gpu, struct fake_mig **mig) {
+    if (!init_count) return NVML_ERROR_UNINITIALIZED;
+    struct nvmlDevice_st *first = &mig_handles[0][0];
+    if (!handle || handle < first || handle >= first + MAX_GPUS * MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
+    ptrdiff_t at = handle - first;
+    int i = (int)(at / MAX_MIG), slot = (int)(at % MAX_MIG);
+    if (i >= S.gpus || S.gpu[i].lost) return NVML_ERROR_GPU_IS_LOST;
+    if (!S.gpu[i].mig_mode || !S.gpu[i].mig[slot].present) return NVML_ERROR_INVALID_ARGUMENT; /* destroyed */
+    *gpu = &S.gpu[i];
+    *mig = &S.gpu[i].mig[slot];
+    return NVML_SUCCESS;
+}
+
+static int is_mig_handle(nvmlDevice_t handle) {
+    struct nvmlDevice_st *first = &mig_handles[0][0];
+    return handle >= first && handle < first + MAX_GPUS * MAX_MIG;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     ENTER();
+    if (is_mig_handle(device)) {
+        struct fake_gpu *parent = NULL;
+        struct fake_mig *m = NULL;
+        nvmlReturn_t r = mig_of(device, &parent, &m);
+        if (r != NVML_SUCCESS) LEAVE(r);
+        char full[160];
+        snprintf(full, sizeof(full), "%s MIG %s", parent->name, m->profile);
+        LEAVE(copy_string(name, length, full));
+    }
     DEVICE(device, 0);
     LEAVE(copy_string(name, length, g->name));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     ENTER();
+    if (is_mig_handle(device)) {
+        struct fake_gpu *parent = NULL;
+        struct fake_mig *m = NULL;
+        nvmlReturn_t r = mig_of(device, &parent, &m);
+        if (r != NVML_SUCCESS) LEAVE(r);
+        LEAVE(copy_string(uuid, length, m->uuid));
+    }
     DEVICE(device, 0);
     LEAVE(copy_string(uuid, length, g->uuid));
+}
+
+/* ---- MIG ------------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    ENTER();
+    DEVICE(device, NS_MIG);
+    if (!count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *count = g->max_mig;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    ENTER();
+    DEVICE(device, NS_MIG);
+    if (!migDevice || index >= g->max_mig) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->mig_mode) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig[index].present) LEAVE(NVML_ERROR_NOT_FOUND);
+    *migDevice = &mig_handles[device - handles][index];
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER();
+    struct fake_gpu *parent = NULL;
+    struct fake_mig *m = NULL;
+    nvmlReturn_t r = mig_of(device, &parent, &m);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (!id) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->gi;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER();
+    struct fake_gpu *parent = NULL;
+    struct fake_mig *m = NULL;
+    nvmlReturn_t r = mig_of(device, &parent, &m);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (!id) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->ci;
+    LEAVE(NVML_SUCCESS);
 }
 
 static nvmlReturn_t fill_pci(struct fake_gpu *g, nvmlPciInfo_t *pci) {
@@ -764,8 +899,8 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             data->device = &handles[x->gpu];
             data->eventType = x->type;
             data->eventData = x->code;
-            data->gpuInstanceId = 0xffffffffu;
-            data->computeInstanceId = 0xffffffffu;
+            data->gpuInstanceId = x->gi;
+            data->computeInstanceId = x->ci;
             log_emit(x);
             LEAVE(NVML_SUCCESS);
         }

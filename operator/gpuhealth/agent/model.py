@@ -72,6 +72,21 @@ class Temperature:
 
 
 @dataclass(frozen=True)
+class MigDeviceFacts:
+    """One MIG device (a compute instance inside a GPU instance) as NVML lists it under its GPU.
+
+    ``index`` is NVML's MIG device index under the parent (nvmlDeviceGetMigDeviceHandleByIndex);
+    the instance IDs are what NVML attributes XIDs with, so the operator can name the slice hit.
+    """
+
+    index: int
+    uuid: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     """What one GPU looked like at one sample."""
 
@@ -89,6 +104,8 @@ class DeviceFacts:
     clock_event_reasons: int | None = None
     power_w: float | None = None
     recovery_action: str | None = None
+    # Only while MIG mode is Enabled and NVML lists instances; a layout change is a fact change.
+    mig_devices: tuple[MigDeviceFacts, ...] = ()
     unsupported: tuple[str, ...] = ()
 
     def replace(self, **changes: object) -> DeviceFacts:
@@ -112,6 +129,9 @@ class XidEvent:
     gpu: int | None = None
     uuid: str | None = None
     detail: str | None = None
+    # The MIG instance NVML attributed the XID to (nvmlEventData_t), None when it attributed none.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True)

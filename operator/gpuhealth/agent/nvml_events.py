@@ -35,6 +35,16 @@ from gpuhealth.agent.source import SourceEvents
 log = logging.getLogger("gpuhealth.agent.nvml_source")
 
 
+# nvmlEventData_t's gpuInstanceId/computeInstanceId when NVML attributes the event to no instance.
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def _instance(value: object) -> int | None:
+    if not isinstance(value, int) or value == _NO_INSTANCE or value < 0:
+        return None
+    return value
+
+
 class NvmlEvents:
     """Set up by :class:`NvmlSource`'s constructor and ``open``."""
 
@@ -92,8 +102,11 @@ class NvmlEvents:
             source="nvml",
             gpu=dev.index if dev is not None else None,
             uuid=dev.facts.uuid if dev is not None else None,
+            gpu_instance=_instance(getattr(data, "gpuInstanceId", None)),
+            compute_instance=_instance(getattr(data, "computeInstanceId", None)),
         )
-        log.warning("XID %d on GPU %s (%s)", xid.xid, xid.gpu, xid.uuid)
+        where = "" if xid.gpu_instance is None else f" GI {xid.gpu_instance} CI {xid.compute_instance}"
+        log.warning("XID %d on GPU %s (%s)%s", xid.xid, xid.gpu, xid.uuid, where)
         # The counters that go with an XID (ECC, remapping) are worth reading right away.
         return SourceEvents(xids=(xid,), resample=True)
 
