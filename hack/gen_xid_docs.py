@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from gpuhealth.catalog import xid
+from gpuhealth.evaluation import scope
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "xid-catalog.md"
@@ -60,10 +61,18 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   reported with it.
 - **XID 48** with 63 or 64 calls for drain-and-reset; on its own, a GPU reset.
 - **XID 94** is contained to one application, but NVIDIA recommends a GPU reset when convenient.
-- **XID 154** carries the driver's own recovery action; `action_for_recovery()` maps it:
+- **XID 154** carries the driver's own recovery action, which the agent also reads from NVML
+  (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) into the GPU's `recoveryAction`. `action_for_recovery()`
+  maps it to the verdict and `evaluation/scope.py` to the scope. A reset of the GPU itself
+  (`Reset`, `DrainAndReset`) or of its PCIe bus (`BusReset`) touches that GPU only: device scope.
+  The rest are the node's: `Reboot` and `SystemReboot` restart the host; `DrainP2P` stops
+  peer-to-peer traffic, which runs between this GPU and its peers, so their pods are in it too;
+  `RecoverImexDomain` repairs the NVLink/IMEX domain (the IMEX daemon and channels all GPUs of the
+  node share for cross-node memory), and the node is the smallest thing gpuhealth can take out
+  that holds it (the other nodes of the domain report their own).
 
-| Recovery action | gpuhealth |
-|---|---|
+| Recovery action | NVML value | gpuhealth | Scope |
+|---|---:|---|---|
 {recovery_rows}
 
 ## Catalog
@@ -77,6 +86,17 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _nvml_value(recovery: str) -> str:
+    """NVML's nvmlDeviceGpuRecoveryAction_t value of a report spelling (the catalog's numeric alias)."""
+    for n in range(16):
+        try:
+            if xid.canonical_recovery(str(n)) == recovery:
+                return str(n)
+        except ValueError:
+            continue
+    return ""
+
+
 def render() -> str:
     entries = xid.all_entries()
     legend = "\n".join(f"  `{name}` ({phrase})" + ";" for name, phrase in xid.IMMEDIATE_ACTIONS.items())
@@ -88,7 +108,10 @@ def render() -> str:
         decode_codes=", ".join(str(e.code) for e in entries if e.immediate_action == "DECODE_MESSAGE"),
         immediate_legend=legend.rstrip(";") + ".",
         default_actions=", ".join(f"`{a}`" for a in xid.DEFAULT_ACTIONS),
-        recovery_rows="\n".join(f"| `{k}` | `{v}` |" for k, v in xid.RECOVERY_ACTIONS.items()),
+        recovery_rows="\n".join(
+            f"| `{k}` | {_nvml_value(k)} | `{v}` | `{scope.xid_scope(154, k)}` |"
+            for k, v in xid.RECOVERY_ACTIONS.items()
+        ),
     )
     rows = []
     for e in entries:

@@ -6,9 +6,21 @@
 #   2. register for XID events on every GPU and wait once (the event path must not error);
 #   3. run the agent's threads for a few seconds with the print transport and scrape /metrics.
 #
-# Python: $PYTHON, else .venv/bin/python, else python3 (with whatever $PYTHONPATH provides),
-# else a throwaway venv under a temp dir with the few runtime packages it needs from PyPI.
-# Output goes to $SMOKE_OUT (default: a temp dir); exit status is non-zero on any failure.
+# It only reads: it never changes a GPU setting (no persistence, clocks, ECC or MIG mode) and
+# never resets a GPU; the agent it runs uses NVML's query and event calls only.
+#
+# Python (3.11 or newer, as the package requires): $PYTHON, else .venv/bin/python, else python3,
+# each only if it can import the agent (gpuhealth.agent.main with everything it imports) from this
+# checkout; else a throwaway venv under a temp dir with this package installed into it
+# (pip install ., so its dependencies are pyproject.toml's, not a list kept here).
+# SMOKE_FRESH_VENV=1 skips straight to the throwaway venv (what a clean clone gets).
+# Output goes to $SMOKE_OUT (default: a temp dir).
+#
+# Exit status:
+#   0  PASS: NVML answered and every check passed;
+#   1  FAIL: a check failed, or no usable Python / the install failed;
+#   2  NVML unavailable: the agent ran and reported nvml.available=false (no driver, no GPU, or
+#      the library did not load); the last line says "RESULT: NVML unavailable: <error>".
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,23 +33,43 @@ PORT=${SMOKE_METRICS_PORT:-19401}
 unset GPUHEALTH_NVML_LIBRARY FAKE_NVML_SCENARIO
 
 say() { printf '\n== %s\n' "$*"; }
-needs='import pynvml, prometheus_client, tenacity, urllib3'
-usable() { [[ -x "$1" || -n $(command -v "$1" 2>/dev/null) ]] && "$1" -c "import sys; assert sys.version_info >= (3, 10); $needs" 2>/dev/null; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+new_enough='import sys; assert sys.version_info >= (3, 11)'
+# Usable: new enough and able to import the agent's whole import chain from this checkout.
+usable() {
+    [[ -x "$1" || -n $(command -v "$1" 2>/dev/null) ]] &&
+        PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}" "$1" -c "$new_enough; import gpuhealth.agent.main" 2>/dev/null
+}
 
 if [[ -n ${PYTHON:-} ]]; then
     PY=$PYTHON
-elif usable "$ROOT/.venv/bin/python"; then
+    usable "$PY" || fail "\$PYTHON=$PY is older than 3.11 or cannot import gpuhealth.agent.main"
+    export PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
+elif [[ -z ${SMOKE_FRESH_VENV:-} ]] && usable "$ROOT/.venv/bin/python"; then
     PY=$ROOT/.venv/bin/python
-elif usable python3; then
+    export PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
+elif [[ -z ${SMOKE_FRESH_VENV:-} ]] && usable python3; then
     PY=python3
+    export PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
 else
+    BASE=""
+    for candidate in python3 python3.13 python3.12 python3.11; do
+        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "$new_enough" 2>/dev/null; then
+            BASE=$candidate
+            break
+        fi
+    done
+    [[ -n $BASE ]] || fail "no Python 3.11 or newer on PATH (gpuhealth needs it)"
     VENV=$(mktemp -d -t gpuhealth-smoke-venv.XXXXXX)
     trap 'rm -rf "$VENV"' EXIT
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q "nvidia-ml-py>=12.535" "prometheus-client>=0.19" "tenacity>=8.2" urllib3
+    say "throwaway venv ($BASE -m venv; pip install $ROOT)"
+    "$BASE" -m venv "$VENV" || fail "cannot create a venv with $BASE"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "$ROOT" || fail "pip install $ROOT failed"
     PY=$VENV/bin/python
+    # The installed package, not the checkout: this is what a clean clone runs.
+    unset PYTHONPATH
+    "$PY" -c "import gpuhealth.agent.main" || fail "the installed package cannot import its agent"
 fi
-export PYTHONPATH="$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
 
 say "host"
 echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY)"
@@ -58,7 +90,17 @@ rc=$?
 set -e
 cat "$OUT/report.json"
 cat "$OUT/report.log" >&2
-[[ $rc -eq 0 ]] || { echo "FAIL: agent exited $rc (3 = NVML unavailable)" >&2; exit 1; }
+if [[ $rc -eq 3 ]]; then
+    # The agent's own convention: it ran, sampled, and NVML was not there. Not a crash.
+    "$PY" - "$OUT/report.json" <<'PY' || fail "agent exited 3 but its report says NVML is available"
+import json, sys
+spec = json.load(open(sys.argv[1]))
+assert spec["nvml"]["available"] is False and not spec["devices"], spec
+print(f"RESULT: NVML unavailable: {spec['nvml'].get('error')}")
+PY
+    exit 2
+fi
+[[ $rc -eq 0 ]] || fail "agent exited $rc (see $OUT/report.log)"
 
 say "checks"
 "$PY" - "$OUT/report.json" "$EXPECTED" "$OUT/nvidia-smi-query.csv" <<'PY'

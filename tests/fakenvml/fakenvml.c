@@ -2,8 +2,12 @@
  * fakenvml: a stand-in for libnvidia-ml.so.1 that the real pynvml can load.
  *
  * It exports exactly the NVML symbols the gpuhealth agent calls (through pynvml's ctypes
- * wrappers, so the struct layouts below mirror pynvml's) and answers from a scenario file
- * named by $FAKE_NVML_SCENARIO. The file is re-read whenever it changes (path, inode, size or
+ * wrappers) and answers from a scenario file named by $FAKE_NVML_SCENARIO. Types, layouts and
+ * prototypes are NVIDIA's own: tests/fakenvml/build.py compiles this file against nvml.h (from
+ * the nvidia-nvml-dev wheel) when it is installed, with NVML_NO_UNVERSIONED_FUNC_DEFS (so the
+ * legacy unversioned names are declared too) and -Wmissing-prototypes -Werror, so every exported
+ * function must match a prototype of NVIDIA's. Without the header it uses fakenvml_types.h, a
+ * copy that tests/unit/agent/test_fakenvml_abi.py checks against the header. The file is re-read whenever it changes (path, inode, size or
  * mtime), so a test can rewrite it while the agent runs; write it atomically (tmp + rename).
  *
  * Scenario format: one directive per line, '#' starts a comment.
@@ -23,13 +27,30 @@
  *   gpu <i|*> notsupported <query>   that query answers NOT_SUPPORTED; queries: ecc ecc_mode mig
  *                                    retired_pages remapped_rows temperature thresholds
  *                                    clock_reasons power recovery_action events all
+ *                                    recovery_events unavailable_events (the GPU does not offer
+ *                                    those event types, as drivers before NVML 13)
  *                                    (case, '_' and '-' are ignored)
- *   xid <seq> gpu <i> code <n>       an XID, delivered once through nvmlEventSetWait to each event
+ *   gpu <i|*> max_mig <n>            nvmlDeviceGetMaxMigDeviceCount (default 7, at most 16)
+ *   gpu <i|*> mig_device <slot> <gi> <ci> <profile> [<uuid>]
+ *                                    a MIG device at MIG index <slot> (nvmlDeviceGetMigDeviceHandleByIndex)
+ *                                    with GPU/compute instance IDs <gi>/<ci>; its name is the GPU's
+ *                                    name + " MIG " + <profile> (e.g. 3g.40gb), its UUID <uuid> or a
+ *                                    deterministic "MIG-..."; "gpu <i> mig_device <slot> none" empties
+ *                                    the slot. Listed only while "gpu <i> mig 1" (MIG mode enabled).
+ *   xid <seq> gpu <i> code <n> [gi <g> ci <c>]
+ *                                    an XID, delivered once through nvmlEventSetWait to each event
  *                                    set registered for XIDs on that GPU. <seq> identifies it, so
- *                                    the same code can be injected again with a new seq.
+ *                                    the same code can be injected again with a new seq. gi/ci
+ *                                    attribute it to a MIG instance (nvmlEventData_t's
+ *                                    gpuInstanceId/computeInstanceId; 0xFFFFFFFF otherwise).
+ *   event <seq> gpu <i> type <t>     another NVML event, delivered the same way (and sharing the
+ *                                    XIDs' <seq> space) to sets registered for its type on that
+ *                                    GPU. <t>: recovery_action (nvmlEventTypeGpuRecoveryAction;
+ *                                    set the new value with "gpu <i> recovery_action <n>") or
+ *                                    unavailable (nvmlEventTypeGpuUnavailableError), or a number.
  *
  * With $FAKE_NVML_EMIT_LOG set, each XID delivery appends a line "xid <seq> gpu <i> code <n> at
- * <unix-ns>" to that file (the wall-clock instant the library hands the event to the caller), so
+ * <unix-ns>" (other events: "event <seq> gpu <i> type <t> at <unix-ns>") to that file (the wall-clock instant the library hands the event to the caller), so
  * a benchmark can measure from the GPU event itself rather than from when a test wrote the file.
  *
  * As with the real driver, an XID only reaches event sets that were registered before it
@@ -49,29 +70,26 @@
 #include <sys/time.h>
 #include <time.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#ifdef FAKENVML_WITH_NVML_H
+#include <nvml.h>
+#else
+#include "fakenvml_types.h"
+#endif
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_TIMEOUT = 10,
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
-    NVML_ERROR_GPU_IS_LOST = 15,
-    NVML_ERROR_UNKNOWN = 999,
-};
+#define EXPORT __attribute__((visibility("default")))
 
 #define MAX_GPUS 64
 #define MAX_XIDS 4096
 #define MAX_MISSING 32
+#define MAX_MIG 16
+#define NO_INSTANCE 0xffffffffu
 
-#define EVENT_SBE 0x1ULL
-#define EVENT_DBE 0x2ULL
-#define EVENT_XID 0x8ULL
-#define FIELD_RECOVERY_ACTION 230u
+#define EVENT_SBE ((unsigned long long)nvmlEventTypeSingleBitEccError)
+#define EVENT_DBE ((unsigned long long)nvmlEventTypeDoubleBitEccError)
+#define EVENT_XID ((unsigned long long)nvmlEventTypeXidCriticalError)
+#define EVENT_UNAVAILABLE ((unsigned long long)nvmlEventTypeGpuUnavailableError)
+#define EVENT_RECOVERY ((unsigned long long)nvmlEventTypeGpuRecoveryAction)
+#define EVENTS_ALL (EVENT_XID | EVENT_SBE | EVENT_DBE | EVENT_UNAVAILABLE | EVENT_RECOVERY)
 
 enum {
     NS_ECC = 1u << 0,
@@ -85,46 +103,21 @@ enum {
     NS_POWER = 1u << 8,
     NS_RECOVERY = 1u << 9,
     NS_EVENTS = 1u << 10,
+    NS_EV_RECOVERY = 1u << 11,
+    NS_EV_UNAVAILABLE = 1u << 12,
 };
 
-/* Layouts mirror pynvml's ctypes structures. */
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain;
-    unsigned int bus;
-    unsigned int device;
-    unsigned int pciDeviceId;
-    unsigned int pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;
+/* Handles are addresses in these arrays; NVML only declares the struct, so the fake defines it. */
+struct nvmlDevice_st {
+    char unused;
+};
 
-typedef struct {
-    void *device;
-    unsigned long long eventType;
-    unsigned long long eventData;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlEventData_t;
-
-typedef union {
-    double dVal;
-    unsigned int uiVal;
-    unsigned long ulVal;
-    unsigned long long ullVal;
-    long long sllVal;
-    int siVal;
-    unsigned short usVal;
-} nvmlValue_t;
-
-typedef struct {
-    unsigned int fieldId;
-    unsigned int scopeId;
-    long long timestamp;
-    long long latencyUsec;
-    unsigned int valueType;
-    unsigned int nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;
+struct fake_mig {
+    int present;
+    unsigned int gi, ci;
+    char profile[32];
+    char uuid[96];
+};
 
 struct fake_gpu {
     char name[96];
@@ -139,12 +132,17 @@ struct fake_gpu {
     unsigned int recovery_action;
     int lost;
     unsigned int notsupported;
+    unsigned int max_mig;
+    struct fake_mig mig[MAX_MIG];
 };
 
+/* An XID or another event, in the order the scenario lists them. */
 struct fake_xid {
     unsigned long long seq;
     int gpu;
-    unsigned long long code;
+    unsigned long long type; /* EVENT_XID, EVENT_RECOVERY, ... */
+    unsigned long long code; /* the XID; 0 for other events (as NVML's eventData) */
+    unsigned int gi, ci;     /* MIG attribution, NO_INSTANCE when none */
 };
 
 struct scenario {
@@ -159,7 +157,7 @@ struct scenario {
     int n_xids;
 };
 
-struct fake_event_set {
+struct nvmlEventSet_st {
     unsigned long long magic;
     unsigned long long mask[MAX_GPUS];
     unsigned long long seen[MAX_XIDS]; /* XID seqs delivered to, or predating, this set */
@@ -170,7 +168,8 @@ struct fake_event_set {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct scenario S;
 static int init_count;
-static char handles[MAX_GPUS]; /* a device handle is &handles[index] */
+static struct nvmlDevice_st handles[MAX_GPUS]; /* a device handle is &handles[index] */
+static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG]; /* a MIG device's is &mig_handles[gpu][slot] */
 static struct {
     int loaded;
     int exists;
@@ -200,6 +199,7 @@ static void set_defaults(struct scenario *s) {
         g->power_mw = 120000;
         g->clock_reasons = 0x1; /* GPU idle */
         g->ecc_mode = 1;
+        g->max_mig = 7;
     }
 }
 
@@ -235,6 +235,8 @@ static unsigned int notsupported_bit(const char *name) {
         {"recoveryaction", NS_RECOVERY},
         {"events", NS_EVENTS},
         {"xidevents", NS_EVENTS},
+        {"recoveryevents", NS_EV_RECOVERY},
+        {"unavailableevents", NS_EV_UNAVAILABLE},
         {"all", 0xffffffffu},
     };
     char key[64];
@@ -244,7 +246,7 @@ static unsigned int notsupported_bit(const char *name) {
     return 0;
 }
 
-static int set_gpu_value(struct fake_gpu *g, const char *key, const char *val) {
+static int set_gpu_value(struct fake_gpu *g, int index, const char *key, const char *val) {
     unsigned long long v = strtoull(val, NULL, 0);
     unsigned int u = (unsigned int)v;
     if (strcmp(key, "name") == 0) snprintf(g->name, sizeof(g->name), "%s", val);
@@ -257,6 +259,30 @@ static int set_gpu_value(struct fake_gpu *g, const char *key, const char *val) {
     else if (strcmp(key, "clock_reasons") == 0) g->clock_reasons = v;
     else if (strcmp(key, "ecc_mode") == 0) g->ecc_mode = u;
     else if (strcmp(key, "mig") == 0) g->mig_mode = u;
+    else if (strcmp(key, "max_mig") == 0) g->max_mig = u > MAX_MIG ? MAX_MIG : u;
+    else if (strcmp(key, "mig_device") == 0) {
+        int slot = -1;
+        unsigned int gi = 0, ci = 0;
+        char profile[32] = "", uuid[96] = "", none[8] = "";
+        if (sscanf(val, "%d %7s", &slot, none) == 2 && strcmp(none, "none") == 0) {
+            if (slot < 0 || slot >= MAX_MIG) return -1;
+            memset(&g->mig[slot], 0, sizeof(g->mig[slot]));
+            return 0;
+        }
+        int n = sscanf(val, "%d %u %u %31s %95s", &slot, &gi, &ci, profile, uuid);
+        if (n < 4 || slot < 0 || slot >= MAX_MIG) return -1;
+        struct fake_mig *m = &g->mig[slot];
+        m->present = 1;
+        m->gi = gi;
+        m->ci = ci;
+        snprintf(m->profile, sizeof(m->profile), "%s", profile);
+        if (n == 5) snprintf(m->uuid, sizeof(m->uuid), "%s", uuid);
+        else {
+            unsigned int h = 2246822519u * (unsigned int)(index * MAX_MIG + slot + 1);
+            snprintf(m->uuid, sizeof(m->uuid), "MIG-%08x-%04x-4%03x-8%03x-%012x", h, gi & 0xffffu, ci & 0xfffu,
+                     (unsigned int)slot, (unsigned int)(index + 1) * 0x1111u);
+        }
+    }
     else if (strcmp(key, "recovery_action") == 0) g->recovery_action = u;
     else if (strcmp(key, "lost") == 0) g->lost = u != 0;
     else if (strcmp(key, "ecc_volatile_corrected") == 0) g->ecc[0][0] = v;
@@ -329,20 +355,45 @@ static void parse_line(struct scenario *s, char *line, const char *path, int lin
         char *val = trim(rest);
         if (!sel || !key || !*val) ok = 0;
         else if (strcmp(sel, "*") == 0) {
-            for (int i = 0; i < MAX_GPUS && ok; i++) ok = set_gpu_value(&s->gpu[i], key, val) == 0;
+            for (int i = 0; i < MAX_GPUS && ok; i++) ok = set_gpu_value(&s->gpu[i], i, key, val) == 0;
         } else {
             int i = atoi(sel);
-            ok = i >= 0 && i < MAX_GPUS && set_gpu_value(&s->gpu[i], key, val) == 0;
+            ok = i >= 0 && i < MAX_GPUS && set_gpu_value(&s->gpu[i], i, key, val) == 0;
         }
     } else if (strcmp(verb, "xid") == 0) {
         char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kc = token(&rest),
              *code = token(&rest);
-        if (seq && kg && gpu && kc && code && strcmp(kg, "gpu") == 0 && strcmp(kc, "code") == 0 &&
+        unsigned int gi = NO_INSTANCE, ci = NO_INSTANCE;
+        for (char *k = token(&rest), *v = k ? token(&rest) : NULL; k; k = token(&rest), v = k ? token(&rest) : NULL) {
+            if (v && strcmp(k, "gi") == 0) gi = (unsigned int)strtoul(v, NULL, 0);
+            else if (v && strcmp(k, "ci") == 0) ci = (unsigned int)strtoul(v, NULL, 0);
+            else ok = 0;
+        }
+        if (ok && seq && kg && gpu && kc && code && strcmp(kg, "gpu") == 0 && strcmp(kc, "code") == 0 &&
             s->n_xids < MAX_XIDS) {
             struct fake_xid *x = &s->xids[s->n_xids++];
             x->seq = strtoull(seq, NULL, 0);
             x->gpu = atoi(gpu);
+            x->type = EVENT_XID;
             x->code = strtoull(code, NULL, 0);
+            x->gi = gi;
+            x->ci = ci;
+        } else ok = 0;
+    } else if (strcmp(verb, "event") == 0) {
+        char *seq = token(&rest), *kg = token(&rest), *gpu = token(&rest), *kt = token(&rest),
+             *type = token(&rest);
+        unsigned long long t = 0;
+        if (type && strcmp(type, "recovery_action") == 0) t = EVENT_RECOVERY;
+        else if (type && strcmp(type, "unavailable") == 0) t = EVENT_UNAVAILABLE;
+        else if (type) t = strtoull(type, NULL, 0);
+        if (seq && kg && gpu && kt && t && strcmp(kg, "gpu") == 0 && strcmp(kt, "type") == 0 &&
+            s->n_xids < MAX_XIDS) {
+            struct fake_xid *x = &s->xids[s->n_xids++];
+            x->seq = strtoull(seq, NULL, 0);
+            x->gpu = atoi(gpu);
+            x->type = t;
+            x->code = 0;
+            x->gi = x->ci = NO_INSTANCE;
         } else ok = 0;
     } else ok = 0;
     if (!ok) fprintf(stderr, "fakenvml: %s:%d: ignoring unparsable line\n", path, lineno);
@@ -402,10 +453,11 @@ static int is_missing(const char *fn) {
     } while (0)
 
 /* Resolves a handle to its GPU, applying lost / removed / not-supported rules. */
-static nvmlReturn_t gpu_of(void *handle, unsigned int ns_bit, struct fake_gpu **out) {
+static nvmlReturn_t gpu_of(nvmlDevice_t handle, unsigned int ns_bit, struct fake_gpu **out) {
     if (!init_count) return NVML_ERROR_UNINITIALIZED;
     if (!handle) return NVML_ERROR_INVALID_ARGUMENT;
-    ptrdiff_t i = (char *)handle - handles;
+    if (handle < handles || handle >= handles + MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+    ptrdiff_t i = handle - handles;
     if (i < 0 || i >= MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
     if (i >= S.gpus || S.gpu[i].lost) return NVML_ERROR_GPU_IS_LOST;
     if (S.gpu[i].notsupported & ns_bit) return NVML_ERROR_NOT_SUPPORTED;
@@ -448,7 +500,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
 }
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
-    switch (result) {
+    switch ((int)result) {
     case 0: return "Success";
     case 1: return "Uninitialized";
     case 2: return "Invalid Argument";
@@ -496,7 +548,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
     if (!device || index >= MAX_GPUS || (int)index >= S.gpus) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -507,16 +559,94 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **dev
 
 /* ---- identity ------------------------------------------------------------------------ */
 
-EXPORT nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+/* Resolves a MIG device handle: its parent GPU (lost rules as gpu_of) and its slot. */
+static nvmlReturn_t mig_of(nvmlDevice_t handle, struct fake_gpu **gpu, struct fake_mig **mig) {
+    if (!init_count) return NVML_ERROR_UNINITIALIZED;
+    struct nvmlDevice_st *first = &mig_handles[0][0];
+    if (!handle || handle < first || handle >= first + MAX_GPUS * MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
+    ptrdiff_t at = handle - first;
+    int i = (int)(at / MAX_MIG), slot = (int)(at % MAX_MIG);
+    if (i >= S.gpus || S.gpu[i].lost) return NVML_ERROR_GPU_IS_LOST;
+    if (!S.gpu[i].mig_mode || !S.gpu[i].mig[slot].present) return NVML_ERROR_INVALID_ARGUMENT; /* destroyed */
+    *gpu = &S.gpu[i];
+    *mig = &S.gpu[i].mig[slot];
+    return NVML_SUCCESS;
+}
+
+static int is_mig_handle(nvmlDevice_t handle) {
+    struct nvmlDevice_st *first = &mig_handles[0][0];
+    return handle >= first && handle < first + MAX_GPUS * MAX_MIG;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     ENTER();
+    if (is_mig_handle(device)) {
+        struct fake_gpu *parent = NULL;
+        struct fake_mig *m = NULL;
+        nvmlReturn_t r = mig_of(device, &parent, &m);
+        if (r != NVML_SUCCESS) LEAVE(r);
+        char full[160];
+        snprintf(full, sizeof(full), "%s MIG %s", parent->name, m->profile);
+        LEAVE(copy_string(name, length, full));
+    }
     DEVICE(device, 0);
     LEAVE(copy_string(name, length, g->name));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     ENTER();
+    if (is_mig_handle(device)) {
+        struct fake_gpu *parent = NULL;
+        struct fake_mig *m = NULL;
+        nvmlReturn_t r = mig_of(device, &parent, &m);
+        if (r != NVML_SUCCESS) LEAVE(r);
+        LEAVE(copy_string(uuid, length, m->uuid));
+    }
     DEVICE(device, 0);
     LEAVE(copy_string(uuid, length, g->uuid));
+}
+
+/* ---- MIG ------------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    ENTER();
+    DEVICE(device, NS_MIG);
+    if (!count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *count = g->max_mig;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    ENTER();
+    DEVICE(device, NS_MIG);
+    if (!migDevice || index >= g->max_mig) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->mig_mode) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig[index].present) LEAVE(NVML_ERROR_NOT_FOUND);
+    *migDevice = &mig_handles[device - handles][index];
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER();
+    struct fake_gpu *parent = NULL;
+    struct fake_mig *m = NULL;
+    nvmlReturn_t r = mig_of(device, &parent, &m);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (!id) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->gi;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER();
+    struct fake_gpu *parent = NULL;
+    struct fake_mig *m = NULL;
+    nvmlReturn_t r = mig_of(device, &parent, &m);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (!id) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->ci;
+    LEAVE(NVML_SUCCESS);
 }
 
 static nvmlReturn_t fill_pci(struct fake_gpu *g, nvmlPciInfo_t *pci) {
@@ -534,19 +664,19 @@ static nvmlReturn_t fill_pci(struct fake_gpu *g, nvmlPciInfo_t *pci) {
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(fill_pci(g, pci));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(void *device, nvmlPciInfo_t *pci) {
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     ENTER();
     DEVICE(device, 0);
     LEAVE(fill_pci(g, pci));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     ENTER();
     DEVICE(device, NS_MIG);
     if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -555,19 +685,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, un
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetEccMode(void *device, int *current, int *pending) {
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending) {
     ENTER();
     DEVICE(device, NS_ECC_MODE);
     if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *current = (int)g->ecc_mode;
-    *pending = (int)g->ecc_mode;
+    *current = g->ecc_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    *pending = *current;
     LEAVE(NVML_SUCCESS);
 }
 
 /* ---- health counters ----------------------------------------------------------------- */
 
-EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned int errorType,
-                                                unsigned int counterType, unsigned long long *count) {
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                nvmlEccCounterType_t counterType, unsigned long long *count) {
     ENTER();
     DEVICE(device, NS_ECC);
     if (!count || errorType > 1 || counterType > 1) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -576,7 +706,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned int error
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, unsigned int cause, unsigned int *pageCount,
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *pageCount,
                                               unsigned long long *addresses) {
     ENTER();
     DEVICE(device, NS_RETIRED);
@@ -591,15 +721,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, unsigned int cause, 
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *device, int *isPending) {
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
     ENTER();
     DEVICE(device, NS_RETIRED);
     if (!isPending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *isPending = g->retired_pending ? 1 : 0;
+    *isPending = g->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRows, unsigned int *uncRows,
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
                                               unsigned int *isPending, unsigned int *failureOccurred) {
     ENTER();
     DEVICE(device, NS_REMAP);
@@ -611,7 +741,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrRo
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned int sensor, unsigned int *temp) {
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor, unsigned int *temp) {
     ENTER();
     DEVICE(device, NS_TEMP);
     if (!temp || sensor != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -619,17 +749,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned int sensor, 
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(void *device, unsigned int threshold, unsigned int *temp) {
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t threshold,
+                                                      unsigned int *temp) {
     ENTER();
     DEVICE(device, NS_THRESH);
     if (!temp) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (threshold == 0) *temp = g->shutdown;
-    else if (threshold == 1) *temp = g->slowdown;
+    if (threshold == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) *temp = g->shutdown;
+    else if (threshold == NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) *temp = g->slowdown;
     else LEAVE(NVML_ERROR_NOT_SUPPORTED);
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
     ENTER();
     DEVICE(device, NS_CLOCK);
     if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -637,7 +768,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigne
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsigned long long *reasons) {
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
     ENTER();
     DEVICE(device, NS_CLOCK);
     if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -645,7 +776,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsi
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *power) {
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     ENTER();
     DEVICE(device, NS_POWER);
     if (!power) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -653,7 +784,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *power) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvmlFieldValue_t *values) {
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER();
     DEVICE(device, 0);
     if (valuesCount < 0 || (valuesCount > 0 && !values)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
@@ -663,8 +794,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvml
         nvmlFieldValue_t *v = &values[i];
         v->timestamp = (long long)tv.tv_sec * 1000000LL + tv.tv_usec;
         v->latencyUsec = 0;
-        if (v->fieldId == FIELD_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
-            v->valueType = 1; /* unsigned int */
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.ullVal = 0;
             v->value.uiVal = g->recovery_action;
             v->nvmlReturn = NVML_SUCCESS;
@@ -677,28 +808,37 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int valuesCount, nvml
 
 /* ---- events -------------------------------------------------------------------------- */
 
-static int was_seen(const struct fake_event_set *set, unsigned long long seq) {
+static int was_seen(const struct nvmlEventSet_st *set, unsigned long long seq) {
     for (int i = 0; i < set->n_seen; i++)
         if (set->seen[i] == seq) return 1;
     return 0;
 }
 
-static void mark_seen(struct fake_event_set *set, unsigned long long seq) {
+static void mark_seen(struct nvmlEventSet_st *set, unsigned long long seq) {
     if (!was_seen(set, seq) && set->n_seen < MAX_XIDS) set->seen[set->n_seen++] = seq;
 }
 
-EXPORT nvmlReturn_t nvmlEventSetCreate(struct fake_event_set **set) {
+/* The event types a GPU offers (nvmlDeviceGetSupportedEventTypes), less what the scenario withholds. */
+static unsigned long long offered_events(const struct fake_gpu *g) {
+    if (g->notsupported & NS_EVENTS) return 0;
+    unsigned long long types = EVENTS_ALL;
+    if (g->notsupported & NS_EV_RECOVERY) types &= ~EVENT_RECOVERY;
+    if (g->notsupported & NS_EV_UNAVAILABLE) types &= ~EVENT_UNAVAILABLE;
+    return types;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     ENTER();
     if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
     if (!set) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    struct fake_event_set *s = calloc(1, sizeof(*s));
+    struct nvmlEventSet_st *s = calloc(1, sizeof(*s));
     if (!s) LEAVE(NVML_ERROR_UNKNOWN);
     s->magic = EVENT_SET_MAGIC;
     *set = s;
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     ENTER();
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     set->magic = 0;
@@ -706,26 +846,25 @@ EXPORT nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *eventTypes) {
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
     ENTER();
     DEVICE(device, 0);
     if (!eventTypes) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *eventTypes = (g->notsupported & NS_EVENTS) ? 0 : (EVENT_XID | EVENT_SBE | EVENT_DBE);
+    *eventTypes = offered_events(g);
     LEAVE(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long eventTypes,
-                                             struct fake_event_set *set) {
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                             nvmlEventSet_t set) {
     ENTER();
     DEVICE(device, NS_EVENTS);
     if (!set || set->magic != EVENT_SET_MAGIC) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (eventTypes & ~(EVENT_XID | EVENT_SBE | EVENT_DBE)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    int index = (int)((char *)device - handles);
-    if ((eventTypes & EVENT_XID) && !(set->mask[index] & EVENT_XID)) {
-        /* XIDs that happened before registration are never delivered to this set. */
-        for (int i = 0; i < S.n_xids; i++)
-            if (S.xids[i].gpu == index) mark_seen(set, S.xids[i].seq);
-    }
+    if (eventTypes & ~offered_events(g)) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    int index = (int)(device - handles);
+    unsigned long long added = eventTypes & ~set->mask[index];
+    /* Events that happened before registration are never delivered to this set. */
+    for (int i = 0; i < S.n_xids; i++)
+        if (S.xids[i].gpu == index && (S.xids[i].type & added)) mark_seen(set, S.xids[i].seq);
     set->mask[index] |= eventTypes;
     LEAVE(NVML_SUCCESS);
 }
@@ -738,12 +877,13 @@ static void log_emit(const struct fake_xid *x) {
     clock_gettime(CLOCK_REALTIME, &ts);
     FILE *f = fopen(path, "a");
     if (!f) return;
-    fprintf(f, "xid %llu gpu %d code %llu at %lld\n", x->seq, x->gpu, x->code,
-            (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (x->type == EVENT_XID) fprintf(f, "xid %llu gpu %d code %llu at %lld\n", x->seq, x->gpu, x->code, ns);
+    else fprintf(f, "event %llu gpu %d type 0x%llx at %lld\n", x->seq, x->gpu, x->type, ns);
     fclose(f);
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
@@ -752,15 +892,15 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventDat
         if (!set || set->magic != EVENT_SET_MAGIC || !data) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
         for (int i = 0; i < S.n_xids; i++) {
             struct fake_xid *x = &S.xids[i];
-            if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & EVENT_XID)) continue;
+            if (x->gpu < 0 || x->gpu >= MAX_GPUS || !(set->mask[x->gpu] & x->type)) continue;
             if (was_seen(set, x->seq)) continue;
             mark_seen(set, x->seq);
             memset(data, 0, sizeof(*data));
             data->device = &handles[x->gpu];
-            data->eventType = EVENT_XID;
+            data->eventType = x->type;
             data->eventData = x->code;
-            data->gpuInstanceId = 0xffffffffu;
-            data->computeInstanceId = 0xffffffffu;
+            data->gpuInstanceId = x->gi;
+            data->computeInstanceId = x->ci;
             log_emit(x);
             LEAVE(NVML_SUCCESS);
         }
@@ -775,6 +915,6 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fake_event_set *set, nvmlEventDat
     }
 }
 
-EXPORT nvmlReturn_t nvmlEventSetWait(struct fake_event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     return nvmlEventSetWait_v2(set, data, timeoutms);
 }

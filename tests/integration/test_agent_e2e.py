@@ -49,6 +49,52 @@ def test_injected_xid79_taints_and_cordons_end_to_end(
     assert kube.our_taint(nodes[1]) is None
 
 
+def test_mig_devices_and_an_instance_xid_reach_the_report_end_to_end(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, fleet: AgentFleet
+) -> None:
+    """A real agent lists GPU 2's MIG devices and an XID NVML attributed to one of its instances; the
+    API server keeps every field (the CRD's structural schema would prune unknown ones) and the
+    operator reads the report (the node stays Healthy: XID 43 is an application error)."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group))
+    fleet.start([node])
+    wait_for(lambda: kube.state(node) == "Healthy", timeout=60, what="Healthy")
+    agent = fleet[node]
+    for line in ("gpu 2 mig 1", "gpu 2 mig_device 0 1 0 3g.40gb", "gpu 2 mig_device 1 2 0 3g.40gb MIG-e2e-0001"):
+        agent.set(line)
+
+    def mig_devices() -> list[dict[str, object]]:
+        gpu2 = next(d for d in kube.report(node)["spec"]["devices"] if d["index"] == 2)
+        return list(gpu2.get("migDevices", []))
+
+    wait_for(lambda: len(mig_devices()) == 2, timeout=20, what="GPU 2's MIG devices in the report")
+    first, second = mig_devices()
+    assert str(first["uuid"]).startswith("MIG-")
+    assert {k: first[k] for k in ("index", "gpuInstanceId", "computeInstanceId", "profile")} == {
+        "index": 0,
+        "gpuInstanceId": 1,
+        "computeInstanceId": 0,
+        "profile": "3g.40gb",
+    }
+    assert second == {
+        "index": 1,
+        "uuid": "MIG-e2e-0001",
+        "gpuInstanceId": 2,
+        "computeInstanceId": 0,
+        "profile": "3g.40gb",
+    }
+    others = [d for d in kube.report(node)["spec"]["devices"] if d["index"] != 2]
+    assert len(others) == 7 and not any("migDevices" in d for d in others)
+
+    agent.inject_xid(gpu=2, code=43, gi=2, ci=0)
+    wait_for(lambda: kube.report(node)["spec"]["xidEvents"], timeout=20, what="the XID in the report")
+    (xid,) = kube.report(node)["spec"]["xidEvents"]
+    assert (xid["xid"], xid["gpu"], xid["gpuInstanceId"], xid["computeInstanceId"]) == (43, 2, 2, 0)
+    time.sleep(2)  # a few operator passes over the new report
+    assert kube.state(node) == "Healthy"
+    assert not kube.node_events(node, "InvalidReport")
+
+
 def test_dead_agent_makes_node_unknown_never_healthy(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, fleet: AgentFleet
 ) -> None:

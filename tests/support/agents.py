@@ -38,9 +38,17 @@ class Agent:
         self.lines.append(line)
         self.write()
 
-    def inject_xid(self, gpu: int, code: int) -> None:
+    def inject_xid(self, gpu: int, code: int, gi: int | None = None, ci: int | None = None) -> None:
+        """An XID on ``gpu``; ``gi``/``ci`` attribute it to a MIG GPU/compute instance."""
         self.xid_seq += 1
-        self.set(f"xid {self.xid_seq} gpu {gpu} code {code}")
+        where = "".join(f" {k} {v}" for k, v in (("gi", gi), ("ci", ci)) if v is not None)
+        self.set(f"xid {self.xid_seq} gpu {gpu} code {code}{where}")
+
+    def inject_event(self, gpu: int, kind: str) -> None:
+        """An NVML 13 event on ``gpu``: ``recovery_action`` (set the value first with
+        ``set(f"gpu {gpu} recovery_action N")``) or ``unavailable``. Shares the XIDs' sequence."""
+        self.xid_seq += 1
+        self.set(f"event {self.xid_seq} gpu {gpu} type {kind}")
 
     def emitted(self) -> dict[int, float]:
         """XID seq -> the wall-clock instant (Unix seconds) the fake library delivered it to the agent."""

@@ -122,6 +122,9 @@ def test_describe() -> None:
         ("DrainAndReset", "drain"),
         ("Reset", "drain"),
         ("Reboot", "drain"),
+        ("RecoverImexDomain", "drain"),
+        ("BusReset", "drain"),
+        ("SystemReboot", "drain"),
         # driver message wording and NVML enum values
         ("Drain P2P", "drain"),
         ("Drain and Reset", "drain"),
@@ -134,13 +137,19 @@ def test_describe() -> None:
         ("0x2", "drain"),
         ("3", "drain"),
         ("4", "drain"),
+        ("5", "drain"),
+        ("0x6", "drain"),
+        ("7", "drain"),
+        ("System Reboot Required", "drain"),
+        ("NVML_GPU_RECOVERY_ACTION_BUS_RESET", "drain"),
+        ("NVML_GPU_RECOVERY_ACTION_NONE", "observe"),
     ],
 )
 def test_action_for_recovery(recovery: str, action: str) -> None:
     assert action_for_recovery(recovery) == action
 
 
-@pytest.mark.parametrize("recovery", ["", "Explode", "0x9", "DrainSomething"])
+@pytest.mark.parametrize("recovery", ["", "Explode", "0x9", "8", "DrainSomething"])
 def test_action_for_recovery_rejects_unknown(recovery: str) -> None:
     with pytest.raises(ValueError):
         action_for_recovery(recovery)

@@ -28,6 +28,7 @@ from typing import Any
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import XidEvent
 from gpuhealth.agent.report import rfc3339
+from gpuhealth.agent.xid_history import instance_id
 from gpuhealth.api.timeutil import parse_time
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def encode(event: XidEvent, baseline: bool, boot_time: datetime) -> str:
         "gpu": event.gpu,
         "uuid": event.uuid,
         "detail": event.detail,
+        "gpuInstanceId": event.gpu_instance,
+        "computeInstanceId": event.compute_instance,
         "baseline": baseline,
         "bootTime": rfc3339(boot_time),
     }
@@ -69,7 +72,14 @@ def decode(line: str) -> tuple[XidEvent, bool, datetime] | None:
     if (gpu is not None and not isinstance(gpu, int)) or not isinstance(uuid, str | None):
         return None
     event = XidEvent(
-        xid=xid, time=when, source=source, gpu=gpu, uuid=uuid, detail=detail if isinstance(detail, str) else None
+        xid=xid,
+        time=when,
+        source=source,
+        gpu=gpu,
+        uuid=uuid,
+        detail=detail if isinstance(detail, str) else None,
+        gpu_instance=instance_id(entry.get("gpuInstanceId")),
+        compute_instance=instance_id(entry.get("computeInstanceId")),
     )
     return event, entry.get("baseline") is True, boot
 

@@ -9,28 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC as UTC  # re-exported: the agent's modules take the zone from here
+from datetime import datetime
 from typing import Literal
 
 SourceName = Literal["nvml", "dcgm", "simulated"]
-
-# datetime.UTC needs Python 3.11; hack/gpu-smoke.sh also runs on GPU hosts with 3.10.
-UTC = timezone.utc  # noqa: UP017
 
 MIG_ENABLED = "Enabled"
 MIG_DISABLED = "Disabled"
 MODE_UNSUPPORTED = "Unsupported"
 
-# Recovery actions as the CRD spells them, keyed by NVML_GPU_RECOVERY_ACTION_* values. Bus
-# reset and system reboot are folded into the closest action the report can express.
+# Recovery actions as the CRD spells them, keyed by NVML's nvmlDeviceGpuRecoveryAction_t values
+# (NVML_GPU_RECOVERY_ACTION_*). Every value gets its own spelling: folding a PCIe bus reset into a
+# GPU reset, or a system reboot into a node reboot, would tell the human the wrong remedy. A value
+# newer than this map is omitted (unknown), never guessed; tests/unit/agent/test_recovery_actions.py
+# fails when the installed pynvml names one this map lacks.
 RECOVERY_ACTIONS: dict[int, str] = {
-    0: "None",
-    1: "Reset",
-    2: "Reboot",
-    3: "DrainP2P",
-    4: "DrainAndReset",
-    6: "Reset",
-    7: "Reboot",
+    0: "None",  # NONE
+    1: "Reset",  # GPU_RESET
+    2: "Reboot",  # NODE_REBOOT
+    3: "DrainP2P",  # DRAIN_P2P
+    4: "DrainAndReset",  # DRAIN_AND_RESET
+    5: "RecoverImexDomain",  # RECOVER_IMEX_DOMAIN
+    6: "BusReset",  # BUS_RESET: reset the GPU's PCIe bus
+    7: "SystemReboot",  # SYSTEM_REBOOT
 }
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
@@ -70,6 +72,21 @@ class Temperature:
 
 
 @dataclass(frozen=True)
+class MigDeviceFacts:
+    """One MIG device (a compute instance inside a GPU instance) as NVML lists it under its GPU.
+
+    ``index`` is NVML's MIG device index under the parent (nvmlDeviceGetMigDeviceHandleByIndex);
+    the instance IDs are what NVML attributes XIDs with, so the operator can name the slice hit.
+    """
+
+    index: int
+    uuid: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     """What one GPU looked like at one sample."""
 
@@ -87,6 +104,8 @@ class DeviceFacts:
     clock_event_reasons: int | None = None
     power_w: float | None = None
     recovery_action: str | None = None
+    # Only while MIG mode is Enabled and NVML lists instances; a layout change is a fact change.
+    mig_devices: tuple[MigDeviceFacts, ...] = ()
     unsupported: tuple[str, ...] = ()
 
     def replace(self, **changes: object) -> DeviceFacts:
@@ -110,6 +129,9 @@ class XidEvent:
     gpu: int | None = None
     uuid: str | None = None
     detail: str | None = None
+    # The MIG instance NVML attributed the XID to (nvmlEventData_t), None when it attributed none.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ log = logging.getLogger("gpuhealth.agent.nvml_source")
 EVENT_XID = int(getattr(pynvml, "nvmlEventTypeXidCriticalError", 0x8))
 EVENT_SBE = int(getattr(pynvml, "nvmlEventTypeSingleBitEccError", 0x1))
 EVENT_DBE = int(getattr(pynvml, "nvmlEventTypeDoubleBitEccError", 0x2))
+# NVML 13: the GPU became unusable / its required recovery action changed. Older pynvml lacks the
+# names; the values are NVML's (nvml.h), and older drivers simply do not offer them.
+EVENT_UNAVAILABLE = int(getattr(pynvml, "nvmlEventTypeGpuUnavailableError", 0x4000))
+EVENT_RECOVERY = int(getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", 0x8000))
 _FI_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
 _VALUE_TYPE_ULL = 3
 _VALUE_TYPE_SLL = 4
@@ -75,7 +79,7 @@ def recovery_action(handle: Any) -> str | None:
     )
     action = RECOVERY_ACTIONS.get(raw)
     if action is None:
-        log.info("GPU recovery action %d has no report equivalent; omitted", raw)
+        log.warning("GPU recovery action %d is newer than this agent knows; omitted (unknown)", raw)
     return action
 
 
@@ -91,3 +95,6 @@ class Device:
     thresholds: tuple[int | None, int | None] = (None, None)
     static_unsupported: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)
+    # NVML's GpuUnavailableError event said so: the GPU reports lost for the rest of this NVML
+    # session (a fresh nvmlInit rediscovers it), even if some queries still answer.
+    unavailable: bool = False

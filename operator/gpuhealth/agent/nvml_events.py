@@ -1,4 +1,9 @@
-"""XID (and ECC) events from NVML: the event set and the wait, for :class:`NvmlSource`.
+"""NVML events: the event set and the wait, for :class:`NvmlSource`.
+
+XIDs (handed on as events), ECC errors (a resample), and where the driver offers them (NVML 13)
+a change of a GPU's recovery action (field 230 is re-read for that GPU at once) and a GPU that
+became unavailable (marked lost at once): each then triggers a resample, so the report carries
+the change at event latency rather than at the next sampling interval.
 
 A mixin, because events share the sampler's NVML session: its lock, its devices and the
 generation that says when ``nvmlInit`` ran again (the event set is then rebuilt).
@@ -15,10 +20,29 @@ from typing import Any
 import pynvml
 
 from gpuhealth.agent.model import UTC, XidEvent
-from gpuhealth.agent.nvml_calls import EVENT_DBE, EVENT_SBE, EVENT_XID, Device, handle_address
+from gpuhealth.agent.nvml_calls import (
+    EVENT_DBE,
+    EVENT_RECOVERY,
+    EVENT_SBE,
+    EVENT_UNAVAILABLE,
+    EVENT_XID,
+    Device,
+    handle_address,
+    recovery_action,
+)
 from gpuhealth.agent.source import SourceEvents
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
+
+
+# nvmlEventData_t's gpuInstanceId/computeInstanceId when NVML attributes the event to no instance.
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def _instance(value: object) -> int | None:
+    if not isinstance(value, int) or value == _NO_INSTANCE or value < 0:
+        return None
+    return value
 
 
 class NvmlEvents:
@@ -34,7 +58,7 @@ class NvmlEvents:
     _events_unsupported: set[int]
 
     def wait_events(self, timeout_s: float) -> SourceEvents:
-        """Wait up to ``timeout_s`` for XID (and ECC) events; call from one thread only."""
+        """Wait up to ``timeout_s`` for one NVML event; call from one thread only."""
         with self._lock:
             if not self._initialized:
                 ready = False
@@ -62,20 +86,52 @@ class NvmlEvents:
             time.sleep(max(0.0, timeout_s))
             return SourceEvents()
         event_type = int(data.eventType)
-        if not event_type & EVENT_XID:
-            return SourceEvents(resample=bool(event_type & (EVENT_SBE | EVENT_DBE)))
         address = handle_address(data.device)
         dev = devices.get(address) if address is not None else None
+        if not event_type & EVENT_XID:
+            if event_type & EVENT_UNAVAILABLE:
+                self._mark_unavailable(dev)
+                return SourceEvents(resample=True)
+            if event_type & EVENT_RECOVERY:
+                self._reread_recovery_action(dev)
+                return SourceEvents(resample=True)
+            return SourceEvents(resample=bool(event_type & (EVENT_SBE | EVENT_DBE)))
         xid = XidEvent(
             xid=int(data.eventData),
             time=datetime.now(UTC),
             source="nvml",
             gpu=dev.index if dev is not None else None,
             uuid=dev.facts.uuid if dev is not None else None,
+            gpu_instance=_instance(getattr(data, "gpuInstanceId", None)),
+            compute_instance=_instance(getattr(data, "computeInstanceId", None)),
         )
-        log.warning("XID %d on GPU %s (%s)", xid.xid, xid.gpu, xid.uuid)
+        where = "" if xid.gpu_instance is None else f" GI {xid.gpu_instance} CI {xid.compute_instance}"
+        log.warning("XID %d on GPU %s (%s)%s", xid.xid, xid.gpu, xid.uuid, where)
         # The counters that go with an XID (ECC, remapping) are worth reading right away.
         return SourceEvents(xids=(xid,), resample=True)
+
+    def _mark_unavailable(self, dev: Device | None) -> None:
+        if dev is None:
+            log.warning("NVML: a GPU became unavailable, but the event names no known GPU")
+            return
+        with self._lock:
+            dev.unavailable = True
+            dev.facts = dev.facts.replace(lost=True)
+        log.warning("GPU %d (%s) became unavailable (NVML event); reporting it lost", dev.index, dev.facts.uuid)
+
+    def _reread_recovery_action(self, dev: Device | None) -> None:
+        if dev is None:
+            return
+        with self._lock:
+            if dev.handle is None:
+                return
+            try:
+                action = recovery_action(dev.handle)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d: recovery action changed but cannot be read: %s", dev.index, exc)
+                return
+            dev.facts = dev.facts.replace(recovery_action=action)
+        log.warning("GPU %d (%s): recovery action now %s (NVML event)", dev.index, dev.facts.uuid, action)
 
     def _setup_events_locked(self) -> None:
         if self._event_set is not None:
@@ -94,7 +150,8 @@ class NvmlEvents:
             log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
             unsupported.update(d.index for d in self._devices)
             return
-        wanted = EVENT_XID | EVENT_SBE | EVENT_DBE
+        basic = EVENT_XID | EVENT_SBE | EVENT_DBE
+        wanted = basic | EVENT_RECOVERY | EVENT_UNAVAILABLE
         for dev in self._devices:
             if dev.handle is None:
                 continue
@@ -108,13 +165,22 @@ class NvmlEvents:
                 unsupported.add(dev.index)
             if not mask:
                 continue
-            try:
-                pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
-            except pynvml.NVMLError as exc:
-                log.warning("GPU %d: cannot register for XID events: %s", dev.index, exc)
+            if not self._register(dev, mask, event_set) and not (
+                mask & ~basic and self._register(dev, mask & basic, event_set)
+            ):
+                # The newer types must never cost the XIDs: retried above without them.
                 unsupported.add(dev.index)
                 continue
             address = handle_address(dev.handle)
             if address is not None:
                 self._event_devices[address] = dev
         self._event_set = event_set
+
+    @staticmethod
+    def _register(dev: Device, mask: int, event_set: Any) -> bool:
+        try:
+            pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
+        except pynvml.NVMLError as exc:
+            log.warning("GPU %d: cannot register for NVML events 0x%x: %s", dev.index, mask, exc)
+            return False
+        return True

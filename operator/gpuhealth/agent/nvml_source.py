@@ -38,6 +38,7 @@ from gpuhealth.agent.nvml_calls import (
     recovery_action,
 )
 from gpuhealth.agent.nvml_events import NvmlEvents
+from gpuhealth.agent.nvml_mig import read_mig_devices
 from gpuhealth.agent.source import DeviceSample
 
 __all__ = ["ENV_LIBRARY", "NvmlSource", "load_nvml_library"]
@@ -55,6 +56,7 @@ Q_THRESHOLDS = "temperatureThresholds"
 Q_CLOCK = "clockEventReasons"
 Q_POWER = "powerW"
 Q_RECOVERY = "recoveryAction"
+Q_MIG_DEVICES = "migDevices"
 Q_EVENTS = "xidEvents"
 
 T = TypeVar("T")
@@ -228,6 +230,9 @@ class NvmlSource(NvmlEvents):
         except Lost:
             self._warn_once(dev, "lost", f"GPU {dev.index} ({dev.facts.uuid}) is lost")
             return dev.facts.replace(lost=True)
+        if dev.unavailable:
+            # Counters that still answer are facts, but NVML said the GPU cannot serve work.
+            return facts.replace(lost=True, unsupported=tuple(sorted(unsupported)))
         dev.warned.discard("lost")
         return facts.replace(unsupported=tuple(sorted(unsupported)))
 
@@ -303,6 +308,11 @@ class NvmlSource(NvmlEvents):
         clock = self._query(dev, Q_CLOCK, unsupported, lambda: self._clock_reasons(h))
         power_mw = self._query(dev, Q_POWER, unsupported, lambda: int(pynvml.nvmlDeviceGetPowerUsage(h)))
         recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: recovery_action(h))
+        migs = (
+            self._query(dev, Q_MIG_DEVICES, unsupported, lambda: read_mig_devices(h, dev.index))
+            if mig == MIG_ENABLED
+            else ()
+        )
         return dev.facts.replace(
             lost=False,
             mig_mode=mig,
@@ -314,6 +324,7 @@ class NvmlSource(NvmlEvents):
             clock_event_reasons=clock,
             power_w=None if power_mw is None else power_mw / 1000.0,
             recovery_action=recovery,
+            mig_devices=migs or (),
         )
 
     def _mode(self, dev: Device, fn: Callable[[], int]) -> str | None:

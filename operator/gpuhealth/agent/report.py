@@ -17,23 +17,36 @@ from gpuhealth.agent.model import (
     SIGNIFICANT_CLOCK_EVENT_REASONS,
     UTC,
     DeviceFacts,
+    MigDeviceFacts,
     Snapshot,
     SourceName,
     Temperature,
     XidEvent,
 )
+from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
 from gpuhealth.api.timeutil import parse_time
+
+__all__ = [
+    "DEFAULT_DCGM_DEDUPE_S",
+    "DEFAULT_MAX_XID_EVENTS",
+    "DEFAULT_TEMPERATURE_BAND_C",
+    "AgentInfo",
+    "ReportBuilder",
+    "XidHistory",
+    "device_key",
+    "device_spec",
+    "facts_changed",
+    "now_utc",
+    "rfc3339",
+    "temperature_changed",
+    "xid_spec",
+]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_XID_EVENTS = 64
 DEFAULT_TEMPERATURE_BAND_C = 5
-# A DCGM exporter scrapes every few seconds to a minute; an XID it shows that NVML already
-# delivered within this window is the same event seen twice.
-DEFAULT_DCGM_DEDUPE_S = 120.0
-
-_XID_MIN, _XID_MAX = 1, 1023
 _MAX_DEVICES = 64
+_MAX_MIG_DEVICES = 16
 _MAX_UNSUPPORTED = 32
 
 
@@ -122,8 +135,24 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
         out["powerW"] = round(device.power_w, 1)
     if device.recovery_action is not None:
         out["recoveryAction"] = device.recovery_action
+    if device.mig_devices:
+        out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]
     if device.unsupported:
         out["unsupported"] = [_truncate(n, 64) for n in sorted(set(device.unsupported))][:_MAX_UNSUPPORTED]
+    return out
+
+
+def mig_spec(mig: MigDeviceFacts) -> dict[str, Any]:
+    """One ``spec.devices[].migDevices[]`` entry: the MIG device index under its GPU, and what is known."""
+    out: dict[str, Any] = {"index": mig.index}
+    if mig.uuid:
+        out["uuid"] = _truncate(mig.uuid, 128)
+    if mig.gpu_instance is not None:
+        out["gpuInstanceId"] = mig.gpu_instance
+    if mig.compute_instance is not None:
+        out["computeInstanceId"] = mig.compute_instance
+    if mig.profile:
+        out["profile"] = mig.profile
     return out
 
 
@@ -131,6 +160,10 @@ def xid_spec(event: XidEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"xid": event.xid, "time": rfc3339(event.time), "source": event.source}
     if event.gpu is not None:
         out["gpu"] = event.gpu
+    if event.gpu_instance is not None:
+        out["gpuInstanceId"] = event.gpu_instance
+    if event.compute_instance is not None:
+        out["computeInstanceId"] = event.compute_instance
     if event.uuid:
         out["uuid"] = _truncate(event.uuid, 128)
     if event.detail:
@@ -185,80 +218,6 @@ def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int 
         if temperature_changed(old_t, new_t, temperature_band_c, thresholds):
             return True
     return False
-
-
-class XidHistory:
-    """The bounded, time-ordered list of XID events the report carries."""
-
-    def __init__(self, limit: int = DEFAULT_MAX_XID_EVENTS, dcgm_dedupe_s: float = DEFAULT_DCGM_DEDUPE_S) -> None:
-        self._limit = max(1, limit)
-        self._dedupe_s = dcgm_dedupe_s
-        self._events: list[XidEvent] = []
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    @property
-    def events(self) -> tuple[XidEvent, ...]:
-        return tuple(self._events)
-
-    def add(self, event: XidEvent, *, baseline: bool = False) -> bool:
-        """Record an event; False when it was dropped as out of range or a duplicate.
-
-        DCGM only shows the *last* XID per GPU, so its events are dropped when NVML (or an
-        earlier DCGM observation) already holds the same XID on the same GPU close in time.
-        ``baseline`` marks the first value a DCGM gauge showed, which may predate this process:
-        it is kept only if no event with that XID on that GPU is known at all.
-        """
-        if not _XID_MIN <= event.xid <= _XID_MAX:
-            log.warning("ignoring XID %d outside the reportable range on GPU %s", event.xid, event.gpu)
-            return False
-        if event.source == "dcgm":
-            for known in self._events:
-                same_gpu = (known.uuid and known.uuid == event.uuid) or (
-                    known.gpu is not None and known.gpu == event.gpu
-                )
-                if not same_gpu or known.xid != event.xid:
-                    continue
-                if baseline or abs((known.time - event.time).total_seconds()) <= self._dedupe_s:
-                    return False
-        self._events.append(event)
-        self._events.sort(key=lambda e: e.time)
-        del self._events[: max(0, len(self._events) - self._limit)]
-        return True
-
-    def restore(self, items: object, boot_time: datetime | None) -> int:
-        """Re-adopt events from an existing report that happened during this host boot.
-
-        Returns how many were kept. Without a known boot time nothing is kept: an XID from a
-        previous boot would keep a healthy, rebooted node out of service.
-        """
-        if boot_time is None or not isinstance(items, list):
-            return 0
-        kept = 0
-        for item in items:
-            if not isinstance(item, Mapping):
-                continue
-            when = parse_time(item.get("time"))
-            xid = item.get("xid")
-            if when is None or not isinstance(xid, int) or when <= boot_time:
-                continue
-            source = item.get("source")
-            gpu = item.get("gpu")
-            self._events.append(
-                XidEvent(
-                    xid=xid,
-                    time=when,
-                    source=source if source in ("nvml", "dcgm", "simulated") else "nvml",
-                    gpu=gpu if isinstance(gpu, int) else None,
-                    uuid=item.get("uuid") if isinstance(item.get("uuid"), str) else None,
-                    detail=item.get("detail") if isinstance(item.get("detail"), str) else None,
-                )
-            )
-            kept += 1
-        self._events.sort(key=lambda e: e.time)
-        del self._events[: max(0, len(self._events) - self._limit)]
-        return kept
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,21 @@ class ReportError(ValueError):
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of a GPU (``spec.devices[].migDevices[]``), as the agent read it from NVML.
+
+    ``index`` is NVML's MIG device index under the parent GPU; ``gpu_instance`` and
+    ``compute_instance`` are the IDs NVML attributes XIDs with (see :meth:`Report.mig_device`).
+    """
+
+    index: int
+    uuid: str = ""
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    profile: str = ""
+
+
+@dataclass(frozen=True)
 class Device:
     index: int
     uuid: str = ""
@@ -30,6 +45,7 @@ class Device:
     clock_event_reasons: int = 0
     clock_events_since: dt.datetime | None = None
     recovery_action: str | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
 
     @property
     def label(self) -> str:
@@ -43,6 +59,8 @@ class XidEvent:
     time: dt.datetime
     gpu: int | None = None
     uuid: str = ""
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,12 +81,74 @@ class Report:
                 return d
         return None
 
+    def mig_device(self, gpu: int | None, gpu_instance: int | None, compute_instance: int | None) -> MigDevice | None:
+        """The MIG device of GPU ``gpu`` that an XID attributed to these instance IDs hit, if one is known.
+
+        With a compute instance, the device with both IDs. Without one (NVML attributed the XID to
+        the GPU instance only), the GPU instance's device when it holds exactly one; several are
+        ambiguous and give None, as do an unknown GPU or GPU instance.
+        """
+        device = self.device(gpu)
+        if device is None or gpu_instance is None:
+            return None
+        in_gi = [m for m in device.mig_devices if m.gpu_instance == gpu_instance]
+        if compute_instance is not None:
+            return next((m for m in in_gi if m.compute_instance == compute_instance), None)
+        return in_gi[0] if len(in_gi) == 1 else None
+
 
 def _int(v: Any, where: str) -> int:
     if v is None:
         return 0
     if isinstance(v, bool) or not isinstance(v, int):
         raise ReportError(f"{where}: expected an integer, got {v!r}")
+    return v
+
+
+def _opt_id(v: Any, where: str, maximum: int | None = None) -> int | None:
+    """An optional non-negative integer (an instance ID or index); None when absent."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (maximum is not None and v > maximum):
+        bound = f"0..{maximum}" if maximum is not None else "a non-negative integer"
+        raise ReportError(f"{where}: expected {bound}, got {v!r}")
+    return v
+
+
+def _mig_devices(v: Any, where: str) -> tuple[MigDevice, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ReportError(f"{where}: must be a list")
+    out: list[MigDevice] = []
+    seen: set[int] = set()
+    for i, m in enumerate(v):
+        at = f"{where}[{i}]"
+        if not isinstance(m, Mapping):
+            raise ReportError(f"{at}: must be an object")
+        index = _opt_id(m.get("index"), f"{at}.index", 15)
+        if index is None:
+            raise ReportError(f"{at}.index: missing")
+        if index in seen:
+            raise ReportError(f"{at}.index: duplicate MIG device index {index}")
+        seen.add(index)
+        out.append(
+            MigDevice(
+                index=index,
+                uuid=_opt_str(m.get("uuid"), f"{at}.uuid") or "",
+                gpu_instance=_opt_id(m.get("gpuInstanceId"), f"{at}.gpuInstanceId"),
+                compute_instance=_opt_id(m.get("computeInstanceId"), f"{at}.computeInstanceId"),
+                profile=_opt_str(m.get("profile"), f"{at}.profile") or "",
+            )
+        )
+    return tuple(sorted(out, key=lambda m: m.index))
+
+
+def _opt_str(v: Any, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ReportError(f"{where}: expected a string, got {v!r}")
     return v
 
 
@@ -112,7 +192,8 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 slowdown_c=temp.get("slowdownC"),
                 clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
                 clock_events_since=parse_time(d.get("clockEventsSince")),
-                recovery_action=d.get("recoveryAction"),
+                recovery_action=_opt_str(d.get("recoveryAction"), f"{where}.recoveryAction"),
+                mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
             )
         )
     xids = []
@@ -129,7 +210,14 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
             # The agent lists every GPU it knows (lost ones too): an XID on another one is not a fact.
             raise ReportError(f"{where}.gpu: GPU {gpu} is not among the report's devices")
         xids.append(
-            XidEvent(xid=code, time=t, gpu=gpu if isinstance(gpu, int) else None, uuid=str(e.get("uuid") or ""))
+            XidEvent(
+                xid=code,
+                time=t,
+                gpu=gpu if isinstance(gpu, int) else None,
+                uuid=str(e.get("uuid") or ""),
+                gpu_instance=_opt_id(e.get("gpuInstanceId"), f"{where}.gpuInstanceId"),
+                compute_instance=_opt_id(e.get("computeInstanceId"), f"{where}.computeInstanceId"),
+            )
         )
     return Report(
         node=name,

@@ -62,9 +62,17 @@ RECOVERY_ACTIONS: dict[str, str] = {
     "DrainP2P": "drain",
     "DrainAndReset": "drain",
     "Reset": "drain",
+    "BusReset": "drain",
     "Reboot": "drain",
+    "SystemReboot": "drain",
+    "RecoverImexDomain": "drain",
 }
-"""XID 154 / NVML GPU recovery action -> gpuhealth verdict action."""
+"""XID 154 / NVML GPU recovery action -> gpuhealth verdict action.
+
+Every action but ``None`` means the GPU (or the node, or its NVLink/IMEX domain) cannot serve
+work until someone acts, so its pods are drained; the scope of that drain (one GPU or the node)
+is ``evaluation.scope``'s call.
+"""
 
 # Other spellings of the recovery actions: NVML enum values and names, and the words the driver
 # prints in the XID 154 message ("... changed from 0x0 (None) to 0x2 (Node Reboot Required)").
@@ -83,6 +91,18 @@ _RECOVERY_ALIASES: dict[str, str] = {
     "nodereboot": "Reboot",
     "noderebootrequired": "Reboot",
     "2": "Reboot",
+    "recoverimexdomain": "RecoverImexDomain",
+    "recoverimexdomainrequired": "RecoverImexDomain",
+    "imexdomainrecovery": "RecoverImexDomain",
+    "5": "RecoverImexDomain",
+    "busreset": "BusReset",
+    "busresetrequired": "BusReset",
+    "pciebusreset": "BusReset",
+    "gpubusreset": "BusReset",
+    "6": "BusReset",
+    "systemreboot": "SystemReboot",
+    "systemrebootrequired": "SystemReboot",
+    "7": "SystemReboot",
 }
 
 
@@ -185,9 +205,11 @@ def default_action(code: int) -> str:
 def action_for_recovery(recovery: str) -> str:
     """Verdict action for the recovery action carried by XID 154 (or read from NVML).
 
-    Accepts ``None``, ``DrainP2P``, ``DrainAndReset``, ``Reset`` and ``Reboot``, the driver's message
-    wording ("Drain and Reset", "GPU Reset Required", "Node Reboot Required"), and NVML's numeric
-    values ("0".."4", "0x2"). Raises ValueError for anything else.
+    Accepts the report's spellings (``None``, ``DrainP2P``, ``DrainAndReset``, ``Reset``, ``Reboot``,
+    ``RecoverImexDomain``, ``BusReset``, ``SystemReboot``), the driver's message wording ("Drain and
+    Reset", "GPU Reset Required", "Node Reboot Required", "System Reboot Required"), NVML's enum
+    names ("NVML_GPU_RECOVERY_ACTION_BUS_RESET") and numeric values ("0".."7", "0x2"). Raises
+    ValueError for anything else.
     """
     return RECOVERY_ACTIONS[canonical_recovery(recovery)]
 
@@ -199,7 +221,7 @@ def canonical_recovery(recovery: str) -> str:
     """
     if recovery in RECOVERY_ACTIONS:
         return recovery
-    key = re.sub(r"[^a-z0-9]", "", recovery.strip().lower())
+    key = re.sub(r"[^a-z0-9]", "", recovery.strip().lower()).removeprefix("nvmlgpurecoveryaction")
     if re.fullmatch(r"0x[0-9a-f]+", key):
         key = str(int(key, 16))
     canonical = _RECOVERY_ALIASES.get(key)

@@ -51,7 +51,9 @@ _DEVICE_PARTS = {
     "remappedRows": ("pending", "failure"),
     "temperature": ("currentC", "slowdownC"),
 }
-_XID_KEYS = ("xid", "time", "gpu", "uuid")
+_XID_KEYS = ("xid", "time", "gpu", "uuid", "gpuInstanceId", "computeInstanceId")
+# A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it).
+_MIG_KEYS = ("index", "uuid", "gpuInstanceId", "computeInstanceId", "profile")
 # Flags that parse_report reads as ``bool(x.get(key, False))``: an explicit False is the same as none.
 _FALSE_IS_ABSENT = {"lost", "pending", "failure"}
 
@@ -195,6 +197,11 @@ def _slim_device(d: Any) -> Any:
                 out[part] = leaf(picked)
         elif part in d:
             out[part] = compact(sub)  # not an object: kept, to be read (and refused) as before
+    migs = d.get("migDevices")
+    if isinstance(migs, list):
+        out["migDevices"] = [leaf(_pick(m, _MIG_KEYS)) if isinstance(m, Mapping) else m for m in migs]
+    elif "migDevices" in d:
+        out["migDevices"] = compact(migs)  # not a list: kept, to be refused as before
     return out
 
 

@@ -46,7 +46,10 @@ def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
     if code in policy.xid_overrides:
         return policy.xid_overrides[code]
     if code == 154 and device is not None and device.recovery_action:
-        return Action(catalog.action_for_recovery(device.recovery_action))
+        try:
+            return Action(catalog.action_for_recovery(device.recovery_action))
+        except ValueError:
+            pass  # a recovery action newer than this catalog: the XID's own default, never a crash
     return Action(catalog.default_action(code))
 
 

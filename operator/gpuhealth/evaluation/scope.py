@@ -33,8 +33,14 @@ RULE_SCOPE: dict[str, Scope] = {
     "thermal": Scope.DEVICE,  # heat or HW slowdown on one GPU (several hot GPUs escalate by count)
     "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
 }
-# XID 154 carries the driver's own recovery action: a GPU reset is the GPU's, anything wider the node's.
-_RECOVERY_SCOPE = {"Reset": Scope.DEVICE, "DrainAndReset": Scope.DEVICE}
+# XID 154 carries the driver's own recovery action. A reset of the GPU itself (Reset, DrainAndReset:
+# drain its peer-to-peer traffic, then reset it) or of its PCIe bus (BusReset) touches that GPU
+# only, so it is the GPU's. Everything else is the node's: Reboot and SystemReboot restart the
+# whole host; DrainP2P stops peer-to-peer traffic, which runs between this GPU and its peers, so
+# the peers' pods are in it too; RecoverImexDomain repairs the node's NVLink/IMEX domain (the IMEX
+# daemon and channels every GPU of the node shares for cross-node memory), and the node is the
+# smallest thing gpuhealth can take out that holds it.
+_RECOVERY_SCOPE = {"Reset": Scope.DEVICE, "DrainAndReset": Scope.DEVICE, "BusReset": Scope.DEVICE}
 NVLINK_XIDS = frozenset({74})
 
 

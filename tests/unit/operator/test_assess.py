@@ -152,6 +152,26 @@ CASES = [
         [(X, OBS, 3, 154)],
     ),
     Case(
+        "xid154-uses-device-recovery-system-reboot",
+        {"xids": [xid_event(154, 10, 3)], "devices": _devices(g3={"recoveryAction": "SystemReboot"})},
+        [(X, DRN, 3, 154)],
+    ),
+    Case(
+        "xid154-uses-device-recovery-bus-reset",
+        {"xids": [xid_event(154, 10, 3)], "devices": _devices(g3={"recoveryAction": "BusReset"})},
+        [(X, DRN, 3, 154)],
+    ),
+    Case(
+        "xid154-uses-device-recovery-recover-imex-domain",
+        {"xids": [xid_event(154, 10, 3)], "devices": _devices(g3={"recoveryAction": "RecoverImexDomain"})},
+        [(X, DRN, 3, 154)],
+    ),
+    Case(
+        "xid154-with-a-newer-recovery-action-uses-catalog",
+        {"xids": [xid_event(154, 10, 3)], "devices": _devices(g3={"recoveryAction": "SomethingNew"})},
+        [(X, OBS, 3, 154)],
+    ),
+    Case(
         "xid154-without-recovery-action-uses-catalog",
         {"xids": [xid_event(154, 10, 3)]},
         [(X, OBS, 3, 154)],

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.api.report import Device, ReportError, parse_report
+from gpuhealth.api.report import Device, MigDevice, ReportError, parse_report
 from tests.unit.operator.builders import NODE, T0, at, gpu, iso, report_obj, xid_event
 
 
@@ -111,6 +111,45 @@ def test_malformed_heartbeat_is_treated_as_missing() -> None:
     assert parse_report(report_obj(heartbeatTime="yesterday")).heartbeat is None
 
 
+# --- MIG ----------------------------------------------------------------------------------------
+
+MIGS = [
+    {"index": 2, "uuid": "MIG-b", "gpuInstanceId": 5, "computeInstanceId": 1, "profile": "1g.10gb"},
+    {"index": 0, "uuid": "MIG-a", "gpuInstanceId": 1, "computeInstanceId": 0, "profile": "3g.40gb"},
+    {"index": 1, "uuid": "MIG-c", "gpuInstanceId": 5, "computeInstanceId": 0},
+    {"index": 3},
+]
+
+
+def test_mig_devices_and_xid_instances_are_parsed() -> None:
+    xid = {**xid_event(31, 1, 2), "gpuInstanceId": 5, "computeInstanceId": 1}
+    r = parse_report(report_obj(devices=[gpu(2, migMode="Enabled", migDevices=MIGS), gpu(0)], xids=[xid]))
+    d2 = r.device(2)
+    assert d2 is not None
+    assert d2.mig_devices == (
+        MigDevice(0, "MIG-a", 1, 0, "3g.40gb"),
+        MigDevice(1, "MIG-c", 5, 0, ""),
+        MigDevice(2, "MIG-b", 5, 1, "1g.10gb"),
+        MigDevice(3),
+    )
+    assert r.device(0) is not None and r.device(0).mig_devices == ()  # type: ignore[union-attr]
+    (event,) = r.xids
+    assert (event.gpu, event.gpu_instance, event.compute_instance) == (2, 5, 1)
+    assert parse_report(report_obj(xids=[xid_event(31, 1, 0)])).xids[0].gpu_instance is None
+
+
+def test_report_names_the_mig_device_an_xid_hit() -> None:
+    r = parse_report(report_obj(devices=[gpu(2, migMode="Enabled", migDevices=MIGS), gpu(0)]))
+    assert r.mig_device(2, 5, 1) == MigDevice(2, "MIG-b", 5, 1, "1g.10gb")
+    assert r.mig_device(2, 1, None) == MigDevice(0, "MIG-a", 1, 0, "3g.40gb")  # the GI's only device
+    assert r.mig_device(2, 5, None) is None  # two compute instances in GI 5: ambiguous
+    assert r.mig_device(2, 5, 7) is None
+    assert r.mig_device(2, None, None) is None
+    assert r.mig_device(0, 1, 0) is None  # a GPU without MIG devices
+    assert r.mig_device(None, 1, 0) is None
+    assert r.mig_device(9, 1, 0) is None
+
+
 # --- refused reports ---------------------------------------------------------------------------
 
 
@@ -134,6 +173,36 @@ BAD: list[tuple[dict[str, Any], str]] = [
         r"spec\.devices\[0\]\.ecc\.volatileUncorrected",
     ),
     (_with(devices=[gpu(0, clockEventReasons="0x40")]), r"spec\.devices\[0\]\.clockEventReasons"),
+    (_with(devices=[gpu(0, migDevices={"index": 0})]), r"spec\.devices\[0\]\.migDevices: must be a list"),
+    (_with(devices=[gpu(0, migDevices=["MIG-1"])]), r"spec\.devices\[0\]\.migDevices\[0\]: must be an object"),
+    (_with(devices=[gpu(0, migDevices=[{"uuid": "MIG-1"}])]), r"spec\.devices\[0\]\.migDevices\[0\]\.index: missing"),
+    (
+        _with(devices=[gpu(0, migDevices=[{"index": 16}])]),
+        r"spec\.devices\[0\]\.migDevices\[0\]\.index: expected 0\.\.15",
+    ),
+    (
+        _with(devices=[gpu(0, migDevices=[{"index": 1}, {"index": 1}])]),
+        r"spec\.devices\[0\]\.migDevices\[1\]\.index: duplicate MIG device index 1",
+    ),
+    (
+        _with(devices=[gpu(0, migDevices=[{"index": 0, "gpuInstanceId": "2"}])]),
+        r"spec\.devices\[0\]\.migDevices\[0\]\.gpuInstanceId",
+    ),
+    (
+        _with(devices=[gpu(0, migDevices=[{"index": 0, "computeInstanceId": -1}])]),
+        r"spec\.devices\[0\]\.migDevices\[0\]\.computeInstanceId",
+    ),
+    (_with(devices=[gpu(0, migDevices=[{"index": 0, "profile": 3}])]), r"spec\.devices\[0\]\.migDevices\[0\]\.profile"),
+    (_with(devices=[gpu(0, migDevices=[{"index": 0, "uuid": 7}])]), r"spec\.devices\[0\]\.migDevices\[0\]\.uuid"),
+    (
+        _with(xidEvents=[{"xid": 31, "time": iso(0), "gpuInstanceId": True}]),
+        r"spec\.xidEvents\[0\]\.gpuInstanceId",
+    ),
+    (
+        _with(xidEvents=[{"xid": 31, "time": iso(0), "computeInstanceId": 1.5}]),
+        r"spec\.xidEvents\[0\]\.computeInstanceId",
+    ),
+    (_with(devices=[gpu(0, recoveryAction=2)]), r"spec\.devices\[0\]\.recoveryAction: expected a string"),
     (_with(xidEvents=[xid_event(79, 0), {"xid": 79, "time": "not a time"}]), r"spec\.xidEvents\[1\]\.time"),
     (_with(xidEvents=[{"xid": 79}]), r"spec\.xidEvents\[0\]\.time: missing"),
     (_with(xidEvents=["79"]), r"spec\.xidEvents\[0\]\.time"),

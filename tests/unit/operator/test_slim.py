@@ -19,6 +19,11 @@ from gpuhealth.controller.slim import Leaf, leaf, slim_node, slim_pod, slim_repo
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import gpu, report_obj, xid_event
 
+MIG_DEVICES: list[dict[str, Any]] = [
+    {"index": 0, "uuid": "MIG-0000", "gpuInstanceId": 1, "computeInstanceId": 0, "profile": "3g.40gb"},
+    {"index": 1, "uuid": "MIG-0001", "gpuInstanceId": 2, "computeInstanceId": 0, "profile": "3g.40gb"},
+]
+
 
 def full_device(i: int) -> dict[str, Any]:
     return gpu(
@@ -51,6 +56,17 @@ REPORTS: list[dict[str, Any]] = [
     report_obj(xids=[{"xid": 79}]),  # refused: no time
     report_obj(xids=[xid_event(79, 1, 9)]),  # refused: an unknown GPU
     {**report_obj(), "spec": ["not", "an", "object"]},  # refused
+    # MIG: the devices and the XID's instance IDs are kept (the DRA slice mapping reads them).
+    report_obj(
+        devices=[
+            gpu(0, migMode="Enabled", migDevices=MIG_DEVICES),
+            gpu(1, migMode="Enabled", migDevices=[{"index": 0, "uuid": "MIG-x", "extra": "dropped"}]),
+        ],
+        xids=[{**xid_event(31, 1, 0), "gpuInstanceId": 2, "computeInstanceId": 0}],
+    ),
+    report_obj(devices=[gpu(0, migDevices="none")]),  # refused: not a list
+    report_obj(devices=[gpu(0, migDevices=[{"index": 16}])]),  # refused: index out of range
+    report_obj(xids=[{**xid_event(31, 1, 0), "gpuInstanceId": -1}]),  # refused
 ]
 
 
@@ -73,6 +89,16 @@ def test_a_slim_report_reads_as_the_full_one(i: int) -> None:
         k: body["metadata"].get(k) for k in ("name", "uid", "generation", "resourceVersion")
     }
     assert "managedFields" not in slim["metadata"]
+
+
+def test_a_slim_report_keeps_mig_devices_and_xid_instances() -> None:
+    slim = slim_report(REPORTS[12])
+    assert slim["spec"]["devices"][0]["migDevices"] == MIG_DEVICES
+    assert slim["spec"]["devices"][1]["migDevices"] == [{"index": 0, "uuid": "MIG-x"}]
+    assert slim["spec"]["xidEvents"][0]["gpuInstanceId"] == 2
+    assert slim["spec"]["xidEvents"][0]["computeInstanceId"] == 0
+    r = parse_report(slim)
+    assert r.mig_device(0, 2, 0) is not None and r.mig_device(0, 2, 0).uuid == "MIG-0001"  # type: ignore[union-attr]
 
 
 def test_a_slim_report_drops_what_nothing_reads() -> None:

@@ -1,0 +1,98 @@
+/*
+ * Compiled (syntax only) by tests/unit/agent/test_fakenvml_abi.py: NVIDIA's nvml.h and the fake's
+ * own copy of its types (fakenvml_types.h, every name prefixed "own_") in one translation unit,
+ * with an assertion for every size, field offset and constant the copy holds. A copy that drifts
+ * from NVIDIA's header does not compile.
+ */
+#include <stddef.h>
+
+#include <nvml.h>
+
+#define FAKENVML_OWN(name) own_##name
+#include "fakenvml_types.h"
+
+#define SAME_SIZE(t) _Static_assert(sizeof(own_##t) == sizeof(t), "size of " #t)
+#define SAME_FIELD(t, f)                                                                   \
+    _Static_assert(offsetof(own_##t, f) == offsetof(t, f), "offset of " #t "." #f);        \
+    _Static_assert(sizeof(((own_##t *)0)->f) == sizeof(((t *)0)->f), "size of " #t "." #f)
+#define SAME_VALUE(c) _Static_assert((long long)own_##c == (long long)(c), "value of " #c)
+
+SAME_SIZE(nvmlReturn_t);
+SAME_SIZE(nvmlEnableState_t);
+SAME_SIZE(nvmlMemoryErrorType_t);
+SAME_SIZE(nvmlEccCounterType_t);
+SAME_SIZE(nvmlPageRetirementCause_t);
+SAME_SIZE(nvmlTemperatureSensors_t);
+SAME_SIZE(nvmlTemperatureThresholds_t);
+SAME_SIZE(nvmlValueType_t);
+SAME_SIZE(nvmlDevice_t);
+SAME_SIZE(nvmlEventSet_t);
+
+SAME_SIZE(nvmlPciInfo_t);
+SAME_FIELD(nvmlPciInfo_t, busIdLegacy);
+SAME_FIELD(nvmlPciInfo_t, domain);
+SAME_FIELD(nvmlPciInfo_t, bus);
+SAME_FIELD(nvmlPciInfo_t, device);
+SAME_FIELD(nvmlPciInfo_t, pciDeviceId);
+SAME_FIELD(nvmlPciInfo_t, pciSubSystemId);
+SAME_FIELD(nvmlPciInfo_t, busId);
+
+SAME_SIZE(nvmlEventData_t);
+SAME_FIELD(nvmlEventData_t, device);
+SAME_FIELD(nvmlEventData_t, eventType);
+SAME_FIELD(nvmlEventData_t, eventData);
+SAME_FIELD(nvmlEventData_t, gpuInstanceId);
+SAME_FIELD(nvmlEventData_t, computeInstanceId);
+
+SAME_SIZE(nvmlValue_t);
+SAME_FIELD(nvmlValue_t, dVal);
+SAME_FIELD(nvmlValue_t, siVal);
+SAME_FIELD(nvmlValue_t, uiVal);
+SAME_FIELD(nvmlValue_t, ulVal);
+SAME_FIELD(nvmlValue_t, ullVal);
+SAME_FIELD(nvmlValue_t, sllVal);
+SAME_FIELD(nvmlValue_t, usVal);
+
+SAME_SIZE(nvmlFieldValue_t);
+SAME_FIELD(nvmlFieldValue_t, fieldId);
+SAME_FIELD(nvmlFieldValue_t, scopeId);
+SAME_FIELD(nvmlFieldValue_t, timestamp);
+SAME_FIELD(nvmlFieldValue_t, latencyUsec);
+SAME_FIELD(nvmlFieldValue_t, valueType);
+SAME_FIELD(nvmlFieldValue_t, nvmlReturn);
+SAME_FIELD(nvmlFieldValue_t, value);
+
+SAME_VALUE(NVML_SUCCESS);
+SAME_VALUE(NVML_ERROR_UNINITIALIZED);
+SAME_VALUE(NVML_ERROR_INVALID_ARGUMENT);
+SAME_VALUE(NVML_ERROR_NOT_SUPPORTED);
+SAME_VALUE(NVML_ERROR_NOT_FOUND);
+SAME_VALUE(NVML_ERROR_INSUFFICIENT_SIZE);
+SAME_VALUE(NVML_ERROR_TIMEOUT);
+SAME_VALUE(NVML_ERROR_FUNCTION_NOT_FOUND);
+SAME_VALUE(NVML_ERROR_GPU_IS_LOST);
+SAME_VALUE(NVML_ERROR_UNKNOWN);
+SAME_VALUE(NVML_FEATURE_DISABLED);
+SAME_VALUE(NVML_FEATURE_ENABLED);
+SAME_VALUE(NVML_MEMORY_ERROR_TYPE_CORRECTED);
+SAME_VALUE(NVML_MEMORY_ERROR_TYPE_UNCORRECTED);
+SAME_VALUE(NVML_VOLATILE_ECC);
+SAME_VALUE(NVML_AGGREGATE_ECC);
+SAME_VALUE(NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS);
+SAME_VALUE(NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR);
+SAME_VALUE(NVML_TEMPERATURE_GPU);
+SAME_VALUE(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN);
+SAME_VALUE(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN);
+SAME_VALUE(NVML_VALUE_TYPE_DOUBLE);
+SAME_VALUE(NVML_VALUE_TYPE_UNSIGNED_INT);
+SAME_VALUE(NVML_VALUE_TYPE_UNSIGNED_LONG);
+SAME_VALUE(NVML_VALUE_TYPE_UNSIGNED_LONG_LONG);
+SAME_VALUE(NVML_VALUE_TYPE_SIGNED_LONG_LONG);
+SAME_VALUE(NVML_DEVICE_MIG_DISABLE);
+SAME_VALUE(NVML_DEVICE_MIG_ENABLE);
+SAME_VALUE(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION);
+SAME_VALUE(nvmlEventTypeSingleBitEccError);
+SAME_VALUE(nvmlEventTypeDoubleBitEccError);
+SAME_VALUE(nvmlEventTypeXidCriticalError);
+SAME_VALUE(nvmlEventTypeGpuUnavailableError);
+SAME_VALUE(nvmlEventTypeGpuRecoveryAction);

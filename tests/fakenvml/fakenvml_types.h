@@ -1,0 +1,101 @@
+/*
+ * The fake NVML's own copy of the NVML types and constants it uses, for builds without NVIDIA's
+ * nvml.h (the nvidia-nvml-dev wheel of the test extra ships it; tests/fakenvml/build.py prefers
+ * it). Names, values and layouts are NVIDIA's: tests/unit/agent/test_fakenvml_abi.py compiles this
+ * file beside nvml.h with every name prefixed (FAKENVML_OWN) and asserts that sizes, offsets and
+ * values agree, so this copy cannot drift from the real header unnoticed.
+ *
+ * Constants are enumerators rather than macros so that the prefixing works on them too.
+ */
+#ifndef FAKENVML_OWN
+#define FAKENVML_OWN(name) name
+#endif
+#define O_ FAKENVML_OWN
+
+typedef enum {
+    O_(NVML_SUCCESS) = 0,
+    O_(NVML_ERROR_UNINITIALIZED) = 1,
+    O_(NVML_ERROR_INVALID_ARGUMENT) = 2,
+    O_(NVML_ERROR_NOT_SUPPORTED) = 3,
+    O_(NVML_ERROR_NOT_FOUND) = 6,
+    O_(NVML_ERROR_INSUFFICIENT_SIZE) = 7,
+    O_(NVML_ERROR_TIMEOUT) = 10,
+    O_(NVML_ERROR_FUNCTION_NOT_FOUND) = 13,
+    O_(NVML_ERROR_GPU_IS_LOST) = 15,
+    O_(NVML_ERROR_UNKNOWN) = 999,
+} O_(nvmlReturn_t);
+
+typedef enum { O_(NVML_FEATURE_DISABLED) = 0, O_(NVML_FEATURE_ENABLED) = 1 } O_(nvmlEnableState_t);
+typedef enum { O_(NVML_MEMORY_ERROR_TYPE_CORRECTED) = 0, O_(NVML_MEMORY_ERROR_TYPE_UNCORRECTED) = 1 } O_(nvmlMemoryErrorType_t);
+typedef enum { O_(NVML_VOLATILE_ECC) = 0, O_(NVML_AGGREGATE_ECC) = 1 } O_(nvmlEccCounterType_t);
+typedef enum {
+    O_(NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS) = 0,
+    O_(NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR) = 1,
+} O_(nvmlPageRetirementCause_t);
+typedef enum { O_(NVML_TEMPERATURE_GPU) = 0 } O_(nvmlTemperatureSensors_t);
+typedef enum {
+    O_(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) = 0,
+    O_(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) = 1,
+} O_(nvmlTemperatureThresholds_t);
+typedef enum {
+    O_(NVML_VALUE_TYPE_DOUBLE) = 0,
+    O_(NVML_VALUE_TYPE_UNSIGNED_INT) = 1,
+    O_(NVML_VALUE_TYPE_UNSIGNED_LONG) = 2,
+    O_(NVML_VALUE_TYPE_UNSIGNED_LONG_LONG) = 3,
+    O_(NVML_VALUE_TYPE_SIGNED_LONG_LONG) = 4,
+} O_(nvmlValueType_t);
+
+enum {
+    O_(NVML_DEVICE_MIG_DISABLE) = 0,
+    O_(NVML_DEVICE_MIG_ENABLE) = 1,
+    O_(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) = 230,
+    O_(nvmlEventTypeSingleBitEccError) = 0x1,
+    O_(nvmlEventTypeDoubleBitEccError) = 0x2,
+    O_(nvmlEventTypeXidCriticalError) = 0x8,
+    O_(nvmlEventTypeGpuUnavailableError) = 0x4000,
+    O_(nvmlEventTypeGpuRecoveryAction) = 0x8000,
+};
+
+/* Opaque handles: NVML only declares the structs; the fake defines them. */
+typedef struct nvmlDevice_st *O_(nvmlDevice_t);
+typedef struct nvmlEventSet_st *O_(nvmlEventSet_t);
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} O_(nvmlPciInfo_t);
+
+typedef struct {
+    O_(nvmlDevice_t) device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} O_(nvmlEventData_t);
+
+typedef union {
+    double dVal;
+    int siVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    unsigned short usVal;
+} O_(nvmlValue_t);
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    O_(nvmlValueType_t) valueType;
+    O_(nvmlReturn_t) nvmlReturn;
+    O_(nvmlValue_t) value;
+} O_(nvmlFieldValue_t);
+
+#undef O_

@@ -1,0 +1,154 @@
+"""The fake NVML cannot drift from NVIDIA's: its build, its own type copy and the agent's calls are
+checked against the real ``nvml.h`` (the ``nvidia-nvml-dev`` wheel of the test extra).
+
+The fake stands in for the driver in every agent test. A layout or prototype that differs from
+NVIDIA's would let the agent pass here and misread a real GPU, so these tests make the header the
+arbiter: the fake compiles against it, its fallback copy of the types is asserted equal to it, and
+every NVML function the agent reaches through pynvml must be declared in it and exported by the fake.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import inspect
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from tests.unit.agent.agent_testlib import fakenvml
+
+ROOT = Path(__file__).resolve().parents[3]
+AGENT = ROOT / "operator" / "gpuhealth" / "agent"
+FAKE_DIR = ROOT / "tests" / "fakenvml"
+# pynvml's exception type turns a return code into text through this C function.
+IMPLICIT = {"nvmlErrorString"}
+
+
+@pytest.fixture(scope="module")
+def include() -> Path:
+    found = fakenvml.find_nvml_include()
+    assert found is not None, "nvml.h not found: install the test extra (pip install -e '.[test]': nvidia-nvml-dev)"
+    return Path(found)
+
+
+@pytest.fixture(scope="module")
+def header(include: Path) -> str:
+    return (include / "nvml.h").read_text(errors="replace")
+
+
+def _cc() -> str:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc is not None, "these checks compile C: install gcc"
+    return cc
+
+
+def test_the_fake_compiles_against_nvidias_header(include: Path, tmp_path: Path) -> None:
+    """Every exported function must match a prototype of nvml.h (-Wmissing-prototypes -Werror)."""
+    flags = fakenvml.compile_flags(include)
+    assert "-DFAKENVML_WITH_NVML_H" in flags and "-Wmissing-prototypes" in flags
+    run = subprocess.run(
+        [_cc(), *flags, "-o", str(tmp_path / "fake.so"), str(fakenvml.SOURCE)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_fakes_own_types_equal_nvidias(include: Path) -> None:
+    """fakenvml_types.h (used without the header) has NVIDIA's sizes, offsets and values."""
+    run = subprocess.run(
+        [_cc(), "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-I{include}", str(FAKE_DIR / "abi_check.c")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_abi_check_covers_every_type_and_constant_of_the_copy() -> None:
+    copy = (FAKE_DIR / "fakenvml_types.h").read_text()
+    check = (FAKE_DIR / "abi_check.c").read_text()
+    types = set(re.findall(r"[}*]\s*O_\((\w+)\);", copy))
+    constants = set(re.findall(r"O_\((\w+)\)\s*=", copy))
+    assert {"nvmlPciInfo_t", "nvmlEventData_t", "nvmlFieldValue_t", "nvmlDevice_t"} <= types
+    assert {t for t in types if f"SAME_SIZE({t});" not in check} == set()
+    assert {c for c in constants if f"SAME_VALUE({c});" not in check} == set()
+
+
+def test_the_fake_without_the_header_still_builds(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [_cc(), *fakenvml.compile_flags(None), "-o", str(tmp_path / "own.so"), str(fakenvml.SOURCE)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_test_build_uses_the_header(fake_nvml_lib: Path, include: Path) -> None:
+    """The library every agent test loads is the header-checked build (not the fallback copy)."""
+    assert fakenvml.compile_flags(fakenvml.find_nvml_include()) == fakenvml.compile_flags(include)
+    assert fake_nvml_lib.exists()
+
+
+def _pynvml_functions() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(inspect.getsource(pynvml))
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _c_symbols(name: str, funcs: dict[str, ast.FunctionDef], seen: set[str] | None = None) -> set[str]:
+    """The C functions a pynvml wrapper resolves (``_nvmlGetFunctionPointer("nvml...")``), following
+    calls into other wrappers (``nvmlInit`` -> ``nvmlInitWithFlags``)."""
+    seen = set() if seen is None else seen
+    if name in seen or name not in funcs:
+        return set()
+    seen.add(name)
+    out: set[str] = set()
+    for node in ast.walk(funcs[name]):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            continue
+        if node.func.id == "_nvmlGetFunctionPointer" and node.args and isinstance(node.args[0], ast.Constant):
+            out.add(str(node.args[0].value))
+        elif node.func.id in funcs:
+            out |= _c_symbols(node.func.id, funcs, seen)
+    return out
+
+
+def agent_nvml_calls() -> set[str]:
+    """pynvml functions the agent calls: ``pynvml.nvmlX`` and the names it looks up with getattr."""
+    funcs = _pynvml_functions()
+    names: set[str] = set()
+    for path in AGENT.glob("*.py"):
+        text = path.read_text()
+        names |= set(re.findall(r"\bpynvml\.(nvml[A-Z]\w*)", text))
+        names |= set(re.findall(r"[\"'](nvml[A-Z]\w*)[\"']", text))
+    return {n for n in names if n in funcs}
+
+
+def agent_c_symbols() -> set[str]:
+    funcs = _pynvml_functions()
+    symbols = set(IMPLICIT)
+    for name in agent_nvml_calls():
+        found = _c_symbols(name, funcs)
+        assert found, f"pynvml.{name} resolves no NVML C function"
+        symbols |= found
+    return symbols
+
+
+def test_the_agent_calls_are_found() -> None:
+    calls = agent_nvml_calls()
+    # A sanity floor, so a broken scan cannot pass vacuously.
+    assert {"nvmlInit", "nvmlDeviceGetFieldValues", "nvmlEventSetWait", "nvmlDeviceRegisterEvents"} <= calls
+    assert {"nvmlInitWithFlags", "nvmlEventSetWait_v2", "nvmlDeviceGetPciInfo_v3"} <= agent_c_symbols()
+
+
+def test_every_nvml_function_the_agent_calls_is_in_nvidias_header(header: str) -> None:
+    missing = sorted(s for s in agent_c_symbols() if not re.search(rf"\b{s}\s*\(", header))
+    assert missing == [], f"the agent reaches NVML functions nvml.h does not declare: {missing}"
+
+
+def test_every_nvml_function_the_agent_calls_is_exported_by_the_fake(fake_nvml_lib: Path) -> None:
+    lib = ctypes.CDLL(str(fake_nvml_lib))
+    missing = sorted(s for s in agent_c_symbols() if not hasattr(lib, s))
+    assert missing == [], f"the fake NVML does not export {missing}"
