@@ -27,6 +27,7 @@ from gpuhealth.agent import model as agent_model
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
+    MigDeviceFacts,
     NvmlStatus,
     RemappedRows,
     RetiredPages,
@@ -107,6 +108,10 @@ def _every_fact(index: int) -> DeviceFacts:
         clock_event_reasons=0x48,
         power_w=301.5,
         recovery_action="Reset",
+        mig_devices=(
+            MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb"),
+            MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
+        ),
         unsupported=("nvmlDeviceGetPowerUsage",),
     )
 
@@ -129,6 +134,7 @@ def test_the_fullest_agent_facts_set_every_field() -> None:
 def _rendered_spec() -> dict[str, Any]:
     builder = ReportBuilder("node-a", agent_model_info())
     builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid, detail="fallen off the bus"))
+    builder.add_xid(XidEvent(13, T, "nvml", gpu=1, detail="graphics engine", gpu_instance=1, compute_instance=0))
     snap = Snapshot(T, NvmlStatus(True, "none", "580.65.06", "13.0"), (_every_fact(0), _every_fact(1)))
     return builder.render(snap, T)
 
@@ -163,7 +169,16 @@ def test_each_fact_the_agent_observes_reaches_its_report() -> None:
 
 def test_xid_events_the_agent_writes_are_declared() -> None:
     item = at(crdschema.schema(REPORT_CRD), "spec.xidEvents[]")
-    for ev in (XidEvent(48, T, "dcgm", gpu=3, uuid="GPU-x", detail="d"), XidEvent(13, T, "simulated")):
+    events = (
+        XidEvent(48, T, "dcgm", gpu=3, uuid="GPU-x", detail="d"),
+        XidEvent(13, T, "simulated"),
+        XidEvent(31, T, "nvml", gpu=2, gpu_instance=7, compute_instance=0),
+    )
+    for ev in events:
+        for f in dataclasses.fields(XidEvent):
+            assert f.name in ("xid", "time", "source") or any(getattr(e, f.name) is not None for e in events), (
+                f"agent/model.py XidEvent.{f.name} is set by none of tests/unit/test_contracts.py's events"
+            )
         problems = list(violations(item, xid_spec(ev), "spec.xidEvents[]"))
         assert not problems, "\n".join(problems)
 
