@@ -157,13 +157,14 @@ def test_failures_climb_reset_twice_then_reboot_then_replace() -> None:
     assert first.record.job == "" and first.start is None  # the retry waits for its preconditions
     again = advance(first.record, gpu(), STEPS, Observed(may_start=True), T)
     assert again.start == StepKind.GPU_RESET
+    assert again.record is not None
     timed = advance(
         replace(again.record, phase=Phase.RUNNING, job="ns/j2"),
         gpu(),
         STEPS,
         Observed(job="Running"),
         T + dt.timedelta(seconds=61),
-    )  # type: ignore[arg-type]
+    )
     assert timed.stop_job == "ns/j2"  # an attempt past its timeout is stopped
     assert timed.record is not None and timed.record.step == StepKind.NODE_REBOOT
     assert timed.record.phase == Phase.HANDED_OFF
