@@ -30,9 +30,14 @@ def test_helm_lint() -> None:
 
 
 def test_default_values_render_manifests_base() -> None:
-    chart = by_key(helm_template(crds=True), skip_kinds=("GPUHealthPolicy",))
+    rendered = helm_template(crds=True)
+    chart = by_key(rendered, skip_kinds=("GPUHealthPolicy", "Namespace"))
     base = by_key(kustomize("base"), skip_kinds=("Namespace",))
     assert sorted(chart) == sorted(base)
+    # Helm creates the release's namespace; the reset Jobs' own (privileged) one it renders itself.
+    (ns,) = [o for o in rendered if o["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == "gpuhealth-remediation"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     for k, obj in base.items():
         if k[0] == "CustomResourceDefinition":
             # Helm installs crds/ verbatim (no templating), so without kustomize's part-of label.

@@ -93,6 +93,7 @@ def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | 
 SLICES, CLAIMS = "resourceslices.resource.k8s.io", "resourceclaims.resource.k8s.io"
 TAINT_RULES = "devicetaintrules.resource.k8s.io"
 LEASES = "leases.coordination.k8s.io"
+REMEDIATION_NS = "gpuhealth-remediation"
 
 # (verb, resource, namespace, subresource)
 OPERATOR_CAN = [
@@ -110,8 +111,15 @@ OPERATOR_CAN = [
     ("list", CLAIMS, ALL, ""),
     *[(v, TAINT_RULES, None, "") for v in ("list", "create", "delete")],
     *[(v, LEASES, NS, "") for v in ("list", "watch")],  # the agents' heartbeats, in their namespace
+    *[(v, "jobs.batch", REMEDIATION_NS, "") for v in ("create", "get", "delete")],  # GPU reset Jobs, there only
 ]
 OPERATOR_CANNOT = [
+    ("create", "jobs.batch", ALL, ""),
+    ("create", "jobs.batch", NS, ""),
+    ("create", "jobs.batch", "default", ""),
+    ("list", "jobs.batch", REMEDIATION_NS, ""),
+    ("update", "jobs.batch", REMEDIATION_NS, ""),
+    ("create", "pods", REMEDIATION_NS, ""),
     ("get", "secrets", ALL, ""),
     ("list", "secrets", NS, ""),
     ("delete", "nodes", None, ""),

@@ -49,6 +49,8 @@ KWOK_STAGES = (
     "pod/general/pod-ready.yaml",
     "pod/general/pod-delete.yaml",
 )
+# Stages of our own (tests/support/kwok/): how gpuhealth's reset Jobs end on KWOK nodes.
+REPO_KWOK_STAGES = ("pod-remediation.yaml",)
 
 
 class ClusterError(RuntimeError):
@@ -410,6 +412,7 @@ class LocalCluster:
                 "--cidr=10.64.0.0/12",
                 "--node-ip=10.0.0.1",
                 *[f"--config={stages / s}" for s in KWOK_STAGES],
+                *[f"--config={REPO / 'tests' / 'support' / 'kwok' / s}" for s in REPO_KWOK_STAGES],
             ],
         )
 

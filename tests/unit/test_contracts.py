@@ -39,6 +39,7 @@ from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Action, Mode, Scope, State
 from gpuhealth.api.policy import PolicyError, parse_policy
+from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
 from gpuhealth.api.report import Device, parse_report
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.controller.slim import slim_report
@@ -355,7 +356,50 @@ def _node_status() -> dict[str, Any]:
     )
     body["drain"] = {"phase": "Running", "startedAt": "2026-01-01T00:00:00Z", "pods": {}}
     body["deviceDrains"] = {"2": {"phase": "Completed"}}
+    body["remediation"] = {"2": _every_ladder_record().to_status()}
     return {k: v for k, v in body.items() if v is not None}
+
+
+def _every_ladder_record() -> LadderRecord:
+    """A ladder record with every field set (so every field the remediator writes is checked)."""
+    rec = LadderRecord(
+        index=2,
+        step=StepKind.NODE_REBOOT,
+        attempt=2,
+        phase=Phase.HANDED_OFF,
+        reason="EccUncorrected",
+        uuid="GPU-2",
+        since=T,
+        fault_since=T,
+        started=T,
+        finished=T,
+        job="gpuhealth-remediation/gpuhealth-reset-node-a-2-1-abcdef12",
+        message="m",
+        history=(Attempt(StepKind.GPU_RESET, 1, T, T, Result.FAILED),),
+    )
+    for f in dataclasses.fields(LadderRecord):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        assert not _unset(getattr(rec, f.name), default) or f.name == "index", (
+            f"api/remediation.py LadderRecord.{f.name} is not set by tests/unit/test_contracts.py _every_ladder_record"
+        )
+    return rec
+
+
+def test_ladder_records_round_trip_through_their_declared_fields() -> None:
+    rec = _every_ladder_record()
+    assert LadderRecord.from_status(2, rec.to_status()) == rec
+
+
+def test_ladder_vocabularies_are_the_api_types() -> None:
+    entry = "status.remediation.*"
+    schema = at(crdschema.schema(REPORT_CRD), "status.remediation")["additionalProperties"]
+    props = schema["properties"]
+    assert set(props["step"]["enum"]) == {str(s) for s in StepKind}, f"{entry}.step vs api/remediation.py StepKind"
+    assert set(props["phase"]["enum"]) == {str(p) for p in Phase}, f"{entry}.phase vs api/remediation.py Phase"
+    result = props["history"]["items"]["properties"]["result"]["enum"]
+    assert set(result) == {str(r) for r in Result}, f"{entry}.history[].result vs api/remediation.py Result"
+    steps = at(crdschema.schema(POLICY_CRD), "spec.remediation.ladders[].steps[].type")["enum"]
+    assert set(steps) == {str(s) for s in StepKind}, "spec.remediation.ladders[].steps[].type vs StepKind"
 
 
 def _undeclared(s: Mapping[str, Any], value: Any, path: str) -> Iterator[str]:

@@ -156,7 +156,15 @@ def test_rbac_is_exactly_what_the_code_uses() -> None:
         ("gpuhealth-agent", "gpuhealth-agent", NS),
         ("gpuhealth-agent-lease", "gpuhealth-agent", NS),
         ("gpuhealth-operator-leases", "gpuhealth-operator", NS),
+        ("gpuhealth-operator-remediation", "gpuhealth-operator", NS),
     }
+    # Reset Jobs: only in their own namespace, only the verbs controller/remediator.py sends.
+    jobs = find(docs, "Role", "gpuhealth-operator-remediation")
+    assert jobs["metadata"]["namespace"] == "gpuhealth-remediation"
+    assert _rules(jobs) == {("batch", "jobs", v) for v in ("create", "get", "delete")}
+    rem_ns = find(docs, "Namespace", "gpuhealth-remediation")
+    assert rem_ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find(docs, "ServiceAccount", "gpuhealth-remediation")["automountServiceAccountToken"] is False
     assert all(len(b["subjects"]) == 1 for b in bindings)
 
 

@@ -91,6 +91,7 @@ class Signal(StrEnum):
     RESTART_LOOP = "RestartLoop"
     FLAPPING = "Flapping"
     DEVICE_QUARANTINED = "DeviceQuarantined"  # the node serves on while some of its GPUs are held out
+    NODE_REBOOT_REQUESTED = "NodeRebootRequested"  # a GPU's repair ladder hands the node to its remediator
 
 
 class Scope(StrEnum):

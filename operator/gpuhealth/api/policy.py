@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuhealth.api.durations import parse_duration
 from gpuhealth.api.names import DEFAULT_DRA_DRIVER, Action, Mode, Scope
+from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 
 
 class PolicyError(ValueError):
@@ -127,6 +128,7 @@ class Policy:
     currency: str = "USD"
     devices: DeviceSettings = field(default_factory=DeviceSettings)
     max_unhealthy_gpus: int | str | None = None  # unset: the node budget's worth of GPUs
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)  # api/remediation.py
 
     def gpu_breaker_limit(self, total_gpus: int, total_nodes: int) -> int:
         """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs).
@@ -386,10 +388,18 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         currency=str(_get(cost, "", "currency", "USD")),
         devices=parse_devices(spec, xid_scopes),
         max_unhealthy_gpus=max_unhealthy_gpus,
+        remediation=_remediation(spec),
     )
     if policy.flapping_window_s <= policy.probation_s:
         raise PolicyError("spec.safety.flapping.window: must be longer than spec.safety.probation")
     return policy
+
+
+def _remediation(spec: Mapping[str, Any]) -> RemediationSettings:
+    try:
+        return parse_remediation(spec)
+    except RemediationError as e:
+        raise PolicyError(str(e)) from None
 
 
 def select_policy(policies: list[Policy], labels: Mapping[str, str]) -> tuple[Policy | None, list[Policy]]:

@@ -40,6 +40,7 @@ from gpuhealth.api.names import (
     Signal,
 )
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.remediation import Phase, StepKind, ladders_from_status
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import parse_time
@@ -168,6 +169,7 @@ class DeviceReconciler:
         status: Mapping[str, Any],
         now: dt.datetime,
         released: frozenset[int],
+        node_cleared: dt.datetime | None = None,
     ) -> DevicePlan:
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
         prior = devices_from_status(status)
@@ -192,11 +194,32 @@ class DeviceReconciler:
         drained = frozenset(
             i for i, d in drains.items() if d.get("phase") == "Completed" and i in prior and drain_current(d, prior[i])
         )
-        inputs = DeviceInputs(fresh=not a.unknown, gpu_budget=budget, drained=drained, released=released, uuids=uuids)
+        ladders = ladders_from_status(status) if policy.remediation.enabled else {}
+        inputs = DeviceInputs(
+            fresh=not a.unknown,
+            gpu_budget=budget,
+            drained=drained,
+            released=released,
+            uuids=uuids,
+            replace=frozenset(i for i, r in ladders.items() if r.step == StepKind.REPLACE) - released,
+            acknowledged={i: r.finished for i, r in ladders.items() if r.phase == Phase.SUCCEEDED and r.finished},
+        )
         verdict = decide_devices(prior, findings, policy, now, inputs)
         records = tuple(self._locate(name, policy, r, placement.refs) for r in verdict.records)
         out = [r for r in records if r.out_of_service]
-        return DevicePlan(verdict, records, node_view(a, findings, verdict, out), placement.fallbacks)
+        view = node_view(a, findings, verdict, out)
+        # A GPU whose ladder reached NodeReboot takes its node to the node remediator (drain, then
+        # AwaitingRepair with reason NodeRebootRequested), until a release of the node after it.
+        reboots = [
+            Finding(Signal.NODE_REBOOT_REQUESTED, Action.REPAIR, r.message or f"GPU {i}: the node needs a reboot")
+            for i, r in sorted(ladders.items())
+            if r.phase == Phase.HANDED_OFF
+            and r.step == StepKind.NODE_REBOOT
+            and not (node_cleared and r.started and node_cleared >= r.started)
+        ]
+        if reboots:
+            view = replace(view, findings=(*view.findings, *reboots))
+        return DevicePlan(verdict, records, view, placement.fallbacks)
 
     def _locate(self, node: str, policy: Policy, rec: DeviceRecord, refs: Mapping[int, DeviceRef]) -> DeviceRecord:
         """Record the device (and rule name) of a GPU held out; a GPU in service keeps none."""

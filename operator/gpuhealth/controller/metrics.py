@@ -118,3 +118,16 @@ DEVICE_ACTIONS = Counter(
     ["action", "reason", "mode"],
     registry=REGISTRY,
 )
+REMEDIATIONS = Counter(
+    "gpuhealth_remediations_total",
+    "Repair ladder steps ended (or handed off), by step (GPUReset, NodeReboot, Replace) and result",
+    ["step", "result"],
+    registry=REGISTRY,
+)
+REMEDIATION_MTTR = Histogram(
+    "gpuhealth_remediation_mttr_seconds",
+    "From a GPU leaving service to its return after a repair, by the ladder step that repaired it",
+    ["step"],
+    buckets=(10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400),
+    registry=REGISTRY,
+)

@@ -44,6 +44,7 @@ from gpuhealth.controller.device_drainer import DeviceDrainer
 from gpuhealth.controller.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.remediator import Remediator
 from gpuhealth.controller.store import Store, gpu_capacity
 from gpuhealth.evaluation.assess import Assessment, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
@@ -77,7 +78,9 @@ class NodeReconciler:
         devices: DeviceReconciler,
         device_drainer: DeviceDrainer,
         requeue: Callable[[str, float], None],
+        remediator: Remediator,
     ) -> None:
+        self.remediator = remediator
         self.devices = devices
         self.device_drainer = device_drainer
         self.requeue = requeue
@@ -166,7 +169,7 @@ class NodeReconciler:
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
-        dev = await self.devices.plan(name, policy, report, a, status, now, gpus)
+        dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)
@@ -192,11 +195,30 @@ class NodeReconciler:
                 else:
                     await self.drainer.run(name, policy, decision.record, fatal(node_a), now)
                     await self.device_drainer.run(name, policy, decision.record, dev.records, a, now)
+                    await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
                     await self.call(self.kube.patch_node, name, {"metadata": {"annotations": ack}})
+            elif policy.mode == Mode.DRY_RUN:
+                await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
         finally:
             self.breaker.release(policy, name)
+
+    async def _remediate(
+        self,
+        name: str,
+        policy: Policy,
+        decision: Decision,
+        dev: DevicePlan,
+        report: Report | None,
+        a: Assessment,
+        gpus: frozenset[int],
+        cleared: dt.datetime | None,
+        now: dt.datetime,
+    ) -> None:
+        """The repair ladder of each held-out GPU (controller/remediator.py), before a release is acknowledged."""
+        fresh = not a.unknown
+        await self.remediator.run(name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now)
 
     async def _persist(
         self,

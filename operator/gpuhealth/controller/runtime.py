@@ -38,6 +38,7 @@ from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.objectwatch import ObjectWatch
 from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
+from gpuhealth.controller.remediator import Remediator
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
@@ -110,6 +111,7 @@ class Runtime:
             self.devices,
             self.device_drainer,
             self.queue_later,
+            Remediator(kube, self.call, self.store, self.events, self.queue_later),
         )
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)

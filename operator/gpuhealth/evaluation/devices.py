@@ -40,6 +40,10 @@ class DeviceInputs:
     drained: frozenset[int] = frozenset()
     released: frozenset[int] = frozenset()
     uuids: Mapping[int, str] = field(default_factory=dict)  # the GPUs the report lists
+    # The repair ladder (evaluation/ladder.py): GPUs whose ladder reached Replace wait for a human;
+    # a step that worked acknowledges the GPU's XID evidence up to when it ended.
+    replace: frozenset[int] = frozenset()
+    acknowledged: Mapping[int, dt.datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ def decide_devices(
         rec = prior.get(index) or DeviceRecord(index=index)
         uuid = inputs.uuids.get(index) or rec.uuid
         rec = replace(rec, uuid=uuid)
+        ack = inputs.acknowledged.get(index)
+        if ack is not None and (rec.cleared_before is None or rec.cleared_before < ack):
+            rec = replace(rec, cleared_before=ack)
         mine = [
             f
             for f in by_gpu.get(index, [])
@@ -193,6 +200,12 @@ def _step(
     window = dt.timedelta(seconds=policy.flapping_window_s)
     rec = replace(rec, quarantines=tuple(t for t in rec.quarantines if now - t <= window))
     if rec.state == DeviceState.AWAITING_REPAIR:
+        return _Step(rec, events=tuple(events))
+    if rec.index in inputs.replace and rec.out_of_service and not released:
+        rec = replace(rec, state=DeviceState.AWAITING_REPAIR, since=now, drain_action=str(Action.REPAIR))
+        events.append(
+            ("Warning", "AwaitingRepair", f"{_where(rec)}: its repair ladder is exhausted; it waits for a human")
+        )
         return _Step(rec, events=tuple(events))
     if rec.state == DeviceState.DRAINING and drained:
         nxt = DeviceState.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else DeviceState.QUARANTINED

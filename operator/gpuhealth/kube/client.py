@@ -30,6 +30,7 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.timeutil import format_time_precise
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
+from gpuhealth.kube.jobs import JobCalls
 from gpuhealth.kube.paging import PAGE, pages
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,10 @@ class KubePort(Protocol):
     def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
     def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None: ...
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def create_job(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def delete_job(self, namespace: str, name: str) -> None: ...
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
     def post_event(
         self,
         kind: str,
@@ -135,7 +140,7 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
         resp.release_conn()
 
 
-class Kube:
+class Kube(JobCalls):
     def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
         self.api = api
         self.core = client.CoreV1Api(api)

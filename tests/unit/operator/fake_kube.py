@@ -36,6 +36,7 @@ class FakeKube:
         self.slices: list[dict[str, Any]] = []
         self.claims: list[dict[str, Any]] = []
         self.rules: dict[str, dict[str, Any]] = {}  # DeviceTaintRules by name, anyone's
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Job
         self._uids = itertools.count(1)
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -234,6 +235,33 @@ class FakeKube:
         if uid and self.rules[name]["metadata"]["uid"] != uid:
             raise _error(409)
         del self.rules[name]
+
+    # -- remediation -----------------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        if (namespace, name) not in self.jobs:
+            raise _error(404)
+        return copy.deepcopy(self.jobs[(namespace, name)])
+
+    def create_job(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        self.writes.append(("create", f"job/{namespace}/{name}"))
+        if (namespace, name) in self.jobs:
+            raise _error(409)
+        self.jobs[(namespace, name)] = copy.deepcopy(dict(body))
+        return self._stamp(self.jobs[(namespace, name)])
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.writes.append(("delete", f"job/{namespace}/{name}"))
+        if self.jobs.pop((namespace, name), None) is None:
+            raise _error(404)
+
+    def finish_job(self, namespace: str, name: str, condition: str) -> None:
+        """What the Job controller writes once the Job's pod ended: ``Complete`` or ``Failed``."""
+        self.jobs[(namespace, name)]["status"] = {"conditions": [{"type": condition, "status": "True"}]}
+
+    def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node]
 
     def post_event(
         self,

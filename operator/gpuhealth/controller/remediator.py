@@ -1,0 +1,295 @@
+"""Repair, not only quarantine: climbs each held-out GPU's ladder (``evaluation/ladder.py``).
+
+Called by the node reconciler after the node's and the GPUs' drains, once per pass of a node whose
+policy enables ``spec.remediation``. Per GPU it reads what the ladder needs from the API (the
+attempt's Job by its recorded name), checks a GPUReset's preconditions right before it starts, asks
+the pure ladder for the next move, and then acts in an order that survives a kill at any line:
+
+1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name);
+2. then the Job: created under that deterministic name (409: it exists, done), or deleted when
+   its attempt ran past its timeout;
+3. then the record again (``Running``), Events and metrics.
+
+Killed after 1, the restarted operator finds ``Pending`` and a Job name: it GETs the Job and
+creates it only if it is absent. Killed after 2, the GET finds it. Never a second reset.
+
+A GPUReset starts only when all of these hold, the last two re-read from the API right before:
+the GPU is Quarantined, its drain complete and its DeviceTaintRule (NoSchedule) recorded; the node
+itself is in service; no other step is in flight on this node; fewer than ``maxConcurrent``
+resets are in flight across the policy's nodes; gpuhealth's DeviceTaintRule for it exists with
+effect NoSchedule; and no pod holds the device (ResourceClaims listed afresh, pods of the node
+listed from the API, not the cache). Otherwise the GPU waits, with one ``RemediationBlocked``
+Event per reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_outcome
+from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
+from gpuhealth.api.names import OUT_OF_SERVICE, Mode
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_from_status
+from gpuhealth.api.report import Device, Report
+from gpuhealth.api.status import Record
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.controller import metrics
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.store import Store
+from gpuhealth.drain.claims import pods_holding
+from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
+from gpuhealth.kube.client import KubePort, is_not_found, status_of
+
+log = logging.getLogger(__name__)
+Call = Callable[..., Awaitable[Any]]
+POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)
+HANDOFF_POLL_S = 30.0
+
+
+def facts_clean(device: Device | None) -> bool:
+    """The agent's facts show nothing a reset or a reboot clears (read only when fresh)."""
+    if device is None:
+        return False
+    return (
+        device.ecc_volatile_uncorrected == 0
+        and not device.remap_pending
+        and not device.retired_pending
+        and device.recovery_action in (None, "", "None")
+    )
+
+
+def _entry(new: LadderRecord | None, old: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The merge-patch value that makes the stored entry exactly ``new`` (keys it dropped -> None)."""
+    if new is None:
+        return None
+    body: dict[str, Any] = new.to_status()
+    for k in old or {}:
+        body.setdefault(k, None)
+    return body
+
+
+class Remediator:
+    def __init__(
+        self,
+        kube: KubePort,
+        call: Call,
+        store: Store,
+        events: EventSink,
+        requeue: Callable[[str, float], None],
+    ) -> None:
+        self.kube = kube
+        self.call = call
+        self.store = store
+        self.events = events
+        self.requeue = requeue
+        self._lock = asyncio.Lock()
+        self._reserved: set[tuple[str, int]] = set()  # resets admitted, record not yet in the store
+        self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
+
+    def _event(self, node: str, type_: str, reason: str, message: str) -> None:
+        self.events("Node", node, node, type_, reason, message)
+
+    def in_flight(self, policy: str) -> int:
+        """Steps in flight across the policy's nodes (the records), plus those being admitted."""
+        n = len(self._reserved)
+        for report in self.store.reports.values():
+            status = report.get("status") or {}
+            if status.get("policy") == policy:
+                n += sum(1 for r in ladders_from_status(status).values() if r.in_flight)
+        return n
+
+    async def run(
+        self,
+        name: str,
+        policy: Policy,
+        node: Record,
+        records: Sequence[DeviceRecord],
+        report: Report | None,
+        fresh: bool,
+        released: frozenset[int],
+        node_cleared: dt.datetime | None,
+        now: dt.datetime,
+    ) -> None:
+        settings = policy.remediation
+        if not settings.enabled or policy.mode == Mode.PAUSED:
+            return
+        status = (self.store.reports.get(name) or {}).get("status") or {}
+        ladders = ladders_from_status(status)
+        raw = status.get("remediation") or {}
+        dry = policy.mode == Mode.DRY_RUN
+        for dev in sorted(records, key=lambda r: r.index):
+            lad = ladders.get(dev.index)
+            if lad is None and not dev.out_of_service:
+                continue
+            facts = report.device(dev.index) if report is not None else None
+            recovery = (facts.recovery_action or "") if facts else ""
+            steps = steps_for(settings, lad.reason if lad else dev.reason, recovery)
+            gpu = GPU(
+                index=dev.index,
+                uuid=dev.uuid,
+                state=dev.state,
+                reason=dev.reason,
+                since=dev.since,
+                drained=dev.drained,
+                taint_rule=dev.taint_rule,
+                facts_clean=fresh and facts_clean(facts),
+            )
+            job = ""
+            if lad is not None and lad.job and lad.phase in (Phase.PENDING, Phase.RUNNING):
+                job = await self._job_outcome(lad.job)
+            may_start = False
+            next_kind = lad.step if lad is not None else (steps[0].kind if steps else None)
+            ready = lad is None or lad.phase == Phase.READY
+            if (
+                ready
+                and not dry
+                and next_kind == StepKind.GPU_RESET
+                and dev.state == DeviceState.QUARANTINED
+                and dev.drained
+                and dev.taint_rule
+            ):
+                may_start = await self._may_start(name, policy, node, dev, ladders)
+            obs = Observed(job, may_start, node_cleared, dev.index in released, dry)
+            move = advance(lad, gpu, steps, obs, now)
+            try:
+                await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now)
+            finally:
+                self._reserved.discard((name, dev.index))
+            if move.record is not None and move.record.in_flight:
+                self.requeue(name, POLL_S)
+            elif move.record is not None and move.record.phase == Phase.HANDED_OFF:
+                self.requeue(name, HANDOFF_POLL_S)
+
+    async def _act(
+        self,
+        name: str,
+        policy: Policy,
+        dev: DeviceRecord,
+        lad: LadderRecord | None,
+        old: Mapping[str, Any] | None,
+        move: Move,
+        now: dt.datetime,
+    ) -> None:
+        settings = policy.remediation
+        rec = move.record
+        body: dict[str, Any] | None = None
+        if move.start == StepKind.GPU_RESET and rec is not None:
+            jname = rec.job.partition("/")[2] or job_name(
+                name, dev.index, dev.uuid, format_time(rec.since or now), rec.attempt
+            )
+            step = next((s for s in steps_for(settings, rec.reason) if s.kind == StepKind.GPU_RESET), None)
+            body, why = build_reset_job(settings, name, dev.index, dev.uuid, jname, step.timeout_s if step else 600.0)
+            if body is None:
+                self._block(name, dev.index, why)
+                return  # no record, no Job: the GPU stays held out and reported
+            rec = rec if rec.job else replace(rec, job=f"{settings.namespace}/{jname}")
+        if rec != lad:
+            await self._write(name, dev.index, _entry(rec, old))  # 1. the write-ahead record
+            old = rec.to_status() if rec is not None else None
+        if move.stop_job:
+            await self._delete_job(move.stop_job)
+        if body is not None and rec is not None:
+            await self._create_job(name, dev.index, body)  # 2. the Job, under the recorded name
+            running = replace(rec, phase=Phase.RUNNING)
+            await self._write(name, dev.index, _entry(running, old))  # 3.
+        for type_, reason, message in move.events:
+            if reason == "GPUReset" and rec is not None:
+                message += f", Job {rec.job}"
+            self._event(name, type_, reason, message)
+        for kind, result in move.finished:
+            metrics.REMEDIATIONS.labels(kind, result).inc()
+        if move.back_in_service is not None and lad is not None:
+            metrics.REMEDIATION_MTTR.labels(str(lad.step)).observe(move.back_in_service)
+        if move.start is not None or rec is None:
+            self._blocked.pop((name, dev.index), None)
+
+    def _block(self, name: str, index: int, why: str) -> None:
+        if self._blocked.get((name, index)) != why:
+            self._blocked[(name, index)] = why
+            self._event(name, "Normal", "RemediationBlocked", f"GPU {index}: no reset yet: {why}")
+
+    async def _may_start(
+        self, name: str, policy: Policy, node: Record, dev: DeviceRecord, ladders: Mapping[int, LadderRecord]
+    ) -> bool:
+        """A GPUReset's preconditions (see the module docstring); the reason in an Event if not."""
+        why = ""
+        if node.state in OUT_OF_SERVICE:
+            why = f"the node itself is {node.state}"
+        elif any(r.in_flight for i, r in ladders.items() if i != dev.index):
+            why = "another GPU of this node is being reset (one at a time per node)"
+        if why:
+            self._block(name, dev.index, why)
+            return False
+        async with self._lock:
+            if self.in_flight(policy.name) >= policy.remediation.max_concurrent:
+                why = f"spec.remediation.maxConcurrent ({policy.remediation.max_concurrent}) resets are in flight"
+            else:
+                self._reserved.add((name, dev.index))
+        if not why:
+            why = await self._held_and_free(dev)
+        if why:
+            self._reserved.discard((name, dev.index))
+            self._block(name, dev.index, why)
+            return False
+        return True
+
+    async def _held_and_free(self, dev: DeviceRecord) -> str:
+        """Re-read from the API: the GPU's rule holds it out, and no pod holds its device."""
+        rules = await self.call(self.kube.list_device_taint_rules)
+        rule = next((r for r in rules if r["metadata"]["name"] == dev.taint_rule), None)
+        if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
+            return f"its DeviceTaintRule {dev.taint_rule} (NoSchedule) is not in place"
+        ref = DeviceRef.parse(dev.device)
+        if ref is None:
+            return "its DRA device is unknown"
+        node = ref.pool
+        claims, pods = await asyncio.gather(
+            self.call(self.kube.list_resource_claims), self.call(self.kube.list_pods_on_node, node)
+        )
+        ended = {
+            f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+            for p in pods
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        }
+        holding = sorted(pods_holding([ref], claims, pods) - ended)
+        if holding:
+            return f"pod {', '.join(holding)} holds its device {ref}"
+        return ""
+
+    async def _job_outcome(self, job: str) -> str:
+        ns, _, jname = job.partition("/")
+        try:
+            return job_outcome(await self.call(self.kube.get_job, ns, jname))
+        except Exception as e:
+            if is_not_found(e):
+                return job_outcome(None)
+            raise
+
+    async def _create_job(self, name: str, index: int, body: Mapping[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            await self.call(self.kube.create_job, ns, body)
+        except Exception as e:
+            if status_of(e) == 409:
+                log.info("reset Job %s/%s exists already (created before a restart)", ns, body["metadata"]["name"])
+                return
+            self._block(name, index, f"the reset Job could not be created in {ns}: {status_of(e) or e}")
+            raise
+
+    async def _delete_job(self, job: str) -> None:
+        ns, _, jname = job.partition("/")
+        try:
+            await self.call(self.kube.delete_job, ns, jname)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+
+    async def _write(self, name: str, index: int, entry: Mapping[str, Any] | None) -> None:
+        result = await self.call(self.kube.patch_report_status, name, {"status": {"remediation": {str(index): entry}}})
+        self.store.wrote(name, result)

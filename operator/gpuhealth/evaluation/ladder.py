@@ -1,0 +1,225 @@
+"""The escalation ladder, one GPU at a time: record x GPU x what was observed x time -> next move.
+
+Pure. The remediator (``controller/remediator.py``) reads the GPU's record and the Job's outcome,
+checks the preconditions that need the API (rule still there, no pod holds the GPU, limits), and
+hands the answer here; it then writes the record this returns *before* acting on it.
+
+A ladder is an ordered list of steps (``GPUReset``, ``NodeReboot``, ``Replace``), each with a
+timeout and a number of attempts. A step that fails (the Job failed, ran past its timeout, or
+succeeded but the GPU's facts did not clear, or the fault came back during probation) is tried
+again while it has attempts left, then the next step runs. Success is judged from evidence: the
+Job succeeded *and* the agent's facts for that GPU are clean (volatile uncorrected ECC 0, NVML
+recovery action None, no pending remap or retirement); the GPU then goes through the usual
+probation. ``Replace`` ends the ladder: the GPU waits in AwaitingRepair with its history.
+
+Which ladder a fault gets: the first of the policy's ``ladders`` that names its reason or XID,
+else the catalog's (:func:`default_steps`): faults a GPU reset clears (volatile ECC, pending remap
+or retirement, XIDs whose remedy is a reset, XID 154 with recovery action Reset) start at
+``GPUReset``; XID 79 and other node-reboot faults at ``NodeReboot``. A GPU whose recovery action
+is ``DrainAndReset`` or ``DrainP2P`` (its NVLink peers must be drained first) skips ``GPUReset``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+
+from gpuhealth.api.devices import DeviceState
+from gpuhealth.api.names import Signal
+from gpuhealth.api.remediation import (
+    Attempt,
+    LadderRecord,
+    Phase,
+    RemediationSettings,
+    Result,
+    Step,
+    StepKind,
+)
+from gpuhealth.catalog import xid as catalog
+
+RESET_STEPS = (Step(StepKind.GPU_RESET, 600.0, 2), Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
+REBOOT_STEPS = (Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
+RESET_REASONS = frozenset({str(Signal.ECC), str(Signal.PENDING_REMAP)})
+REBOOT_REASONS = frozenset({str(Signal.GPU_LOST)})
+PEER_DRAIN_RECOVERY = frozenset({"DrainAndReset", "DrainP2P"})
+
+
+def default_steps(reason: str, recovery_action: str = "") -> tuple[Step, ...]:
+    """The catalog's ladder for a fault (empty: no ladder; the GPU is held and reported)."""
+    if reason in RESET_REASONS:
+        return RESET_STEPS
+    if reason in REBOOT_REASONS:
+        return REBOOT_STEPS
+    if reason.startswith("XID") and reason[3:].isdigit():
+        code = int(reason[3:])
+        action = catalog.lookup(code).immediate_action
+        if code == 154:
+            return RESET_STEPS if recovery_action == "Reset" else REBOOT_STEPS if recovery_action else ()
+        if action == "RESET_GPU":
+            return RESET_STEPS
+        if action == "REBOOT_NODE":
+            return REBOOT_STEPS
+    return ()
+
+
+def steps_for(settings: RemediationSettings, reason: str, recovery_action: str = "") -> tuple[Step, ...]:
+    """The steps a fault climbs under ``settings``; a peer-draining recovery action skips the reset."""
+    steps = next((lad.steps for lad in settings.ladders if lad.matches(reason)), None)
+    if steps is None:
+        steps = default_steps(reason, recovery_action)
+    if recovery_action in PEER_DRAIN_RECOVERY:
+        steps = tuple(s for s in steps if s.kind != StepKind.GPU_RESET)
+    return steps
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What the ladder needs to know of one GPU this pass."""
+
+    index: int
+    uuid: str
+    state: DeviceState
+    reason: str
+    since: dt.datetime | None
+    drained: bool
+    taint_rule: str
+    facts_clean: bool  # the agent's facts (fresh) show no fault a reset or reboot clears
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the remediator read from the API this pass."""
+
+    job: str = ""  # "" (not read), "Absent", "Running", "Succeeded", "Failed"
+    may_start: bool = False  # a GPUReset's preconditions hold (drained, held out, unheld, limits)
+    node_cleared: dt.datetime | None = None  # the node's last release (its reboot was handled)
+    released: bool = False  # a human released the GPU this pass
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Move:
+    record: LadderRecord | None  # None: no record (never had one, or it is forgotten)
+    start: StepKind | None = None  # create this attempt's Job (GPUReset) after writing the record
+    stop_job: str = ""  # delete this Job (timed out)
+    events: tuple[tuple[str, str, str], ...] = ()
+    finished: tuple[tuple[str, str], ...] = ()  # (step, result) for gpuhealth_remediations_total
+    back_in_service: float | None = None  # seconds from fault to service, for the MTTR histogram
+
+
+def _where(gpu: GPU) -> str:
+    return f"GPU {gpu.index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
+
+
+def _step(steps: tuple[Step, ...], kind: StepKind) -> Step:
+    return next((s for s in steps if s.kind == kind), Step(kind))
+
+
+def advance(rec: LadderRecord | None, gpu: GPU, steps: tuple[Step, ...], obs: Observed, now: dt.datetime) -> Move:
+    """The next move for one GPU (see the module docstring)."""
+    if gpu.state == DeviceState.IN_SERVICE or obs.released:
+        if rec is None:
+            return Move(None)
+        mttr = None
+        if rec.phase == Phase.SUCCEEDED and gpu.state == DeviceState.IN_SERVICE and rec.fault_since:
+            mttr = max(0.0, (now - rec.fault_since).total_seconds())
+        return Move(None, back_in_service=mttr)
+    if rec is None:
+        if not steps or gpu.state not in (DeviceState.QUARANTINED, DeviceState.DRAINING):
+            return Move(None)
+        first = steps[0]
+        rec = LadderRecord(
+            index=gpu.index, step=first.kind, reason=gpu.reason, uuid=gpu.uuid, since=now, fault_since=gpu.since
+        )
+        if obs.dry_run:
+            msg = f"{_where(gpu)} ({gpu.reason}): would start the repair ladder at {first.kind}; no Job was created"
+            return Move(replace(rec, phase=Phase.DRY_RUN, message=msg), events=(("Normal", "RemediationDryRun", msg),))
+    if rec.phase == Phase.DRY_RUN:
+        return Move(None) if not obs.dry_run else Move(rec)
+    step = _step(steps, rec.step)
+    if rec.phase == Phase.READY:
+        return _start(rec, gpu, step, obs, now)
+    if rec.phase == Phase.PENDING:
+        if obs.job == "Absent":  # killed between the record and the create: create it now (once)
+            return Move(rec, start=rec.step)
+        rec = replace(rec, phase=Phase.RUNNING)
+    if rec.phase == Phase.RUNNING:
+        overdue = rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s
+        if obs.job == "Succeeded":
+            rec = replace(rec, phase=Phase.VERIFYING, finished=now)
+        elif obs.job == "Failed":
+            return _fail(rec, gpu, steps, Result.FAILED, now)
+        elif obs.job == "Absent":
+            return _fail(rec, gpu, steps, Result.LOST, now)
+        elif overdue:
+            return replace(_fail(rec, gpu, steps, Result.TIMED_OUT, now), stop_job=rec.job)
+        else:
+            return Move(rec)
+    if rec.phase == Phase.VERIFYING:
+        if gpu.facts_clean:
+            return _succeed(rec, gpu, now)
+        if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
+            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now)
+        return Move(rec)
+    if rec.phase == Phase.HANDED_OFF:
+        if obs.node_cleared is not None and rec.started is not None and obs.node_cleared >= rec.started:
+            if gpu.facts_clean:
+                return _succeed(rec, gpu, obs.node_cleared)
+            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now)
+        if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
+            return _fail(rec, gpu, steps, Result.TIMED_OUT, now)
+        return Move(rec)
+    if rec.phase == Phase.SUCCEEDED:
+        relapsed = gpu.state in (DeviceState.QUARANTINED, DeviceState.DRAINING)
+        if relapsed and gpu.since is not None and rec.finished is not None and gpu.since > rec.finished:
+            return _fail(rec, gpu, steps, Result.RELAPSED, now)
+    return Move(rec)
+
+
+def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datetime) -> Move:
+    n = f"{rec.attempt} of {step.attempts}"
+    if step.kind == StepKind.GPU_RESET:
+        if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and gpu.taint_rule and obs.may_start):
+            return Move(rec if rec.history else None)  # nothing to record before the first step runs
+        rec = replace(rec, phase=Phase.PENDING, started=now, finished=None)
+        msg = f"{_where(gpu)} ({gpu.reason}): GPU reset, attempt {n}"
+        return Move(rec, start=StepKind.GPU_RESET, events=(("Normal", "GPUReset", msg),))
+    if step.kind == StepKind.NODE_REBOOT:
+        msg = (
+            f"{_where(gpu)} ({gpu.reason}): the node needs a reboot (attempt {n}); it is drained and handed to the "
+            "node remediator (label gpuhealth.dev/state=AwaitingRepair, condition reason NodeRebootRequested); "
+            "release the node once it is rebooted"
+        )
+        rec = replace(rec, phase=Phase.HANDED_OFF, started=now, finished=None, message=msg)
+        return Move(rec, events=(("Warning", "NodeRebootRequested", msg),), finished=((str(step.kind), "Started"),))
+    tried = ", ".join(f"{a.step} #{a.attempt}: {a.result}" for a in rec.history) or "no step"
+    msg = f"{_where(gpu)} ({gpu.reason}): the repair ladder is exhausted ({tried}); the GPU waits for a human"
+    rec = replace(rec, phase=Phase.AWAITING_REPAIR, started=now, finished=now, message=msg)
+    return Move(rec, events=(("Warning", "LadderExhausted", msg),), finished=((str(StepKind.REPLACE), "HandedOff"),))
+
+
+def _fail(rec: LadderRecord, gpu: GPU, steps: tuple[Step, ...], result: Result, now: dt.datetime) -> Move:
+    done = Attempt(rec.step, rec.attempt, rec.started, now, result)
+    history = (*rec.history, done)
+    step = _step(steps, rec.step)
+    if rec.attempt < step.attempts:
+        nxt = replace(rec, attempt=rec.attempt + 1)
+    else:
+        kinds = [s.kind for s in steps]
+        later = kinds[kinds.index(rec.step) + 1 :] if rec.step in kinds else []
+        nxt = replace(rec, step=later[0] if later else StepKind.REPLACE, attempt=1)
+    nxt = replace(nxt, phase=Phase.READY, started=None, finished=None, job="", history=history)
+    msg = f"{_where(gpu)}: {rec.step} attempt {rec.attempt} {result}; next: {nxt.step} attempt {nxt.attempt}"
+    move = _start(nxt, gpu, _step(steps, nxt.step), Observed(), now) if nxt.step != StepKind.GPU_RESET else None
+    events = (("Warning", "RemediationFailed", msg),)
+    finished = ((str(rec.step), str(result)),)
+    if move is not None and move.record is not None:
+        return Move(move.record, events=events + move.events, finished=finished + move.finished)
+    return Move(nxt, events=events, finished=finished)
+
+
+def _succeed(rec: LadderRecord, gpu: GPU, at: dt.datetime) -> Move:
+    history = (*rec.history, Attempt(rec.step, rec.attempt, rec.started, at, Result.SUCCEEDED))
+    msg = f"{_where(gpu)}: {rec.step} worked, its facts are clean; back in service after probation"
+    rec = replace(rec, phase=Phase.SUCCEEDED, finished=at, history=history, message=msg)
+    return Move(rec, events=(("Normal", "RemediationSucceeded", msg),), finished=((str(rec.step), "Succeeded"),))
