@@ -8,7 +8,8 @@ steady fleet's heartbeats cost the operator no reconcile and no write, and the a
 still measured by the sweeper from the last renewal or report change.
 
 Only the Leases labelled by the agents are watched (label selector, server-side), in one
-namespace (the agents'). Each is slimmed to name, uid and ``renewTime`` as soon as it is parsed.
+namespace (the agents'). Each is slimmed to name, uid, ``renewTime`` and the API server's time of
+that renewal (from ``managedFields``, for start-up freshness) as soon as it is parsed.
 The protocol (list, watch with bookmarks, resume, list again on 410 Gone, growing retry delays) is
 ``reflector.py``'s.
 """
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR
 from gpuhealth.controller import metrics
 from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, LoopReflector
+from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, written
 
 
 class LeaseSource(Protocol):
@@ -37,13 +39,12 @@ class LeaseSource(Protocol):
 
 
 def slim_lease(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Name, uid and the renewal time: all that freshness reads."""
+    """Name, uid, the renewal time and the API server's time of it: all that freshness reads."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    return {
-        "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
-        "spec": {"renewTime": spec.get("renewTime")},
-    }
+    slim_meta = {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta}
+    slim_meta.update(written(meta, LEASE_HEARTBEAT))
+    return {"metadata": slim_meta, "spec": {LEASE_HEARTBEAT: spec.get(LEASE_HEARTBEAT)}}
 
 
 Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the watch below)

@@ -310,7 +310,8 @@ class Runtime:
             self.queue.add(name)
 
     def replace_leases(self, leases: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): renewals missed meanwhile count from their renewTime."""
+        """A fresh full list (the watch expired): renewals missed meanwhile count from the server's time of
+        them (``freshness.observe_lease``), not from the agent's renewTime."""
         for lease in leases:
             self.on_lease("MODIFIED", lease, live=False)
 

@@ -13,7 +13,9 @@ What is read, and by whom:
   condition, and name, uid and resourceVersion (write preconditions).
 - GPUNodeHealth: what ``api/report.py`` ``parse_report`` and ``evaluation`` read of the spec (a
   malformed part is kept whole, so that it is refused exactly as before), the whole status (the
-  operator's own record), and name, uid, generation and resourceVersion (freshness, preconditions).
+  operator's own record), and name, uid, generation and resourceVersion (freshness, preconditions);
+  of ``managedFields`` only the API server's time of the agent's last heartbeat write, as one
+  derived ``metadata.writtenAt`` (``evaluation/freshness.py``: start-up freshness reads it).
 - Pod: what drains and restart-loop detection read.
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
+from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
 
@@ -231,7 +234,9 @@ def _slim_spec(spec: Any) -> Any:
 def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
     """What evaluation, freshness and the writers read of a GPUNodeHealth (see the module's doc)."""
     meta = body.get("metadata") or {}
-    out: dict[str, Any] = {"metadata": _pick(meta, ("name", "uid", "generation", "resourceVersion"))}
+    slim_meta = _pick(meta, ("name", "uid", "generation", "resourceVersion"))
+    slim_meta.update(compact(written(meta, REPORT_HEARTBEAT)))  # the server's time of the last heartbeat write
+    out: dict[str, Any] = {"metadata": slim_meta}
     if "spec" in body:
         out["spec"] = _slim_spec(body["spec"])
     if "status" in body:

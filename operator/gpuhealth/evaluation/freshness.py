@@ -1,4 +1,4 @@
-"""When the agent was last heard from, by the operator's clock, not the agent's.
+"""When the agent was last heard from, by the operator's clock (or the API server's), not the agent's.
 
 An agent's `heartbeatTime` is written with the node's clock. A node whose clock runs ahead would
 otherwise look fresh long after its agent died (a heartbeat ten minutes in the future stays "fresh"
@@ -7,17 +7,31 @@ it reports. So freshness is judged by when the operator *saw the report's spec c
 server bumps `metadata.generation` on every spec write and never on a status write, so a new
 (uid, generation) is a sign of life that no clock on the node can fake.
 
-For reports that were already there when the operator started, nobody saw the write: the agent's
-heartbeat is taken, clamped to the operator's clock (a future heartbeat counts as "now", so silence
-is still detected within the silence period after start-up).
+For reports that were already there when the operator started (or listed again after a pause),
+nobody saw the write, and what the operator saw before a restart or failover was only in its
+memory. The object itself still says when it was written, by the API server's clock: the server
+stamps `metadata.managedFields[].time` whenever a manager's write changes a field, so the entry of
+the main resource (no `subresource`: not a status write) that owns `spec.heartbeatTime` carries the
+server's time of the agent's last heartbeat write (``written_at``). That time, clamped to the
+operator's clock, is the sign of life at start-up, whatever the heartbeat says: a heartbeat in 2099
+cannot make a silent node fresh after a restart, and one an hour behind does not make a live agent
+look silent. Only where that evidence is missing (managedFields cleared) is the heartbeat itself
+taken, clamped to the operator's clock, and one further ahead of it than ``SKEW_TOLERANCE_S`` is
+implausible: no sign of life at all (``Seen.at`` None, so the node is Unknown, never Healthy).
 
 Agents that renew a node Lease (``coordination.k8s.io``, the heartbeat that writes no report) are
 judged the same way: a new ``renewTime`` seen on the Lease is a sign of life at the moment the
-operator sees it (``observe_lease``), and a Lease already there at start-up counts from its
-``renewTime``, clamped to the operator's clock. The later of the two signs (report, Lease) counts.
+operator sees it (``observe_lease``), and a Lease already there at start-up counts from the server's
+time on the managedFields entry that owns ``spec.renewTime`` (else from its ``renewTime``, clamped,
+and not at all if implausibly far ahead). The later of the two signs (report, Lease) counts.
+
+The slim caches keep only that one derived time (``WRITTEN_AT`` in the object's metadata), not the
+managedFields themselves (``written``).
 
 A live heartbeat far from the operator's clock is flagged as clock skew (an Event and a metric, once
-per episode); it never changes a verdict.
+per episode); it never changes a verdict. An episode the object shows was under way at the agent's
+last write before a restart (its heartbeat far from the server's time of that write) is not
+announced again by the restarted operator.
 """
 
 from __future__ import annotations
@@ -32,13 +46,22 @@ from gpuhealth.api.timeutil import parse_time
 # A heartbeat is stamped just before its write; anything past this is the node's clock, not latency.
 SKEW_TOLERANCE_S = 120.0
 
+# Where a slim cached object keeps the server's time of its last heartbeat write (see ``written``).
+WRITTEN_AT = "writtenAt"
+REPORT_HEARTBEAT = "heartbeatTime"  # the report's spec field that an agent's every write stamps
+LEASE_HEARTBEAT = "renewTime"  # the Lease's spec field that every renewal stamps
+_NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
+
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """The last spec version of a report that the operator saw, and when (operator clock)."""
+    """The last spec version of a report that the operator saw, and when (operator clock).
+
+    ``at`` is None for a version that carries no plausible time of life (listed at start-up with a
+    heartbeat far in the future and no server-side time): the agent counts as not heard from."""
 
     key: tuple[str, int | str]  # (uid, generation) of a report, (uid, renewTime) of a Lease
-    at: dt.datetime
+    at: dt.datetime | None
     skewed: bool = False
 
 
@@ -57,6 +80,49 @@ class Skew:
         )
 
 
+def written_at(meta: Mapping[str, Any], field: str) -> dt.datetime | None:
+    """The API server's time of the last write that changed ``spec.<field>``, from ``managedFields``.
+
+    The server stamps an entry's ``time`` with its own clock whenever that manager's write changes
+    a field, and a field belongs to the manager that last changed it; so among the entries of the
+    main resource (a status write has ``subresource: status``) the ones that own ``spec.<field>``
+    say when it was last written, whatever the field manager is called. A slim cached copy carries
+    the time itself (``WRITTEN_AT``). None where there is no such entry.
+    """
+    if WRITTEN_AT in meta:
+        return parse_time(meta[WRITTEN_AT])
+    best: dt.datetime | None = None
+    for entry in meta.get("managedFields") or ():
+        if not isinstance(entry, Mapping) or entry.get("subresource"):
+            continue
+        spec = (entry.get("fieldsV1") or {}).get("f:spec")
+        if not isinstance(spec, Mapping) or f"f:{field}" not in spec:
+            continue
+        t = parse_time(entry.get("time"))
+        if t is not None and (best is None or t > best):
+            best = t
+    return best
+
+
+def written(meta: Mapping[str, Any], field: str) -> dict[str, str]:
+    """What a slim copy of ``meta`` keeps for ``written_at``: the one time, not the managedFields."""
+    t = written_at(meta, field)
+    return {} if t is None else {WRITTEN_AT: t.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _listed(heartbeat: dt.datetime, server: dt.datetime | None, now: dt.datetime) -> tuple[dt.datetime | None, bool]:
+    """When an agent listed at start-up was last heard from, and whether its clock was off then.
+
+    The server's time of the write when the object has it (clamped to our clock); else the heartbeat,
+    clamped, unless it is further ahead than any latency explains: then nothing plausible is known.
+    """
+    if server is not None:
+        return min(server, now), abs((heartbeat - server).total_seconds()) > SKEW_TOLERANCE_S
+    if (heartbeat - now).total_seconds() > SKEW_TOLERANCE_S:
+        return None, True
+    return min(heartbeat, now), False
+
+
 def _key(body: Mapping[str, Any]) -> tuple[str, int] | None:
     meta = body.get("metadata") or {}
     gen = meta.get("generation")
@@ -70,18 +136,19 @@ def observe(
 ) -> tuple[Seen | None, Skew | None]:
     """Fold one watched report into what was seen; returns the new record and a skew to announce.
 
-    ``live`` is False for the start-up list (the write happened at an unknown time before).
-    A skew is returned only when it starts (not again while it lasts).
+    ``live`` is False for the start-up list (the write happened at an unknown time before; the
+    server's time of it is taken, see the module's doc). A skew is returned only when it starts
+    (not again while it lasts), and never from a list.
     """
     key = _key(body)
-    heartbeat = parse_time((body.get("spec") or {}).get("heartbeatTime"))
+    heartbeat = parse_time((body.get("spec") or {}).get(REPORT_HEARTBEAT))
     if key is None or heartbeat is None:
         return None, None  # no heartbeat (e.g. the operator's own stub): nothing says the agent lives
     if prior is not None and prior.key == key:
         return prior, None  # a status write, or the same object listed again: no sign of life
     if not live:
-        at = min(heartbeat, now)
-        return Seen(key, at), None
+        at, skewed = _listed(heartbeat, written_at(body.get("metadata") or {}, REPORT_HEARTBEAT), now)
+        return Seen(key, at, skewed), None
     skew = (heartbeat - now).total_seconds()
     skewed = abs(skew) > SKEW_TOLERANCE_S
     announce = skewed and not (prior is not None and prior.skewed)
@@ -92,29 +159,33 @@ def observe_lease(prior: Seen | None, lease: Mapping[str, Any], now: dt.datetime
     """Fold one watched Lease into when the agent was last heard from through it.
 
     Only a new ``renewTime`` counts (a label edited by someone else is no sign of life); the same
-    Lease listed again after a dropped watch changes nothing.
+    Lease listed again after a dropped watch changes nothing. Listed (``live`` False), a renewal
+    counts from the server's time of it, as a listed report does.
     """
     meta = lease.get("metadata") or {}
-    raw = (lease.get("spec") or {}).get("renewTime")
+    raw = (lease.get("spec") or {}).get(LEASE_HEARTBEAT)
     renewed = parse_time(raw)
     if renewed is None:
         return prior
     key = (str(meta.get("uid") or ""), str(raw))
     if prior is not None and prior.key == key:
         return prior
-    return Seen(key, now if live else min(renewed, now))
+    if live:
+        return Seen(key, now)
+    at, _ = _listed(renewed, written_at(meta, LEASE_HEARTBEAT), now)
+    return Seen(key, at)
 
 
 def latest(*seen: Seen | None) -> Seen | None:
-    """The most recent of several signs of life (report, Lease)."""
+    """The most recent of several signs of life (report, Lease); one with no time is the oldest."""
     known = [s for s in seen if s is not None]
-    return max(known, key=lambda s: s.at) if known else None
+    return max(known, key=lambda s: s.at or _NEVER) if known else None
 
 
 def heard_at(seen: Seen | None, heartbeat: dt.datetime | None) -> dt.datetime | None:
     """The time freshness is measured from: when the operator saw the last spec write.
 
     Without a record (no heartbeat, or a hand-built object with no generation), the agent's own
-    heartbeat is used as is.
+    heartbeat is used as is. A record with no plausible time gives None: never heard, so silent.
     """
     return seen.at if seen is not None else heartbeat

@@ -5,16 +5,47 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gpuhealth.evaluation.freshness import SKEW_TOLERANCE_S, Seen, heard_at, observe
+from gpuhealth.controller.slim import slim_report
+from gpuhealth.evaluation.freshness import (
+    SKEW_TOLERANCE_S,
+    WRITTEN_AT,
+    Seen,
+    heard_at,
+    latest,
+    observe,
+    written,
+    written_at,
+)
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+YEAR_2099 = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
 
 
-def body(gen: int, heartbeat: dt.datetime | None, uid: str = "u1") -> dict[str, Any]:
+def iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def agent_entry(t: dt.datetime, manager: str = "gpuhealth-agent", operation: str = "Update") -> dict[str, Any]:
+    """A managedFields entry as the API server writes it for the agent's spec merge patches."""
+    spec: dict[str, Any] = {".": {}, "f:heartbeatTime": {}, "f:nodeName": {}, "f:devices": {}}
+    return {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": "gpuhealth.dev/v1alpha1",
+        "time": iso(t),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": spec},
+    }
+
+
+def body(gen: int, heartbeat: dt.datetime | None, uid: str = "u1", fields: list[Any] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"nodeName": "n"}
     if heartbeat is not None:
         spec["heartbeatTime"] = heartbeat.isoformat().replace("+00:00", "Z")
-    return {"metadata": {"name": "n", "uid": uid, "generation": gen}, "spec": spec}
+    meta: dict[str, Any] = {"name": "n", "uid": uid, "generation": gen}
+    if fields is not None:
+        meta["managedFields"] = fields
+    return {"metadata": meta, "spec": spec}
 
 
 def test_a_clock_far_ahead_counts_from_when_the_write_was_seen() -> None:
@@ -72,11 +103,105 @@ def test_skew_is_announced_once_per_episode() -> None:
 
 
 def test_at_start_up_a_past_heartbeat_is_taken_and_a_future_one_clamped() -> None:
+    # Without the server's time of the write (no managedFields): the heartbeat, never in the future.
     old = T0 - dt.timedelta(minutes=5)
     seen, skew = observe(None, body(1, old), T0, live=False)
     assert seen is not None and seen.at == old and skew is None
-    seen, skew = observe(None, body(1, T0 + dt.timedelta(days=1)), T0, live=False)
+    latency = dt.timedelta(seconds=SKEW_TOLERANCE_S - 1)
+    seen, skew = observe(None, body(1, T0 + latency), T0, live=False)
     assert seen is not None and seen.at == T0 and skew is None
+
+
+def test_at_start_up_a_heartbeat_implausibly_far_ahead_is_no_sign_of_life() -> None:
+    # A broken clock (2099) and no server time: not "now" (that made a silent node Healthy on every
+    # restart), but never heard, so the node is Unknown until the agent is seen writing.
+    for ahead in (dt.timedelta(seconds=SKEW_TOLERANCE_S + 1), dt.timedelta(days=1), YEAR_2099 - T0):
+        seen, skew = observe(None, body(1, T0 + ahead), T0, live=False)
+        assert seen is not None and seen.at is None and skew is None
+        assert heard_at(seen, T0 + ahead) is None
+    # The agent is then seen writing: heard from at once, by the operator's clock.
+    listed, _ = observe(None, body(1, YEAR_2099), T0, live=False)
+    later = T0 + dt.timedelta(seconds=5)
+    newer, _ = observe(listed, body(2, YEAR_2099), later, live=True)
+    assert newer is not None and newer.at == later
+
+
+def test_at_start_up_the_servers_time_of_the_write_counts_not_the_heartbeat() -> None:
+    # A clock far ahead, last write ten minutes ago by the API server's clock: silent since then.
+    written = T0 - dt.timedelta(minutes=10)
+    seen, skew = observe(None, body(1, YEAR_2099, fields=[agent_entry(written)]), T0, live=False)
+    assert seen is not None and seen.at == written and skew is None
+    # A clock an hour behind, last write five seconds ago: a live agent, not a silent one.
+    recent = T0 - dt.timedelta(seconds=5)
+    seen, _ = observe(None, body(1, T0 - dt.timedelta(hours=1), fields=[agent_entry(recent)]), T0, live=False)
+    assert seen is not None and seen.at == recent
+    # The API server's clock a little ahead of the operator's: clamped, never in the future.
+    seen, _ = observe(None, body(1, T0, fields=[agent_entry(T0 + dt.timedelta(seconds=3))]), T0, live=False)
+    assert seen is not None and seen.at == T0
+
+
+def test_the_servers_time_is_that_of_the_entry_that_owns_the_heartbeat() -> None:
+    agent = T0 - dt.timedelta(minutes=3)
+    fields = [
+        # The operator's stub (spec.nodeName only) and its status writes: no heartbeat, never a sign of life.
+        {
+            "manager": "gpuhealth-operator",
+            "operation": "Update",
+            "time": iso(T0),
+            "fieldsV1": {"f:spec": {"f:nodeName": {}}},
+        },
+        {
+            "manager": "gpuhealth-operator",
+            "operation": "Update",
+            "subresource": "status",
+            "time": iso(T0),
+            "fieldsV1": {"f:status": {"f:state": {}}},
+        },
+        # Someone relabelling the report: metadata only.
+        {"manager": "kubectl-label", "operation": "Update", "time": iso(T0), "fieldsV1": {"f:metadata": {}}},
+        agent_entry(agent),
+        # An older owner of the heartbeat (under another manager name) does not win over the latest.
+        agent_entry(agent - dt.timedelta(hours=1), manager="old-agent", operation="Apply"),
+        "not an entry",
+    ]
+    meta = body(1, YEAR_2099, fields=fields)["metadata"]
+    assert written_at(meta, "heartbeatTime") == agent
+    assert written(meta, "heartbeatTime") == {WRITTEN_AT: iso(agent)}
+    assert written_at({**meta, "managedFields": fields[:3]}, "heartbeatTime") is None
+    assert written_at({"name": "n"}, "heartbeatTime") is None and written({}, "heartbeatTime") == {}
+
+
+def test_a_slim_cached_report_keeps_only_the_servers_time() -> None:
+    written_ = T0 - dt.timedelta(minutes=10)
+    full = body(1, YEAR_2099, fields=[agent_entry(written_), {"manager": "big", "fieldsV1": {"f:spec": {}}}])
+    slim = slim_report(full)
+    assert "managedFields" not in slim["metadata"] and slim["metadata"][WRITTEN_AT] == iso(written_)
+    assert slim_report(slim)["metadata"][WRITTEN_AT] == iso(written_)  # re-slimmed (a write's answer)
+    assert observe(None, slim, T0, live=False) == observe(None, full, T0, live=False)
+    seen, _ = observe(None, slim, T0, live=False)
+    assert seen is not None and seen.at == written_
+
+
+def test_a_skew_under_way_before_a_restart_is_not_announced_again() -> None:
+    ahead = dt.timedelta(hours=1)
+    written_ = T0 - dt.timedelta(seconds=20)
+    listed, _ = observe(None, body(1, written_ + ahead, fields=[agent_entry(written_)]), T0, live=False)
+    assert listed is not None and listed.skewed
+    t1 = T0 + dt.timedelta(seconds=10)
+    seen, skew = observe(listed, body(2, t1 + ahead), t1, live=True)
+    assert skew is None and seen is not None and seen.skewed
+    # A clock that was right at the last write: a skew seen after the restart is a new episode.
+    listed, _ = observe(None, body(1, written_, fields=[agent_entry(written_)]), T0, live=False)
+    assert listed is not None and not listed.skewed
+    _, skew = observe(listed, body(2, t1 + ahead), t1, live=True)
+    assert skew is not None
+
+
+def test_a_sign_of_life_with_no_time_is_older_than_any_other() -> None:
+    undated = Seen(("u1", 1), None, True)
+    dated = Seen(("l1", "x"), T0 - dt.timedelta(days=365))
+    assert latest(undated, dated) is dated and latest(dated, undated) is dated
+    assert latest(undated, None) is undated and heard_at(latest(undated, None), YEAR_2099) is None
 
 
 def test_no_heartbeat_is_no_sign_of_life() -> None:

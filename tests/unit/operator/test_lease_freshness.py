@@ -25,13 +25,42 @@ def lease(name: str, renewed: float, uid: str = "l-uid", rv: str = "1") -> dict[
 def test_a_renewal_counts_when_the_operator_sees_it_not_by_the_agents_clock() -> None:
     live = observe_lease(None, lease("n1", renewed=500), at(10), live=True)
     assert live is not None and live.at == at(10)
-    # Listed at start-up (written at an unknown time): its renewTime, but never in the future.
+    # Listed at start-up without the server's time of the renewal: its renewTime, never in the
+    # future, and none at all where it is further ahead than latency explains (a broken clock).
     assert (listed := observe_lease(None, lease("n1", renewed=5), at(10), live=False)) and listed.at == at(5)
-    assert (future := observe_lease(None, lease("n1", renewed=900), at(10), live=False)) and future.at == at(10)
+    assert (future := observe_lease(None, lease("n1", renewed=100), at(10), live=False)) and future.at == at(10)
+    assert (broken := observe_lease(None, lease("n1", renewed=900), at(10), live=False)) and broken.at is None
     # The same renewal seen again (a relist), or a Lease without one: nothing new.
     assert observe_lease(live, lease("n1", renewed=500, rv="2"), at(20), live=True) is live
     assert observe_lease(live, {"metadata": {"name": "n1"}, "spec": {}}, at(20), live=True) is live
     assert latest(None, live, Seen(("u", 1), at(3))) is live and latest(None, None) is None
+
+
+def renewal_entry(written: float, subresource: str | None = None) -> dict[str, Any]:
+    """The managedFields entry the API server keeps for the agent's renewals (its own clock)."""
+    e = {
+        "manager": "gpuhealth-agent",
+        "operation": "Update",
+        "time": iso(written),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}},
+    }
+    return {**e, "subresource": subresource} if subresource else e
+
+
+def test_a_listed_lease_counts_from_the_servers_time_of_its_renewal() -> None:
+    broken = {"metadata": {**lease("n1", 1)["metadata"], "managedFields": [renewal_entry(5)]}}
+    body = {**lease("n1", 1), **broken}
+    body["spec"] = {**body["spec"], "renewTime": "2099-01-01T00:00:00.000000Z"}
+    assert (listed := observe_lease(None, body, at(600), live=False)) and listed.at == at(5)
+    assert (same := observe_lease(None, slim_lease(body), at(600), live=False)) and same.at == at(5)
+    # A renewTime an hour behind, renewed two seconds ago by the server's clock: a live agent.
+    behind = {**body, "metadata": {**body["metadata"], "managedFields": [renewal_entry(598)]}}
+    behind["spec"] = {**body["spec"], "renewTime": iso(-3000)}
+    assert (live := observe_lease(None, behind, at(600), live=False)) and live.at == at(598)
+    # An entry of a subresource is not a renewal.
+    other = {**body, "metadata": {**body["metadata"], "managedFields": [renewal_entry(5, "status")]}}
+    assert (undated := observe_lease(None, other, at(600), live=False)) and undated.at is None
 
 
 def test_slim_lease_keeps_only_what_freshness_reads() -> None:
@@ -39,6 +68,11 @@ def test_slim_lease_keeps_only_what_freshness_reads() -> None:
     slim = slim_lease(body)
     assert slim == {
         "metadata": {"name": "n1", "uid": "l-uid", "resourceVersion": "1"},
+        "spec": {"renewTime": iso(1)},
+    }
+    body["metadata"]["managedFields"] = [renewal_entry(1), {"manager": "other", "fieldsV1": {"f:metadata": {}}}]
+    assert slim_lease(body) == {
+        "metadata": {"name": "n1", "uid": "l-uid", "resourceVersion": "1", "writtenAt": iso(1)},
         "spec": {"renewTime": iso(1)},
     }
 
