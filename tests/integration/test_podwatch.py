@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.podwatch import PodWatch
+from gpuhealth.controller.objectwatch import ObjectWatch
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_nodes
@@ -72,7 +72,8 @@ def test_reflector_follows_a_pods_life_and_only_scheduled_pods(
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
     ns = ensure_namespace(kube, f"pw-{group}"[:60])
-    w = PodWatch(OperatorKube(api_client(str(cluster.kubeconfig))), slim, mirror.on_event, mirror.on_replace)
+    source = OperatorKube(api_client(str(cluster.kubeconfig)))
+    w = ObjectWatch("pods", source.list_pods_rv, source.watch_pods, slim, mirror.on_event, mirror.on_replace)
     for p in w.list():
         mirror.on_event("ADDED", p)
     w.start(mirror.loop)
@@ -106,7 +107,9 @@ def test_reflector_started_from_an_ancient_version_converges_to_a_fresh_list(
     for i in range(3):
         kube.core.create_namespaced_pod(ns, bare_pod(f"p{i}", node))
     source = OperatorKube(api_client(str(cluster.kubeconfig)))
-    w = PodWatch(source, slim, mirror.on_event, mirror.on_replace, resource_version="1")
+    w = ObjectWatch(
+        "pods", source.list_pods_rv, source.watch_pods, slim, mirror.on_event, mirror.on_replace, resource_version="1"
+    )
     w.start(mirror.loop)
     try:
         wait_for(lambda: len(mirror.names(ns)) == 3, timeout=60, what="the three pods mirrored")

@@ -55,16 +55,6 @@ GPUS_OUT_OF_SERVICE = Gauge(
 EVENTS_DROPPED = Counter(
     "gpuhealth_events_dropped_total", "Events that could not be posted even after retries", registry=REGISTRY
 )
-POD_WATCH_ERRORS = Counter(
-    "gpuhealth_pod_watch_errors_total",
-    "Pod watch connections that failed and were resumed after a delay",
-    registry=REGISTRY,
-)
-POD_WATCH_RELISTS = Counter(
-    "gpuhealth_pod_watch_relists_total",
-    "Full pod lists after the watch's resourceVersion expired (410 Gone), or at start",
-    registry=REGISTRY,
-)
 RECONCILES = Counter(
     "gpuhealth_reconciles_total",
     "Node reconciles run (a heartbeat that changes no fact must not add to it)",
@@ -80,21 +70,25 @@ LEASE_RECONCILES = Counter(
     "Reconciles queued by a Lease renewal (only for an Unknown node, or one with no verdict yet)",
     registry=REGISTRY,
 )
+
+# Every list-then-watch (controller/reflector.py), one family, labelled by what it watches.
+WATCHES = ("nodes", "reports", "pods", "leases", "slices")
+WATCH_EVENTS = Counter(
+    "gpuhealth_watch_events_total",
+    "Watch events received (added, modified, deleted), by what is watched",
+    ["watch"],
+    registry=REGISTRY,
+)
 WATCH_ERRORS = Counter(
     "gpuhealth_watch_errors_total",
-    "Node or report watch connections that failed and were resumed after a delay, by what is watched",
+    "List or watch connections that failed and were resumed after a delay, by what is watched",
     ["watch"],
     registry=REGISTRY,
 )
 WATCH_RELISTS = Counter(
     "gpuhealth_watch_relists_total",
-    "Full lists of the Nodes or reports after the watch's resourceVersion expired (410 Gone)",
+    "Full lists, at start and after the watch's resourceVersion expired (410 Gone), by what is watched",
     ["watch"],
-    registry=REGISTRY,
-)
-LEASE_WATCH_ERRORS = Counter(
-    "gpuhealth_lease_watch_errors_total",
-    "Lease watch connections that failed and were resumed after a delay",
     registry=REGISTRY,
 )
 
@@ -103,9 +97,9 @@ LEASE_WATCH_ERRORS = Counter(
 for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
     INVALID_INPUT.labels(_kind)
 CONFLICTS.labels("reconcile")
-for _watched in ("nodes", "reports"):
-    WATCH_ERRORS.labels(_watched)
-    WATCH_RELISTS.labels(_watched)
+for _watched in WATCHES:
+    for _family in (WATCH_EVENTS, WATCH_ERRORS, WATCH_RELISTS):
+        _family.labels(_watched)
 DEVICES = Gauge(
     "gpuhealth_devices",
     "GPUs by their own gpuhealth state (InService, Quarantined, Draining, AwaitingRepair, Recovering), by policy",

@@ -1,14 +1,21 @@
-"""Slim list-then-watch of the GPU Nodes and the agents' reports: the fleet, without Kopf's per-object work.
+"""Slim list-then-watch of what the operator caches: GPU Nodes, reports, scheduled Pods, the agents'
+heartbeat Leases. One class; each watch is an instance with its own list and watch calls.
 
-Every GPU node is two watched objects, its Node and its GPUNodeHealth report. Watched through Kopf,
-each event's full body was wrapped, queued to a per-object worker and handed over whole; at start-up
-Kopf listed both again after the runtime's own list, and processed every object of both. At 10,000
-nodes that was most of the operator's peak memory and a second reconcile of the whole fleet
-(docs/scaling.md). Here, as for pods (``podwatch.py``), each object is slimmed as soon as its line
-is parsed (``slim.py``) and only that is handed to the runtime, on its event loop, in the order the
-API sent it. The runtime's own start-up list gives the resourceVersion the watch starts from, so
-the fleet is listed once. The protocol (list, watch with bookmarks, resume, list again on 410 Gone,
-growing retry delays) is ``reflector.py``'s.
+A fleet is tens of thousands of these objects and the operator reads a handful of fields of each.
+Watched through Kopf, each event's full body was wrapped, queued to a per-object worker and handed
+over whole, and Kopf listed everything again after the runtime's own list: at 10,000 nodes most of
+the operator's peak memory, and at 8,000 pods about 180 MB (docs/scaling.md, docs/bench.md). Here
+each object is slimmed as soon as its line is parsed (``slim.py``) and only that is handed to the
+runtime, on its event loop, in the order the API sent it. The runtime's own start-up list is the
+watch's (``list``), so each kind is listed once and the watch continues from its resourceVersion.
+
+What each watch selects, server-side: Nodes labelled ``nvidia.com/gpu.present=true``; every report;
+Pods with ``spec.nodeName`` set; Leases in the agents' namespace labelled by the agents. A Lease
+renewal is a sign of life and nothing else: the runtime folds it into the freshness record and
+queues the node only where that can change the verdict, so steady heartbeats cost no reconcile.
+
+The protocol (list, watch with bookmarks, resume, list again on 410 Gone, growing retry delays)
+and the metrics (``gpuhealth_watch_*_total{watch}``) are ``reflector.py``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller import metrics
 from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, LoopReflector
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -33,11 +39,12 @@ Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the wa
 class ObjectWatch(LoopReflector[dict[str, Any]]):
     """Feeds ``on_event(type, slim body)`` and ``on_replace(slim bodies)`` on ``loop``, from a thread.
 
-    ``lister(slim)`` lists (paged, each item slimmed) and returns the list's resourceVersion;
-    ``watcher(resource_version, timeout_s)`` yields the raw watch events from there.
+    ``kind`` names the watch (its thread, and the metrics' ``watch`` label: one of
+    ``metrics.WATCHES``); ``lister(slim)`` lists (paged, each item slimmed) and returns the list's
+    resourceVersion; ``watcher(resource_version, timeout_s)`` yields the raw watch events from there.
     """
 
-    kind: str  # "nodes" or "reports": the thread's name and the metric's label
+    kind: str
     lister: Lister
     watcher: Watcher
     slim: Slim
@@ -48,29 +55,24 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
     _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
-    # Reconnecting is one cheap request, and faults arrive through these: retry soon after an API comes back.
+    # Reconnecting is one cheap request, and faults and drains arrive through these: retry soon
+    # after an API comes back.
     RETRY_BASE_S, RETRY_MAX_S = 0.5, 5.0
 
     def __post_init__(self) -> None:
         self.NAME = f"{self.kind}-watch"
+        self.WATCH = self.kind
 
     def list(self) -> list[dict[str, Any]]:
         """The initial (or a fresh) full list; the watch continues from its resourceVersion."""
-        items, self.resource_version = self.lister(self.slim)
-        return items
+        return self.full_list()
 
     def _list(self) -> Items:
-        return self.list()
+        items, self.resource_version = self.lister(self.slim)
+        return items
 
     def _watch(self) -> Iterable[Mapping[str, Any]]:
         return self.watcher(self.resource_version, WATCH_TIMEOUT_S)
 
     def _slim(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self.slim(obj)
-
-    def _replaced(self, items: Items) -> None:
-        super()._replaced(items)
-        metrics.WATCH_RELISTS.labels(self.kind).inc()
-
-    def _failed(self, e: BaseException) -> None:
-        metrics.WATCH_ERRORS.labels(self.kind).inc()

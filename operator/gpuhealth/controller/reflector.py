@@ -1,4 +1,5 @@
-"""The list-then-watch protocol, once: what the pod, lease and ResourceSlice watches share.
+"""The list-then-watch protocol, once: what every watch of the operator shares (Nodes, reports, pods,
+Leases: ``objectwatch.py``; ResourceSlices: ``slicewatch.py``).
 
 As Kubernetes reflectors do it: list (paged) for a resourceVersion, watch from there with
 bookmarks, resume from the last version seen after a dropped connection or a server-side timeout,
@@ -7,7 +8,9 @@ growing delays, and a watch that closes at once with nothing in it is never reop
 loop. Each object is slimmed as soon as its line is parsed, so full bodies never pile up.
 
 A watch supplies its source calls and what to do with the results through the hooks below; the
-loop runs in its own thread (``start``), and stops soon after ``stop``.
+loop runs in its own thread (``start``), and stops soon after ``stop``. Every watch is counted in
+one metric family labelled by ``watch`` (``gpuhealth_watch_events_total``, ``..._errors_total``,
+``..._relists_total``), here, so no watch can forget its metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from gpuhealth.controller import metrics
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.kube.errors import status_of
 
@@ -39,7 +43,8 @@ class WatchError(Exception):
 class Reflector(Generic[T]):
     """The loop; subclasses (dataclasses) provide ``resource_version``, ``stopping`` and the hooks."""
 
-    NAME = "watch"
+    NAME = "watch"  # the thread's name
+    WATCH = "watch"  # the metrics' ``watch`` label (metrics.WATCHES)
     RETRY_BASE_S, RETRY_MAX_S = 0.5, 5.0
     resource_version: str
     stopping: threading.Event
@@ -65,14 +70,17 @@ class Reflector(Generic[T]):
     def _event(self, kind: str, item: T) -> None:
         raise NotImplementedError
 
-    def _failed(self, e: BaseException) -> None:
-        """Count a failed list or watch (a metric, where the watch has one)."""
-
     def _closed(self) -> bool:
         """Whether whoever receives the results has gone away (then the loop ends quietly)."""
         return False
 
     # -- the loop ----------------------------------------------------------------------------------
+
+    def full_list(self) -> list[T]:
+        """A full list (``_list``), counted: the first, and each after 410 Gone."""
+        items = self._list()
+        metrics.WATCH_RELISTS.labels(self.WATCH).inc()
+        return items
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name=self.NAME, daemon=True)
@@ -83,12 +91,14 @@ class Reflector(Generic[T]):
 
     def run(self) -> None:
         failures = 0
+        events = metrics.WATCH_EVENTS.labels(self.WATCH)
         while not self.stopping.is_set():
             try:
                 if not self.resource_version:
-                    self._replaced(self._list())
+                    self._replaced(self.full_list())
                 started, seen = time.monotonic(), False
                 for kind, item in self.follow(self._watch()):
+                    events.inc()
                     self._event(kind, item)
                     failures, seen = 0, True
                     if self.stopping.is_set():
@@ -105,7 +115,7 @@ class Reflector(Generic[T]):
                 if self.stopping.is_set() or self._closed():
                     return
                 failures += 1
-                self._failed(e)
+                metrics.WATCH_ERRORS.labels(self.WATCH).inc()
                 if status_of(e) == 410:
                     self.resource_version = ""
                     continue

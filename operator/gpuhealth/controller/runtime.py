@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gpuhealth.api.names import (
+    AGENT_LEASE_SELECTOR,
     API_VERSION,
     POLICY_KIND,
     POLICY_PLURAL,
@@ -33,15 +34,13 @@ from gpuhealth.controller.device_reconciler import DeviceReconciler
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventPoster
 from gpuhealth.controller.leadership import Leadership
-from gpuhealth.controller.leasewatch import LeaseWatch
 from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.podwatch import PodWatch
 from gpuhealth.controller.policy_status import PolicyStatus
 from gpuhealth.controller.remediator import Remediator
 from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
+from gpuhealth.controller.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.evaluation import freshness
@@ -116,7 +115,15 @@ class Runtime:
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
-        self.pod_watch = PodWatch(kube, slim_pod, self.on_pod, self.replace_pods)
+        # The sources' calls are looked up when the watch lists, not here (as for every watch below).
+        self.pod_watch = ObjectWatch(
+            "pods",
+            lambda slim: kube.list_pods_rv(slim),
+            lambda rv, timeout: kube.watch_pods(rv, timeout),
+            slim_pod,
+            self.on_pod,
+            self.replace_pods,
+        )
         # The fleet itself: GPU Nodes (selected server-side) and the agents' reports, slimmed as they arrive.
         self.node_watch = ObjectWatch(
             "nodes",
@@ -137,7 +144,16 @@ class Runtime:
         self._fleet_listed = False
         # The agents' heartbeats (node Leases), where the agents run; none: reports carry them.
         self.lease_watch = (
-            LeaseWatch(kube, lease_namespace, self.on_lease, self.replace_leases) if lease_namespace else None
+            ObjectWatch(
+                "leases",
+                lambda slim: kube.list_leases_rv(lease_namespace, AGENT_LEASE_SELECTOR, slim),
+                lambda rv, timeout: kube.watch_leases(lease_namespace, AGENT_LEASE_SELECTOR, rv, timeout),
+                slim_lease,
+                self.on_lease,
+                self.replace_leases,
+            )
+            if lease_namespace
+            else None
         )
         self._leases_listed = False
         self.ready = asyncio.Event()
@@ -179,7 +195,6 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def _load(self) -> None:
-        self.leadership.loaded()
         # Slimmed page by page, as the cache would slim them: the full bodies of a 10,000-node fleet
         # and its reports are never all held at once on top of the caches (docs/scaling.md). The first
         # list is the watches' own (they continue from its resourceVersion); a resync lists again for
@@ -210,6 +225,7 @@ class Runtime:
             self.on_node("ADDED", n, enqueue=False)
         for name in [*self.store.nodes, *self.reports_gc.suspect_orphans()]:
             self.queue.add(name)
+        self.leadership.loaded()
 
     async def start(self) -> None:
         """Prime the caches with a full list, so the breaker counts every node before any decision."""

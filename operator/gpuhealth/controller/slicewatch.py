@@ -74,12 +74,13 @@ class SliceWatch(Reflector[SlimSlice]):
     _thread: threading.Thread | None = None
 
     NAME = "slice-watch"
+    WATCH = "slices"
     # 404 (an API server without resource.k8s.io/v1) is retried too, slowly.
     RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
     def list(self) -> None:
         """A fresh full list into the cache; the watch continues from its resourceVersion."""
-        self._replaced(self._list())
+        self._replaced(self.full_list())
 
     def _notify(self, pool: str) -> None:
         if self.on_change is not None:

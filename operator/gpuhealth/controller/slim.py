@@ -17,6 +17,7 @@ What is read, and by whom:
   of ``managedFields`` only the API server's time of the agent's last heartbeat write, as one
   derived ``metadata.writtenAt`` (``evaluation/freshness.py``: start-up freshness reads it).
 - Pod: what drains and restart-loop detection read.
+- Lease (the agents' heartbeats): name, uid, ``renewTime`` and the server's time of it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
-from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, written
+from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
 
@@ -242,3 +243,13 @@ def slim_report(body: Mapping[str, Any]) -> dict[str, Any]:
     if "status" in body:
         out["status"] = compact(body["status"])
     return out
+
+
+def slim_lease(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An agent's node Lease: name, uid, the renewal time and the API server's time of it (from
+    ``managedFields``, for start-up freshness), all that freshness reads."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    slim_meta = {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta}
+    slim_meta.update(written(meta, LEASE_HEARTBEAT))
+    return {"metadata": slim_meta, "spec": {LEASE_HEARTBEAT: spec.get(LEASE_HEARTBEAT)}}

@@ -8,8 +8,9 @@ import datetime as dt
 from typing import Any
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.leasewatch import LeaseWatch, slim_lease
+from gpuhealth.controller.objectwatch import ObjectWatch
 from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.slim import slim_lease
 from gpuhealth.evaluation.freshness import Seen, latest, observe_lease
 from tests.unit.operator.builders import at, iso, report_obj
 from tests.unit.operator.fake_kube import FakeKube
@@ -99,7 +100,7 @@ def test_renewals_cost_no_reconcile_and_silence_is_still_detected() -> None:
 
     async def body() -> None:
         rt = Runtime(kube, clock=clock, workers=1, lease_namespace="gpuhealth-system")
-        assert isinstance(rt.lease_watch, LeaseWatch)
+        assert isinstance(rt.lease_watch, ObjectWatch) and rt.lease_watch.kind == "leases"
         await rt._load()
         await rt.reconciler.reconcile("n1")
         assert kube.reports["n1"]["status"]["state"] == "Healthy"

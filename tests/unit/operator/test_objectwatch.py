@@ -76,7 +76,7 @@ def test_the_watch_starts_where_the_start_up_list_ended_and_relists_after_gone()
     assert [(k, o["metadata"]["name"]) for k, o in events] == [("MODIFIED", "n1"), ("DELETED", "n2")]
     assert events[0][1] == slim_node(node("n1", "11"))
     assert replaced == [["n2"]]
-    assert relists("nodes") == before + 1
+    assert relists("nodes") == before + 2  # the start-up list and the one after 410 Gone
 
 
 def test_a_relist_forgets_the_nodes_and_reports_deleted_meanwhile() -> None:

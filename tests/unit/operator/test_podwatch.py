@@ -1,4 +1,5 @@
-"""The pod reflector's protocol: resume after a dropped watch, list again on 410, slim every pod.
+"""The pod watch (an ObjectWatch) and the reflector protocol: resume after a dropped watch, list
+again on 410, slim every pod, count it all in the one watch metric family.
 
 The source here is a scripted stand-in; the real list and watch run in the integration tests
 (every drain and restart-loop test goes through it).
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.podwatch import Gone, PodWatch, WatchError
+from gpuhealth.controller import metrics
+from gpuhealth.controller.objectwatch import ObjectWatch
+from gpuhealth.controller.reflector import Gone, WatchError
 
 
 def pod(uid: str, rv: str, node: str = "n1") -> dict[str, Any]:
@@ -54,8 +57,18 @@ class Script:
         yield from step
 
 
+def pod_watch(
+    script: Script, on_event: Any = lambda *_: None, on_replace: Any = lambda _: None, rv: str = "10"
+) -> ObjectWatch:
+    return ObjectWatch("pods", script.list_pods_rv, script.watch_pods, slim, on_event, on_replace, resource_version=rv)
+
+
+def sample(family: str) -> float:
+    return metrics.REGISTRY.get_sample_value(f"gpuhealth_watch_{family}_total", {"watch": "pods"}) or 0.0
+
+
 def test_follow_slims_tracks_versions_and_skips_bookmarks() -> None:
-    w = PodWatch(Script([], []), slim, lambda *_: None, lambda _: None, resource_version="10")
+    w = pod_watch(Script([], []))
     events = [
         {"type": "ADDED", "object": pod("a", "11")},
         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
@@ -68,7 +81,7 @@ def test_follow_slims_tracks_versions_and_skips_bookmarks() -> None:
 
 
 def test_follow_raises_gone_on_410_and_other_errors_distinctly() -> None:
-    w = PodWatch(Script([], []), slim, lambda *_: None, lambda _: None, resource_version="10")
+    w = pod_watch(Script([], []))
     with pytest.raises(Gone):
         list(w.follow([{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}]))
     with pytest.raises(WatchError, match="500"):
@@ -87,15 +100,14 @@ def test_run_resumes_from_last_version_then_relists_after_gone() -> None:
     )
     events: list[tuple[str, str]] = []
     replaced: list[list[str]] = []
+    before = {f: sample(f) for f in ("events", "errors", "relists")}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        w = PodWatch(
+        w = pod_watch(
             script,
-            slim,
             lambda kind, p: events.append((kind, p["metadata"]["uid"])),
             lambda pods: replaced.append([p["metadata"]["uid"] for p in pods]),
-            resource_version="10",
         )
         w.start(loop)
         while not script.done.is_set():
@@ -107,3 +119,5 @@ def test_run_resumes_from_last_version_then_relists_after_gone() -> None:
     assert script.calls[:5] == [("watch", "10"), ("watch", "11"), ("watch", "11"), ("list", ""), ("watch", "30")]
     assert events == [("ADDED", "a"), ("MODIFIED", "b")]
     assert replaced == [["b"]]
+    # One family for every watch: two events, two failures (the dropped connection, the 410), one list.
+    assert {f: sample(f) - before[f] for f in before} == {"events": 2, "errors": 1, "relists": 1}
