@@ -44,7 +44,7 @@ def node_shape(draw: Any) -> tuple[str, list[S.Gpu], S.Published]:
         profiles = draw(st.sets(st.sampled_from([p[0] for p in S.H100_PROFILES]), min_size=1))
         pub = S.partitionable_slices("n1", gpus, version, generation=2, profiles=sorted(profiles))
     else:
-        gpus = [S.Gpu(m, uuid(m), draw(st.sampled_from(((),) + MIG_LAYOUTS))) for m in minors]
+        gpus = [S.Gpu(m, uuid(m), draw(st.sampled_from(((), *MIG_LAYOUTS)))) for m in minors]
         pub = S.static_slices("n1", gpus, version, slices=draw(st.integers(1, 3)), generation=2)
     if draw(st.booleans()):  # the previous generation: the GPUs partitioned differently, then
         old = [S.Gpu(g.minor, g.uuid, () if g.mig else MIG_LAYOUTS[0]) for g in gpus]
@@ -199,7 +199,8 @@ def test_slim_keeps_only_what_the_mapping_reads() -> None:
     assert counters.shared_counters == ("gpu-0-counter-set",) and counters.devices == ()
     assert counters.slice_count == 2
     place = next(d for d in devices.devices if d.name == "gpu-0-mig-3g40gb-9-4")
-    assert (place.uuid, place.parent_uuid, place.type, place.profile, place.index) == ("", uuid(0), "mig", "3g.40gb", None)
+    kept = (place.uuid, place.parent_uuid, place.type, place.profile, place.index)
+    assert kept == ("", uuid(0), "mig", "3g.40gb", None)
     assert place.counter_sets == ("gpu-0-counter-set",)
     assert not hasattr(place, "__dict__"), "slots: no per-object dict"
 
