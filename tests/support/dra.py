@@ -6,6 +6,8 @@ There is no kubelet and no driver on KWOK nodes: the slices are written here (dr
 ``productName``), the scheduler allocates claims against them, and KWOK runs the pods. The UUIDs
 default to the ones the fake NVML library (tests/fakenvml) reports, so a real agent on the node and
 its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in tests/support/k8s.py.
+MIG and partitionable nodes are published with :func:`publish` from the shapes in ``dra_shapes``
+(static MIG, DynamicMIG counter sets and placements, each driver version's attributes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from kubernetes import client
 
+from tests.support import dra_shapes
 from tests.support.k8s import Kube, wait_for
 
 DRIVER = "gpu.nvidia.com"
@@ -88,7 +91,22 @@ def publish_slices(
     return names
 
 
-def claim_template(namespace: str, name: str, count: int = 1, device_class_name: str = GPU_CLASS) -> dict[str, Any]:
+MIG_CEL = f"device.attributes['{DRIVER}'].type == 'mig'"
+FULL_GPU_CEL = f"device.attributes['{DRIVER}'].type == 'gpu'"
+
+
+def publish(kube: Kube, published: dra_shapes.Published) -> list[str]:
+    """Create the slices of one node, shaped as NVIDIA's driver publishes them (``dra_shapes``)."""
+    for body in published.slices:
+        kube.custom.create_cluster_custom_object(G, V, "resourceslices", body)
+    return [s["metadata"]["name"] for s in published.slices]
+
+
+def claim_template(
+    namespace: str, name: str, count: int = 1, device_class_name: str = GPU_CLASS, cel: str = ""
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate for ``count`` devices of the class; ``cel`` narrows them (``MIG_CEL``
+    for a MIG device or placement, ``FULL_GPU_CEL`` for a whole GPU)."""
     body: dict[str, Any] = {
         "apiVersion": f"{G}/{V}",
         "kind": "ResourceClaimTemplate",
@@ -103,6 +121,7 @@ def claim_template(namespace: str, name: str, count: int = 1, device_class_name:
                                 "deviceClassName": device_class_name,
                                 "allocationMode": "ExactCount",
                                 "count": count,
+                                **({"selectors": [{"cel": {"expression": cel}}]} if cel else {}),
                             },
                         }
                     ]
@@ -113,9 +132,9 @@ def claim_template(namespace: str, name: str, count: int = 1, device_class_name:
     return body
 
 
-def create_claim_template(kube: Kube, namespace: str, name: str, count: int = 1) -> None:
+def create_claim_template(kube: Kube, namespace: str, name: str, count: int = 1, cel: str = "") -> None:
     kube.custom.create_namespaced_custom_object(
-        G, V, namespace, "resourceclaimtemplates", claim_template(namespace, name, count)
+        G, V, namespace, "resourceclaimtemplates", claim_template(namespace, name, count, cel=cel)
     )
 
 
