@@ -69,11 +69,12 @@ def test_the_real_scheduler_allocates_both_shapes_and_honours_the_counters(
     # Partitionable: two whole GPUs consume both counter sets; no placement is left.
     for name in ("w0", "w1"):
         kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, name, "full", part))
-    assert sorted(dra.wait_allocated(kube, ns, n)[0] for n in ("w0", "w1")) == ["gpu-0", "gpu-1"]
+    whole = {n: dra.wait_allocated(kube, ns, n)[0] for n in ("w0", "w1")}
+    assert sorted(whole.values()) == ["gpu-0", "gpu-1"]
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "p0", "mig", part))
     dra.wait_unschedulable(kube, ns, "p0")
     kube.core.delete_namespaced_pod("w1", ns)
-    assert dra.wait_allocated(kube, ns, "p0", timeout=90)[0].startswith("gpu-1-mig-")
+    assert dra.wait_allocated(kube, ns, "p0", timeout=90)[0].startswith(f"{whole['w1']}-mig-")
 
 
 def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
