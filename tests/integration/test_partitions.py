@@ -14,13 +14,27 @@ from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.integration.test_device_quarantine import device, ecc, gone_or_deleting, pod_annotations, rules_of
+from tests.integration.test_device_quarantine import device, gone_or_deleting, pod_annotations, rules_of
 from tests.support import dra
 from tests.support import dra_shapes as S
 from tests.support.cluster import LocalCluster, gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 MIG2 = ("gpu-2-mig-3g40gb-9-0", "gpu-2-mig-3g40gb-9-4")
+
+
+def healthy(node: str) -> dict[str, Any]:
+    return dra.with_node_uuids(healthy_spec(), node)
+
+
+def ecc(node: str, bad: int) -> dict[str, Any]:
+    spec = healthy(node)
+    spec["devices"][bad]["ecc"]["volatileUncorrected"] = 1
+    return spec
+
+
+def gpus(node: str, n: int) -> list[S.Gpu]:
+    return [S.Gpu(i, dra.node_uuid(node, i)) for i in range(n)]
 
 
 def ours(kube: Kube, node: str) -> dict[str, str]:
@@ -35,7 +49,7 @@ def ours(kube: Kube, node: str) -> dict[str, str]:
 def static_mig_node(node: str) -> S.Published:
     """Eight GPUs; GPU 2 MIG-enabled with two 3g.40gb devices (and no full gpu-2 device)."""
     mig = (("3g.40gb", 0), ("3g.40gb", 4))
-    return S.static_slices(node, [S.Gpu(i, dra.report_uuid(i), mig if i == 2 else ()) for i in range(8)])
+    return S.static_slices(node, [S.Gpu(i, dra.node_uuid(node, i), mig if i == 2 else ()) for i in range(8)])
 
 
 def setup(kube: Kube, group: str, ns_prefix: str, **policy: Any) -> str:
@@ -57,9 +71,7 @@ def test_the_real_scheduler_allocates_both_shapes_and_honours_the_counters(
     dra.create_claim_template(kube, ns, "mig", 1, cel=dra.MIG_CEL)
     dra.create_claim_template(kube, ns, "full", 1, cel=dra.FULL_GPU_CEL)
     dra.publish(kube, static_mig_node(static))
-    pub = S.partitionable_slices(
-        part, [S.Gpu(i, dra.report_uuid(i)) for i in range(2)], profiles=["3g.40gb", "7g.80gb"]
-    )
+    pub = S.partitionable_slices(part, gpus(part, 2), profiles=["3g.40gb", "7g.80gb"])
     dra.publish(kube, pub)
     for name, template, node in (("m0", "mig", static), ("m1", "mig", static), ("f0", "full", static)):
         kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, name, template, node))
@@ -81,7 +93,7 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    kube.put_report(node, healthy_spec())
+    kube.put_report(node, healthy(node))
     ns = setup(kube, group, "pm", actions={"drain": {"checkpointMode": "annotation"}})
     dra.publish(kube, static_mig_node(node))
     for name, template in (("mig-a", "mig"), ("mig-b", "mig"), ("full", "full")):
@@ -98,7 +110,7 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     }
     kube.custom.create_cluster_custom_object(dra.G, dra.V, "devicetaintrules", foreign)
 
-    kube.put_report(node, ecc(2))
+    kube.put_report(node, ecc(node, 2))
     want = {f"gpuhealth-{node}-{d}": d for d in MIG2}
     wait_for(lambda: ours(kube, node) == want, timeout=30, what="rules for exactly GPU 2's MIG devices")
     for name in want:
@@ -114,7 +126,7 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     assert status["state"] == "Degraded" and status["inServiceGPUs"] == 7
     assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
     events = " ".join(e.message for e in kube.node_events(node, "DeviceQuarantined"))
-    assert f"GPU 2 ({dra.report_uuid(2)})" in events and f"its 2 MIG devices {MIG2[0]}, {MIG2[1]}" in events
+    assert f"GPU 2 ({dra.node_uuid(node, 2)})" in events and f"its 2 MIG devices {MIG2[0]}, {MIG2[1]}" in events
 
     # Both pods on GPU 2's MIG devices are asked to checkpoint, then evicted; the full-GPU pod stays.
     def asked(pod: str) -> bool:
@@ -139,7 +151,7 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     kube.core.delete_namespaced_pod("fresh", ns)
 
     # Probation: every rule of the GPU goes; the foreign rule on one of its devices stays.
-    kube.put_report(node, healthy_spec())
+    kube.put_report(node, healthy(node))
     wait_for(lambda: ours(kube, node) == {}, timeout=40, what="GPU 2's rules deleted after probation")
     assert foreign["metadata"]["name"] in rules_of(kube, node)
     assert rules_of(kube, node)[foreign["metadata"]["name"]]["spec"]["taint"]["key"] == "example.com/suspect"
@@ -152,17 +164,17 @@ def test_partitionable_gpu_is_held_out_with_every_placement(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    kube.put_report(node, healthy_spec())
+    kube.put_report(node, healthy(node))
     ns = setup(kube, group, "pp", actions={"drain": {"maxWait": "1s"}})
-    pub = S.partitionable_slices(node, [S.Gpu(i, dra.report_uuid(i)) for i in range(2)])
+    pub = S.partitionable_slices(node, gpus(node, 2))
     dra.publish(kube, pub)
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "slice", "mig", node))
     (placement,) = dra.wait_allocated(kube, ns, "slice")
     bad = int(placement.split("-")[1])
     other = 1 - bad
 
-    kube.put_report(node, ecc(bad))
-    want = {f"gpuhealth-{node}-{d}": d for d in pub.devices[dra.report_uuid(bad)]}
+    kube.put_report(node, ecc(node, bad))
+    want = {f"gpuhealth-{node}-{d}": d for d in pub.devices[dra.node_uuid(node, bad)]}
     assert f"gpu-{bad}" in want.values() and len(want) == 15
     wait_for(lambda: ours(kube, node) == want, timeout=30, what=f"rules for gpu-{bad} and every gpu-{bad}-mig-*")
     wait_for(lambda: gone_or_deleting(kube, ns, "slice"), timeout=30, what="the pod on the placement moved")
@@ -183,14 +195,14 @@ def test_operator_killed_between_rule_writes_converges_with_one_rule_per_device(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
     (node,) = make_nodes(cluster, group, 1)
-    kube.put_report(node, healthy_spec())
+    kube.put_report(node, healthy(node))
     ns = setup(kube, group, "pk", actions={"drain": {"checkpointMode": "annotation"}})
-    pub = S.partitionable_slices(node, [S.Gpu(0, dra.report_uuid(0))], profiles=["3g.40gb", "7g.80gb"])
+    pub = S.partitionable_slices(node, gpus(node, 1), profiles=["3g.40gb", "7g.80gb"])
     dra.publish(kube, pub)
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "rank-0", "mig", node))
     dra.wait_allocated(kube, ns, "rank-0")
-    kube.put_report(node, ecc(0))
-    want = {f"gpuhealth-{node}-{d}": d for d in pub.devices[dra.report_uuid(0)]}
+    kube.put_report(node, ecc(node, 0))
+    want = {f"gpuhealth-{node}-{d}": d for d in pub.devices[dra.node_uuid(node, 0)]}
     wait_for(lambda: ours(kube, node) == want, timeout=30, what="all four rules")
     wait_for(lambda: CHECKPOINT_REQUESTED in pod_annotations(kube, ns, "rank-0"), timeout=30, what="checkpoint")
     wait_for(lambda: len(kube.node_events(node, "CheckpointRequested")) == 1, timeout=20, what="request announced")
@@ -229,9 +241,9 @@ def test_device_plugin_mig_takes_the_node_and_says_why(
         manifest["status"][key]["nvidia.com/mig-3g.40gb"] = "2"
     cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
     cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
-    kube.put_report(node, healthy_spec())
+    kube.put_report(node, healthy(node))
     kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthyGPUs": 8}))
-    kube.put_report(node, ecc(2))
+    kube.put_report(node, ecc(node, 2))
     wait_for(lambda: kube.our_taint(node) is not None, timeout=30, what="node quarantine")
     msgs = wait_for(
         lambda: [e.message for e in kube.node_events(node, "NodeScopeFallback")], timeout=20, what="fallback Event"

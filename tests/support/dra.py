@@ -12,6 +12,7 @@ MIG and partitionable nodes are published with :func:`publish` from the shapes i
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +37,19 @@ def fake_nvml_uuid(index: int) -> str:
 def report_uuid(index: int) -> str:
     """The UUID of GPU ``index`` in the reports tests/support/k8s.py writes by hand."""
     return f"GPU-{index:08d}-0000-0000-0000-000000000000"
+
+
+def node_uuid(node: str, index: int) -> str:
+    """A UUID for GPU ``index`` of ``node`` that no other node shares (as on real hardware)."""
+    h = hashlib.sha256(node.encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{index:012x}"
+
+
+def with_node_uuids(spec: dict[str, Any], node: str) -> dict[str, Any]:
+    """A report spec whose GPUs carry ``node_uuid(node, i)``."""
+    for d in spec.get("devices") or []:
+        d["uuid"] = node_uuid(node, d["index"])
+    return spec
 
 
 def device_class(name: str = GPU_CLASS, extended_resource: str | None = None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ generation of a pool counts.
 
 Slices that contradict themselves or the agent give no devices but a conflict, in words, for the
 Event: two devices with the GPU's UUID, a MIG device of this node whose parent the agent does not
-report, the GPU also published by another node's pool, a counter set of this GPU consumed by
+report, a MIG device whose parent is also published as a plain GPU by another pool, a counter set of this GPU consumed by
 another GPU's device. gpuhealth never writes a rule on a guess: the caller falls back to node scope.
 
 :func:`device_by_uuid` finds the one device with a given UUID (a MIG device's ``MIG-...``): the hook
@@ -132,17 +132,20 @@ def devices_of_gpu(
             return _conflict(
                 what, f"MIG devices of node {node} name parent GPUs the agent does not report ({', '.join(strays)})"
             )
-    if gpu_uuid:
+    parts = [(s, d) for s, d in pairs if gpu_uuid and d.parent_uuid == gpu_uuid]
+    if parts and not full and gpu_uuid:
         elsewhere = sorted(
             str(_ref(s, d))
             for s in current
             if not of_node(s, node)
             for d in s.devices
-            if gpu_uuid in (d.uuid, d.parent_uuid)
+            if d.uuid == gpu_uuid and not _is_partition(d)
         )
         if elsewhere:
-            return _conflict(what, f"its UUID is also published by another node's pool ({', '.join(elsewhere)})")
-    parts = [(s, d) for s, d in pairs if gpu_uuid and d.parent_uuid == gpu_uuid]
+            return _conflict(
+                what,
+                f"its MIG devices' parent is also published as a plain GPU by another pool ({', '.join(elsewhere)})",
+            )
     uuids = [d.uuid for _, d in parts if d.uuid]
     if len(set(uuids)) < len(uuids):
         return _conflict(what, "two of its MIG devices publish one UUID")

@@ -173,7 +173,9 @@ def test_a_mig_parent_published_as_a_plain_gpu_of_another_pool_gives_node_scope(
     here = static_node(S.Gpu(2, uuid(2), MIG_LAYOUTS[0]))
     there = static_node(S.Gpu(5, uuid(2)), node="n2")
     m = devices_of_gpu(here + there, "n1", DRIVERS, 2, uuid(2))
-    assert m.conflict and "another node's pool" in m.reason and "n2/gpu-5" in m.reason
+    assert m.conflict and "plain GPU by another pool" in m.reason and "n2/gpu-5" in m.reason
+    # A full GPU here and there is no MIG contradiction (and nothing is guessed either way).
+    assert not devices_of_gpu(static_node(S.Gpu(2, uuid(2))) + there, "n1", DRIVERS, 2, uuid(2)).conflict
 
 
 def test_a_counter_set_shared_with_another_gpus_device_gives_node_scope() -> None:
