@@ -17,8 +17,9 @@ generation of a pool counts.
 
 Slices that contradict themselves or the agent give no devices but a conflict, in words, for the
 Event: two devices with the GPU's UUID, a MIG device of this node whose parent the agent does not
-report, a MIG device whose parent is also published as a plain GPU by another pool, a counter set of this GPU consumed by
-another GPU's device. gpuhealth never writes a rule on a guess: the caller falls back to node scope.
+report, a MIG device whose parent is also published as a plain GPU by another pool, a counter set
+of this GPU consumed by another GPU's device. gpuhealth never writes a rule on a guess: the caller
+falls back to node scope.
 
 :func:`device_by_uuid` finds the one device with a given UUID (a MIG device's ``MIG-...``): the hook
 for faults attributed to one MIG instance.
@@ -45,6 +46,9 @@ class GpuDevices:
     partitions: tuple[DeviceRef, ...] = ()  # the refs that are MIG devices or placements
     reason: str = ""
     conflict: bool = False  # the slices contradict themselves or the agent
+    # Every pool the devices come from has all its slices (``resourceSliceCount``) of its newest
+    # generation: a pool being republished may not show all of a GPU's devices yet.
+    complete: bool = True
 
     @property
     def ref(self) -> DeviceRef | None:
@@ -171,7 +175,13 @@ def devices_of_gpu(
             )
         )
     partitions = tuple(sorted(_ref(s, d) for s, d in parts))
-    return GpuDevices(tuple(_ref(s, d) for s, d in full) + partitions, partitions)
+    used = {(s.driver, s.pool) for s, _ in full + parts}
+    complete = all(
+        sum(1 for s in counter_slices if (s.driver, s.pool) == key)
+        >= max(s.slice_count for s in counter_slices if (s.driver, s.pool) == key)
+        for key in used
+    )
+    return GpuDevices(tuple(_ref(s, d) for s, d in full) + partitions, partitions, complete=complete)
 
 
 def device_by_uuid(slices: Iterable[SlimSlice], node: str, drivers: Sequence[str], uuid: str) -> GpuDevices:

@@ -229,13 +229,17 @@ class DeviceReconciler(DeviceRules):
 
         The devices are mapped again on every pass (a GPU re-partitioned while out gets its new
         devices held out, vanished ones let go); where the slices now give none, or contradict
-        themselves, the recorded devices are kept."""
+        themselves, the recorded devices are kept, and while a pool is being republished (fewer
+        slices of its newest generation than its ``resourceSliceCount``) they are kept beside the new."""
         if not rec.out_of_service:
             return replace(rec, devices=(), partitions=(), taint_rules=())
         match = placed.get(rec.index) or self.slices.find(node, policy.devices.drivers, rec.index, rec.uuid, reported)
         if match.refs and not match.conflict:
             devices = tuple(str(r) for r in match.refs)
             partitions = tuple(str(r) for r in match.partitions)
+            if not match.complete:  # a pool being republished: keep what is recorded until it is whole
+                devices += tuple(d for d in rec.devices if d not in devices)
+                partitions += tuple(d for d in rec.partitions if d not in partitions)
         elif rec.devices:
             devices, partitions = rec.devices, rec.partitions
         else:

@@ -69,7 +69,7 @@ def test_each_gpu_is_exactly_the_devices_published_for_it(shape: tuple[str, list
     seen: set[str] = set()
     for g in gpus:
         m = devices_of_gpu(slices, "n1", DRIVERS, g.minor, g.uuid, reported)
-        assert not m.conflict and m.reason == ""
+        assert not m.conflict and m.reason == "" and m.complete
         assert names(m.refs) == pub.devices[g.uuid]
         assert not names(m.refs) & seen, "two GPUs share a device"
         seen |= names(m.refs)
@@ -222,3 +222,10 @@ def test_a_rule_never_has_an_empty_or_partial_selector() -> None:
     except EmptySelector:
         pass
     assert plan_rules([good], []).create[0]["metadata"]["name"] == rule_name(DeviceRef(S.DRIVER, "n1", "gpu-0"))
+
+
+def test_a_pool_missing_slices_of_its_newest_generation_is_incomplete() -> None:
+    pub = S.static_slices("n1", [S.Gpu(2, uuid(2), MIG_LAYOUTS[1])], slices=2)
+    m = devices_of_gpu(slim(pub)[:1], "n1", DRIVERS, 2, uuid(2))
+    assert m.refs and not m.complete
+    assert devices_of_gpu(slim(pub), "n1", DRIVERS, 2, uuid(2)).complete

@@ -176,6 +176,26 @@ def test_slices_that_vanish_while_a_gpu_is_held_out_keep_its_recorded_rules() ->
     assert set(ours(kube).values()) == set(MIG2)
 
 
+def test_a_pool_being_republished_keeps_the_recorded_devices_beside_the_new() -> None:
+    kube = setup(static_mig(), 2, {})
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")
+        # Generation 2 spans two slices; only the first has arrived (it holds one new 1g.10gb device).
+        layout = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
+        gpus = [S.Gpu(i, uuid(i), layout if i == 2 else ()) for i in range(8)]
+        first = S.static_slices("n1", gpus, generation=2, slices=2).slices[:1]
+        rt.slice_watch.cache.replace([slim_slice(s) for s in kube.slices + first])
+        clock.t += dt.timedelta(seconds=1)
+        await rt.reconciler.reconcile("n1")
+
+    asyncio.run(body())
+    held = set(ours(kube).values())
+    assert set(MIG2) <= held and len(held) > 2  # the old devices stay while the pool is incomplete
+
+
 class Killed(BaseException):
     """SIGKILL: nothing after it runs, no handler catches it."""
 
