@@ -21,7 +21,7 @@ from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age,
 
 def _rules(v: Mapping[str, Any]) -> str:
     """The GPU's DeviceTaintRule, or its first and how many more (a MIG or partitionable GPU)."""
-    rules = list(v.get("taintRules") or ([v["taintRule"]] if v.get("taintRule") else []))
+    rules = [str(r) for r in v.get("taintRules") or ([v["taintRule"]] if v.get("taintRule") else [])]
     if not rules:
         return "-"
     return rules[0] + (f" (+{len(rules) - 1} more)" if len(rules) > 1 else "")
