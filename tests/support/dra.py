@@ -6,15 +6,19 @@ There is no kubelet and no driver on KWOK nodes: the slices are written here (dr
 ``productName``), the scheduler allocates claims against them, and KWOK runs the pods. The UUIDs
 default to the ones the fake NVML library (tests/fakenvml) reports, so a real agent on the node and
 its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in tests/support/k8s.py.
+MIG and partitionable nodes are published with :func:`publish` from the shapes in ``dra_shapes``
+(static MIG, DynamicMIG counter sets and placements, each driver version's attributes).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubernetes import client
 
+from tests.support import dra_shapes
 from tests.support.k8s import Kube, wait_for
 
 DRIVER = "gpu.nvidia.com"
@@ -33,6 +37,19 @@ def fake_nvml_uuid(index: int) -> str:
 def report_uuid(index: int) -> str:
     """The UUID of GPU ``index`` in the reports tests/support/k8s.py writes by hand."""
     return f"GPU-{index:08d}-0000-0000-0000-000000000000"
+
+
+def node_uuid(node: str, index: int) -> str:
+    """A UUID for GPU ``index`` of ``node`` that no other node shares (as on real hardware)."""
+    h = hashlib.sha256(node.encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{index:012x}"
+
+
+def with_node_uuids(spec: dict[str, Any], node: str) -> dict[str, Any]:
+    """A report spec whose GPUs carry ``node_uuid(node, i)``."""
+    for d in spec.get("devices") or []:
+        d["uuid"] = node_uuid(node, d["index"])
+    return spec
 
 
 def device_class(name: str = GPU_CLASS, extended_resource: str | None = None) -> dict[str, Any]:
@@ -88,7 +105,22 @@ def publish_slices(
     return names
 
 
-def claim_template(namespace: str, name: str, count: int = 1, device_class_name: str = GPU_CLASS) -> dict[str, Any]:
+MIG_CEL = f"device.attributes['{DRIVER}'].type == 'mig'"
+FULL_GPU_CEL = f"device.attributes['{DRIVER}'].type == 'gpu'"
+
+
+def publish(kube: Kube, published: dra_shapes.Published) -> list[str]:
+    """Create the slices of one node, shaped as NVIDIA's driver publishes them (``dra_shapes``)."""
+    for body in published.slices:
+        kube.custom.create_cluster_custom_object(G, V, "resourceslices", body)
+    return [s["metadata"]["name"] for s in published.slices]
+
+
+def claim_template(
+    namespace: str, name: str, count: int = 1, device_class_name: str = GPU_CLASS, cel: str = ""
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate for ``count`` devices of the class; ``cel`` narrows them (``MIG_CEL``
+    for a MIG device or placement, ``FULL_GPU_CEL`` for a whole GPU)."""
     body: dict[str, Any] = {
         "apiVersion": f"{G}/{V}",
         "kind": "ResourceClaimTemplate",
@@ -103,6 +135,7 @@ def claim_template(namespace: str, name: str, count: int = 1, device_class_name:
                                 "deviceClassName": device_class_name,
                                 "allocationMode": "ExactCount",
                                 "count": count,
+                                **({"selectors": [{"cel": {"expression": cel}}]} if cel else {}),
                             },
                         }
                     ]
@@ -113,9 +146,9 @@ def claim_template(namespace: str, name: str, count: int = 1, device_class_name:
     return body
 
 
-def create_claim_template(kube: Kube, namespace: str, name: str, count: int = 1) -> None:
+def create_claim_template(kube: Kube, namespace: str, name: str, count: int = 1, cel: str = "") -> None:
     kube.custom.create_namespaced_custom_object(
-        G, V, namespace, "resourceclaimtemplates", claim_template(namespace, name, count)
+        G, V, namespace, "resourceclaimtemplates", claim_template(namespace, name, count, cel=cel)
     )
 
 

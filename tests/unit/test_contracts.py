@@ -317,8 +317,9 @@ def _every_device_record() -> DeviceRecord:
         held_by_breaker=True,
         drain_action="drain",
         drained=True,
-        device="gpu.nvidia.com/node-a/gpu-2",
-        taint_rule="gpuhealth-node-a-gpu-2",
+        devices=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
+        partitions=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
+        taint_rules=("gpuhealth-node-a-gpu-2-mig-3g40gb-9-0", "gpuhealth-node-a-gpu-2-mig-3g40gb-9-4"),
     )
     for f in dataclasses.fields(DeviceRecord):
         default = f.default if f.default is not dataclasses.MISSING else None

@@ -22,6 +22,7 @@ from gpuhealth.actions.slices import DeviceRef
 from gpuhealth.api.names import (
     DEFAULT_DRA_DRIVER,
     DEVICE_GPU_LABEL,
+    DEVICE_KIND_LABEL,
     DEVICE_NODE_LABEL,
     DEVICE_TAINT_KEY,
     DRA_GROUP,
@@ -58,11 +59,25 @@ def taint_value(reason: str) -> str:
     return v or "Unhealthy"
 
 
+class EmptySelector(ValueError):
+    """A rule that would not name driver, pool and device: its selector would match more devices
+    than one (an empty ``deviceSelector`` matches every device of the cluster)."""
+
+
 def build_rule(
-    ref: DeviceRef, reason: str, dry_run: bool = False, index: int | None = None, uuid: str = ""
+    ref: DeviceRef,
+    reason: str,
+    dry_run: bool = False,
+    index: int | None = None,
+    uuid: str = "",
+    kind: str = "gpu",
 ) -> dict[str, Any]:
-    """The DeviceTaintRule that takes ``ref`` out of allocation (effect ``None`` under DryRun)."""
-    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    """The DeviceTaintRule that takes ``ref`` out of allocation (effect ``None`` under DryRun).
+
+    Raises :class:`EmptySelector` unless ``ref`` names a driver, a pool and a device."""
+    if not (ref.driver and ref.pool and ref.device):
+        raise EmptySelector(f"refusing a DeviceTaintRule that does not name driver, pool and device: {ref!r}")
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, DEVICE_KIND_LABEL: kind}
     node = _label_value(ref.pool)
     if node:
         labels[DEVICE_NODE_LABEL] = node
@@ -124,6 +139,10 @@ def plan_rules(desired: Iterable[Mapping[str, Any]], existing: Iterable[Mapping[
     label are left alone whatever they select, even where one has the name gpuhealth wants
     (then the create answers 409 and the device stays as the other owner set it)."""
     want = {r["metadata"]["name"]: r for r in desired}
+    for name, rule in want.items():
+        sel = (rule.get("spec") or {}).get("deviceSelector") or {}
+        if not all(sel.get(k) for k in ("driver", "pool", "device")) or set(sel) - {"driver", "pool", "device"}:
+            raise EmptySelector(f"DeviceTaintRule {name} does not select exactly one device: {sel!r}")
     ours = {r["metadata"]["name"]: r for r in existing if is_ours(r)}
     delete: list[tuple[str, str]] = []
     create: list[dict[str, Any]] = []

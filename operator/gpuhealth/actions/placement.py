@@ -1,9 +1,11 @@
-"""Place device-scoped findings on DRA devices; a GPU without one falls back to node scope. Pure.
+"""Place device-scoped findings on DRA devices; a GPU without them falls back to node scope. Pure.
 
 The scope a policy gives a finding is what it *may* take out. Whether one GPU can actually be taken
-out depends on the cluster: only a device some ResourceSlice publishes can be tainted. This step
-turns every device-scoped finding whose GPU has no device into a node-scope one and says why, in
-words, for the Event and the status.
+out depends on the cluster: only devices some ResourceSlice publishes can be tainted, and a GPU is
+all of its devices (its full device and every MIG device or placement, ``actions/gpudevices.py``).
+This step turns every device-scoped finding whose GPU has no devices (or slices that contradict
+themselves, or a rule name someone else holds) into a node-scope one and says why, in words, for
+the Event and the status.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuhealth.actions.devicetaints import rule_name
-from gpuhealth.actions.slices import DeviceRef, SlimSlice, find_device
+from gpuhealth.actions.gpudevices import GpuDevices, devices_of_gpu
+from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.names import Scope
 from gpuhealth.evaluation.assess import Finding
 
@@ -20,8 +23,18 @@ from gpuhealth.evaluation.assess import Finding
 @dataclass(frozen=True)
 class Placement:
     findings: tuple[Finding, ...]  # all of them; those that cannot be placed are now Node scope
-    refs: Mapping[int, DeviceRef]  # GPU index -> its DRA device, for the GPUs that stay device scope
+    refs: Mapping[int, GpuDevices]  # GPU index -> its DRA devices, for the GPUs that stay device scope
     fallbacks: Mapping[int, str]  # GPU index -> why it falls back to node scope, in words
+
+
+def device_plugin_mig_reason(index: int, uuid: str, node: str, resources: Sequence[str]) -> str:
+    """Why a GPU of a node that serves MIG through NVIDIA's device plugin cannot be held out alone."""
+    what = f"GPU {index}" + (f" ({uuid})" if uuid else "")
+    return (
+        f"node {node} is partitioned with MIG and published through the device plugin ({', '.join(resources)}), "
+        f"not through DRA ResourceSlices: there is no per-device API to hold out {what} and its MIG devices, "
+        "the whole node is quarantined instead"
+    )
 
 
 def place(
@@ -31,14 +44,17 @@ def place(
     drivers: Sequence[str],
     uuids: Mapping[int, str],
     taken: Collection[str] = frozenset(),
+    plugin_mig: Sequence[str] = (),
 ) -> Placement:
-    """Findings with their scope corrected for what the cluster publishes, and each GPU's device.
+    """Findings with their scope corrected for what the cluster publishes, and each GPU's devices.
 
     ``taken``: rule names someone else's DeviceTaintRule already holds. gpuhealth's rule for such a
     device can never be created (its name is a function of the device), so that GPU cannot be held
-    out on its own and falls back to node scope too."""
+    out on its own and falls back to node scope too. ``plugin_mig``: the MIG resources the node
+    serves through NVIDIA's device plugin (``nvidia.com/mig-3g.40gb``), named in the reason."""
     slices = list(slices)
-    refs: dict[int, DeviceRef] = {}
+    reported = frozenset(u for u in uuids.values() if u)
+    refs: dict[int, GpuDevices] = {}
     fallbacks: dict[int, str] = {}
     out: list[Finding] = []
     for f in findings:
@@ -50,14 +66,18 @@ def place(
             out.append(replace(f, scope=Scope.NODE))  # a GPU that cannot be told apart: the node's
             continue
         if index not in refs and index not in fallbacks:
-            match = find_device(slices, node, drivers, index, f.uuid or uuids.get(index, ""))
-            if match.ref is not None and rule_name(match.ref) in taken:
+            uuid = f.uuid or uuids.get(index, "")
+            match = devices_of_gpu(slices, node, drivers, index, uuid, reported)
+            held = [rule_name(r) for r in match.refs if rule_name(r) in taken]
+            if held:
                 fallbacks[index] = (
-                    f"a DeviceTaintRule gpuhealth does not own holds the name {rule_name(match.ref)} of its rule "
-                    f"for device {match.ref}: the whole node is quarantined instead"
+                    f"a DeviceTaintRule gpuhealth does not own holds the name {held[0]} of its rule "
+                    f"for a device of GPU {index}: the whole node is quarantined instead"
                 )
-            elif match.ref is not None:
-                refs[index] = match.ref
+            elif match.refs:
+                refs[index] = match
+            elif plugin_mig and not match.conflict:
+                fallbacks[index] = device_plugin_mig_reason(index, uuid, node, plugin_mig)
             else:
                 fallbacks[index] = match.reason
         out.append(f if index in refs else replace(f, scope=Scope.NODE))

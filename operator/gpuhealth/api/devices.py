@@ -68,12 +68,28 @@ class DeviceRecord:
     held_by_breaker: bool = False
     drain_action: str = ""
     drained: bool = False
-    device: str = ""  # the DRA device ``driver/pool/device`` its DeviceTaintRule selects (write-ahead)
-    taint_rule: str = ""  # the DeviceTaintRule's name, recorded before the rule is created
+    # Every DRA device ``driver/pool/device`` of the GPU held out (its full device first, then its
+    # MIG devices or placements), and the names of their DeviceTaintRules: the write-ahead record,
+    # written before any rule is created.
+    devices: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()  # those of ``devices`` that are MIG devices or placements
+    taint_rules: tuple[str, ...] = ()
 
     @property
     def out_of_service(self) -> bool:
         return self.state in DEVICE_OUT_OF_SERVICE
+
+    @property
+    def device(self) -> str:
+        """The GPU's first device (its full device where it has one): the previous version's field."""
+        return self.devices[0] if self.devices else ""
+
+    @property
+    def taint_rule(self) -> str:
+        return self.taint_rules[0] if self.taint_rules else ""
+
+    def refs(self) -> tuple[DeviceRef, ...]:
+        return tuple(r for r in (DeviceRef.parse(d) for d in self.devices) if r is not None)
 
     def to_status(self) -> dict[str, Any]:
         """The entry in ``status.devices``; absent facts are omitted so entries stay short."""
@@ -90,6 +106,11 @@ class DeviceRecord:
             "heldByBreaker": self.held_by_breaker,
             "drainAction": self.drain_action,
             "drained": self.drained,
+            "devices": list(self.devices),
+            "partitions": list(self.partitions),
+            "taintRules": list(self.taint_rules),
+            # Also the first device and rule under the previous version's single fields, for its
+            # readers (an operator rolled back, the plugin, dashboards); ``devices`` is the record.
             "device": self.device,
             "taintRule": self.taint_rule,
         }
@@ -122,9 +143,19 @@ class DeviceRecord:
             held_by_breaker=bool(entry.get("heldByBreaker", False)),
             drain_action=str(entry.get("drainAction") or ""),
             drained=bool(entry.get("drained", False)),
-            device=str(entry.get("device") or ""),
-            taint_rule=str(entry.get("taintRule") or ""),
+            devices=_names(entry, "devices", "device"),
+            partitions=_names(entry, "partitions", ""),
+            taint_rules=_names(entry, "taintRules", "taintRule"),
         )
+
+
+def _names(entry: Mapping[str, Any], many: str, one: str) -> tuple[str, ...]:
+    """A list of names; a record written by the previous version has only the single field ``one``."""
+    raw = entry.get(many)
+    if isinstance(raw, list):
+        return tuple(dict.fromkeys(str(x) for x in raw if isinstance(x, str) and x))
+    single = entry.get(one) if one else None
+    return (str(single),) if isinstance(single, str) and single else ()
 
 
 def devices_to_status(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:

@@ -113,6 +113,7 @@ MANAGED_BY_VALUE = "gpuhealth"
 # The node (pool) and GPU index a DeviceTaintRule of gpuhealth's is about, for humans and cleanup.
 DEVICE_NODE_LABEL = f"{GROUP}/node"
 DEVICE_GPU_LABEL = f"{GROUP}/gpu"
+DEVICE_KIND_LABEL = f"{GROUP}/device-kind"  # "gpu" (a full GPU) or "mig" (a MIG device or placement)
 DRA_GROUP = "resource.k8s.io"
 DRA_VERSION = "v1"
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"

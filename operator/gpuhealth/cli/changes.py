@@ -195,7 +195,8 @@ def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, forc
             "facts clear and probation passes. Use --force to clear its evidence and flapping history anyway"
         )
     patch = {"metadata": {"annotations": {RELEASE_GPU_ANNOTATION: str(gpu)}}}
-    rule = str((entry or {}).get("taintRule") or "")
+    rules = [str(r) for r in (entry or {}).get("taintRules") or [(entry or {}).get("taintRule")] if r]
+    rule = rules[0] + (f" and its {len(rules) - 1} other rules" if len(rules) > 1 else "") if rules else ""
     lines = [f"node/{node} GPU {gpu} released ({RELEASE_GPU_ANNOTATION}={gpu})."]
     if state == "AwaitingRepair":
         lines.append(

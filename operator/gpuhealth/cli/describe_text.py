@@ -19,6 +19,14 @@ from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age,
 # -- describe ----------------------------------------------------------------------------------------
 
 
+def _rules(v: Mapping[str, Any]) -> str:
+    """The GPU's DeviceTaintRule, or its first and how many more (a MIG or partitionable GPU)."""
+    rules = [str(r) for r in v.get("taintRules") or ([v["taintRule"]] if v.get("taintRule") else [])]
+    if not rules:
+        return "-"
+    return rules[0] + (f" (+{len(rules) - 1} more)" if len(rules) > 1 else "")
+
+
 def _v(value: Any, default: str = "-") -> str:
     if value is None or value == "" or value == []:
         return default
@@ -264,7 +272,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
                 _v(v.get("state")) + (" (held back by the GPU budget)" if v.get("heldByBreaker") else ""),
                 _v(v.get("reason")),
                 age_of(v.get("since"), now) if v.get("since") else "-",
-                _v(v.get("taintRule")),
+                _rules(v),
                 _v(v.get("uuid")),
             ]
             for v in verdicts

@@ -212,7 +212,14 @@ def describe_node(
         "dryRun": status.dry_run,
         "gpus": {"healthy": status.healthy_gpus, "total": total, "inService": status.in_service_gpus},
         "gpuVerdicts": [
-            {k: d.get(k) for k in ("index", "uuid", "state", "reason", "since", "rule", "taintRule", "heldByBreaker")}
+            {
+                **{
+                    k: d.get(k)
+                    for k in ("index", "uuid", "state", "reason", "since", "rule", "taintRule", "heldByBreaker")
+                },
+                # every rule of a MIG or partitionable GPU (the previous version wrote only taintRule)
+                "taintRules": list(d.get("taintRules") or ([d["taintRule"]] if d.get("taintRule") else [])),
+            }
             for d in status.devices
         ],
         "deviceDrains": dict(status.device_drains) if status.device_drains else None,

@@ -1,6 +1,7 @@
 """Drains only the pods that hold a bad GPU, with the node drain's plan and its one execution path.
 
-A GPU in ``Draining`` moves the pods that hold its DRA device, nothing else on the node. Which pods
+A GPU in ``Draining`` moves the pods that hold any of its DRA devices (its full device, each MIG
+device or placement), nothing else on the node. Which pods
 hold it comes from ResourceClaims (``status.allocation.devices.results``, ``status.reservedFor``) and
 from the pods' own claim fields, kept in the pod cache (``drain/claims.py``). Claims are *listed*
 while a device drain runs, not reflected: device drains are rare and short, and a claim reflector
@@ -23,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
+from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, Record
@@ -111,9 +112,8 @@ class DeviceDrainer:
             ahead = None
             if not record.get("startedAt"):
                 record = ahead = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
-            ref = DeviceRef.parse(rec.device)
-            assert ref is not None
-            holding = pods_holding([ref], claims, pods)
+            # Every device of the GPU: its full device and each MIG device or placement.
+            holding = pods_holding(rec.refs(), claims, pods)
             mine = [p for p in pods if P.key(p) in holding]
             gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
             plan = plan_drain(name, mine, self.store.gangs(), policy.drain, gpu_fatal, record, now)

@@ -12,27 +12,30 @@ record. What the *node* state machine then decides on (:func:`node_view`) depend
   observe-level ``DeviceQuarantined`` finding: the node stays in service (state ``Degraded``,
   condition ``GPUHealthy=True`` with that reason), neither tainted nor cordoned.
 
+A GPU is all of its DRA devices (``actions/gpudevices.py``): its full device and each MIG device or
+placement. While it is held out its devices are mapped again on every pass, so a GPU re-partitioned
+while out (new MIG devices in a new pool generation) gets its new devices held out too, and the
+rules of devices that vanished go; if the slices vanish or contradict themselves meanwhile, the
+recorded devices are kept (protection is never dropped on a gap).
+
 After the node reconciler has written the status (the write-ahead record, ``status.devices[]``
-with each GPU's device and rule name), :meth:`converge_rules` makes gpuhealth's DeviceTaintRules of
-that node exactly those the records want: idempotent by name (409 on create is done, 404 on delete
-is gone). A rule without gpuhealth's label is never read for change. :meth:`sweep` deletes
-gpuhealth's rules whose node is gone or no longer governed, or whose GPU no record holds out.
+with each GPU's devices and rule names), ``converge_rules`` (``device_rules.py``) makes
+gpuhealth's DeviceTaintRules of that node exactly those the records want.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
+from gpuhealth.actions.devicetaints import rule_name
+from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import place
-from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_from_status, devices_to_status
+from gpuhealth.api.devices import DeviceRecord, devices_from_status, devices_to_status
 from gpuhealth.api.names import (
-    DEVICE_NODE_LABEL,
     RELEASE_GPU_ANNOTATION,
     Action,
     Mode,
@@ -44,18 +47,16 @@ from gpuhealth.api.remediation import Phase, StepKind, ladders_from_status
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import parse_time
-from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.device_rules import DeviceRules
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.slicewatch import SliceCache
 from gpuhealth.controller.store import Store
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
-from gpuhealth.kube.client import KubePort, status_of
+from gpuhealth.kube.client import KubePort
 
 log = logging.getLogger(__name__)
-# Our rules are re-listed this often for changes someone else made; our own are tracked in memory.
-RELIST_S = 300.0
 Call = Callable[..., Awaitable[Any]]
 
 
@@ -88,6 +89,8 @@ class DevicePlan:
     records: tuple[DeviceRecord, ...]  # the verdict's records with their device and rule name
     node_view: Assessment  # what the node state machine decides on
     fallbacks: Mapping[int, str]  # GPU index -> why it falls back to node scope, in words
+    # GPU index -> (devices now held out too, devices no longer published): re-partitioned while out
+    changed: Mapping[int, tuple[list[str], list[str]]] = field(default_factory=dict)
 
     @property
     def out(self) -> tuple[DeviceRecord, ...]:
@@ -107,6 +110,15 @@ def _with_fallback(f: Finding, fallbacks: Mapping[int, str], placed: Finding) ->
     return replace(placed, detail=f"{placed.detail} ({fallbacks[placed.gpu]})")
 
 
+def _rules_words(r: DeviceRecord) -> str:
+    if len(r.taint_rules) == 1:
+        return f", DeviceTaintRule {r.taint_rule}"
+    if r.taint_rules:
+        parts = len([d for d in r.devices if d in r.partitions])
+        return f", {len(r.taint_rules)} DeviceTaintRules" + (f" (with its {parts} MIG devices)" if parts else "")
+    return ""
+
+
 def node_view(
     a: Assessment, findings: Sequence[Finding], verdict: DeviceVerdict, out: Iterable[DeviceRecord]
 ) -> Assessment:
@@ -120,7 +132,7 @@ def node_view(
             f"GPU {r.index}"
             + (f" ({r.uuid})" if r.uuid else "")
             + f" {r.state}: {r.reason}"
-            + (f", DeviceTaintRule {r.taint_rule}" if r.taint_rule else "")
+            + _rules_words(r)
             + (" (held back by the GPU budget)" if r.held_by_breaker and not r.out_of_service else "")
             for r in sorted(held, key=lambda r: r.index)
         ]
@@ -129,7 +141,7 @@ def node_view(
     return replace(a, findings=tuple(sorted(mine, key=lambda f: f.key)))
 
 
-class DeviceReconciler:
+class DeviceReconciler(DeviceRules):
     def __init__(
         self,
         kube: KubePort,
@@ -147,16 +159,7 @@ class DeviceReconciler:
         self.slices = slices
         self.events = events
         self.clock = clock
-        self.rules: dict[str, dict[str, Any]] = {}  # gpuhealth's DeviceTaintRules by name
-        self._listed_at = float("-inf")
-        self.wanted: dict[str, set[str]] = {}  # node -> the rule names its last convergence wanted
-        # Rules whose delete is on its way: a node's convergence and the sweep may both find the
-        # same rule unwanted, and the second would otherwise send a delete that can only get a 404.
-        self._deleting: set[str] = set()
-        # Names of our rules that someone else's DeviceTaintRule holds (a create answered 409 and the
-        # re-list has no rule of ours by that name): those GPUs fall back to node scope from then on,
-        # until this process restarts and tries again.
-        self.taken: set[str] = set()
+        self._init_rules()
 
     # -- deciding ----------------------------------------------------------------------------------
 
@@ -170,13 +173,20 @@ class DeviceReconciler:
         now: dt.datetime,
         released: frozenset[int],
         node_cleared: dt.datetime | None = None,
+        plugin_mig: Sequence[str] = (),
     ) -> DevicePlan:
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
         prior = devices_from_status(status)
         # Most reconciles have no device-scoped finding: skip reading the slice cache for them.
         wanted = any(f.scope == Scope.DEVICE for f in a.findings)
         placement = place(
-            a.findings, name, self.slices.slices() if wanted else (), policy.devices.drivers, uuids, self.taken
+            a.findings,
+            name,
+            self.slices.slices() if wanted else (),
+            policy.devices.drivers,
+            uuids,
+            self.taken,
+            plugin_mig,
         )
         findings = [
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
@@ -205,7 +215,8 @@ class DeviceReconciler:
             acknowledged={i: r.finished for i, r in ladders.items() if r.phase == Phase.SUCCEEDED and r.finished},
         )
         verdict = decide_devices(prior, findings, policy, now, inputs)
-        records = tuple(self._locate(name, policy, r, placement.refs) for r in verdict.records)
+        reported = frozenset(u for u in uuids.values() if u)
+        records = tuple(self._locate(name, policy, r, placement.refs, reported) for r in verdict.records)
         out = [r for r in records if r.out_of_service]
         view = node_view(a, findings, verdict, out)
         # A GPU whose ladder reached NodeReboot takes its node to the node remediator (drain, then
@@ -219,19 +230,46 @@ class DeviceReconciler:
         ]
         if reboots:
             view = replace(view, findings=(*view.findings, *reboots))
-        return DevicePlan(verdict, records, view, placement.fallbacks)
+        changed = {
+            r.index: (sorted(set(r.devices) - set(p.devices)), sorted(set(p.devices) - set(r.devices)))
+            for r in out
+            if (p := prior.get(r.index)) is not None
+            and p.out_of_service
+            and p.devices
+            and set(p.devices) != set(r.devices)
+        }
+        return DevicePlan(verdict, records, view, placement.fallbacks, changed)
 
-    def _locate(self, node: str, policy: Policy, rec: DeviceRecord, refs: Mapping[int, DeviceRef]) -> DeviceRecord:
-        """Record the device (and rule name) of a GPU held out; a GPU in service keeps none."""
+    def _locate(
+        self,
+        node: str,
+        policy: Policy,
+        rec: DeviceRecord,
+        placed: Mapping[int, GpuDevices],
+        reported: frozenset[str],
+    ) -> DeviceRecord:
+        """Record the devices (and rule names) of a GPU held out; a GPU in service keeps none.
+
+        The devices are mapped again on every pass (a GPU re-partitioned while out gets its new
+        devices held out, vanished ones let go); where the slices now give none, or contradict
+        themselves, the recorded devices are kept, and while a pool is being republished (fewer
+        slices of its newest generation than its ``resourceSliceCount``) they are kept beside the new."""
         if not rec.out_of_service:
-            return replace(rec, device="", taint_rule="")
-        ref = refs.get(rec.index) or DeviceRef.parse(rec.device)
-        if ref is None:
-            ref = self.slices.find(node, policy.devices.drivers, rec.index, rec.uuid).ref
-        if ref is None:
+            return replace(rec, devices=(), partitions=(), taint_rules=())
+        match = placed.get(rec.index) or self.slices.find(node, policy.devices.drivers, rec.index, rec.uuid, reported)
+        if match.refs and not match.conflict:
+            devices = tuple(str(r) for r in match.refs)
+            partitions = tuple(str(r) for r in match.partitions)
+            if not match.complete:  # a pool being republished: keep what is recorded until it is whole
+                devices += tuple(d for d in rec.devices if d not in devices)
+                partitions += tuple(d for d in rec.partitions if d not in partitions)
+        elif rec.devices:
+            devices, partitions = rec.devices, rec.partitions
+        else:
             return rec
-        rname = rule_name(ref)
-        return replace(rec, device=str(ref), taint_rule="" if rname in self.taken else rname)
+        refs = replace(rec, devices=devices).refs()
+        rules = tuple(n for n in (rule_name(r) for r in refs) if n not in self.taken)
+        return replace(rec, devices=devices, partitions=partitions, taint_rules=rules)
 
     # -- announcing --------------------------------------------------------------------------------
 
@@ -241,12 +279,25 @@ class DeviceReconciler:
         for ev in plan.verdict.events:
             rec = by_index.get(ev.index)
             msg = ev.message
-            if rec is not None and rec.taint_rule:
-                effect = "None" if dry else "NoSchedule"
-                msg += f" [DeviceTaintRule {rec.taint_rule}, device {rec.device}, effect {effect}]"
+            if rec is not None and rec.taint_rules:
+                msg += " " + held_out_words(rec, "None" if dry else "NoSchedule")
             if dry:
                 msg = f"DryRun (policy {policy.name}): the DeviceTaintRule has effect None, no pod is moved. {msg}"
             self.events("Node", name, name, ev.type, ev.reason, msg)
+        for index, (added, removed) in sorted(plan.changed.items()):
+            rec = by_index[index]
+            self.events(
+                "Node",
+                name,
+                name,
+                "Normal",
+                "DeviceSetChanged",
+                f"GPU {index}"
+                + (f" ({rec.uuid})" if rec.uuid else "")
+                + " changed its DRA devices while held out"
+                + (f": now also held out {_names(added)}" if added else "")
+                + (f"; no longer published, their rules go: {_names(removed)}" if removed else ""),
+            )
         if escalated:
             self.events(
                 "Node",
@@ -260,132 +311,25 @@ class DeviceReconciler:
             for index, why in sorted(plan.fallbacks.items()):
                 self.events("Node", name, name, "Warning", "NodeScopeFallback", f"GPU {index}: {why}")
 
-    # -- rules -------------------------------------------------------------------------------------
 
-    async def load_rules(self) -> None:
-        """gpuhealth's rules as the API has them (at start, after a pause, and every RELIST_S)."""
-        self._listed_at = time.monotonic()
-        try:
-            rules = await self.call(self.kube.list_device_taint_rules)
-        except Exception as e:
-            if status_of(e) != 404:
-                raise
-            rules = []  # this API server serves no resource.k8s.io/v1 DeviceTaintRules
-        self.rules = {r["metadata"]["name"]: r for r in rules}
-
-    async def converge_rules(self, name: str, policy: Policy, records: Iterable[DeviceRecord]) -> int:
-        """Make gpuhealth's rules of the node what ``records`` hold out; returns the rules created."""
-        dry = policy.mode == Mode.DRY_RUN
-        desired = []
-        for r in records:
-            ref = DeviceRef.parse(r.device) if r.out_of_service else None
-            if ref is not None and rule_name(ref) not in self.taken:
-                desired.append(build_rule(ref, r.reason or "Unhealthy", dry, r.index, r.uuid))
-        if desired:
-            self.wanted[name] = {d["metadata"]["name"] for d in desired}
-        else:  # only nodes holding GPUs out are kept, so the map cannot grow with node churn
-            self.wanted.pop(name, None)
-        existing = [r for r in self.rules.values() if _rule_node(r) == name]
-        plan = plan_rules(desired, existing)
-        mode = str(policy.mode)
-        created_n = 0
-        for rname, uid in plan.delete:
-            if await self._delete(rname, uid):
-                metrics.DEVICE_ACTIONS.labels("untaint", _reason(existing, rname), mode).inc()
-        for body in plan.create:
-            try:
-                created = await self.call(self.kube.create_device_taint_rule, body)
-            except Exception as e:
-                if status_of(e) != 409:
-                    raise
-                rname = body["metadata"]["name"]
-                log.info("DeviceTaintRule %s exists already; re-reading gpuhealth's rules", rname)
-                await self.load_rules()
-                if rname not in self.rules:
-                    log.warning("DeviceTaintRule %s is someone else's: its GPU falls back to node scope", rname)
-                    self.taken.add(rname)
-                continue
-            self.rules[created["metadata"]["name"]] = created
-            metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
-            created_n += 1
-        return created_n
-
-    async def _delete(self, rname: str, uid: str) -> bool:
-        """Delete one of gpuhealth's rules once; False if it is already gone or being deleted."""
-        if rname in self._deleting or rname not in self.rules:
-            return False
-        self._deleting.add(rname)
-        try:
-            await self.call(self.kube.delete_device_taint_rule, rname, uid or None)
-        except Exception as e:
-            if status_of(e) not in (404, 409):  # gone; or replaced since read (the next sweep re-reads)
-                raise
-        finally:
-            self._deleting.discard(rname)
-        self.rules.pop(rname, None)
-        return True
-
-    async def sweep(self) -> None:
-        """Delete gpuhealth's rules that nothing wants: node gone or not governed, GPU not held out.
-
-        Judged every tick from memory (our own creates and deletes keep ``self.rules`` current, and a
-        deleted Node or policy shows in the store at once), so an idle fleet costs no request; the
-        rules are listed again only every RELIST_S, for changes made by someone else.
-        """
-        if time.monotonic() - self._listed_at >= RELIST_S:
-            await self.load_rules()
-        for gone in [n for n in self.wanted if n not in self.store.nodes]:
-            del self.wanted[gone]  # the Node was deleted: its wishes go with it
-        for rname, rule in list(self.rules.items()):
-            node = _rule_node(rule)
-            policy = self.store.governing(node)[0] if node in self.store.nodes else None
-            if policy is not None and policy.mode == Mode.PAUSED:
-                continue
-            if policy is not None and (rname in self.wanted.get(node, set()) or rname in _recorded(self.store, node)):
-                continue
-            if not await self._delete(rname, str(rule["metadata"].get("uid") or "")):
-                continue  # deleted meanwhile by the node's own convergence
-            log.info("deleted orphaned DeviceTaintRule %s (node %s)", rname, node)
-            self.events(
-                "Node",
-                node,
-                node,
-                "Normal",
-                "DeviceTaintRuleRemoved",
-                f"Deleted gpuhealth's DeviceTaintRule {rname}: its GPU is no longer held out "
-                "(node gone, no policy governs it, or the GPU is back in service)",
-            )
-        self._count()
-
-    def _count(self) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for report in self.store.reports.values():
-            status = report.get("status") or {}
-            for d in status.get("devices") or []:
-                key = (str(status.get("policy") or ""), str(d.get("state") or "InService"))
-                counts[key] = counts.get(key, 0) + 1
-        metrics.DEVICES.clear()
-        for (p, s), n in counts.items():
-            metrics.DEVICES.labels(p, s).set(n)
+_LIST_MAX = 8  # device names listed in an Event before "and N more"
 
 
-def _rule_node(rule: Mapping[str, Any]) -> str:
-    labels = (rule.get("metadata") or {}).get("labels") or {}
-    pool = ((rule.get("spec") or {}).get("deviceSelector") or {}).get("pool") or ""
-    return str(labels.get(DEVICE_NODE_LABEL) or pool)
+def _names(items: Sequence[str]) -> str:
+    names = [d.rpartition("/")[2] for d in items]
+    more = len(names) - _LIST_MAX
+    return ", ".join(names[:_LIST_MAX]) + (f" and {more} more (status.devices[].devices)" if more > 0 else "")
 
 
-def _reason(rules: Iterable[Mapping[str, Any]], name: str) -> str:
-    for r in rules:
-        if r["metadata"]["name"] == name:
-            return str(((r.get("spec") or {}).get("taint") or {}).get("value") or "")
-    return ""
+def held_out_words(rec: DeviceRecord, effect: str) -> str:
+    """How a GPU is held out, for its Events: its devices and their rules. Pure.
 
-
-def _recorded(store: Store, node: str) -> set[str]:
-    status = (store.reports.get(node) or {}).get("status") or {}
-    return {
-        str(d.get("taintRule"))
-        for d in status.get("devices") or []
-        if d.get("taintRule") and d.get("state") not in (None, "InService")
-    }
+    One device: ``[DeviceTaintRule R, device D, effect E]`` (as for a GPU without partitions).
+    More: ``held out with gpu-0 and its 12 MIG placements ... [DeviceTaintRules ...; effect E]``."""
+    if len(rec.devices) == 1 and len(rec.taint_rules) == 1:
+        return f"[DeviceTaintRule {rec.taint_rule}, device {rec.device}, effect {effect}]"
+    full = [d for d in rec.devices if d not in rec.partitions]
+    parts = [d for d in rec.devices if d in rec.partitions]
+    words = "held out with " + (f"{_names(full)} and " if full else "")
+    words += f"its {len(parts)} MIG device{'s' if len(parts) != 1 else ''} {_names(parts)}" if parts else ""
+    return f"{words.removesuffix(' and ')} [DeviceTaintRules {_names(rec.taint_rules)}; effect {effect}]"

@@ -106,6 +106,13 @@ DEVICES = Gauge(
     ["policy", "state"],
     registry=REGISTRY,
 )
+DEVICE_RULES = Gauge(
+    "gpuhealth_device_rules",
+    "gpuhealth's DeviceTaintRules, by policy and the kind of device they hold out (gpu: a full GPU, "
+    "mig: a MIG device or placement)",
+    ["policy", "kind"],
+    registry=REGISTRY,
+)
 DEVICE_ACTIONS = Counter(
     "gpuhealth_device_actions_total",
     "Actions on single GPUs (DeviceTaintRules created and deleted, device drains), by kind and reason",

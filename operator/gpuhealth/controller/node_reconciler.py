@@ -34,6 +34,7 @@ from gpuhealth.api.names import (
     REPORT_KIND,
     Mode,
 )
+from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
@@ -169,7 +170,7 @@ class NodeReconciler:
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
-        dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared)
+        dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared, device_plugin_mig(node))
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)

@@ -1,7 +1,8 @@
 """A slim list-then-watch of DRA ResourceSlices: which device each GPU is, without asking per fault.
 
 ResourceSlices carry every attribute and capacity a driver publishes (a few KB per node); the
-operator needs the driver, pool and each device's name, UUID and index, so each slice is slimmed
+operator needs the driver, pool, shared counter sets and each device's name, UUID, parent UUID, type,
+profile, index and consumed counter sets, so each slice is slimmed
 (``actions.slices.slim_slice``) as soon as it is read and kept in a :class:`SliceCache`, which
 readers query from any thread. The protocol (list, watch with bookmarks, resume, list again and
 replace the cache on 410 Gone, growing retry delays) is ``reflector.py``'s.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuhealth.actions.slices import DeviceMatch, SlimSlice, find_device, slim_slice
+from gpuhealth.actions.gpudevices import GpuDevices, devices_of_gpu
+from gpuhealth.actions.slices import SlimSlice, slim_slice
 from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,11 @@ class SliceCache:
         with self._lock:
             return list(self._slices.values())
 
-    def find(self, node: str, drivers: Sequence[str], index: int | None, uuid: str) -> DeviceMatch:
-        """The DRA device of GPU ``index`` / ``uuid`` on ``node`` (see ``actions.slices.find_device``)."""
-        return find_device(self.slices(), node, drivers, index, uuid)
+    def find(
+        self, node: str, drivers: Sequence[str], index: int | None, uuid: str, reported: Collection[str] = ()
+    ) -> GpuDevices:
+        """The DRA devices of GPU ``index`` / ``uuid`` on ``node`` (``actions.gpudevices.devices_of_gpu``)."""
+        return devices_of_gpu(self.slices(), node, drivers, index, uuid, reported)
 
 
 Items = list[SlimSlice]  # (a name of its own: `list` is a method of the watch below)

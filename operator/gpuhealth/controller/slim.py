@@ -9,7 +9,8 @@ GPU models, states, reasons) are interned, so that ten thousand nodes share one 
 
 What is read, and by whom:
 - Node: labels (policy selection, GPU count), gpuhealth's own annotations (ownership, release),
-  taints and ``unschedulable`` (``actions/nodes.py``), the GPU capacity, the ``GPUHealthy``
+  taints and ``unschedulable`` (``actions/nodes.py``), the GPU capacity (and the device plugin's
+  ``nvidia.com/mig-*`` capacities), the ``GPUHealthy``
   condition, and name, uid and resourceVersion (write preconditions).
 - GPUNodeHealth: what ``api/report.py`` ``parse_report`` and ``evaluation`` read of the spec (a
   malformed part is kept whole, so that it is refused exactly as before), the whole status (the
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
+from gpuhealth.api.nodes import MIG_RESOURCE_PREFIX
 from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
@@ -180,9 +182,11 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     if own:
         slim_meta["annotations"] = compact(own)
     slim_status: dict[str, Any] = {}
-    gpus = (status.get("capacity") or {}).get(GPU_RESOURCE)
-    if gpus is not None:
-        slim_status["capacity"] = {GPU_RESOURCE: share(gpus)}
+    capacity = status.get("capacity") or {}
+    # The GPU count, and the MIG devices NVIDIA's device plugin serves (api/nodes.py device_plugin_mig).
+    kept = {k: share(v) for k, v in capacity.items() if k == GPU_RESOURCE or str(k).startswith(MIG_RESOURCE_PREFIX)}
+    if kept:
+        slim_status["capacity"] = compact(kept)
     ours = [c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE]
     if ours:
         slim_status["conditions"] = compact(ours)

@@ -56,3 +56,29 @@ def test_describe_lists_each_gpu_held_out_with_its_rule() -> None:
     assert "7 in service" in text
     line = next(ln for ln in text.splitlines() if "gpuhealth-a-gpu-3" in ln)
     assert "Quarantined" in line and "EccUncorrected" in line and line.split()[0] == "3"
+
+
+MIG_HELD = {
+    **HELD,
+    "index": 2,
+    "taintRule": "gpuhealth-a-gpu-2-mig-3g40gb-9-0",
+    "taintRules": ["gpuhealth-a-gpu-2-mig-3g40gb-9-0", "gpuhealth-a-gpu-2-mig-3g40gb-9-4"],
+}
+
+
+def test_describe_and_release_of_a_mig_gpu_count_all_its_rules() -> None:
+    text = render_describe(
+        {
+            "node": "a",
+            "nodeExists": True,
+            "hasReport": True,
+            "state": "Degraded",
+            "generatedAt": NOW.isoformat(),
+            "gpus": {"healthy": 7, "total": 8, "inService": 7},
+            "gpuVerdicts": [MIG_HELD],
+        }
+    )
+    line = next(ln for ln in text.splitlines() if "gpuhealth-a-gpu-2-mig-3g40gb-9-0" in ln)
+    assert "(+1 more)" in line and line.split()[0] == "2"
+    plan = plan_release_gpu("a", report("a", "Degraded", devices=[{**MIG_HELD, "state": "AwaitingRepair"}]), 2)
+    assert "gpuhealth-a-gpu-2-mig-3g40gb-9-0 and its 1 other rules" in " ".join(plan.lines)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.controller import device_reconciler
+from gpuhealth.controller import device_rules
 from gpuhealth.controller.runtime import Runtime
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import at, gpu, report_obj
@@ -345,7 +345,7 @@ def test_an_idle_sweep_costs_no_request_and_relists_only_now_and_then(monkeypatc
         for _ in range(10):
             await rt.devices.sweep()
         assert lists == at_start  # from memory
-        monkeypatch.setattr(device_reconciler, "RELIST_S", 0.0)
+        monkeypatch.setattr(device_rules, "RELIST_S", 0.0)
         await rt.devices.sweep()
         assert lists == at_start + 1
 

@@ -29,6 +29,7 @@ def test_rule_for_one_gpu() -> None:
         "app.kubernetes.io/managed-by": "gpuhealth",
         "gpuhealth.dev/node": "node-a",
         "gpuhealth.dev/gpu": "3",
+        "gpuhealth.dev/device-kind": "gpu",
     }
     assert r["metadata"]["annotations"] == {"gpuhealth.dev/uuid": "GPU-3"}
     assert r["spec"] == {

@@ -18,7 +18,8 @@ def f(gpu: int | None, scope: Scope = Scope.DEVICE, signal: Signal = Signal.ECC)
 
 def test_gpu_published_by_a_slice_stays_device_scope() -> None:
     p = place([f(3), f(3, signal=Signal.THERMAL)], "n1", [slim_slice(slice_obj("n1"))], ("gpu.nvidia.com",), UUIDS)
-    assert p.refs == {3: DeviceRef("gpu.nvidia.com", "n1", "gpu-3")} and p.fallbacks == {}
+    assert {i: m.refs for i, m in p.refs.items()} == {3: (DeviceRef("gpu.nvidia.com", "n1", "gpu-3"),)}
+    assert p.fallbacks == {}
     assert {x.scope for x in p.findings} == {Scope.DEVICE}
 
 
@@ -41,7 +42,7 @@ def test_found_by_uuid_when_the_index_is_unknown_else_node() -> None:
     by_uuid = Finding(Signal.ECC, Action.DRAIN, "x", None, uuid(5), None, T0, Scope.DEVICE)
     unknown = Finding(Signal.ECC, Action.DRAIN, "x", None, "GPU-nobody", None, T0, Scope.DEVICE)
     p = place([by_uuid, unknown], "n1", [slim_slice(slice_obj("n1"))], ("gpu.nvidia.com",), UUIDS)
-    assert p.refs == {5: DeviceRef("gpu.nvidia.com", "n1", "gpu-5")}
+    assert {i: m.refs for i, m in p.refs.items()} == {5: (DeviceRef("gpu.nvidia.com", "n1", "gpu-5"),)}
     assert [x.scope for x in p.findings] == [Scope.DEVICE, Scope.NODE]
 
 

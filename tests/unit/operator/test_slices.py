@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhealth.actions.slices import DeviceRef, SlimDevice, find_device, slim_slice
+from gpuhealth.actions.gpudevices import find_device
+from gpuhealth.actions.slices import DeviceRef, SlimDevice, slim_slice
 
 DRIVERS = ("gpu.nvidia.com",)
 
