@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuhealth.api.remediation import Result, StepKind
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 NODES = Gauge("gpuhealth_nodes", "GPU nodes by gpuhealth state", ["policy", "state"], registry=REGISTRY)
@@ -125,6 +127,11 @@ REMEDIATIONS = Counter(
     ["step", "result"],
     registry=REGISTRY,
 )
+# Every (step, result) starts at zero: the LadderExhausted alert's increase() needs a series to
+# compare before the first ladder ever reaches Replace.
+for _step in StepKind:
+    for _result in Result:
+        REMEDIATIONS.labels(str(_step), str(_result))
 REMEDIATION_MTTR = Histogram(
     "gpuhealth_remediation_mttr_seconds",
     "From a GPU leaving service to its return after a repair, by the ladder step that repaired it",
