@@ -1,8 +1,8 @@
-"""Wiring and lifecycle: builds the rooms, feeds the caches from watch events, runs the workers and
-the sweeper, and starts and stops it all.
+"""Wiring and lifecycle: builds the rooms, runs the workers and the sweeper, and starts and stops it all.
 
-Kopf handlers (handlers.py) only call the ``on_*`` feeders and ``hold``/``release``; the feeders
-update the store and queue the nodes an event may affect. Workers take one node at a time from a
+The watches (``objectwatch.py``, ``slicewatch.py``) and Kopf's policy handler (``handlers.py``) call
+the cache feeders (``feeders.py``), which update the store and queue the nodes an event may affect;
+Kopf's ``acting`` daemon calls ``hold``/``release``. Workers take one node at a time from a
 de-duplicating queue and hand it to the node reconciler; the sweeper re-queues the nodes whose
 verdict the clock alone may change, and updates policy statuses.
 """
@@ -12,17 +12,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gpuhealth.api.names import (
     AGENT_LEASE_SELECTOR,
-    API_VERSION,
-    POLICY_KIND,
     POLICY_PLURAL,
-    RELEASE_ANNOTATION,
-    RELEASE_GPU_ANNOTATION,
     REPORT_PLURAL,
     State,
 )
@@ -33,6 +29,7 @@ from gpuhealth.controller.device_drainer import DeviceDrainer
 from gpuhealth.controller.device_reconciler import DeviceReconciler
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventPoster
+from gpuhealth.controller.feeders import Feeders
 from gpuhealth.controller.leadership import Leadership
 from gpuhealth.controller.node_reconciler import NodeReconciler
 from gpuhealth.controller.objectwatch import ObjectWatch
@@ -43,7 +40,6 @@ from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.controller.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
-from gpuhealth.evaluation import freshness
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
@@ -51,25 +47,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
-COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a Node (kubectl gpuhealth release)
-
-
-def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
-    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
-    return tuple(annotations.get(k) for k in COMMANDS)
-
-
-def _replace(
-    fresh: list[dict[str, Any]], cached: Mapping[str, Any], feed: Callable[[str, Mapping[str, Any]], None]
-) -> None:
-    """Feed a fresh full list as events: a DELETED for each cached name missing from it, then each item."""
-    names = {o["metadata"]["name"] for o in fresh}
-    for name in [n for n in cached if n not in names]:
-        feed("DELETED", {"metadata": {"name": name}})
-    for o in fresh:
-        feed("MODIFIED", o)
-
-
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 
 
@@ -115,6 +92,19 @@ class Runtime:
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)
         self.leadership = Leadership(self._resync)
+        self.feeders = Feeders(
+            store=self.store,
+            queue=self.queue,
+            breaker=self.breaker,
+            reports_gc=self.reports_gc,
+            events=self.events,
+            clock=clock,
+        )
+        # The watches and Kopf's policy handler call these (tests too).
+        self.on_node, self.on_report, self.on_pod = self.feeders.on_node, self.feeders.on_report, self.feeders.on_pod
+        self.on_lease, self.on_policy = self.feeders.on_lease, self.feeders.on_policy
+        self.replace_nodes, self.replace_reports = self.feeders.replace_nodes, self.feeders.replace_reports
+        self.replace_pods, self.replace_leases = self.feeders.replace_pods, self.feeders.replace_leases
         # The sources' calls are looked up when the watch lists, not here (as for every watch below).
         self.pod_watch = ObjectWatch(
             "pods",
@@ -261,86 +251,7 @@ class Runtime:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.events.close()
 
-    # -- cache feeders (the watches; policies through Kopf's handlers) -----------------------------
-
-    def on_node(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
-        name = body["metadata"]["name"]
-        if event == "DELETED":
-            self.store.forget_node(name)
-            self.store.renewed.pop(name, None)
-            self.reports_gc.suspect(name)
-            if enqueue:
-                self.queue.add(name)  # the worker deletes its report if the Node is really gone
-            return
-        # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
-        asked = _commands(body) != _commands(self.store.nodes.get(name))
-        self.store.put_node(name, body)
-        self.store.first_seen.setdefault(name, self.clock())
-        if enqueue:
-            self.queue.add(name, urgent=asked)
-
-    def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
-        name = body["metadata"]["name"]
-        news = False
-        if event == "DELETED":
-            self.store.drop_report(name)
-        else:
-            news = self._heard(name, body, live=enqueue)
-            self.store.put_report(name, body)
-        if enqueue:
-            self.queue.add(name, urgent=news)  # the agent's new facts go ahead of the fleet's backlog
-
-    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:
-        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one.
-
-        Returns whether it was one (not our own status write echoed, nor the same object again)."""
-        prior = self.store.seen.get(name)
-        seen, skew = freshness.observe(prior, body, self.clock(), live)
-        if seen is None:
-            self.store.seen.pop(name, None)
-        else:
-            self.store.seen[name] = seen
-        if skew is not None:
-            metrics.INVALID_INPUT.labels("ClockSkew").inc()
-            log.warning("report %s: %s", name, skew.describe())
-            self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
-        return seen is not None and seen is not prior
-
-    def on_lease(self, event: str | None, lease: Mapping[str, Any], live: bool = True) -> None:
-        """An agent's node Lease renewed: a sign of life, by our clock. It costs no reconcile and no
-        write, except where a sign of life can change the verdict (Unknown, or no verdict yet)."""
-        name = str((lease.get("metadata") or {}).get("name") or "")
-        if not name or event == "DELETED":
-            return  # the last renewal still happened; the agent recreates its Lease on the next beat
-        prior = self.store.renewed.get(name)
-        seen = freshness.observe_lease(prior, lease, self.clock(), live)
-        if seen is None or seen is prior:
-            return
-        self.store.renewed[name] = seen
-        if not live:
-            return
-        metrics.LEASE_RENEWALS.inc()
-        rec = self.store.records.get(name)
-        if name in self.store.nodes and (rec is None or rec.state == State.UNKNOWN):
-            metrics.LEASE_RECONCILES.inc()
-            self.queue.add(name)
-
-    def replace_leases(self, leases: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): renewals missed meanwhile count from the server's time of
-        them (``freshness.observe_lease``), not from the agent's renewTime."""
-        for lease in leases:
-            self.on_lease("MODIFIED", lease, live=False)
-
-    def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
-        """Pods by node, gang and workload: what drains and restart-loop detection need."""
-        nodes = self.store.put_pod(body, deleted=event == "DELETED")
-        if nodes is None or not enqueue:
-            return
-        for n in set(nodes):
-            if n in self.store.nodes:
-                self.queue.add(n)
-        for n in self.breaker.drains():
-            self.queue.add(n)
+    # -- slices ----------------------------------------------------------------------------------
 
     def _on_slice(self, pool: str) -> None:
         """From the slice watch's thread: a node's devices changed (``""``: all of them, after a list)."""
@@ -351,43 +262,6 @@ class Runtime:
         for n in names:
             if n in self.store.nodes:
                 loop.call_soon_threadsafe(self.queue.add, n)
-
-    def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): Nodes missing from it were deleted meanwhile."""
-        _replace(nodes, self.store.nodes, self.on_node)
-
-    def replace_reports(self, reports: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
-        _replace(reports, self.store.reports, self.on_report)
-
-    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): pods missing from it are gone."""
-        fresh = {p["metadata"].get("uid") for p in pods}
-        for uid, (node, _, _) in list(self.store.pod_index.items()):
-            if uid not in fresh:
-                self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
-        for p in pods:
-            self.on_pod("MODIFIED", p)
-
-    def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
-        name = body["metadata"]["name"]
-        error = self.store.put_policy(name, None if event == "DELETED" else body)
-        if error is not None:
-            metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
-            log.warning("policy %s refused: %s", name, error)
-            uid = body["metadata"].get("uid", name)
-            self.events(
-                POLICY_KIND,
-                name,
-                uid,
-                "Warning",
-                "InvalidPolicy",
-                f"The operator will not act on this policy: {error}",
-                API_VERSION,
-            )
-        if enqueue:
-            for n in self.store.nodes:
-                self.queue.add(n)
 
     # -- workers ---------------------------------------------------------------------------------
 

@@ -304,7 +304,7 @@ def test_new_facts_from_an_agent_are_queued_urgent_and_our_own_status_echo_is_no
 
     async def body() -> None:
         rt = await runtime(kube)
-        rt.queue = WorkQueue()
+        rt.queue = rt.feeders.queue = WorkQueue()
         rt.on_node("MODIFIED", kube.nodes["n1"])  # e.g. a sweep or a Node change: not urgent
         echo = copy.deepcopy(rt.store.reports["n2"])
         echo["status"] = {"state": "Healthy"}
@@ -330,7 +330,7 @@ def test_a_release_an_sre_asks_for_is_queued_ahead_of_the_backlog() -> None:
 
     async def body() -> None:
         rt = await runtime(kube)
-        rt.queue = WorkQueue()
+        rt.queue = rt.feeders.queue = WorkQueue()
         rt.on_node("MODIFIED", kube.nodes["silent"])  # nothing asked: in line
         for name, key in (("whole", RELEASE_ANNOTATION), ("gpus", RELEASE_GPU_ANNOTATION)):
             asked = copy.deepcopy(kube.nodes[name])
@@ -358,7 +358,7 @@ def test_a_probation_ending_is_queued_ahead_of_silent_nodes() -> None:
 
     async def body() -> None:
         rt = await runtime(kube)
-        rt.queue = WorkQueue()
+        rt.queue = rt.feeders.queue = WorkQueue()
         rt.store.set_record("silent", Record(state=State.HEALTHY))
         rt.store.set_record("probation", Record(state=State.RECOVERING))
         rt.sweep()

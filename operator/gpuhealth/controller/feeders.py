@@ -1,0 +1,176 @@
+"""The cache feeders: what each watch event (and each policy event from Kopf) does to the store and
+the work queue. No I/O and no decisions: they keep the caches current and queue the nodes an event
+may affect, the ones whose verdict can change ahead of the rest (an agent's new facts, a release an
+SRE asked for). The runtime builds one :class:`Feeders` and hands its methods to the watches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuhealth.api.names import API_VERSION, POLICY_KIND, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, State
+from gpuhealth.controller import metrics
+from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.events import EventSink
+from gpuhealth.controller.report_gc import ReportCollector
+from gpuhealth.controller.store import Store
+from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.evaluation import freshness
+
+log = logging.getLogger(__name__)
+
+COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a Node (kubectl gpuhealth release)
+
+
+def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return tuple(annotations.get(k) for k in COMMANDS)
+
+
+def _replace(
+    fresh: list[dict[str, Any]], cached: Mapping[str, Any], feed: Callable[[str, Mapping[str, Any]], None]
+) -> None:
+    """Feed a fresh full list as events: a DELETED for each cached name missing from it, then each item."""
+    names = {o["metadata"]["name"] for o in fresh}
+    for name in [n for n in cached if n not in names]:
+        feed("DELETED", {"metadata": {"name": name}})
+    for o in fresh:
+        feed("MODIFIED", o)
+
+
+class Feeders:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        queue: WorkQueue,
+        breaker: Breaker,
+        reports_gc: ReportCollector,
+        events: EventSink,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.breaker = breaker
+        self.reports_gc = reports_gc
+        self.events = events
+        self.clock = clock
+
+    def on_node(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        if event == "DELETED":
+            self.store.forget_node(name)
+            self.store.renewed.pop(name, None)
+            self.reports_gc.suspect(name)
+            if enqueue:
+                self.queue.add(name)  # the worker deletes its report if the Node is really gone
+            return
+        # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
+        asked = _commands(body) != _commands(self.store.nodes.get(name))
+        self.store.put_node(name, body)
+        self.store.first_seen.setdefault(name, self.clock())
+        if enqueue:
+            self.queue.add(name, urgent=asked)
+
+    def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        news = False
+        if event == "DELETED":
+            self.store.drop_report(name)
+        else:
+            news = self._heard(name, body, live=enqueue)
+            self.store.put_report(name, body)
+        if enqueue:
+            self.queue.add(name, urgent=news)  # the agent's new facts go ahead of the fleet's backlog
+
+    def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:
+        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one.
+
+        Returns whether it was one (not our own status write echoed, nor the same object again)."""
+        prior = self.store.seen.get(name)
+        seen, skew = freshness.observe(prior, body, self.clock(), live)
+        if seen is None:
+            self.store.seen.pop(name, None)
+        else:
+            self.store.seen[name] = seen
+        if skew is not None:
+            metrics.INVALID_INPUT.labels("ClockSkew").inc()
+            log.warning("report %s: %s", name, skew.describe())
+            self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
+        return seen is not None and seen is not prior
+
+    def on_lease(self, event: str | None, lease: Mapping[str, Any], live: bool = True) -> None:
+        """An agent's node Lease renewed: a sign of life, by our clock. It costs no reconcile and no
+        write, except where a sign of life can change the verdict (Unknown, or no verdict yet)."""
+        name = str((lease.get("metadata") or {}).get("name") or "")
+        if not name or event == "DELETED":
+            return  # the last renewal still happened; the agent recreates its Lease on the next beat
+        prior = self.store.renewed.get(name)
+        seen = freshness.observe_lease(prior, lease, self.clock(), live)
+        if seen is None or seen is prior:
+            return
+        self.store.renewed[name] = seen
+        if not live:
+            return
+        metrics.LEASE_RENEWALS.inc()
+        rec = self.store.records.get(name)
+        if name in self.store.nodes and (rec is None or rec.state == State.UNKNOWN):
+            metrics.LEASE_RECONCILES.inc()
+            self.queue.add(name)
+
+    def replace_leases(self, leases: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): renewals missed meanwhile count from the server's time of
+        them (``freshness.observe_lease``), not from the agent's renewTime."""
+        for lease in leases:
+            self.on_lease("MODIFIED", lease, live=False)
+
+    def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        """Pods by node, gang and workload: what drains and restart-loop detection need."""
+        nodes = self.store.put_pod(body, deleted=event == "DELETED")
+        if nodes is None or not enqueue:
+            return
+        for n in set(nodes):
+            if n in self.store.nodes:
+                self.queue.add(n)
+        for n in self.breaker.drains():
+            self.queue.add(n)
+
+    def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): Nodes missing from it were deleted meanwhile."""
+        _replace(nodes, self.store.nodes, self.on_node)
+
+    def replace_reports(self, reports: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
+        _replace(reports, self.store.reports, self.on_report)
+
+    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
+        """A fresh full list (the watch expired): pods missing from it are gone."""
+        fresh = {p["metadata"].get("uid") for p in pods}
+        for uid, (node, _, _) in list(self.store.pod_index.items()):
+            if uid not in fresh:
+                self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
+        for p in pods:
+            self.on_pod("MODIFIED", p)
+
+    def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
+        name = body["metadata"]["name"]
+        error = self.store.put_policy(name, None if event == "DELETED" else body)
+        if error is not None:
+            metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
+            log.warning("policy %s refused: %s", name, error)
+            uid = body["metadata"].get("uid", name)
+            self.events(
+                POLICY_KIND,
+                name,
+                uid,
+                "Warning",
+                "InvalidPolicy",
+                f"The operator will not act on this policy: {error}",
+                API_VERSION,
+            )
+        if enqueue:
+            for n in self.store.nodes:
+                self.queue.add(n)
