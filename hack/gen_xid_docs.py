@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpuhealth.catalog import xid
-from gpuhealth.evaluation import scope
+from gpuhealth.evaluation import repeats, scope
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "xid-catalog.md"
@@ -37,6 +37,8 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
 - **Immediate action**: NVIDIA's "resolution bucket (immediate action)" folded into a small closed set:
 {immediate_legend}
 - **App**: the fault is typically caused by the application, not the GPU.
+- **Instance**: on a MIG-enabled GPU, an occurrence NVML attributes to a MIG instance counts against
+  that instance alone (see the note on MIG instances below).
 - **gpuhealth**: the verdict for a single occurrence, one of {default_actions}.
 - *(legacy)*: NVIDIA lists the code as unused on Ampere and newer GPUs.
 - †: NVIDIA's catalog gives no immediate action (or a conditional one); the value is gpuhealth's choice.
@@ -45,7 +47,7 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
 
 | Immediate action | gpuhealth |
 |---|---|
-| any, for an application error | `ignore`; a repeat on one GPU is a hardware signal, escalated later |
+| any, for an application error | `ignore`; a repeat on one GPU (or MIG instance) is a hardware signal, escalated |
 | `IGNORE` | `ignore` if purely informational (test, injected, remap recorded), else `observe` |
 | `WATCH`, `RESTART_APP` (not an app error), `CONTACT_SUPPORT`, `FOLLOW_RECOVERY_ACTION` | `observe` |
 | `DECODE_MESSAGE` (XIDs {decode_codes}), `UPDATE_SOFTWARE` | `cordon` |
@@ -61,6 +63,13 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   reported with it.
 - **XID 48** with 63 or 64 calls for drain-and-reset; on its own, a GPU reset.
 - **XID 94** is contained to one application, but NVIDIA recommends a GPU reset when convenient.
+- **MIG instances.** NVML attributes an XID to the MIG instance it hit (the agent's
+  `gpuInstanceId` / `computeInstanceId`). Only the application XIDs ({instance_codes}) are counted
+  per instance: repeated on one instance they raise `RepeatedAppXID` for that instance, and
+  gpuhealth holds out only its MIG device where its DRA device can be told apart by its MIG UUID
+  (else the whole GPU); tenants' XIDs on different instances never add up to a GPU's. Every other
+  XID stays its GPU's or its node's even when attributed to an instance: its remedy (a GPU reset, a
+  node reboot) takes every instance of the GPU with it ([devices.md](devices.md#faults-on-one-mig-instance)).
 - **XID 154** carries the driver's own recovery action, which the agent also reads from NVML
   (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) into the GPU's `recoveryAction`. `action_for_recovery()`
   maps it to the verdict and `evaluation/scope.py` to the scope. A reset of the GPU itself
@@ -77,8 +86,8 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
 
 ## Catalog
 
-| XID | Name (driver mnemonic) | Description | Immediate action | App | gpuhealth | What to do |
-|---:|---|---|---|:-:|---|---|
+| XID | Name (driver mnemonic) | Description | Immediate action | App | Instance | gpuhealth | What to do |
+|---:|---|---|---|:-:|:-:|---|---|
 """
 
 
@@ -108,6 +117,7 @@ def render() -> str:
         decode_codes=", ".join(str(e.code) for e in entries if e.immediate_action == "DECODE_MESSAGE"),
         immediate_legend=legend.rstrip(";") + ".",
         default_actions=", ".join(f"`{a}`" for a in xid.DEFAULT_ACTIONS),
+        instance_codes=", ".join(str(e.code) for e in entries if repeats.instance_scoped(e.code)),
         recovery_rows="\n".join(
             f"| `{k}` | {_nvml_value(k)} | `{v}` | `{scope.xid_scope(154, k)}` |"
             for k, v in xid.RECOVERY_ACTIONS.items()
@@ -119,7 +129,8 @@ def render() -> str:
         immediate = f"`{e.immediate_action}`" + (" †" if e.inferred else "")
         rows.append(
             f"| {e.code} | {name} | {_cell(e.description)} | {immediate} | "
-            f"{'yes' if e.application_error else ''} | `{e.default_action}` | {_cell(e.what_to_do)} |"
+            f"{'yes' if e.application_error else ''} | {'yes' if repeats.instance_scoped(e.code) else ''} | "
+            f"`{e.default_action}` | {_cell(e.what_to_do)} |"
         )
     return head + "\n".join(rows) + "\n"
 

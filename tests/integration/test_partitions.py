@@ -9,6 +9,7 @@ claims the scheduler allocates, the GPUNodeHealth status and Events.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 from typing import Any
 
@@ -158,6 +159,85 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     wait_for(lambda: device(kube, node, 2).get("state") == "InService", timeout=20, what="GPU 2 in service")
     assert "taintRules" not in device(kube, node, 2)
     kube.custom.delete_cluster_custom_object(dra.G, dra.V, "devicetaintrules", foreign["metadata"]["name"])
+
+
+def mig_spec(node: str, xids: list[tuple[int, int]]) -> dict[str, Any]:
+    """GPU 2 MIG-enabled with the two instances static_mig_node publishes (GI 1 on MIG2[0], GI 2 on
+    MIG2[1]), and XID 13 once per (seconds ago, GPU instance) in ``xids``, attributed by NVML."""
+    spec = healthy(node)
+    gpu2 = spec["devices"][2]
+    gpu2["migMode"] = "Enabled"
+    gpu2["migDevices"] = [
+        {"index": i, "uuid": mig, "gpuInstanceId": i + 1, "computeInstanceId": 0, "profile": "3g.40gb"}
+        for i, mig in enumerate(S.mig_uuid(gpu2["uuid"], "3g.40gb", start) for start in (0, 4))
+    ]
+    now = dt.datetime.now(dt.UTC)
+    spec["xidEvents"] = [
+        {
+            "xid": 13,
+            "gpu": 2,
+            "uuid": gpu2["uuid"],
+            "time": (now - dt.timedelta(seconds=ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "source": "nvml",
+            "gpuInstanceId": gi,
+            "computeInstanceId": 0,
+        }
+        for ago, gi in xids
+    ]
+    return spec
+
+
+def test_application_xids_repeated_on_one_mig_instance_hold_out_that_mig_device_only(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    (node,) = make_nodes(cluster, group, 1)
+    kube.put_report(node, healthy(node))
+    ns = setup(kube, group, "pi", actions={"drain": {"maxWait": "1s"}})
+    dra.publish(kube, static_mig_node(node))
+    for name in ("tenant-a", "tenant-b"):
+        kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, name, "mig", node))
+    held = {name: dra.wait_allocated(kube, ns, name)[0] for name in ("tenant-a", "tenant-b")}
+    assert sorted(held.values()) == sorted(MIG2)
+    a_device, b_device = held["tenant-a"], held["tenant-b"]
+    a_gi = MIG2.index(a_device) + 1
+    b_gi = 3 - a_gi
+    a_uuid = S.mig_uuid(dra.node_uuid(node, 2), "3g.40gb", (0, 4)[a_gi - 1])
+
+    # Three XID 13 on GPU 2, two on A's instance and one on B's: the GPU's sum reaches the repeat
+    # count (3), neither instance does. Once the operator has judged that report, nothing is out.
+    kube.put_report(node, mig_spec(node, [(30, a_gi), (20, b_gi), (10, a_gi)]))
+    wait_for(lambda: kube.report(node).get("status", {}).get("lastXid") == "13 (GPU 2)", timeout=30, what="judged")
+    status = kube.report(node)["status"]
+    assert status["state"] == "Healthy" and status["inServiceGPUs"] == 8, status
+    assert device(kube, node, 2).get("state", "InService") == "InService"
+    assert ours(kube, node) == {}
+
+    # A third on A's instance: A's MIG device alone is held out.
+    kube.put_report(node, mig_spec(node, [(30, a_gi), (20, b_gi), (10, a_gi), (1, a_gi)]))
+    want = {f"gpuhealth-{node}-{a_device}": a_device}
+    wait_for(lambda: ours(kube, node) == want, timeout=30, what="a rule for A's MIG device only")
+    taint = rules_of(kube, node)[f"gpuhealth-{node}-{a_device}"]["spec"]["taint"]
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "gpuhealth.dev/unhealthy",
+        "RepeatedAppXID",
+        "NoSchedule",
+    )
+    rec = device(kube, node, 2)
+    assert rec["reason"] == "RepeatedAppXID" and rec["instances"] == [a_uuid]
+    assert rec["devices"] == rec["partitions"] == [f"{dra.DRIVER}/{node}/{a_device}"]
+    assert f"MIG device GI {a_gi} CI 0 (3g.40gb, {a_uuid})" in rec["message"]
+    status = kube.report(node)["status"]
+    assert status["state"] == "Degraded" and status["inServiceGPUs"] == 8  # GPU 2 serves on with B
+    assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
+
+    # A's pod leaves; B's pod and B's device are untouched.
+    wait_for(lambda: gone_or_deleting(kube, ns, "tenant-a"), timeout=30, what="A's pod drained")
+    wait_for(lambda: device(kube, node, 2).get("state") == "Quarantined", timeout=30, what="device drain done")
+    assert not gone_or_deleting(kube, ns, "tenant-b")
+    assert CHECKPOINT_REQUESTED not in pod_annotations(kube, ns, "tenant-b")
+    assert all(r["spec"]["deviceSelector"]["device"] != b_device for r in rules_of(kube, node).values())
+    assert ours(kube, node) == want
+    assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
 
 
 def test_partitionable_gpu_is_held_out_with_every_placement(

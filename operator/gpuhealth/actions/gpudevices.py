@@ -21,8 +21,8 @@ report, a MIG device whose parent is also published as a plain GPU by another po
 of this GPU consumed by another GPU's device. gpuhealth never writes a rule on a guess: the caller
 falls back to node scope.
 
-:func:`device_by_uuid` finds the one device with a given UUID (a MIG device's ``MIG-...``): the hook
-for faults attributed to one MIG instance.
+:func:`device_by_uuid` finds the one device with a given UUID (a MIG device's ``MIG-...``): how a
+fault confined to one MIG instance holds out that MIG device alone (``actions/placement.py``).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def devices_of_gpu(
 def device_by_uuid(slices: Iterable[SlimSlice], node: str, drivers: Sequence[str], uuid: str) -> GpuDevices:
     """The one device of ``node`` whose ``uuid`` is ``uuid`` (a MIG device's ``MIG-...``, or a full GPU's).
 
-    The hook for a fault attributed to one MIG instance: hold out just that device. Two devices
+    For a fault confined to one MIG instance: hold out just that device. Two devices
     with the UUID, or none, give no device and the reason."""
     mine = [s for s in current_slices(slices, drivers) if of_node(s, node)]
     if not mine:

@@ -6,18 +6,27 @@ all of its devices (its full device and every MIG device or placement, ``actions
 This step turns every device-scoped finding whose GPU has no devices (or slices that contradict
 themselves, or a rule name someone else holds) into a node-scope one and says why, in words, for
 the Event and the status.
+
+A finding confined to one MIG instance (``Finding.instance``) holds out that MIG device alone when
+its DRA device can be told apart: the one device publishing the instance's MIG UUID
+(``device_by_uuid``), and it is one of the GPU's partitions. Static MIG publishes the MIG UUID as
+the device's ``uuid``; a partitionable placement has one only once prepared. Otherwise the finding
+widens to its whole GPU (every device of it), and its detail says why, ending in "the whole GPU is
+held out instead".
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpuhealth.actions.devicetaints import rule_name
-from gpuhealth.actions.gpudevices import GpuDevices, devices_of_gpu
+from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import SlimSlice
+from gpuhealth.api.devices import DeviceRef
 from gpuhealth.api.names import Scope
 from gpuhealth.evaluation.assess import Finding
+from gpuhealth.evaluation.findings import Instance
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,8 @@ class Placement:
     findings: tuple[Finding, ...]  # all of them; those that cannot be placed are now Node scope
     refs: Mapping[int, GpuDevices]  # GPU index -> its DRA devices, for the GPUs that stay device scope
     fallbacks: Mapping[int, str]  # GPU index -> why it falls back to node scope, in words
+    # MIG UUID -> its DRA device, for the instance findings that hold out one MIG device alone
+    instances: Mapping[str, DeviceRef] = field(default_factory=dict)
 
 
 def device_plugin_mig_reason(index: int, uuid: str, node: str, resources: Sequence[str]) -> str:
@@ -56,6 +67,7 @@ def place(
     reported = frozenset(u for u in uuids.values() if u)
     refs: dict[int, GpuDevices] = {}
     fallbacks: dict[int, str] = {}
+    instances: dict[str, DeviceRef] = {}
     out: list[Finding] = []
     for f in findings:
         index = f.gpu if f.gpu is not None else next((i for i, u in uuids.items() if f.uuid and u == f.uuid), None)
@@ -80,5 +92,32 @@ def place(
                 fallbacks[index] = device_plugin_mig_reason(index, uuid, node, plugin_mig)
             else:
                 fallbacks[index] = match.reason
-        out.append(f if index in refs else replace(f, scope=Scope.NODE))
-    return Placement(tuple(out), refs, fallbacks)
+        if index not in refs:
+            out.append(replace(f, scope=Scope.NODE))
+        elif f.instance is not None:
+            ref, why = _instance_device(f.instance, index, node, slices, drivers, refs[index])
+            if ref is not None:
+                instances[f.instance.uuid] = ref
+                out.append(f)
+            else:
+                out.append(replace(f, instance=None, detail=f"{f.detail} ({why}: the whole GPU is held out instead)"))
+        else:
+            out.append(f)
+    return Placement(tuple(out), refs, fallbacks, instances)
+
+
+def _instance_device(
+    instance: Instance, index: int, node: str, slices: Sequence[SlimSlice], drivers: Sequence[str], gpu: GpuDevices
+) -> tuple[DeviceRef | None, str]:
+    """The one DRA device of a MIG instance of GPU ``index``, or None and why it cannot be told apart.
+
+    (A rule name someone else holds needs no check here: it made the whole GPU fall back already.)"""
+    if not instance.uuid:
+        ids = instance.words().removeprefix("MIG device ")
+        return None, f"the agent lists no MIG device with a UUID for {ids} of GPU {index}"
+    match = device_by_uuid(slices, node, drivers, instance.uuid)
+    if match.ref is None:
+        return None, match.reason.removesuffix(": the whole node is quarantined instead")
+    if match.ref not in gpu.partitions:
+        return None, f"the DRA device {match.ref} publishing {instance.uuid} is not one of GPU {index}'s MIG devices"
+    return match.ref, ""

@@ -74,10 +74,19 @@ class DeviceRecord:
     devices: tuple[str, ...] = ()
     partitions: tuple[str, ...] = ()  # those of ``devices`` that are MIG devices or placements
     taint_rules: tuple[str, ...] = ()
+    # The MIG UUIDs of the instances held out on their own (a fault confined to them); then
+    # ``devices`` are just their MIG devices and the GPU serves on with its others. Empty: the whole
+    # GPU is held out.
+    instances: tuple[str, ...] = ()
 
     @property
     def out_of_service(self) -> bool:
         return self.state in DEVICE_OUT_OF_SERVICE
+
+    @property
+    def whole_gpu_out(self) -> bool:
+        """Out of service as a whole; a GPU with only some of its MIG devices held out still serves."""
+        return self.out_of_service and not self.instances
 
     @property
     def device(self) -> str:
@@ -109,6 +118,7 @@ class DeviceRecord:
             "devices": list(self.devices),
             "partitions": list(self.partitions),
             "taintRules": list(self.taint_rules),
+            "instances": list(self.instances),
             # Also the first device and rule under the previous version's single fields, for its
             # readers (an operator rolled back, the plugin, dashboards); ``devices`` is the record.
             "device": self.device,
@@ -146,6 +156,7 @@ class DeviceRecord:
             devices=_names(entry, "devices", "device"),
             partitions=_names(entry, "partitions", ""),
             taint_rules=_names(entry, "taintRules", "taintRule"),
+            instances=_names(entry, "instances", ""),
         )
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import place
-from gpuhealth.api.devices import DeviceRecord, devices_from_status, devices_to_status
+from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_from_status, devices_to_status
 from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
     Action,
@@ -100,8 +100,9 @@ class DevicePlan:
         return devices_to_status(self.records)
 
     def in_service(self, node_out: bool, total: int) -> int:
-        """GPUs the scheduler may allocate: none while the node is out, else all but those held out."""
-        return 0 if node_out else max(0, total - len(self.out))
+        """GPUs the scheduler may allocate: none while the node is out, else all but those held out
+        as a whole (a GPU with only some of its MIG devices held out still serves with the others)."""
+        return 0 if node_out else max(0, total - sum(1 for r in self.out if r.whole_gpu_out))
 
 
 def _with_fallback(f: Finding, fallbacks: Mapping[int, str], placed: Finding) -> Finding:
@@ -119,6 +120,12 @@ def _rules_words(r: DeviceRecord) -> str:
     return ""
 
 
+def _instance_words(r: DeviceRecord) -> str:
+    if not r.instances or not r.out_of_service:
+        return ""
+    return f" (only its MIG device{'s' if len(r.instances) > 1 else ''} {', '.join(r.instances)})"
+
+
 def node_view(
     a: Assessment, findings: Sequence[Finding], verdict: DeviceVerdict, out: Iterable[DeviceRecord]
 ) -> Assessment:
@@ -132,6 +139,7 @@ def node_view(
             f"GPU {r.index}"
             + (f" ({r.uuid})" if r.uuid else "")
             + f" {r.state}: {r.reason}"
+            + _instance_words(r)
             + _rules_words(r)
             + (" (held back by the GPU budget)" if r.held_by_breaker and not r.out_of_service else "")
             for r in sorted(held, key=lambda r: r.index)
@@ -216,7 +224,9 @@ class DeviceReconciler(DeviceRules):
         )
         verdict = decide_devices(prior, findings, policy, now, inputs)
         reported = frozenset(u for u in uuids.values() if u)
-        records = tuple(self._locate(name, policy, r, placement.refs, reported) for r in verdict.records)
+        records = tuple(
+            self._locate(name, policy, r, placement.refs, reported, placement.instances) for r in verdict.records
+        )
         out = [r for r in records if r.out_of_service]
         view = node_view(a, findings, verdict, out)
         # A GPU whose ladder reached NodeReboot takes its node to the node remediator (drain, then
@@ -247,16 +257,23 @@ class DeviceReconciler(DeviceRules):
         rec: DeviceRecord,
         placed: Mapping[int, GpuDevices],
         reported: frozenset[str],
+        instances: Mapping[str, DeviceRef] | None = None,
     ) -> DeviceRecord:
         """Record the devices (and rule names) of a GPU held out; a GPU in service keeps none.
 
         The devices are mapped again on every pass (a GPU re-partitioned while out gets its new
         devices held out, vanished ones let go); where the slices now give none, or contradict
         themselves, the recorded devices are kept, and while a pool is being republished (fewer
-        slices of its newest generation than its ``resourceSliceCount``) they are kept beside the new."""
+        slices of its newest generation than its ``resourceSliceCount``) they are kept beside the new.
+        A GPU held out by some MIG instances alone (``rec.instances``) records just their devices."""
         if not rec.out_of_service:
             return replace(rec, devices=(), partitions=(), taint_rules=())
-        match = placed.get(rec.index) or self.slices.find(node, policy.devices.drivers, rec.index, rec.uuid, reported)
+        if rec.instances:
+            match = self._instance_devices(node, policy, rec, instances or {})
+        else:
+            match = placed.get(rec.index) or self.slices.find(
+                node, policy.devices.drivers, rec.index, rec.uuid, reported
+            )
         if match.refs and not match.conflict:
             devices = tuple(str(r) for r in match.refs)
             partitions = tuple(str(r) for r in match.partitions)
@@ -270,6 +287,19 @@ class DeviceReconciler(DeviceRules):
         refs = replace(rec, devices=devices).refs()
         rules = tuple(n for n in (rule_name(r) for r in refs) if n not in self.taken)
         return replace(rec, devices=devices, partitions=partitions, taint_rules=rules)
+
+    def _instance_devices(
+        self, node: str, policy: Policy, rec: DeviceRecord, placed: Mapping[str, DeviceRef]
+    ) -> GpuDevices:
+        """The MIG devices of the instances a record holds out alone (placed this pass, or by UUID);
+        none when one of them cannot be found (the recorded devices are then kept)."""
+        refs: list[DeviceRef] = []
+        for uuid in rec.instances:
+            ref = placed.get(uuid) or self.slices.by_uuid(node, policy.devices.drivers, uuid).ref
+            if ref is None:
+                return GpuDevices()
+            refs.append(ref)
+        return GpuDevices(tuple(sorted(refs)), tuple(sorted(refs)))
 
     # -- announcing --------------------------------------------------------------------------------
 

@@ -125,7 +125,9 @@ class Remediator:
         dry = policy.mode == Mode.DRY_RUN
         for dev in sorted(records, key=lambda r: r.index):
             lad = ladders.get(dev.index)
-            if lad is None and not dev.out_of_service:
+            if lad is None and (not dev.out_of_service or dev.instances):
+                # A GPU with only some MIG devices out climbs no ladder: a reset or a reboot would
+                # take its other instances, which still serve, with it.
                 continue
             facts = report.device(dev.index) if report is not None else None
             recovery = (facts.recovery_action or "") if facts else ""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuhealth.actions.gpudevices import GpuDevices, devices_of_gpu
+from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import SlimSlice, slim_slice
 from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
 
@@ -61,6 +61,10 @@ class SliceCache:
     ) -> GpuDevices:
         """The DRA devices of GPU ``index`` / ``uuid`` on ``node`` (``actions.gpudevices.devices_of_gpu``)."""
         return devices_of_gpu(self.slices(), node, drivers, index, uuid, reported)
+
+    def by_uuid(self, node: str, drivers: Sequence[str], uuid: str) -> GpuDevices:
+        """The one DRA device of ``node`` publishing ``uuid`` (``actions.gpudevices.device_by_uuid``)."""
+        return device_by_uuid(self.slices(), node, drivers, uuid)
 
 
 Items = list[SlimSlice]  # (a name of its own: `list` is a method of the watch below)

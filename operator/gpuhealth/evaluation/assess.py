@@ -7,7 +7,6 @@ and whether the node's facts are fresh. It never decides state; see transitions.
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -17,6 +16,7 @@ from gpuhealth.api.report import Device, Report
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.findings import Assessment as Assessment
 from gpuhealth.evaluation.findings import Finding as Finding
+from gpuhealth.evaluation.repeats import repeated_app_xids
 from gpuhealth.evaluation.scope import scope_of
 
 # NVML clock-event reasons that mean the hardware is protecting itself from heat.
@@ -55,46 +55,17 @@ def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
 
 def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) -> list[Finding]:
     findings: dict[str, Finding] = {}
-    # Group by GPU index, or by UUID when the agent could not tell the index.
-    app_times: dict[tuple[int | str | None, int], list[dt.datetime]] = defaultdict(list)
-    app_gpu: dict[tuple[int | str | None, int], tuple[int | None, str]] = {}
     for ev in report.xids:
         if cleared is not None and ev.time <= cleared:
             continue
         device = report.device(ev.gpu)
         uuid = ev.uuid or (device.uuid if device else "")
         action = _xid_action(policy, ev.xid, device)
-        gpu_key: int | str | None = ev.gpu if ev.gpu is not None else (uuid or None)
-        if catalog.is_application_error(ev.xid) and ev.xid not in policy.xid_overrides:
-            app_times[(gpu_key, ev.xid)].append(ev.time)
-            app_gpu[(gpu_key, ev.xid)] = (ev.gpu, uuid)
         f = Finding(Signal.XID, action, catalog.describe(ev.xid), ev.gpu, uuid, ev.xid, ev.time)
         findings[f"{f.key}/{'' if ev.gpu is not None else uuid}"] = f  # the latest of each (GPU, code) wins
-    window = dt.timedelta(seconds=policy.app_repeat_window_s)
-    for (gpu_key, code), times in app_times.items():
-        gpu, gpu_uuid = app_gpu[(gpu_key, code)]
-        times.sort()
-        lo = 0
-        for hi, t in enumerate(times):
-            while t - times[lo] > window:
-                lo += 1
-            if hi - lo + 1 >= policy.app_repeat_count:
-                device = report.device(gpu)
-                detail = (
-                    f"application XID {code} repeated {hi - lo + 1} times within "
-                    f"{int(window.total_seconds())}s on one GPU: {catalog.describe(code)}"
-                )
-                f = Finding(
-                    Signal.APP_XID_REPEATED,
-                    policy.app_repeat_action,
-                    detail,
-                    gpu,
-                    device.uuid if device else gpu_uuid,
-                    code,
-                    t,
-                )
-                findings[f"{f.key}/{gpu_uuid if gpu is None else ''}"] = f
-                break
+    # Application XIDs repeated on one GPU, or on one MIG instance when NVML attributed them.
+    for f in repeated_app_xids(policy, report, cleared):
+        findings[f"{f.key}/{f.uuid if f.gpu is None else ''}"] = f
     return list(findings.values())
 
 

@@ -12,6 +12,11 @@ Pure. It mirrors the node state machine (transitions.py) one GPU at a time:
   ``Flapping``), and with ``devices.onFlapping: Node`` the node is escalated as well;
 - AwaitingRepair is left only through a human release -> Recovering.
 
+A GPU whose findings are all confined to MIG instances (``Finding.instance``, placed on their MIG
+devices) is held out by those instances alone (``DeviceRecord.instances``). While it is out that set
+only grows: another instance's finding adds it, and a finding on the whole GPU widens the record to
+the whole GPU until it is back in service (protection never narrows during a quarantine).
+
 It also says whether the node must be quarantined instead: more GPUs out than
 ``devices.maxBadGPUsPerNode``, or a flapping GPU under ``onFlapping: Node``.
 """
@@ -82,6 +87,17 @@ def _level(findings: Iterable[Finding]) -> Action:
 def _top(findings: list[Finding]) -> Finding:
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
     return min(findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
+
+
+def held_instances(rec: DeviceRecord, mine: Iterable[Finding]) -> tuple[str, ...]:
+    """The MIG UUIDs a quarantine of ``rec`` holds out on their own; () is the whole GPU. Pure.
+
+    Only when every finding is confined to an instance with a known MIG UUID; a GPU already out
+    as a whole stays whole, and the instances of a GPU out keep being held out."""
+    uuids = {f.instance.uuid if f.instance is not None else "" for f in mine}
+    if "" in uuids or (rec.out_of_service and not rec.instances):
+        return ()
+    return tuple(sorted(uuids | (set(rec.instances) if rec.out_of_service else set())))
 
 
 def _index_of(f: Finding, uuids: Mapping[int, str]) -> int | None:
@@ -217,6 +233,8 @@ def _step(
     if level.quarantines:
         top = _top(mine)
         detail = "; ".join(f.describe() for f in sorted(mine, key=lambda f: f.key))
+        if rec.out_of_service:
+            rec = replace(rec, instances=held_instances(rec, mine))
         if not rec.out_of_service:
             if not budget_left:
                 if not rec.held_by_breaker:
@@ -231,7 +249,8 @@ def _step(
                     )
                 held = replace(rec, held_by_breaker=True, reason=top.reason, rule=rule_of(top), message=detail)
                 return _Step(held, events=tuple(events))
-            return _enter(rec, top, level, detail, now, policy, events, admitted=True)
+            entering = replace(rec, instances=held_instances(rec, mine))
+            return _enter(entering, top, level, detail, now, policy, events, admitted=True)
         if rec.state == DeviceState.RECOVERING:
             return _enter(rec, top, level, detail, now, policy, events, relapse=True)
         if rec.state == DeviceState.QUARANTINED and level == Action.REPAIR and rec.drained:
@@ -249,7 +268,8 @@ def _step(
         return _Step(replace(rec, message=detail), events=tuple(events))
     # No fault on this GPU.
     if not rec.out_of_service:
-        return _Step(replace(rec, held_by_breaker=False, reason="", rule="", message=""), events=tuple(events))
+        cleared = replace(rec, held_by_breaker=False, reason="", rule="", message="", instances=())
+        return _Step(cleared, events=tuple(events))
     if rec.state == DeviceState.DRAINING and rec.drain_action == Action.REPAIR:
         return _Step(rec, events=tuple(events))  # suspect hardware: finish the drain, then a human decides
     if not inputs.fresh:
@@ -275,6 +295,7 @@ def _step(
         healthy_since=None,
         drain_action="",
         drained=False,
+        instances=(),
     )
     events.append(("Normal", "ReturnedToService", f"{_where(rec)} clean for the whole probation: taint removed"))
     return _Step(rec, lift=True, events=tuple(events))
@@ -321,5 +342,12 @@ def _enter(
     )
     verb = "Relapsed during probation" if relapse else "GPU quarantined"
     then = "its pods are drained" if state == DeviceState.DRAINING else "running pods continue"
-    events.append(("Warning", "DeviceQuarantined", f"{verb}: {detail}. Only this GPU is taken out; {then}"))
+    only = "this GPU is taken out"
+    if rec.instances:
+        verb = "Relapsed during probation" if relapse else "MIG device quarantined"
+        n = len(rec.instances)
+        only = f"its MIG device{'s' if n > 1 else ''} {', '.join(rec.instances)} {'are' if n > 1 else 'is'} taken out, "
+        only += "the GPU serves on with its others"
+        then = then.replace("its pods", "the pods holding " + ("them" if n > 1 else "it"))
+    events.append(("Warning", "DeviceQuarantined", f"{verb}: {detail}. Only {only}; {then}"))
     return _Step(nrec, admitted=admitted, new_quarantine=True, events=tuple(events))

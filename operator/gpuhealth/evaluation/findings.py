@@ -12,6 +12,23 @@ from gpuhealth.api.names import Action, Scope, Signal
 
 
 @dataclass(frozen=True)
+class Instance:
+    """The MIG instance a finding is confined to: NVML's GPU / compute instance IDs of the XIDs, and
+    the MIG device the agent lists for them (its UUID and profile; empty when the agent lists none)."""
+
+    gpu_instance: int
+    compute_instance: int | None = None
+    uuid: str = ""
+    profile: str = ""
+
+    def words(self) -> str:
+        """``MIG device GI 1 CI 0 (3g.40gb, MIG-...)``: how details and Events name it."""
+        ids = f"GI {self.gpu_instance}" + (f" CI {self.compute_instance}" if self.compute_instance is not None else "")
+        extra = ", ".join(x for x in (self.profile, self.uuid) if x)
+        return f"MIG device {ids}" + (f" ({extra})" if extra else "")
+
+
+@dataclass(frozen=True)
 class Finding:
     signal: Signal
     action: Action
@@ -21,10 +38,17 @@ class Finding:
     code: int | None = None
     since: dt.datetime | None = None
     scope: Scope = Scope.NODE  # set under the policy by evaluation.scope; Node until then
+    # Set when the finding is confined to one MIG instance of ``gpu`` (application XIDs repeated on
+    # that instance); None: the whole GPU (or the node). Placement may widen it to the GPU.
+    instance: Instance | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+        key = f"{self.signal}/{'' if self.gpu is None else self.gpu}/{'' if self.code is None else self.code}"
+        if self.instance is not None:
+            ci = self.instance.compute_instance
+            key += f"/{self.instance.gpu_instance}/{'' if ci is None else ci}"
+        return key
 
     @property
     def reason(self) -> str:
