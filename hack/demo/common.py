@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "demo"
 TAINT = "gpuhealth.dev/unhealthy"
 NS = "ml"
+REMEDIATION_NS = "gpuhealth-remediation"
+MANAGED = "app.kubernetes.io/managed-by=gpuhealth"
 # The apps whose pods run the checkpoint sidecar (act_as_trainer acknowledges for them).
-CHECKPOINTING_APPS = ("llm-pretrain", "dra-serving")
+CHECKPOINTING_APPS = ("llm-pretrain", "dra-serving", "mig-serving")
 
 DEMO_POLICY: dict[str, Any] = {
     "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}},
@@ -33,7 +35,7 @@ DEMO_POLICY: dict[str, Any] = {
 
 
 class Timeline:
-    """What the operator saw and did, from an independent watch on the Nodes."""
+    """What the operator saw and did, from independent watches on the cluster."""
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -133,7 +135,36 @@ def claim_deployment(name: str, template: str, node: str, replicas: int) -> dict
     }
 
 
+def allocated(kube: Kube, pod: Any) -> list[str]:
+    """The DRA devices the scheduler allocated to ``pod`` (empty while it has none)."""
+    from tests.support import dra
+
+    claim = dra.pod_claim(kube, NS, pod.metadata.name)
+    return dra.allocated_devices(claim) if claim else []
+
+
 def devices_of(kube: Kube, node: str) -> dict[int, dict[str, Any]]:
     """GPUNodeHealth ``status.devices`` of ``node`` by GPU index."""
     devs = (kube.report(node).get("status") or {}).get("devices") or []
     return {int(d["index"]): d for d in devs}
+
+
+def gpuhealth_rules(kube: Kube) -> list[dict[str, Any]]:
+    """gpuhealth's DeviceTaintRules (by its label)."""
+    from tests.support import dra
+
+    got = kube.custom.list_cluster_custom_object(dra.G, dra.V, "devicetaintrules", label_selector=MANAGED)
+    return list(got.get("items") or [])
+
+
+def slice_devices(kube: Kube) -> list[tuple[str, str, str]]:
+    """(pool, device name, type) of every device in the ResourceSlices."""
+    from tests.support import dra
+
+    out = []
+    for s in kube.custom.list_cluster_custom_object(dra.G, dra.V, "resourceslices").get("items") or []:
+        pool = s["spec"]["pool"]["name"]
+        for d in s["spec"].get("devices") or []:
+            kind = ((d.get("attributes") or {}).get("type") or {}).get("string", "")
+            out.append((pool, d["name"], kind))
+    return out

@@ -9,6 +9,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.support import dra, pidfile
@@ -17,6 +18,7 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, wait_for
 
 import hack.demo as package
+from hack.demo import mig
 from hack.demo.common import (
     DEMO_POLICY,
     OUT,
@@ -27,6 +29,7 @@ from hack.demo.common import (
     running,
     watch_nodes,
 )
+from hack.demo.devicewatch import DeviceWatch
 from hack.demo.workloads import dra_serving, run_workloads
 
 
@@ -38,11 +41,36 @@ def keep_for_cluster_down(cluster: LocalCluster, operator: OperatorProcess | Non
     pidfile.hand_over(cluster.workdir, OUT.parent / "cluster", extra)
 
 
+class Story(threading.Thread):
+    """One story's checks, run beside the others; :meth:`result` re-raises what failed in it."""
+
+    def __init__(self, fn: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.value: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as e:
+            self.error = e
+
+    def result(self) -> dict[str, Any]:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=package.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the cluster, operator and agents running")
-    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--nodes", type=int, default=8, help="fake GPU nodes (at least 4: one per story)")
     args = ap.parse_args()
+    if args.nodes < 4:
+        ap.error("--nodes: at least 4 (XID 79, thermal DRA, application XID and MIG nodes)")
 
     if (OUT.parent / "cluster" / pidfile.PIDFILE).exists():
         print("a local cluster (or a kept demo) is still running; `make cluster-down` first")
@@ -63,7 +91,8 @@ def main() -> int:
         timeline = Timeline(t0)
         threading.Thread(target=watch_nodes, args=(kube, timeline, stop), daemon=True).start()
         agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
-        xid_node, hot_node, app_node = nodes[0], nodes[1], nodes[2]
+        xid_node, hot_node, app_node, mig_node = nodes[:4]
+        mig.configure_agent(agents[mig_node])
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
         timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
         print("== Running GPU workloads ==")
@@ -73,14 +102,18 @@ def main() -> int:
         cluster.apply_objects(dra_serving(hot_node))
         wait_for(lambda: len(running(kube, "dra-serving")) == 8, timeout=90, what="DRA serving pods running")
         timeline.add(f"{hot_node}: DRA node; 8 serving pods, one GPU each from a ResourceClaim")
+        mig_held = mig.setup(cluster, kube, mig_node, timeline)
         before = {p.metadata.name for p in pods_of(kube, "llm-pretrain")}
         timeline.add(f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation")
         timeline.add("8 inference pods running (4 GPUs each)")
         acked: set[str] = set()
         threading.Thread(target=act_as_trainer, args=(kube, timeline, stop, acked), daemon=True).start()
+        devwatch = DeviceWatch(kube, timeline, [mig_node])
+        devwatch.poll()  # the starting point: no rules, every GPU in service
+        threading.Thread(target=devwatch.run, args=(stop,), daemon=True).start()
         print(
             f"== Injecting faults: XID 79 on {xid_node}, thermal slowdown on {hot_node}, "
-            f"application XID 13 on {app_node} =="
+            f"application XID 13 on {app_node}, row remap failure on MIG GPU {mig.BAD_GPU} of {mig_node} =="
         )
         injected: dict[str, float] = {}
         injected[xid_node] = time.time()
@@ -96,6 +129,9 @@ def main() -> int:
             f"{hot_node}: fault injected: GPU 2 at 93C with HW thermal slowdown (policy: sustained 8s)",
             injected[hot_node],
         )
+        injected[mig_node] = mig.inject(agents[mig_node], timeline)
+        # The per-GPU stories run beside the node story, each at its own pace.
+        mig_story = Story(lambda: mig.verify(kube, mig_node, mig_held, timeline))
 
         rule = f"gpuhealth-{hot_node}-gpu-2"
 
@@ -127,7 +163,7 @@ def main() -> int:
             f"{hot_node}: the pod on GPU 2 checkpointed and was evicted; its replacement stays Pending "
             f"({len(pending)}): the scheduler does not allocate the tainted GPU; 7 pods serve on"
         )
-        time.sleep(3)
+        mig_result = mig_story.result()
         app_taint = kube.our_taint(app_node)
         app_report = kube.report(app_node)
         timeline.add(
@@ -158,9 +194,10 @@ def main() -> int:
             if d.get("state") != "InService"
         ]
         device_nodes = {d["node"] for d in devices_out} - set(quarantined)
-        # The drains on both faulted nodes: the XID node's four ranks and the DRA node's pod on GPU 2.
-        drained_nodes = (xid_node, hot_node)
+        # The drains: the XID node's four ranks, the pods on the thermal GPU and on the MIG GPU.
+        drained_nodes = (xid_node, hot_node, mig_node)
         node_events = [e for e in events if e.involved_object.name in drained_nodes]
+        held_out, kept = mig.partitions(kube)
         summary: dict[str, Any] = {
             "nodes": len(nodes),
             "quarantined_nodes": quarantined,
@@ -181,12 +218,15 @@ def main() -> int:
             ),
             "gpus_kept_in_service": sum(int(statuses[n].get("inServiceGPUs") or 0) for n in device_nodes),
             "device_pods_running": len([p for p in serving if p.status.phase == "Running"]),
+            "partitions_held_out": held_out,
+            "partitions_kept_in_service": kept,
+            **mig_result,
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
             "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s)",
         }
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
-        failures = check(summary, xid_node, hot_node)
+        failures = check(summary, xid_node, hot_node, mig_node)
         for f in failures:
             print(f"FAILED: {f}")
         if args.keep:
@@ -207,26 +247,32 @@ def main() -> int:
             cluster.stop()
 
 
-def check(summary: dict[str, Any], xid: str, hot: str) -> list[str]:
+def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str) -> list[str]:
     """What every story must have left in the cluster; each miss in words."""
     out = []
     if summary["quarantined_nodes"] != [xid]:
         out.append(f"quarantined nodes {summary['quarantined_nodes']}, expected only the XID 79 node {xid}")
     out_gpus = sorted((d["node"], d["gpu"]) for d in summary["devices_quarantined"])
-    if out_gpus != [(hot, 2)]:
-        out.append(f"GPUs held out {out_gpus}, expected GPU 2 of {hot}")
-    if summary["gpus_kept_in_service"] != 7:
-        out.append(f"{summary['gpus_kept_in_service']} GPUs kept in service on the degraded node, expected 7")
+    if out_gpus != sorted([(hot, 2), (mig_node, mig.BAD_GPU)]):
+        out.append(f"GPUs held out {out_gpus}, expected GPU 2 of {hot} and GPU {mig.BAD_GPU} of {mig_node}")
+    if summary["gpus_kept_in_service"] != 14:
+        out.append(f"{summary['gpus_kept_in_service']} GPUs kept in service on the degraded nodes, expected 7 + 7")
     if not summary["ignored_faults"]:
         out.append("the application XID was not ignored")
-    # 4 training ranks, 1 pod on the hot GPU.
-    if not summary["checkpoints_acknowledged"] == summary["checkpoints_requested"] == 5:
+    # 4 training ranks, 1 pod on the hot GPU, 2 on the MIG GPU's partitions.
+    if not summary["checkpoints_acknowledged"] == summary["checkpoints_requested"] == 7:
         out.append(
             f"checkpoints requested {summary['checkpoints_requested']}, acknowledged "
-            f"{summary['checkpoints_acknowledged']}, expected 5 and 5"
+            f"{summary['checkpoints_acknowledged']}, expected 7 and 7"
         )
     if summary["rescheduled_pods"] != 4:
         out.append(f"{summary['rescheduled_pods']} training ranks rescheduled, expected 4")
+    held = sorted(p["device"] for p in summary["partitions_held_out"])
+    want = sorted(mig.device_names(mig.BAD_GPU))
+    if held != want:
+        out.append(f"MIG devices held out {held}, expected exactly GPU {mig.BAD_GPU}'s {want}")
+    if summary["partitions_kept_in_service"] != 14:
+        out.append(f"{summary['partitions_kept_in_service']} MIG devices without a rule, expected 14")
     return out
 
 
