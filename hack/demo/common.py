@@ -19,7 +19,7 @@ NS = "ml"
 REMEDIATION_NS = "gpuhealth-remediation"
 MANAGED = "app.kubernetes.io/managed-by=gpuhealth"
 # The apps whose pods run the checkpoint sidecar (act_as_trainer acknowledges for them).
-CHECKPOINTING_APPS = ("llm-pretrain", "dra-serving", "mig-serving")
+CHECKPOINTING_APPS = ("llm-pretrain", "dra-serving", "mig-serving", "reset-serving")
 
 DEMO_POLICY: dict[str, Any] = {
     "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}},
@@ -29,8 +29,12 @@ DEMO_POLICY: dict[str, Any] = {
         "agentSilence": {"after": "30s"},
     },
     # The GPU budget is left unset: the node budget in GPUs (2 of 8 nodes, 16 GPUs), so the node
-    # quarantine (8 GPUs) leaves room for the GPU quarantines.
-    "safety": {"maxUnhealthy": "25%", "probation": "1m"},
+    # quarantine (8 GPUs) leaves room for the three GPU quarantines. Probation is short so that the
+    # reset GPU is back within the demo.
+    "safety": {"maxUnhealthy": "25%", "probation": "10s"},
+    # The repair ladder: a fault a reset clears (the uncorrected ECC) gets a reset Job; faults with
+    # no ladder in the catalog (heat, a failed row remap) are held and reported.
+    "remediation": {"enabled": True},
 }
 
 

@@ -18,7 +18,7 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, wait_for
 
 import hack.demo as package
-from hack.demo import mig
+from hack.demo import mig, reset
 from hack.demo.common import (
     DEMO_POLICY,
     OUT,
@@ -67,10 +67,10 @@ class Story(threading.Thread):
 def main() -> int:
     ap = argparse.ArgumentParser(description=package.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the cluster, operator and agents running")
-    ap.add_argument("--nodes", type=int, default=8, help="fake GPU nodes (at least 4: one per story)")
+    ap.add_argument("--nodes", type=int, default=8, help="fake GPU nodes (at least 5: one per story)")
     args = ap.parse_args()
-    if args.nodes < 4:
-        ap.error("--nodes: at least 4 (XID 79, thermal DRA, application XID and MIG nodes)")
+    if args.nodes < 5:
+        ap.error("--nodes: at least 5 (XID 79, thermal DRA, application XID, MIG and reset nodes)")
 
     if (OUT.parent / "cluster" / pidfile.PIDFILE).exists():
         print("a local cluster (or a kept demo) is still running; `make cluster-down` first")
@@ -91,8 +91,9 @@ def main() -> int:
         timeline = Timeline(t0)
         threading.Thread(target=watch_nodes, args=(kube, timeline, stop), daemon=True).start()
         agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
-        xid_node, hot_node, app_node, mig_node = nodes[:4]
+        xid_node, hot_node, app_node, mig_node, reset_node = nodes[:5]
         mig.configure_agent(agents[mig_node])
+        reset.configure_agent(agents[reset_node])
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
         timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
         print("== Running GPU workloads ==")
@@ -103,17 +104,19 @@ def main() -> int:
         wait_for(lambda: len(running(kube, "dra-serving")) == 8, timeout=90, what="DRA serving pods running")
         timeline.add(f"{hot_node}: DRA node; 8 serving pods, one GPU each from a ResourceClaim")
         mig_held = mig.setup(cluster, kube, mig_node, timeline)
+        reset_pod, reset_gpu = reset.setup(cluster, kube, reset_node, timeline)
         before = {p.metadata.name for p in pods_of(kube, "llm-pretrain")}
         timeline.add(f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation")
         timeline.add("8 inference pods running (4 GPUs each)")
         acked: set[str] = set()
         threading.Thread(target=act_as_trainer, args=(kube, timeline, stop, acked), daemon=True).start()
-        devwatch = DeviceWatch(kube, timeline, [mig_node])
+        devwatch = DeviceWatch(kube, timeline, [mig_node, reset_node])
         devwatch.poll()  # the starting point: no rules, every GPU in service
         threading.Thread(target=devwatch.run, args=(stop,), daemon=True).start()
         print(
             f"== Injecting faults: XID 79 on {xid_node}, thermal slowdown on {hot_node}, "
-            f"application XID 13 on {app_node}, row remap failure on MIG GPU {mig.BAD_GPU} of {mig_node} =="
+            f"application XID 13 on {app_node}, row remap failure on MIG GPU {mig.BAD_GPU} of {mig_node}, "
+            f"uncorrected ECC on GPU {reset_gpu} of {reset_node} =="
         )
         injected: dict[str, float] = {}
         injected[xid_node] = time.time()
@@ -130,8 +133,12 @@ def main() -> int:
             injected[hot_node],
         )
         injected[mig_node] = mig.inject(agents[mig_node], timeline)
-        # The per-GPU stories run beside the node story, each at its own pace.
+        injected[reset_node] = reset.inject(agents[reset_node], reset_gpu, timeline)
+        # The per-GPU stories run beside the node story, each at its own pace (the reset's MTTR must
+        # not wait for the training job's ranks to come back).
         mig_story = Story(lambda: mig.verify(kube, mig_node, mig_held, timeline))
+        reset_agent, reset_at = agents[reset_node], injected[reset_node]
+        reset_story = Story(lambda: reset.verify(kube, reset_agent, reset_pod, reset_gpu, reset_at, devwatch, timeline))
 
         rule = f"gpuhealth-{hot_node}-gpu-2"
 
@@ -164,6 +171,7 @@ def main() -> int:
             f"({len(pending)}): the scheduler does not allocate the tainted GPU; 7 pods serve on"
         )
         mig_result = mig_story.result()
+        reset_result = reset_story.result()
         app_taint = kube.our_taint(app_node)
         app_report = kube.report(app_node)
         timeline.add(
@@ -194,10 +202,11 @@ def main() -> int:
             if d.get("state") != "InService"
         ]
         device_nodes = {d["node"] for d in devices_out} - set(quarantined)
-        # The drains: the XID node's four ranks, the pods on the thermal GPU and on the MIG GPU.
-        drained_nodes = (xid_node, hot_node, mig_node)
+        # The drains: the XID node's four ranks, the pods on the thermal GPU, the MIG GPU and the ECC GPU.
+        drained_nodes = (xid_node, hot_node, mig_node, reset_node)
         node_events = [e for e in events if e.involved_object.name in drained_nodes]
         held_out, kept = mig.partitions(kube)
+        resets = reset.gpus_reset(kube)
         summary: dict[str, Any] = {
             "nodes": len(nodes),
             "quarantined_nodes": quarantined,
@@ -221,12 +230,16 @@ def main() -> int:
             "partitions_held_out": held_out,
             "partitions_kept_in_service": kept,
             **mig_result,
+            "gpus_reset": resets,
+            "mttr_s": reset_result["mttr_s"],
+            "reset_ladder": reset_result["reset_ladder"],
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
-            "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s)",
+            "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s); mttr_s is from the "
+            "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included",
         }
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
-        failures = check(summary, xid_node, hot_node, mig_node)
+        failures = check(summary, xid_node, hot_node, mig_node, reset_node, reset_gpu)
         for f in failures:
             print(f"FAILED: {f}")
         if args.keep:
@@ -247,7 +260,7 @@ def main() -> int:
             cluster.stop()
 
 
-def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str) -> list[str]:
+def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node: str, reset_gpu: int) -> list[str]:
     """What every story must have left in the cluster; each miss in words."""
     out = []
     if summary["quarantined_nodes"] != [xid]:
@@ -259,11 +272,11 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str) -> list[st
         out.append(f"{summary['gpus_kept_in_service']} GPUs kept in service on the degraded nodes, expected 7 + 7")
     if not summary["ignored_faults"]:
         out.append("the application XID was not ignored")
-    # 4 training ranks, 1 pod on the hot GPU, 2 on the MIG GPU's partitions.
-    if not summary["checkpoints_acknowledged"] == summary["checkpoints_requested"] == 7:
+    # 4 training ranks, 1 pod on the hot GPU, 2 on the MIG GPU's partitions, 1 on the ECC GPU.
+    if not summary["checkpoints_acknowledged"] == summary["checkpoints_requested"] == 8:
         out.append(
             f"checkpoints requested {summary['checkpoints_requested']}, acknowledged "
-            f"{summary['checkpoints_acknowledged']}, expected 7 and 7"
+            f"{summary['checkpoints_acknowledged']}, expected 8 and 8"
         )
     if summary["rescheduled_pods"] != 4:
         out.append(f"{summary['rescheduled_pods']} training ranks rescheduled, expected 4")
@@ -273,6 +286,11 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str) -> list[st
         out.append(f"MIG devices held out {held}, expected exactly GPU {mig.BAD_GPU}'s {want}")
     if summary["partitions_kept_in_service"] != 14:
         out.append(f"{summary['partitions_kept_in_service']} MIG devices without a rule, expected 14")
+    if [(g["node"], g["gpu"]) for g in summary["gpus_reset"]] != [(reset_node, reset_gpu)]:
+        out.append(f"succeeded reset Jobs {summary['gpus_reset']}, expected one for GPU {reset_gpu} of {reset_node}")
+    history = [(h.get("step"), h.get("result")) for h in summary["reset_ladder"].get("history") or []]
+    if history != [("GPUReset", "Succeeded")]:
+        out.append(f"the GPU's ladder history (status.remediation) is {history}, expected one GPUReset Succeeded")
     return out
 
 
