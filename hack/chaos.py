@@ -8,7 +8,7 @@ After every scenario the invariants in tests/chaos/invariants.py are checked. Ex
 invariant was violated (other than a known, reported product bug that still reproduces), or if a
 known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
 
-    make chaos                                  # full counts (about 8 minutes on 2 cores)
+    make chaos                                  # full counts (about 13 minutes on 2 cores)
     make chaos CHAOS_ARGS=--quick               # the short counts `make test` also runs
     make chaos CHAOS_ARGS="--only peering --only bad_input"
     make soak SOAK_MINUTES=30                   # the soak: build/chaos/soak.json

@@ -11,7 +11,10 @@ judge what it saw:
   kube-controller-manager bumps when it writes the rule's status), and the audit log holds no update,
   patch or delete of the operator on it;
 - pods that hold only healthy GPUs are never evicted by a device drain;
-- at the end every bad GPU has exactly one gpuhealth rule and every healthy one none.
+- at the end every bad GPU has exactly one gpuhealth rule and every healthy one none;
+- partition_kills: every device a GPU is published as (its full device, its MIG devices, every
+  partitionable placement) has gpuhealth's rule while the GPU is recorded out of service, judged
+  against the devices the scenario published, not the operator's own mapping of them.
 """
 
 from __future__ import annotations
@@ -207,4 +210,21 @@ def node_mark_problems(name: str, node: Mapping[str, Any], taint_key: str) -> li
         out.append(f"{name}: cordoned although its only fault is device-scoped")
     if any(t.get("key") == taint_key for t in spec.get("taints") or []):
         out.append(f"{name}: gpuhealth's node taint although its only fault is device-scoped")
+    return out
+
+
+def partition_coverage_problems(
+    held_out: Mapping[str, Iterable[Device]], rules: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """Every device of a GPU recorded out of service has gpuhealth's rule: ``held_out`` maps a GPU
+    (``<node> GPU <index>``) to all the devices its node's slices publish for it (its full device,
+    its MIG devices, every partitionable placement), as the scenario published them, not as the
+    operator mapped them; a device without a rule is still allocatable."""
+    covered = {selector(r) for r in rules if is_ours(r)}
+    out = []
+    for gpu, devices in sorted(held_out.items()):
+        missing = sorted(d for d in set(devices) if d not in covered)
+        if missing:
+            names = ", ".join(d[2] for d in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            out.append(f"{gpu} is recorded out of service, but {len(missing)} of its devices have no rule: {names}")
     return out

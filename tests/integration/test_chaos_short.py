@@ -113,6 +113,14 @@ def test_device_drain_sigkilled_one_rule_per_bad_gpu(main_cluster: LocalCluster,
     assert r["stats"]["foreign_rule_writes"] > 0
 
 
+def test_partitioned_gpu_held_out_whole_across_sigkills(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("partition_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 2)
+    assert r["stats"]["targeted_kills"] >= 3, r["stats"]["kills_by_moment"]
+    assert r["stats"]["pods_evicted"] >= 2 and r["stats"]["checkpoints_requested"] >= 2
+    assert r["stats"]["devices_held_out_at_end"] >= 2
+
+
 # Last on the main control plane: it SIGKILLs kube-apiserver and etcd.
 def test_apiserver_and_etcd_crashes_mid_drain(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("control_plane_crashes", main_cluster, chaos_workdir)

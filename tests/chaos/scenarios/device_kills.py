@@ -125,14 +125,21 @@ class ForeignRuleWriter:
         wait_for(lambda: not self.log.in_flight(), timeout=30, what="foreign rule writer idle")
 
 
-def _watch_once(ctx: Ctx, monkey: KillMonkey, seen: Callable[[], bool], why: str) -> None:
-    """SIGKILL the operator the first time ``seen()`` holds (polled every 30 ms)."""
+def _watch_once(
+    ctx: Ctx,
+    monkey: KillMonkey,
+    seen: Callable[[], bool],
+    why: str,
+    after_kill: Callable[[], None] | None = None,
+) -> None:
+    """SIGKILL the operator the first time ``seen()`` holds (polled every 30 ms); ``after_kill`` looks
+    at what the dead operator left."""
 
     def watch(stop: threading.Event) -> None:
         while not stop.wait(0.03):
             with contextlib.suppress(Exception):
                 if seen():
-                    monkey.bounce(why)
+                    monkey.bounce(why, after_kill=after_kill)
                     return
 
     ctx.background(watch, f"kill-at-{why.replace(' ', '-')}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 from gpuhealth.workload import REQUESTED
 from tests.chaos.scenarios.context import Ctx
@@ -36,12 +37,15 @@ class KillMonkey:
         self.by_mode[mode] = self.by_mode.get(mode, 0) + 1
         self.ctx.fault(kind="operator_kill")
 
-    def bounce(self, why: str = "random") -> None:
+    def bounce(self, why: str = "random", after_kill: Callable[[], None] | None = None) -> None:
         """SIGKILL now, restart after a random pause; maybe SIGKILL again during start-up or resync
-        (one bounce at a time). Always leaves the operator started and ready."""
+        (one bounce at a time). ``after_kill`` looks at the API while the operator is dead. Always
+        leaves the operator started and ready."""
         rng = self.ctx.rng
         with self._lock:
             self._kill("running" if why == "random" else why)
+            if after_kill is not None:
+                after_kill()
             self.targeted += why != "random"
             time.sleep(rng.uniform(*self.down))
             mode = rng.choice(MODES) if why == "random" and not self.stop.is_set() else "running"

@@ -18,7 +18,9 @@ from tests.chaos.scenarios.context import FAULT_CLASSES, Ctx
 from tests.chaos.scenarios.control_plane_crashes import control_plane_crashes
 from tests.chaos.scenarios.device_kills import device_kills
 from tests.chaos.scenarios.fault_storm import fault_storm
+from tests.chaos.scenarios.ladder_kills import ladder_kills
 from tests.chaos.scenarios.operator_kills import operator_kills
+from tests.chaos.scenarios.partition_kills import partition_kills
 from tests.chaos.scenarios.peering import peering
 from tests.chaos.scenarios.throttling import throttling
 from tests.support.cluster import LocalCluster
@@ -42,6 +44,8 @@ SCENARIOS = [
     Scenario("peering", peering, "main"),
     Scenario("fault_storm", fault_storm, "main"),
     Scenario("device_kills", device_kills, "main"),
+    Scenario("partition_kills", partition_kills, "main"),
+    Scenario("ladder_kills", ladder_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]

@@ -10,6 +10,7 @@ from tests.chaos.devicerules import (
     foreign_rule_problems,
     healthy_gpu_evictions,
     node_mark_problems,
+    partition_coverage_problems,
     sample_problems,
 )
 
@@ -135,3 +136,24 @@ def test_names_of_other_drivers_are_not_judged_by_the_plain_scheme() -> None:
     other = rule("gpuhealth-n1-gpu-3-1a2b3c4d5e", "n1", "gpu-3")
     other["spec"]["deviceSelector"]["driver"] = "example.com/gpu"
     assert sample_problems([other]) == []
+
+
+def test_every_device_of_a_held_out_gpu_ruled_is_clean() -> None:
+    held = {"n1 GPU 2": {(DRIVER, "n1", "gpu-2-mig-3g40gb-9-0"), (DRIVER, "n1", "gpu-2-mig-3g40gb-9-4")}}
+    rules = [
+        rule("gpuhealth-n1-gpu-2-mig-3g40gb-9-0", "n1", "gpu-2-mig-3g40gb-9-0"),
+        rule("gpuhealth-n1-gpu-2-mig-3g40gb-9-4", "n1", "gpu-2-mig-3g40gb-9-4"),
+    ]
+    assert partition_coverage_problems(held, rules) == []
+    assert partition_coverage_problems({}, []) == []
+
+
+def test_a_partition_of_a_held_out_gpu_without_its_rule_fires() -> None:
+    placements = {(DRIVER, "n1", d) for d in ("gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-7g80gb-0-0")}
+    rules = [
+        rule("gpuhealth-n1-gpu-0", "n1", "gpu-0"),
+        rule("sre-1", "n1", "gpu-0-mig-1g10gb-19-0", ours=False),  # a foreign rule holds nothing for us
+    ]
+    (found,) = partition_coverage_problems({"n1 GPU 0": placements}, rules)
+    assert "n1 GPU 0 is recorded out of service, but 2 of its devices have no rule" in found
+    assert "gpu-0-mig-1g10gb-19-0" in found and "gpu-0-mig-7g80gb-0-0" in found
