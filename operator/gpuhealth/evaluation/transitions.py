@@ -79,6 +79,11 @@ def wants_quarantine(prior: Record, a: Assessment, policy: Policy) -> bool:
     return not prior.out_of_service and _effective(a, policy)[0].quarantines
 
 
+def _released_during(rec: Record) -> bool:
+    """A release arrived after the current quarantine episode began (while it was draining)."""
+    return rec.cleared_before is not None and rec.since is not None and rec.cleared_before >= rec.since
+
+
 def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, inputs: Inputs = Inputs()) -> Decision:
     """The next record for a node, and what changed."""
     rec = prior
@@ -105,6 +110,16 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
 
     if rec.state == State.DRAINING and inputs.drain_complete:
         nxt = State.AWAITING_REPAIR if rec.drain_action == Action.REPAIR else State.QUARANTINED
+        if nxt == State.AWAITING_REPAIR and _released_during(rec):
+            # A human released the node while its repair drain was still running (a remediator that
+            # rebooted it early, say): the release was acknowledged then, so it counts now, instead of
+            # parking the node in AwaitingRepair with nothing left to repair.
+            rec = replace(rec, state=State.RECOVERING, since=now, healthy_since=None, drained=True)
+            rec = replace(
+                rec, message=f"Drain complete; released by a human during it after {rec.reason}: on probation"
+            )
+            events.append(("Normal", "Released", "Released by a human during the drain; the node is on probation"))
+            return Decision(rec, events=tuple(events))
         rec = replace(rec, state=nxt, since=now, drained=True)
         msg = (
             "Drain complete; the node waits for a human repair (kubectl gpuhealth release)"

@@ -166,6 +166,21 @@ def test_drain_complete_for_a_repair_awaits_repair() -> None:
     assert _reasons(d) == ["DrainComplete"]
 
 
+def test_a_release_during_a_repair_drain_counts_once_the_drain_is_done() -> None:
+    """A remediator that rebooted a node early releases it while gpuhealth still drains it: the
+    release is acknowledged at once, so the node must not then park in AwaitingRepair (found by the
+    ladder_kills chaos scenario)."""
+    dr = _decide(Record(), faulty(Action.REPAIR), 0).record
+    mid = _decide(dr, clean(), 5, released=True)
+    assert mid.record.state == State.DRAINING  # the pods still leave first
+    done = _decide(mid.record, clean(), 10, drain_complete=True)
+    assert done.record.state == State.RECOVERING and done.record.drained
+    assert _reasons(done) == ["Released"]
+    # A release from before this quarantine began does not count for it.
+    early = _decide(Record(cleared_before=at(-5)), faulty(Action.REPAIR), 0).record
+    assert _decide(early, faulty(Action.REPAIR), 10, drain_complete=True).record.state == State.AWAITING_REPAIR
+
+
 def test_after_drain_complete_the_same_fault_does_not_drain_again() -> None:
     dr = _decide(Record(), faulty(Action.DRAIN), 0).record
     q = _decide(dr, faulty(Action.DRAIN), 10, drain_complete=True).record
