@@ -1,0 +1,305 @@
+"""gpuhealth as a Kueue AdmissionCheck, against the real Kueue manager (v0.17, ``tests/support/kueue.py``).
+
+A ClusterQueue with gpuhealth's AdmissionCheck and a ResourceFlavor for the test's fake GPU nodes;
+indexed Jobs under Kueue's batch/job integration (created suspended, with the queue label), whose
+ranks KWOK runs and the test acknowledges like a checkpointing trainer. Kueue must build and start:
+a missing build fails these tests, it never skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuhealth.workload import acknowledge
+from tests.integration.conftest import make_nodes, policy_spec
+from tests.support.cluster import LocalCluster
+from tests.support.k8s import Kube, OperatorProcess, healthy_spec, holds, wait_for
+from tests.support.k8s import ensure_namespace as namespace
+from tests.support.k8s import xid_event as xid
+from tests.support.kueue import Kueue
+from tests.support.workloads import indexed_training_job
+
+KG, KV = "kueue.x-k8s.io", "v1beta2"
+CONTROLLER = "gpuhealth.dev/healthy-capacity"
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster) -> Iterator[Kueue]:
+    k = Kueue(cluster).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue_operator(
+    cluster: LocalCluster, kueue: Kueue, operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The operator with its Kueue room on (the session's own one is paused meanwhile: one acts at a time)."""
+    operator.stop()
+    op = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-operator") / "operator.log", extra_args=["--kueue=on"])
+    try:
+        yield op.start()
+    finally:
+        op.stop()
+        operator.start()
+
+
+def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int) -> str:
+    """A ResourceFlavor for the group's nodes, gpuhealth's AdmissionCheck, a ClusterQueue using both
+    with ``gpus`` of quota, and a LocalQueue in ``ns``; returns the AdmissionCheck's name."""
+    check = f"gpuhealth-{group}"[:63]
+    cluster.apply_objects(
+        [
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": f"gpu-{group}"[:63]},
+                "spec": {"nodeLabels": {"gpuhealth-test": group}},
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "AdmissionCheck",
+                "metadata": {"name": check},
+                "spec": {"controllerName": CONTROLLER},
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "ClusterQueue",
+                "metadata": {"name": f"cq-{group}"[:63]},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": f"gpu-{group}"[:63],
+                                    "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
+                },
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "LocalQueue",
+                "metadata": {"name": "training", "namespace": ns},
+                "spec": {"clusterQueue": f"cq-{group}"[:63]},
+            },
+        ]
+    )
+    return check
+
+
+def cq_active(cluster: LocalCluster, group: str) -> bool:
+    out = cluster.kubectl("get", "clusterqueue", f"cq-{group}"[:63], "-o", "json").stdout
+    conds = json.loads(out).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+
+def queued_job(name: str, prefer: str, ns: str, group: str, ranks: int = 4) -> dict[str, Any]:
+    job = indexed_training_job(name, prefer, ranks=ranks, namespace=ns, node_selector={"gpuhealth-test": group})
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
+    job["spec"]["suspend"] = True
+    return job
+
+
+def workload(kube: Kube, ns: str, job: str) -> dict[str, Any] | None:
+    items = kube.custom.list_namespaced_custom_object(KG, KV, ns, "workloads")["items"]
+    return next(
+        (w for w in items if any(r.get("name") == job for r in w["metadata"].get("ownerReferences") or [])), None
+    )
+
+
+def our_check(wl: dict[str, Any] | None, check: str) -> dict[str, Any]:
+    for c in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
+        if c["name"] == check:
+            return c  # type: ignore[no-any-return]
+    return {}
+
+
+def cond(wl: dict[str, Any] | None, type_: str) -> bool:
+    return any(
+        c["type"] == type_ and c["status"] == "True" for c in ((wl or {}).get("status") or {}).get("conditions") or []
+    )
+
+
+def evictions(wl: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return list((((wl or {}).get("status") or {}).get("schedulingStats") or {}).get("evictions") or [])
+
+
+def live_pods(kube: Kube, ns: str, app: str) -> list[Any]:
+    pods = kube.core.list_namespaced_pod(ns, label_selector=f"app={app}").items
+    return [p for p in pods if not p.metadata.deletion_timestamp]
+
+
+def running(kube: Kube, ns: str, app: str, count: int) -> list[Any] | None:
+    ps = [p for p in live_pods(kube, ns, app) if p.status.phase == "Running"]
+    return ps if len(ps) == count else None
+
+
+def workload_events(kube: Kube, ns: str, name: str, reason: str) -> list[Any]:
+    evs = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [e for e in evs if e.reason == reason and e.involved_object.kind == "Workload"]
+
+
+def setup_running_job(
+    cluster: LocalCluster, kube: Kube, group: str, app: str
+) -> tuple[list[str], str, str, dict[str, Any], list[Any]]:
+    """Three nodes, a policy, a queue with gpuhealth's check, and a 4-rank job admitted and running on
+    the first node. Returns (nodes, namespace, check, workload, ranks)."""
+    nodes = make_nodes(cluster, group, 3)
+    ns = namespace(kube, f"kq-{group}"[:60])
+    kube.apply_policy(
+        group, policy_spec(group, safety={"maxUnhealthy": 1}, actions={"drain": {"checkpointTimeout": "2m"}})
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    check = kueue_queue(cluster, group, ns, gpus=24)
+    wait_for(lambda: cq_active(cluster, group), what="the ClusterQueue active (gpuhealth's check Active)")
+    kube.batch.create_namespaced_job(ns, queued_job(app, nodes[0], ns, group))
+    wl = wait_for(
+        lambda: cond(w := workload(kube, ns, app), "Admitted") and w, timeout=60, what="the Workload admitted"
+    )
+    assert our_check(wl, check)["state"] == "Ready", wl["status"]
+    assert "no capacity gpuhealth holds out" in our_check(wl, check)["message"]
+    ranks = wait_for(lambda: running(kube, ns, app, 4), timeout=60, what="4 ranks running")
+    assert {p.spec.node_name for p in ranks} == {nodes[0]}
+    return nodes, ns, check, wl, ranks
+
+
+def acknowledge_all(kube: Kube, ns: str, pods: list[Any]) -> None:
+    for p in pods:
+        acknowledge(ns, p.metadata.name, kube.api)
+
+
+def requested(kube: Kube, ns: str, app: str) -> list[Any] | None:
+    ps = [
+        p for p in live_pods(kube, ns, app) if (p.metadata.annotations or {}).get("gpuhealth.dev/checkpoint-requested")
+    ]
+    return ps if len(ps) == 4 else None
+
+
+def assert_moved_once(kube: Kube, ns: str, app: str, check: str, bad: str, old: set[str]) -> dict[str, Any]:
+    """Kueue evicted the Workload once (reason AdmissionCheck), requeued and re-admitted it, and its 4
+    ranks run again, none on the bad node; returns the Workload."""
+    wl = wait_for(
+        lambda: (
+            (w := workload(kube, ns, app))
+            and evictions(w)
+            and cond(w, "Admitted")
+            and not cond(w, "Evicted")
+            and our_check(w, check).get("state") == "Ready"
+            and w
+        ),
+        timeout=90,
+        what="the Workload evicted by its admission check and admitted again",
+    )
+    assert [(e["reason"], e["count"]) for e in evictions(wl)] == [("AdmissionCheck", 1)], evictions(wl)
+    assert our_check(wl, check).get("retryCount") == 1, our_check(wl, check)
+    again = wait_for(lambda: running(kube, ns, app, 4), timeout=90, what="4 ranks running again")
+    assert bad not in {p.spec.node_name for p in again}
+    assert not old & {p.metadata.uid for p in again}, "new pods, not the old ones"
+    return wl
+
+
+def test_xid79_moves_the_queued_job_as_a_whole_through_kueue(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    nodes, ns, check, _, ranks = setup_running_job(cluster, kube, group, "llm")
+    bad = nodes[0]
+    kube.put_report(bad, healthy_spec(xids=[xid(79)]))
+    asked = wait_for(lambda: requested(kube, ns, "llm"), what="checkpoint requested on all 4 ranks")
+    # Nothing moves before every rank has saved its checkpoint.
+    holds(
+        lambda: (
+            our_check(workload(kube, ns, "llm"), check).get("state") == "Ready" and len(live_pods(kube, ns, "llm")) == 4
+        ),
+        2.0,
+        what="no Retry and no eviction before the acknowledgements",
+    )
+    acknowledge_all(kube, ns, asked)
+    moved = assert_moved_once(kube, ns, "llm", check, bad, {p.metadata.uid for p in ranks})
+    # The drain record names the Workload; gpuhealth evicted no pod itself.
+    drain = wait_for(
+        lambda: (d := kube.report(bad)["status"].get("drain") or {}).get("phase") == "Completed" and d,
+        timeout=60,
+        what="the drain completed",
+    )
+    key = f"{ns}/{moved['metadata']['name']}"
+    assert drain["workloads"][key]["retriedAt"] and drain["workloads"][key]["uid"] == moved["metadata"]["uid"]
+    assert bad in drain["workloads"][key]["message"] and "79" in drain["workloads"][key]["message"]
+    assert drain["evicted"] == 0
+    wait_for(lambda: kube.node_events(bad, "WorkloadMoved"), what="WorkloadMoved on the Node")
+    wait_for(
+        lambda: workload_events(kube, ns, moved["metadata"]["name"], "MovedByGpuhealth"), what="Event on the Workload"
+    )
+    time.sleep(1)
+    assert len(kube.node_events(bad, "WorkloadMoved")) == 1
+    assert len(kube.node_events(bad, "CheckpointRequested")) == 4
+    assert not kube.node_events(bad, "Evicted")
+
+
+def test_a_kill_after_the_acknowledgements_writes_one_retry_and_asks_no_second_time(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    nodes, ns, check, _, _ = setup_running_job(cluster, kube, group, "ft")
+    bad = nodes[0]
+    kube.put_report(bad, healthy_spec(xids=[xid(79)]))
+    asked = wait_for(lambda: requested(kube, ns, "ft"), what="checkpoint requested on all 4 ranks")
+    stamps = {p.metadata.uid: p.metadata.annotations["gpuhealth.dev/checkpoint-requested"] for p in asked}
+    kueue_operator.kill()  # SIGKILL: between the acknowledgements and the Retry write
+    acknowledge_all(kube, ns, asked)
+    after = {
+        p.metadata.uid: p.metadata.annotations["gpuhealth.dev/checkpoint-requested"] for p in live_pods(kube, ns, "ft")
+    }
+    assert after == stamps
+    assert our_check(workload(kube, ns, "ft"), check)["state"] == "Ready", "nothing moved while the operator was down"
+    kueue_operator.start()
+    moved = assert_moved_once(kube, ns, "ft", check, bad, set(stamps))
+    wait_for(lambda: kube.node_events(bad, "WorkloadMoved"), what="WorkloadMoved on the Node")
+    time.sleep(2)
+    assert len(kube.node_events(bad, "CheckpointRequested")) == 4, "no second handshake"
+    assert len(kube.node_events(bad, "WorkloadMoved")) == 1
+    assert len(workload_events(kube, ns, moved["metadata"]["name"], "MovedByGpuhealth")) == 1
+
+
+def test_admission_is_retried_while_the_flavor_counts_on_held_out_gpus(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 2)
+    ns = namespace(kube, f"kq-{group}"[:60])
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 1}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    check = kueue_queue(cluster, group, ns, gpus=16)
+    wait_for(lambda: cq_active(cluster, group), what="the ClusterQueue active")
+    kube.put_report(nodes[0], healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: kube.state(nodes[0]) in ("Quarantined", "Draining", "AwaitingRepair"), what="node out of service")
+    # 16 GPUs of quota, but gpuhealth holds 8 of them out: a 16-GPU job must not start.
+    kube.batch.create_namespaced_job(ns, queued_job("big", nodes[1], ns, group, ranks=8))
+    wl = wait_for(
+        lambda: (w := workload(kube, ns, "big")) and our_check(w, check).get("retryCount") and w,
+        timeout=60,
+        what="gpuhealth's check Retry at admission",
+    )
+    assert evictions(wl) and evictions(wl)[0]["reason"] == "AdmissionCheck"
+    wait_for(lambda: workload_events(kube, ns, wl["metadata"]["name"], "CapacityHeldOut"), what="CapacityHeldOut Event")
+    message = workload_events(kube, ns, wl["metadata"]["name"], "CapacityHeldOut")[0].message
+    assert nodes[0] in message and "16 nvidia.com/gpu assigned" in message, message
+    job = kube.batch.read_namespaced_job("big", ns)
+    assert job.spec.suspend is True and not live_pods(kube, ns, "big"), "the job never started"
+    # Once the node is back (here: the job shrinks to what is in service), Kueue admits it.
+    kube.batch.delete_namespaced_job("big", ns, propagation_policy="Background")
+    kube.batch.create_namespaced_job(ns, queued_job("small", nodes[1], ns, group, ranks=4))
+    wait_for(lambda: running(kube, ns, "small", 4), timeout=60, what="a job that fits what is in service runs")
+    assert {p.spec.node_name for p in running(kube, ns, "small", 4) or []} == {nodes[1]}
