@@ -192,7 +192,7 @@ def requested(kube: Kube, ns: str, app: str) -> list[Any] | None:
 def assert_moved_once(kube: Kube, ns: str, app: str, check: str, bad: str, old: set[str]) -> dict[str, Any]:
     """Kueue evicted the Workload once (reason AdmissionCheck), requeued and re-admitted it, and its 4
     ranks run again, none on the bad node; returns the Workload."""
-    wl = wait_for(
+    wl: dict[str, Any] = wait_for(
         lambda: (
             (w := workload(kube, ns, app))
             and evictions(w)
