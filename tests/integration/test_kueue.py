@@ -192,18 +192,13 @@ def requested(kube: Kube, ns: str, app: str) -> list[Any] | None:
 def assert_moved_once(kube: Kube, ns: str, app: str, check: str, bad: str, old: set[str]) -> dict[str, Any]:
     """Kueue evicted the Workload once (reason AdmissionCheck), requeued and re-admitted it, and its 4
     ranks run again, none on the bad node; returns the Workload."""
-    wl: dict[str, Any] = wait_for(
-        lambda: (
-            (w := workload(kube, ns, app))
-            and evictions(w)
-            and cond(w, "Admitted")
-            and not cond(w, "Evicted")
-            and our_check(w, check).get("state") == "Ready"
-            and w
-        ),
-        timeout=90,
-        what="the Workload evicted by its admission check and admitted again",
-    )
+
+    def readmitted() -> dict[str, Any] | None:
+        w = workload(kube, ns, app)
+        ready = our_check(w, check).get("state") == "Ready"
+        return w if evictions(w) and cond(w, "Admitted") and not cond(w, "Evicted") and ready else None
+
+    wl = wait_for(readmitted, timeout=90, what="the Workload evicted by its admission check and admitted again")
     assert [(e["reason"], e["count"]) for e in evictions(wl)] == [("AdmissionCheck", 1)], evictions(wl)
     assert our_check(wl, check).get("retryCount") == 1, our_check(wl, check)
     again = wait_for(lambda: running(kube, ns, app, 4), timeout=90, what="4 ranks running again")
