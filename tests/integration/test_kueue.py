@@ -18,7 +18,18 @@ import pytest
 from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, holds, wait_for
+from tests.support.k8s import (
+    GPUHEALTH_NAMESPACE,
+    Kube,
+    OperatorProcess,
+    healthy_spec,
+    holds,
+    install_gpuhealth,
+    remove_gpuhealth_workloads,
+    service_account_token,
+    token_kubeconfig,
+    wait_for,
+)
 from tests.support.k8s import ensure_namespace as namespace
 from tests.support.k8s import xid_event as xid
 from tests.support.kueue import Kueue
@@ -39,15 +50,34 @@ def kueue(cluster: LocalCluster) -> Iterator[Kueue]:
 
 @pytest.fixture(scope="module")
 def kueue_operator(
-    cluster: LocalCluster, kueue: Kueue, operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+    cluster: LocalCluster,
+    kube: Kube,
+    kueue: Kueue,
+    operator: OperatorProcess,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
-    """The operator with its Kueue room on (the session's own one is paused meanwhile: one acts at a time)."""
+    """The operator with its Kueue room on, under its service account's token with the RBAC of
+    manifests/overlays/example-kueue (the base plus the Kueue component): every scenario here is
+    also a least-privilege proof. The session's own operator is paused meanwhile (one acts at a time)."""
+    install_gpuhealth(cluster, "overlays/example-kueue")
+    remove_gpuhealth_workloads(cluster)
+    d = tmp_path_factory.mktemp("kueue-operator")
+    kubeconfig = token_kubeconfig(
+        cluster, service_account_token(kube, GPUHEALTH_NAMESPACE, "gpuhealth-operator"), d / "kc"
+    )
     operator.stop()
-    op = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-operator") / "operator.log", extra_args=["--kueue=on"])
+    op = OperatorProcess(cluster, d / "operator.log", extra_args=[f"--kubeconfig={kubeconfig}", "--kueue=on"])
     try:
         yield op.start()
     finally:
         op.stop()
+        # The component's cluster-wide Event permission is not the base's: leave the base as it was.
+        cluster.kubectl(
+            "delete",
+            "--ignore-not-found",
+            "clusterrole/gpuhealth-operator-kueue",
+            "clusterrolebinding/gpuhealth-operator-kueue",
+        )
         operator.start()
 
 
@@ -298,3 +328,12 @@ def test_admission_is_retried_while_the_flavor_counts_on_held_out_gpus(
     kube.batch.create_namespaced_job(ns, queued_job("small", nodes[1], ns, group, ranks=4))
     wait_for(lambda: running(kube, ns, "small", 4), timeout=60, what="a job that fits what is in service runs")
     assert {p.spec.node_name for p in running(kube, ns, "small", 4) or []} == {nodes[1]}
+
+
+def test_the_operator_did_all_of_it_with_only_its_service_accounts_rbac(kueue_operator: OperatorProcess) -> None:
+    """Runs last in this file: the operator above ran under the service account's token, with the base's
+    RBAC and the Kueue component's; not one request was refused."""
+    wait_for(lambda: "Kueue admission check" in kueue_operator.log.read_text(), what="the Kueue room started")
+    text = kueue_operator.log.read_text()
+    for needle in ("403", "Forbidden", "forbidden"):
+        assert needle not in text, f"{needle!r} in the operator's log:\n{text[-4000:]}"
