@@ -17,7 +17,8 @@ import pytest
 
 from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
+from tests.support import dra
+from tests.support.cluster import LocalCluster, gpu_node_manifest
 from tests.support.k8s import (
     GPUHEALTH_NAMESPACE,
     Kube,
@@ -328,6 +329,54 @@ def test_admission_is_retried_while_the_flavor_counts_on_held_out_gpus(
     kube.batch.create_namespaced_job(ns, queued_job("small", nodes[1], ns, group, ranks=4))
     wait_for(lambda: running(kube, ns, "small", 4), timeout=60, what="a job that fits what is in service runs")
     assert {p.spec.node_name for p in running(kube, ns, "small", 4) or []} == {nodes[1]}
+
+
+def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_held_out(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    # A DRA node: no device-plugin GPUs; its 8 GPUs are published as ResourceSlices, and pods asking
+    # for nvidia.com/gpu get them through a DeviceClass with extendedResourceName (so Kueue's quota,
+    # which counts nvidia.com/gpu, sees them like any other GPUs).
+    node = f"{group}-dra"[:63]
+    manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
+    for key in ("capacity", "allocatable"):
+        manifest["status"][key].pop("nvidia.com/gpu", None)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    gpu_class = dra.device_class(f"kueue-{group}"[:63], "nvidia.com/gpu")
+    kube.custom.create_cluster_custom_object(dra.G, dra.V, "deviceclasses", gpu_class)
+    try:
+        dra.publish_slices(kube, [node], uuid=dra.report_uuid)
+        ns = namespace(kube, f"kq-{group}"[:60])
+        kube.put_report(node, healthy_spec())
+        kube.apply_policy(
+            group,
+            policy_spec(group, safety={"maxUnhealthyGPUs": 8}, actions={"drain": {"checkpointTimeout": "2m"}}),
+        )
+        check = kueue_queue(cluster, group, ns, gpus=8)
+        wait_for(lambda: cq_active(cluster, group), what="the ClusterQueue active")
+        job = queued_job("dra", node, ns, group)
+        job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+        kube.batch.create_namespaced_job(ns, job)
+        ranks = wait_for(lambda: running(kube, ns, "dra", 4), timeout=90, what="4 ranks running on DRA GPUs")
+        held = {p.metadata.name: dra.wait_allocated(kube, ns, p.metadata.name)[0] for p in ranks}
+        bad = int(sorted(held.values())[0].removeprefix("gpu-"))
+        spec = healthy_spec()
+        spec["devices"][bad]["ecc"]["volatileUncorrected"] = 1
+        kube.put_report(node, spec)
+        asked = wait_for(lambda: requested(kube, ns, "dra"), what="all 4 ranks asked, not only the one on the GPU")
+        acknowledge_all(kube, ns, asked)
+        moved = assert_moved_once(kube, ns, "dra", check, "no-such-node", {p.metadata.uid for p in ranks})
+        # The device drain's record goes once the GPU is quarantined; the Workload's Event keeps the why.
+        name = moved["metadata"]["name"]
+        (ev,) = wait_for(lambda: workload_events(kube, ns, name, "MovedByGpuhealth"), what="the Workload's Event")
+        assert f"GPU {bad}" in ev.message and node in ev.message and "EccUncorrected" in ev.message, ev.message
+        again = running(kube, ns, "dra", 4) or []
+        devices = {d for p in again for d in dra.wait_allocated(kube, ns, p.metadata.name)}
+        assert f"gpu-{bad}" not in devices, "the moved ranks do not get the held-out GPU back"
+        assert kube.our_taint(node) is None, "one GPU out, not the node"
+    finally:
+        kube.custom.delete_cluster_custom_object(dra.G, dra.V, "deviceclasses", gpu_class["metadata"]["name"])
 
 
 def test_the_operator_did_all_of_it_with_only_its_service_accounts_rbac(kueue_operator: OperatorProcess) -> None:
