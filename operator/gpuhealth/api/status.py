@@ -97,6 +97,7 @@ class WorkloadMove(TypedDict, total=False):
     state: str  # our check's state as last seen (Ready, Retry, Pending), or Evicted
     retriedAt: str  # when gpuhealth set its check to Retry (once)
     message: str
+    fellBack: bool  # Kueue did not move it within drain/kueue.py MOVE_TIMEOUT_S: its pods were evicted
 
 
 class DrainRecord(TypedDict, total=False):

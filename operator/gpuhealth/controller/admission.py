@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
-from gpuhealth.api.timeutil import format_time, format_time_precise
+from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.kueuewatch import KueueCache, slim_check, slim_workload
 from gpuhealth.controller.objectwatch import ObjectWatch
@@ -293,6 +293,18 @@ class AdmissionRoom:
             fresh = self.cache.workloads.get(key) or wl
             state = (K.check_of(fresh, self.cache.checks) or {}).get("state", "")
             move["state"] = "Evicted" if K.condition(fresh, "Evicted") else str(state)
+            if K.move_overdue(parse_time(move.get("retriedAt")), now):
+                moves.pod_steps.extend(steps)  # Kueue has not moved it: its pods take the pod path
+                if not move.get("fellBack"):
+                    move["fellBack"] = True
+                    self.events(
+                        "Node",
+                        node,
+                        node,
+                        "Warning",
+                        "WorkloadNotMoved",
+                        f"Kueue has not moved {key} within {K.MOVE_TIMEOUT_S}s of gpuhealth's Retry: evicting its pods",
+                    )
         return moves.pod_steps
 
 

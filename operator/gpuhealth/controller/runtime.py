@@ -226,11 +226,12 @@ class Runtime:
             self.lease_watch.start(asyncio.get_running_loop())
         self._loop = asyncio.get_running_loop()
         self.slice_watch.start()
-        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
-        self._tasks.append(asyncio.create_task(self._sweeper()))
+        # Kueue's Workloads are known before the first drain pass: none of their pods is evicted.
         args = (self.kube, self.call, self.store, self.events, self.active, self.clock)
         self.admission = await start_admission(self.kueue_mode, *args)
         self.drainer.mover = self.admission
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
         log.info(
             "watching %d GPU nodes, %d reports, %d policies",

@@ -33,6 +33,9 @@ WORKLOAD_LABEL = "kueue.x-k8s.io/workload-name"
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 ADMISSION_REQUEUE_S = 30  # an admission refused for held-out capacity is tried again after this
 MAX_MESSAGE = 32768  # the CRD's limit on status.admissionChecks[].message
+# A Workload still on the node this long after our Retry (Kueue down, or not acting on it) has its
+# pods evicted after all: the pod path is the safety net, never a node left draining for ever.
+MOVE_TIMEOUT_S = 300
 
 
 def key(wl: Mapping[str, Any]) -> str:
@@ -242,6 +245,11 @@ def split_moves(steps: Sequence[Step], workload_for: Callable[[Mapping[str, Any]
         else:
             moves.workloads.setdefault(wl, []).append(step)
     return moves
+
+
+def move_overdue(retried_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether Kueue has had long enough to act on our Retry."""
+    return retried_at is not None and (now - retried_at).total_seconds() >= MOVE_TIMEOUT_S
 
 
 def move_message(node: str, cause: str, why: str) -> str:

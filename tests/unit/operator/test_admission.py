@@ -202,3 +202,20 @@ def test_a_replaced_list_forgets_workloads_deleted_meanwhile() -> None:
     assert not room.cache.workloads and not room.cache.by_owner
     room.replace_workloads([slim_workload(copy.deepcopy(workload()))])
     assert KEY in room.cache.workloads and room.cache.by_owner["ml/Job=llm"] == KEY
+
+
+def test_a_workload_kueue_does_not_move_in_time_has_its_pods_evicted_after_all() -> None:
+    async def body() -> None:
+        kube, _, room, events = setup(workload("Ready", ("QuotaReserved", "Admitted")), out=True)
+        plan = plan_evicting(pods_of_llm())
+        assert await room.take("n1", plan, "XidFatal", T0) == []
+        later = T0 + dt.timedelta(seconds=301)
+        for _ in range(2):  # Kueue never acted (its check still says Retry, the pods still run)
+            again = plan_evicting(pods_of_llm())
+            again.record["workloads"] = plan.record["workloads"]
+            left = await room.take("n1", again, "XidFatal", later)
+            assert [s.key for s in left] == ["ml/llm-0", "ml/llm-1"]
+        assert [e[2] for e in events].count("WorkloadNotMoved") == 1
+        assert kube.writes.count(("apply", "workload/ml/job-llm")) == 1, "still only one Retry"
+
+    asyncio.run(body())
