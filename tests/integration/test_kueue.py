@@ -82,7 +82,7 @@ def kueue_operator(
         operator.start()
 
 
-def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int) -> str:
+def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int, with_check: bool = True) -> str:
     """A ResourceFlavor for the group's nodes, gpuhealth's AdmissionCheck, a ClusterQueue using both
     with ``gpus`` of quota, and a LocalQueue in ``ns``; returns the AdmissionCheck's name."""
     check = f"gpuhealth-{group}"[:63]
@@ -117,7 +117,7 @@ def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int) -> str:
                             ],
                         }
                     ],
-                    "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
+                    **({"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}} if with_check else {}),
                 },
             },
             {
@@ -329,6 +329,31 @@ def test_admission_is_retried_while_the_flavor_counts_on_held_out_gpus(
     kube.batch.create_namespaced_job(ns, queued_job("small", nodes[1], ns, group, ranks=4))
     wait_for(lambda: running(kube, ns, "small", 4), timeout=60, what="a job that fits what is in service runs")
     assert {p.spec.node_name for p in running(kube, ns, "small", 4) or []} == {nodes[1]}
+
+
+def test_a_workload_whose_queue_does_not_use_gpuhealths_check_keeps_the_pod_path(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    bad = nodes[0]
+    ns = namespace(kube, f"kq-{group}"[:60])
+    kube.apply_policy(
+        group, policy_spec(group, safety={"maxUnhealthy": 1}, actions={"drain": {"checkpointTimeout": "2m"}})
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    kueue_queue(cluster, group, ns, gpus=24, with_check=False)
+    kube.batch.create_namespaced_job(ns, queued_job("plain", bad, ns, group))
+    ranks = wait_for(lambda: running(kube, ns, "plain", 4), timeout=90, what="4 ranks running")
+    kube.put_report(bad, healthy_spec(xids=[xid(79)]))
+    acknowledge_all(kube, ns, wait_for(lambda: requested(kube, ns, "plain"), what="checkpoint requested"))
+    wait_for(lambda: len(kube.node_events(bad, "Evicted")) == 4, timeout=60, what="gpuhealth evicts the 4 ranks itself")
+    again = wait_for(lambda: running(kube, ns, "plain", 4), timeout=90, what="the Job's new ranks running")
+    assert bad not in {p.spec.node_name for p in again} and not {p.metadata.uid for p in ranks} & {
+        p.metadata.uid for p in again
+    }
+    assert not kube.node_events(bad, "WorkloadMoved")
+    assert not evictions(workload(kube, ns, "plain")), "Kueue was not asked to evict anything"
 
 
 def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_held_out(
