@@ -299,6 +299,32 @@ def test_a_kill_after_the_acknowledgements_writes_one_retry_and_asks_no_second_t
     assert len(workload_events(kube, ns, moved["metadata"]["name"], "MovedByGpuhealth")) == 1
 
 
+def test_a_workload_that_does_not_acknowledge_in_time_is_moved_anyway(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    nodes = make_nodes(cluster, group, 3)
+    bad = nodes[0]
+    ns = namespace(kube, f"kq-{group}"[:60])
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"maxUnhealthy": 1},
+            actions={"drain": {"checkpointTimeout": "3s", "onCheckpointTimeout": "Evict"}},
+        ),
+    )
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    check = kueue_queue(cluster, group, ns, gpus=24)
+    wait_for(lambda: cq_active(cluster, group), what="the ClusterQueue active")
+    kube.batch.create_namespaced_job(ns, queued_job("slow", bad, ns, group))
+    ranks = wait_for(lambda: running(kube, ns, "slow", 4), timeout=90, what="4 ranks running")
+    kube.put_report(bad, healthy_spec(xids=[xid(79)]))
+    wait_for(lambda: requested(kube, ns, "slow"), what="checkpoint requested")  # and never acknowledged
+    wait_for(lambda: kube.node_events(bad, "CheckpointTimeout"), timeout=30, what="the gang's deadline")
+    assert_moved_once(kube, ns, "slow", check, bad, {p.metadata.uid for p in ranks})
+
+
 def test_admission_is_retried_while_the_flavor_counts_on_held_out_gpus(
     cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
 ) -> None:
