@@ -253,4 +253,6 @@ def move_overdue(retried_at: dt.datetime | None, now: dt.datetime) -> bool:
 
 
 def move_message(node: str, cause: str, why: str) -> str:
+    """What the Workload is told (our check's message): the node, the fault (GPU, reason) and why now."""
+    why = why.removesuffix(": evicting anyway")  # the plan's words for pods; this Workload is moved instead
     return f"gpuhealth is taking {node} out of service ({cause}); {why}: moving the Workload as a whole"

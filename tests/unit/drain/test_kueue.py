@@ -152,3 +152,11 @@ def test_evictions_of_movable_pods_become_one_move_per_workload() -> None:
     moves = K.split_moves(steps, lambda p: "ml/wl-a" if p["metadata"]["name"].startswith("a") else None)
     assert [s.key for s in moves.pod_steps] == ["ml/a0", "ml/plain"]
     assert {k: [s.key for s in v] for k, v in moves.workloads.items()} == {"ml/wl-a": ["ml/a1", "ml/a2"]}
+
+
+def test_the_move_message_names_the_node_the_fault_and_why_now() -> None:
+    m = K.move_message("n1", "XID79: GPU 3 (GPU-3): XID 79", "checkpoint not acknowledged within 3s: evicting anyway")
+    assert m == (
+        "gpuhealth is taking n1 out of service (XID79: GPU 3 (GPU-3): XID 79); "
+        "checkpoint not acknowledged within 3s: moving the Workload as a whole"
+    )
