@@ -374,7 +374,8 @@ def test_a_workload_whose_queue_does_not_use_gpuhealths_check_keeps_the_pod_path
     kube.put_report(bad, healthy_spec(xids=[xid(79)]))
     acknowledge_all(kube, ns, wait_for(lambda: requested(kube, ns, "plain"), what="checkpoint requested"))
     wait_for(lambda: len(kube.node_events(bad, "Evicted")) == 4, timeout=60, what="gpuhealth evicts the 4 ranks itself")
-    again = wait_for(lambda: running(kube, ns, "plain", 4), timeout=90, what="the Job's new ranks running")
+    # The Job controller replaces evicted pods with its pod-failure backoff (tens of seconds here).
+    again = wait_for(lambda: running(kube, ns, "plain", 4), timeout=180, what="the Job's new ranks running")
     assert bad not in {p.spec.node_name for p in again} and not {p.metadata.uid for p in ranks} & {
         p.metadata.uid for p in again
     }
