@@ -29,6 +29,8 @@ import yaml
 
 from tests.support import pidfile
 from tests.support.cluster import REPO, ClusterError, LocalCluster, Proc, free_port
+from tests.support.k8s import Kube
+from tests.support.workloads import indexed_training_job
 
 BUILD_SCRIPT = REPO / "hack" / "build-kueue.sh"
 NAMESPACE = "kueue-system"
@@ -257,3 +259,100 @@ class Kueue:
         )
         if self.proc is not None:
             self.proc.stop()
+
+
+# -- what the Kueue tests write and read -----------------------------------------------------------
+
+KG, KV = "kueue.x-k8s.io", "v1beta2"
+CONTROLLER = "gpuhealth.dev/healthy-capacity"
+
+
+def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int, with_check: bool = True) -> str:
+    """A ResourceFlavor for the group's nodes, gpuhealth's AdmissionCheck, a ClusterQueue using both
+    with ``gpus`` of quota, and a LocalQueue in ``ns``; returns the AdmissionCheck's name."""
+    check = f"gpuhealth-{group}"[:63]
+    cluster.apply_objects(
+        [
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": f"gpu-{group}"[:63]},
+                "spec": {"nodeLabels": {"gpuhealth-test": group}},
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "AdmissionCheck",
+                "metadata": {"name": check},
+                "spec": {"controllerName": CONTROLLER},
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "ClusterQueue",
+                "metadata": {"name": f"cq-{group}"[:63]},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": f"gpu-{group}"[:63],
+                                    "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}],
+                                }
+                            ],
+                        }
+                    ],
+                    **({"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}} if with_check else {}),
+                },
+            },
+            {
+                "apiVersion": f"{KG}/{KV}",
+                "kind": "LocalQueue",
+                "metadata": {"name": "training", "namespace": ns},
+                "spec": {"clusterQueue": f"cq-{group}"[:63]},
+            },
+        ]
+    )
+    return check
+
+
+def cq_active(cluster: LocalCluster, group: str) -> bool:
+    out = cluster.kubectl("get", "clusterqueue", f"cq-{group}"[:63], "-o", "json").stdout
+    conds = json.loads(out).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+
+def queued_job(name: str, prefer: str, ns: str, group: str, ranks: int = 4) -> dict[str, Any]:
+    job = indexed_training_job(name, prefer, ranks=ranks, namespace=ns, node_selector={"gpuhealth-test": group})
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
+    job["spec"]["suspend"] = True
+    return job
+
+
+def workload(kube: Kube, ns: str, job: str) -> dict[str, Any] | None:
+    items = kube.custom.list_namespaced_custom_object(KG, KV, ns, "workloads")["items"]
+    return next(
+        (w for w in items if any(r.get("name") == job for r in w["metadata"].get("ownerReferences") or [])), None
+    )
+
+
+def our_check(wl: dict[str, Any] | None, check: str) -> dict[str, Any]:
+    for c in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
+        if c["name"] == check:
+            return c  # type: ignore[no-any-return]
+    return {}
+
+
+def cond(wl: dict[str, Any] | None, type_: str) -> bool:
+    return any(
+        c["type"] == type_ and c["status"] == "True" for c in ((wl or {}).get("status") or {}).get("conditions") or []
+    )
+
+
+def evictions(wl: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return list((((wl or {}).get("status") or {}).get("schedulingStats") or {}).get("evictions") or [])
+
+
+def workload_events(kube: Kube, ns: str, name: str, reason: str) -> list[Any]:
+    evs = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [e for e in evs if e.reason == reason and e.involved_object.kind == "Workload"]
