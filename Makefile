@@ -31,9 +31,11 @@ venv: $(STAMP)
 control-plane:
 	@bash hack/build-control-plane.sh >/dev/null
 
-# Builds (first time) or finds (cached) helm and promtool for the chart and alert tests; fails loudly.
+# Builds (first time) or finds (cached) helm and promtool for the chart and alert tests, and Kueue's
+# manager, CRDs and webhooks for tests/integration/test_kueue.py; fails loudly.
 tools:
 	@bash hack/build-tools.sh >/dev/null
+	@bash hack/build-kueue.sh >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator tests hack

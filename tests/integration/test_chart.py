@@ -56,6 +56,16 @@ def test_monitoring_values_render_the_prometheus_component() -> None:
     assert monitored[("PrometheusRule", "gpuhealth-system", "gpuhealth")]["metadata"]["labels"]["release"] == "kps"
 
 
+def test_kueue_values_render_the_kueue_overlay() -> None:
+    chart = by_key(helm_template("--set=kueue.enabled=true", crds=True), skip_kinds=("GPUHealthPolicy", "Namespace"))
+    overlay = by_key(kustomize("overlays/example-kueue"), skip_kinds=("Namespace",))
+    assert sorted(chart) == sorted(overlay)
+    for k, obj in overlay.items():
+        if k[0] == "CustomResourceDefinition":
+            obj = {**obj, "metadata": {"name": obj["metadata"]["name"]}}
+        assert chart[k] == obj, f"{k} differs between the chart (kueue.enabled) and manifests/overlays/example-kueue"
+
+
 def test_first_policy_is_dry_run_and_values_reach_the_objects() -> None:
     default = by_key(helm_template())
     policy = default[("GPUHealthPolicy", "", "default")]

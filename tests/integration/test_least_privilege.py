@@ -28,7 +28,7 @@ from kubernetes import client
 from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster, free_port
+from tests.support.cluster import REPO, LocalCluster, free_port
 from tests.support.k8s import (
     GPUHEALTH_NAMESPACE,
     GROUP,
@@ -194,6 +194,66 @@ def test_access_matrix(cluster: LocalCluster, installed: None) -> None:
             if can_i(cluster, user, verb, resource, ns, sub) is not expected:
                 wrong.append(f"{user.rsplit(':', 1)[1]} {'cannot' if expected else 'can'} {verb} {resource}/{sub} {ns}")
     assert not wrong, "\n".join(wrong)
+
+
+KUEUE = "kueue.x-k8s.io"
+# With the optional Kueue component (manifests/components/kueue): exactly operator/gpuhealth/kube/kueue.py.
+OPERATOR_KUEUE_CAN = [
+    *[(v, f"workloads.{KUEUE}", ALL, "") for v in ("list", "watch")],
+    ("patch", f"workloads.{KUEUE}", ALL, "status"),
+    *[(v, f"admissionchecks.{KUEUE}", None, "") for v in ("list", "watch")],
+    ("patch", f"admissionchecks.{KUEUE}", None, "status"),
+    ("get", f"resourceflavors.{KUEUE}", None, ""),
+    ("create", "events", "team-a", ""),  # a Workload's Events go into its own namespace
+]
+OPERATOR_KUEUE_CANNOT = [
+    *[(v, f"workloads.{KUEUE}", ALL, "") for v in ("get", "create", "update", "patch", "delete")],
+    ("update", f"workloads.{KUEUE}", ALL, "status"),
+    *[(v, f"admissionchecks.{KUEUE}", None, "") for v in ("get", "create", "update", "patch", "delete")],
+    *[(v, f"resourceflavors.{KUEUE}", None, "") for v in ("list", "watch", "patch", "delete")],
+    *[(v, f"{r}.{KUEUE}", None, "") for r in ("clusterqueues", "cohorts") for v in ("get", "list", "patch")],
+    *[(v, f"localqueues.{KUEUE}", ALL, "") for v in ("get", "list", "patch")],
+    ("patch", f"clusterqueues.{KUEUE}", None, "status"),
+    ("patch", "jobs.batch", ALL, ""),
+    ("update", "events", "team-a", ""),
+    ("delete", "events", "team-a", ""),
+    ("get", "secrets", ALL, ""),
+]
+
+
+def sar(kube: Kube, user: str, verb: str, resource: str, ns: str | None, sub: str = "") -> bool:
+    """A SubjectAccessReview: what the API server's authorizer answers, with no discovery involved
+    (`kubectl auth can-i` cannot name a resource whose CRD is not installed)."""
+    name, _, group = resource.partition(".")
+    attrs: dict[str, Any] = {"verb": verb, "resource": name, "group": group}
+    if sub:
+        attrs["subresource"] = sub
+    if ns and ns != ALL:
+        attrs["namespace"] = ns
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {"user": user, "resourceAttributes": attrs},
+    }
+    return bool(client.AuthorizationV1Api(kube.api).create_subject_access_review(body).status.allowed)
+
+
+def test_kueue_component_access_matrix(cluster: LocalCluster, kube: Kube, installed: None) -> None:
+    rbac = REPO / "manifests" / "components" / "kueue" / "operator-kueue-rbac.yaml"
+    user = OPERATOR_USER
+    assert not sar(kube, user, "list", f"workloads.{KUEUE}", ALL), "the base alone grants nothing in Kueue"
+    cluster.apply(rbac)
+    try:
+        # RBAC takes effect a moment after the objects exist.
+        wait_for(lambda: sar(kube, user, "list", f"workloads.{KUEUE}", ALL), what="the Kueue role in force")
+        wrong = []
+        for cases, expected in ((OPERATOR_KUEUE_CAN, True), (OPERATOR_KUEUE_CANNOT, False)):
+            for verb, resource, ns, sub in cases:
+                if sar(kube, user, verb, resource, ns, sub) is not expected:
+                    wrong.append(f"operator {'cannot' if expected else 'can'} {verb} {resource}/{sub} {ns}")
+        assert not wrong, "\n".join(wrong)
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", str(rbac))
 
 
 def test_operator_cannot_change_what_a_policy_says(

@@ -20,6 +20,7 @@ ENTRY_POINTS = (
     "overlays/example",
     "overlays/example-monitoring",
     "overlays/example-sidecar",
+    "overlays/example-kueue",
     "components/prometheus",
 )
 NS = GPUHEALTH_NAMESPACE

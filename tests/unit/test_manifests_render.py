@@ -168,6 +168,36 @@ def test_rbac_is_exactly_what_the_code_uses() -> None:
     assert all(len(b["subjects"]) == 1 for b in bindings)
 
 
+KUEUE_RULES = {
+    ("kueue.x-k8s.io", "workloads"): "list watch",
+    ("kueue.x-k8s.io", "workloads/status"): "patch",
+    ("kueue.x-k8s.io", "admissionchecks"): "list watch",
+    ("kueue.x-k8s.io", "admissionchecks/status"): "patch",
+    ("kueue.x-k8s.io", "resourceflavors"): "get",
+    ("", "events"): "create",
+}
+
+
+def test_kueue_component_grants_exactly_the_kueue_calls_and_turns_the_room_on() -> None:
+    docs = render("overlays/example-kueue")
+    assert _rules(find(docs, "ClusterRole", "gpuhealth-operator-kueue")) == _expand(KUEUE_RULES)
+    binding = find(docs, "ClusterRoleBinding", "gpuhealth-operator-kueue")
+    assert binding["roleRef"]["name"] == "gpuhealth-operator-kueue"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuhealth-operator", "namespace": NS}]
+    (container,) = find(docs, "Deployment", "gpuhealth-operator")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "GPUHEALTH_KUEUE", "value": "on"} in container["env"]
+    # The base grants nothing in Kueue and leaves the room to `auto` (off without these permissions).
+    base = render("base")
+    assert not [d for d in base if "kueue" in d["metadata"]["name"]]
+    (plain,) = find(base, "Deployment", "gpuhealth-operator")["spec"]["template"]["spec"]["containers"]
+    assert "GPUHEALTH_KUEUE" not in {e["name"] for e in plain["env"]}
+    # Everything else is the base's.
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs} - {(d["kind"], d["metadata"]["name"]) for d in base} == {
+        ("ClusterRole", "gpuhealth-operator-kueue"),
+        ("ClusterRoleBinding", "gpuhealth-operator-kueue"),
+    }
+
+
 def test_admission_policies_shape() -> None:
     docs = render("base")
     vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-agent-own-node")

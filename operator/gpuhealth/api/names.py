@@ -122,3 +122,9 @@ DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 # them server-side; one per node, named after it, in the namespace the agents run in.
 AGENT_MANAGER = "gpuhealth-agent"
 AGENT_LEASE_SELECTOR = f"{MANAGED_BY_LABEL}={AGENT_MANAGER}"
+
+# Kueue (optional): gpuhealth as an AdmissionCheck controller (docs/workloads.md, "Kueue").
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"  # the storage version Kueue v0.17 serves (v1beta1 is served too)
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+ADMISSION_CHECK_CONTROLLER = "gpuhealth.dev/healthy-capacity"  # AdmissionCheck spec.controllerName

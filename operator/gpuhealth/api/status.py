@@ -86,6 +86,18 @@ class PodDrain(TypedDict, total=False):
     blocked: int  # evictions a PodDisruptionBudget refused so far
     retryAt: str
     forceDeletedAt: str
+    workload: str  # namespace/name of the Kueue Workload moved as a whole instead of evicting the pod
+
+
+class WorkloadMove(TypedDict, total=False):
+    """One Kueue Workload in ``status.drain.workloads`` (keyed by namespace/name): moved by our check's Retry."""
+
+    workload: str
+    uid: str
+    state: str  # our check's state as last seen (Ready, Retry, Pending), or Evicted
+    retriedAt: str  # when gpuhealth set its check to Retry (once)
+    message: str
+    fellBack: bool  # Kueue did not move it within drain/kueue.py MOVE_TIMEOUT_S: its pods were evicted
 
 
 class DrainRecord(TypedDict, total=False):
@@ -101,6 +113,7 @@ class DrainRecord(TypedDict, total=False):
     waitingForCheckpoint: int
     blockedByBudget: int
     timedOut: list[str]  # gangs whose checkpoint timeout was announced
+    workloads: dict[str, WorkloadMove]  # Kueue Workloads moved through gpuhealth's AdmissionCheck
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ class DeviceDrainer:
                 # count from its start). A drain that is complete with nothing to ask or evict writes
                 # its outcome once, below.
                 await self._write(name, {str(index): ahead})
-            new_record = await self.drainer.execute(name, plan, now)
+            cause = f"GPU {index}" + (f" ({rec.uuid})" if rec.uuid else "") + f": {rec.reason}: {rec.message}"
+            new_record = await self.drainer.execute(name, plan, now, cause)
             if plan.complete:
                 metrics.DEVICE_ACTIONS.labels("drain", rec.reason, str(policy.mode)).inc()
                 self.events(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
+
+
+class WorkloadMover(Protocol):
+    """Takes the plan's evictions of pods whose workload moves as a whole (Kueue, ``controller/admission.py``)
+    and returns the steps left for the pod path."""
+
+    async def take(self, node: str, plan: DrainPlan, cause: str, now: dt.datetime) -> list[Step]: ...
 
 
 class Drainer:
@@ -59,6 +66,8 @@ class Drainer:
         # cache. A watch event that was already on its way when we evicted brings back a copy without
         # the deletionTimestamp; this memory, not the cached pod, keeps it from being evicted twice.
         self._evicted: dict[str, set[str]] = {}
+        # Set by the runtime when the Kueue admission room runs; None: every pod takes the pod path.
+        self.mover: WorkloadMover | None = None
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -101,7 +110,7 @@ class Drainer:
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
         plan = plan_drain(name, self.store.pods_on(name), self.store.gangs(), policy.drain, fatal, record, now)
-        new_record = await self.execute(name, plan, now)
+        new_record = await self.execute(name, plan, now, f"{rec.reason}: {rec.message}")
         if plan.complete:
             self.breaker.end_drain(policy, name)
             self.requeue(name, 0.05)  # the state machine moves on with the completed drain
@@ -137,12 +146,16 @@ class Drainer:
         result = await self.call(self.kube.patch_report_status, name, body)
         self.store.wrote(name, result)
 
-    async def execute(self, node: str, plan: DrainPlan, now: dt.datetime) -> DrainRecord:
-        """Carry out the plan's steps; returns the progress record they updated."""
+    async def execute(self, node: str, plan: DrainPlan, now: dt.datetime, cause: str = "") -> DrainRecord:
+        """Carry out the plan's steps; returns the progress record they updated. ``cause`` (the fault)
+        goes into what a moved Workload is told."""
         pods_rec: dict[str, PodDrain] = plan.record.setdefault("pods", {})
         for type_, reason, message in plan.events:
             self._event(node, type_, reason, message)
-        for step in plan.steps:
+        steps = plan.steps
+        if self.mover is not None:
+            steps = await self.mover.take(node, plan, cause, now)
+        for step in steps:
             prec = pods_rec.setdefault(step.pod["metadata"]["uid"], PodDrain(pod=step.key, node=_node_of(step.pod)))
             if step.kind == "request":
                 await self._request(node, step, prec)

@@ -26,7 +26,15 @@ class EventSink(Protocol):
     """Where rooms announce what they did; the poster below, or a list in unit tests."""
 
     def __call__(
-        self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        namespace: str = "",
     ) -> None: ...
 
 
@@ -41,6 +49,7 @@ class PostEvent(Protocol):
         message: str,
         api_version: str = "v1",
         at: dt.datetime | None = None,
+        namespace: str = "",
     ) -> None: ...
 
 
@@ -55,9 +64,17 @@ class EventPoster:
         self._paused_until = 0.0
 
     def __call__(
-        self, kind: str, name: str, uid: str, type_: str, reason: str, message: str, api_version: str = "v1"
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        namespace: str = "",
     ) -> None:
-        args = (kind, name, uid, type_, reason, message, api_version, dt.datetime.now(dt.UTC))
+        args = (kind, name, uid, type_, reason, message, api_version, dt.datetime.now(dt.UTC), namespace)
         task = asyncio.get_running_loop().create_task(self._send(args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

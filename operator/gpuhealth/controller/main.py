@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=float(os.environ.get("GPUHEALTH_HEAP_PROFILE_INTERVAL", "60")),
         help="seconds between heap profile samples (the first after a minute is the baseline)",
     )
+    ap.add_argument(
+        "--kueue",
+        choices=("auto", "on", "off"),
+        default=os.environ.get("GPUHEALTH_KUEUE", "auto"),
+        help="gpuhealth as a Kueue AdmissionCheck controller: auto (when Kueue's API is served), on, off",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     return ap.parse_args(argv)
 
@@ -92,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
-    reconciler = Runtime(kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace)
+    reconciler = Runtime(
+        kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace, kueue=args.kueue
+    )
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, args.kubeconfig)
     asyncio.run(

@@ -23,6 +23,7 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.controller import metrics
+from gpuhealth.controller.admission import AdmissionRoom, start_admission
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.device_drainer import DeviceDrainer
@@ -59,6 +60,7 @@ class Runtime:
         workers: int = 16,
         tick: float = 5.0,
         lease_namespace: str = "",
+        kueue: str = "off",
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -146,6 +148,9 @@ class Runtime:
             else None
         )
         self._leases_listed = False
+        # Kueue (optional): gpuhealth as an AdmissionCheck controller (controller/admission.py).
+        self.kueue_mode = kueue
+        self.admission: AdmissionRoom | None = None
         self.ready = asyncio.Event()
         self._pods_listed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -227,6 +232,10 @@ class Runtime:
             self.lease_watch.start(asyncio.get_running_loop())
         self._loop = asyncio.get_running_loop()
         self.slice_watch.start()
+        # Kueue's Workloads are known before the first drain pass: none of their pods is evicted.
+        args = (self.kube, self.call, self.store, self.events, self.active, self.clock)
+        self.admission = await start_admission(self.kueue_mode, *args)
+        self.drainer.mover = self.admission
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self.ready.set()
@@ -244,6 +253,8 @@ class Runtime:
         if self.lease_watch is not None:
             self.lease_watch.stop()
         self.slice_watch.stop()
+        if self.admission is not None:
+            await self.admission.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -91,16 +91,26 @@ def plan_drain(
     targets = [p for p in node_pods if drainable(p, settings)]
     # Whole gangs move together unless the job survives losing a rank.
     groups: dict[str, list[Mapping[str, Any]]] = {}
+    here: dict[str, list[Mapping[str, Any]]] = {}  # each group's pods on this node
     for pod in targets:
         gk = None if settings.gang_survives_rank_loss else P.gang_key(pod)
         if gk is not None:
             members = [m for m in gang_members.get(gk, [pod]) if drainable(m, settings)] or [pod]
             groups[gk] = members
         else:
-            groups[P.key(pod)] = [pod]
+            gk = P.key(pod)
+            groups[gk] = [pod]
+        here.setdefault(gk, []).append(pod)
 
     waiting = 0
     for gk, members in sorted(groups.items()):
+        if all(P.is_deleting(p) for p in here[gk]):
+            # The gang is leaving this node (evicted, or its Workload moved): only members this drain
+            # already dealt with may still need an eviction (one a budget refused); the others are
+            # replacements the Job started on healthy nodes, not this drain's to ask or evict.
+            members = [m for m in members if m["metadata"]["uid"] in pods_rec]
+            if not members:
+                continue
         live = [m for m in members if not P.is_deleting(m)]
         modes = {pod_mode(m, settings) for m in live}
         ready_to_evict = True

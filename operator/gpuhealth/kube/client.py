@@ -31,6 +31,7 @@ from gpuhealth.api.names import (
 from gpuhealth.api.timeutil import format_time_precise
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
 from gpuhealth.kube.jobs import JobCalls
+from gpuhealth.kube.kueue import KueueCalls, KueuePort
 from gpuhealth.kube.paging import PAGE, pages
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def _same(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-class KubePort(Protocol):
+class KubePort(KueuePort, Protocol):
     """What the controller asks of the API; ``Kube`` below, or an in-memory fake in unit tests."""
 
     def get_node(self, name: str) -> dict[str, Any]: ...
@@ -103,6 +104,7 @@ class KubePort(Protocol):
         message: str,
         api_version: str = "v1",
         at: dt.datetime | None = None,
+        namespace: str = "",
     ) -> None: ...
 
 
@@ -140,7 +142,7 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
         resp.release_conn()
 
 
-class Kube(JobCalls):
+class Kube(JobCalls, KueueCalls):
     def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -371,23 +373,32 @@ class Kube(JobCalls):
         message: str,
         api_version: str = "v1",
         at: dt.datetime | None = None,
+        namespace: str = "",
     ) -> None:
         """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it.
+        A namespaced object's Event (``namespace``: a Kueue Workload's) goes into its own namespace.
 
         ``at`` is when it happened (Events are posted in the background, a moment later). The name is
         derived from the Event itself, so a retry after a lost response (the first POST did land)
         finds it already there instead of posting the same announcement twice.
         """
         now = at or dt.datetime.now(dt.UTC)
+        ns = namespace or self.event_namespace
         digest = hashlib.sha256(f"{kind}/{name}/{reason}/{message}/{self.instance}".encode()).hexdigest()[:8]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
                 "name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{digest}",
-                "namespace": self.event_namespace,
+                "namespace": ns,
             },
-            "involvedObject": {"kind": kind, "name": name, "uid": uid, "apiVersion": api_version},
+            "involvedObject": {
+                "kind": kind,
+                "name": name,
+                "uid": uid,
+                "apiVersion": api_version,
+                **({"namespace": namespace} if namespace else {}),
+            },
             "reason": reason,
             "message": message[:1024],
             "type": type_,
@@ -401,7 +412,7 @@ class Kube(JobCalls):
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(self.event_namespace, body, _preload_content=False)
+            self.core.create_namespaced_event(ns, body, _preload_content=False)
         except Exception as e:
             if not is_conflict(e):
                 raise  # 409: this very Event was posted by an earlier try whose response was lost

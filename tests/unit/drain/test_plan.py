@@ -188,3 +188,31 @@ def test_force_delete_replaces_the_eviction_once_allowed_and_due() -> None:
     rec = plan_drain(NODE, [p], {}, s, False, None, T0).record
     plan = plan_drain(NODE, [p], {}, s, False, rec, T0 + dt.timedelta(seconds=601))
     assert kinds(plan) == [("force-delete", "stuck")]
+
+
+def test_a_gang_that_has_left_the_node_asks_nothing_of_its_replacements_elsewhere() -> None:
+    # The ranks on the bad node are terminating (evicted, or their Kueue Workload moved); the Job has
+    # already started replacements on a healthy node: those are not this drain's to ask or evict.
+    ranks = {"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/job-completion-index": "0"}
+    old = [pod(f"old{i}", mode="annotation", labels=ranks, owner=("Job", "train"), deleting=True) for i in range(2)]
+    new = [pod(f"new{i}", mode="annotation", labels=ranks, owner=("Job", "train"), node="gpu-b") for i in range(2)]
+    plan = plan_drain(NODE, old, {"ml/Job=train": old + new}, DrainSettings(), False, None, T0)
+    assert kinds(plan) == []
+    assert not plan.complete  # the old ranks are still on the node until they are gone
+
+
+def test_a_leaving_gangs_member_whose_eviction_a_budget_refused_is_still_evicted() -> None:
+    ranks = {"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/job-completion-index": "0"}
+    here = pod("r0", mode="signal", labels=ranks, owner=("Job", "train"), deleting=True)
+    blocked = pod("r1", mode="signal", labels=ranks, owner=("Job", "train"), node="gpu-b")
+    fresh = pod("r1-new", mode="signal", labels=ranks, owner=("Job", "train"), node="gpu-c")
+    record = {
+        "phase": "Running",
+        "startedAt": format_time(T0),
+        "pods": {
+            "uid-r0": {"pod": "ml/r0", "node": NODE, "evictedAt": format_time(T0)},
+            "uid-r1": {"pod": "ml/r1", "node": "gpu-b", "blocked": 1},
+        },
+    }
+    plan = plan_drain(NODE, [here], {"ml/Job=train": [here, blocked, fresh]}, DrainSettings(), False, record, T0)  # type: ignore[arg-type]
+    assert kinds(plan) == [("evict", "r1")]

@@ -38,6 +38,11 @@ class FakeKube:
         self.rules: dict[str, dict[str, Any]] = {}  # DeviceTaintRules by name, anyone's
         self.jobs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Job
         self._uids = itertools.count(1)
+        # Kueue: served or not; Workloads by (namespace, name), AdmissionChecks and ResourceFlavors by name.
+        self.kueue = False
+        self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
+        self.admission_checks: dict[str, dict[str, Any]] = {}
+        self.flavors: dict[str, dict[str, Any]] = {}
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
@@ -263,6 +268,66 @@ class FakeKube:
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node]
 
+    # -- Kueue -----------------------------------------------------------------------------------
+
+    def kueue_served(self) -> bool:
+        return self.kueue
+
+    def kueue_allowed(self) -> bool:
+        return self.kueue
+
+    def list_workloads_rv(
+        self, transform: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]:
+        if not self.kueue:
+            raise _error(404)
+        return [transform(copy.deepcopy(w)) for w in self.workloads.values()], "1"
+
+    def watch_workloads(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def list_admission_checks_rv(
+        self, transform: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]:
+        if not self.kueue:
+            raise _error(404)
+        return [transform(copy.deepcopy(c)) for c in self.admission_checks.values()], "1"
+
+    def watch_admission_checks(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of entries of the list map ``status.admissionChecks`` (by name)."""
+        key = (namespace, name)
+        if key not in self.workloads:
+            raise _error(404)
+        wl = self.workloads[key]
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != wl["metadata"]["resourceVersion"]:
+            raise _error(409)
+        checks = wl.setdefault("status", {}).setdefault("admissionChecks", [])
+        for entry in body["status"]["admissionChecks"]:
+            for i, c in enumerate(checks):
+                if c["name"] == entry["name"]:
+                    checks[i] = dict(entry)
+                    break
+            else:
+                checks.append(dict(entry))
+        self.writes.append(("apply", f"workload/{namespace}/{name}"))
+        return self._stamp(wl)
+
+    def apply_admission_check_status(self, name: str, body: Mapping[str, Any]) -> None:
+        if name not in self.admission_checks:
+            raise _error(404)
+        self.admission_checks[name].setdefault("status", {})["conditions"] = list(body["status"]["conditions"])
+        self.writes.append(("apply", f"admissioncheck/{name}"))
+        self._stamp(self.admission_checks[name])
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any]:
+        if name not in self.flavors:
+            raise _error(404)
+        return copy.deepcopy(self.flavors[name])
+
     def post_event(
         self,
         kind: str,
@@ -273,8 +338,11 @@ class FakeKube:
         message: str,
         api_version: str = "v1",
         at: dt.datetime | None = None,
+        namespace: str = "",
     ) -> None:
-        self.events.append({"kind": kind, "name": name, "type": type_, "reason": reason, "message": message})
+        self.events.append(
+            {"kind": kind, "name": name, "type": type_, "reason": reason, "message": message, "namespace": namespace}
+        )
 
     def reasons(self, name: str | None = None) -> list[str]:
         return [e["reason"] for e in self.events if name is None or e["name"] == name]

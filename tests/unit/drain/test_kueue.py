@@ -1,0 +1,162 @@
+"""Pure Kueue decisions: the topology assignment's nodes, the admission verdict, moves instead of evictions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gpuhealth.drain import kueue as K
+from gpuhealth.drain.plan import Step
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+CHECK = "gpuhealth"
+
+
+def wl(
+    *,
+    gpus: int = 8,
+    flavor: str = "h100",
+    topology: dict[str, Any] | None = None,
+    conditions: tuple[str, ...] = ("QuotaReserved",),
+    state: str = "Pending",
+) -> dict[str, Any]:
+    psa: dict[str, Any] = {
+        "name": "main",
+        "flavors": {"nvidia.com/gpu": flavor},
+        "resourceUsage": {"nvidia.com/gpu": str(gpus)},
+    }
+    if topology:
+        psa["topologyAssignment"] = topology
+    return {
+        "metadata": {
+            "name": "job-llm",
+            "namespace": "ml",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "ownerReferences": [{"kind": "Job", "name": "llm", "controller": True}],
+        },
+        "status": {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [psa]},
+            "admissionChecks": [{"name": CHECK, "state": state}],
+        },
+    }
+
+
+def node(name: str, out: int = 0, gpus: int = 8, pool: str = "a") -> K.NodeCapacity:
+    return K.NodeCapacity(name, {"pool": pool}, gpus, out, "Draining: XidFatal" if out else "")
+
+
+def test_hosts_decodes_universal_and_individual_values_at_the_hostname_level() -> None:
+    ta = {
+        "levels": ["rack", "kubernetes.io/hostname"],
+        "slices": [
+            {
+                "domainCount": 2,
+                "valuesPerLevel": [
+                    {"universal": "r1"},
+                    {"individual": {"prefix": "gpu-", "suffix": "-x", "roots": ["1", "2"]}},
+                ],
+                "podCounts": {"universal": 2},
+            },
+            {
+                "domainCount": 1,
+                "valuesPerLevel": [{"universal": "r2"}, {"universal": "gpu-9"}],
+                "podCounts": {"universal": 4},
+            },
+        ],
+    }
+    assert K.hosts({"topologyAssignment": ta}) == ["gpu-1-x", "gpu-2-x", "gpu-9"]
+    assert K.hosts({"topologyAssignment": {"levels": ["rack"], "slices": []}}) is None
+    assert K.hosts({}) is None
+
+
+def test_ready_when_nothing_assigned_is_held_out() -> None:
+    v = K.admission_verdict(wl(), {"h100": {"pool": "a"}}, [node("n1"), node("n2")], {})
+    assert v.state == K.READY and v.requeue_after_s is None
+
+
+def test_retry_when_the_flavor_cannot_hold_the_assignment_without_held_out_gpus() -> None:
+    nodes = [node("n1", out=8), node("n2"), node("other", out=8, pool="b")]
+    v = K.admission_verdict(wl(gpus=16), {"h100": {"pool": "a"}}, nodes, {})
+    assert v.state == K.RETRY and v.requeue_after_s == K.ADMISSION_REQUEUE_S
+    assert "n1 (8 GPUs: Draining: XidFatal)" in v.message and "other" not in v.message
+    assert "16 nvidia.com/gpu assigned" in v.message and "8 left" in v.message
+    # What other admitted Workloads use counts against what is left.
+    assert K.admission_verdict(wl(gpus=8), {"h100": {"pool": "a"}}, nodes, {}).state == K.READY
+    assert K.admission_verdict(wl(gpus=8), {"h100": {"pool": "a"}}, nodes, {"h100": 4}).state == K.RETRY
+
+
+def test_a_topology_assignment_on_a_held_out_node_is_retried_and_elsewhere_ready() -> None:
+    def on(host: str) -> dict[str, Any]:
+        return {
+            "levels": ["kubernetes.io/hostname"],
+            "slices": [{"domainCount": 1, "valuesPerLevel": [{"universal": host}], "podCounts": {"universal": 4}}],
+        }
+
+    nodes = [node("n1", out=2), node("n2")]
+    bad = K.admission_verdict(wl(topology=on("n1")), {"h100": {"pool": "a"}}, nodes, {})
+    assert bad.state == K.RETRY and "topology assignment" in bad.message and "n1" in bad.message
+    assert K.admission_verdict(wl(topology=on("n2")), {"h100": {"pool": "a"}}, nodes, {}).state == K.READY
+
+
+def test_an_unreadable_flavor_is_left_to_kueue() -> None:
+    assert K.admission_verdict(wl(gpus=16), {"h100": None}, [node("n1", out=8), node("n2")], {}).state == K.READY
+
+
+def test_conditions_and_our_check() -> None:
+    assert K.reserved(wl()) and not K.running(wl())
+    assert K.running(wl(conditions=("QuotaReserved", "Admitted")))
+    assert not K.running(wl(conditions=("QuotaReserved", "Admitted", "Evicted")))
+    assert not K.reserved(wl(conditions=("QuotaReserved", "Finished")))
+    assert K.check_of(wl(), [CHECK]) == {"name": CHECK, "state": "Pending"}
+    assert K.check_of(wl(), ["someone-else"]) is None
+    assert K.workload_owner(wl()) == "ml/Job=llm"
+
+
+def test_check_apply_sets_only_our_entry_with_the_workloads_resource_version() -> None:
+    body = K.check_apply(wl(), CHECK, K.Verdict(K.RETRY, "x" * 40000, 30), T0)
+    assert body["metadata"] == {"name": "job-llm", "namespace": "ml", "resourceVersion": "7"}
+    (entry,) = body["status"]["admissionChecks"]
+    assert entry["state"] == "Retry" and entry["requeueAfterSeconds"] == 30
+    assert len(entry["message"]) == K.MAX_MESSAGE and entry["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+    assert (
+        "requeueAfterSeconds"
+        not in K.check_apply(wl(), CHECK, K.Verdict(K.READY, "ok"), T0)["status"]["admissionChecks"][0]
+    )
+
+
+def test_pods_are_matched_by_kueues_annotation_or_their_owner() -> None:
+    pod = {
+        "metadata": {
+            "name": "llm-0",
+            "namespace": "ml",
+            "annotations": {K.WORKLOAD_ANNOTATION: "job-llm"},
+            "ownerReferences": [{"kind": "Job", "name": "llm", "controller": True}],
+        }
+    }
+    assert K.pod_refs(pod) == ("ml/job-llm", "ml/Job=llm")
+    assert K.pod_refs({"metadata": {"name": "p", "namespace": "ml"}}) == (None, None)
+
+
+def test_evictions_of_movable_pods_become_one_move_per_workload() -> None:
+    def pod(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml", "uid": name}}
+
+    steps = [
+        Step("request", pod("a0"), "ask"),
+        Step("evict", pod("a1"), "acked"),
+        Step("evict", pod("a2"), "acked"),
+        Step("evict", pod("plain"), "acked"),
+    ]
+    moves = K.split_moves(steps, lambda p: "ml/wl-a" if p["metadata"]["name"].startswith("a") else None)
+    assert [s.key for s in moves.pod_steps] == ["ml/a0", "ml/plain"]
+    assert {k: [s.key for s in v] for k, v in moves.workloads.items()} == {"ml/wl-a": ["ml/a1", "ml/a2"]}
+
+
+def test_the_move_message_names_the_node_the_fault_and_why_now() -> None:
+    m = K.move_message("n1", "XID79: GPU 3 (GPU-3): XID 79", "checkpoint not acknowledged within 3s: evicting anyway")
+    assert m == (
+        "gpuhealth is taking n1 out of service (XID79: GPU 3 (GPU-3): XID 79); "
+        "checkpoint not acknowledged within 3s: moving the Workload as a whole"
+    )
