@@ -19,6 +19,11 @@ from gpuhealth.controller.runtime import Runtime
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
 
+# Kopf's default keep-alive lifetime (60 s) left the fleet without an acting replica for up to a minute
+# after the leader died (keep-alives every 50-55 s): 15 s keeps a failover within ~15 s, at one small
+# patch of the peering object every 5-10 s per replica (docs/bench.md, failover).
+PEERING_LIFETIME_S = 15
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpuhealth-operator", description=__doc__)
@@ -56,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(equal priorities make Kopf pause them all)",
     )
     ap.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_PEERING_LIFETIME", str(PEERING_LIFETIME_S))),
+        help="seconds a replica's peering keep-alive stays valid; a standby takes over within about this long "
+        f"of the acting replica's death (keep-alives every lifetime minus 5-10 s). Default {PEERING_LIFETIME_S}; "
+        "Kopf's own is 60",
+    )
+    ap.add_argument(
         "--event-namespace",
         default=os.environ.get("GPUHEALTH_EVENT_NAMESPACE", "default"),
         help="namespace for Events about cluster-scoped objects (Nodes, policies)",
@@ -77,7 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds between heap profile samples (the first after a minute is the baseline)",
     )
     ap.add_argument("-v", "--verbose", action="store_true")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.peering_lifetime < 11:
+        # Kopf renews 5-10 s before the lifetime ends (at least every second): below 11 s a renewal
+        # may come after the keep-alive expired, and the standby would take over from a live leader.
+        ap.error("--peering-lifetime must be at least 11 seconds")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
     reconciler = Runtime(kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace)
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, args.kubeconfig)
+    register(registry, reconciler, args.kubeconfig, peering_lifetime_s=args.peering_lifetime)
     asyncio.run(
         kopf.operator(
             registry=registry,
