@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
+SENT_MEMORY_S = 300.0  # how long an eviction sent is remembered (the watch shows it long before)
+SENT_PRUNE_AT = 10000  # evictions remembered before the old ones are forgotten
 
 
 class Drainer:
@@ -59,6 +62,10 @@ class Drainer:
         # cache. A watch event that was already on its way when we evicted brings back a copy without
         # the deletionTimestamp; this memory, not the cached pod, keeps it from being evicted twice.
         self._evicted: dict[str, set[str]] = {}
+        # Every pod this replica evicted (or is evicting), by uid, with when: a gang spanning several
+        # draining nodes is evicted by each of their drains, concurrently, before any cache shows the
+        # first eviction; the uid is taken before the request is sent, so only one drain sends it.
+        self._sent: dict[str, float] = {}
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -177,10 +184,20 @@ class Drainer:
         """The one eviction path; True once the pod is evicted (or already gone). ``prec`` is the pod's
         drain progress; ``None`` outside a drain, where a refusal is left for the next reconcile."""
         meta = step.pod["metadata"]
+        uid = meta.get("uid")
+        if uid and self._already_sent(uid):
+            if prec is not None:  # another drain of this replica evicted it (a gang across draining nodes)
+                prec.setdefault("evictedAt", format_time_precise(now))
+                prec.pop("retryAt", None)
+            return True
+        if uid:
+            self._sent[uid] = time.monotonic()
         try:
             await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             code = status_of(e)
+            if uid and code != 404:
+                self._sent.pop(uid, None)  # not evicted: a later plan may try again
             if prec is None:
                 if code == 404:
                     return True
@@ -202,6 +219,18 @@ class Drainer:
         prec.pop("retryAt", None)
         self._event(node, "Normal", step.reason or "Evicted", step.message or f"Evicted {step.key}: {step.why}")
         return True
+
+    def _already_sent(self, uid: str) -> bool:
+        """Whether this replica sent (or is sending) an eviction for the pod recently; forgets old ones.
+
+        The memory only has to outlast the watch catching up with the eviction (the pod then shows its
+        deletionTimestamp, or is gone, and no plan picks it again).
+        """
+        now = time.monotonic()
+        if len(self._sent) > SENT_PRUNE_AT:
+            self._sent = {u: t for u, t in self._sent.items() if now - t < SENT_MEMORY_S}
+        at = self._sent.get(uid)
+        return at is not None and now - at < SENT_MEMORY_S
 
     def _blocked(self, node: str, step: Step, prec: PodDrain, code: int, now: dt.datetime) -> None:
         """A budget (429) or overlapping budgets (500) refused the eviction: retry with growing delays."""

@@ -1,0 +1,73 @@
+"""A gang spanning several draining nodes is evicted by each of their drains, concurrently: each pod
+must still get one Eviction (issue #26's drain storm found every cross-node rank evicted twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from gpuhealth.api.status import PodDrain
+from gpuhealth.controller.drainer import Drainer
+from gpuhealth.drain.plan import Step
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class _Kube:
+    def __init__(self, refuse: int | None = None) -> None:
+        self.evictions: list[str] = []
+        self.refuse = refuse
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self.evictions.append(name)
+        if self.refuse:
+            raise ApiException(status=self.refuse)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    await asyncio.sleep(0)  # the request is in flight: the other drain runs meanwhile
+    return fn(*args)
+
+
+def _drainer(kube: _Kube) -> Drainer:
+    return Drainer(kube, _call, lambda *a: None, lambda n, d: None, None, None, lambda: NOW)  # type: ignore[arg-type]
+
+
+def _pod(name: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"nodeName": node}}
+
+
+def test_two_drains_of_one_gang_evict_each_rank_once() -> None:
+    kube = _Kube()
+    d = _drainer(kube)
+    ranks = [_pod("rank-0", "a"), _pod("rank-1", "b")]
+    recs = {n: [PodDrain(), PodDrain()] for n in ("a", "b")}
+
+    async def drain(node: str) -> list[bool]:
+        return [
+            await d._evict(node, Step("evict", p, "checkpoint acknowledged"), recs[node][i], NOW)
+            for i, p in enumerate(ranks)
+        ]
+
+    async def both() -> list[list[bool]]:
+        return list(await asyncio.gather(drain("a"), drain("b")))
+
+    assert asyncio.run(both()) == [[True, True], [True, True]]
+    assert sorted(kube.evictions) == ["rank-0", "rank-1"]
+    assert all(r.get("evictedAt") for rs in recs.values() for r in rs)
+
+
+def test_a_refused_eviction_is_not_remembered() -> None:
+    kube = _Kube(refuse=429)
+    d = _drainer(kube)
+    pod = _pod("web-0", "a")
+    prec = PodDrain()
+    assert not asyncio.run(d._evict("a", Step("evict", pod, "draining"), prec, NOW))
+    kube.refuse = None
+    prec.pop("retryAt", None)
+    assert asyncio.run(d._evict("a", Step("evict", pod, "draining"), prec, NOW))
+    assert kube.evictions == ["web-0", "web-0"]  # the budget refused the first; the retry is sent
