@@ -23,7 +23,7 @@ def _configure(lifetime: int | None) -> kopf.OperatorSettings:
     registry = kopf.OperatorRegistry()
     runtime = _Runtime()
     register(registry, runtime, None, peering_lifetime_s=lifetime)  # type: ignore[arg-type]
-    handler = next(h for h in registry._activities.get_all_handlers() if h.fn.__name__ == "configure")
+    handler = next(h for h in registry._activities.get_all_handlers() if getattr(h.fn, "__name__", "") == "configure")
     settings = kopf.OperatorSettings()
     fn: Any = handler.fn
     asyncio.run(fn(settings=settings))
