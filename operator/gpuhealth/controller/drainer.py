@@ -16,13 +16,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
-from gpuhealth.api.timeutil import format_time, format_time_precise
+from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.events import EventSink
@@ -107,7 +107,11 @@ class Drainer:
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
-        plan = plan_drain(name, self.store.pods_on(name), self.store.gangs(), policy.drain, fatal, record, now)
+        pods = self.store.pods_on(name)
+        gangs = self.store.gangs()
+        plan = plan_drain(
+            name, pods, gangs, policy.drain, fatal, record, now, other_drains=self._gang_drains(name, pods, gangs)
+        )
         new_record = await self.execute(name, plan, now)
         if plan.complete:
             self.breaker.end_drain(policy, name)
@@ -123,6 +127,25 @@ class Drainer:
             await self.write(name, new_record)
         if not plan.complete:
             self.requeue(name, 1.0)
+
+    def _gang_drains(
+        self, name: str, pods: Sequence[Mapping[str, Any]], gangs: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> dict[str, dt.datetime]:
+        """When the running drains of the other nodes this node's gangs span started (from their records)."""
+        nodes = {
+            _node_of(m)
+            for p in pods
+            if (gk := P.gang_key(p)) is not None
+            for m in gangs.get(gk, [])
+            if _node_of(m) not in ("", name)
+        }
+        out = {}
+        for n in nodes:
+            drain = ((self.store.reports.get(n) or {}).get("status") or {}).get("drain") or {}
+            at = parse_time(drain.get("startedAt")) if drain.get("phase") == "Running" else None
+            if at is not None:
+                out[n] = at
+        return out
 
     async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
         """Evict the pods that keep failing on this out-of-service node, each once."""
