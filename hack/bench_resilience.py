@@ -374,7 +374,7 @@ def measure_failover(
 
 class PodWatch:
     """The drain storm's workload, played by the bench: each checkpointing pod acknowledges a request
-    the moment it sees one (as tests/support and hack/demo.py act_as_trainer do, with no save delay),
+    the moment it sees one (as hack/demo.py act_as_trainer does, with no save delay; retried on failure),
     and the PDB Deployment's Ready pods are counted after every event."""
 
     def __init__(self, api: client.ApiClient, ack_api: client.ApiClient, pool: ThreadPoolExecutor) -> None:
@@ -425,26 +425,33 @@ class PodWatch:
             with self.lock:
                 self.pdb_ready[name] = ready
                 self.ready_samples.append((now, sum(self.pdb_ready.values())))
-        if kind == "DELETED" or REQUESTED not in ann or COMPLETED in ann:
+        asked = ann.get(REQUESTED)
+        if kind == "DELETED" or not asked or ann.get(COMPLETED, "") >= asked:
             return
+        # Every request is answered, a repeated one too (as the gpuhealth.workload sidecar does); the
+        # audit log says whether gpuhealth asked a pod twice.
+        key = f"{name}@{asked}"
         with self.lock:
-            if name in self.requested:
+            if key in self.requested:
                 return
-            self.requested[name] = now
-        self.pool.submit(self._ack, name)
+            self.requested[key] = now
+        self.pool.submit(self._ack, name, key)
 
-    def _ack(self, name: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e6):06d}Z"
-        try:
-            self.ack_core.patch_namespaced_pod(
-                name, DRAIN_NAMESPACE, {"metadata": {"annotations": {COMPLETED: stamp}}}, _preload_content=False
-            )
-        except Exception:
+    def _ack(self, name: str, key: str) -> None:
+        for attempt in range(5):
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e6):06d}Z"
+            try:
+                self.ack_core.patch_namespaced_pod(
+                    name, DRAIN_NAMESPACE, {"metadata": {"annotations": {COMPLETED: stamp}}}, _preload_content=False
+                )
+            except Exception:
+                with self.lock:
+                    self.ack_failures += 1
+                time.sleep(0.5 * (attempt + 1))
+                continue
             with self.lock:
-                self.ack_failures += 1
+                self.acked[key] = time.time()
             return
-        with self.lock:
-            self.acked[name] = time.time()
 
     def ready_now(self) -> int:
         with self.lock:
