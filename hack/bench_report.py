@@ -480,11 +480,12 @@ def restart_line(res: dict[str, Any]) -> str:
     if not w:
         return "Warm restart: not measured in this run."
     kinds = json.dumps(w["startup_writes_by_kind"]) if w["startup_writes"] else "none"
+    states = ", ".join(f"{n:,} {s}" for s, n in (w.get("evaluated_by_state") or {}).items())
     return (
-        f"Warm restart (every node evaluated): `watching` {w['startup_watching_s']} s after the restart, "
-        f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds}); a fault published "
-        f"{w['fault_published_after_s']} s after a second restart was tainted {w['restart_to_first_taint_s']} s "
-        "after it."
+        f"Warm restart: a fault published {w['fault_published_after_s']} s after a restart was tainted "
+        f"{w['restart_to_first_taint_s']} s after it; a quiet restart with every node evaluated"
+        f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it, "
+        f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
     )
 
 

@@ -71,3 +71,22 @@ def test_a_refused_eviction_is_not_remembered() -> None:
     prec.pop("retryAt", None)
     assert asyncio.run(d._evict("a", Step("evict", pod, "draining"), prec, NOW))
     assert kube.evictions == ["web-0", "web-0"]  # the budget refused the first; the retry is sent
+
+
+class _Store:
+    def __init__(self, reports: dict[str, Any]) -> None:
+        self.reports = reports
+
+
+def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
+    gang = {"jobset.sigs.k8s.io/jobset-name": "js"}
+    ranks = [_pod("r0", "a"), _pod("r1", "b"), _pod("r2", "c"), _pod("solo", "a")]
+    for r in ranks[:3]:
+        r["metadata"]["labels"] = gang
+    reports = {
+        "b": {"status": {"drain": {"phase": "Running", "startedAt": "2026-12-01T11:59:50Z"}}},
+        "c": {"status": {"drain": {"phase": "Completed", "startedAt": "2026-12-01T11:00:00Z"}}},
+    }
+    d = Drainer(_Kube(), _call, lambda *a: None, lambda n, dl: None, _Store(reports), None, lambda: NOW)  # type: ignore[arg-type]
+    found = d._gang_drains("a", [ranks[0], ranks[3]], {"ml/jobset.sigs.k8s.io/jobset-name=js": ranks[:3]})
+    assert found == {"b": dt.datetime(2026, 12, 1, 11, 59, 50, tzinfo=dt.UTC)}  # c's drain is over
