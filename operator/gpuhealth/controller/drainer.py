@@ -13,6 +13,7 @@ delays, never in a tight loop. Every eviction, in a drain or not, goes through `
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
+DRAIN_CONCURRENCY = 32  # checkpoint requests and evictions in flight at once, over every drain (--drain-concurrency)
 SENT_MEMORY_S = 300.0  # how long an eviction sent is remembered (the watch shows it long before)
 SENT_PRUNE_AT = 10000  # evictions remembered before the old ones are forgotten
 
@@ -50,9 +52,15 @@ class Drainer:
         store: Store,
         breaker: Breaker,
         clock: Callable[[], dt.datetime],
+        step_call: Call | None = None,
+        parallel: int = DRAIN_CONCURRENCY,
     ) -> None:
         self.kube = kube
         self.call = call
+        # The checkpoint requests and evictions: on a pool of their own (``step_call``), and each drain's
+        # steps at once, at most ``parallel`` of them (the pool bounds all drains together the same way).
+        self.step_call = step_call or call
+        self.parallel = max(1, parallel)
         self.events = events
         self.requeue = requeue
         self.store = store
@@ -172,14 +180,24 @@ class Drainer:
         pods_rec: dict[str, PodDrain] = plan.record.setdefault("pods", {})
         for type_, reason, message in plan.events:
             self._event(node, type_, reason, message)
-        for step in plan.steps:
+        slots = asyncio.Semaphore(self.parallel)
+
+        async def one(step: Step) -> None:
             prec = pods_rec.setdefault(step.pod["metadata"]["uid"], PodDrain(pod=step.key, node=_node_of(step.pod)))
-            if step.kind == "request":
-                await self._request(node, step, prec)
-            elif step.kind == "evict":
-                await self._evict(node, step, prec, now)
-            elif step.kind == "force-delete":
-                await self._force(node, step, prec, now)
+            async with slots:
+                if step.kind == "request":
+                    await self._request(node, step, prec)
+                elif step.kind == "evict":
+                    await self._evict(node, step, prec, now)
+                elif step.kind == "force-delete":
+                    await self._force(node, step, prec, now)
+
+        # A node's pods are independent requests: sent one after another, 15 pods held a reconcile worker
+        # for 15 round trips, and a drain storm kept the workers from the next fault's taint. Every step
+        # runs to its end before the first failure is raised, so the record keeps what was done.
+        failures = [r for r in await asyncio.gather(*map(one, plan.steps), return_exceptions=True) if r is not None]
+        if failures:
+            raise failures[0]
         return plan.record
 
     async def _request(self, node: str, step: Step, prec: PodDrain) -> None:
@@ -189,7 +207,7 @@ class Drainer:
             "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {P.CHECKPOINT_REQUESTED: at}}
         }
         try:
-            updated = await self.call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
+            updated = await self.step_call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
         except Exception as e:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
@@ -216,7 +234,7 @@ class Drainer:
         if uid:
             self._sent[uid] = time.monotonic()
         try:
-            await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.step_call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             code = status_of(e)
             if uid and code != 404:
@@ -281,7 +299,7 @@ class Drainer:
     async def _force(self, node: str, step: Step, prec: PodDrain, now: dt.datetime) -> None:
         meta = step.pod["metadata"]
         try:
-            await self.call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.step_call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             if status_of(e) != 404:
                 raise

@@ -13,6 +13,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from gpuhealth.controller import metrics
+from gpuhealth.controller.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.handlers import register
 from gpuhealth.controller.heapprofile import HeapProfiler
 from gpuhealth.controller.runtime import Runtime
@@ -48,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds between sweeps for time-driven transitions (silence, probation, heat)",
     )
     ap.add_argument("--workers", type=int, default=16, help="concurrent reconciles (one per node at a time)")
+    ap.add_argument(
+        "--drain-concurrency",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_DRAIN_CONCURRENCY", str(DRAIN_CONCURRENCY))),
+        help="checkpoint requests and evictions in flight at once, over every drain, on a thread pool of their "
+        f"own (default {DRAIN_CONCURRENCY}); gpuhealth has no other client-side limit on them",
+    )
     ap.add_argument(
         "--peering",
         default=os.environ.get("GPUHEALTH_PEERING", ""),
@@ -91,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    if args.drain_concurrency < 1:
+        ap.error("--drain-concurrency must be at least 1")
     if args.peering_lifetime < 11:
         # Kopf renews 5-10 s before the lifetime ends (at least every second): below 11 s a renewal
         # may come after the keep-alive expired, and the standby would take over from a live leader.
@@ -110,7 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
-    reconciler = Runtime(kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace)
+    reconciler = Runtime(
+        kube,
+        workers=args.workers,
+        tick=args.tick,
+        lease_namespace=args.lease_namespace,
+        drain_concurrency=args.drain_concurrency,
+    )
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, args.kubeconfig, peering_lifetime_s=args.peering_lifetime)
     asyncio.run(

@@ -90,3 +90,65 @@ def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
     d = Drainer(_Kube(), _call, lambda *a: None, lambda n, dl: None, _Store(reports), None, lambda: NOW)  # type: ignore[arg-type]
     found = d._gang_drains("a", [ranks[0], ranks[3]], {"ml/jobset.sigs.k8s.io/jobset-name=js": ranks[:3]})
     assert found == {"b": dt.datetime(2026, 12, 1, 11, 59, 50, tzinfo=dt.UTC)}  # c's drain is over
+
+
+def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
+    """Fifteen evictions of one node go out together (at most ``parallel``), through ``step_call``."""
+    from gpuhealth.drain.plan import DrainPlan
+
+    kube = _Kube()
+    in_flight, peak, via = 0, 0, []
+
+    async def step_call(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal in_flight, peak
+        via.append(fn.__name__)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return fn(*args)
+
+    async def reconcile_call(fn: Callable[..., Any], *args: Any) -> Any:
+        raise AssertionError("drain steps must not use the reconcile pool")
+
+    none: Any = None
+    port: Any = kube
+    d = Drainer(
+        port,
+        reconcile_call,
+        lambda *a: None,
+        lambda n, dl: None,
+        none,
+        none,
+        lambda: NOW,
+        step_call=step_call,
+        parallel=4,
+    )
+    plan = DrainPlan(steps=[Step("evict", _pod(f"p{i}", "a"), "draining") for i in range(15)])
+    record = asyncio.run(d.execute("a", plan, NOW))
+    assert sorted(kube.evictions) == sorted(f"p{i}" for i in range(15))
+    assert peak == 4 and set(via) == {"evict_pod"}
+    assert all(r.get("evictedAt") for r in (record.get("pods") or {}).values())
+    assert len(record.get("pods") or {}) == 15
+
+
+def test_one_failed_step_does_not_stop_the_others_and_is_raised() -> None:
+    from gpuhealth.drain.plan import DrainPlan
+
+    class _Flaky(_Kube):
+        def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+            self.evictions.append(name)
+            if name == "p1":
+                raise ApiException(status=403)
+
+    kube = _Flaky()
+    d = _drainer(kube)
+    plan = DrainPlan(steps=[Step("evict", _pod(f"p{i}", "a"), "draining") for i in range(3)])
+    try:
+        asyncio.run(d.execute("a", plan, NOW))
+    except ApiException as e:
+        assert e.status == 403
+    else:
+        raise AssertionError("the 403 must be raised")
+    assert sorted(kube.evictions) == ["p0", "p1", "p2"]
+    assert [k for k, v in (plan.record.get("pods") or {}).items() if v.get("evictedAt")] == ["uid-p0", "uid-p2"]
