@@ -199,7 +199,7 @@ def test_a_run_without_the_phases_renders_them_as_not_measured() -> None:
     old = json.loads(FILED.read_text(encoding="utf-8"))
     fresh = {**old, "targets": evaluate(old)}
     assert tally(fresh["targets"], old["nodes"], resilience_targets_for) == (0, 0, 7)
-    assert "resilience" not in summary_md(fresh).lower() or "not measured" in summary_md(fresh)
+    assert "never blind" not in summary_md(fresh)  # a core-only run's summary is as it was
 
 
 def test_a_run_of_only_the_new_phases_has_a_summary() -> None:
@@ -209,3 +209,23 @@ def test_a_run_of_only_the_new_phases_has_a_summary() -> None:
     res["config"]["phases"] = ["restart", "failover", "drain"]
     md = summary_md(res)
     assert "phases restart, failover, drain" in md and "Drain storm: 100 nodes x 15 pods" in md
+
+
+def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_path: Path) -> None:
+    core = json.loads(FILED.read_text(encoding="utf-8"))
+    (tmp_path / FILED.name).write_text(json.dumps(core), encoding="utf-8")
+    only = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery"):
+        only.pop(k)
+    only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
+    (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
+    rendered = bench_docs.blocks(tmp_path)
+    readme, latest, _, resilience, _ = [*rendered[bench_docs.DOCS[0]], *rendered[bench_docs.DOCS[1]]]
+    assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
+    assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
+    assert "Drain storm: 100 nodes x 15 pods" in resilience
+
+
+def test_nothing_filed_yet_says_so() -> None:
+    block = bench_docs.blocks(Path(bench_docs.RESULTS))[bench_docs.DOCS[1]][2]
+    assert block.startswith(bench_docs.RES_BEGIN)
