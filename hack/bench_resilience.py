@@ -35,7 +35,6 @@ from hack.bench_setup import BenchCluster
 from hack.bench_support import (
     GROUP,
     MERGE,
-    REPORTS,
     TAINT,
     VERSION,
     audit_files,
@@ -490,12 +489,12 @@ def measure_drain(
         except client.ApiException as e:
             if e.status != 404:
                 raise
+    owned = f"app in ({','.join(f'train-{n}' for n in [*nodes, spare])})"
     wait_for(
         lambda: (
-            not any(
-                (p.get("spec") or {}).get("nodeName") in {*nodes, spare}
-                for p in json.loads(core.list_namespaced_pod("bench", _preload_content=False).data)["items"]
-            )
+            not json.loads(
+                core.list_namespaced_pod("bench", label_selector=owned, limit=1, _preload_content=False).data
+            )["items"]
         ),
         timeout=120,
         interval=1.0,
@@ -556,20 +555,7 @@ def measure_drain(
     t0 = time.time()
     publish_all(ctx.pool, lambda s: s.fault(xid=DRAIN_XID), [ctx.sims[n] for n in nodes])
     published = time.time() - t0
-    completed: dict[str, float] = {}
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and len(completed) < len(nodes):
-        items = json.loads(custom.list_cluster_custom_object(GROUP, VERSION, REPORTS, _preload_content=False).data)[
-            "items"
-        ]
-        now = time.time()
-        for o in items:
-            name = o["metadata"]["name"]
-            if name in completed or name not in nodes:
-                continue
-            if (((o.get("status") or {}).get("drain") or {}).get("phase")) == "Completed":
-                completed[name] = now
-        time.sleep(1.0)
+    completed = ctx.report_watch.wait_drains(nodes, after=t0, timeout=timeout_s)
     done_s = max(completed.values()) - t0 if len(completed) == len(nodes) else None
     time.sleep(2.0)  # the last requests reach the audit log
     watch.stop.set()

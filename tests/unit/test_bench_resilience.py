@@ -229,3 +229,26 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
 def test_nothing_filed_yet_says_so() -> None:
     block = bench_docs.blocks(Path(bench_docs.RESULTS))[bench_docs.DOCS[1]][2]
     assert block.startswith(bench_docs.RES_BEGIN)
+
+
+def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None:
+    from hack.bench_watch import ReportWatch
+    from kubernetes import client
+
+    w = ReportWatch(client.ApiClient(), client.ApiClient())
+
+    def report(name: str, phase: str | None) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "status": {"state": "Draining", **({"drain": {"phase": phase}} if phase else {})},
+        }
+
+    w._sync([report("a", "Running"), report("b", None)])
+    w._event("MODIFIED", report("a", "Completed"))
+    first = w.drain_completed["a"]
+    w._event("MODIFIED", report("a", "Completed"))
+    assert w.drain_completed["a"] == first  # the first sighting counts
+    assert w.wait_drains(["a", "b"], after=0.0, timeout=0.05) == {"a": first}  # b never finished: not there
+    assert w.wait_drains(["a"], after=first + 1, timeout=0.05) == {}  # a drain before ``after`` does not count
+    w._event("MODIFIED", report("a", "Running"))  # a new drain
+    assert "a" not in w.drain_completed
