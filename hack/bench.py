@@ -128,6 +128,13 @@ def rates(text: str) -> list[float]:
     return [r for r in out if r > 0]
 
 
+def policy_status(custom: client.CustomObjectsApi) -> dict[str, Any]:
+    status: dict[str, Any] = (
+        custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}
+    )
+    return status
+
+
 def phases_arg(text: str) -> list[str]:
     try:
         return parse_phases(text)
@@ -737,6 +744,17 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  agent: {res['agent']}")
             log(f"  API traffic gpuhealth adds: {res['api']}")
         if set(args.phases) - {"core"}:
+            if "core" in args.phases:
+                # The breaker phase left maxUnhealthy at 5% with its limit spent: the new phases' faults
+                # would be held back. They measure with the breaker open, as the storm does.
+                custom.patch_cluster_custom_object(
+                    GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": "100%"}}}
+                )
+                wait_for(
+                    lambda: policy_status(custom).get("breakerLimit") == args.nodes,
+                    timeout=60,
+                    what="operator applied maxUnhealthy 100% again",
+                )
             # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
             spare = [n for n in governed if n not in used and (n, TAINT) not in node_watch.seen_at]
             rctx = ResilienceContext(
