@@ -212,7 +212,7 @@ class Drainer:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
             raise
-        self.store.put_pod(updated)
+        self.store.refresh_pod(updated)
         prec["requestedAt"] = at
         self._event(
             node,
