@@ -775,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             current = operator
             if "restart" in args.phases:
-                res["warm_restart"], current = measure_restart(rctx, current, governed)
+                first = float(res["operator"].get("startup_s") or 0.0)
+                res["warm_restart"], current = measure_restart(rctx, current, governed, first)
             if "failover" in args.phases:
                 res["failover"], _ = measure_failover(rctx, current, args.failover_samples)
             if "drain" in args.phases:
