@@ -25,9 +25,13 @@ from hack.bench_report import (
     _fmt,
     api_line,
     device_line,
+    drain_line,
     e2e_line,
+    failover_line,
     heartbeat_line,
     measured,
+    resilience_targets_for,
+    restart_line,
     tally,
     targets_for,
     traffic_line,
@@ -41,6 +45,8 @@ BEGIN = "<!-- bench:begin (python -m hack.bench_docs) -->"
 END = "<!-- bench:end -->"
 LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench_docs) -->"
 LARGE_END = "<!-- bench-10k:end -->"
+RES_BEGIN = "<!-- bench-resilience:begin (python -m hack.bench_docs) -->"
+RES_END = "<!-- bench-resilience:end -->"
 AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
 AB_END = "<!-- bench-ab:end -->"
 
@@ -99,6 +105,31 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
     return "\n".join(lines)
 
 
+RESILIENCE = ("drain_storm", "failover", "warm_restart")
+
+
+def render_resilience(path: Path, res: dict[str, Any]) -> str:
+    """The issue #26 block (drain storm, failover, warm restart) of one filed run; misses stay misses."""
+    passed, counted, skipped = tally(res["targets"], res["nodes"], resilience_targets_for)
+    unmeasured = f", {skipped} not measured in this run" if skipped else ""
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    lines = [
+        RES_BEGIN,
+        f"Latest filed run of the drain storm, failover and warm restart phases: {res['nodes']:,} nodes; commit "
+        f"`{res['commit']}`, {res['date']}, {res['machine']}; load average {res['load']} during the run. "
+        f"**{passed} of {counted} targets met**{unmeasured} (`{rel}`).",
+        "",
+        "| figure | result | target | |",
+        "| --- | --- | --- | --- |",
+    ]
+    for t in resilience_targets_for(res["nodes"]):
+        e = res["targets"].get(t.key)
+        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
+        lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
+    lines += ["", drain_line(res), "", failover_line(res), "", restart_line(res), RES_END]
+    return "\n".join(lines)
+
+
 def render_ab(directory: Path = RESULTS) -> str:
     """Side-by-side runs of the same smaller bench at two commits (docs/bench/ab-*.json)."""
     lines = [
@@ -130,18 +161,27 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     """Each document and the blocks it carries, rendered from the filed results.
 
     The README and the first block of docs/bench.md show the newest run below 10,000 nodes (what
-    `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more.
+    `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
+    block the newest run of any size with the drain storm, failover or warm restart phase.
     """
     runs = filed_runs(directory)
-    small = [r for r in runs if r[1]["nodes"] < LARGE_FLEET_NODES]
-    large = [r for r in runs if r[1]["nodes"] >= LARGE_FLEET_NODES]
+    # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
+    core = [r for r in runs if "storm" in r[1]]
+    small = [r for r in core if r[1]["nodes"] < LARGE_FLEET_NODES]
+    large = [r for r in core if r[1]["nodes"] >= LARGE_FLEET_NODES]
+    resilient = [r for r in runs if any(k in r[1] for k in RESILIENCE)]
+    res_block = (
+        render_resilience(*resilient[-1])
+        if resilient
+        else f"{RES_BEGIN}\nNo run with the drain storm, failover and warm restart phases is filed yet.\n{RES_END}"
+    )
     latest = render(*small[-1]) if small else ""
     big = (
         render(*large[-1], begin=LARGE_BEGIN, end=LARGE_END)
         if large
         else f"{LARGE_BEGIN}\nNo run of {LARGE_FLEET_NODES:,} nodes or more is filed yet.\n{LARGE_END}"
     )
-    return {DOCS[0]: [latest], DOCS[1]: [latest, big, render_ab(directory)]}
+    return {DOCS[0]: [latest], DOCS[1]: [latest, big, res_block, render_ab(directory)]}
 
 
 def stale_docs(rendered: dict[Path, list[str]]) -> list[Path]:

@@ -196,11 +196,78 @@ AGENT_TARGETS = [
 # The default run's (1,000 nodes) targets.
 TARGETS = targets_for(1000)
 
+# NVIDIA NVSentinel v0.4.0's published concurrent-drain figure (tests/scale-tests/results/
+# Concurrent_Drain_Results.md in NVIDIA/NVSentinel): about 5 evictions/s, capped by client-side throttling.
+NVSENTINEL_EVICTIONS_PER_S = 5
+
+
+def resilience_targets_for(nodes: int) -> list[Target]:
+    """Issue #26's targets (the fleet is never blind): the drain storm, failover and warm restart phases.
+
+    A run without those phases (every run filed before them, and `--phases core`) leaves them "not measured".
+    """
+    failover_max = 60 if nodes >= LARGE_FLEET_NODES else 15
+    return [
+        Target(
+            "drain_rate",
+            "Drain storm: evictions per second (sustained)",
+            f">= {10 * NVSENTINEL_EVICTIONS_PER_S} evictions/s",
+            lambda r: r["drain_storm"]["evictions_per_s"],
+            lambda v, r: _num(v) and v >= 10 * NVSENTINEL_EVICTIONS_PER_S,
+            " /s",
+        ),
+        Target(
+            "drain_completed",
+            "Drain storm: faults to every drain Completed",
+            "every node",
+            lambda r: r["drain_storm"]["all_drains_completed_s"],
+            lambda v, r: _num(v) and r["drain_storm"]["drains_completed"] == r["drain_storm"]["nodes"],
+            " s",
+        ),
+        Target(
+            "drain_double",
+            "Drain storm: pods evicted or asked twice (audit log)",
+            "0",
+            lambda r: r["drain_storm"]["double_actions"],
+            lambda v, r: _num(v) and v == 0,
+        ),
+        Target(
+            "drain_pdb",
+            "Drain storm: fewest Ready pods under a PDB of maxUnavailable 1",
+            ">= replicas - 1",
+            lambda r: r["drain_storm"]["pdb"]["min_ready_seen"],
+            lambda v, r: _num(v) and v >= r["drain_storm"]["pdb"]["replicas"] - 1,
+        ),
+        Target(
+            "failover_p50",
+            "Failover: SIGKILL of the acting replica to a new fault's taint, p50",
+            f"<= {failover_max} s",
+            lambda r: r["failover"]["p50_s"],
+            lambda v, r: _num(v) and v <= failover_max,
+            " s",
+        ),
+        Target(
+            "restart_writes",
+            "Warm restart: operator writes during start-up",
+            "0",
+            lambda r: r["warm_restart"]["startup_writes"],
+            lambda v, r: _num(v) and v == 0,
+        ),
+        Target(
+            "restart_taint",
+            "Warm restart: restart to a new fault's taint",
+            "<= 30 s",
+            lambda r: r["warm_restart"]["restart_to_first_taint_s"],
+            lambda v, r: _num(v) and v <= 30,
+            " s",
+        ),
+    ]
+
 
 def evaluate(res: dict[str, Any]) -> dict[str, Any]:
     """Each target's value and verdict; a figure whose block the run lacks is "not measured", not a miss."""
     out: dict[str, Any] = {}
-    for t in targets_for(res["nodes"]):
+    for t in [*targets_for(res["nodes"]), *resilience_targets_for(res["nodes"])]:
         try:
             v = t.value(res)
         except KeyError:
@@ -228,9 +295,10 @@ def verdict(entry: dict[str, Any] | None, met: str, missed: str) -> str:
     return met if entry["pass"] else missed
 
 
-def tally(targets: dict[str, Any], nodes: int) -> tuple[int, int, int]:
-    """(met, measured, not measured) over the current targets of a run's size; older runs lack the newer ones."""
-    entries = [targets.get(t.key) for t in targets_for(nodes)]
+def tally(targets: dict[str, Any], nodes: int, of: Callable[[int], list[Target]] | None = None) -> tuple[int, int, int]:
+    """(met, measured, not measured) over the current targets of a run's size (``of``: which list, the
+    core phases' by default); older runs lack the newer ones."""
+    entries = [targets.get(t.key) for t in (of or targets_for)(nodes)]
     done = [e for e in entries if measured(e)]
     return sum(1 for e in done if e and e["pass"]), len(done), len(entries) - len(done)
 
@@ -370,16 +438,100 @@ def _fmt(v: Any, unit: str) -> str:
     return f"{v}{unit}"
 
 
+def drain_line(res: dict[str, Any]) -> str:
+    """The drain storm's detail, or "not measured" for runs without the phase."""
+    d = res.get("drain_storm")
+    if not d:
+        return "Drain storm: not measured in this run."
+    m, p = d["mix"], d["pdb"]
+    return (
+        f"Drain storm: {d['nodes']} nodes x {d['pods_per_node']} pods faulted at once (maxConcurrentDrains 1000, "
+        f"breaker 100%; {m['checkpoint']} pods acknowledging a checkpoint, {m['sigterm']} finishing on SIGTERM, "
+        f"{m['gangs']} gangs of {m['gang_pods'] // max(1, m['gangs'])} ranks across node pairs, {m['pdb_pods']} "
+        f"under a PDB): {d['evictions']} evictions, {d['evictions_per_s']}/s sustained (peak "
+        f"{d['peak_evictions_in_a_second']} in one second; NVSentinel v0.4.0 published about "
+        f"{NVSENTINEL_EVICTIONS_PER_S}/s), the first {d['first_eviction_s']} s and the last {d['last_eviction_s']} s "
+        f"after the faults; {d['drains_completed']}/{d['nodes']} drains Completed "
+        f"{'(not all)' if d['all_drains_completed_s'] is None else 'after ' + str(d['all_drains_completed_s']) + ' s'}"
+        f"; {d['checkpoint_requests']} checkpoint requests, {d['checkpoint_acks']} acknowledgements (request to "
+        f"acknowledgement p50 {d['request_to_ack_ms_p50']} ms); {d['double_actions']} pods evicted or asked twice; "
+        f"PDB: {p['evictions']} evictions, {p['refused_429']} refused (429), fewest Ready {p['min_ready_seen']} "
+        f"of {p['replicas']}."
+    )
+
+
+def failover_line(res: dict[str, Any]) -> str:
+    """The failover detail, or "not measured" for runs without the phase."""
+    f = res.get("failover")
+    if not f:
+        return "Failover: not measured in this run."
+    samples = ", ".join("timeout" if s is None else f"{s} s" for s in f["kill_to_taint_s"])
+    acting = ", ".join("n/a" if s is None else f"{s} s" for s in f.get("kill_to_acting_s") or [])
+    return (
+        f"Failover (two replicas, Kopf peering, keep-alive lifetime 15 s): SIGKILL of the acting replica to the "
+        f"taint of a fault injected right after it, p50 {f['p50_s']} s, max {f['max_s']} s over {f['samples']} "
+        f"kills ({f['timeouts']} timed out): {samples}; the standby said it acts after {acting}."
+    )
+
+
+def restart_line(res: dict[str, Any]) -> str:
+    """The warm restart detail, or "not measured" for runs without the phase."""
+    w = res.get("warm_restart")
+    if not w:
+        return "Warm restart: not measured in this run."
+    kinds = json.dumps(w["startup_writes_by_kind"]) if w["startup_writes"] else "none"
+    states = ", ".join(f"{n:,} {s}" for s, n in (w.get("evaluated_by_state") or {}).items())
+    return (
+        f"Warm restart: a fault published {w['fault_published_after_s']} s after a restart was tainted "
+        f"{w['restart_to_first_taint_s']} s after it; a quiet restart with every node evaluated"
+        f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it, "
+        f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
+    )
+
+
+def _rows(res: dict[str, Any], targets: list[Target], met: str, missed: str) -> list[str]:
+    rows = []
+    for t in targets:
+        e = res["targets"].get(t.key)
+        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
+        rows.append(f"| {t.label} | {value} | {t.target} | {verdict(e, met, missed)} |")
+    return rows
+
+
+def resilience_md(res: dict[str, Any]) -> list[str]:
+    """The summary's section for the drain storm, failover and warm restart phases."""
+    return [
+        "## The fleet is never blind (drain storm, failover, warm restart)",
+        "",
+        "| figure | value | target | result |",
+        "| --- | --- | --- | --- |",
+        *_rows(res, resilience_targets_for(res["nodes"]), "pass", "**MISS**"),
+        "",
+        f"- {drain_line(res)}",
+        f"- {failover_line(res)}",
+        f"- {restart_line(res)}",
+        "",
+    ]
+
+
 def summary_md(res: dict[str, Any]) -> str:
     targets = res["targets"]
+    if "storm" not in res:  # a run of the issue #26 phases only (--phases without core)
+        return "\n".join(
+            [
+                f"# gpuhealth bench: {res['nodes']} nodes{' (quick)' if res.get('quick') else ''}, "
+                f"phases {', '.join(res['config'].get('phases') or [])}",
+                "",
+                f"Machine: {res['machine']}",
+                "",
+                *resilience_md(res),
+            ]
+        )
     rows = [
         "| figure | value | target | result |",
         "| --- | --- | --- | --- |",
+        *_rows(res, targets_for(res["nodes"]), "pass", "**MISS**"),
     ]
-    for t in targets_for(res["nodes"]):
-        e = targets.get(t.key)
-        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
-        rows.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'pass', '**MISS**')} |")
     d, f, s, b, o, a = (
         res["detect_to_taint_ms"],
         res["floor_ms"],
@@ -440,6 +592,7 @@ def summary_md(res: dict[str, Any]) -> str:
         f"once started ({a['writes']} writes over {a['window_s']} s, {a.get('startup_writes')} of them its "
         "start-up: report create, Lease patch 404 and create).",
         "",
+        *(resilience_md(res) if set(res["config"].get("phases") or ["core"]) - {"core"} else []),
     ]
     return "\n".join(lines)
 
@@ -555,5 +708,6 @@ def write_outputs(out: Path, res: dict[str, Any], series: dict[str, Any]) -> Non
     (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     (out / "series.json").write_text(json.dumps(series) + "\n")
     (out / "summary.md").write_text(summary_md(res))
-    plot(out / "report.png", res, series)
+    if "storm" in res:  # the plots are the core phases'
+        plot(out / "report.png", res, series)
     print((out / "summary.md").read_text())

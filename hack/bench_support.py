@@ -108,11 +108,11 @@ class ProcSampler:
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-def find_log_line(path: Path, pattern: str, timeout: float) -> tuple[float, str] | None:
-    """Wait for a line matching ``pattern``; its logged time (epoch seconds) and the line."""
+def find_log_line(path: Path, pattern: str, timeout: float, offset: int = 0) -> tuple[float, str] | None:
+    """Wait for a line matching ``pattern`` (from byte ``offset`` on); its logged time (epoch seconds) and the line."""
     rx = re.compile(pattern)
     deadline = time.monotonic() + timeout
-    pos = 0
+    pos = offset
     buf = ""
     while time.monotonic() < deadline:
         with open(path, errors="replace") as f:

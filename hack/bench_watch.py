@@ -270,6 +270,8 @@ class ReportWatch(_Watch):
         self.states: dict[str, str] = {}
         self.track_xids: set[str] = set()
         self.xid_seen: dict[str, dict[XidKey, float]] = {}
+        # When each node's drain was first seen Completed (status.drain.phase), until a new drain runs.
+        self.drain_completed: dict[str, float] = {}
 
     def _run(self) -> None:
         _raw_watch(
@@ -301,12 +303,22 @@ class ReportWatch(_Watch):
             for key in xid_keys(obj):
                 seen.setdefault(key, now)
 
+    def _drain(self, obj: dict[str, Any], now: float) -> None:
+        """Record when the node's drain was first seen Completed (caller holds cond)."""
+        phase = ((obj.get("status") or {}).get("drain") or {}).get("phase")
+        name = obj["metadata"]["name"]
+        if phase == "Completed":
+            self.drain_completed.setdefault(name, now)
+        elif phase in ("Running", "Queued"):
+            self.drain_completed.pop(name, None)
+
     def _sync(self, items: list[dict[str, Any]]) -> None:
         now = time.time()
         with self.cond:
             self.states = {o["metadata"]["name"]: str((o.get("status") or {}).get("state") or "") for o in items}
             for o in items:
                 self._xids(o, now)
+                self._drain(o, now)
             self.cond.notify_all()
         self.synced.set()
 
@@ -321,6 +333,7 @@ class ReportWatch(_Watch):
             else:
                 self.states[name] = str((obj.get("status") or {}).get("state") or "")
                 self._xids(obj, now)
+                self._drain(obj, now)
             self.cond.notify_all()
 
     def xids_of(self, node: str) -> frozenset[XidKey]:
@@ -342,6 +355,17 @@ class ReportWatch(_Watch):
         with self.cond:
             ok = self.cond.wait_for(lambda: all(self.states.get(n) == state for n in names), timeout)
             return time.time() if ok else None
+
+    def wait_drains(self, nodes: Iterable[str], after: float, timeout: float) -> dict[str, float]:
+        """Wait until every node's drain was seen Completed after ``after``; when each was (those that were)."""
+        names = list(nodes)
+
+        def done() -> dict[str, float]:
+            return {n: t for n in names if (t := self.drain_completed.get(n)) is not None and t >= after}
+
+        with self.cond:
+            self.cond.wait_for(lambda: len(done()) == len(names), timeout)
+            return done()
 
     def count(self, nodes: Iterable[str], state: str) -> int:
         with self.cond:

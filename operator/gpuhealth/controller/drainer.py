@@ -13,15 +13,17 @@ delays, never in a tight loop. Every eviction, in a drain or not, goes through `
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
-from gpuhealth.api.timeutil import format_time, format_time_precise
+from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.events import EventSink
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
+DRAIN_CONCURRENCY = 32  # checkpoint requests and evictions in flight at once, over every drain (--drain-concurrency)
+SENT_MEMORY_S = 300.0  # how long an eviction sent is remembered (the watch shows it long before)
+SENT_PRUNE_AT = 10000  # evictions remembered before the old ones are forgotten
 
 
 class WorkloadMover(Protocol):
@@ -54,9 +59,15 @@ class Drainer:
         store: Store,
         breaker: Breaker,
         clock: Callable[[], dt.datetime],
+        step_call: Call | None = None,
+        parallel: int = DRAIN_CONCURRENCY,
     ) -> None:
         self.kube = kube
         self.call = call
+        # The checkpoint requests and evictions: on a pool of their own (``step_call``), and each drain's
+        # steps at once, at most ``parallel`` of them (the pool bounds all drains together the same way).
+        self.step_call = step_call or call
+        self.parallel = max(1, parallel)
         self.events = events
         self.requeue = requeue
         self.store = store
@@ -68,6 +79,10 @@ class Drainer:
         self._evicted: dict[str, set[str]] = {}
         # Set by the runtime when the Kueue admission room runs; None: every pod takes the pod path.
         self.mover: WorkloadMover | None = None
+        # Every pod this replica evicted (or is evicting), by uid, with when: a gang spanning several
+        # draining nodes is evicted by each of their drains, concurrently, before any cache shows the
+        # first eviction; the uid is taken before the request is sent, so only one drain sends it.
+        self._sent: dict[str, float] = {}
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -109,7 +124,11 @@ class Drainer:
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
-        plan = plan_drain(name, self.store.pods_on(name), self.store.gangs(), policy.drain, fatal, record, now)
+        pods = self.store.pods_on(name)
+        gangs = self.store.gangs()
+        plan = plan_drain(
+            name, pods, gangs, policy.drain, fatal, record, now, other_drains=self._gang_drains(name, pods, gangs)
+        )
         new_record = await self.execute(name, plan, now, f"{rec.reason}: {rec.message}")
         if plan.complete:
             self.breaker.end_drain(policy, name)
@@ -125,6 +144,25 @@ class Drainer:
             await self.write(name, new_record)
         if not plan.complete:
             self.requeue(name, 1.0)
+
+    def _gang_drains(
+        self, name: str, pods: Sequence[Mapping[str, Any]], gangs: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> dict[str, dt.datetime]:
+        """When the running drains of the other nodes this node's gangs span started (from their records)."""
+        nodes = {
+            _node_of(m)
+            for p in pods
+            if (gk := P.gang_key(p)) is not None
+            for m in gangs.get(gk, [])
+            if _node_of(m) not in ("", name)
+        }
+        out = {}
+        for n in nodes:
+            drain = ((self.store.reports.get(n) or {}).get("status") or {}).get("drain") or {}
+            at = parse_time(drain.get("startedAt")) if drain.get("phase") == "Running" else None
+            if at is not None:
+                out[n] = at
+        return out
 
     async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
         """Evict the pods that keep failing on this out-of-service node, each once."""
@@ -155,14 +193,24 @@ class Drainer:
         steps = plan.steps
         if self.mover is not None:
             steps = await self.mover.take(node, plan, cause, now)
-        for step in steps:
+        slots = asyncio.Semaphore(self.parallel)
+
+        async def one(step: Step) -> None:
             prec = pods_rec.setdefault(step.pod["metadata"]["uid"], PodDrain(pod=step.key, node=_node_of(step.pod)))
-            if step.kind == "request":
-                await self._request(node, step, prec)
-            elif step.kind == "evict":
-                await self._evict(node, step, prec, now)
-            elif step.kind == "force-delete":
-                await self._force(node, step, prec, now)
+            async with slots:
+                if step.kind == "request":
+                    await self._request(node, step, prec)
+                elif step.kind == "evict":
+                    await self._evict(node, step, prec, now)
+                elif step.kind == "force-delete":
+                    await self._force(node, step, prec, now)
+
+        # A node's pods are independent requests: sent one after another, 15 pods held a reconcile worker
+        # for 15 round trips, and a drain storm kept the workers from the next fault's taint. Every step
+        # runs to its end before the first failure is raised, so the record keeps what was done.
+        failures = [r for r in await asyncio.gather(*map(one, steps), return_exceptions=True) if r is not None]
+        if failures:
+            raise failures[0]
         return plan.record
 
     async def _request(self, node: str, step: Step, prec: PodDrain) -> None:
@@ -172,12 +220,12 @@ class Drainer:
             "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {P.CHECKPOINT_REQUESTED: at}}
         }
         try:
-            updated = await self.call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
+            updated = await self.step_call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
         except Exception as e:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
             raise
-        self.store.put_pod(updated)
+        self.store.refresh_pod(updated)
         prec["requestedAt"] = at
         self._event(
             node,
@@ -190,10 +238,20 @@ class Drainer:
         """The one eviction path; True once the pod is evicted (or already gone). ``prec`` is the pod's
         drain progress; ``None`` outside a drain, where a refusal is left for the next reconcile."""
         meta = step.pod["metadata"]
+        uid = meta.get("uid")
+        if uid and self._already_sent(uid):
+            if prec is not None:  # another drain of this replica evicted it (a gang across draining nodes)
+                prec.setdefault("evictedAt", format_time_precise(now))
+                prec.pop("retryAt", None)
+            return True
+        if uid:
+            self._sent[uid] = time.monotonic()
         try:
-            await self.call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.step_call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             code = status_of(e)
+            if uid and code != 404:
+                self._sent.pop(uid, None)  # not evicted: a later plan may try again
             if prec is None:
                 if code == 404:
                     return True
@@ -215,6 +273,18 @@ class Drainer:
         prec.pop("retryAt", None)
         self._event(node, "Normal", step.reason or "Evicted", step.message or f"Evicted {step.key}: {step.why}")
         return True
+
+    def _already_sent(self, uid: str) -> bool:
+        """Whether this replica sent (or is sending) an eviction for the pod recently; forgets old ones.
+
+        The memory only has to outlast the watch catching up with the eviction (the pod then shows its
+        deletionTimestamp, or is gone, and no plan picks it again).
+        """
+        now = time.monotonic()
+        if len(self._sent) > SENT_PRUNE_AT:
+            self._sent = {u: t for u, t in self._sent.items() if now - t < SENT_MEMORY_S}
+        at = self._sent.get(uid)
+        return at is not None and now - at < SENT_MEMORY_S
 
     def _blocked(self, node: str, step: Step, prec: PodDrain, code: int, now: dt.datetime) -> None:
         """A budget (429) or overlapping budgets (500) refused the eviction: retry with growing delays."""
@@ -242,7 +312,7 @@ class Drainer:
     async def _force(self, node: str, step: Step, prec: PodDrain, now: dt.datetime) -> None:
         meta = step.pod["metadata"]
         try:
-            await self.call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.step_call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             if status_of(e) != 404:
                 raise

@@ -58,8 +58,14 @@ def connection_info(cfg: client.Configuration, trust_env: bool = False) -> kopf.
     )
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: str | None = None) -> None:
-    """Attach the handlers for one reconciler to a Kopf registry; ``kubeconfig`` as for ``credentials.load``."""
+def register(
+    registry: kopf.OperatorRegistry,
+    reconciler: Runtime,
+    kubeconfig: str | None = None,
+    peering_lifetime_s: int | None = None,
+) -> None:
+    """Attach the handlers for one reconciler to a Kopf registry; ``kubeconfig`` as for ``credentials.load``;
+    ``peering_lifetime_s``: how long this replica's peering keep-alive stays valid (None: Kopf's default)."""
 
     @kopf.on.login(registry=registry)
     def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
@@ -83,6 +89,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Runtime, kubeconfig: s
         # every watched body Kopf would otherwise take to build one (the largest cost in a storm).
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.networking.request_timeout = 30
+        if peering_lifetime_s is not None:
+            settings.peering.lifetime = peering_lifetime_s
         await reconciler.start()
 
     @kopf.on.cleanup(registry=registry)

@@ -13,11 +13,17 @@ import kopf
 from prometheus_client import start_http_server
 
 from gpuhealth.controller import metrics
+from gpuhealth.controller.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.handlers import register
 from gpuhealth.controller.heapprofile import HeapProfiler
 from gpuhealth.controller.runtime import Runtime
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
+
+# Kopf's default keep-alive lifetime (60 s) left the fleet without an acting replica for up to a minute
+# after the leader died (keep-alives every 50-55 s): 15 s keeps a failover within ~15 s, at one small
+# patch of the peering object every 5-10 s per replica (docs/bench.md, failover).
+PEERING_LIFETIME_S = 15
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--workers", type=int, default=16, help="concurrent reconciles (one per node at a time)")
     ap.add_argument(
+        "--drain-concurrency",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_DRAIN_CONCURRENCY", str(DRAIN_CONCURRENCY))),
+        help="checkpoint requests and evictions in flight at once, over every drain, on a thread pool of their "
+        f"own (default {DRAIN_CONCURRENCY}); gpuhealth has no other client-side limit on them",
+    )
+    ap.add_argument(
         "--peering",
         default=os.environ.get("GPUHEALTH_PEERING", ""),
         help="Kopf peering name for several replicas (one acts); empty runs standalone",
@@ -54,6 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=int(os.environ.get("GPUHEALTH_PRIORITY", "0")) or random.randint(1, 1_000_000),
         help="Kopf peering priority; the highest live replica acts. Default: random, so replicas differ "
         "(equal priorities make Kopf pause them all)",
+    )
+    ap.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=int(os.environ.get("GPUHEALTH_PEERING_LIFETIME", str(PEERING_LIFETIME_S))),
+        help="seconds a replica's peering keep-alive stays valid; a standby takes over within about this long "
+        f"of the acting replica's death (keep-alives every lifetime minus 5-10 s). Default {PEERING_LIFETIME_S}; "
+        "Kopf's own is 60",
     )
     ap.add_argument(
         "--event-namespace",
@@ -83,7 +104,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="gpuhealth as a Kueue AdmissionCheck controller: auto (when Kueue's API is served), on, off",
     )
     ap.add_argument("-v", "--verbose", action="store_true")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.drain_concurrency < 1:
+        ap.error("--drain-concurrency must be at least 1")
+    if args.peering_lifetime < 11:
+        # Kopf renews 5-10 s before the lifetime ends (at least every second): below 11 s a renewal
+        # may come after the keep-alive expired, and the standby would take over from a live leader.
+        ap.error("--peering-lifetime must be at least 11 seconds")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,10 +127,15 @@ def main(argv: list[str] | None = None) -> None:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
     reconciler = Runtime(
-        kube, workers=args.workers, tick=args.tick, lease_namespace=args.lease_namespace, kueue=args.kueue
+        kube,
+        workers=args.workers,
+        tick=args.tick,
+        lease_namespace=args.lease_namespace,
+        kueue=args.kueue,
+        drain_concurrency=args.drain_concurrency,
     )
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, args.kubeconfig)
+    register(registry, reconciler, args.kubeconfig, peering_lifetime_s=args.peering_lifetime)
     asyncio.run(
         kopf.operator(
             registry=registry,

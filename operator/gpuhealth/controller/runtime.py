@@ -28,7 +28,7 @@ from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.device_drainer import DeviceDrainer
 from gpuhealth.controller.device_reconciler import DeviceReconciler
-from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.drainer import DRAIN_CONCURRENCY, Drainer
 from gpuhealth.controller.events import EventPoster
 from gpuhealth.controller.feeders import Feeders
 from gpuhealth.controller.leadership import Leadership
@@ -61,17 +61,31 @@ class Runtime:
         tick: float = 5.0,
         lease_namespace: str = "",
         kueue: str = "off",
+        drain_concurrency: int = DRAIN_CONCURRENCY,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.tick = tick
         self.workers = workers
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        # Drains' checkpoint requests and evictions have a pool of their own: a drain storm's thousands
+        # of pod writes never queue in front of the taint of the next fault (docs/bench.md, drain storm).
+        self.drain_pool = ThreadPoolExecutor(max_workers=drain_concurrency, thread_name_prefix="drain")
         self.store = Store()
         self.queue = WorkQueue()
         self.events = EventPoster(kube.post_event)
         self.breaker = Breaker(self.store)
-        self.drainer = Drainer(kube, self.call, self.events, self.queue_later, self.store, self.breaker, clock)
+        self.drainer = Drainer(
+            kube,
+            self.call,
+            self.events,
+            self.queue_later,
+            self.store,
+            self.breaker,
+            clock,
+            step_call=self.drain_call,
+            parallel=drain_concurrency,
+        )
         # DRA ResourceSlices (which device each GPU is) for per-GPU quarantine; a slice change re-queues its node.
         self.slice_watch = SliceWatch(kube, on_change=self._on_slice)
         self.devices = DeviceReconciler(
@@ -160,6 +174,10 @@ class Runtime:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run one blocking API call on the kube thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def drain_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one drain step's API call (a checkpoint request, an eviction) on the drain pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.drain_pool, fn, *args)
 
     def queue_later(self, name: str, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self.queue.add, name)
@@ -260,6 +278,7 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.events.flush()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.drain_pool.shutdown(wait=False, cancel_futures=True)
         self.events.close()
 
     # -- slices ----------------------------------------------------------------------------------

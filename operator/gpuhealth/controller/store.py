@@ -256,6 +256,20 @@ class Store:
 
     # -- pods ------------------------------------------------------------------------------------
 
+    def refresh_pod(self, body: Mapping[str, Any]) -> None:
+        """Cache our own write's response, unless the watch already brought a newer copy of the pod.
+
+        The response can reach the cache after the watch event of a later change (a checkpoint
+        request answered within milliseconds): written back, it would hide that change, and the drain
+        would wait for an acknowledgement it already has.
+        """
+        meta = body["metadata"]
+        old = self.pod_index.get(meta.get("uid") or "")
+        cached = self.pods_by_node.get(old[0], {}).get(meta.get("uid")) if old is not None else None
+        if cached is not None and not newer(meta.get("resourceVersion"), cached["metadata"].get("resourceVersion")):
+            return
+        self.put_pod(body)
+
     def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """Index a pod by node, gang and workload; returns (its node, its previous node) or None."""
         uid = body["metadata"].get("uid")

@@ -79,7 +79,11 @@ def plan_drain(
     fatal: bool,
     record: DrainRecord | None,
     now: dt.datetime,
+    other_drains: Mapping[str, dt.datetime] | None = None,
 ) -> DrainPlan:
+    """``other_drains``: when the running drain of each other node started (the nodes a gang spans). A
+    gang may have been asked by such a drain before this one started: that request is as current as
+    this drain's own, and asking again would ask the gang twice."""
     rec: DrainRecord = DrainRecord(**(record or {}))
     started = parse_time(rec.get("startedAt")) or now
     if not rec.get("startedAt"):
@@ -87,6 +91,11 @@ def plan_drain(
     pods_rec: dict[str, PodDrain] = {k: PodDrain(**v) for k, v in (rec.get("pods") or {}).items()}
     plan = DrainPlan()
     elapsed = (now - started).total_seconds()
+    drains = other_drains or {}
+
+    def since(members: Sequence[Mapping[str, Any]]) -> dt.datetime:
+        """The start of the earliest running drain of the nodes a group spans: any of them may have asked it."""
+        return min([started, *(drains[n] for n in {_node_of(m) for m in members} if n in drains)])
 
     targets = [p for p in node_pods if drainable(p, settings)]
     # Whole gangs move together unless the job survives losing a rank.
@@ -113,6 +122,7 @@ def plan_drain(
                 continue
         live = [m for m in members if not P.is_deleting(m)]
         modes = {pod_mode(m, settings) for m in live}
+        asked_since = since(members)
         ready_to_evict = True
         why = ""
         if "annotation" in modes:
@@ -120,7 +130,7 @@ def plan_drain(
             for m in live:
                 if pod_mode(m, settings) != "annotation":
                     continue
-                requested = _requested_at(m, started)
+                requested = _requested_at(m, asked_since)
                 prec = pods_rec.setdefault(m["metadata"]["uid"], PodDrain(pod=P.key(m), node=_node_of(m)))
                 if requested is None:
                     plan.steps.append(Step("request", m, "checkpoint before eviction"))
@@ -134,7 +144,7 @@ def plan_drain(
             if unacked:
                 waiting += sum(1 for m in unacked if _node_of(m) == node)
                 first = min(
-                    (_requested_at(m, started) or now for m in unacked),
+                    (_requested_at(m, asked_since) or now for m in unacked),
                     default=now,
                 )
                 overdue = (now - first).total_seconds() >= settings.checkpoint_timeout_s

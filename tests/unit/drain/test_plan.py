@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_MODE, CHECKPOINT_REQUESTED
 from gpuhealth.api.policy import DrainSettings
+from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.drain.plan import plan_drain
 from gpuhealth.drain.pods import gang_key, workload_key
@@ -216,3 +217,51 @@ def test_a_leaving_gangs_member_whose_eviction_a_budget_refused_is_still_evicted
     }
     plan = plan_drain(NODE, [here], {"ml/Job=train": [here, blocked, fresh]}, DrainSettings(), False, record, T0)  # type: ignore[arg-type]
     assert kinds(plan) == [("evict", "r1")]
+
+
+# -- a gang across two draining nodes ----------------------------------------------------------------
+
+
+def test_a_gang_member_asked_by_the_other_nodes_running_drain_is_not_asked_again() -> None:
+    """Node b's drain started 7 s after node a's, which asked the whole gang already: b must not ask
+    a second time (the bench's drain storm saw every cross-node rank asked twice under load)."""
+    gang = {"jobset.sigs.k8s.io/jobset-name": "js"}
+    asked = {CHECKPOINT_REQUESTED: format_time(T0 + dt.timedelta(seconds=1))}
+    ranks = [
+        pod("r0", node="gpu-a", mode="annotation", labels=gang, annotations=asked),
+        pod("r1", node="gpu-b", mode="annotation", labels=gang, annotations=asked),
+    ]
+    members = {gang_key(ranks[0]) or "": ranks}
+    b_started = T0 + dt.timedelta(seconds=8)
+    record = DrainRecord(phase="Running", startedAt=format_time(b_started), pods={})
+    now = b_started + dt.timedelta(seconds=1)
+    settings = DrainSettings()
+    alone = plan_drain("gpu-b", [ranks[1]], members, settings, False, record, now)
+    assert kinds(alone) == [("request", "r0"), ("request", "r1")]  # before: a's request looked stale
+    seen = plan_drain(
+        "gpu-b",
+        [ranks[1]],
+        members,
+        settings,
+        False,
+        record,
+        now,
+        other_drains={"gpu-a": T0},
+    )
+    assert kinds(seen) == []  # waiting for the acknowledgements of a's request
+    done = {**asked, CHECKPOINT_COMPLETED: format_time(T0 + dt.timedelta(seconds=2))}
+    acked = [
+        pod(r["metadata"]["name"], node=r["spec"]["nodeName"], mode="annotation", labels=gang, annotations=done)
+        for r in ranks
+    ]
+    evict = plan_drain(
+        "gpu-b",
+        [acked[1]],
+        {gang_key(acked[0]) or "": acked},
+        settings,
+        False,
+        record,
+        now,
+        other_drains={"gpu-a": T0},
+    )
+    assert kinds(evict) == [("evict", "r0"), ("evict", "r1")]

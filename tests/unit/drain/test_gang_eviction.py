@@ -1,0 +1,154 @@
+"""A gang spanning several draining nodes is evicted by each of their drains, concurrently: each pod
+must still get one Eviction (issue #26's drain storm found every cross-node rank evicted twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from gpuhealth.api.status import PodDrain
+from gpuhealth.controller.drainer import Drainer
+from gpuhealth.drain.plan import Step
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class _Kube:
+    def __init__(self, refuse: int | None = None) -> None:
+        self.evictions: list[str] = []
+        self.refuse = refuse
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self.evictions.append(name)
+        if self.refuse:
+            raise ApiException(status=self.refuse)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    await asyncio.sleep(0)  # the request is in flight: the other drain runs meanwhile
+    return fn(*args)
+
+
+def _drainer(kube: _Kube) -> Drainer:
+    return Drainer(kube, _call, lambda *a: None, lambda n, d: None, None, None, lambda: NOW)  # type: ignore[arg-type]
+
+
+def _pod(name: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"nodeName": node}}
+
+
+def test_two_drains_of_one_gang_evict_each_rank_once() -> None:
+    kube = _Kube()
+    d = _drainer(kube)
+    ranks = [_pod("rank-0", "a"), _pod("rank-1", "b")]
+    recs = {n: [PodDrain(), PodDrain()] for n in ("a", "b")}
+
+    async def drain(node: str) -> list[bool]:
+        return [
+            await d._evict(node, Step("evict", p, "checkpoint acknowledged"), recs[node][i], NOW)
+            for i, p in enumerate(ranks)
+        ]
+
+    async def both() -> list[list[bool]]:
+        return list(await asyncio.gather(drain("a"), drain("b")))
+
+    assert asyncio.run(both()) == [[True, True], [True, True]]
+    assert sorted(kube.evictions) == ["rank-0", "rank-1"]
+    assert all(r.get("evictedAt") for rs in recs.values() for r in rs)
+
+
+def test_a_refused_eviction_is_not_remembered() -> None:
+    kube = _Kube(refuse=429)
+    d = _drainer(kube)
+    pod = _pod("web-0", "a")
+    prec = PodDrain()
+    assert not asyncio.run(d._evict("a", Step("evict", pod, "draining"), prec, NOW))
+    kube.refuse = None
+    prec.pop("retryAt", None)
+    assert asyncio.run(d._evict("a", Step("evict", pod, "draining"), prec, NOW))
+    assert kube.evictions == ["web-0", "web-0"]  # the budget refused the first; the retry is sent
+
+
+class _Store:
+    def __init__(self, reports: dict[str, Any]) -> None:
+        self.reports = reports
+
+
+def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
+    gang = {"jobset.sigs.k8s.io/jobset-name": "js"}
+    ranks = [_pod("r0", "a"), _pod("r1", "b"), _pod("r2", "c"), _pod("solo", "a")]
+    for r in ranks[:3]:
+        r["metadata"]["labels"] = gang
+    reports = {
+        "b": {"status": {"drain": {"phase": "Running", "startedAt": "2026-12-01T11:59:50Z"}}},
+        "c": {"status": {"drain": {"phase": "Completed", "startedAt": "2026-12-01T11:00:00Z"}}},
+    }
+    d = Drainer(_Kube(), _call, lambda *a: None, lambda n, dl: None, _Store(reports), None, lambda: NOW)  # type: ignore[arg-type]
+    found = d._gang_drains("a", [ranks[0], ranks[3]], {"ml/jobset.sigs.k8s.io/jobset-name=js": ranks[:3]})
+    assert found == {"b": dt.datetime(2026, 12, 1, 11, 59, 50, tzinfo=dt.UTC)}  # c's drain is over
+
+
+def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
+    """Fifteen evictions of one node go out together (at most ``parallel``), through ``step_call``."""
+    from gpuhealth.drain.plan import DrainPlan
+
+    kube = _Kube()
+    in_flight, peak, via = 0, 0, []
+
+    async def step_call(fn: Callable[..., Any], *args: Any) -> Any:
+        nonlocal in_flight, peak
+        via.append(fn.__name__)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return fn(*args)
+
+    async def reconcile_call(fn: Callable[..., Any], *args: Any) -> Any:
+        raise AssertionError("drain steps must not use the reconcile pool")
+
+    none: Any = None
+    port: Any = kube
+    d = Drainer(
+        port,
+        reconcile_call,
+        lambda *a: None,
+        lambda n, dl: None,
+        none,
+        none,
+        lambda: NOW,
+        step_call=step_call,
+        parallel=4,
+    )
+    plan = DrainPlan(steps=[Step("evict", _pod(f"p{i}", "a"), "draining") for i in range(15)])
+    record = asyncio.run(d.execute("a", plan, NOW))
+    assert sorted(kube.evictions) == sorted(f"p{i}" for i in range(15))
+    assert peak == 4 and set(via) == {"evict_pod"}
+    assert all(r.get("evictedAt") for r in (record.get("pods") or {}).values())
+    assert len(record.get("pods") or {}) == 15
+
+
+def test_one_failed_step_does_not_stop_the_others_and_is_raised() -> None:
+    from gpuhealth.drain.plan import DrainPlan
+
+    class _Flaky(_Kube):
+        def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+            self.evictions.append(name)
+            if name == "p1":
+                raise ApiException(status=403)
+
+    kube = _Flaky()
+    d = _drainer(kube)
+    plan = DrainPlan(steps=[Step("evict", _pod(f"p{i}", "a"), "draining") for i in range(3)])
+    try:
+        asyncio.run(d.execute("a", plan, NOW))
+    except ApiException as e:
+        assert e.status == 403
+    else:
+        raise AssertionError("the 403 must be raised")
+    assert sorted(kube.evictions) == ["p0", "p1", "p2"]
+    assert [k for k, v in (plan.record.get("pods") or {}).items() if v.get("evictedAt")] == ["uid-p0", "uid-p2"]

@@ -1,0 +1,254 @@
+"""The issue #26 phases' pure parts: the phase selection, the drain storm's pod mix, the audit-log figures
+(evictions per second, double actions), the PDB and failover summaries, and how their targets are judged
+and rendered."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hack import bench_docs
+from hack.bench import parse_args
+from hack.bench_report import evaluate, resilience_targets_for, summary_md, tally
+from hack.bench_resilience import (
+    DRAIN_NAMESPACE,
+    double_actions,
+    drain_mix,
+    eviction_figures,
+    failover_summary,
+    min_ready,
+    parse_phases,
+    pod_manifest,
+    raw_audit,
+)
+
+from tests.chaos.podorder import PodWrite, pod_writes
+
+FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
+T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def _at(s: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=s)
+
+
+def test_phases_run_in_their_order_and_all_means_every_one() -> None:
+    assert parse_phases("drain,restart") == ["restart", "drain"]
+    assert parse_phases("all") == ["core", "restart", "failover", "drain"]
+    with pytest.raises(ValueError):
+        parse_phases("drian")
+    assert parse_args([]).phases == ["core"]  # the default run is the bench as it was
+
+
+def test_a_run_of_the_new_phases_only_needs_no_room_for_the_core_faults() -> None:
+    args = parse_args(["--nodes", "50", "--pods", "200", "--phases", "restart,failover,drain"])
+    assert (args.drain_nodes, args.failover_samples, args.drain_pods) == (12, 5, 15)
+    with pytest.raises(SystemExit):
+        parse_args(["--nodes", "10", "--pods", "10", "--phases", "drain", "--drain-nodes", "10"])
+    # 1,000 nodes: the issue's 100 nodes x 15 pods.
+    assert parse_args(["--phases", "drain"]).drain_nodes == 100
+
+
+def test_drain_mix_puts_gangs_across_node_pairs_and_alternates_the_rest() -> None:
+    nodes = ["n0", "n1", "n2"]
+    mix = drain_mix(nodes, 15)
+    assert len(mix) == 45
+    per_node = {n: [p for p in mix if p.node == n] for n in nodes}
+    assert all(len(v) == 15 for v in per_node.values())
+    gangs = {p.gang for p in mix if p.gang}
+    assert gangs == {"gang-0000"}  # n2 has no partner
+    assert {p.node for p in mix if p.gang} == {"n0", "n1"}
+    assert all(p.mode == "annotation" for p in mix if p.gang)
+    singles = [p for p in per_node["n2"]]
+    assert sum(p.mode == "annotation" for p in singles) == 8 and sum(p.mode == "signal" for p in singles) == 7
+    assert len({p.name for p in mix}) == len(mix)
+    m = pod_manifest(mix[0])
+    assert m["spec"]["nodeName"] == "n0" and m["metadata"]["annotations"]["gpuhealth.dev/checkpoint"] == "annotation"
+    assert m["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == "gang-0000"
+
+
+def _evict(pod: str, s: float) -> PodWrite:
+    return PodWrite(f"{DRAIN_NAMESPACE}/{pod}", "evict", _at(s))
+
+
+def test_evictions_per_second_is_the_sustained_rate_first_to_last() -> None:
+    writes = [
+        PodWrite(f"{DRAIN_NAMESPACE}/a", "request", _at(0.5)),
+        *[_evict(f"p{i}", 1.0 + i * 0.1) for i in range(11)],
+    ]
+    f = eviction_figures(writes, T0.timestamp())
+    assert f["evictions"] == 11 and f["checkpoint_requests"] == 1
+    assert f["evictions_per_s"] == 10.0  # 10 gaps over 1 s
+    assert f["first_eviction_s"] == 1.0 and f["last_eviction_s"] == 2.0
+    assert f["peak_evictions_in_a_second"] == 10
+    assert eviction_figures([], 0.0)["evictions_per_s"] is None
+
+
+def test_a_pod_evicted_twice_or_before_its_request_is_a_double_action() -> None:
+    ok = [PodWrite(f"{DRAIN_NAMESPACE}/a", "request", _at(0)), _evict("a", 1), _evict("b", 1)]
+    assert double_actions(ok, lambda p: p.endswith("/a")) == []
+    twice = [*ok, _evict("b", 2)]
+    assert len(double_actions(twice, lambda p: p.endswith("/a"))) == 1
+    unasked = [_evict("a", 1)]
+    assert "without being asked" in double_actions(unasked, lambda p: p.endswith("/a"))[0]
+
+
+def test_audit_lines_become_pod_writes(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    lines = [
+        {
+            "stage": "ResponseComplete",
+            "user": {"username": "op"},
+            "verb": "create",
+            "objectRef": {"resource": "pods", "subresource": "eviction", "namespace": DRAIN_NAMESPACE, "name": "a"},
+            "responseStatus": {"code": 201},
+            "requestReceivedTimestamp": "2026-12-01T12:00:01.000000Z",
+        },
+        {
+            "stage": "ResponseComplete",
+            "user": {"username": "op"},
+            "verb": "create",
+            "objectRef": {"resource": "pods", "subresource": "eviction", "namespace": DRAIN_NAMESPACE, "name": "b"},
+            "responseStatus": {"code": 429},
+            "requestReceivedTimestamp": "2026-12-01T12:00:01.500000Z",
+        },
+        {"stage": "ResponseStarted", "user": {"username": "op"}, "verb": "create"},
+        {"stage": "ResponseComplete", "user": {"username": "other"}, "verb": "create"},
+    ]
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    entries = list(raw_audit(log, "op"))
+    assert len(entries) == 2
+    writes = pod_writes(entries, [DRAIN_NAMESPACE])
+    assert [(w.pod, w.kind) for w in writes] == [(f"{DRAIN_NAMESPACE}/a", "evict")]  # the 429 evicted nothing
+
+
+def test_pdb_and_failover_summaries() -> None:
+    assert min_ready([(0.0, 1), (1.0, 3), (2.0, 2), (3.0, 3)], after=0.5) == 2
+    assert min_ready([(0.0, 1)], after=0.5) is None
+    f = failover_summary([8.0, None, 12.0], timeout_s=180.0)
+    assert f["samples"] == 3 and f["timeouts"] == 1 and f["p50_s"] == 12.0 and f["max_s"] == 180.0
+    assert f["kill_to_taint_s"] == [8.0, None, 12.0]
+
+
+def _with_resilience(nodes: int = 1000) -> dict[str, Any]:
+    res: dict[str, Any] = copy.deepcopy(json.loads(FILED.read_text(encoding="utf-8")))
+    res["nodes"] = nodes
+    res["config"]["phases"] = ["core", "restart", "failover", "drain"]
+    res["drain_storm"] = {
+        "nodes": 100,
+        "pods_per_node": 15,
+        "pods": 1503,
+        "mix": {"checkpoint": 800, "sigterm": 500, "gang_pods": 200, "gangs": 50, "pdb_pods": 3},
+        "evictions": 1503,
+        "checkpoint_requests": 1000,
+        "evictions_per_s": 61.2,
+        "peak_evictions_in_a_second": 90,
+        "first_eviction_s": 0.8,
+        "last_eviction_s": 25.4,
+        "drains_completed": 100,
+        "all_drains_completed_s": 27.0,
+        "checkpoint_acks": 1000,
+        "request_to_ack_ms_p50": 40.0,
+        "double_actions": 0,
+        "pdb": {"replicas": 3, "evictions": 3, "refused_429": 4, "min_ready_seen": 2},
+    }
+    res["failover"] = {"p50_s": 11.5, "max_s": 14.0, "samples": 3, "timeouts": 0, "kill_to_taint_s": [9.0, 11.5, 14.0]}
+    res["warm_restart"] = {
+        "startup_watching_s": 3.1,
+        "startup_window_s": 18.0,
+        "startup_writes": 0,
+        "startup_writes_by_kind": {},
+        "fault_published_after_s": 0.05,
+        "restart_to_first_taint_s": 4.2,
+    }
+    res["targets"] = evaluate(res)
+    return res
+
+
+def test_the_new_targets_are_judged_and_rendered() -> None:
+    res = _with_resilience()
+    assert tally(res["targets"], res["nodes"], resilience_targets_for) == (7, 7, 0)
+    md = summary_md(res)
+    assert "| Drain storm: evictions per second (sustained) | 61.2 /s | >= 50 evictions/s | pass |" in md
+    assert "| Failover: SIGKILL of the acting replica to a new fault's taint, p50 | 11.5 s | <= 15 s | pass |" in md
+    assert "NVSentinel v0.4.0 published about 5/s" in md
+    block = bench_docs.render_resilience(FILED, res)
+    assert "| Warm restart: operator writes during start-up | 0 | 0 | met |" in block
+    assert "**7 of 7 targets met**" in block
+
+
+def test_misses_stay_misses_and_10k_allows_a_minute_of_failover() -> None:
+    res = _with_resilience()
+    res["drain_storm"]["evictions_per_s"] = 5.0
+    res["drain_storm"]["double_actions"] = 1
+    res["drain_storm"]["pdb"]["min_ready_seen"] = 1
+    res["failover"]["p50_s"] = 40.0
+    res["warm_restart"]["startup_writes"] = 2
+    t = evaluate(res)
+    assert not any(t[k]["pass"] for k in ("drain_rate", "drain_double", "drain_pdb", "failover_p50", "restart_writes"))
+    assert evaluate({**res, "nodes": 10000})["failover_p50"]["pass"]
+    block = bench_docs.render_resilience(FILED, {**res, "targets": t})
+    assert "| Drain storm: evictions per second (sustained) | 5.00 /s | >= 50 evictions/s | **missed** |" in block
+
+
+def test_a_run_without_the_phases_renders_them_as_not_measured() -> None:
+    old = json.loads(FILED.read_text(encoding="utf-8"))
+    fresh = {**old, "targets": evaluate(old)}
+    assert tally(fresh["targets"], old["nodes"], resilience_targets_for) == (0, 0, 7)
+    assert "never blind" not in summary_md(fresh)  # a core-only run's summary is as it was
+
+
+def test_a_run_of_only_the_new_phases_has_a_summary() -> None:
+    res = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery"):
+        res.pop(k)
+    res["config"]["phases"] = ["restart", "failover", "drain"]
+    md = summary_md(res)
+    assert "phases restart, failover, drain" in md and "Drain storm: 100 nodes x 15 pods" in md
+
+
+def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_path: Path) -> None:
+    core = json.loads(FILED.read_text(encoding="utf-8"))
+    (tmp_path / FILED.name).write_text(json.dumps(core), encoding="utf-8")
+    only = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery"):
+        only.pop(k)
+    only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
+    (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
+    rendered = bench_docs.blocks(tmp_path)
+    readme, latest, _, resilience, _ = [*rendered[bench_docs.DOCS[0]], *rendered[bench_docs.DOCS[1]]]
+    assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
+    assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
+    assert "Drain storm: 100 nodes x 15 pods" in resilience
+
+
+def test_nothing_filed_yet_says_so() -> None:
+    block = bench_docs.blocks(Path(bench_docs.RESULTS))[bench_docs.DOCS[1]][2]
+    assert block.startswith(bench_docs.RES_BEGIN)
+
+
+def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None:
+    from hack.bench_watch import ReportWatch
+    from kubernetes import client
+
+    w = ReportWatch(client.ApiClient(), client.ApiClient())
+
+    def report(name: str, phase: str | None) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "status": {"state": "Draining", **({"drain": {"phase": phase}} if phase else {})},
+        }
+
+    w._sync([report("a", "Running"), report("b", None)])
+    w._event("MODIFIED", report("a", "Completed"))
+    first = w.drain_completed["a"]
+    w._event("MODIFIED", report("a", "Completed"))
+    assert w.drain_completed["a"] == first  # the first sighting counts
+    assert w.wait_drains(["a", "b"], after=0.0, timeout=0.05) == {"a": first}  # b never finished: not there
+    assert w.wait_drains(["a"], after=first + 1, timeout=0.05) == {}  # a drain before ``after`` does not count
+    w._event("MODIFIED", report("a", "Running"))  # a new drain
+    assert "a" not in w.drain_completed
