@@ -23,6 +23,7 @@ from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
+from gpuhealth.cli.ladderview import ladder_view
 
 MAX_XIDS = 20
 MAX_EVENTS = 10
@@ -243,5 +244,6 @@ def describe_node(
         "marks": _marks(node),
         "history": history,
         "drain": dict(status.drain) if status.drain else None,
+        "remediation": ladder_view(status.remediation, parsed, now),
         "events": _events(events),
     }
