@@ -316,6 +316,14 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         lines += table(["GPU", "STATE", "REASON", "AGE", "DEVICETAINTRULE", "UUID"], rows, indent="  ")
     else:
         lines.append("  (every GPU in service)")
+    failures = m.get("gpuFailures") or []
+    if failures:
+        lines += ["", "GPU failures (time between failures):"]
+        for f in failures:
+            text = f"  GPU {_v(f.get('gpu'))}: last failure {human_age(f.get('lastFailureAgeSeconds'))} ago"
+            interval = f.get("previousIntervalSeconds")
+            text += f", previous interval {human_age(interval)}" if interval is not None else ", the first on record"
+            lines.append(text)
     for index, d in sorted((m.get("deviceDrains") or {}).items()):
         lines += ["", f"Drain of GPU {index} (only the pods that hold it):", *drain_lines(d)]
 

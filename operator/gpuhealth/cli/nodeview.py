@@ -87,6 +87,24 @@ def _xids(events: Iterable[Mapping[str, Any]], cleared: dt.datetime | None, now:
     return rows[:MAX_XIDS]
 
 
+def _failures(devices: Iterable[Mapping[str, Any]], now: dt.datetime) -> list[dict[str, Any]]:
+    """Per GPU with a failure on record (``lastFailures``): the last one and the interval before it."""
+    out = []
+    for d in devices:
+        times = [t for t in (parse_time(str(x)) for x in d.get("lastFailures") or []) if t is not None][-2:]
+        if not times:
+            continue
+        out.append(
+            {
+                "gpu": d.get("index"),
+                "lastFailure": format_time(times[-1]),
+                "lastFailureAgeSeconds": _age(times[-1], now),
+                "previousIntervalSeconds": _age(times[0], times[1]) if len(times) == 2 else None,
+            }
+        )
+    return out
+
+
 def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if node is None:
         return None
@@ -223,6 +241,7 @@ def describe_node(
             }
             for d in status.devices
         ],
+        "gpuFailures": _failures(status.devices, now),
         "deviceDrains": dict(status.device_drains) if status.device_drains else None,
         "lastXid": status.last_xid,
         "agent": {

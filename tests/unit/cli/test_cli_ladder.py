@@ -108,3 +108,19 @@ def test_status_without_ladders_keeps_its_columns_and_footer() -> None:
     fleet = summarize([node("c")], [report("c", "Healthy")], [policy()], NOW)
     text = render_status(fleet)
     assert "LADDER" not in text and "Repair ladders" not in text
+
+
+def test_describe_shows_each_gpus_last_failure_and_the_interval_before_it() -> None:
+    devices = [
+        {"index": 3, "state": "Quarantined", "lastFailures": [ago(3 * 86400), ago(600)]},
+        {"index": 5, "state": "InService", "lastFailures": [ago(7200)]},
+        {"index": 0, "state": "InService"},
+    ]
+    m = describe_node("a", node("a"), report("a", "Degraded", devices=devices), None, [], NOW)
+    assert m["gpuFailures"] == [
+        {"gpu": 3, "lastFailure": ago(600), "lastFailureAgeSeconds": 600.0, "previousIntervalSeconds": 258_600.0},
+        {"gpu": 5, "lastFailure": ago(7200), "lastFailureAgeSeconds": 7200.0, "previousIntervalSeconds": None},
+    ]
+    text = render_describe(m)
+    assert "GPU 3: last failure 10m ago, previous interval 2d23h" in text
+    assert "GPU 5: last failure 120m ago, the first on record" in text
