@@ -146,3 +146,6 @@ GPU_TIME_BETWEEN_FAILURES = Histogram(
     buckets=(300, 1800, 3600, 6 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400, 90 * 86400),
     registry=REGISTRY,
 )
+# A child per step exports its buckets at zero, so the MTTR panel has series before the first repair.
+for _step in StepKind:
+    REMEDIATION_MTTR.labels(str(_step))
