@@ -63,6 +63,9 @@ class DeviceRecord:
     since: dt.datetime | None = None
     rule: str = ""
     quarantines: tuple[dt.datetime, ...] = ()
+    # The last two quarantines (previous, last), never pruned by the flapping window nor cleared by a
+    # release: the time between failures (``gpuhealth_gpu_time_between_failures_seconds``).
+    last_failures: tuple[dt.datetime, ...] = ()
     healthy_since: dt.datetime | None = None
     cleared_before: dt.datetime | None = None
     held_by_breaker: bool = False
@@ -110,6 +113,7 @@ class DeviceRecord:
             "since": format_time(self.since) if self.since else "",
             "rule": self.rule,
             "quarantines": [format_time(t) for t in self.quarantines],
+            "lastFailures": [format_time(t) for t in self.last_failures],
             "healthySince": format_time(self.healthy_since) if self.healthy_since else "",
             "clearedBefore": format_time(self.cleared_before) if self.cleared_before else "",
             "heldByBreaker": self.held_by_breaker,
@@ -139,6 +143,8 @@ class DeviceRecord:
             state = DeviceState.IN_SERVICE
         raw = entry.get("quarantines") or []
         quarantines = tuple(t for t in (parse_time(str(x)) for x in raw if x) if t) if isinstance(raw, list) else ()
+        raw = entry.get("lastFailures") or []
+        failures = tuple(t for t in (parse_time(str(x)) for x in raw if x) if t) if isinstance(raw, list) else ()
         return DeviceRecord(
             index=index,
             uuid=str(entry.get("uuid") or ""),
@@ -148,6 +154,7 @@ class DeviceRecord:
             since=parse_time(entry.get("since")),
             rule=str(entry.get("rule") or ""),
             quarantines=quarantines[-MAX_DEVICE_HISTORY:],
+            last_failures=failures[-2:],
             healthy_since=parse_time(entry.get("healthySince")),
             cleared_before=parse_time(entry.get("clearedBefore")),
             held_by_breaker=bool(entry.get("heldByBreaker", False)),

@@ -140,6 +140,7 @@ class NodeStatus:
     drain: DrainRecord | None = None
     devices: tuple[dict[str, Any], ...] = ()
     device_drains: Mapping[str, DrainRecord] | None = None
+    remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation.py)
 
     @staticmethod
     def read(status: Mapping[str, Any] | None) -> NodeStatus:
@@ -165,6 +166,9 @@ class NodeStatus:
             drain=cast(DrainRecord, dict(s["drain"])) if s.get("drain") else None,
             devices=tuple(dict(d) for d in s.get("devices") or ()),
             device_drains=dict(s["deviceDrains"]) if s.get("deviceDrains") else None,
+            remediation={str(k): dict(v) for k, v in s["remediation"].items() if isinstance(v, Mapping)}
+            if isinstance(s.get("remediation"), Mapping) and s["remediation"]
+            else None,
         )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli.ladderview import step_text
 from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, table
 
 # -- describe ----------------------------------------------------------------------------------------
@@ -199,6 +200,41 @@ def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
     return out
 
 
+def _ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
+    """Each GPU's repair ladder: where it stands, its Job, then every attempt so far with its result."""
+    out = []
+    for r in rows:
+        head = f"  GPU {_v(r.get('gpu'))}"
+        if r.get("uuid"):
+            head += f" ({r['uuid']})"
+        head += f": {_v(r.get('reason'), 'fault ?')}, step {step_text(r)} {_v(r.get('phase'))}"
+        if r.get("startedAt"):
+            head += f" for {age_of(r['startedAt'], now)}"
+        out.append(head)
+        if r.get("job"):
+            out.append("    " + _field("Job", str(r["job"]), 10))
+        if r.get("message"):
+            out.append("    " + _field("Message", str(r["message"]), 10))
+        if r.get("faultSince"):
+            out.append("    " + _field("Out since", f"{r['faultSince']} ({age_of(r['faultSince'], now)} ago)", 10))
+        history = r.get("history") or []
+        if history:
+            rows_ = [
+                [
+                    f"{_v(a.get('step'))} {_v(a.get('attempt'))}",
+                    _v(a.get("result")),
+                    _v(a.get("startedAt")),
+                    _v(a.get("finishedAt")),
+                    "-" if a.get("durationSeconds") is None else human_age(a["durationSeconds"]),
+                ]
+                for a in history
+            ]
+            out += table(["ATTEMPT", "RESULT", "STARTED", "FINISHED", "TOOK"], rows_, indent="    ")
+        else:
+            out.append("    (no attempt finished yet)")
+    return out
+
+
 def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     now = parse_time(m.get("generatedAt")) or dt.datetime.now(dt.UTC)
     state = m.get("state") or ""
@@ -280,6 +316,14 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         lines += table(["GPU", "STATE", "REASON", "AGE", "DEVICETAINTRULE", "UUID"], rows, indent="  ")
     else:
         lines.append("  (every GPU in service)")
+    failures = m.get("gpuFailures") or []
+    if failures:
+        lines += ["", "GPU failures (time between failures):"]
+        for f in failures:
+            text = f"  GPU {_v(f.get('gpu'))}: last failure {human_age(f.get('lastFailureAgeSeconds'))} ago"
+            interval = f.get("previousIntervalSeconds")
+            text += f", previous interval {human_age(interval)}" if interval is not None else ", the first on record"
+            lines.append(text)
     for index, d in sorted((m.get("deviceDrains") or {}).items()):
         lines += ["", f"Drain of GPU {index} (only the pods that hold it):", *drain_lines(d)]
 
@@ -316,6 +360,10 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         lines.append("  (none)")
 
     lines += ["", "Quarantine history:", *_history_lines(m.get("history") or {}, now)]
+
+    ladders = m.get("remediation") or []
+    if ladders:
+        lines += ["", "Repair ladder (status.remediation):", *_ladder_lines(ladders, now)]
 
     drain = m.get("drain")
     if drain:

@@ -24,6 +24,7 @@ from gpuhealth.api.nodes import count_of, node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.cli.ladderview import EXHAUSTED, HANDED_OFF, IN_FLIGHT, ladder_cell, ladder_view
 
 # Most urgent first: the order of the table and of the totals.
 STATE_ORDER: tuple[State, ...] = (
@@ -93,10 +94,16 @@ class Row:
     gpus_held: int = 0  # GPUs held out one by one while the node serves on
     device_gpu_hours: float = 0.0
     device_cost: float | None = None
+    ladders: tuple[dict[str, Any], ...] = ()  # status.remediation as cli.ladderview rows
 
     @property
     def out_of_service(self) -> bool:
         return self.state in OUT_OF_SERVICE and not self.dry_run
+
+    @property
+    def ladder(self) -> str:
+        """The LADDER cell: ``GPUReset 1/2 Running (GPU 3)``, ``+N`` for more GPUs on a ladder."""
+        return ladder_cell(self.ladders)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +130,10 @@ class Row:
             "gpusHeldOut": self.gpus_held,
             "deviceGpuHours": round(self.device_gpu_hours, 3),
             "deviceCost": None if self.device_cost is None else round(self.device_cost, 2),
+            "remediation": [
+                {k: r.get(k) for k in ("gpu", "step", "attempt", "attempts", "phase", "standing", "reason", "job")}
+                for r in self.ladders
+            ],
         }
 
 
@@ -142,6 +153,7 @@ class Totals:
     unknown_gpu_hours: float = 0.0
     unknown_cost: dict[str, float] = field(default_factory=dict)
     dry_run_nodes: int = 0
+    ladders: dict[str, int] = field(default_factory=lambda: {IN_FLIGHT: 0, HANDED_OFF: 0, EXHAUSTED: 0})
 
     @property
     def out_gpu_hours(self) -> float:
@@ -167,6 +179,7 @@ class Totals:
                 "gpuHours": round(self.unknown_gpu_hours, 3),
                 "cost": {k: round(v, 2) for k, v in self.unknown_cost.items()},
             },
+            "remediation": dict(self.ladders),  # GPUs whose ladder is in flight, handed off, exhausted
         }
 
 
@@ -308,6 +321,7 @@ def build_row(
         gpus_held=len(held) if state not in OUT_OF_SERVICE and not dry_run else 0,
         device_gpu_hours=device_hours,
         device_cost=device_cost,
+        ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
     )
 
 
@@ -315,6 +329,9 @@ def totals(rows: Iterable[Row]) -> Totals:
     t = Totals()
     for r in rows:
         t.nodes += 1
+        for lad in r.ladders:
+            if lad.get("standing") in t.ladders:
+                t.ladders[lad["standing"]] += 1
         key = r.state or NO_VERDICT
         t.by_state[key] = t.by_state.get(key, 0) + 1
         t.gpus_total += r.total_gpus or 0

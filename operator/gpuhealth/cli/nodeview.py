@@ -23,6 +23,7 @@ from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
+from gpuhealth.cli.ladderview import ladder_view
 
 MAX_XIDS = 20
 MAX_EVENTS = 10
@@ -84,6 +85,24 @@ def _xids(events: Iterable[Mapping[str, Any]], cleared: dt.datetime | None, now:
     epoch = "0000"
     rows.sort(key=lambda r: str(r["time"] or epoch), reverse=True)
     return rows[:MAX_XIDS]
+
+
+def _failures(devices: Iterable[Mapping[str, Any]], now: dt.datetime) -> list[dict[str, Any]]:
+    """Per GPU with a failure on record (``lastFailures``): the last one and the interval before it."""
+    out = []
+    for d in devices:
+        times = [t for t in (parse_time(str(x)) for x in d.get("lastFailures") or []) if t is not None][-2:]
+        if not times:
+            continue
+        out.append(
+            {
+                "gpu": d.get("index"),
+                "lastFailure": format_time(times[-1]),
+                "lastFailureAgeSeconds": _age(times[-1], now),
+                "previousIntervalSeconds": _age(times[0], times[1]) if len(times) == 2 else None,
+            }
+        )
+    return out
 
 
 def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -222,6 +241,7 @@ def describe_node(
             }
             for d in status.devices
         ],
+        "gpuFailures": _failures(status.devices, now),
         "deviceDrains": dict(status.device_drains) if status.device_drains else None,
         "lastXid": status.last_xid,
         "agent": {
@@ -243,5 +263,6 @@ def describe_node(
         "marks": _marks(node),
         "history": history,
         "drain": dict(status.drain) if status.drain else None,
+        "remediation": ladder_view(status.remediation, parsed, now),
         "events": _events(events),
     }

@@ -129,12 +129,17 @@ def _gpus_cell(r: Row) -> str:
 
 def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[str]]]:
     headers = ["NODE", "STATE", "REASON", "GPUS", "SINCE", "POLICY"]
+    ladder = any(r.ladders for r in fleet.rows)
+    if ladder:
+        headers.append("LADDER")
     if wide:
         headers += ["LAST-XID", "TAINT", "CORDONED", "GPU-HOURS", "COST"]
     rows = []
     for r in fleet.rows:
         name = r.node if r.node_exists else f"{r.node} (no Node)"
         row = [name, _state_cell(r), r.reason or "-", _gpus_cell(r), human_age(r.age_s), _policy_cell(r)]
+        if ladder:
+            row.append(r.ladder)
         if wide:
             row += [
                 r.last_xid or "-",
@@ -175,6 +180,12 @@ def footer(t: Totals) -> list[str]:
         if t.unknown_cost:
             line += f" = {format_money(t.unknown_cost)}"
         lines.append(line)
+    if any(t.ladders.values()):
+        lines.append(
+            f"Repair ladders: {t.ladders.get('inFlight', 0)} GPU resets in flight, "
+            f"{t.ladders.get('handedOff', 0)} handed off to the node remediator, "
+            f"{t.ladders.get('exhausted', 0)} exhausted (replace the GPU)"
+        )
     if t.dry_run_nodes:
         lines.append(f"DryRun verdicts (no Node changed, not counted): {t.dry_run_nodes}")
     return lines

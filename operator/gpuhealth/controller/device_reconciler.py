@@ -47,6 +47,7 @@ from gpuhealth.api.remediation import Phase, StepKind, ladders_from_status
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.device_rules import DeviceRules
 from gpuhealth.controller.events import EventSink
@@ -306,6 +307,8 @@ class DeviceReconciler(DeviceRules):
     def announce(self, name: str, policy: Policy, plan: DevicePlan, escalated: bool, fallback_new: bool) -> None:
         dry = policy.mode == Mode.DRY_RUN
         by_index = {r.index: r for r in plan.records}
+        for _, seconds in plan.verdict.intervals:
+            metrics.GPU_TIME_BETWEEN_FAILURES.observe(seconds)
         for ev in plan.verdict.events:
             rec = by_index.get(ev.index)
             msg = ev.message

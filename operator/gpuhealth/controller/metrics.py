@@ -139,3 +139,13 @@ REMEDIATION_MTTR = Histogram(
     buckets=(10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400),
     registry=REGISTRY,
 )
+GPU_TIME_BETWEEN_FAILURES = Histogram(
+    "gpuhealth_gpu_time_between_failures_seconds",
+    "From a GPU's previous quarantine to its next, observed when a GPU back in service (after a repair "
+    "or probation) is taken out again",
+    buckets=(300, 1800, 3600, 6 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400, 90 * 86400),
+    registry=REGISTRY,
+)
+# A child per step exports its buckets at zero, so the MTTR panel has series before the first repair.
+for _step in StepKind:
+    REMEDIATION_MTTR.labels(str(_step))

@@ -65,6 +65,9 @@ class DeviceVerdict:
     escalate: bool = False
     escalate_reason: str = ""
     new_quarantines: tuple[int, ...] = ()
+    # (GPU index, seconds since its previous quarantine) for GPUs taken out again after they had
+    # returned to service: gpuhealth_gpu_time_between_failures_seconds
+    intervals: tuple[tuple[int, float], ...] = ()
     lifted: tuple[int, ...] = ()
     events: tuple[DeviceEvent, ...] = ()
 
@@ -133,9 +136,11 @@ def decide_devices(
     records: list[DeviceRecord] = []
     events: list[DeviceEvent] = []
     new: list[int] = []
+    intervals: list[tuple[int, float]] = []
     lifted: list[int] = []
     for index in indices:
         rec = prior.get(index) or DeviceRecord(index=index)
+        was_in_service = rec.state == DeviceState.IN_SERVICE
         uuid = inputs.uuids.get(index) or rec.uuid
         rec = replace(rec, uuid=uuid)
         ack = inputs.acknowledged.get(index)
@@ -152,6 +157,8 @@ def decide_devices(
             budget -= 1
         if step.new_quarantine:
             new.append(index)
+            if was_in_service and len(rec.last_failures) == 2:
+                intervals.append((index, max(0.0, (rec.last_failures[1] - rec.last_failures[0]).total_seconds())))
         if step.lift:
             lifted.append(index)
         events.extend(DeviceEvent(t, r, m, index) for t, r, m in step.events)
@@ -182,6 +189,7 @@ def decide_devices(
         escalate=bool(escalate_reason),
         escalate_reason=escalate_reason,
         new_quarantines=tuple(new),
+        intervals=tuple(intervals),
         lifted=tuple(lifted),
         events=tuple(events),
     )
@@ -313,10 +321,13 @@ def _enter(
     relapse: bool = False,
 ) -> _Step:
     quarantines = (*rec.quarantines, now)[-MAX_DEVICE_HISTORY:]
+    # A record written before lastFailures existed: its newest quarantine still in the window.
+    failures = (*(rec.last_failures or rec.quarantines[-1:]), now)[-2:]
     base = replace(
         rec,
         since=now,
         quarantines=quarantines,
+        last_failures=failures,
         held_by_breaker=False,
         healthy_since=None,
         drained=False,

@@ -233,3 +233,30 @@ def test_invariants(
     out = [r for r in v.records if r.out_of_service]
     assert v.escalate == (len(out) > 1)  # default maxBadGPUsPerNode 1; onFlapping AwaitingRepair
     assert set(v.lifted) <= {i for i, r in after.items() if r.state == DeviceState.IN_SERVICE}
+
+
+# --- time between failures ----------------------------------------------------------------------
+
+
+def test_a_gpu_back_in_service_taken_out_again_reports_the_time_since_its_previous_failure() -> None:
+    # two days later: the previous quarantine is long out of the flapping window, lastFailures keeps it
+    prior = {3: DeviceRecord(3, uuid="GPU-0003", last_failures=(at(-172_800),))}
+    v = run(prior, [dev(3)], 0)
+    assert v.intervals == ((3, 172_800.0),)
+    assert by_index(v)[3].last_failures == (at(-172_800), at(0))
+    assert devices_from_status({"devices": devices_to_status(v.records)})[3].last_failures == (at(-172_800), at(0))
+
+
+def test_a_first_failure_and_a_relapse_on_probation_report_no_interval() -> None:
+    v = run({}, [dev(3)], 0)
+    assert v.intervals == () and by_index(v)[3].last_failures == (at(0),)
+    recovering = DeviceRecord(
+        3, state=DeviceState.RECOVERING, since=at(0), healthy_since=at(0), last_failures=(at(-10),)
+    )
+    v = run({3: recovering}, [dev(3)], 100)
+    assert v.intervals == () and by_index(v)[3].last_failures == (at(-10), at(100))
+
+
+def test_a_record_from_before_last_failures_falls_back_to_its_newest_quarantine() -> None:
+    v = run({3: DeviceRecord(3, quarantines=(at(-3600),))}, [dev(3)], 0)
+    assert v.intervals == ((3, 3600.0),)

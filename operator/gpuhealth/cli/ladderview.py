@@ -1,0 +1,111 @@
+"""Pure view of the repair ladder (``status.remediation``) for `describe` and `status`.
+
+``ladder_view`` turns each GPU's :class:`~gpuhealth.api.remediation.LadderRecord` into a JSON-able
+row, with the number of attempts its step allows under the governing policy (``None`` when the
+policy is unknown); ``ladder_cell`` is the short form for the fleet table ("GPUReset 1/2").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.evaluation.ladder import steps_for
+
+# Fleet totals: a ladder's standing, most urgent last (the order of the footer).
+IN_FLIGHT = "inFlight"  # a reset Job being created, running or verified
+HANDED_OFF = "handedOff"  # NodeReboot: waiting for the node remediator
+EXHAUSTED = "exhausted"  # Replace: a human must replace or RMA the GPU
+
+
+def _t(t: dt.datetime | None) -> str | None:
+    return format_time(t) if t else None
+
+
+def _secs(a: dt.datetime | None, b: dt.datetime | None) -> float | None:
+    return None if a is None or b is None else round(max(0.0, (b - a).total_seconds()), 1)
+
+
+def standing(row: Mapping[str, Any]) -> str | None:
+    """``inFlight``, ``handedOff``, ``exhausted`` or None (ready, succeeded, dry run)."""
+    phase = row.get("phase")
+    if phase in (Phase.PENDING, Phase.RUNNING, Phase.VERIFYING):
+        return IN_FLIGHT
+    if phase == Phase.HANDED_OFF:
+        return HANDED_OFF
+    if phase == Phase.AWAITING_REPAIR or (row.get("step") == StepKind.REPLACE and phase != Phase.DRY_RUN):
+        return EXHAUSTED
+    return None
+
+
+def ladder_view(
+    remediation: Mapping[str, Mapping[str, Any]] | None, policy: Policy | None, now: dt.datetime
+) -> list[dict[str, Any]]:
+    """One row per GPU with a ladder record, by GPU index; unreadable records are left out."""
+    rows = []
+    for key, raw in (remediation or {}).items():
+        if not str(key).isdigit() or not isinstance(raw, Mapping):
+            continue
+        rec = LadderRecord.from_status(int(key), raw)
+        if rec is None:
+            continue
+        allowed = None
+        if policy is not None:
+            step = next((s for s in steps_for(policy.remediation, rec.reason) if s.kind == rec.step), None)
+            allowed = step.attempts if step is not None else None
+        row: dict[str, Any] = {
+            "gpu": rec.index,
+            "uuid": rec.uuid or None,
+            "reason": rec.reason or None,
+            "step": str(rec.step),
+            "attempt": rec.attempt,
+            "attempts": allowed,
+            "phase": str(rec.phase),
+            "since": _t(rec.since),
+            "faultSince": _t(rec.fault_since),
+            "startedAt": _t(rec.started),
+            "finishedAt": _t(rec.finished),
+            "stepAgeSeconds": _secs(rec.started, now),
+            "job": rec.job or None,
+            "message": rec.message or None,
+            "history": [
+                {
+                    "step": str(a.step),
+                    "attempt": a.attempt,
+                    "result": str(a.result),
+                    "startedAt": _t(a.started),
+                    "finishedAt": _t(a.finished),
+                    "durationSeconds": _secs(a.started, a.finished),
+                }
+                for a in rec.history
+            ],
+        }
+        row["standing"] = standing(row)
+        rows.append(row)
+    rows.sort(key=lambda r: int(r["gpu"]))
+    return rows
+
+
+def step_text(row: Mapping[str, Any]) -> str:
+    """``GPUReset 1/2`` (attempt of allowed), ``GPUReset 1`` when the policy is unknown, ``Replace`` (a human)."""
+    if row.get("step") == StepKind.REPLACE:
+        return str(row.get("step"))
+    allowed = row.get("attempts")
+    return f"{row.get('step')} {row.get('attempt')}" + (f"/{allowed}" if allowed else "")
+
+
+_RANK = {EXHAUSTED: 0, HANDED_OFF: 1, IN_FLIGHT: 2, None: 3}
+
+
+def ladder_cell(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The fleet table's LADDER cell: the most urgent GPU's step and attempt, ``+N`` more GPUs."""
+    ladders = sorted(rows, key=lambda r: (_RANK[r.get("standing")], int(r.get("gpu") or 0)))
+    if not ladders:
+        return "-"
+    first = ladders[0]
+    text = f"{step_text(first)} {first.get('phase')} (GPU {first.get('gpu')})"
+    return text + (f" +{len(ladders) - 1}" if len(ladders) > 1 else "")

@@ -1,0 +1,126 @@
+"""The repair ladder as on-call reads it: `describe` per GPU (text and JSON) and `status` per node and fleet."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuhealth.cli.describe_text import render_describe
+from gpuhealth.cli.fleet import summarize
+from gpuhealth.cli.nodeview import describe_node
+from gpuhealth.cli.render import render_status
+from tests.unit.cli.objects import NOW, ago, node, policy, report
+
+REMEDIATION = {"enabled": True}
+
+RESETTING: dict[str, Any] = {
+    "step": "GPUReset",
+    "attempt": 2,
+    "phase": "Running",
+    "reason": "EccUncorrected",
+    "uuid": "GPU-3",
+    "since": ago(900),
+    "faultSince": ago(960),
+    "startedAt": ago(120),
+    "job": "gpuhealth-remediation/gpuhealth-reset-a-3-2-abc",
+    "history": [
+        {"step": "GPUReset", "attempt": 1, "result": "NotClean", "startedAt": ago(900), "finishedAt": ago(600)}
+    ],
+}
+HANDED_OFF = {"step": "NodeReboot", "attempt": 1, "phase": "HandedOff", "reason": "GPULost", "startedAt": ago(60)}
+EXHAUSTED = {
+    "step": "Replace",
+    "attempt": 1,
+    "phase": "AwaitingRepair",
+    "reason": "EccUncorrected",
+    "history": [
+        {"step": "GPUReset", "attempt": 1, "result": "Failed", "startedAt": ago(5000), "finishedAt": ago(4900)},
+        {"step": "GPUReset", "attempt": 2, "result": "TimedOut", "startedAt": ago(4800), "finishedAt": ago(4200)},
+        {"step": "NodeReboot", "attempt": 1, "result": "Relapsed", "startedAt": ago(4000), "finishedAt": ago(3000)},
+    ],
+}
+
+
+def _describe(remediation: dict[str, Any]) -> dict[str, Any]:
+    rep = report("a", "Degraded", remediation=remediation)
+    return describe_node("a", node("a"), rep, policy(remediation=REMEDIATION), [], NOW)
+
+
+def test_describe_json_has_each_gpus_ladder_with_its_attempts_and_history() -> None:
+    m = _describe({"3": RESETTING, "bogus": {"step": "Nope"}})
+    json.dumps(m)  # -o json prints it as is
+    (lad,) = m["remediation"]
+    assert lad["gpu"] == 3 and lad["step"] == "GPUReset" and lad["attempt"] == 2 and lad["attempts"] == 2
+    assert lad["phase"] == "Running" and lad["standing"] == "inFlight"
+    assert lad["job"] == RESETTING["job"] and lad["stepAgeSeconds"] == 120.0
+    (h,) = lad["history"]
+    assert h == {
+        "step": "GPUReset",
+        "attempt": 1,
+        "result": "NotClean",
+        "startedAt": ago(900),
+        "finishedAt": ago(600),
+        "durationSeconds": 300.0,
+    }
+
+
+def test_describe_text_shows_step_job_and_history_lines() -> None:
+    text = render_describe(_describe({"3": RESETTING, "5": EXHAUSTED}))
+    assert "Repair ladder (status.remediation):" in text
+    assert "GPU 3 (GPU-3): EccUncorrected, step GPUReset 2/2 Running for 2m" in text
+    assert "Job:" in text and RESETTING["job"] in text
+    lines = text.splitlines()
+    notclean = next(ln for ln in lines if "NotClean" in ln)
+    assert notclean.split()[:3] == ["GPUReset", "1", "NotClean"] and notclean.rstrip().endswith("5m")
+    assert "GPU 5: EccUncorrected, step Replace AwaitingRepair" in text
+    assert any("NodeReboot 1" in ln and "Relapsed" in ln for ln in lines)
+
+
+def test_describe_without_a_ladder_has_no_ladder_section() -> None:
+    m = describe_node("a", node("a"), report("a", "Healthy"), None, [], NOW)
+    assert m["remediation"] == []
+    assert "Repair ladder" not in render_describe(m)
+
+
+def test_status_shows_a_ladder_column_and_fleet_totals() -> None:
+    reports = [
+        report("a", "Degraded", remediation={"3": RESETTING}),
+        report("b", "AwaitingRepair", remediation={"0": HANDED_OFF, "5": EXHAUSTED}),
+        report("c", "Healthy"),
+    ]
+    fleet = summarize([node("a"), node("b"), node("c")], reports, [policy(remediation=REMEDIATION)], NOW)
+    assert fleet.totals.ladders == {"inFlight": 1, "handedOff": 1, "exhausted": 1}
+    text = render_status(fleet)
+    header, *rows = text.splitlines()
+    assert "LADDER" in header
+    row = {ln.split()[0]: ln for ln in rows if ln.split() and ln.split()[0] in "abc"}
+    assert row["a"].endswith("GPUReset 2/2 Running (GPU 3)")
+    assert row["b"].endswith("Replace AwaitingRepair (GPU 5) +1")  # the most urgent first
+    assert row["c"].endswith("-")
+    assert "Repair ladders: 1 GPU resets in flight, 1 handed off to the node remediator, 1 exhausted" in text
+    out = fleet.to_json()
+    assert out["totals"]["remediation"] == {"inFlight": 1, "handedOff": 1, "exhausted": 1}
+    by_node = {n["node"]: n for n in out["nodes"]}
+    assert by_node["a"]["remediation"][0]["step"] == "GPUReset"
+
+
+def test_status_without_ladders_keeps_its_columns_and_footer() -> None:
+    fleet = summarize([node("c")], [report("c", "Healthy")], [policy()], NOW)
+    text = render_status(fleet)
+    assert "LADDER" not in text and "Repair ladders" not in text
+
+
+def test_describe_shows_each_gpus_last_failure_and_the_interval_before_it() -> None:
+    devices = [
+        {"index": 3, "state": "Quarantined", "lastFailures": [ago(3 * 86400), ago(600)]},
+        {"index": 5, "state": "InService", "lastFailures": [ago(7200)]},
+        {"index": 0, "state": "InService"},
+    ]
+    m = describe_node("a", node("a"), report("a", "Degraded", devices=devices), None, [], NOW)
+    assert m["gpuFailures"] == [
+        {"gpu": 3, "lastFailure": ago(600), "lastFailureAgeSeconds": 600.0, "previousIntervalSeconds": 258_600.0},
+        {"gpu": 5, "lastFailure": ago(7200), "lastFailureAgeSeconds": 7200.0, "previousIntervalSeconds": None},
+    ]
+    text = render_describe(m)
+    assert "GPU 3: last failure 10m ago, previous interval 2d23h" in text
+    assert "GPU 5: last failure 120m ago, the first on record" in text
