@@ -320,6 +320,7 @@ def _every_device_record() -> DeviceRecord:
         devices=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
         partitions=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
         taint_rules=("gpuhealth-node-a-gpu-2-mig-3g40gb-9-0", "gpuhealth-node-a-gpu-2-mig-3g40gb-9-4"),
+        last_failures=(T, T),
         instances=("MIG-a", "MIG-b"),
     )
     for f in dataclasses.fields(DeviceRecord):

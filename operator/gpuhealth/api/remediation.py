@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpuhealth.api.durations import parse_duration
+from gpuhealth.api.names import Signal
 from gpuhealth.api.timeutil import format_time, parse_time
 
 DEFAULT_NAMESPACE = "gpuhealth-remediation"
@@ -96,7 +97,7 @@ class Ladder:
 @dataclass(frozen=True)
 class RemediationSettings:
     enabled: bool = False
-    ladders: tuple[Ladder, ...] = ()  # empty: the catalog's defaults (evaluation/ladder.py)
+    ladders: tuple[Ladder, ...] = ()  # empty: the catalog's defaults (default_steps below)
     max_concurrent: int = 1  # resets in flight at once, across the policy's nodes
     namespace: str = DEFAULT_NAMESPACE
     service_account: str = DEFAULT_SERVICE_ACCOUNT
@@ -304,3 +305,44 @@ def ladders_from_status(status: Mapping[str, Any] | None) -> dict[int, LadderRec
                 if rec is not None:
                     out[rec.index] = rec
     return out
+
+
+# -- the default ladders ---------------------------------------------------------------------------
+
+RESET_STEPS = (Step(StepKind.GPU_RESET, 600.0, 2), Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
+REBOOT_STEPS = (Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
+RESET_REASONS = frozenset({str(Signal.ECC), str(Signal.PENDING_REMAP)})
+REBOOT_REASONS = frozenset({str(Signal.GPU_LOST)})
+PEER_DRAIN_RECOVERY = frozenset({"DrainAndReset", "DrainP2P"})
+
+
+def default_steps(reason: str, recovery_action: str = "", remedy: str | None = None) -> tuple[Step, ...]:
+    """The default ladder for a fault (empty: no ladder; the GPU is held and reported). ``remedy`` is
+    NVIDIA's immediate action for an XID reason (``catalog.xid.remedy_of``), passed in so that this
+    table stays in the contract, readable by the plugin as by the operator."""
+    if reason in RESET_REASONS:
+        return RESET_STEPS
+    if reason in REBOOT_REASONS:
+        return REBOOT_STEPS
+    if reason.startswith("XID") and reason[3:].isdigit():
+        code = int(reason[3:])
+        action = remedy
+        if code == 154:
+            return RESET_STEPS if recovery_action == "Reset" else REBOOT_STEPS if recovery_action else ()
+        if action == "RESET_GPU":
+            return RESET_STEPS
+        if action == "REBOOT_NODE":
+            return REBOOT_STEPS
+    return ()
+
+
+def steps_for(
+    settings: RemediationSettings, reason: str, recovery_action: str = "", remedy: str | None = None
+) -> tuple[Step, ...]:
+    """The steps a fault climbs under ``settings``; a peer-draining recovery action skips the reset."""
+    steps = next((lad.steps for lad in settings.ladders if lad.matches(reason)), None)
+    if steps is None:
+        steps = default_steps(reason, recovery_action, remedy)
+    if recovery_action in PEER_DRAIN_RECOVERY:
+        steps = tuple(s for s in steps if s.kind != StepKind.GPU_RESET)
+    return steps

@@ -234,3 +234,10 @@ def describe(code: int) -> str:
     """One line for humans, e.g. ``XID 79 (GPU has fallen off the bus): reboot the node``."""
     entry = lookup(code)
     return f"XID {entry.code} ({entry.name}): {IMMEDIATE_ACTIONS[entry.immediate_action]}"
+
+
+def remedy_of(reason: str) -> str | None:
+    """NVIDIA's immediate action for a reason that names an XID (``XID48``), else None."""
+    if reason.startswith("XID") and reason[3:].isdigit():
+        return lookup(int(reason[3:])).immediate_action
+    return None

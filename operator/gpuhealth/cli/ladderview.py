@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, steps_for
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.evaluation.ladder import steps_for
+from gpuhealth.catalog.xid import remedy_of
 
 # Fleet totals: a ladder's standing, most urgent last (the order of the footer).
 IN_FLIGHT = "inFlight"  # a reset Job being created, running or verified
@@ -55,7 +55,14 @@ def ladder_view(
             continue
         allowed = None
         if policy is not None:
-            step = next((s for s in steps_for(policy.remediation, rec.reason) if s.kind == rec.step), None)
+            step = next(
+                (
+                    s
+                    for s in steps_for(policy.remediation, rec.reason, remedy=remedy_of(rec.reason))
+                    if s.kind == rec.step
+                ),
+                None,
+            )
             allowed = step.attempts if step is not None else None
         row: dict[str, Any] = {
             "gpu": rec.index,

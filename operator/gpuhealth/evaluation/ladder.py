@@ -24,9 +24,11 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, replace
 
+from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
-from gpuhealth.api.names import Signal
 from gpuhealth.api.remediation import (
+    REBOOT_STEPS,
+    RESET_STEPS,
     Attempt,
     LadderRecord,
     Phase,
@@ -37,39 +39,17 @@ from gpuhealth.api.remediation import (
 )
 from gpuhealth.catalog import xid as catalog
 
-RESET_STEPS = (Step(StepKind.GPU_RESET, 600.0, 2), Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
-REBOOT_STEPS = (Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
-RESET_REASONS = frozenset({str(Signal.ECC), str(Signal.PENDING_REMAP)})
-REBOOT_REASONS = frozenset({str(Signal.GPU_LOST)})
-PEER_DRAIN_RECOVERY = frozenset({"DrainAndReset", "DrainP2P"})
+__all__ = ["REBOOT_STEPS", "RESET_STEPS", "default_steps", "steps_for"]
 
 
 def default_steps(reason: str, recovery_action: str = "") -> tuple[Step, ...]:
-    """The catalog's ladder for a fault (empty: no ladder; the GPU is held and reported)."""
-    if reason in RESET_REASONS:
-        return RESET_STEPS
-    if reason in REBOOT_REASONS:
-        return REBOOT_STEPS
-    if reason.startswith("XID") and reason[3:].isdigit():
-        code = int(reason[3:])
-        action = catalog.lookup(code).immediate_action
-        if code == 154:
-            return RESET_STEPS if recovery_action == "Reset" else REBOOT_STEPS if recovery_action else ()
-        if action == "RESET_GPU":
-            return RESET_STEPS
-        if action == "REBOOT_NODE":
-            return REBOOT_STEPS
-    return ()
+    """The catalog's ladder for a fault (``api.remediation.default_steps`` with NVIDIA's remedy)."""
+    return remediation.default_steps(reason, recovery_action, catalog.remedy_of(reason))
 
 
 def steps_for(settings: RemediationSettings, reason: str, recovery_action: str = "") -> tuple[Step, ...]:
-    """The steps a fault climbs under ``settings``; a peer-draining recovery action skips the reset."""
-    steps = next((lad.steps for lad in settings.ladders if lad.matches(reason)), None)
-    if steps is None:
-        steps = default_steps(reason, recovery_action)
-    if recovery_action in PEER_DRAIN_RECOVERY:
-        steps = tuple(s for s in steps if s.kind != StepKind.GPU_RESET)
-    return steps
+    """The steps a fault climbs under ``settings`` (``api.remediation.steps_for`` with NVIDIA's remedy)."""
+    return remediation.steps_for(settings, reason, recovery_action, catalog.remedy_of(reason))
 
 
 @dataclass(frozen=True)
