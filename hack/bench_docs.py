@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,12 @@ RES_BEGIN = "<!-- bench-resilience:begin (python -m hack.bench_docs) -->"
 RES_END = "<!-- bench-resilience:end -->"
 AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
 AB_END = "<!-- bench-ab:end -->"
+
+
+def core_run(res: Mapping[str, Any]) -> bool:
+    """A run with the core phases (detection, storm, ...); a run of only the issue #26 phases
+    (``--phases`` without ``core``) has no storm and feeds the resilience block alone."""
+    return "storm" in res
 
 
 def filed_runs(directory: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
@@ -166,7 +173,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
-    core = [r for r in runs if "storm" in r[1]]
+    core = [r for r in runs if core_run(r[1])]
     small = [r for r in core if r[1]["nodes"] < LARGE_FLEET_NODES]
     large = [r for r in core if r[1]["nodes"] >= LARGE_FLEET_NODES]
     resilient = [r for r in runs if any(k in r[1] for k in RESILIENCE)]

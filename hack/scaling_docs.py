@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import RESULTS, check, filed_runs, rewrite
+from hack.bench_docs import RESULTS, check, core_run, filed_runs, rewrite
 from hack.bench_report import measured, targets_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,10 +32,11 @@ END = "<!-- scaling:end -->"
 
 
 def points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
-    """The newest run of each node count (``runs`` oldest first), smallest fleet first."""
+    """The newest run with the core phases of each node count (``runs`` oldest first), smallest fleet first."""
     newest: dict[int, tuple[Path, dict[str, Any]]] = {}
     for path, res in runs:
-        newest[int(res["nodes"])] = (path, res)
+        if core_run(res):
+            newest[int(res["nodes"])] = (path, res)
     return [newest[n] for n in sorted(newest)]
 
 

@@ -34,6 +34,7 @@ def run(nodes: int, date: str, rss: float) -> tuple[Path, dict[str, Any]]:
         "commit": "abc1234",
         "targets": {"operator_rss": {"pass": rss <= 250, "value": rss, "label": "Operator peak RSS"}},
         "operator": {"peak_rss_mb": rss},
+        "storm": {"nodes_per_s": 20.0},
     }
 
 
@@ -44,6 +45,14 @@ def test_each_size_is_its_newest_run_and_misses_are_named() -> None:
     block = scaling_docs.render(runs)
     assert "Missed at 10,000 nodes: Operator peak RSS (500.0, target <= 400 MB)." in block
     assert "Missed at 1,000 nodes: nothing it measured." in block
+
+
+def test_a_run_of_only_the_resilience_phases_does_not_displace_the_newest_full_run() -> None:
+    """``--phases restart,failover,drain`` measures no storm, detection or footprint: the curve keeps
+    the newest full run of that size (the run feeds docs/bench.md's resilience block instead)."""
+    full = run(1000, "2026-12-01", 230.0)
+    phases_only = (Path("bench-1000-2026-12-02.json"), {"nodes": 1000, "date": "2026-12-02", "drain_storm": {}})
+    assert scaling_docs.points([full, phases_only]) == [full]
 
 
 def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
