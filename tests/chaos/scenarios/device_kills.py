@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -191,7 +191,7 @@ def device_kills(ctx: Ctx) -> None:
     ctx.background(lambda stop: _sample(ctx, pools, sampled, stop), "device-rule-sampler")
     monkey = KillMonkey(ctx, op, gap=(2.0, 7.0), down=(0.0, 2.0))
     held: dict[str, list[dr.Device]] = {}
-    bad_of_pod: dict[str, dr.Device] = {}
+    bad_of_pod: dict[str, set[dr.Device]] = {}
     moments = ("device record written", "first checkpoint request", "checkpoint acknowledged")
     for r in range(rounds):
         last = r == rounds - 1
@@ -211,7 +211,7 @@ def device_kills(ctx: Ctx) -> None:
         current_bad[:] = [(dra.DRIVER, node, f"gpu-{bad[node]}") for node in nodes]
         for node in nodes:
             for pod in pods[node]:
-                bad_of_pod[f"{ns}/{pod}"] = (dra.DRIVER, node, f"gpu-{bad[node]}")
+                bad_of_pod[f"{ns}/{pod}"] = {(dra.DRIVER, node, f"gpu-{bad[node]}")}
         moment = moments[r % len(moments)]
         if moment == "device record written":
 
@@ -268,7 +268,8 @@ def device_kills(ctx: Ctx) -> None:
         wait_for(lambda: not ctx.kube.core.list_namespaced_pod(ns).items, timeout=90, what=f"round {r}: pods gone")
     monkey.finish()
     writer.finish()
-    _final_checks(ctx, nodes, ns, current_bad, held, bad_of_pod, writer)
+    final_checks(ctx, nodes, ns, current_bad, held, bad_of_pod, writer)
+    ctx.stats["foreign_rules_at_end"] = sum(1 for w in writer.log.latest().values() if w.spec is not None)
     _squat_check(ctx, *squat)
     for n in nodes:
         ctx.expect[n] = "any"  # Degraded with one GPU held out: judged above, per GPU
@@ -283,19 +284,24 @@ def device_kills(ctx: Ctx) -> None:
     )
 
 
-def _final_checks(
+def final_checks(
     ctx: Ctx,
     nodes: list[str],
     ns: str,
     bad: list[dr.Device],
-    held: dict[str, list[dr.Device]],
-    bad_of_pod: dict[str, dr.Device],
+    held: Mapping[str, list[dr.Device]],
+    bad_of_pod: Mapping[str, Iterable[dr.Device]],
     writer: ForeignRuleWriter,
+    more: Callable[[list[dict[str, Any]]], list[str]] = lambda rules: [],
 ) -> None:
+    """The end of a device scenario (this one's and partition_kills'): one rule per bad device, and
+    whatever ``more`` finds in the rules (a partition left allocatable); foreign rules untouched; no
+    pod evicted whose devices were all healthy; no node tainted or cordoned; gpuhealth's rule creates."""
     pools = set(nodes)
 
     def final() -> list[str]:
-        return dr.final_rule_problems(_rules(ctx, pools), pools, bad)
+        rules = _rules(ctx, pools)
+        return dr.final_rule_problems(rules, pools, bad) + more(rules)
 
     with contextlib.suppress(AssertionError):
         wait_for(lambda: not final(), timeout=30, what="final rules")
@@ -307,7 +313,7 @@ def _final_checks(
         ctx.violate(p)
     evicted = {w.pod for w in pod_writes(audit, [ns]) if w.kind == "evict"}
     for pod in sorted(evicted):
-        for p in dr.healthy_gpu_evictions([pod], held, [bad_of_pod[pod]] if pod in bad_of_pod else []):
+        for p in dr.healthy_gpu_evictions([pod], held, bad_of_pod.get(pod, ())):
             ctx.violate(p)
     for node in nodes:
         spec = ctx.retry(ctx.kube.core.read_node, node).spec
@@ -321,7 +327,6 @@ def _final_checks(
         and e.get("verb") == "create"
         and int((e.get("responseStatus") or {}).get("code") or 0) < 300
     )
-    ctx.stats["foreign_rules_at_end"] = sum(1 for w in writer.log.latest().values() if w.spec is not None)
 
 
 SQUAT_GPU = 5

@@ -26,8 +26,6 @@ from kubernetes import watch
 
 from gpuhealth.workload import COMPLETED
 from tests.chaos import devicerules as dr
-from tests.chaos import invariants as inv
-from tests.chaos.podorder import pod_writes
 from tests.chaos.scenarios import device_kills as dk
 from tests.chaos.scenarios.common import drain_policy
 from tests.chaos.scenarios.context import Ctx
@@ -288,34 +286,15 @@ def _final_checks(
     bad_of_pod: dict[str, set[dr.Device]],
     writer: dk.ForeignRuleWriter,
 ) -> None:
-    pools = set(nodes)
-
-    def final() -> list[str]:
-        rules = dk._rules(ctx, pools)
-        return dr.final_rule_problems(rules, pools, bad) + dr.partition_coverage_problems(_held_out(ctx, pub), rules)
-
-    with contextlib.suppress(AssertionError):
-        wait_for(lambda: not final(), timeout=30, what="final rules")
-    for p in final():
-        ctx.violate(p)
-    live = ctx.retry(ctx.kube.custom.list_cluster_custom_object, dra.G, dra.V, RULES).get("items") or []
-    audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
-    for p in dr.foreign_rule_problems(writer.log.latest(), live, audit, writer.log.in_flight()):
-        ctx.violate(p)
-    evicted = {w.pod for w in pod_writes(audit, [ns]) if w.kind == "evict"}
-    for pod in sorted(evicted):
-        for p in dr.healthy_gpu_evictions([pod], held, bad_of_pod.get(pod, set())):
-            ctx.violate(p)
-    for node in nodes:
-        spec = ctx.retry(ctx.kube.core.read_node, node).spec
-        obj = {"spec": {"unschedulable": spec.unschedulable, "taints": [{"key": t.key} for t in spec.taints or []]}}
-        for p in dr.node_mark_problems(node, obj, inv.TAINT):
-            ctx.violate(p)
-    ctx.stats["gpuhealth_rule_creates"] = sum(
-        1
-        for e in audit
-        if (e.get("objectRef") or {}).get("resource") == RULES
-        and e.get("verb") == "create"
-        and int((e.get("responseStatus") or {}).get("code") or 0) < 300
+    """device_kills' end checks, plus every device of a held-out GPU having its rule."""
+    dk.final_checks(
+        ctx,
+        nodes,
+        ns,
+        bad,
+        held,
+        bad_of_pod,
+        writer,
+        more=lambda rules: dr.partition_coverage_problems(_held_out(ctx, pub), rules),
     )
     ctx.stats["devices_held_out_at_end"] = len(bad)
