@@ -3,9 +3,10 @@ on the other fails here, with a message naming both.
 
 - The chart ships the same CRDs as ``crds/`` (byte for byte).
 - What the agent writes (its own report builder, every fact set) is declared by the report CRD.
-- Every field the report CRD declares is either read by ``api/report.py`` or listed in
-  :data:`UNREAD_REPORT_FIELDS` with the reason nobody reads it; and the operator's slim cache keeps
-  every field that is read (the fullest report the CRD allows parses the same slimmed and whole).
+- Every field the report CRD declares is in the report contract's field table,
+  ``api/report_fields.py``: READ (``api/report.py`` reads it) or DROPPED (with the reason nobody
+  does); the parser reads exactly the READ ones, and the operator's slim cache keeps exactly those
+  (the fullest report the CRD allows parses the same slimmed and whole).
 - What the operator writes into a report's status (node record, per-GPU records) is declared.
 - Enums: the CRDs' and the api types' vocabularies are the same sets.
 - Policy defaults: the CRD's ``default`` of every field is the parser's default for it, and every
@@ -40,7 +41,8 @@ from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Action, Mode, Scope, State
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
-from gpuhealth.api.report import Device, parse_report
+from gpuhealth.api.report import Device, ReportError, parse_report
+from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.controller.slim import slim_report
 from tests.support import crdschema
@@ -49,31 +51,6 @@ from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fulles
 REPORT_CRD = "gpunodehealths.yaml"
 POLICY_CRD = "gpuhealthpolicies.yaml"
 T = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
-
-# Report fields the CRD declares that the operator does not read, and why. A field leaves this list
-# the day parse_report starts reading it (then the slim cache must keep it: test below).
-UNREAD_REPORT_FIELDS: dict[str, str] = {
-    "spec.agent.version": "for humans (kubectl gpuhealth describe)",
-    "spec.agent.sources[]": "for humans; each XID carries its own source",
-    "spec.agent.bootTime": "the agent's own XID history boundary",
-    "spec.nvml.driverVersion": "for humans",
-    "spec.nvml.cudaVersion": "for humans",
-    "spec.devices[].pciBusId": "for humans",
-    "spec.devices[].migMode": "for humans until partitions are read",
-    "spec.devices[].eccMode": "for humans",
-    "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
-    "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",
-    "spec.devices[].retiredPages.singleBitEcc": "history; pending retirement is the fault",
-    "spec.devices[].retiredPages.doubleBitEcc": "history; pending retirement is the fault",
-    "spec.devices[].remappedRows.corrected": "history; a pending remap or a failure is the fault",
-    "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
-    "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
-    "spec.devices[].powerW": "follows the workload; /metrics has it live",
-    "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
-    "spec.xidEvents[].source": "for humans",
-    "spec.xidEvents[].detail": "for humans",
-}
-
 
 # -- the chart's copy ------------------------------------------------------------------------------
 
@@ -254,22 +231,76 @@ def _report_fields() -> list[str]:
     return out
 
 
-def test_every_declared_report_field_is_read_or_said_to_be_unread() -> None:
-    whole = parse_report(_fullest_report())
-    unread = []
-    for path in _report_fields():
-        if parse_report(_drop(_fullest_report(), path)) == whole:
-            unread.append(path)
-    missing = [p for p in unread if p not in UNREAD_REPORT_FIELDS]
-    stale = [p for p in UNREAD_REPORT_FIELDS if p not in unread]
-    assert not missing, (
-        "crds/gpunodehealths.yaml declares fields api/report.py parse_report never reads: "
-        f"{missing}; read them, or list them in tests/unit/test_contracts.py UNREAD_REPORT_FIELDS with the reason"
+TABLE = "operator/gpuhealth/api/report_fields.py"
+
+
+def test_every_declared_report_field_is_in_the_field_table() -> None:
+    declared = list(declared_paths(at(crdschema.schema(REPORT_CRD), "spec"), "spec"))
+    neither = [p for p in declared if p not in READ and p not in DROPPED]
+    assert not neither, (
+        f"crds/gpunodehealths.yaml declares {neither}, which {TABLE} lists neither in READ (api/report.py "
+        "parse_report reads it, so controller/slim.py keeps it) nor in DROPPED (with why nobody reads it)"
     )
-    assert not stale, (
-        f"tests/unit/test_contracts.py UNREAD_REPORT_FIELDS lists {stale}, which api/report.py reads "
-        "or crds/gpunodehealths.yaml no longer declares: take them off the list"
+    both = sorted(set(READ) & set(DROPPED))
+    assert not both, f"{TABLE} lists {both} both in READ and in DROPPED"
+    stale = [p for p in (*READ, *DROPPED) if p not in declared]
+    assert not stale, f"{TABLE} lists {stale}, which crds/gpunodehealths.yaml does not declare: take them off"
+
+
+def _parsed(body: Mapping[str, Any]) -> Any:
+    try:
+        return parse_report(body)
+    except ReportError as e:
+        return f"refused: {e}"
+
+
+def _read_by_parse_report(path: str) -> bool:
+    """Whether dropping the field changes what parse_report makes of the fullest report (with every
+    flag set, or every flag False: a dropped flag that defaults to True shows only then), or makes
+    it refuse the report."""
+    return any(
+        _parsed(_drop(_fullest_report(flags), path)) != _parsed(_fullest_report(flags)) for flags in (True, False)
     )
+
+
+def test_the_field_table_says_what_parse_report_reads() -> None:
+    declared = [p for p in declared_paths(at(crdschema.schema(REPORT_CRD), "spec"), "spec") if p != "spec.nodeName"]
+    read = [p for p in declared if _read_by_parse_report(p)]
+    said_read = [p for p in READ if p in declared and p not in read]
+    said_dropped = [p for p in DROPPED if p in read]
+    assert not said_read, (
+        f"{TABLE} READ lists {said_read}, which api/report.py parse_report does not read: "
+        "read them there, or move them to DROPPED with the reason"
+    )
+    assert not said_dropped, (
+        f"{TABLE} DROPPED lists {said_dropped}, which api/report.py parse_report reads: move them to READ "
+        "(controller/slim.py drops what is not READ)"
+    )
+    # The node name is read as a check: a report about another node is refused.
+    assert "spec.nodeName" in READ
+    elsewhere = _fullest_report()
+    elsewhere["spec"]["nodeName"] = "node-b"
+    assert str(_parsed(elsewhere)).startswith("refused: spec.nodeName")
+
+
+def _leaf_paths(value: Any, path: str) -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaf_paths(v, f"{path}.{k}")
+    elif isinstance(value, list) and value and isinstance(value[0], Mapping):
+        for v in value:
+            yield from _leaf_paths(v, f"{path}[]")
+    else:
+        yield path
+
+
+def test_the_slim_cache_keeps_exactly_the_read_fields() -> None:
+    """What the cache keeps is the table's READ list: no more (memory), no less (a field read)."""
+    kept = set(_leaf_paths(slim_report(_fullest_report())["spec"], "spec"))
+    extra = sorted(kept - set(READ))
+    missing = [p for p in READ if p not in kept]
+    assert not extra, f"controller/slim.py keeps {extra}, which {TABLE} lists as DROPPED"
+    assert not missing, f"controller/slim.py drops {missing}, which {TABLE} lists as READ"
 
 
 def test_every_report_attribute_is_filled_from_a_declared_field() -> None:

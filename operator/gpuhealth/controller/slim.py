@@ -12,8 +12,9 @@ What is read, and by whom:
   taints and ``unschedulable`` (``actions/nodes.py``), the GPU capacity (and the device plugin's
   ``nvidia.com/mig-*`` capacities), the ``GPUHealthy``
   condition, and name, uid and resourceVersion (write preconditions).
-- GPUNodeHealth: what ``api/report.py`` ``parse_report`` and ``evaluation`` read of the spec (a
-  malformed part is kept whole, so that it is refused exactly as before), the whole status (the
+- GPUNodeHealth: what ``api/report.py`` ``parse_report`` reads of the spec, as the report
+  contract's field table lists it (``api/report_fields.py`` READ; a malformed part is kept whole,
+  so that it is refused exactly as it would be uncut), the whole status (the
   operator's own record), and name, uid, generation and resourceVersion (freshness, preconditions);
   of ``managedFields`` only the API server's time of the agent's last heartbeat write, as one
   derived ``metadata.writtenAt`` (``evaluation/freshness.py``: start-up freshness reads it).
@@ -30,6 +31,7 @@ from typing import Any, NoReturn
 
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
 from gpuhealth.api.nodes import MIG_RESOURCE_PREFIX
+from gpuhealth.api.report_fields import read_objects_under, read_under
 from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
@@ -47,19 +49,15 @@ _POD_META = (
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _OWN_PREFIX = f"{GROUP}/"
 
-# Report spec fields, and per-device fields and sub-fields, that parse_report and the rules read.
-_SPEC_KEYS = ("nodeName", "heartbeatTime", "observedTime")
-_NVML_KEYS = ("available", "error")
-_DEVICE_KEYS = ("index", "uuid", "model", "lost", "clockEventReasons", "clockEventsSince", "recoveryAction")
-_DEVICE_PARTS = {
-    "ecc": ("volatileUncorrected", "aggregateUncorrected"),
-    "retiredPages": ("pending",),
-    "remappedRows": ("pending", "failure"),
-    "temperature": ("currentC", "slowdownC"),
-}
-_XID_KEYS = ("xid", "time", "gpu", "uuid", "gpuInstanceId", "computeInstanceId")
+# Report spec fields, and per-device fields and sub-fields: what parse_report reads, from the report
+# contract's one field table (a field it does not list as read is dropped, with its reason, there).
+_SPEC_KEYS = read_under("spec")
+_NVML_KEYS = read_under("spec.nvml")
+_DEVICE_KEYS = read_under("spec.devices[]")
+_DEVICE_PARTS = read_objects_under("spec.devices[]")
+_XID_KEYS = read_under("spec.xidEvents[]")
 # A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it).
-_MIG_KEYS = ("index", "uuid", "gpuInstanceId", "computeInstanceId", "profile")
+_MIG_KEYS = read_under("spec.devices[].migDevices[]")
 # Flags that parse_report reads as ``bool(x.get(key, False))``: an explicit False is the same as none.
 _FALSE_IS_ABSENT = {"lost", "pending", "failure"}
 

@@ -1,0 +1,92 @@
+"""The report contract's field table: every field of a GPUNodeHealth ``spec`` that
+``crds/gpunodehealths.yaml`` declares, either read by ``api/report.py`` ``parse_report`` (and so
+kept by the operator's slim cache) or dropped, with the reason nobody reads it.
+
+One table, so that a field cannot be added in one place and forgotten in another: the slim cache
+(``controller/slim.py``) derives the fields it keeps of each report from :data:`READ`, and
+``tests/unit/test_contracts.py`` holds the table to the CRD (every declared field is in exactly one
+of the two lists), to the parser (dropping a READ field changes what ``parse_report`` returns,
+dropping a DROPPED one never does) and to the cache (it keeps exactly the READ fields). A field
+added to the CRD fails the build until it is listed here.
+
+Paths are spelled as the tests' schema walker spells them: dotted, a list's items as ``[]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+READ: tuple[str, ...] = (
+    "spec.nodeName",  # must be the report's name (a report about another node is refused)
+    "spec.heartbeatTime",
+    "spec.observedTime",
+    "spec.nvml.available",
+    "spec.nvml.error",
+    "spec.devices[].index",
+    "spec.devices[].uuid",
+    "spec.devices[].model",
+    "spec.devices[].lost",
+    "spec.devices[].clockEventReasons",
+    "spec.devices[].clockEventsSince",
+    "spec.devices[].recoveryAction",
+    "spec.devices[].ecc.volatileUncorrected",
+    "spec.devices[].ecc.aggregateUncorrected",
+    "spec.devices[].retiredPages.pending",
+    "spec.devices[].remappedRows.pending",
+    "spec.devices[].remappedRows.failure",
+    "spec.devices[].temperature.currentC",
+    "spec.devices[].temperature.slowdownC",
+    "spec.devices[].migDevices[].index",
+    "spec.devices[].migDevices[].uuid",
+    "spec.devices[].migDevices[].gpuInstanceId",
+    "spec.devices[].migDevices[].computeInstanceId",
+    "spec.devices[].migDevices[].profile",
+    "spec.xidEvents[].xid",
+    "spec.xidEvents[].time",
+    "spec.xidEvents[].gpu",
+    "spec.xidEvents[].uuid",
+    "spec.xidEvents[].gpuInstanceId",
+    "spec.xidEvents[].computeInstanceId",
+)
+
+# Declared, written by the agent, read by nobody in the operator: the slim cache drops them, which
+# is most of a report's size (a fleet's cache holds one report per node).
+DROPPED: Mapping[str, str] = {
+    "spec.agent.version": "for humans (kubectl gpuhealth describe)",
+    "spec.agent.sources[]": "for humans; each XID carries its own source",
+    "spec.agent.bootTime": "the agent's own XID history boundary",
+    "spec.nvml.driverVersion": "for humans",
+    "spec.nvml.cudaVersion": "for humans",
+    "spec.devices[].pciBusId": "for humans",
+    "spec.devices[].migMode": "for humans until partitions are read",
+    "spec.devices[].eccMode": "for humans",
+    "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
+    "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",
+    "spec.devices[].retiredPages.singleBitEcc": "history; pending retirement is the fault",
+    "spec.devices[].retiredPages.doubleBitEcc": "history; pending retirement is the fault",
+    "spec.devices[].remappedRows.corrected": "history; a pending remap or a failure is the fault",
+    "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
+    "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
+    "spec.devices[].powerW": "follows the workload; /metrics has it live",
+    "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
+    "spec.xidEvents[].source": "for humans",
+    "spec.xidEvents[].detail": "for humans",
+}
+
+
+def read_under(prefix: str) -> tuple[str, ...]:
+    """The READ fields directly under ``prefix`` (``spec.devices[]``), by name, in table order."""
+    start = prefix + "."
+    return tuple(p.removeprefix(start) for p in READ if p.startswith(start) and "." not in p.removeprefix(start))
+
+
+def read_objects_under(prefix: str) -> dict[str, tuple[str, ...]]:
+    """The objects (not lists) directly under ``prefix`` that hold READ fields, each with its
+    fields: a device's ``ecc``, ``retiredPages``, ... ."""
+    start = prefix + "."
+    names: dict[str, None] = {}
+    for p in READ:
+        rest = p.removeprefix(start)
+        if p.startswith(start) and "." in rest and not rest.split(".", 1)[0].endswith("[]"):
+            names[rest.split(".", 1)[0]] = None
+    return {name: read_under(f"{prefix}.{name}") for name in names}
