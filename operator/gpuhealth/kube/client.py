@@ -1,13 +1,13 @@
 """The operator's only door to the Kubernetes API (plain dicts in, plain dicts out).
 
 Every call here is one request; callers own retries and conflict handling. Objects are returned as
-JSON dicts, not the client's model classes, which are slow to build for thousands of Nodes.
+JSON dicts, not the client's model classes, which are slow to build for thousands of Nodes. Here:
+Nodes, Pods, the agents' Leases and gpuhealth's own CRDs; ``Kube`` inherits the calls of the other
+concerns (``jobs``, ``kueue``, ``dra``, ``events``), and ``KubePort`` their ports.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
 import logging
 import uuid
@@ -15,24 +15,15 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
-from gpuhealth.api.names import (
-    COMPONENT,
-    DRA_GROUP,
-    DRA_VERSION,
-    GROUP,
-    MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE,
-    POLICY_PLURAL,
-    REPORT_PLURAL,
-    VERSION,
-)
-from gpuhealth.api.timeutil import format_time_precise
+from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.kube.dra import DraCalls, DraPort
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
+from gpuhealth.kube.events import EventCalls, EventPort
 from gpuhealth.kube.jobs import JobCalls
 from gpuhealth.kube.kueue import KueueCalls, KueuePort
-from gpuhealth.kube.paging import PAGE, pages
+from gpuhealth.kube.paging import list_rv, page_args
+from gpuhealth.kube.watches import watch_args, watch_events
 
 log = logging.getLogger(__name__)
 __all__ = ["Kube", "KubePort", "is_conflict", "is_not_found", "retryable", "status_of"]
@@ -46,7 +37,7 @@ def _same(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-class KubePort(KueuePort, Protocol):
+class KubePort(KueuePort, DraPort, EventPort, Protocol):
     """What the controller asks of the API; ``Kube`` below, or an in-memory fake in unit tests."""
 
     def get_node(self, name: str) -> dict[str, Any]: ...
@@ -84,65 +75,13 @@ class KubePort(KueuePort, Protocol):
     def patch_report_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete_report(self, name: str, uid: str | None) -> None: ...
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
-    def list_resource_slices_rv(self, transform: Callable[[dict[str, Any]], Any]) -> tuple[list[Any], str]: ...
-    def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
-    def list_resource_claims(self) -> list[dict[str, Any]]: ...
-    def list_device_taint_rules(self) -> list[dict[str, Any]]: ...
-    def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
-    def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None: ...
     def get_job(self, namespace: str, name: str) -> dict[str, Any]: ...
     def create_job(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete_job(self, namespace: str, name: str) -> None: ...
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
-    def post_event(
-        self,
-        kind: str,
-        name: str,
-        uid: str,
-        type_: str,
-        reason: str,
-        message: str,
-        api_version: str = "v1",
-        at: dt.datetime | None = None,
-        namespace: str = "",
-    ) -> None: ...
 
 
-def _watch_args(resource_version: str, timeout_s: int) -> dict[str, Any]:
-    """A watch from ``resource_version`` with bookmarks, ended by the server at ``timeout_s``."""
-    return {
-        "watch": True,
-        "resource_version": resource_version,
-        "allow_watch_bookmarks": True,
-        "timeout_seconds": timeout_s,
-        "_preload_content": False,
-        "_request_timeout": (10, timeout_s + 30),
-    }
-
-
-def _list_rv(
-    fetch: Callable[[str | None], Mapping[str, Any]], transform: Callable[[dict[str, Any]], dict[str, Any]]
-) -> tuple[list[dict[str, Any]], str]:
-    """Every item of a paged list through ``transform``, and the resourceVersion of the list."""
-    items: list[dict[str, Any]] = []
-    rv = ""
-    for page in pages(fetch):
-        items.extend(transform(o) for o in page.get("items") or [])
-        rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
-    return items, rv
-
-
-def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    """Raw watch events (parsed JSON, one per line); the connection goes back to the pool at the end."""
-    try:
-        for line in iter_resp_lines(resp):
-            yield json.loads(line)
-    finally:
-        resp.close()
-        resp.release_conn()
-
-
-class Kube(JobCalls, KueueCalls):
+class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
     def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -172,14 +111,14 @@ class Kube(JobCalls, KueueCalls):
         """As ``list_nodes``, with the list's resourceVersion to watch from."""
 
         def fetch(cont: str | None) -> dict[str, Any]:
-            return self._json(self.core.list_node(label_selector=label_selector, **_page_args(cont)))  # type: ignore[no-any-return]
+            return self._json(self.core.list_node(label_selector=label_selector, **page_args(cont)))  # type: ignore[no-any-return]
 
-        return _list_rv(fetch, transform)
+        return list_rv(fetch, transform)
 
     def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for the selected Nodes, from ``resource_version``."""
-        resp = self.core.list_node(label_selector=label_selector, **_watch_args(resource_version, timeout_s))
-        yield from _events(resp)
+        resp = self.core.list_node(label_selector=label_selector, **watch_args(resource_version, timeout_s))
+        yield from watch_events(resp)
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -198,18 +137,18 @@ class Kube(JobCalls, KueueCalls):
         and the list's resourceVersion to watch from."""
 
         def fetch(cont: str | None) -> dict[str, Any]:
-            kw = _page_args(cont)
+            kw = page_args(cont)
             return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw))  # type: ignore[no-any-return]
 
-        return _list_rv(fetch, transform)
+        return list_rv(fetch, transform)
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
         resp = self.core.list_pod_for_all_namespaces(
             field_selector=SCHEDULED,
-            **_watch_args(resource_version, timeout_s),
+            **watch_args(resource_version, timeout_s),
         )
-        yield from _events(resp)
+        yield from watch_events(resp)
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
@@ -242,12 +181,12 @@ class Kube(JobCalls, KueueCalls):
         list's resourceVersion to watch from."""
 
         def fetch(cont: str | None) -> dict[str, Any]:
-            kw = _page_args(cont)
+            kw = page_args(cont)
             return self._json(  # type: ignore[no-any-return]
                 self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **kw)
             )
 
-        return _list_rv(fetch, transform)
+        return list_rv(fetch, transform)
 
     def watch_leases(
         self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
@@ -256,9 +195,9 @@ class Kube(JobCalls, KueueCalls):
         resp = self.coordination.list_namespaced_lease(
             namespace,
             label_selector=label_selector,
-            **_watch_args(resource_version, timeout_s),
+            **watch_args(resource_version, timeout_s),
         )
-        yield from _events(resp)
+        yield from watch_events(resp)
 
     # -- our CRDs --------------------------------------------------------------------------------
 
@@ -274,17 +213,15 @@ class Kube(JobCalls, KueueCalls):
         """As ``list_custom``, with the list's resourceVersion to watch from."""
 
         def fetch(cont: str | None) -> dict[str, Any]:
-            kw = _page_args(cont)
+            kw = page_args(cont)
             return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))  # type: ignore[no-any-return]
 
-        return _list_rv(fetch, transform)
+        return list_rv(fetch, transform)
 
     def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for our objects, from ``resource_version``."""
-        resp = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, plural, **_watch_args(resource_version, timeout_s)
-        )
-        yield from _events(resp)
+        resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **watch_args(resource_version, timeout_s))
+        yield from watch_events(resp)
 
     def get_report(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, REPORT_PLURAL, name)  # type: ignore[no-any-return]
@@ -304,122 +241,3 @@ class Kube(JobCalls, KueueCalls):
 
     def patch_policy_status(self, name: str, patch: Mapping[str, Any]) -> None:
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, patch, _content_type=MERGE)
-
-    # -- DRA (resource.k8s.io/v1) ---------------------------------------------------------------
-
-    def _list_dra(
-        self, plural: str, transform: Callable[[dict[str, Any]], Any] = lambda o: o, **kw: Any
-    ) -> tuple[list[Any], str]:
-        """Every object of a cluster-wide DRA list, page by page, and the list's resourceVersion."""
-        items: list[Any] = []
-        cont = None
-        while True:
-            args: dict[str, Any] = {"limit": 500, "_preload_content": False, **kw}
-            if cont:
-                args["_continue"] = cont
-            data = self._json(self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, **args))
-            items.extend(transform(o) for o in data.get("items") or [])
-            meta = data.get("metadata") or {}
-            cont = meta.get("continue")
-            if not cont:
-                return items, str(meta.get("resourceVersion") or "")
-
-    def list_resource_slices_rv(self, transform: Callable[[dict[str, Any]], Any]) -> tuple[list[Any], str]:
-        """ResourceSlices (each slimmed by ``transform`` as it is read) and the resourceVersion to watch from."""
-        return self._list_dra("resourceslices", transform)
-
-    def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
-        """Raw watch events (parsed JSON, one per line) for ResourceSlices, from ``resource_version``."""
-        resp = self.custom.list_cluster_custom_object(
-            DRA_GROUP,
-            DRA_VERSION,
-            "resourceslices",
-            **_watch_args(resource_version, timeout_s),
-        )
-        yield from _events(resp)
-
-    def list_resource_claims(self) -> list[dict[str, Any]]:
-        """ResourceClaims of every namespace: which pods hold which devices (status.allocation, reservedFor)."""
-        return self._list_dra("resourceclaims")[0]
-
-    def list_device_taint_rules(self) -> list[dict[str, Any]]:
-        """gpuhealth's own DeviceTaintRules (by label): nobody else's is ever read for change."""
-        return self._list_dra("devicetaintrules", label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")[0]
-
-    def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create one rule; 409 if its (deterministic) name exists, which callers treat as done."""
-        return self._json(  # type: ignore[no-any-return]
-            self.custom.create_cluster_custom_object(
-                DRA_GROUP, DRA_VERSION, "devicetaintrules", body, _preload_content=False
-            )
-        )
-
-    def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None:
-        """Delete one rule, only the object that was read (uid precondition) when ``uid`` is given."""
-        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
-        self.custom.delete_cluster_custom_object(
-            DRA_GROUP, DRA_VERSION, "devicetaintrules", name, body=body, _preload_content=False
-        )
-
-    # -- events ----------------------------------------------------------------------------------
-
-    def post_event(
-        self,
-        kind: str,
-        name: str,
-        uid: str,
-        type_: str,
-        reason: str,
-        message: str,
-        api_version: str = "v1",
-        at: dt.datetime | None = None,
-        namespace: str = "",
-    ) -> None:
-        """A core/v1 Event; for Nodes the uid is the node name, as kubelet does, so `describe` finds it.
-        A namespaced object's Event (``namespace``: a Kueue Workload's) goes into its own namespace.
-
-        ``at`` is when it happened (Events are posted in the background, a moment later). The name is
-        derived from the Event itself, so a retry after a lost response (the first POST did land)
-        finds it already there instead of posting the same announcement twice.
-        """
-        now = at or dt.datetime.now(dt.UTC)
-        ns = namespace or self.event_namespace
-        digest = hashlib.sha256(f"{kind}/{name}/{reason}/{message}/{self.instance}".encode()).hexdigest()[:8]
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{name}.{now.strftime('%Y%m%d%H%M%S%f')}{digest}",
-                "namespace": ns,
-            },
-            "involvedObject": {
-                "kind": kind,
-                "name": name,
-                "uid": uid,
-                "apiVersion": api_version,
-                **({"namespace": namespace} if namespace else {}),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "action": reason,
-            "firstTimestamp": format_time_precise(now)[:19] + "Z",
-            "lastTimestamp": format_time_precise(now)[:19] + "Z",
-            "eventTime": format_time_precise(now),
-            "count": 1,
-        }
-        try:
-            self.core.create_namespaced_event(ns, body, _preload_content=False)
-        except Exception as e:
-            if not is_conflict(e):
-                raise  # 409: this very Event was posted by an earlier try whose response was lost
-
-
-def _page_args(cont: str | None) -> dict[str, Any]:
-    kw: dict[str, Any] = {"limit": PAGE, "_preload_content": False}
-    if cont:
-        kw["_continue"] = cont
-    return kw

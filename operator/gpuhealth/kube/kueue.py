@@ -16,19 +16,9 @@ from kubernetes import client
 from gpuhealth.api.names import COMPONENT, KUEUE_GROUP, KUEUE_VERSION
 from gpuhealth.kube.errors import is_not_found
 from gpuhealth.kube.paging import PAGE, pages
+from gpuhealth.kube.watches import watch_events
 
 APPLY = "application/apply-patch+yaml"
-
-
-def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    from kubernetes.watch.watch import iter_resp_lines
-
-    try:
-        for line in iter_resp_lines(resp):
-            yield json.loads(line)
-    finally:
-        resp.close()
-        resp.release_conn()
 
 
 class KueuePort(Protocol):
@@ -117,7 +107,7 @@ class KueueCalls:
             _preload_content=False,
             _request_timeout=(10, timeout_s + 30),
         )
-        yield from _events(resp)
+        yield from watch_events(resp)
 
     def list_workloads_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]]

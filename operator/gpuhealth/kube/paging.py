@@ -22,3 +22,24 @@ def pages(fetch: Callable[[str | None], Mapping[str, Any]]) -> Iterator[Mapping[
 def list_all(fetch: Callable[[str | None], Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every item of a paged list."""
     return [item for page in pages(fetch) for item in page.get("items") or []]
+
+
+def page_args(cont: str | None) -> dict[str, Any]:
+    """A list request's paging arguments (unparsed response: the caller decodes plain dicts)."""
+    kw: dict[str, Any] = {"limit": PAGE, "_preload_content": False}
+    if cont:
+        kw["_continue"] = cont
+    return kw
+
+
+def list_rv(
+    fetch: Callable[[str | None], Mapping[str, Any]], transform: Callable[[dict[str, Any]], Any]
+) -> tuple[list[Any], str]:
+    """Every item of a paged list through ``transform`` (a slimmer cuts each before the next page is
+    read), and the resourceVersion of the list to watch from."""
+    items: list[Any] = []
+    rv = ""
+    for page in pages(fetch):
+        items.extend(transform(o) for o in page.get("items") or [])
+        rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
+    return items, rv
