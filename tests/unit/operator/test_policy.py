@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 
 from gpuhealth.api.durations import format_duration, parse_duration
 from gpuhealth.api.names import Action, Mode
-from gpuhealth.api.policy import (
-    LabelSelector,
-    Policy,
-    PolicyError,
-    breaker_limit,
-    parse_selector,
-    select_policy,
-)
+from gpuhealth.api.policy import Policy, PolicyError, breaker_limit, select_policy
+from gpuhealth.api.selector import LabelSelector, parse_selector
 from tests.unit.operator.builders import make_policy
 
 # --- durations ---------------------------------------------------------------------------------

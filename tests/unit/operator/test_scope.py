@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api.device_policy import DeviceSettings
 from gpuhealth.api.names import Action, Scope, Signal
-from gpuhealth.api.policy import DeviceSettings, PolicyError
+from gpuhealth.api.policy import PolicyError
 from gpuhealth.evaluation.assess import Finding, NodeView, assess
 from gpuhealth.evaluation.scope import device_findings, node_findings, scope_of, xid_scope
 from tests.unit.operator.builders import T0, at, gpu, make_policy, make_report, xid_event
