@@ -295,7 +295,7 @@ class _LeaseWriter:
         self.api = api
 
     def patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        from gpuhealth.agent.publisher import NotFoundError
+        from gpuhealth.agent.transport import NotFoundError
 
         try:
             self.api.patch_namespaced_lease(name, namespace, patch, _content_type=MERGE, _preload_content=False)

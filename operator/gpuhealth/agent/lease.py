@@ -20,7 +20,7 @@ import threading
 from datetime import datetime
 from typing import IO, Any, Protocol
 
-from gpuhealth.agent.publisher import FIELD_MANAGER, MERGE_PATCH, AlreadyExistsError, NotFoundError
+from gpuhealth.agent.transport import FIELD_MANAGER, MERGE_PATCH, AlreadyExistsError, NotFoundError
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR, AGENT_MANAGER, MANAGED_BY_LABEL
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"

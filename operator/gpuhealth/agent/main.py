@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(0 if spec["nvml"]["available"] else EXIT_NVML_UNAVAILABLE)
 
     from gpuhealth.agent.lease import KubeLeaseTransport, LeaseTransport, PrintLeaseTransport
-    from gpuhealth.agent.publisher import KubeTransport, PrintTransport, ReportTransport
+    from gpuhealth.agent.transport import KubeTransport, PrintTransport, ReportTransport
 
     transport: ReportTransport
     leases: LeaseTransport

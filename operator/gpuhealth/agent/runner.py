@@ -27,7 +27,7 @@ from gpuhealth.agent.lease import LeaseTransport, NodeLease
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
 from gpuhealth.agent.nvml_source import NvmlSource
-from gpuhealth.agent.publisher import LatestSnapshot, Publisher, ReportTransport
+from gpuhealth.agent.publisher import LatestSnapshot, Publisher
 from gpuhealth.agent.report import (
     DEFAULT_MAX_XID_EVENTS,
     DEFAULT_TEMPERATURE_BAND_C,
@@ -37,6 +37,7 @@ from gpuhealth.agent.report import (
 )
 from gpuhealth.agent.server import MetricsServer
 from gpuhealth.agent.source import DeviceSource
+from gpuhealth.agent.transport import ReportTransport
 
 log = logging.getLogger(__name__)
 

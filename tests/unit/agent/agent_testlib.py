@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gpuhealth.agent.merge_patch import apply_merge_patch
-from gpuhealth.agent.publisher import AlreadyExistsError, NotFoundError
 from gpuhealth.agent.runner import Agent
+from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError
 
 _BUILD_PY = Path(__file__).resolve().parents[2] / "fakenvml" / "build.py"
 

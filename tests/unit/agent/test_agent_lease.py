@@ -10,8 +10,8 @@ from typing import Any
 
 from gpuhealth.agent.lease import LEASE_SELECTOR, NodeLease, lease_duration_s, micro_time
 from gpuhealth.agent.merge_patch import apply_merge_patch
-from gpuhealth.agent.publisher import AlreadyExistsError, NotFoundError
 from gpuhealth.agent.runner import Agent, AgentConfig
+from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError
 from gpuhealth.api.timeutil import parse_time
 from tests.unit.agent.agent_testlib import BOOT_TIME, FakeTransport, Scenario, wait_for
 

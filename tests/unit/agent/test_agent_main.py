@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.agent.main import EXIT_NVML_UNAVAILABLE, build_parser, config_from_args, main
-from gpuhealth.agent.publisher import KubeTransport
+from gpuhealth.agent.transport import KubeTransport
 from tests.unit.agent.agent_testlib import Scenario
 
 
