@@ -44,6 +44,7 @@ from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, Step
 from gpuhealth.api.report import Device, ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.api.status import Record, node_status
+from gpuhealth.catalog import xid as xid_catalog
 from gpuhealth.controller.slim import slim_report
 from tests.support import crdschema
 from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
@@ -495,6 +496,16 @@ def test_report_vocabularies_are_the_agent_model() -> None:
     sources = set(typing.get_args(agent_model.SourceName))
     assert _enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
     assert _enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"
+
+
+def test_the_catalogs_default_actions_are_the_policy_actions() -> None:
+    """An XID's default action is applied as a policy action: the two vocabularies are one."""
+    assert set(xid_catalog.DEFAULT_ACTIONS) == {str(a) for a in Action}, (
+        "catalog/xid.py DEFAULT_ACTIONS vs api/names.py Action"
+    )
+    assert list(xid_catalog.DEFAULT_ACTIONS) == sorted(xid_catalog.DEFAULT_ACTIONS, key=lambda a: Action(a).severity), (
+        "catalog/xid.py DEFAULT_ACTIONS is mildest first, as api/names.py Action.severity orders them"
+    )
 
 
 def _policy_paths(key: str) -> list[str]:
