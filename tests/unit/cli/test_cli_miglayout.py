@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 from typing import Any
 
 from gpuhealth.cli import main as cli
@@ -219,3 +220,15 @@ def test_describe_command_reads_claims_only_for_a_mig_node_and_survives_a_forbid
     denied = FakeClient(report(NODE, "Healthy", spec=spec()), forbidden=("list_resource_claims",))
     code, out = _describe(denied, "-o", "json")
     assert code == 0 and '"migLayoutErrors"' in out and '"gpuInstanceId": 1' in out
+
+
+def example() -> str:
+    """The runbook's example: GPU 2's instance A held out by a repeated application XID, a pod on each."""
+    rep = report(NODE, "Degraded", spec=spec(), devices=[held(MIG2[0])])
+    claims = [claim("team-a", "tenant-a", MIG2[0]), claim("team-b", "tenant-b", MIG2[1])]
+    return "\n".join(layout_lines(layout(rep, static_slices(), claims, []))[1:])
+
+
+def test_the_runbooks_example_is_this_fixtures_output() -> None:
+    runbook = (Path(__file__).resolve().parents[3] / "docs" / "runbook.md").read_text(encoding="utf-8")
+    assert f"```text\n{example()}\n```" in runbook
