@@ -152,16 +152,18 @@ def _gpu(
             }
         )
     gpu["instances"] = rows
-    if found.partitions:
+    if found.refs or found.conflict:
         gpu["via"] = "dra"
         gpu["freePlacements"] = free
         gpu["freePlacementsHeldOut"] = free_held
+        if found.conflict:
+            gpu["note"] = found.reason
+        elif not found.partitions:
+            gpu["note"] = "the ResourceSlices publish no MIG device of this GPU (they may lag a new MIG layout)"
     else:
         gpu["via"] = "device-plugin"
         gpu["note"] = PLUGIN_NOTE
         gpu["pluginPods"] = _plugin_pods(pods)
-    if found.conflict:
-        gpu["note"] = found.reason
     return gpu
 
 

@@ -143,6 +143,13 @@ def test_device_plugin_mig_lists_the_reported_instances_and_the_nodes_mig_pods_w
     assert "pods cannot be told apart per instance" in text and "ml/infer-0" in text
 
 
+def test_a_mig_gpu_the_slices_publish_whole_is_dra_and_says_the_slices_lag() -> None:
+    plain = S.static_slices(NODE, [S.Gpu(i, uuid(i)) for i in range(4)]).slices
+    (gpu,) = layout(report(NODE, "Healthy", spec=spec()), plain, [], [])
+    assert gpu["via"] == "dra" and "publish no MIG device of this GPU" in gpu["note"]
+    assert [i["device"] for i in gpu["instances"]] == [None, None]  # the reported instances, without a device
+
+
 def test_partitionable_gpu_shows_only_allocated_placements_and_counts_the_rest() -> None:
     slices = S.partitionable_slices(NODE, [S.Gpu(i, uuid(i)) for i in range(2)]).slices
     placement = "gpu-1-mig-3g40gb-9-4"
