@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
+from tests.integration.test_cli import ok, plugin
 from tests.integration.test_device_quarantine import device, gone_or_deleting, pod_annotations, rules_of
 from tests.support import dra
 from tests.support import dra_shapes as S
@@ -238,6 +239,41 @@ def test_application_xids_repeated_on_one_mig_instance_hold_out_that_mig_device_
     assert all(r["spec"]["deviceSelector"]["device"] != b_device for r in rules_of(kube, node).values())
     assert ours(kube, node) == want
     assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
+
+
+def test_describe_shows_each_mig_instance_with_its_pod_and_the_held_out_one_marked(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    """The real plugin against the real API: the pods the scheduler put on each MIG device, and the
+    instance an application XID repeated on held out by its own rule (cordon: the pods stay)."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.put_report(node, healthy(node))
+    ns = setup(kube, group, "pd", rules={"xid": {"applicationRepeat": {"action": "cordon"}}})
+    dra.publish(kube, static_mig_node(node))
+    for name, template in (("tenant-a", "mig"), ("tenant-b", "mig"), ("whole", "full")):
+        kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, name, template, node))
+    held = {name: dra.wait_allocated(kube, ns, name)[0] for name in ("tenant-a", "tenant-b")}
+    a_device, b_device = held["tenant-a"], held["tenant-b"]
+    a_gi = MIG2.index(a_device) + 1
+    kube.put_report(node, mig_spec(node, [(30, a_gi), (20, a_gi), (10, a_gi)]))
+    rule = f"gpuhealth-{node}-{a_device}"
+    wait_for(lambda: ours(kube, node) == {rule: a_device}, timeout=30, what="a rule for A's MIG device only")
+
+    lines = ok(plugin(cluster, "describe", node)).splitlines()
+    start = lines.index("MIG layout (each instance, whether it is held out, the pods on it):")
+    assert lines[start + 1].strip() == f"GPU 2 ({dra.node_uuid(node, 2)}): MIG Enabled, DRA devices"
+    rows = {ln.split()[0]: ln for ln in lines[start + 3 : start + 5]}
+    assert set(rows) == set(MIG2), lines[start : start + 6]
+    assert f"HELD OUT ({rule})" in rows[a_device] and rows[a_device].endswith(f"{ns}/tenant-a")
+    assert "HELD OUT" not in rows[b_device] and rows[b_device].endswith(f"{ns}/tenant-b")
+    b_uuid = S.mig_uuid(dra.node_uuid(node, 2), "3g.40gb", (0, 4)[2 - a_gi])
+    assert rows[b_device].split()[1:5] == ["3g.40gb", str(3 - a_gi), "0", b_uuid]
+    assert f"{ns}/whole" not in "\n".join(lines[start:])  # its full GPU is not MIG: no layout
+
+    (gpu,) = json.loads(ok(plugin(cluster, "describe", node, "-o", "json")))["migLayout"]
+    by_device = {i["device"]: i for i in gpu["instances"]}
+    assert by_device[a_device]["pods"] == [f"{ns}/tenant-a"] and by_device[a_device]["taintRule"] == rule
+    assert by_device[b_device]["pods"] == [f"{ns}/tenant-b"] and not by_device[b_device]["heldOut"]
 
 
 def test_partitionable_gpu_is_held_out_with_every_placement(

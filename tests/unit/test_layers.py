@@ -5,9 +5,10 @@ Layers, low to high: ``api`` and ``catalog`` (the contract and NVIDIA's data), `
 and the drain planner), ``evaluation`` (assess, decide), ``kube`` and ``actions`` (the API door, Node
 patch planning), ``controller``. The ``agent`` stays self-contained (the agent image stays small): it
 may use only the contract (``api``: names, time format) and the ``kube`` credential chain and error
-taxonomy, never the operator's layers; so does the workload helper (``api`` only). The ``cli`` reads the contract and
-talks through ``kube``. Imports under ``TYPE_CHECKING`` count: a cycle for the type checker is a
-knot for the reader too.
+taxonomy, never the operator's layers; so does the workload helper (``api`` only). The ``cli`` reads
+the contract, talks through ``kube`` and shows what the operator acts on through the same pure
+mappings (``drain`` for the pods of a device, ``actions`` for the devices of a GPU). Imports under
+``TYPE_CHECKING`` count: a cycle for the type checker is a knot for the reader too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "actions": {"api", "catalog", "drain", "evaluation"},
     "controller": {"api", "catalog", "drain", "evaluation", "kube", "actions"},
     "agent": {"api", "kube"},
-    "cli": {"api", "catalog", "kube"},
+    "cli": {"api", "catalog", "drain", "actions", "kube"},
     "workload": {"api"},
 }
 

@@ -17,7 +17,16 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpuhealth.api.names import COMPONENT, GPU_PRESENT_LABEL, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.api.names import (
+    COMPONENT,
+    DRA_GROUP,
+    DRA_VERSION,
+    GPU_PRESENT_LABEL,
+    GROUP,
+    POLICY_PLURAL,
+    REPORT_PLURAL,
+    VERSION,
+)
 from gpuhealth.cli.errors import ApiError
 from gpuhealth.kube import credentials as kubeconfig_chain
 from gpuhealth.kube.paging import PAGE, list_all
@@ -64,7 +73,7 @@ class NotFound(ApiError):
 
 
 class Client:
-    """Thin, synchronous access to Nodes, Events and gpuhealth's two resources."""
+    """Thin, synchronous access to Nodes, Events, pods, DRA slices and claims, and gpuhealth's two resources."""
 
     def __init__(self, cfg: client.Configuration, timeout: float = 30.0) -> None:
         self.host = cfg.host
@@ -136,6 +145,35 @@ class Client:
             for e in items
             if (e.get("source") or {}).get("component") == COMPONENT or e.get("reportingComponent") == COMPONENT
         ]
+
+    # -- pods and DRA (for the MIG layout) -------------------------------------------------------------
+
+    def node_pods(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to ``node``."""
+        return self._pages("list pods", self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+
+    def node_resource_slices(self, node: str) -> list[dict[str, Any]]:
+        """The ResourceSlices of ``node``; none where the API server serves no resource.k8s.io/v1."""
+        try:
+            return self._pages(
+                "list resourceslices",
+                self.custom.list_cluster_custom_object,
+                DRA_GROUP,
+                DRA_VERSION,
+                "resourceslices",
+                field_selector=f"spec.nodeName={node}",
+            )
+        except NotFound:
+            return []
+
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        """Every namespace's ResourceClaims: which pods hold which devices."""
+        try:
+            return self._pages(
+                "list resourceclaims", self.custom.list_cluster_custom_object, DRA_GROUP, DRA_VERSION, "resourceclaims"
+            )
+        except NotFound:
+            return []
 
     # -- gpuhealth resources -----------------------------------------------------------------------
 

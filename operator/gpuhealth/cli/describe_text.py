@@ -1,4 +1,4 @@
-"""Pure text for `kubectl gpuhealth describe` and `explain`: one node in detail, one XID.
+"""Pure text for `kubectl gpuhealth describe`: one node in detail (the MIG layout is miglayout.py's).
 
 Shares the table, age and colour helpers of render.py; like it, reads nothing from the terminal.
 """
@@ -15,6 +15,7 @@ from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.cli.ladderview import step_text
+from gpuhealth.cli.miglayout import layout_lines
 from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, table
 
 # -- describe ----------------------------------------------------------------------------------------
@@ -324,6 +325,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
             interval = f.get("previousIntervalSeconds")
             text += f", previous interval {human_age(interval)}" if interval is not None else ", the first on record"
             lines.append(text)
+    lines += layout_lines(m.get("migLayout") or [], m.get("migLayoutErrors") or [])
     for index, d in sorted((m.get("deviceDrains") or {}).items()):
         lines += ["", f"Drain of GPU {index} (only the pods that hold it):", *drain_lines(d)]
 
@@ -383,25 +385,4 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         )
     else:
         lines.append("  (none)")
-    return "\n".join(lines) + "\n"
-
-
-# -- explain -----------------------------------------------------------------------------------------
-
-
-def render_explain(e: Mapping[str, Any]) -> str:
-    name = str(e["name"])
-    if e.get("mnemonic") and e["mnemonic"] != "UNKNOWN":
-        name += f" ({e['mnemonic']})"
-    lines = [
-        f"XID {e['code']}: {name}",
-        "",
-        _field("Description", str(e["description"]), 18),
-        _field("Immediate action", f"{e['immediateAction']}: {e['immediateActionText']}", 18),
-        _field("Application error", "yes: usually caused by the application" if e["applicationError"] else "no", 18),
-        _field("gpuhealth action", f"{e['defaultAction']}: {e['defaultActionText']}", 18),
-        _field("What to do", str(e["whatToDo"]), 18),
-    ]
-    if e.get("notes"):
-        lines += ["", "Notes:", *(f"  - {n}" for n in e["notes"])]
     return "\n".join(lines) + "\n"

@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
 from gpuhealth.api.durations import parse_duration
+from gpuhealth.api.names import DEFAULT_DRA_DRIVER
+from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
-from gpuhealth.cli import changes, describe_text, explain, fleet, nodeview, render
+from gpuhealth.cli import changes, describe_text, explain, explain_text, fleet, miglayout, nodeview, render
 from gpuhealth.cli.client import Client, load_configuration
 from gpuhealth.cli.errors import EXIT_OK, EXIT_USAGE, ApiError, CliError, Refused
 
@@ -216,6 +218,34 @@ def cmd_status(ctx: Context) -> int:
     return EXIT_OK
 
 
+def _drivers(policy: Mapping[str, Any] | None) -> tuple[str, ...]:
+    try:
+        return parse_policy(policy).devices.drivers if policy else (DEFAULT_DRA_DRIVER,)
+    except PolicyError:
+        return (DEFAULT_DRA_DRIVER,)
+
+
+def _mig_layout(
+    ctx: Context, node: str, report: Mapping[str, Any] | None, policy: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The node's MIG layout, and what could not be read for it (the rest of describe still shows)."""
+    errors: list[str] = []
+
+    def read(fn: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        try:
+            return fn()
+        except ApiError as e:
+            errors.append(str(e))
+            return []
+
+    slices = read(lambda: ctx.client.node_resource_slices(node))
+    if not miglayout.wanted(report, slices):
+        return [], errors
+    claims = read(ctx.client.list_resource_claims)
+    pods = read(lambda: ctx.client.node_pods(node))
+    return miglayout.mig_layout(node, report, slices, claims, pods, _drivers(policy)), errors
+
+
 def cmd_describe(ctx: Context) -> int:
     a = ctx.args
     node = ctx.client.get_node(a.node)
@@ -236,6 +266,9 @@ def cmd_describe(ctx: Context) -> int:
     model = nodeview.describe_node(a.node, node, report, policy, events, ctx.clock(), lease=lease)
     if events_error:
         model["eventsError"] = events_error
+    model["migLayout"], layout_errors = _mig_layout(ctx, a.node, report, policy)
+    if layout_errors:
+        model["migLayoutErrors"] = layout_errors
     if a.output == "json":
         ctx.json(model)
     else:
@@ -250,7 +283,7 @@ def cmd_explain(ctx: Context) -> int:
     if ctx.args.output == "json":
         ctx.json(model)
     else:
-        ctx.print(describe_text.render_explain(model))
+        ctx.print(explain_text.render_explain(model))
     return EXIT_OK
 
 

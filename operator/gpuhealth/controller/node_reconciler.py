@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
+from gpuhealth.actions.pod_sites import pod_sites
 from gpuhealth.api.names import (
     API_VERSION,
     OUT_OF_SERVICE,
@@ -47,7 +48,7 @@ from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.remediator import Remediator
 from gpuhealth.controller.store import Store, gpu_capacity
-from gpuhealth.evaluation.assess import Assessment, NodeView, assess
+from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
@@ -144,6 +145,20 @@ class NodeReconciler:
                 )
             return None
 
+    async def _restart_loop(self, name: str, policy: Policy, report: Report | None, now: dt.datetime) -> Finding | None:
+        """The node's restart-loop finding, narrowed to one GPU or MIG device where every failing pod
+        holds it. Claims are listed (cached for a second across nodes) only once a loop is found."""
+        pods, workloads = self.store.pods_on(name), self.store.workloads()
+        loop = restart_loop_finding(policy, name, pods, workloads, now)
+        if loop is None or report is None or not policy.devices.enabled:
+            return loop
+        slices = self.devices.slices.slices()
+        if not slices:
+            return loop
+        claims = await self.device_drainer.claims()
+        sites = pod_sites(name, slices, policy.devices.drivers, report, claims, pods)
+        return restart_loop_finding(policy, name, pods, workloads, now, sites)
+
     async def _reconcile_once(self, name: str) -> None:
         store = self.store
         node = store.nodes.get(name)
@@ -165,7 +180,7 @@ class NodeReconciler:
         # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
         released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
         view = NodeView(name, node["metadata"].get("labels") or {}, gpu_capacity(node))
-        loop = restart_loop_finding(policy, name, store.pods_on(name), store.workloads(), now)
+        loop = await self._restart_loop(name, policy, report, now)
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())

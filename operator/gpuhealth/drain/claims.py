@@ -47,24 +47,34 @@ def pod_claim_names(pod: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def devices_by_pod(
+    claims: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, set[DeviceRef]]:
+    """Each pod (``namespace/name``) that holds a device -> the devices its claims were allocated."""
+    named: dict[str, set[str]] = {}  # claim key -> the pods that name it
+    for pod in pods:
+        m = pod.get("metadata") or {}
+        ns = m.get("namespace", "")
+        for c in pod_claim_names(pod):
+            named.setdefault(f"{ns}/{c}", set()).add(f"{ns}/{m.get('name', '')}")
+    out: dict[str, set[DeviceRef]] = {}
+    for claim in claims:
+        devices = claim_devices(claim)
+        if not devices:
+            continue
+        ns = (claim.get("metadata") or {}).get("namespace", "")
+        holders = set(named.get(_claim_key(claim), ()))
+        for ref in (claim.get("status") or {}).get("reservedFor") or []:
+            if ref.get("resource") == "pods" and not ref.get("apiGroup") and ref.get("name"):
+                holders.add(f"{ns}/{ref['name']}")
+        for key in holders:
+            out.setdefault(key, set()).update(devices)
+    return out
+
+
 def pods_holding(
     devices: Iterable[DeviceRef], claims: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = ()
 ) -> set[str]:
     """Keys (``namespace/name``) of the pods that hold any of ``devices``."""
     wanted = set(devices)
-    holding: set[str] = set()  # claim keys
-    out: set[str] = set()
-    for claim in claims:
-        if not claim_devices(claim) & wanted:
-            continue
-        holding.add(_claim_key(claim))
-        ns = (claim.get("metadata") or {}).get("namespace", "")
-        for ref in (claim.get("status") or {}).get("reservedFor") or []:
-            if ref.get("resource") == "pods" and not ref.get("apiGroup") and ref.get("name"):
-                out.add(f"{ns}/{ref['name']}")
-    for pod in pods:
-        m = pod.get("metadata") or {}
-        ns = m.get("namespace", "")
-        if any(f"{ns}/{c}" in holding for c in pod_claim_names(pod)):
-            out.add(f"{ns}/{m.get('name', '')}")
-    return out
+    return {key for key, held in devices_by_pod(claims, pods).items() if held & wanted}

@@ -1,13 +1,21 @@
-"""Pure restart-loop detection: is this node the common cause of several workloads failing?
+"""Pure restart-loop detection: is this node, one GPU of it or one MIG instance the common cause of
+several workloads failing?
 
 Several distinct workloads failing on one node within the window, while the same workloads run
-fine on other nodes, point at the node, not at the workloads.
+fine on other nodes, point at the node, not at the workloads. Where the devices the failing pods
+hold are known (``sites``: the GPUs and MIG devices each pod holds through its DRA claims), the
+evidence narrows to what they share: every failing pod on one MIG device of which the agent lists
+the instance, that MIG device (the finding carries the instance, as a repeated application XID
+confined to it does); every failing pod on one GPU (several of its instances, or its full device),
+that GPU. A failing pod whose devices are not known (no DRA claim, device-plugin MIG, a GPU the
+slices do not map), or pods on several GPUs, keep the finding the node's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.api.names import Signal
@@ -16,6 +24,18 @@ from gpuhealth.api.timeutil import parse_time
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import Step
 from gpuhealth.evaluation.assess import Finding
+from gpuhealth.evaluation.findings import Instance
+
+
+@dataclass(frozen=True)
+class Site:
+    """A device a pod holds: GPU ``gpu`` (``uuid``), its DRA ``device`` (``driver/pool/device``) and,
+    for a MIG device the agent lists, the instance it is."""
+
+    gpu: int
+    uuid: str = ""
+    device: str = ""
+    instance: Instance | None = None
 
 
 def failure(pod: Mapping[str, Any], now: dt.datetime, window_s: float) -> tuple[int, dt.datetime] | None:
@@ -49,7 +69,10 @@ def restart_loop_finding(
     node_pods: Sequence[Mapping[str, Any]],
     workload_pods: Mapping[str, Sequence[Mapping[str, Any]]],
     now: dt.datetime,
+    sites: Mapping[str, frozenset[Site]] | None = None,
 ) -> Finding | None:
+    """The restart-loop finding of ``node``, the node's unless ``sites`` (pod key -> the devices it
+    holds) place every failing pod on one GPU or one MIG device (see the module docstring)."""
     if not policy.restart_loop_enabled:
         return None
     failing: dict[str, list[tuple[str, int, dt.datetime]]] = {}
@@ -79,8 +102,37 @@ def restart_loop_finding(
         f"{wk}: " + ", ".join(f"{pod} restarted {n}x" for pod, n, _ in items) + " (runs fine elsewhere)"
         for wk, items in evidence
     ]
-    detail = f"{len(evidence)} workloads keep failing on this node since {since:%H:%M:%SZ}: " + "; ".join(parts)
-    return Finding(Signal.RESTART_LOOP, policy.restart_loop_action, detail[:900], since=since)
+    where = shared_site([pod for _, items in evidence for pod, _, _ in items], sites or {})
+    if where is None:
+        on, gpu, uuid, instance = "this node", None, "", None
+    else:
+        gpu, uuid, instance = where.gpu, where.uuid, where.instance
+        on = "its " + instance.words() if instance is not None else "this GPU"
+    detail = f"{len(evidence)} workloads keep failing on {on} since {since:%H:%M:%SZ}: " + "; ".join(parts)
+    return Finding(
+        Signal.RESTART_LOOP,
+        policy.restart_loop_action,
+        detail[:900],
+        gpu=gpu,
+        uuid=uuid,
+        since=since,
+        instance=instance,
+    )
+
+
+def shared_site(pods: Sequence[str], sites: Mapping[str, frozenset[Site]]) -> Site | None:
+    """What every pod of ``pods`` sits on: the one MIG device they all hold (its ``instance`` set), or
+    their one GPU (``instance`` None); None where a pod's devices are unknown or span GPUs."""
+    held = [sites.get(p) or frozenset() for p in pods]
+    if not pods or not all(held):
+        return None
+    union = frozenset().union(*held)
+    if len({s.gpu for s in union}) != 1:
+        return None
+    if len(union) == 1 and next(iter(union)).instance is not None:
+        return next(iter(union))
+    first = min(union, key=lambda s: s.device)
+    return Site(first.gpu, first.uuid)
 
 
 def crashloop_evictions(policy: Policy, node_pods: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[Step]:

@@ -2,8 +2,10 @@
 
 Pure. The built-in scope comes from the kind of evidence and, for XIDs, from NVIDIA's catalog
 remedy: a fault whose remedy is a GPU reset is confined to that GPU; one whose remedy is a node
-reboot, an NVLink / fabric fault, a lost GPU, a missing GPU, a restart loop or a silent agent is
-the node's. The policy can override the scope per rule (``spec.rules.<rule>.scope``) and per XID
+reboot, an NVLink / fabric fault, a lost GPU, a missing GPU or a silent agent is the node's. A
+restart loop is the node's unless its failing pods all hold one GPU or one MIG device of it
+(``evaluation/restarts.py`` then names that GPU): then it is that GPU's. The policy can override
+the scope per rule (``spec.rules.<rule>.scope``) and per XID
 (``spec.rules.xid.overrides[].scope``), and turn device scope off for the whole fleet
 (``spec.devices.scope: Node``). A finding without a GPU is always node scope.
 """
@@ -72,6 +74,8 @@ def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> 
             return policy.devices.xid_scopes[finding.code]
         device = report.device(finding.gpu) if report is not None else None
         return xid_scope(finding.code, (device.recovery_action or "") if device else "")
+    if finding.signal == Signal.RESTART_LOOP:
+        return Scope.DEVICE  # named a GPU only where every failing pod holds it (restarts.py)
     rule = RULE_OF.get(finding.signal)
     if rule is None:
         return Scope.NODE

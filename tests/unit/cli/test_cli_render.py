@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.cli.describe_text import drain_lines, render_describe, render_explain
+from gpuhealth.cli.describe_text import drain_lines, render_describe
 from gpuhealth.cli.explain import explain
+from gpuhealth.cli.explain_text import render_explain
 from gpuhealth.cli.fleet import summarize
 from gpuhealth.cli.nodeview import describe_node
 from gpuhealth.cli.render import (

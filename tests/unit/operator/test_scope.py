@@ -62,13 +62,19 @@ def _f(signal: Signal, gpu_index: int | None = 2, code: int | None = None) -> Fi
         (Signal.THERMAL, Scope.DEVICE),
         (Signal.APP_XID_REPEATED, Scope.DEVICE),
         (Signal.GPU_LOST, Scope.NODE),
-        (Signal.RESTART_LOOP, Scope.NODE),
         (Signal.GPU_COUNT, Scope.NODE),
         (Signal.AGENT_SILENT, Scope.NODE),
     ],
 )
 def test_rule_defaults(signal: Signal, scope: Scope) -> None:
     assert scope_of(_f(signal), make_policy()) == scope
+
+
+def test_a_restart_loop_is_the_gpus_only_when_it_names_one() -> None:
+    """restarts.py names a GPU only where every failing pod holds it; otherwise it is the node's."""
+    assert scope_of(_f(Signal.RESTART_LOOP, gpu_index=None), make_policy()) == Scope.NODE
+    assert scope_of(_f(Signal.RESTART_LOOP, gpu_index=2), make_policy()) == Scope.DEVICE
+    assert scope_of(_f(Signal.RESTART_LOOP, gpu_index=2), make_policy({"devices": {"scope": "Node"}})) == Scope.NODE
 
 
 def test_a_finding_without_a_gpu_is_node_scope_whatever_the_policy() -> None:
