@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv control-plane tools lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
+.PHONY: help venv control-plane tools kueue lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
+	@echo "make demo KUEUE=1  the same, its training job under Kueue with gpuhealth's AdmissionCheck"
 	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make chaos         fault-injection suite"
@@ -33,8 +34,11 @@ control-plane:
 
 # Builds (first time) or finds (cached) helm and promtool for the chart and alert tests, and Kueue's
 # manager, CRDs and webhooks for tests/integration/test_kueue.py; fails loudly.
-tools:
+tools: kueue
 	@bash hack/build-tools.sh >/dev/null
+
+# Builds (first time) or finds (cached) Kueue's manager, CRDs and webhooks; fails loudly.
+kueue:
 	@bash hack/build-kueue.sh >/dev/null
 
 lint: $(STAMP)
@@ -56,8 +60,10 @@ test: $(STAMP) control-plane tools lint typecheck
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
 
-demo: $(STAMP) control-plane
-	$(PY) -m hack.demo $(DEMO_ARGS)
+# KUEUE=1: the training job runs under Kueue (hack/demo/kueue.py); only then is Kueue built or needed.
+DEMO_KUEUE := $(filter 1 yes true,$(KUEUE))
+demo: $(STAMP) control-plane $(if $(DEMO_KUEUE),kueue)
+	$(PY) -m hack.demo $(if $(DEMO_KUEUE),--kueue) $(DEMO_ARGS)
 
 bench: $(STAMP) control-plane
 	$(PY) -m hack.bench $(BENCH_ARGS)

@@ -16,11 +16,13 @@ from tests.support import dra, pidfile
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, wait_for
+from tests.support.kueue import workload
 
 import hack.demo as package
-from hack.demo import mig, reset
+from hack.demo import kueue, mig, reset
 from hack.demo.common import (
     DEMO_POLICY,
+    NS,
     OUT,
     Timeline,
     act_as_trainer,
@@ -68,6 +70,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=package.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the cluster, operator and agents running")
     ap.add_argument("--nodes", type=int, default=8, help="fake GPU nodes (at least 5: one per story)")
+    ap.add_argument(
+        "--kueue",
+        action="store_true",
+        help="run the training job under Kueue, with gpuhealth's AdmissionCheck (make demo KUEUE=1)",
+    )
     args = ap.parse_args()
     if args.nodes < 5:
         ap.error("--nodes: at least 5 (XID 79, thermal DRA, application XID, MIG and reset nodes)")
@@ -81,15 +88,22 @@ def main() -> int:
     cluster = LocalCluster(OUT / "cluster", nodes=args.nodes).start()
     kube = Kube(cluster.kubeconfig)
     nodes = sorted(n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items)
-    operator = agents = None
+    operator = agents = queues = None
     stop = threading.Event()
     try:
         kube.apply_policy("demo-fleet", DEMO_POLICY)
-        operator = OperatorProcess(cluster, OUT / "operator.log").start()
+        if args.kueue:
+            print("== Starting Kueue (its manager beside the control plane; logs in build/demo/cluster/kueue) ==")
+            queues = kueue.start(cluster)
+        flags = ["--kueue=on"] if args.kueue else []
+        operator = OperatorProcess(cluster, OUT / "operator.log", extra_args=flags).start()
         print("== Operator running; starting one real agent per node (fake NVML) ==")
         t0 = time.time()
         timeline = Timeline(t0)
         threading.Thread(target=watch_nodes, args=(kube, timeline, stop), daemon=True).start()
+        if args.kueue:  # from before the Workload exists: its admission is on the timeline too
+            wlwatch = kueue.WorkloadWatch(kube, timeline, "llm-pretrain")
+            threading.Thread(target=wlwatch.run, args=(stop,), daemon=True).start()
         agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
         xid_node, hot_node, app_node, mig_node, reset_node = nodes[:5]
         mig.configure_agent(agents[mig_node])
@@ -97,7 +111,7 @@ def main() -> int:
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
         timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
         print("== Running GPU workloads ==")
-        run_workloads(cluster, kube, xid_node)
+        run_workloads(cluster, kube, xid_node, queued=args.kueue)
         dra.publish_device_classes(kube)
         dra.publish_slices(kube, [hot_node])  # a DRA driver publishes its GPUs (the fake NVML's UUIDs)
         cluster.apply_objects(dra_serving(hot_node))
@@ -106,7 +120,15 @@ def main() -> int:
         mig_held = mig.setup(cluster, kube, mig_node, timeline)
         reset_pod, reset_gpu = reset.setup(cluster, kube, reset_node, timeline)
         before = {p.metadata.name for p in pods_of(kube, "llm-pretrain")}
-        timeline.add(f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation")
+        queued_in = (
+            f", queued in Kueue (LocalQueue {kueue.LOCAL_QUEUE}, ClusterQueue {kueue.CLUSTER_QUEUE} with "
+            f"gpuhealth's AdmissionCheck)"
+            if args.kueue
+            else ""
+        )
+        timeline.add(
+            f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation{queued_in}"
+        )
         timeline.add("8 inference pods running (4 GPUs each)")
         acked: set[str] = set()
         threading.Thread(target=act_as_trainer, args=(kube, timeline, stop, acked), daemon=True).start()
@@ -154,7 +176,7 @@ def main() -> int:
             lambda: (
                 (r := [p for p in running(kube, "llm-pretrain") if p.spec.node_name != xid_node]) and len(r) == 4 and r
             ),
-            timeout=90,
+            timeout=120 if args.kueue else 90,
             what="training ranks running again on healthy nodes",
         )
         timeline.add("training job: 4 ranks running again on " + ", ".join(sorted({p.spec.node_name for p in moved})))
@@ -233,6 +255,15 @@ def main() -> int:
             "gpus_reset": resets,
             "mttr_s": reset_result["mttr_s"],
             "reset_ladder": reset_result["reset_ladder"],
+            **(
+                kueue.summary_fields(
+                    workload(kube, NS, "llm-pretrain"),
+                    len(kube.node_events(xid_node, "WorkloadMoved")),
+                    sum(1 for e in node_events if e.reason == "Evicted" and e.involved_object.name == xid_node),
+                )
+                if args.kueue
+                else {"kueue": False}
+            ),
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
             "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s); mttr_s is from the "
             "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included",
@@ -257,6 +288,8 @@ def main() -> int:
                 agents.stop()
             if operator:
                 operator.stop()
+            if queues:
+                queues.stop()
             cluster.stop()
 
 
@@ -291,7 +324,7 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node
     history = [(h.get("step"), h.get("result")) for h in summary["reset_ladder"].get("history") or []]
     if history != [("GPUReset", "Succeeded")]:
         out.append(f"the GPU's ladder history (status.remediation) is {history}, expected one GPUReset Succeeded")
-    return out
+    return out + kueue.misses(summary)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, wait_for
 from tests.support.workloads import indexed_training_job
 
+from hack.demo import kueue
 from hack.demo.common import NS, claim_deployment, running
+
+GPU_PRESENT = "nvidia.com/gpu.present"
 
 
 def dra_serving(node: str) -> list[dict[str, Any]]:
@@ -18,11 +21,18 @@ def dra_serving(node: str) -> list[dict[str, Any]]:
     return [dra.claim_template(NS, "one-gpu", 1), claim_deployment("dra-serving", "one-gpu", node, 8)]
 
 
-def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str) -> None:
-    """GPU work: a checkpointing training job (4 ranks) on one node, an inference Deployment on the rest."""
+def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str, queued: bool = False) -> None:
+    """GPU work: a checkpointing training job (4 ranks) on one node, an inference Deployment on the rest.
+
+    ``queued``: the training job runs under Kueue (``hack/demo/kueue.py``), through a queue with
+    gpuhealth's AdmissionCheck whose flavor stands for the GPU nodes."""
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}])
     wait_for(lambda: kube.core.read_namespaced_service_account("default", NS), what="namespace ready")
-    cluster.apply_objects([indexed_training_job("llm-pretrain", training_node, image="llm-trainer:1.4", namespace=NS)])
+    job = indexed_training_job("llm-pretrain", training_node, image="llm-trainer:1.4", namespace=NS)
+    if queued:
+        kueue.create_queue(cluster, {GPU_PRESENT: "true"})
+        job = kueue.queued(job)
+    cluster.apply_objects([job])
     wait_for(lambda: len(running(kube, "llm-pretrain")) == 4, timeout=90, what="training ranks running")
     cluster.apply_objects(
         [

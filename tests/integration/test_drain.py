@@ -12,6 +12,7 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
 from tests.support.k8s import ensure_namespace as namespace
 from tests.support.k8s import xid_event as xid
+from tests.support.ranks import requested, running
 from tests.support.workloads import indexed_training_job
 
 
@@ -37,21 +38,13 @@ def test_indexed_training_job_checkpoints_then_moves(
     for n in nodes:
         kube.put_report(n, healthy_spec())
     kube.batch.create_namespaced_job(ns, indexed_training_job("llm", bad, node_selector={"gpuhealth-test": group}))
-    first = wait_for(
-        lambda: len(p := [x for x in pods(kube, ns, "app=llm") if x.status.phase == "Running"]) == 4 and p,
-        timeout=60,
-        what="4 ranks running",
-    )
+    first = wait_for(lambda: running(kube, ns, "llm", 4), timeout=60, what="4 ranks running")
     assert {p.spec.node_name for p in first} == {bad}
 
     kube.put_report(bad, healthy_spec(xids=[xid(48)]))
     wait_for(lambda: kube.state(bad) == "Draining", what="Draining")
 
-    def requested() -> list[Any]:
-        ps = pods(kube, ns, "app=llm")
-        return [p for p in ps if (p.metadata.annotations or {}).get("gpuhealth.dev/checkpoint-requested")]
-
-    asked = wait_for(lambda: len(r := requested()) == 4 and r, what="checkpoint requested on all 4 ranks")
+    asked = wait_for(lambda: requested(kube, ns, "llm"), what="checkpoint requested on all 4 ranks")
     time.sleep(2)
     assert all(p.metadata.deletion_timestamp is None for p in pods(kube, ns, "app=llm")), "no eviction before acks"
     status = kube.report(bad)["status"]["drain"]
@@ -100,11 +93,7 @@ def test_checkpoint_timeout_evicts_anyway(
     for n in nodes:
         kube.put_report(n, healthy_spec())
     kube.batch.create_namespaced_job(ns, indexed_training_job("slow", bad, node_selector={"gpuhealth-test": group}))
-    wait_for(
-        lambda: len([x for x in pods(kube, ns, "app=slow") if x.status.phase == "Running"]) == 4,
-        timeout=60,
-        what="running",
-    )
+    wait_for(lambda: running(kube, ns, "slow", 4), timeout=60, what="running")
     kube.put_report(bad, healthy_spec(xids=[xid(48)]))
     wait_for(lambda: events(kube, bad, "CheckpointTimeout"), timeout=30, what="timeout event")
     wait_for(lambda: len(events(kube, bad, "Evicted")) == 4, timeout=30, what="evicted without ack")
@@ -269,8 +258,8 @@ def test_crashing_workloads_point_at_the_node(
     for app in ("svc-a", "svc-b"):
 
         def elsewhere(app: str = app) -> bool:
-            running = [p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]
-            return len([p for p in running if p.spec.node_name != bad]) == 3
+            up = [p for p in pods(kube, ns, f"app={app}") if p.status.phase == "Running"]
+            return len([p for p in up if p.spec.node_name != bad]) == 3
 
         wait_for(elsewhere, timeout=60, what=f"{app} runs elsewhere")
 

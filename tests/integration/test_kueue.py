@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
 from tests.support.cluster import LocalCluster, gpu_node_manifest
@@ -35,6 +34,7 @@ from tests.support.k8s import ensure_namespace as namespace
 from tests.support.k8s import xid_event as xid
 from tests.support.kueue import (
     Kueue,
+    claiming,
     cond,
     cq_active,
     evictions,
@@ -44,11 +44,21 @@ from tests.support.kueue import (
     workload,
     workload_events,
 )
+from tests.support.ranks import acknowledge_all, live_pods, requested, running
+
+# Kueue's DRA quota accounting (alpha in v0.17, feature gate DynamicResourceAllocation): claims of a
+# mapped DeviceClass count as the mapping's quota resource, which the operator is told to count as GPUs.
+DRA_CLASS = "kueue-whole-gpu"
+DRA_QUOTA = "example.com/whole-gpu"
 
 
 @pytest.fixture(scope="module")
 def kueue(cluster: LocalCluster) -> Iterator[Kueue]:
-    k = Kueue(cluster).start()
+    k = Kueue(
+        cluster,
+        feature_gates=("DynamicResourceAllocation=true",),
+        device_class_mappings=[{"name": DRA_QUOTA, "deviceClassNames": [DRA_CLASS]}],
+    ).start()
     try:
         yield k
     finally:
@@ -73,7 +83,11 @@ def kueue_operator(
         cluster, service_account_token(kube, GPUHEALTH_NAMESPACE, "gpuhealth-operator"), d / "kc"
     )
     operator.stop()
-    op = OperatorProcess(cluster, d / "operator.log", extra_args=[f"--kubeconfig={kubeconfig}", "--kueue=on"])
+    op = OperatorProcess(
+        cluster,
+        d / "operator.log",
+        extra_args=[f"--kubeconfig={kubeconfig}", "--kueue=on", f"--gpu-resources=nvidia.com/gpu,{DRA_QUOTA}"],
+    )
     try:
         yield op.start()
     finally:
@@ -86,16 +100,6 @@ def kueue_operator(
             "clusterrolebinding/gpuhealth-operator-kueue",
         )
         operator.start()
-
-
-def live_pods(kube: Kube, ns: str, app: str) -> list[Any]:
-    pods = kube.core.list_namespaced_pod(ns, label_selector=f"app={app}").items
-    return [p for p in pods if not p.metadata.deletion_timestamp]
-
-
-def running(kube: Kube, ns: str, app: str, count: int) -> list[Any] | None:
-    ps = [p for p in live_pods(kube, ns, app) if p.status.phase == "Running"]
-    return ps if len(ps) == count else None
 
 
 def setup_running_job(
@@ -121,18 +125,6 @@ def setup_running_job(
     ranks = wait_for(lambda: running(kube, ns, app, 4), timeout=60, what="4 ranks running")
     assert {p.spec.node_name for p in ranks} == {nodes[0]}
     return nodes, ns, check, wl, ranks
-
-
-def acknowledge_all(kube: Kube, ns: str, pods: list[Any]) -> None:
-    for p in pods:
-        acknowledge(ns, p.metadata.name, kube.api)
-
-
-def requested(kube: Kube, ns: str, app: str) -> list[Any] | None:
-    ps = [
-        p for p in live_pods(kube, ns, app) if (p.metadata.annotations or {}).get("gpuhealth.dev/checkpoint-requested")
-    ]
-    return ps if len(ps) == 4 else None
 
 
 def assert_moved_once(kube: Kube, ns: str, app: str, check: str, bad: str, old: set[str]) -> dict[str, Any]:
@@ -298,22 +290,28 @@ def test_a_workload_whose_queue_does_not_use_gpuhealths_check_keeps_the_pod_path
     assert not evictions(workload(kube, ns, "plain")), "Kueue was not asked to evict anything"
 
 
-def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_held_out(
-    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
-) -> None:
-    # A DRA node: no device-plugin GPUs; its 8 GPUs are published as ResourceSlices, and pods asking
-    # for nvidia.com/gpu get them through a DeviceClass with extendedResourceName (so Kueue's quota,
-    # which counts nvidia.com/gpu, sees them like any other GPUs).
+def dra_node(cluster: LocalCluster, kube: Kube, group: str) -> str:
+    """A DRA node of the group: no device-plugin GPUs, its 8 GPUs published as ResourceSlices."""
     node = f"{group}-dra"[:63]
     manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
     for key in ("capacity", "allocatable"):
         manifest["status"][key].pop("nvidia.com/gpu", None)
     cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
     cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    dra.publish_slices(kube, [node], uuid=dra.report_uuid)
+    return node
+
+
+def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_held_out(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    # A DRA node: no device-plugin GPUs; its 8 GPUs are published as ResourceSlices, and pods asking
+    # for nvidia.com/gpu get them through a DeviceClass with extendedResourceName (so Kueue's quota,
+    # which counts nvidia.com/gpu, sees them like any other GPUs).
+    node = dra_node(cluster, kube, group)
     gpu_class = dra.device_class(f"kueue-{group}"[:63], "nvidia.com/gpu")
     kube.custom.create_cluster_custom_object(dra.G, dra.V, "deviceclasses", gpu_class)
     try:
-        dra.publish_slices(kube, [node], uuid=dra.report_uuid)
         ns = namespace(kube, f"kq-{group}"[:60])
         kube.put_report(node, healthy_spec())
         kube.apply_policy(
@@ -344,6 +342,62 @@ def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_h
         assert kube.our_taint(node) is None, "one GPU out, not the node"
     finally:
         kube.custom.delete_cluster_custom_object(dra.G, dra.V, "deviceclasses", gpu_class["metadata"]["name"])
+
+
+def test_dra_claims_kueue_counts_under_a_mapped_name_meet_the_gpus_held_out_by_device_taint_rules(
+    cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
+) -> None:
+    # Ranks claim their GPU through a ResourceClaimTemplate of a DeviceClass that Kueue's
+    # deviceClassMappings map to DRA_QUOTA: the Workload's resourceUsage carries DRA_QUOTA, not
+    # nvidia.com/gpu, and the ClusterQueue's quota is in DRA_QUOTA.
+    node = dra_node(cluster, kube, group)
+    kube.custom.create_cluster_custom_object(dra.G, dra.V, "deviceclasses", dra.device_class(DRA_CLASS))
+    try:
+        ns = namespace(kube, f"kq-{group}"[:60])
+        tmpl = dra.claim_template(ns, "one-gpu", 1, device_class_name=DRA_CLASS)
+        kube.custom.create_namespaced_custom_object(dra.G, dra.V, ns, "resourceclaimtemplates", tmpl)
+        # Two bad GPUs stay two GPUs held out (the default, 1, would take the whole node out).
+        kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthyGPUs": 8}, devices={"maxBadGPUsPerNode": 2}))
+        check = kueue_queue(cluster, group, ns, gpus=8, resource=DRA_QUOTA)
+        wait_for(lambda: cq_active(cluster, group), what="the ClusterQueue active")
+        # Two GPUs held out one by one (DeviceTaintRules); the node itself stays in service.
+        spec = healthy_spec()
+        for bad in (0, 1):
+            spec["devices"][bad]["ecc"]["volatileUncorrected"] = 1
+        kube.put_report(node, spec)
+
+        def held_out() -> bool:
+            devices = {d["index"]: d["state"] for d in (kube.report(node).get("status") or {}).get("devices") or []}
+            return devices.get(0) == devices.get(1) == "Quarantined"
+
+        wait_for(held_out, what="GPUs 0 and 1 quarantined")
+        dra.wait_rule_seen(kube, f"gpuhealth-{node}-gpu-0")
+        assert kube.our_taint(node) is None
+        # 8 of DRA_QUOTA fit the quota, but only 6 GPUs are in service: gpuhealth says Retry.
+        kube.batch.create_namespaced_job(ns, claiming(queued_job("big", node, ns, group, ranks=8), "one-gpu"))
+        wl = wait_for(
+            lambda: (w := workload(kube, ns, "big")) and our_check(w, check).get("retryCount") and w,
+            timeout=60,
+            what="gpuhealth's check Retry at admission",
+        )
+        assert evictions(wl) and evictions(wl)[0]["reason"] == "AdmissionCheck"
+        name = wl["metadata"]["name"]
+        wait_for(lambda: workload_events(kube, ns, name, "CapacityHeldOut"), what="CapacityHeldOut Event")
+        message = workload_events(kube, ns, name, "CapacityHeldOut")[0].message
+        assert f"8 {DRA_QUOTA} assigned" in message and f"{node} (2 GPUs" in message and "6 left" in message, message
+        job = kube.batch.read_namespaced_job("big", ns)
+        assert job.spec.suspend is True and not live_pods(kube, ns, "big"), "the job never started"
+        # A job that fits what is in service is admitted, and its claims get the 6 GPUs left.
+        kube.batch.delete_namespaced_job("big", ns, propagation_policy="Background")
+        kube.batch.create_namespaced_job(ns, claiming(queued_job("fits", node, ns, group, ranks=6), "one-gpu"))
+        ranks = wait_for(lambda: running(kube, ns, "fits", 6), timeout=90, what="6 ranks running on DRA GPUs")
+        fits = wait_for(lambda: cond(w := workload(kube, ns, "fits"), "Admitted") and w, what="admitted")
+        (psa,) = fits["status"]["admission"]["podSetAssignments"]
+        assert psa["resourceUsage"] == {DRA_QUOTA: "6"}, psa
+        devices = {d for p in ranks for d in dra.wait_allocated(kube, ns, p.metadata.name)}
+        assert devices == {f"gpu-{i}" for i in range(2, 8)}
+    finally:
+        kube.custom.delete_cluster_custom_object(dra.G, dra.V, "deviceclasses", DRA_CLASS)
 
 
 def test_the_operator_did_all_of_it_with_only_its_service_accounts_rbac(kueue_operator: OperatorProcess) -> None:

@@ -140,6 +140,11 @@ class Kueue:
     and stops it. CRDs stay (other objects may still exist; they cost nothing without Kueue)."""
 
     cluster: LocalCluster
+    # Extra feature gates (``Name=true``) and ``resources.deviceClassMappings`` of its configuration:
+    # with ``DynamicResourceAllocation=true`` and a mapping, Kueue counts a Workload's DRA claims of a
+    # mapped DeviceClass as that quota resource.
+    feature_gates: tuple[str, ...] = ()
+    device_class_mappings: list[dict[str, Any]] = field(default_factory=list)
     workdir: Path = field(default_factory=Path)
     proc: Proc | None = None
     webhook_port: int = 0
@@ -174,6 +179,8 @@ class Kueue:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["batch/job"]},
         }
+        if self.device_class_mappings:
+            config["resources"] = {"deviceClassMappings": self.device_class_mappings}
         (self.workdir / "config.yaml").write_text(yaml.safe_dump(config))
         self.proc = Proc(
             "kueue",
@@ -182,7 +189,7 @@ class Kueue:
                 f"--config={self.workdir / 'config.yaml'}",
                 f"--kubeconfig={kubeconfig}",
                 f"--visibility-server-port={free_port()}",
-                "--feature-gates=VisibilityOnDemand=false",
+                "--feature-gates=" + ",".join(("VisibilityOnDemand=false", *self.feature_gates)),
                 "--zap-log-level=2",
             ],
             self.workdir / "kueue.log",
@@ -267,9 +274,11 @@ KG, KV = "kueue.x-k8s.io", "v1beta2"
 CONTROLLER = "gpuhealth.dev/healthy-capacity"
 
 
-def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int, with_check: bool = True) -> str:
+def kueue_queue(
+    cluster: LocalCluster, group: str, ns: str, gpus: int, with_check: bool = True, resource: str = "nvidia.com/gpu"
+) -> str:
     """A ResourceFlavor for the group's nodes, gpuhealth's AdmissionCheck, a ClusterQueue using both
-    with ``gpus`` of quota, and a LocalQueue in ``ns``; returns the AdmissionCheck's name."""
+    with ``gpus`` of quota (of ``resource``), and a LocalQueue in ``ns``; returns the AdmissionCheck's name."""
     check = f"gpuhealth-{group}"[:63]
     cluster.apply_objects(
         [
@@ -293,11 +302,11 @@ def kueue_queue(cluster: LocalCluster, group: str, ns: str, gpus: int, with_chec
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                     "resourceGroups": [
                         {
-                            "coveredResources": ["nvidia.com/gpu"],
+                            "coveredResources": [resource],
                             "flavors": [
                                 {
                                     "name": f"gpu-{group}"[:63],
-                                    "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}],
+                                    "resources": [{"name": resource, "nominalQuota": gpus}],
                                 }
                             ],
                         }
@@ -326,6 +335,15 @@ def queued_job(name: str, prefer: str, ns: str, group: str, ranks: int = 4) -> d
     job = indexed_training_job(name, prefer, ranks=ranks, namespace=ns, node_selector={"gpuhealth-test": group})
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
     job["spec"]["suspend"] = True
+    return job
+
+
+def claiming(job: dict[str, Any], template: str) -> dict[str, Any]:
+    """``job`` whose ranks get their GPUs from a claim of ``template`` each (DRA), not ``nvidia.com/gpu``."""
+    spec = job["spec"]["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    for c in spec["containers"]:
+        c["resources"] = {"claims": [{"name": "gpu"}]}
     return job
 
 

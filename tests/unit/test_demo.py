@@ -1,10 +1,11 @@
-"""`make demo`'s pure parts: the MIG node's two views agree, and the pass/fail check names misses."""
+"""`make demo`'s pure parts: the MIG node's two views agree, the pass/fail check names misses, and
+`make demo KUEUE=1`'s timeline rows and summary fields read from the Workload."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hack.demo import mig, run
+from hack.demo import kueue, mig, run
 
 from tests.support import dra_shapes as S
 
@@ -50,3 +51,102 @@ def test_check_passes_a_complete_run_and_names_each_missing_story() -> None:
     misses = run.check(bad, "x", "h", "m", "r", 1)
     assert len(misses) == 3
     assert "reset Jobs" in misses[1] and "MIG devices held out" in misses[0] and "ladder history" in misses[2]
+
+
+# -- make demo KUEUE=1 ---------------------------------------------------------------------------------
+
+
+def kwl(
+    *conds: str, state: str = "Ready", message: str = "", retries: int = 0, moves: int = 0, evicted_by: str = ""
+) -> dict[str, Any]:
+    """A Workload as Kueue writes it: its conditions, gpuhealth's check, and its eviction stats."""
+    conditions = [{"type": c, "status": "True", "reason": evicted_by if c == "Evicted" else c} for c in conds]
+    check: dict[str, Any] = {"name": kueue.CHECK, "state": state, "message": message}
+    if retries:
+        check["retryCount"] = retries
+    stats = {"evictions": [{"reason": "AdmissionCheck", "underlyingCause": "", "count": moves}]} if moves else {}
+    return {
+        "metadata": {"name": "job-llm-pretrain-1"},
+        "status": {"conditions": conditions, "admissionChecks": [check], "schedulingStats": stats},
+    }
+
+
+def story(*wls: dict[str, Any], why: str = "") -> list[str]:
+    out, prev = [], None
+    for w in wls:
+        cur = kueue.view(w)
+        assert cur is not None
+        out += kueue.rows(prev, cur, why)
+        prev = cur
+    return out
+
+
+def test_the_workloads_move_through_kueue_reads_as_one_row_per_change() -> None:
+    ready = "no capacity gpuhealth holds out is assigned"
+    moved = "gpuhealth is taking n0 out of service (XID 79 on GPU 3)"
+    got = story(
+        kwl("QuotaReserved", state="Pending"),
+        kwl("QuotaReserved", "Admitted", message=ready),
+        kwl("QuotaReserved", "Admitted", message=ready),  # nothing new: no row
+        kwl("QuotaReserved", "Admitted", state="Retry", message=moved, retries=1),
+        kwl("QuotaReserved", "Admitted", "Evicted", state="Retry", retries=1, moves=1, evicted_by="AdmissionCheck"),
+        kwl(state="Pending", retries=1, moves=1),
+        kwl("QuotaReserved", state="Pending", retries=1, moves=1),
+        kwl("QuotaReserved", "Admitted", message=ready, retries=1, moves=1),
+    )
+    wl = "Workload ml/job-llm-pretrain-1"
+    assert got == [
+        f"Kueue: {wl} reserved quota in ClusterQueue {kueue.CLUSTER_QUEUE}; gpuhealth's check Pending",
+        f"gpuhealth's admission check on {wl} -> Ready: {ready}",
+        f"Kueue: {wl} admitted: the Job starts",
+        f"gpuhealth's admission check on {wl} -> Retry: {moved}",
+        f"Kueue: evicted {wl} (reason AdmissionCheck): the Job suspended, its quota released, requeued",
+        f"Kueue: {wl} reserved quota again in ClusterQueue {kueue.CLUSTER_QUEUE}; gpuhealth's check Pending",
+        f"gpuhealth's admission check on {wl} -> Ready: {ready}",
+        f"Kueue: {wl} admitted again after 1 move(s): the Job resumes, its ranks start from their checkpoint "
+        "off the failed node",
+    ]
+
+
+def test_a_retry_and_eviction_kueue_finished_between_two_polls_still_get_their_rows() -> None:
+    got = story(
+        kwl("QuotaReserved", "Admitted", message="ok"),
+        kwl(state="Pending", retries=1, moves=1),  # Retry written, acted on and reset within one poll
+        why="gpuhealth is taking n0 out of service",
+    )
+    assert got[-2].endswith("-> Retry: gpuhealth is taking n0 out of service")
+    assert "evicted Workload ml/job-llm-pretrain-1 (reason AdmissionCheck)" in got[-1]
+
+
+def test_the_summarys_kueue_fields_come_from_the_workload_and_are_checked() -> None:
+    wl = kwl("QuotaReserved", "Admitted", retries=1, moves=1)
+    fields = kueue.summary_fields(wl, moved_events=1, ranks_evicted=0)
+    assert fields == {
+        "kueue": True,
+        "workload": "ml/job-llm-pretrain-1",
+        "workload_moves": 1,
+        "workload_readmitted": True,
+        "workload_check_retries": 1,
+        "workload_moved_events": 1,
+        "training_ranks_evicted_by_gpuhealth": 0,
+    }
+    assert run.check(good() | fields, "x", "h", "m", "r", 1) == []
+    assert run.check(good() | {"kueue": False}, "x", "h", "m", "r", 1) == []
+    # Still evicted, never moved, or moved by evicting pods: each named.
+    stuck = kueue.summary_fields(kwl("Evicted", state="Pending", retries=1, moves=1), 1, 0)
+    assert not stuck["workload_readmitted"]
+    assert kueue.misses(stuck) == ["the Workload was not admitted again (with gpuhealth's check Ready) after its move"]
+    never = kueue.summary_fields(kwl("QuotaReserved", "Admitted"), 0, 4)
+    assert len(kueue.misses(never)) == 4 and "evicted 4 training ranks itself" in kueue.misses(never)[-1]
+    assert kueue.summary_fields(None, 0, 0)["workload"] is None
+
+
+def test_the_demo_queue_uses_gpuhealths_check_for_the_gpu_nodes() -> None:
+    flavor, check, cq, lq = kueue.queue_objects({"nvidia.com/gpu.present": "true"})
+    assert check["spec"]["controllerName"] == "gpuhealth.dev/healthy-capacity"
+    assert cq["spec"]["admissionChecksStrategy"]["admissionChecks"] == [{"name": check["metadata"]["name"]}]
+    assert cq["spec"]["resourceGroups"][0]["flavors"][0]["name"] == flavor["metadata"]["name"]
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"] and lq["metadata"]["namespace"] == "ml"
+    job = kueue.queued({"metadata": {"name": "j"}, "spec": {}})
+    assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": lq["metadata"]["name"]}
+    assert job["spec"]["suspend"] is True

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
@@ -51,8 +52,10 @@ class AdmissionRoom:
         events: EventSink,
         active: asyncio.Event,
         clock: Callable[[], dt.datetime],
+        gpu_resources: Sequence[str] = K.GPU_RESOURCES,
     ) -> None:
         self.kube = kube
+        self.gpu_resources = tuple(gpu_resources)
         self.call = call
         self.store = store
         self.events = events
@@ -66,7 +69,7 @@ class AdmissionRoom:
             "workloads",
             kube.list_workloads_rv,
             kube.watch_workloads,
-            slim_workload,
+            functools.partial(slim_workload, resources=self.gpu_resources),
             self.on_workload,
             self.replace_workloads,
         )
@@ -228,10 +231,10 @@ class AdmissionRoom:
         in_use: dict[str, int] = {}
         for other_key, other in self.cache.workloads.items():
             if other_key != key and K.reserved(other):
-                for flavor, n in K.gpu_demand(other).items():
+                for flavor, n in K.gpu_demand(other, self.gpu_resources).items():
                     in_use[flavor] = in_use.get(flavor, 0) + n
-        flavors = await self._flavors(sorted(K.gpu_demand(wl)))
-        verdict = K.admission_verdict(wl, flavors, self._capacity(), in_use)
+        flavors = await self._flavors(sorted(K.gpu_demand(wl, self.gpu_resources)))
+        verdict = K.admission_verdict(wl, flavors, self._capacity(), in_use, self.gpu_resources)
         if await self._write(wl, check["name"], verdict) and verdict.state == K.RETRY:
             self._workload_event(wl, "Warning", "CapacityHeldOut", verdict.message)
 
@@ -248,7 +251,7 @@ class AdmissionRoom:
             if code == 409:
                 return False  # changed under us: the watch brings the new version, decided again
             raise
-        self.cache.put_workload(slim_workload(fresh))
+        self.cache.put_workload(slim_workload(fresh, self.gpu_resources))
         log.info("workload %s: check %s -> %s (%s)", K.key(wl), check, verdict.state, verdict.message)
         return True
 
@@ -319,9 +322,11 @@ async def start_admission(
     events: EventSink,
     active: asyncio.Event,
     clock: Callable[[], dt.datetime],
+    gpu_resources: Sequence[str] = K.GPU_RESOURCES,
 ) -> AdmissionRoom | None:
     """The room, started: ``on`` always (a failure to read Kueue's objects stops the operator), ``auto``
-    when the API server serves Kueue's API and the operator may read it, ``off`` never."""
+    when the API server serves Kueue's API and the operator may read it, ``off`` never. ``gpu_resources``:
+    the quota resource names that count GPUs (``--gpu-resources``)."""
     if mode == "off":
         return None
     if mode == "auto":
@@ -335,7 +340,7 @@ async def start_admission(
         if not await call(kube.kueue_allowed):
             log.info("Kueue is installed but this operator's RBAC does not include it: the admission check stays off")
             return None
-    room = AdmissionRoom(kube, call, store, events, active, clock)
+    room = AdmissionRoom(kube, call, store, events, active, clock, gpu_resources)
     try:
         await room.start()
     except Exception as e:

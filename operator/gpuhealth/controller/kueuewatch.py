@@ -9,17 +9,18 @@ protocol (list, watch with bookmarks, resume, list again on 410 Gone) is ``refle
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, GPU_RESOURCE
+from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER
 from gpuhealth.drain import kueue as K
 
 CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished")
 
 
-def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+def slim_workload(body: Mapping[str, Any], resources: Collection[str] = K.GPU_RESOURCES) -> dict[str, Any]:
+    """The Workload cut to what the room reads; of its usage, only the quota names that count GPUs."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     slim_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
@@ -48,7 +49,7 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
                     "name": a.get("name"),
                     "flavors": a.get("flavors") or {},
                     "count": a.get("count"),
-                    "resourceUsage": {r: q for r, q in (a.get("resourceUsage") or {}).items() if r == GPU_RESOURCE},
+                    "resourceUsage": {r: q for r, q in (a.get("resourceUsage") or {}).items() if r in resources},
                     **({"topologyAssignment": a["topologyAssignment"]} if a.get("topologyAssignment") else {}),
                 }
                 for a in adm.get("podSetAssignments") or []

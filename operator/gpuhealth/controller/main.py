@@ -12,6 +12,7 @@ from pathlib import Path
 import kopf
 from prometheus_client import start_http_server
 
+from gpuhealth.api.names import GPU_RESOURCE
 from gpuhealth.controller import metrics
 from gpuhealth.controller.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.handlers import register
@@ -103,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("GPUHEALTH_KUEUE", "auto"),
         help="gpuhealth as a Kueue AdmissionCheck controller: auto (when Kueue's API is served), on, off",
     )
+    ap.add_argument(
+        "--gpu-resources",
+        default=os.environ.get("GPUHEALTH_GPU_RESOURCES", GPU_RESOURCE),
+        help="comma-separated Kueue quota resource names that count GPUs: the device plugin's "
+        f"{GPU_RESOURCE}, and the names Kueue's deviceClassMappings give GPU DeviceClasses (DRA)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.drain_concurrency < 1:
@@ -111,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # Kopf renews 5-10 s before the lifetime ends (at least every second): below 11 s a renewal
         # may come after the keep-alive expired, and the standby would take over from a live leader.
         ap.error("--peering-lifetime must be at least 11 seconds")
+    args.gpu_resources = tuple(dict.fromkeys(r.strip() for r in args.gpu_resources.split(",") if r.strip()))
+    if not args.gpu_resources:
+        ap.error("--gpu-resources must name at least one resource")
     return args
 
 
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         tick=args.tick,
         lease_namespace=args.lease_namespace,
         kueue=args.kueue,
+        gpu_resources=args.gpu_resources,
         drain_concurrency=args.drain_concurrency,
     )
     registry = kopf.OperatorRegistry()

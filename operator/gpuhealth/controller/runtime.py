@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.controller.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
 from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
@@ -61,6 +62,7 @@ class Runtime:
         tick: float = 5.0,
         lease_namespace: str = "",
         kueue: str = "off",
+        gpu_resources: Sequence[str] = GPU_RESOURCES,
         drain_concurrency: int = DRAIN_CONCURRENCY,
     ) -> None:
         self.kube = kube
@@ -164,6 +166,7 @@ class Runtime:
         self._leases_listed = False
         # Kueue (optional): gpuhealth as an AdmissionCheck controller (controller/admission.py).
         self.kueue_mode = kueue
+        self.gpu_resources = tuple(gpu_resources)
         self.admission: AdmissionRoom | None = None
         self.ready = asyncio.Event()
         self._pods_listed = False
@@ -252,7 +255,7 @@ class Runtime:
         self.slice_watch.start()
         # Kueue's Workloads are known before the first drain pass: none of their pods is evicted.
         args = (self.kube, self.call, self.store, self.events, self.active, self.clock)
-        self.admission = await start_admission(self.kueue_mode, *args)
+        self.admission = await start_admission(self.kueue_mode, *args, self.gpu_resources)
         self.drainer.mover = self.admission
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))

@@ -17,7 +17,7 @@ Writes are server-side apply patches of our entry in ``status.admissionChecks`` 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ MAX_MESSAGE = 32768  # the CRD's limit on status.admissionChecks[].message
 # A Workload still on the node this long after our Retry (Kueue down, or not acting on it) has its
 # pods evicted after all: the pod path is the safety net, never a node left draining for ever.
 MOVE_TIMEOUT_S = 300
+GPU_RESOURCES = (GPU_RESOURCE,)  # the default quota names that count GPUs (``--gpu-resources``)
 
 
 def key(wl: Mapping[str, Any]) -> str:
@@ -132,15 +133,26 @@ def hosts(assignment: Mapping[str, Any]) -> list[str] | None:
     return out
 
 
-def gpu_demand(wl: Mapping[str, Any]) -> dict[str, int]:
-    """GPUs the admission assigns, per flavor (from each podSet's ``resourceUsage``)."""
-    demand: dict[str, int] = {}
+def gpu_usage(wl: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> dict[str, dict[str, int]]:
+    """GPUs the admission assigns, per flavor and quota resource name (each podSet's ``resourceUsage``).
+
+    ``resources``: the quota names that stand for GPUs: the device plugin's ``nvidia.com/gpu``, and
+    where Kueue accounts DRA claims, the names its ``deviceClassMappings`` give GPU DeviceClasses.
+    """
+    usage: dict[str, dict[str, int]] = {}
     for psa in (_status(wl).get("admission") or {}).get("podSetAssignments") or []:
-        flavor = (psa.get("flavors") or {}).get(GPU_RESOURCE)
-        used = count_of((psa.get("resourceUsage") or {}).get(GPU_RESOURCE))
-        if flavor and used:
-            demand[flavor] = demand.get(flavor, 0) + used
-    return demand
+        for resource in resources:
+            flavor = (psa.get("flavors") or {}).get(resource)
+            used = count_of((psa.get("resourceUsage") or {}).get(resource))
+            if flavor and used:
+                per = usage.setdefault(flavor, {})
+                per[resource] = per.get(resource, 0) + used
+    return usage
+
+
+def gpu_demand(wl: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> dict[str, int]:
+    """GPUs the admission assigns, per flavor, whatever quota name counts them."""
+    return {flavor: sum(per.values()) for flavor, per in gpu_usage(wl, resources).items()}
 
 
 def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -158,6 +170,7 @@ def admission_verdict(
     flavors: Mapping[str, Mapping[str, str] | None],
     nodes: Sequence[NodeCapacity],
     in_use: Mapping[str, int],
+    resources: Collection[str] = GPU_RESOURCES,
 ) -> Verdict:
     """Ready, or Retry when the assignment counts on capacity gpuhealth holds out.
 
@@ -165,7 +178,9 @@ def admission_verdict(
     ``in_use``: GPUs other admitted Workloads hold per flavor. With a topology assignment down to
     nodes, any assigned node held out means Retry; otherwise the flavor's nodes are those matching its
     ``nodeLabels``, and Retry means the GPUs gpuhealth has not held out, less those in use, cannot
-    hold what this Workload was given: Kueue's quota still counts the held-out GPUs.
+    hold what this Workload was given: Kueue's quota still counts the held-out GPUs. A node's held-out
+    GPUs (``NodeCapacity.out``) are the same GPUs whether a node taint or DeviceTaintRules hold them
+    out, so device-plugin and DRA quota names (``resources``) count against the same number.
     """
     by_name = {n.name: n for n in nodes}
     for psa in (_status(wl).get("admission") or {}).get("podSetAssignments") or []:
@@ -180,7 +195,8 @@ def admission_verdict(
                 f"{_held(bad)}",
                 ADMISSION_REQUEUE_S,
             )
-    for flavor, need in sorted(gpu_demand(wl).items()):
+    for flavor, per in sorted(gpu_usage(wl, resources).items()):
+        need = sum(per.values())
         selector = flavors.get(flavor)
         if selector is None:
             continue  # an unreadable flavor is Kueue's to judge, not a reason to hold a job back
@@ -193,8 +209,8 @@ def admission_verdict(
         if need > free:
             return Verdict(
                 RETRY,
-                f"flavor {flavor}: {need} {GPU_RESOURCE} assigned, but gpuhealth holds out {held} of the flavor's "
-                f"{total} ({_held(members)}) and {in_use.get(flavor, 0)} are in use: {max(free, 0)} left",
+                f"flavor {flavor}: {need} {' + '.join(sorted(per))} assigned, but gpuhealth holds out {held} of the "
+                f"flavor's {total} ({_held(members)}) and {in_use.get(flavor, 0)} are in use: {max(free, 0)} left",
                 ADMISSION_REQUEUE_S,
             )
     return Verdict(READY, "no capacity gpuhealth holds out is assigned")

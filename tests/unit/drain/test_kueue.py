@@ -104,6 +104,47 @@ def test_an_unreadable_flavor_is_left_to_kueue() -> None:
     assert K.admission_verdict(wl(gpus=16), {"h100": None}, [node("n1", out=8), node("n2")], {}).state == K.READY
 
 
+def dra_wl(usage: dict[str, int], flavor: str = "h100") -> dict[str, Any]:
+    """A Workload whose podSets Kueue accounted by quota name (``whole-gpus``: a DRA DeviceClass mapped
+    by Kueue's ``deviceClassMappings``), one podSet per name."""
+    w = wl(flavor=flavor)
+    w["status"]["admission"]["podSetAssignments"] = [
+        {"name": f"ps-{i}", "flavors": {name: flavor}, "resourceUsage": {name: str(n)}}
+        for i, (name, n) in enumerate(sorted(usage.items()))
+    ]
+    return w
+
+
+def dra_node(name: str, held: int) -> K.NodeCapacity:
+    """A DRA node with ``held`` GPUs held out one by one (DeviceTaintRules; the node is not tainted)."""
+    return K.NodeCapacity(name, {"pool": "a"}, 8, held, f"{held} GPUs held out one by one" if held else "")
+
+
+def test_a_mapped_dra_quota_name_counts_only_when_configured() -> None:
+    both = ("nvidia.com/gpu", "whole-gpus")
+    nodes = [dra_node("d1", held=1), dra_node("d2", held=0)]
+    w = dra_wl({"whole-gpus": 16})
+    assert K.gpu_demand(w) == {} and K.gpu_demand(w, both) == {"h100": 16}
+    # Not one of the configured names: nothing to count, Kueue's quota alone decides.
+    assert K.admission_verdict(w, {"h100": {"pool": "a"}}, nodes, {}).state == K.READY
+    v = K.admission_verdict(w, {"h100": {"pool": "a"}}, nodes, {}, both)
+    assert v.state == K.RETRY and "16 whole-gpus assigned" in v.message and "15 left" in v.message
+    assert "d1 (1 GPUs: 1 GPUs held out one by one)" in v.message and "d2" not in v.message
+    assert K.admission_verdict(dra_wl({"whole-gpus": 15}), {"h100": {"pool": "a"}}, nodes, {}, both).state == K.READY
+
+
+def test_device_plugin_and_dra_quota_names_on_one_flavor_add_up() -> None:
+    both = ("nvidia.com/gpu", "whole-gpus")
+    w = dra_wl({"nvidia.com/gpu": 8, "whole-gpus": 8})
+    assert K.gpu_usage(w, both) == {"h100": {"nvidia.com/gpu": 8, "whole-gpus": 8}}
+    # A node tainted (all 8 out) and a DRA node with 2 GPUs under DeviceTaintRules: 14 of 24 left.
+    nodes = [node("n1", out=8), dra_node("d1", held=2), dra_node("d2", held=0)]
+    v = K.admission_verdict(w, {"h100": {"pool": "a"}}, nodes, {}, both)
+    assert v.state == K.RETRY and "16 nvidia.com/gpu + whole-gpus assigned" in v.message, v.message
+    assert "holds out 10 of the flavor's 24" in v.message and "14 left" in v.message
+    assert K.admission_verdict(dra_wl({"whole-gpus": 14}), {"h100": {"pool": "a"}}, nodes, {}, both).state == K.READY
+
+
 def test_conditions_and_our_check() -> None:
     assert K.reserved(wl()) and not K.running(wl())
     assert K.running(wl(conditions=("QuotaReserved", "Admitted")))

@@ -8,10 +8,13 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, State
 from gpuhealth.api.status import Record
 from gpuhealth.controller.admission import AdmissionRoom, start_admission
 from gpuhealth.controller.kueuewatch import slim_check, slim_workload
+from gpuhealth.controller.main import parse_args
 from gpuhealth.controller.store import Store
 from gpuhealth.drain.plan import DrainPlan, Step
 from tests.unit.operator.fake_kube import FakeKube
@@ -127,6 +130,46 @@ def test_admission_counting_on_a_held_out_node_is_retried_with_an_event_on_the_w
     asyncio.run(body())
 
 
+def test_gpus_held_out_by_device_taint_rules_count_under_a_mapped_dra_quota_name() -> None:
+    async def body() -> None:
+        wl = workload(gpus=16)
+        psa = wl["status"]["admission"]["podSetAssignments"][0]
+        psa["flavors"], psa["resourceUsage"] = {"whole-gpus": "h100"}, {"whole-gpus": "16"}
+        kube = FakeKube()
+        kube.flavors["h100"] = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"pool": "a"}}}
+        kube.workloads[("ml", "job-llm")] = kube._stamp(wl)
+        check = kube._stamp(
+            {"metadata": {"name": "gh", "generation": 1}, "spec": {"controllerName": ADMISSION_CHECK_CONTROLLER}}
+        )
+        store = Store()
+        for name in ("d1", "d2"):  # DRA nodes: no nvidia.com/gpu capacity; the reports count the GPUs
+            node = kube.add_node(name, labels={"pool": "a"})
+            node["status"]["capacity"] = {}
+            store.put_node(name, node)
+            devices = [{"index": i, "state": "InService"} for i in range(8)]
+            if name == "d1":  # GPU 3 under a DeviceTaintRule, GPU 5 on probation (its rule still there)
+                devices[3] = {"index": 3, "state": "Quarantined", "taintRule": "gpuhealth-d1-gpu-3"}
+                devices[5] = {"index": 5, "state": "Recovering", "taintRule": "gpuhealth-d1-gpu-5"}
+            store.put_report(name, {"metadata": {"name": name}, "status": {"totalGPUs": 8, "devices": devices}})
+        active = asyncio.Event()
+        active.set()
+        room = AdmissionRoom(kube, call, store, Sink(), active, lambda: T0, ("nvidia.com/gpu", "whole-gpus"))
+        room.on_check("ADDED", slim_check(check))
+        room.on_workload("ADDED", slim_workload(kube.workloads[("ml", "job-llm")], room.gpu_resources))
+        assert room.cache.workloads[KEY]["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {
+            "whole-gpus": "16"
+        }
+        await room.admit(KEY)
+        entry = kube.workloads[("ml", "job-llm")]["status"]["admissionChecks"][0]
+        assert entry["state"] == "Retry", entry
+        assert (
+            "16 whole-gpus assigned" in entry["message"]
+            and "d1 (2 GPUs: 2 GPUs held out one by one)" in entry["message"]
+        ), entry["message"]
+
+    asyncio.run(body())
+
+
 def pods_of_llm() -> list[dict[str, Any]]:
     return [
         {
@@ -219,3 +262,16 @@ def test_a_workload_kueue_does_not_move_in_time_has_its_pods_evicted_after_all()
         assert kube.writes.count(("apply", "workload/ml/job-llm")) == 1, "still only one Retry"
 
     asyncio.run(body())
+
+
+def test_the_operator_flag_names_the_gpu_quota_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUHEALTH_GPU_RESOURCES", raising=False)
+    assert parse_args([]).gpu_resources == ("nvidia.com/gpu",)
+    assert parse_args(["--gpu-resources", "nvidia.com/gpu, whole-gpus,whole-gpus"]).gpu_resources == (
+        "nvidia.com/gpu",
+        "whole-gpus",
+    )
+    monkeypatch.setenv("GPUHEALTH_GPU_RESOURCES", "whole-gpus")
+    assert parse_args([]).gpu_resources == ("whole-gpus",)
+    with pytest.raises(SystemExit):
+        parse_args(["--gpu-resources", " , "])
