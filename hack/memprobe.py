@@ -285,6 +285,12 @@ def wire(body: dict[str, Any]) -> Any:
     return json.loads(json.dumps(body))
 
 
+def feed_slice(rt: Runtime, body: dict[str, Any]) -> None:
+    """A ResourceSlice through the slice watch: its ``follow`` slims the watch event, its cache keeps it."""
+    for kind, item in rt.slice_watch.follow([{"type": "ADDED", "object": body}]):
+        rt.slice_watch.cache.apply(kind, item)
+
+
 def feed(rt: Runtime, n: int, mig: bool = False) -> None:
     """The fleet through the same feeders the watches call, one object at a time (no body kept); with
     ``mig``, each node's ResourceSlice through the slice watch's (``follow`` slims it, the cache keeps it)."""
@@ -294,10 +300,7 @@ def feed(rt: Runtime, n: int, mig: bool = False) -> None:
         rt.on_node("ADDED", wire(node_body(i)), enqueue=False)
         rt.on_report("ADDED", wire(report_body(i, name, mig)), enqueue=False)
         if mig:
-            for kind, item in rt.slice_watch.follow(
-                [{"type": "ADDED", "object": wire(memprobe_mig.slice_body(i, name))}]
-            ):
-                rt.slice_watch.cache.apply(kind, item)
+            feed_slice(rt, wire(memprobe_mig.slice_body(i, name)))
         rt.on_lease("ADDED", wire(lease_body(i, name)), live=False)
         for k in range(PODS_PER_NODE):
             rt.on_pod("ADDED", wire(pod_body(i, k, name)), enqueue=False)
@@ -334,9 +337,9 @@ def _site(tb: tracemalloc.Traceback) -> str:
         path = Path(f.filename).resolve()
         if path == Path(__file__).resolve():
             line = linecache.getline(f.filename, f.lineno)
-            feeder = re.search(r"rt\.(on_\w+|slice_watch)", line)
+            feeder = re.search(r"rt\.(on_\w+)|(feed_slice)", line)
             if feeder:
-                return f"values of the watched body kept by {feeder.group(1)}"
+                return f"values of the watched body kept by {feeder.group(1) or 'the slice watch'}"
             continue
         if REPO in path.parents and "json" not in path.parts:
             return f"{path.relative_to(REPO)}:{f.lineno}"
