@@ -9,7 +9,8 @@ Measures, in one run (see docs/bench.md):
 3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%
    (half the storm where 5% is not below it);
 4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
-   independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once);
+   independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once); with
+   ``--phases mig``, the same on a MIG fleet (7 MIG devices per GPU) to the GPU's last rule (hack/bench_mig.py);
 5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
 6. one real agent's footprint (RSS, CPU, writes per hour);
 7. end to end: XIDs from the fake NVML library through real agents on their own governed nodes, to the taint
@@ -43,6 +44,7 @@ from tests.support.k8s import OperatorProcess, wait_for
 from hack.bench_devices import measure_devices, publish_dra
 from hack.bench_e2e import measure_e2e, real_agents
 from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
+from hack.bench_mig import measure_mig, mig_layout, publish_mig
 from hack.bench_report import write_outputs
 from hack.bench_resilience import (
     PHASES,
@@ -164,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--device-faults", type=int, default=100, help="single GPU faults on distinct DRA nodes")
     ap.add_argument("--device-storm", type=int, default=100, help="GPUs on distinct DRA nodes faulting at once")
+    ap.add_argument("--mig-faults", type=int, default=100, help="mig phase: single MIG GPU faults on distinct nodes")
+    ap.add_argument("--mig-storm", type=int, default=100, help="mig phase: MIG GPUs on distinct nodes faulting at once")
     ap.add_argument(
         "--real-agents", type=int, default=None, help="real agents, each on its own governed node (default 5; quick 2)"
     )
@@ -197,7 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=phases_arg,
         default=["core"],
         help=f"what to measure, comma-separated, from {', '.join(PHASES)} or all (default core: every phase "
-        "before issue #26); restart, failover and drain run after the others, in that order",
+        "before issue #26; all: every phase but mig, which runs without core); restart, failover and drain run "
+        "after the others, in that order",
     )
     ap.add_argument(
         "--drain-nodes", type=int, default=None, help="drain storm: nodes faulted at once (default nodes/4, <= 100)"
@@ -221,6 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.floor_nodes = min(args.floor_nodes, 10)
         args.breaker_window = min(args.breaker_window, 10.0)
         args.device_faults, args.device_storm = 10, 20
+        args.mig_faults, args.mig_storm = 10, 20
     if args.idle is None:
         args.idle = 20.0 if args.quick else 60.0
     if args.real_agents is None:
@@ -249,10 +255,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "core" in args.phases:
         core_nodes = args.faults + 2 * args.storm + args.device_faults + args.device_storm
         core_nodes += len(args.traffic) * args.traffic_faults
+    core_nodes += ("mig" in args.phases) * (args.mig_faults + args.mig_storm)
     wanted = ("restart" in args.phases) + ("failover" in args.phases) * args.failover_samples
     wanted += ("drain" in args.phases) * (args.drain_nodes + 1)
     if wanted and core_nodes + wanted > args.nodes:
         ap.error(f"--nodes must leave {wanted} nodes for the restart, failover and drain phases beyond the others")
+    if "mig" in args.phases and args.mig_faults + args.mig_storm > args.nodes:
+        ap.error("--nodes must cover mig-faults + mig-storm distinct nodes")
     # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.
     if "core" in args.phases and args.faults + 2 * args.storm + args.device_faults + args.device_storm > args.nodes:
         ap.error("--nodes must cover faults + 2 x storm + device-faults + device-storm distinct nodes")
@@ -301,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             "drain_nodes": args.drain_nodes,
             "drain_pods_per_node": args.drain_pods,
             "failover_samples": args.failover_samples,
+            "mig_faults": args.mig_faults,
+            "mig_storm": args.mig_storm,
         },
     }
     series: dict[str, Any] = {}
@@ -388,8 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
         sim_api = api_client(kc[SIM_USER], pool=48)
         hb_stats = HeartbeatStats()
+        # The MIG fleet (--phases mig): every governed node's agent reports its GPUs in MIG mode.
+        mig_fleet = set(governed) if "mig" in args.phases else set()
         sims = {
-            n: SimNode(n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats)
+            n: SimNode(
+                n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats, mig=mig_layout(i) if n in mig_fleet else None
+            )
             for i, n in enumerate([*governed, *floor_names])
         }
         t = time.monotonic()
@@ -410,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         if dra_nodes:
             phase(f"DRA: a DeviceClass and {len(dra_nodes)} ResourceSlices")
             publish_dra(custom, [sims[n] for n in dra_nodes])
+        if mig_fleet:
+            phase(f"MIG: a DeviceClass and {len(mig_fleet)} ResourceSlices of 8 GPUs x 7 MIG devices")
+            t = time.monotonic()
+            failed = publish_mig(custom, [sims[n] for n in governed], pool)
+            log(f"  {len(mig_fleet) - failed} slices in {time.monotonic() - t:.1f}s ({failed} failed)")
         rule_watch = RuleWatch(api_client(cluster.kubeconfig, pool=2)).start()
         watches.append(rule_watch)
 
@@ -754,6 +774,22 @@ def main(argv: list[str] | None = None) -> int:
                     lambda: policy_status(custom).get("breakerLimit") == args.nodes,
                     timeout=60,
                     what="operator applied maxUnhealthy 100% again",
+                )
+            if "mig" in args.phases:
+                mig_nodes = [n for n in governed if n not in used][: args.mig_faults + args.mig_storm]
+                used |= set(mig_nodes)
+                res["mig"] = measure_mig(
+                    args,
+                    sims,
+                    len(mig_fleet),
+                    mig_nodes,
+                    custom,
+                    rule_watch,
+                    node_watch,
+                    op_sampler,
+                    pool,
+                    series,
+                    phase,
                 )
             # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
             spare = [n for n in governed if n not in used and (n, TAINT) not in node_watch.seen_at]

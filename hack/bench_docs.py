@@ -21,23 +21,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hack.bench_mig_report import no_mig_run, render_mig
 from hack.bench_report import (
-    LARGE_FLEET_NODES,
-    _fmt,
     api_line,
     device_line,
     drain_line,
     e2e_line,
     failover_line,
     heartbeat_line,
-    measured,
     resilience_targets_for,
     restart_line,
     tally,
     targets_for,
     traffic_line,
-    verdict,
 )
+from hack.bench_targets import LARGE_FLEET_NODES, _fmt, measured, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "bench"
@@ -53,8 +51,8 @@ AB_END = "<!-- bench-ab:end -->"
 
 
 def core_run(res: Mapping[str, Any]) -> bool:
-    """A run with the core phases (detection, storm, ...); a run of only the issue #26 phases
-    (``--phases`` without ``core``) has no storm and feeds the resilience block alone."""
+    """A run with the core phases (detection, storm, ...); a run of only the issue #26 phases or the
+    MIG fleet (``--phases`` without ``core``) has no storm and feeds the resilience or MIG block alone."""
     return "storm" in res
 
 
@@ -169,7 +167,8 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
 
     The README and the first block of docs/bench.md show the newest run below 10,000 nodes (what
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
-    block the newest run of any size with the drain storm, failover or warm restart phase.
+    block the newest run of any size with the drain storm, failover or warm restart phase; its MIG block
+    the newest run of any size with the mig phase.
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
@@ -182,13 +181,19 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
         if resilient
         else f"{RES_BEGIN}\nNo run with the drain storm, failover and warm restart phases is filed yet.\n{RES_END}"
     )
+    migs = [r for r in runs if "mig" in r[1]]
+    mig_block = render_mig(_rel(migs[-1][0]), migs[-1][1]) if migs else no_mig_run()
     latest = render(*small[-1]) if small else ""
     big = (
         render(*large[-1], begin=LARGE_BEGIN, end=LARGE_END)
         if large
         else f"{LARGE_BEGIN}\nNo run of {LARGE_FLEET_NODES:,} nodes or more is filed yet.\n{LARGE_END}"
     )
-    return {DOCS[0]: [latest], DOCS[1]: [latest, big, res_block, render_ab(directory)]}
+    return {DOCS[0]: [latest], DOCS[1]: [latest, big, res_block, mig_block, render_ab(directory)]}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
 
 def stale_docs(rendered: dict[Path, list[str]]) -> list[Path]:

@@ -14,7 +14,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -25,6 +25,7 @@ from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
+    MigDeviceFacts,
     NvmlStatus,
     RemappedRows,
     RetiredPages,
@@ -50,19 +51,28 @@ def gpu_uuid(node_index: int, gpu: int) -> str:
 WARM_DELTA_C = 8
 
 
-def healthy_snapshot(node_index: int, gpus: int = 8, corrected: Sequence[int] = (), warm: bool = False) -> Snapshot:
+# Per GPU index, the MIG devices NVML lists under it (a MIG-enabled GPU); the other GPUs are not MIG-enabled.
+MigLayout = Mapping[int, tuple[MigDeviceFacts, ...]]
+
+
+def healthy_snapshot(
+    node_index: int, gpus: int = 8, corrected: Sequence[int] = (), warm: bool = False, mig: MigLayout | None = None
+) -> Snapshot:
     """What a healthy 8x H100 node looks like to the sampler.
 
     ``corrected``: each GPU's volatile corrected-ECC count (no rule acts on corrected errors); ``warm``:
     every GPU ``WARM_DELTA_C`` warmer than idle. Both are the background fact traffic's changes.
+    ``mig``: the GPUs in MIG mode and their MIG devices (the bench's MIG fleet, hack/bench_mig.py).
     """
+    layout = mig or {}
     devices = tuple(
         DeviceFacts(
             index=i,
             uuid=gpu_uuid(node_index, i),
             pci_bus_id=f"00000000:{0x18 + i * 0x10:02X}:00.0",
             model="NVIDIA H100 80GB HBM3",
-            mig_mode="Disabled",
+            mig_mode="Enabled" if i in layout else "Disabled",
+            mig_devices=layout.get(i, ()),
             ecc_mode="Enabled",
             ecc=EccCounts(0, corrected[i] if i < len(corrected) else 0, 0, 0),
             retired_pages=RetiredPages(0, 0, False),
@@ -81,9 +91,9 @@ def healthy_snapshot(node_index: int, gpus: int = 8, corrected: Sequence[int] = 
     )
 
 
-def ecc_snapshot(node_index: int, gpu: int, gpus: int = 8) -> Snapshot:
+def ecc_snapshot(node_index: int, gpu: int, gpus: int = 8, mig: MigLayout | None = None) -> Snapshot:
     """The healthy node with one uncorrected (volatile) ECC error on ``gpu``: a device-scoped fault."""
-    snap = healthy_snapshot(node_index, gpus)
+    snap = healthy_snapshot(node_index, gpus, mig=mig)
     devices = tuple(dataclasses.replace(d, ecc=EccCounts(1, 0, 0, 0)) if d.index == gpu else d for d in snap.devices)
     return dataclasses.replace(snap, devices=devices)
 
@@ -153,9 +163,11 @@ class SimNode:
         heartbeat_s: float = 3600.0,
         stats: HeartbeatStats | None = None,
         renew_lease: bool = True,
+        mig: MigLayout | None = None,
     ) -> None:
         self.name = name
         self.index = index
+        self.mig = mig  # the MIG-enabled GPUs' MIG devices, in every sample this node's agent takes
         self.transport = KubeTransport(api)
         self.heartbeat_s = heartbeat_s
         self.stats = stats or HeartbeatStats()
@@ -194,7 +206,7 @@ class SimNode:
         """What the agent does at start: read the existing report, sample, write (create or patch)."""
         with self.lock:
             self.publisher.restore()
-            self.latest.set(healthy_snapshot(self.index))
+            self.latest.set(healthy_snapshot(self.index, mig=self.mig))
             return self.publisher.publish()
 
     @property
@@ -220,13 +232,13 @@ class SimNode:
     def device_fault(self, gpu: int = 3) -> str | None:
         """A sample with an uncorrected ECC error on ``gpu`` (device scope), written at once."""
         with self.lock:
-            self.latest.set(ecc_snapshot(self.index, gpu))
+            self.latest.set(ecc_snapshot(self.index, gpu, mig=self.mig))
             return self.publisher.publish()
 
     def device_clear(self) -> str | None:
         """The GPU was reset: the next sample is clean again."""
         with self.lock:
-            self.latest.set(healthy_snapshot(self.index))
+            self.latest.set(healthy_snapshot(self.index, mig=self.mig))
             return self.publisher.publish()
 
     def fact_change(self, event: int) -> str | None:
@@ -240,7 +252,7 @@ class SimNode:
                 self.corrected[(event // 2) % len(self.corrected)] += 1
             else:
                 self.warm = not self.warm
-            self.latest.set(healthy_snapshot(self.index, corrected=self.corrected, warm=self.warm))
+            self.latest.set(healthy_snapshot(self.index, corrected=self.corrected, warm=self.warm, mig=self.mig))
             return self.publisher.publish()
 
     def heartbeat(self) -> str | None:

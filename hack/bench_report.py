@@ -3,62 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hack.bench_mig_report import mig_md, mig_targets_for
+from hack.bench_targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, measured, path
+
 HEARTBEAT_S = 30.0
-
-
-@dataclass(frozen=True)
-class Target:
-    key: str
-    label: str
-    target: str
-    value: Callable[[dict[str, Any]], Any]
-    ok: Callable[[Any, dict[str, Any]], bool]
-    unit: str = ""
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
-
-
-def path(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The results' block at ``keys`` (KeyError where the run lacks it: "not measured")."""
-
-    def at(r: dict[str, Any]) -> dict[str, Any]:
-        for k in keys:
-            r = r[k]
-        return r
-
-    return at
-
-
-def latency(
-    key: str, label: str, at: Callable[[dict[str, Any]], dict[str, Any]], p50_ms: float = 200
-) -> tuple[Target, Target]:
-    """p50 <= ``p50_ms`` and p99 <= 1 s (with no timeouts) for the latency summary ``at`` gives of the results."""
-    return (
-        Target(
-            f"{key}_p50",
-            f"{label}, p50",
-            f"<= {p50_ms:g} ms",
-            lambda r: at(r)["p50"],
-            lambda v, r: _num(v) and v <= p50_ms,
-            " ms",
-        ),
-        Target(
-            f"{key}_p99",
-            f"{label}, p99",
-            "<= 1000 ms",
-            lambda r: at(r)["p99"],
-            lambda v, r: _num(v) and v <= 1000 and at(r)["timeouts"] == 0,
-            " ms",
-        ),
-    )
 
 
 def worst_traffic(r: dict[str, Any]) -> dict[str, Any]:
@@ -76,10 +28,6 @@ def worst_traffic(r: dict[str, Any]) -> dict[str, Any]:
         "p99": max(x["p99"] for x in lat),
         "timeouts": sum(x["timeouts"] for x in lat),
     }
-
-
-# The issue's targets for the 10,000-node run (and larger), where they differ from the 1,000-node ones.
-LARGE_FLEET_NODES = 10000
 
 
 def targets_for(nodes: int) -> list[Target]:
@@ -267,7 +215,7 @@ def resilience_targets_for(nodes: int) -> list[Target]:
 def evaluate(res: dict[str, Any]) -> dict[str, Any]:
     """Each target's value and verdict; a figure whose block the run lacks is "not measured", not a miss."""
     out: dict[str, Any] = {}
-    for t in [*targets_for(res["nodes"]), *resilience_targets_for(res["nodes"])]:
+    for t in [*targets_for(res["nodes"]), *resilience_targets_for(res["nodes"]), *mig_targets_for(res["nodes"])]:
         try:
             v = t.value(res)
         except KeyError:
@@ -281,18 +229,6 @@ def evaluate(res: dict[str, Any]) -> dict[str, Any]:
             ok = False
         out[t.key] = {"label": t.label, "target": t.target, "value": v, "pass": ok}
     return out
-
-
-def measured(entry: dict[str, Any] | None) -> bool:
-    """Whether a target entry (of a run filed before the target existed: None) was measured."""
-    return entry is not None and entry.get("measured", True) is not False
-
-
-def verdict(entry: dict[str, Any] | None, met: str, missed: str) -> str:
-    if not measured(entry):
-        return "not measured"
-    assert entry is not None
-    return met if entry["pass"] else missed
 
 
 def tally(targets: dict[str, Any], nodes: int, of: Callable[[int], list[Target]] | None = None) -> tuple[int, int, int]:
@@ -430,14 +366,6 @@ def _stuck(e: dict[str, Any]) -> str:
     )
 
 
-def _fmt(v: Any, unit: str) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:,.1f}{unit}" if abs(v) >= 10 else f"{v:.2f}{unit}"
-    return f"{v}{unit}"
-
-
 def drain_line(res: dict[str, Any]) -> str:
     """The drain storm's detail, or "not measured" for runs without the phase."""
     d = res.get("drain_storm")
@@ -489,15 +417,6 @@ def restart_line(res: dict[str, Any]) -> str:
     )
 
 
-def _rows(res: dict[str, Any], targets: list[Target], met: str, missed: str) -> list[str]:
-    rows = []
-    for t in targets:
-        e = res["targets"].get(t.key)
-        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
-        rows.append(f"| {t.label} | {value} | {t.target} | {verdict(e, met, missed)} |")
-    return rows
-
-
 def resilience_md(res: dict[str, Any]) -> list[str]:
     """The summary's section for the drain storm, failover and warm restart phases."""
     return [
@@ -516,7 +435,8 @@ def resilience_md(res: dict[str, Any]) -> list[str]:
 
 def summary_md(res: dict[str, Any]) -> str:
     targets = res["targets"]
-    if "storm" not in res:  # a run of the issue #26 phases only (--phases without core)
+    if "storm" not in res:  # a run of the issue #26 phases or the MIG fleet only (--phases without core)
+        resilient = set(res["config"].get("phases") or []) & {"restart", "failover", "drain"}
         return "\n".join(
             [
                 f"# gpuhealth bench: {res['nodes']} nodes{' (quick)' if res.get('quick') else ''}, "
@@ -524,7 +444,8 @@ def summary_md(res: dict[str, Any]) -> str:
                 "",
                 f"Machine: {res['machine']}",
                 "",
-                *resilience_md(res),
+                *(resilience_md(res) if resilient else []),
+                *(mig_md(res) if "mig" in res else []),
             ]
         )
     rows = [

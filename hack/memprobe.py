@@ -11,8 +11,11 @@ the per-node slope by least squares across the sizes and names the allocation si
 most per node. Kopf's own per-object bookkeeping and the interpreter's baseline are outside it (the
 bench measures the whole process's RSS): the figures are a lower bound of the operator's RSS slope.
 
-Writes ``build/memprobe/memprobe.json`` (commit, date, machine) and prints a table; ``--render``
-rewrites the generated block of docs/bench.md from a result file.
+``--mig``: every node's GPUs in static MIG mode, 7 MIG devices each, and each node's ResourceSlice
+fed through the slice watch as well (hack/memprobe_mig.py): the slice cache's cost per node.
+
+Writes ``build/memprobe/memprobe.json`` (``memprobe-mig.json`` with ``--mig``; commit, date, machine)
+and prints a table; ``--render`` rewrites the generated block of docs/bench.md from a result file.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ from gpuhealth.agent.model import (
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, rfc3339
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.controller.runtime import Runtime
+from hack import memprobe_mig
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = REPO / "build" / "memprobe" / "memprobe.json"
 DOC = REPO / "docs" / "bench.md"
 BEGIN, END = "<!-- memprobe:begin (python -m hack.memprobe --render FILE) -->", "<!-- memprobe:end -->"
+MIG_BEGIN = "<!-- memprobe-mig:begin (python -m hack.memprobe --render FILE) -->"
+MIG_END = "<!-- memprobe-mig:end -->"
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 PODS_PER_NODE = 8
 GPUS = 8
@@ -164,7 +170,7 @@ def node_body(i: int) -> dict[str, Any]:
     }
 
 
-def report_body(i: int, node: str) -> dict[str, Any]:
+def report_body(i: int, node: str, mig: bool = False) -> dict[str, Any]:
     """The agent's report as its ReportBuilder renders it, with the status the operator writes."""
     builder = ReportBuilder(node, AgentInfo(version="0.9.0", sources=("nvml",), boot_time=T0))
     devices = tuple(
@@ -183,6 +189,8 @@ def report_body(i: int, node: str) -> dict[str, Any]:
         )
         for g in range(GPUS)
     )
+    if mig:
+        devices = memprobe_mig.with_mig(i, devices)
     # A few application XIDs in history, as a busy fleet has (bounded by the agent's own limit).
     for k in range(i % 4):
         builder.add_xid(XidEvent(xid=13, time=T0 + dt.timedelta(minutes=k), source="nvml", gpu=k, detail="pid=1"))
@@ -277,26 +285,35 @@ def wire(body: dict[str, Any]) -> Any:
     return json.loads(json.dumps(body))
 
 
-def feed(rt: Runtime, n: int) -> None:
-    """The fleet through the same feeders the watches call, one object at a time (no body kept)."""
+def feed_slice(rt: Runtime, body: dict[str, Any]) -> None:
+    """A ResourceSlice through the slice watch: its ``follow`` slims the watch event, its cache keeps it."""
+    for kind, item in rt.slice_watch.follow([{"type": "ADDED", "object": body}]):
+        rt.slice_watch.cache.apply(kind, item)
+
+
+def feed(rt: Runtime, n: int, mig: bool = False) -> None:
+    """The fleet through the same feeders the watches call, one object at a time (no body kept); with
+    ``mig``, each node's ResourceSlice through the slice watch's (``follow`` slims it, the cache keeps it)."""
     rt.on_policy("ADDED", wire(policy_body()), enqueue=False)
     for i in range(n):
         name = f"gpu-node-{i:05d}"
         rt.on_node("ADDED", wire(node_body(i)), enqueue=False)
-        rt.on_report("ADDED", wire(report_body(i, name)), enqueue=False)
+        rt.on_report("ADDED", wire(report_body(i, name, mig)), enqueue=False)
+        if mig:
+            feed_slice(rt, wire(memprobe_mig.slice_body(i, name)))
         rt.on_lease("ADDED", wire(lease_body(i, name)), live=False)
         for k in range(PODS_PER_NODE):
             rt.on_pod("ADDED", wire(pod_body(i, k, name)), enqueue=False)
 
 
-def probe(n: int, frames: int = 1) -> tuple[int, list[tuple[str, int]]]:
+def probe(n: int, frames: int = 1, mig: bool = False) -> tuple[int, list[tuple[str, int]]]:
     """Bytes held after feeding ``n`` nodes, and the top allocation sites by bytes held (named well
     only with ``frames`` > 1, which makes tracemalloc several times slower)."""
     gc.collect()
     tracemalloc.start(frames)
     base = tracemalloc.take_snapshot()
     rt = Runtime(_NoKube(), clock=lambda: T0, workers=1)
-    feed(rt, n)
+    feed(rt, n, mig)
     gc.collect()
     snap = tracemalloc.take_snapshot()
     tracemalloc.stop()
@@ -320,9 +337,9 @@ def _site(tb: tracemalloc.Traceback) -> str:
         path = Path(f.filename).resolve()
         if path == Path(__file__).resolve():
             line = linecache.getline(f.filename, f.lineno)
-            feeder = re.search(r"rt\.(on_\w+)", line)
+            feeder = re.search(r"rt\.(on_\w+)|(feed_slice)", line)
             if feeder:
-                return f"values of the watched body kept by {feeder.group(1)}"
+                return f"values of the watched body kept by {feeder.group(1) or 'the slice watch'}"
             continue
         if REPO in path.parents and "json" not in path.parts:
             return f"{path.relative_to(REPO)}:{f.lineno}"
@@ -348,16 +365,16 @@ def commit() -> str:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def run(sizes: list[int]) -> dict[str, Any]:
+def run(sizes: list[int], mig: bool = False) -> dict[str, Any]:
     results = []
     for n in sizes:
-        total, _ = probe(n)
+        total, _ = probe(n, mig=mig)
         results.append({"nodes": n, "bytes": total, "bytes_per_node": round(total / n)})
         print(f"  {n:>6} nodes: {total / n / 1024:8.1f} KiB per node", file=sys.stderr)
     slope, intercept = fit([(r["nodes"], r["bytes"]) for r in results])
     # Where the bytes go, from a run at the smallest size with deep tracebacks (the slow part).
     n = min(sizes)
-    _, top = probe(n, FRAMES)
+    _, top = probe(n, FRAMES, mig)
     return {
         "commit": commit(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -366,7 +383,12 @@ def run(sizes: list[int]) -> dict[str, Any]:
             "nproc": os.cpu_count(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         },
-        "fleet": {"gpus_per_node": GPUS, "pods_per_node": PODS_PER_NODE, "leases": True},
+        "fleet": {
+            "gpus_per_node": GPUS,
+            "pods_per_node": PODS_PER_NODE,
+            "leases": True,
+            **(memprobe_mig.fleet() if mig else {}),
+        },
         "results": results,
         "sites": {"nodes": n, "top": [{"site": s, "bytes_per_node": round(b / n)} for s, b in top]},
         "slope_bytes_per_node": round(slope),
@@ -383,45 +405,59 @@ def table(data: dict[str, Any]) -> Iterator[str]:
 
 def render(data: dict[str, Any], source: str) -> str:
     """The docs block, generated from a result file."""
-    m = data["machine"]
+    m, f = data["machine"], data["fleet"]
     sites = data["sites"]
+    mig = "mig_devices_per_node" in f
+    shape = (
+        f"{f['gpus_per_node']} GPUs in MIG mode x {f['mig_devices_per_gpu']} {f['mig_profile']} MIG devices "
+        f"({f['mig_devices_per_node']} DRA devices in each node's ResourceSlice)"
+        if mig
+        else f"{f['gpus_per_node']} GPUs"
+    )
     lines = [
-        BEGIN,
-        f"{data['fleet']['gpus_per_node']} GPUs and {data['fleet']['pods_per_node']} pods per node; commit "
+        MIG_BEGIN if mig else BEGIN,
+        f"{shape} and {f['pods_per_node']} pods per node; commit "
         f"`{data['commit']}`, {data['date']}, Python {m['python']} (`{source}`).",
         "",
         *table(data),
         "",
         f"Least-squares slope: **{data['slope_bytes_per_node'] / 1024:,.1f} KiB per node**. "
-        f"Top allocation sites at {sites['nodes']:,} nodes (bytes per node):",
+        + (f"{memprobe_mig.verdict(data)} " if mig else "")
+        + f"Top allocation sites at {sites['nodes']:,} nodes (bytes per node):",
         "",
         "| site | per node (bytes) |",
         "| --- | ---: |",
         *[f"| `{t['site']}` | {t['bytes_per_node']:,} |" for t in sites["top"]],
-        END,
+        MIG_END if mig else END,
     ]
     return "\n".join(lines)
 
 
 def write_doc(block: str, doc: Path = DOC) -> None:
+    """Replace the block between the markers ``block`` starts and ends with (the MIG probe's has its own)."""
+    begin, end = block.split("\n", 1)[0], block.rsplit("\n", 1)[-1]
     text = doc.read_text()
-    if BEGIN not in text:
-        raise SystemExit(f"{doc}: no {BEGIN!r} marker")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(head + block + rest.split(END, 1)[1])
+    if begin not in text:
+        raise SystemExit(f"{doc}: no {begin!r} marker")
+    head, rest = text.split(begin, 1)
+    doc.write_text(head + block + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,5000,10000", help="comma-separated node counts")
-    ap.add_argument("--out", type=Path, default=RESULT)
+    ap.add_argument("--out", type=Path, default=None, help=f"result file (default {RESULT.relative_to(REPO)})")
+    ap.add_argument(
+        "--mig", action="store_true", help="every GPU in MIG mode (7 devices) and each node's ResourceSlice"
+    )
     ap.add_argument("--render", type=Path, help="only regenerate docs/bench.md's block from this result file")
     a = ap.parse_args(argv)
     if a.render:
         data = json.loads(a.render.read_text())
         write_doc(render(data, str(a.render.resolve().relative_to(REPO))))
         return 0
-    data = run([int(s) for s in a.sizes.split(",") if s])
+    data = run([int(s) for s in a.sizes.split(",") if s], a.mig)
+    a.out = a.out or (RESULT.with_name("memprobe-mig.json") if a.mig else RESULT)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(data, indent=2) + "\n")
     print("\n".join(table(data)))

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hack.bench_docs import RESULTS, check, core_run, filed_runs, rewrite
-from hack.bench_report import measured, targets_for
+from hack.bench_report import targets_for
+from hack.bench_targets import measured
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "scaling.md"
