@@ -13,6 +13,7 @@ no longer governed, or whose device no record holds out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -88,27 +89,37 @@ class DeviceRules:
         existing = [r for r in self.rules.values() if _rule_node(r) == name]
         plan = plan_rules(desired, existing)
         mode = str(policy.mode)
-        created_n = 0
         for rname, uid in plan.delete:
             if await self._delete(rname, uid):
                 metrics.DEVICE_ACTIONS.labels("untaint", _reason(existing, rname), mode).inc()
-        for body in plan.create:
-            try:
-                created = await self.call(self.kube.create_device_taint_rule, body)
-            except Exception as e:
-                if status_of(e) != 409:
-                    raise
-                rname = body["metadata"]["name"]
-                log.info("DeviceTaintRule %s exists already; re-reading gpuhealth's rules", rname)
-                await self.load_rules()
+        # A GPU's rules (seven on a 7-way MIG GPU) go out side by side: its last device is out of the
+        # scheduler's reach one round trip after the fault, not seven.
+        results = await asyncio.gather(*(self._create(body, mode) for body in plan.create), return_exceptions=True)
+        conflicts = [body["metadata"]["name"] for body, r in zip(plan.create, results, strict=True) if r is False]
+        if conflicts:
+            log.info("DeviceTaintRules %s exist already; re-reading gpuhealth's rules", ", ".join(conflicts))
+            await self.load_rules()
+            for rname in conflicts:
                 if rname not in self.rules:
                     log.warning("DeviceTaintRule %s is someone else's: its GPU falls back to node scope", rname)
                     self.taken.add(rname)
-                continue
-            self.rules[created["metadata"]["name"]] = created
-            metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
-            created_n += 1
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        created_n = sum(1 for r in results if r is True)
         return created_n
+
+    async def _create(self, body: dict[str, Any], mode: str) -> bool:
+        """Create one rule; False when one of its name exists already (409)."""
+        try:
+            created = await self.call(self.kube.create_device_taint_rule, body)
+        except Exception as e:
+            if status_of(e) != 409:
+                raise
+            return False
+        self.rules[created["metadata"]["name"]] = created
+        metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
+        return True
 
     async def _delete(self, rname: str, uid: str) -> bool:
         """Delete one of gpuhealth's rules once; False if it is already gone or being deleted."""

@@ -205,7 +205,10 @@ def _slim_device(d: Any) -> Any:
             out[part] = compact(sub)  # not an object: kept, to be read (and refused) as before
     migs = d.get("migDevices")
     if isinstance(migs, list):
-        out["migDevices"] = [leaf(_pick(m, _MIG_KEYS)) if isinstance(m, Mapping) else m for m in migs]
+        # Plain copies, not shared leaves: each MIG device has a UUID of its own, so no two are equal and
+        # the table of shared copies would only add its entry to each (its UUID string is still the
+        # one the slice cache holds).
+        out["migDevices"] = [_pick(m, _MIG_KEYS) if isinstance(m, Mapping) else m for m in migs]
     elif "migDevices" in d:
         out["migDevices"] = compact(migs)  # not a list: kept, to be refused as before
     return out
