@@ -33,9 +33,10 @@ from gpuhealth.agent.model import (
     Temperature,
     XidEvent,
 )
-from gpuhealth.agent.publisher import KubeTransport, LatestSnapshot, Publisher
+from gpuhealth.agent.publisher import LatestSnapshot, Publisher
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from gpuhealth.agent.runner import agent_version
+from gpuhealth.agent.transport import KubeTransport
 
 LEASE_NAMESPACE = "gpuhealth-system"  # where the operator (OperatorProcess) watches the agents' Leases
 # A pass is due a little after the publisher's own clock says so (it stamps a renewal just after ours).

@@ -29,7 +29,6 @@ from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, XidEvent
 from gpuhealth.agent.report import ReportBuilder, now_utc
 from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError, ReportTransport, report_body
-from gpuhealth.agent.transport import KubeTransport as KubeTransport  # hack/bench_fleet.py imports it from here
 from gpuhealth.kube.errors import is_conflict, retryable, status_of
 
 log = logging.getLogger(__name__)
