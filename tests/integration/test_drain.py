@@ -292,3 +292,44 @@ def test_flapping_node_waits_for_a_human(
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="released, probation, healthy")
     wait_for(lambda: kube.our_taint(node) is None, what="taint lifted after the verdict")
     assert "gpuhealth.dev/release" not in (kube.node(node)["metadata"].get("annotations") or {})
+
+
+def test_an_eviction_planned_from_a_pod_changed_since_is_refused(cluster: LocalCluster, kube: Kube, group: str) -> None:
+    """The real API server holds an eviction to the pod's resourceVersion: what keeps a second replica,
+    acting for a moment beside the first (Kopf peering is not a lock), from evicting a pod again."""
+    from kubernetes.client.rest import ApiException
+
+    from gpuhealth.kube.client import Kube as OperatorKube
+
+    (node,) = make_nodes(cluster, group, 1)
+    ns = namespace(kube, f"evict-rv-{group}"[:60])
+    pod = kube.core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "p"},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 600,
+                "containers": [{"name": "c", "image": "x"}],
+            },
+        },
+    )
+    planned = pod.metadata.resource_version
+    ops = OperatorKube(kube.api)
+    kube.core.patch_namespaced_pod("p", ns, {"metadata": {"annotations": {"seen": "yes"}}})  # changed since
+    try:
+        ops.evict_pod(ns, "p", pod.metadata.uid, planned)
+    except ApiException as e:
+        assert e.status == 409, e
+    else:
+        raise AssertionError("an eviction at a stale resourceVersion must be refused")
+    assert kube.core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is None
+    current = kube.core.read_namespaced_pod("p", ns).metadata.resource_version
+    ops.evict_pod(ns, "p", pod.metadata.uid, current)
+    assert kube.core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is not None
+    try:  # the same plan, sent again (the other replica): refused, the pod was changed by the eviction
+        ops.evict_pod(ns, "p", pod.metadata.uid, current)
+    except ApiException as e:
+        assert e.status == 409, e
+    else:
+        raise AssertionError("a second eviction from the same plan must be refused")

@@ -247,7 +247,9 @@ class Drainer:
         if uid:
             self._sent[uid] = time.monotonic()
         try:
-            await self.step_call(self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.step_call(
+                self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"), meta.get("resourceVersion")
+            )
         except Exception as e:
             code = status_of(e)
             if uid and code != 404:
@@ -262,6 +264,8 @@ class Drainer:
             if code == 404:
                 prec["evictedAt"] = format_time_precise(now)
                 return True
+            if code == 409:
+                return False  # the pod changed since it was planned (evicted by another?): the next pass sees it
             if code in (429, 500):
                 self._blocked(node, step, prec, code, now)
                 return False

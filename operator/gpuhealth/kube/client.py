@@ -55,7 +55,7 @@ class KubePort(KueuePort, DraPort, EventPort, Protocol):
     ) -> tuple[list[dict[str, Any]], str]: ...
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
-    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
+    def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None: ...
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None: ...
     def list_custom(
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
@@ -155,15 +155,20 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
             self.core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE, _preload_content=False)
         )
 
-    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
-        """Eviction API only, so PodDisruptionBudgets hold; the pod's own grace period applies."""
+    def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None:
+        """Eviction API only, so PodDisruptionBudgets hold; the pod's own grace period applies.
+
+        ``resource_version``: the pod as the eviction was planned from it. A pod changed since (among
+        others: evicted by a second replica that acted for a moment beside this one, since Kopf
+        peering is not a lock) answers 409 instead of a second eviction."""
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
-        if uid:
-            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            body["deleteOptions"] = {"preconditions": preconditions}
         self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
 
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None:

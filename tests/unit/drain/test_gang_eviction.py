@@ -22,7 +22,7 @@ class _Kube:
         self.evictions: list[str] = []
         self.refuse = refuse
 
-    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+    def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None:
         self.evictions.append(name)
         if self.refuse:
             raise ApiException(status=self.refuse)
@@ -136,7 +136,7 @@ def test_one_failed_step_does_not_stop_the_others_and_is_raised() -> None:
     from gpuhealth.drain.plan import DrainPlan
 
     class _Flaky(_Kube):
-        def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None:
             self.evictions.append(name)
             if name == "p1":
                 raise ApiException(status=403)
@@ -152,3 +152,34 @@ def test_one_failed_step_does_not_stop_the_others_and_is_raised() -> None:
         raise AssertionError("the 403 must be raised")
     assert sorted(kube.evictions) == ["p0", "p1", "p2"]
     assert [k for k, v in (plan.record.get("pods") or {}).items() if v.get("evictedAt")] == ["uid-p0", "uid-p2"]
+
+
+def test_a_second_replica_planning_from_the_pod_before_its_eviction_does_not_evict_it_again() -> None:
+    """Kopf peering is not a lock: for a moment two replicas may both act (the 10,000-node drain storm
+    saw it). Each remembers only its own evictions, so the eviction carries the resourceVersion it was
+    planned from, and the API server's 409 for a pod changed since stops the second one."""
+
+    class _Server(_Kube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rv = {"p": "7"}
+
+        def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None:
+            if resource_version is not None and resource_version != self.rv[name]:
+                raise ApiException(status=409)
+            self.evictions.append(name)
+            self.rv[name] = str(int(self.rv[name]) + 1)  # the graceful deletion is a write
+
+    kube = _Server()
+    pod = {**_pod("p", "a"), "metadata": {**_pod("p", "a")["metadata"], "resourceVersion": "7"}}
+    first, second = _drainer(kube), _drainer(kube)  # two replicas, each with its own memory
+    rec_a, rec_b = PodDrain(), PodDrain()
+
+    async def both() -> list[bool]:
+        a = await first._evict("a", Step("evict", pod, "draining"), rec_a, NOW)
+        b = await second._evict("a", Step("evict", pod, "draining"), rec_b, NOW)  # its cache is behind
+        return [a, b]
+
+    assert asyncio.run(both()) == [True, False]
+    assert kube.evictions == ["p"]
+    assert rec_a.get("evictedAt") and not rec_b.get("evictedAt") and not rec_b.get("retryAt")

@@ -143,13 +143,18 @@ class FakeKube:
         self.writes.append(("patch", f"pod/{namespace}/{name}"))
         return self._patch(self.pods, (namespace, name), patch)
 
-    def evict_pod(self, namespace: str, name: str, uid: str | None) -> None:
+    def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None:
         self.writes.append(("evict", f"pod/{namespace}/{name}"))
         if (namespace, name) not in self.pods:
             raise _error(404)
+        if resource_version is not None and resource_version != self.pods[namespace, name]["metadata"].get(
+            "resourceVersion"
+        ):
+            raise _error(409)  # the API server's precondition: the pod changed since it was read
         if name in self.refuse_evictions:
             raise _error(self.refuse_evictions[name])
         self.pods[namespace, name]["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+        self._stamp(self.pods[namespace, name])  # a graceful deletion is a write: a new resourceVersion
 
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
         self.writes.append(("force-delete", f"pod/{namespace}/{name}"))

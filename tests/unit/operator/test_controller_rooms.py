@@ -245,11 +245,13 @@ def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_pa
         rt = await runtime(kube)
         evict = kube.evict_pod
 
-        def evict_while_a_watch_event_lands(namespace: str, name: str, uid: str | None) -> None:
+        def evict_while_a_watch_event_lands(
+            namespace: str, name: str, uid: str | None, resource_version: str | None = None
+        ) -> None:
             # A watch event already on its way replaces the cached pod with its pre-eviction self.
             (pod,) = [p for p in stale if p["metadata"]["name"] == name]
             rt.store.put_pod(copy.deepcopy(pod))
-            evict(namespace, name, uid)
+            evict(namespace, name, uid, resource_version)
 
         kube.evict_pod = evict_while_a_watch_event_lands  # type: ignore[method-assign]
         await rt.reconciler.reconcile("n1")
