@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpuhealth.api.names import DRA_GROUP, DRA_VERSION, MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from gpuhealth.kube.paging import list_rv, page_args
+from gpuhealth.kube.paging import PAGE, SLICE_PAGE, list_rv, page_args
 from gpuhealth.kube.watches import watch_args, watch_events
 
 
@@ -33,19 +33,21 @@ class DraCalls:
     custom: client.CustomObjectsApi
 
     def _list_dra(
-        self, plural: str, transform: Callable[[dict[str, Any]], Any] = lambda o: o, **kw: Any
+        self, plural: str, transform: Callable[[dict[str, Any]], Any] = lambda o: o, limit: int = PAGE, **kw: Any
     ) -> tuple[list[Any], str]:
         """Every object of a cluster-wide DRA list, page by page, and the list's resourceVersion."""
 
         def fetch(cont: str | None) -> dict[str, Any]:
-            resp = self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, **page_args(cont), **kw)
+            resp = self.custom.list_cluster_custom_object(
+                DRA_GROUP, DRA_VERSION, plural, **page_args(cont, limit), **kw
+            )
             return json.loads(resp.data)  # type: ignore[no-any-return]
 
         return list_rv(fetch, transform)
 
     def list_resource_slices_rv(self, transform: Callable[[dict[str, Any]], Any]) -> tuple[list[Any], str]:
         """ResourceSlices (each slimmed by ``transform`` as it is read) and the resourceVersion to watch from."""
-        return self._list_dra("resourceslices", transform)
+        return self._list_dra("resourceslices", transform, SLICE_PAGE)
 
     def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for ResourceSlices, from ``resource_version``."""
