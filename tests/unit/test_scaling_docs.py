@@ -55,6 +55,43 @@ def test_a_run_of_only_the_resilience_phases_does_not_displace_the_newest_full_r
     assert scaling_docs.points([full, phases_only]) == [full]
 
 
+def test_the_resilience_phases_get_a_row_per_size_from_their_newest_run() -> None:
+    """docs/scaling.md shows the issue #26 phases at each fleet size, each held to its size's targets."""
+
+    def phases(nodes: int, date: str, rate: float, double: int, restart_s: float) -> tuple[Path, dict[str, Any]]:
+        res: dict[str, Any] = {
+            "nodes": nodes,
+            "date": date,
+            "commit": "def5678",
+            "drain_storm": {"evictions_per_s": rate, "double_actions": double},
+            "failover": {"p50_s": 20.0},
+            "warm_restart": {"restart_to_first_taint_s": restart_s, "startup_writes": 0},
+        }
+        res["targets"] = {
+            "drain_rate": {"pass": rate >= 50, "value": rate},
+            "drain_double": {"pass": double == 0, "value": double},
+            "failover_p50": {"pass": True, "value": 20.0},
+            "restart_taint": {"pass": restart_s <= 30, "value": restart_s},
+        }
+        return Path(f"bench-{nodes}-{date}.json"), res
+
+    old, new, big = (
+        phases(1000, "2026-12-01", 40.0, 0, 4.0),
+        phases(1000, "2026-12-02", 55.0, 0, 4.0),
+        phases(10000, "2026-12-02", 17.6, 2, 124.6),
+    )
+    assert scaling_docs.resilience_points([old, big, new]) == [new, big]
+    block = scaling_docs.render([run(1000, "2026-11-30", 240.0), old, big, new])
+    assert (
+        "| 1,000 | `def5678`, 2026-12-02 (`bench-1000-2026-12-02.json`) | 55.0 | 0 | 20.0 | 4.0 | 0 | 4 of 4 |" in block
+    )
+    assert (
+        "| 10,000 | `def5678`, 2026-12-02 (`bench-10000-2026-12-02.json`) | 17.6 | 2 | 20.0 | 124.6 | 0 | 1 of 4 |"
+        in block
+    )
+    assert "bench-1000-2026-12-01.json" not in block  # the older run of that size is not shown
+
+
 def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
     (tmp_path / "stopped-10000-x.log").write_text(
         "[03:14:39] == control plane ==\n"
