@@ -45,6 +45,8 @@ END = "<!-- bench:end -->"
 LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench_docs) -->"
 LARGE_END = "<!-- bench-10k:end -->"
 RES_BEGIN = "<!-- bench-resilience:begin (python -m hack.bench_docs) -->"
+SUMMARY_BEGIN = "<!-- bench-resilience-summary:begin (python -m hack.bench_docs) -->"
+SUMMARY_END = "<!-- bench-resilience-summary:end -->"
 RES_END = "<!-- bench-resilience:end -->"
 AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
 AB_END = "<!-- bench-ab:end -->"
@@ -140,6 +142,49 @@ def _resilience_section(path: Path, res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def resilience_points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
+    """The newest run with the drain storm, failover or warm restart phase of each node count."""
+    newest: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for path, res in runs:
+        if any(k in res for k in RESILIENCE):
+            newest[int(res["nodes"])] = (path, res)
+    return [newest[n] for n in sorted(newest)]
+
+
+def resilience_table(runs: list[tuple[Path, dict[str, Any]]]) -> list[str]:
+    """The issue #26 phases at each fleet size, a row each, held to its size's targets (README.md and
+    docs/scaling.md; docs/bench.md has the whole of each run)."""
+    pts = resilience_points(runs)
+    if not pts:
+        return []
+    lines = [
+        "The drain storm, failover and warm restart phases (`--phases restart,failover,drain`), the newest run "
+        "of each size:",
+        "",
+        "| nodes | commit, date | drain storm evictions/s | pods evicted twice | failover p50 (s) "
+        "| warm restart to a new fault's taint (s) | start-up writes | targets met |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for path, r in pts:
+        passed, counted, _ = tally(r["targets"], int(r["nodes"]), resilience_targets_for)
+        lines.append(
+            f"| {r['nodes']:,} | `{r['commit']}`, {str(r['date'])[:10]} (`{path.name}`) "
+            f"| {_dig(r, 'drain_storm', 'evictions_per_s')} | {_dig(r, 'drain_storm', 'double_actions')} "
+            f"| {_dig(r, 'failover', 'p50_s')} | {_dig(r, 'warm_restart', 'restart_to_first_taint_s')} "
+            f"| {_dig(r, 'warm_restart', 'startup_writes')} | {passed} of {counted} |"
+        )
+    return lines
+
+
+def _dig(res: dict[str, Any], *keys: str) -> Any:
+    """``res[k1][k2]...``, or None where a level is missing."""
+    for k in keys:
+        if not isinstance(res, dict) or k not in res:
+            return None
+        res = res[k]
+    return res
+
+
 def render_ab(directory: Path = RESULTS) -> str:
     """Side-by-side runs of the same smaller bench at two commits (docs/bench/ab-*.json)."""
     lines = [
@@ -198,7 +243,9 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
         if large
         else f"{LARGE_BEGIN}\nNo run of {LARGE_FLEET_NODES:,} nodes or more is filed yet.\n{LARGE_END}"
     )
-    return {DOCS[0]: [latest], DOCS[1]: [latest, big, res_block, mig_block, render_ab(directory)]}
+    table = resilience_table(runs) or ["No run with the drain storm, failover and warm restart phases is filed yet."]
+    summary = "\n".join([SUMMARY_BEGIN, *table, SUMMARY_END])
+    return {DOCS[0]: [latest, summary], DOCS[1]: [latest, big, res_block, mig_block, render_ab(directory)]}
 
 
 def _rel(path: Path) -> str:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import RESILIENCE, RESULTS, check, core_run, filed_runs, rewrite
-from hack.bench_report import resilience_targets_for, tally, targets_for
+from hack.bench_docs import RESULTS, check, core_run, filed_runs, resilience_table, rewrite
+from hack.bench_report import targets_for
 from hack.bench_targets import measured
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,40 +39,6 @@ def points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str
         if core_run(res):
             newest[int(res["nodes"])] = (path, res)
     return [newest[n] for n in sorted(newest)]
-
-
-def resilience_points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
-    """The newest run with the drain storm, failover or warm restart phase of each node count."""
-    newest: dict[int, tuple[Path, dict[str, Any]]] = {}
-    for path, res in runs:
-        if any(k in res for k in RESILIENCE):
-            newest[int(res["nodes"])] = (path, res)
-    return [newest[n] for n in sorted(newest)]
-
-
-def render_resilience(runs: list[tuple[Path, dict[str, Any]]]) -> list[str]:
-    """The issue #26 phases at each fleet size, each held to its size's targets (docs/bench.md)."""
-    pts = resilience_points(runs)
-    if not pts:
-        return []
-    lines = [
-        "",
-        "The drain storm, failover and warm restart phases (`--phases restart,failover,drain`), the newest run "
-        "of each size:",
-        "",
-        "| nodes | commit, date | drain storm evictions/s | pods evicted twice | failover p50 (s) "
-        "| warm restart to a new fault's taint (s) | start-up writes | targets met |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for path, r in pts:
-        passed, counted, _ = tally(r["targets"], int(r["nodes"]), resilience_targets_for)
-        lines.append(
-            f"| {r['nodes']:,} | `{r['commit']}`, {str(r['date'])[:10]} (`{path.name}`) "
-            f"| {_get(r, 'drain_storm', 'evictions_per_s')} | {_get(r, 'drain_storm', 'double_actions')} "
-            f"| {_get(r, 'failover', 'p50_s')} | {_get(r, 'warm_restart', 'restart_to_first_taint_s')} "
-            f"| {_get(r, 'warm_restart', 'startup_writes')} | {passed} of {counted} |"
-        )
-    return lines
 
 
 def _get(res: dict[str, Any], *keys: str) -> Any:
@@ -218,7 +184,8 @@ def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path
         lines.append(f"Missed at {r['nodes']:,} nodes: " + ("; ".join(miss) + "." if miss else "nothing it measured."))
     for path, stop in stopped:
         lines += ["", *render_stopped(path, stop)]
-    lines += render_resilience(runs)
+    if table := resilience_table(runs):
+        lines += ["", *table]
     lines.append(END)
     return "\n".join(lines)
 

@@ -220,9 +220,10 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
     only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
     rendered = bench_docs.blocks(tmp_path)
-    readme, latest, _, resilience, _, _ = [*rendered[bench_docs.DOCS[0]], *rendered[bench_docs.DOCS[1]]]
+    readme, summary, latest, _, resilience, _, _ = [*rendered[bench_docs.DOCS[0]], *rendered[bench_docs.DOCS[1]]]
     assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
     assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
+    assert "| 1,000 | `abcdef0`, 2026-12-31" in summary and "| 7 of 7 |" in summary  # the README's row
     assert "Drain storm: 100 nodes x 15 pods" in resilience
 
 

@@ -80,7 +80,7 @@ def test_the_resilience_phases_get_a_row_per_size_from_their_newest_run() -> Non
         phases(1000, "2026-12-02", 55.0, 0, 4.0),
         phases(10000, "2026-12-02", 17.6, 2, 124.6),
     )
-    assert scaling_docs.resilience_points([old, big, new]) == [new, big]
+    assert bench_docs.resilience_points([old, big, new]) == [new, big]
     block = scaling_docs.render([run(1000, "2026-11-30", 240.0), old, big, new])
     assert (
         "| 1,000 | `def5678`, 2026-12-02 (`bench-1000-2026-12-02.json`) | 55.0 | 0 | 20.0 | 4.0 | 0 | 4 of 4 |" in block
