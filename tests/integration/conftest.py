@@ -6,12 +6,13 @@ If it cannot be built or started, every integration test errors (never skips).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import LocalCluster
+from tests.support.diagnose import diagnose
 from tests.support.k8s import Kube, OperatorProcess
 
 _ids = itertools.count()
@@ -41,10 +42,27 @@ def operator(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
         op.stop()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the test item, so a fixture's teardown can tell that the test failed."""
+    report: pytest.TestReport = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def group(cluster: LocalCluster, request: pytest.FixtureRequest) -> str:
-    """A label value unique to the test, so each test owns its own nodes and policy."""
-    return f"t{next(_ids)}-{request.node.name[:30].replace('_', '-').strip('-').lower()}"
+def group(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A label value unique to the test, so each test owns its own nodes and policy. When the test
+    fails, what the cluster and the operator made of its nodes is printed (``tests/support/diagnose.py``)."""
+    name = f"t{next(_ids)}-{request.node.name[:30].replace('_', '-').strip('-').lower()}"
+    yield name
+    failed = getattr(request.node, "report_call", None)
+    if failed is None or not failed.failed or "kube" not in request.fixturenames:
+        return
+    op = request.getfixturevalue("operator") if "operator" in request.fixturenames else None
+    print(f"--- diagnosis of {name} ---\n{diagnose(request.getfixturevalue('kube'), name, op)}")
 
 
 def make_nodes(cluster: LocalCluster, group: str, count: int) -> list[str]:
