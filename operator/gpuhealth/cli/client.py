@@ -166,11 +166,18 @@ class Client:
         except NotFound:
             return []
 
-    def list_resource_claims(self) -> list[dict[str, Any]]:
-        """Every namespace's ResourceClaims: which pods hold which devices."""
+    def namespace_resource_claims(self, namespace: str) -> list[dict[str, Any]]:
+        """The ResourceClaims of ``namespace``: which of its pods hold which devices. A pod's claims are
+        always in its own namespace, so a node's holders come from its pods' namespaces, never from a
+        list of every claim of the cluster."""
         try:
             return self._pages(
-                "list resourceclaims", self.custom.list_cluster_custom_object, DRA_GROUP, DRA_VERSION, "resourceclaims"
+                f"list resourceclaims -n {namespace}",
+                self.custom.list_namespaced_custom_object,
+                DRA_GROUP,
+                DRA_VERSION,
+                namespace,
+                "resourceclaims",
             )
         except NotFound:
             return []

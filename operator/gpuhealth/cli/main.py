@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import sys
@@ -241,8 +242,10 @@ def _mig_layout(
     slices = read(lambda: ctx.client.node_resource_slices(node))
     if not miglayout.wanted(report, slices):
         return [], errors
-    claims = read(ctx.client.list_resource_claims)
     pods = read(lambda: ctx.client.node_pods(node))
+    # Only the claims of the namespaces the node's pods run in: that is where every claim they hold is.
+    namespaces = sorted({str((p.get("metadata") or {}).get("namespace") or "") for p in pods} - {""})
+    claims = [c for ns in namespaces for c in read(functools.partial(ctx.client.namespace_resource_claims, ns))]
     return miglayout.mig_layout(node, report, slices, claims, pods, _drivers(policy)), errors
 
 

@@ -185,6 +185,7 @@ class FakeClient:
 
     def __init__(self, rep: dict[str, Any], forbidden: tuple[str, ...] = ()) -> None:
         self.rep, self.forbidden, self.calls = rep, forbidden, []  # type: ignore[var-annotated]
+        self.namespaces: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
         values = {
@@ -194,14 +195,17 @@ class FakeClient:
             "node_events": [],
             "get_lease": None,
             "node_resource_slices": static_slices(),
-            "list_resource_claims": [claim("team-a", "tenant-a", MIG2[0])],
-            "node_pods": [],
+            "node_pods": [pod("team-a", "tenant-a"), pod("team-c", "plain")],
         }
+        claims = {"team-a": [claim("team-a", "tenant-a", MIG2[0])], "team-b": [claim("team-b", "elsewhere", MIG2[1])]}
 
-        def call(*_: Any) -> Any:
+        def call(*args: Any) -> Any:
             self.calls.append(name)
             if name in self.forbidden:
                 raise ApiError(f"{name}: Forbidden (403): no", 403)
+            if name == "namespace_resource_claims":
+                self.namespaces.append(args[0])
+                return claims.get(args[0], [])
             return values[name]
 
         return call
@@ -218,13 +222,16 @@ def _describe(client: FakeClient, *extra: str) -> tuple[int, str]:
 
 
 def test_describe_command_reads_claims_only_for_a_mig_node_and_survives_a_forbidden_list() -> None:
-    code, out = _describe(FakeClient(report(NODE, "Healthy", spec=spec())))
+    mig = FakeClient(report(NODE, "Healthy", spec=spec()))
+    code, out = _describe(mig)
     assert code == 0 and "team-a/tenant-a" in out
+    # Only the namespaces the node's pods run in: team-b's claim (no pod of it here) is never read.
+    assert mig.namespaces == ["team-a", "team-c"] and "team-b" not in out
     plain = FakeClient(report(NODE, "Healthy", spec=spec(None)), forbidden=("node_resource_slices",))
     code, out = _describe(plain)
     assert code == 0 and "incomplete: node_resource_slices: Forbidden (403)" in out
-    assert "list_resource_claims" not in plain.calls
-    denied = FakeClient(report(NODE, "Healthy", spec=spec()), forbidden=("list_resource_claims",))
+    assert "namespace_resource_claims" not in plain.calls
+    denied = FakeClient(report(NODE, "Healthy", spec=spec()), forbidden=("namespace_resource_claims",))
     code, out = _describe(denied, "-o", "json")
     assert code == 0 and '"migLayoutErrors"' in out and '"gpuInstanceId": 1' in out
 
