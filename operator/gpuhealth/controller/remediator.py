@@ -128,6 +128,7 @@ class Remediator:
             if lad is None and (not dev.out_of_service or dev.instances):
                 # A GPU with only some MIG devices out climbs no ladder: a reset or a reboot would
                 # take its other instances, which still serve, with it.
+                self._blocked.pop((name, dev.index), None)
                 continue
             facts = report.device(dev.index) if report is not None else None
             recovery = (facts.recovery_action or "") if facts else ""
@@ -208,7 +209,9 @@ class Remediator:
             metrics.REMEDIATIONS.labels(kind, result).inc()
         if move.back_in_service is not None and lad is not None:
             metrics.REMEDIATION_MTTR.labels(str(lad.step)).observe(move.back_in_service)
-        if move.start is not None or rec is None:
+        if move.start is not None:
+            # Blocked once, announced once: a GPU waiting for its holder to leave is passed over on
+            # every sweep, and only a new reason (or a reset that finally starts) is news.
             self._blocked.pop((name, dev.index), None)
 
     def _block(self, name: str, index: int, why: str) -> None:

@@ -41,12 +41,12 @@ def ecc_on(*bad: int, seconds: float = 0.0) -> dict[str, Any]:
     return report_obj(name="n1", devices=devices, heartbeat=seconds)
 
 
-def claim(name: str, device: str, pod: str) -> dict[str, Any]:
+def claim(name: str, device: str, pod: str, namespace: str = "ml") -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "namespace": "ml"},
+        "metadata": {"name": name, "namespace": namespace},
         "status": {
             "allocation": {"devices": {"results": [{"driver": "gpu.nvidia.com", "pool": "n1", "device": device}]}},
-            "reservedFor": [{"resource": "pods", "name": pod, "uid": f"uid-ml-{pod}"}],
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": f"uid-{namespace}-{pod}"}],
         },
     }
 

@@ -124,13 +124,13 @@ def test_a_pod_the_api_shows_on_the_gpu_blocks_the_reset_even_if_the_cache_misse
         rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
         kube.add_pod("ml", "late", "n1")  # ...but a pod grabbed it: in the API, not yet in the cache
         kube.claims = [claim("c3", "gpu-3", "late")]
-        await passes(rt, clock, 2)
+        await passes(rt, clock, 5)
         await rt.events.flush()
 
     asyncio.run(body())
     assert not kube.jobs and not [w for w in kube.writes if w[1].startswith("job/")]
     blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
-    assert blocked and "ml/late" in blocked[-1]
+    assert len(blocked) == 1 and "ml/late" in blocked[0], "one wait, one announcement, however many passes"
 
 
 def test_paused_starts_nothing_and_the_fleet_limit_holds() -> None:
@@ -180,3 +180,20 @@ def test_api_errors_on_create_surface_and_are_retried() -> None:
     asyncio.run(body())
     assert ladder(kube)["phase"] == "Pending"  # kept: the next pass creates it under the same name
     assert any("403" in e["message"] for e in kube.events if e["reason"] == "RemediationBlocked")
+
+
+def test_a_gpu_waiting_for_its_holder_is_announced_once_however_many_passes() -> None:
+    kube = setup()
+    kube.add_pod("kube-system", "holder", "n1")  # never drained (a system namespace), holds GPU 3
+    kube.claims = [claim("c3", "gpu-3", "holder", namespace="kube-system")]
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await passes(rt, clock, 8)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert not kube.jobs
+    blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+    assert len(blocked) == 1 and "kube-system/holder" in blocked[0], blocked
