@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpuhealth.api.names import COMPONENT, GROUP, POLICY_PLURAL, REPORT_PLURAL, VERSION
+from gpuhealth.kube.deadline import drained
 from gpuhealth.kube.dra import DraCalls, DraPort
 from gpuhealth.kube.errors import is_conflict, is_not_found, retryable, status_of
 from gpuhealth.kube.events import EventCalls, EventPort
@@ -126,7 +127,7 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         )
 
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False)
+        drained(self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False))
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -169,13 +170,15 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         if preconditions:
             body["deleteOptions"] = {"preconditions": preconditions}
-        self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+        drained(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
 
     def force_delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
         body: dict[str, Any] = {"gracePeriodSeconds": 0}
         if uid:
             body["preconditions"] = {"uid": uid}
-        self.core.delete_namespaced_pod(name, namespace, body=body, grace_period_seconds=0, _preload_content=False)
+        drained(
+            self.core.delete_namespaced_pod(name, namespace, body=body, grace_period_seconds=0, _preload_content=False)
+        )
 
     # -- node Leases (the agents' heartbeats) ------------------------------------------------------
 

@@ -13,6 +13,8 @@ import os
 
 from kubernetes import client, config
 
+from gpuhealth.kube.deadline import bounded
+
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
@@ -54,6 +56,8 @@ def _merged(kubeconfig: str | None) -> str:
 
 
 def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """The operator's client: its pool sized for its threads, and a deadline on every request
+    (``deadline.py``)."""
     cfg = load(kubeconfig)
     cfg.connection_pool_maxsize = pool_size
-    return client.ApiClient(cfg)
+    return bounded(client.ApiClient(cfg))

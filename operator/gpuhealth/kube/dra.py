@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpuhealth.api.names import DRA_GROUP, DRA_VERSION, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from gpuhealth.kube.deadline import drained
 from gpuhealth.kube.paging import PAGE, SLICE_PAGE, list_rv, page_args
 from gpuhealth.kube.watches import watch_args, watch_events
 
@@ -77,6 +78,8 @@ class DraCalls:
     def delete_device_taint_rule(self, name: str, uid: str | None = None) -> None:
         """Delete one rule, only the object that was read (uid precondition) when ``uid`` is given."""
         body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
-        self.custom.delete_cluster_custom_object(
-            DRA_GROUP, DRA_VERSION, "devicetaintrules", name, body=body, _preload_content=False
+        drained(
+            self.custom.delete_cluster_custom_object(
+                DRA_GROUP, DRA_VERSION, "devicetaintrules", name, body=body, _preload_content=False
+            )
         )

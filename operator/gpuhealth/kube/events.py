@@ -15,6 +15,7 @@ from kubernetes import client
 
 from gpuhealth.api.names import COMPONENT
 from gpuhealth.api.timeutil import format_time_precise
+from gpuhealth.kube.deadline import drained
 from gpuhealth.kube.errors import is_conflict
 
 
@@ -89,7 +90,7 @@ class EventCalls:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(ns, body, _preload_content=False)
+            drained(self.core.create_namespaced_event(ns, body, _preload_content=False))
         except Exception as e:
             if not is_conflict(e):
                 raise  # 409: this very Event was posted by an earlier try whose response was lost

@@ -11,6 +11,8 @@ from typing import Any
 
 from kubernetes import client
 
+from gpuhealth.kube.deadline import drained
+
 
 class JobCalls:
     api: client.ApiClient
@@ -26,8 +28,10 @@ class JobCalls:
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and its pods (a reset that ran past its timeout)."""
-        client.BatchV1Api(self.api).delete_namespaced_job(
-            name, namespace, body={"propagationPolicy": "Background"}, _preload_content=False
+        drained(
+            client.BatchV1Api(self.api).delete_namespaced_job(
+                name, namespace, body={"propagationPolicy": "Background"}, _preload_content=False
+            )
         )
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
