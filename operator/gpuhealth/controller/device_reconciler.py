@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -58,6 +59,7 @@ from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.kube.client import KubePort
 
 log = logging.getLogger(__name__)
+SLICES_GRACE_S = 30.0  # how long a restarted operator waits for its first ResourceSlice list
 Call = Callable[..., Awaitable[Any]]
 
 
@@ -168,7 +170,19 @@ class DeviceReconciler(DeviceRules):
         self.slices = slices
         self.events = events
         self.clock = clock
+        self._born = time.monotonic()
         self._init_rules()
+
+    def slices_pending(self, a: Assessment) -> bool:
+        """Whether ``a`` has a device-scoped finding the slice cache cannot place yet: the first list
+        of ResourceSlices is not in (a restarted operator, a relist after 410 Gone), and the list has
+        had less than SLICES_GRACE_S to come. Placed now, the GPU would find no DRA device and take
+        its node out; the node is decided again once the slices are in (the watch requeues it). Past
+        the grace (slices that cannot be listed at all) the GPU falls back to node scope, the safe
+        side. A cluster that serves no ResourceSlices counts as listed, empty."""
+        if self.slices.synced.is_set() or time.monotonic() - self._born >= SLICES_GRACE_S:
+            return False
+        return any(f.scope == Scope.DEVICE for f in a.findings)
 
     # -- deciding ----------------------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
 CONFLICT_ATTEMPTS = 5
+SLICES_POLL_S = 0.5  # a device-scoped finding waiting for the first ResourceSlice list
 
 
 def evidence(a: Assessment) -> list[dict[str, Any]]:
@@ -184,6 +185,9 @@ class NodeReconciler:
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
+        if self.devices.slices_pending(a):
+            self.requeue(name, SLICES_POLL_S)  # the slice watch requeues it too, once its list is in
+            return
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
         dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared, device_plugin_mig(node))
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's

@@ -40,6 +40,7 @@ from gpuhealth.controller.report_gc import ReportCollector
 from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.controller.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.controller.store import NODE_SELECTOR, Store
+from gpuhealth.controller.watchdog import Watchdog
 from gpuhealth.controller.workqueue import WorkQueue
 from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
@@ -172,6 +173,7 @@ class Runtime:
         self._pods_listed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[str, int] = {}
+        self.watchdog = Watchdog()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -264,6 +266,7 @@ class Runtime:
         self.drainer.mover = self.admission
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
+        self._tasks.append(asyncio.create_task(self.watchdog.run()))
         self.ready.set()
         log.info(
             "watching %d GPU nodes, %d reports, %d policies",
@@ -311,6 +314,7 @@ class Runtime:
                 self.queue.done(name)
                 self.queue.add(name)
                 continue
+            self.watchdog.started(name)
             try:
                 if name in self.store.nodes:
                     metrics.RECONCILES.inc()
@@ -331,6 +335,7 @@ class Runtime:
                     log.exception("reconcile of %s failed; retrying in %.1fs", name, delay)
                 self.queue_later(name, delay)
             finally:
+                self.watchdog.finished(name)
                 self.queue.done(name)
 
     async def _sweeper(self) -> None:

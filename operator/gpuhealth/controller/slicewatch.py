@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import SlimSlice, slim_slice
 from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
+from gpuhealth.kube.errors import status_of
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,14 @@ class SliceWatch(Reflector[SlimSlice]):
                 log.exception("slice watch: on_change failed")
 
     def _list(self) -> Items:
-        slices, self.resource_version = self.source.list_resource_slices_rv(slim_slice)
+        try:
+            slices, self.resource_version = self.source.list_resource_slices_rv(slim_slice)
+        except Exception as e:
+            if status_of(e) == 404:
+                # No resource.k8s.io/v1 here: listed, and empty (every GPU is node scope at once,
+                # nothing waits for slices that cannot come); the watch keeps asking, slowly.
+                self.cache.replace([])
+            raise
         return list(slices)
 
     def _watch(self) -> Iterable[Mapping[str, Any]]:

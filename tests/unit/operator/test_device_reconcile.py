@@ -9,10 +9,13 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.controller import device_reconciler as DR
 from gpuhealth.controller import device_rules
 from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.slicewatch import SliceWatch
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import at, gpu, report_obj
 from tests.unit.operator.fake_kube import FakeKube
@@ -59,10 +62,11 @@ class Clock:
         return self.t
 
 
-async def runtime(kube: FakeKube, clock: Clock, slices: bool = True) -> Runtime:
+async def runtime(kube: FakeKube, clock: Clock, slices: bool | None = True) -> Runtime:
+    """``slices``: True, n1's slice is listed; False, the list is in and has none; None, not in yet."""
     rt = Runtime(kube, clock=clock, workers=1)
-    if slices:
-        rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))])
+    if slices is not None:
+        rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))] if slices else [])
     await rt._load()
     return rt
 
@@ -433,3 +437,44 @@ def test_the_rules_a_node_wanted_are_forgotten_with_the_node() -> None:
 
     asyncio.run(body())
     assert RULE not in kube.rules  # and its rule went too
+
+
+def test_a_restarted_operator_places_no_gpu_before_its_first_slice_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the slices are listed a bad GPU has no device yet: it waits (never a node-scope taint
+    on a guess), is placed on its device once the list is in, and falls back to the node only if the
+    list never comes within the grace."""
+    kube = setup()
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock, slices=None)
+        await rt.reconciler.reconcile("n1")
+        assert not kube.rules and TAINT not in {t["key"] for t in kube.nodes["n1"]["spec"].get("taints") or []}
+        assert not [w for w in kube.writes if w[1] == "report/n1/status"], "nothing decided yet"
+        rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))])
+        await rt.reconciler.reconcile("n1")
+        assert set(kube.rules) == {"gpuhealth-n1-gpu-3"}
+
+    asyncio.run(body())
+    assert TAINT not in {t["key"] for t in kube.nodes["n1"]["spec"].get("taints") or []}
+
+    late = setup()
+    monkeypatch.setattr(DR, "SLICES_GRACE_S", 0.0)
+
+    async def never() -> None:
+        rt = await runtime(late, clock, slices=None)
+        await rt.reconciler.reconcile("n1")
+
+    asyncio.run(never())
+    assert not late.rules and TAINT in {t["key"] for t in late.nodes["n1"]["spec"].get("taints") or []}
+
+
+def test_a_cluster_without_resource_slices_counts_as_listed() -> None:
+    class NoDra:
+        def list_resource_slices_rv(self, transform: Any) -> Any:
+            raise ApiException(status=404, reason="Not Found")
+
+    watch = SliceWatch(NoDra())  # type: ignore[arg-type]
+    with pytest.raises(ApiException):
+        watch.list()
+    assert watch.cache.synced.is_set() and watch.cache.slices() == []
