@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 
 CONNECT_S = 10.0
-READ_S = 60.0  # past the API server's own request timeout (60 s): its answer, not ours, ends a slow call
+READ_S = 30.0  # as Kopf's own requests here (settings.networking.request_timeout); lists are paged, writes idempotent
 
 
 def bounded(api: client.ApiClient, connect_s: float = CONNECT_S, read_s: float = READ_S) -> client.ApiClient:
