@@ -157,7 +157,10 @@ class Feeders:
 
     def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
+        before = (self.store.policy_objs.get(name) or {}).get("metadata") or {}
         error = self.store.put_policy(name, None if event == "DELETED" else body)
+        if enqueue:  # (the start-up list is summed up in one line by the runtime)
+            _log_policy_change(name, event, before, body)
         if error is not None:
             metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
             log.warning("policy %s refused: %s", name, error)
@@ -174,3 +177,15 @@ class Feeders:
         if enqueue:
             for n in self.store.nodes:
                 self.queue.add(n)
+
+
+def _log_policy_change(name: str, event: str | None, before: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """When the operator learned of a policy's spec (added, changed, deleted): its own status writes
+    echo back as events too, and are not news."""
+    generation = (body.get("metadata") or {}).get("generation")
+    if event == "DELETED":
+        log.info("policy %s deleted", name)
+    elif not before:
+        log.info("policy %s added (generation %s)", name, generation)
+    elif before.get("generation") != generation:
+        log.info("policy %s changed (generation %s)", name, generation)
