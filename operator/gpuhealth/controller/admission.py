@@ -25,12 +25,13 @@ import asyncio
 import datetime as dt
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.kueuewatch import KueueCache, slim_check, slim_workload
 from gpuhealth.controller.objectwatch import ObjectWatch
@@ -40,7 +41,6 @@ from gpuhealth.drain.plan import DrainPlan, Step
 from gpuhealth.kube.client import KubePort, status_of
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 
 
 class AdmissionRoom:

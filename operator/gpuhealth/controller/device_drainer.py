@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState
@@ -30,6 +30,7 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.device_reconciler import device_drains, drain_current
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.controller.events import EventSink
@@ -41,7 +42,6 @@ from gpuhealth.evaluation.findings import Assessment
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.kube.client import KubePort
 
-Call = Callable[..., Awaitable[Any]]
 CLAIMS_TTL_S = 1.0
 
 

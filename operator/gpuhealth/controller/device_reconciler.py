@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.device_rules import DeviceRules
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.slicewatch import SliceCache
@@ -60,7 +61,6 @@ from gpuhealth.kube.client import KubePort
 
 log = logging.getLogger(__name__)
 SLICES_GRACE_S = 30.0  # how long a restarted operator waits for its first ResourceSlice list
-Call = Callable[..., Awaitable[Any]]
 
 
 def released_gpus(annotations: Mapping[str, str]) -> frozenset[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
@@ -24,6 +24,7 @@ from gpuhealth.api.devices import DeviceRecord, devices_from_status
 from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.controller import metrics
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
 from gpuhealth.kube.client import KubePort, status_of
@@ -31,7 +32,6 @@ from gpuhealth.kube.client import KubePort, status_of
 log = logging.getLogger(__name__)
 # Our rules are re-listed this often for changes someone else made; our own are tracked in memory.
 RELIST_S = 300.0
-Call = Callable[..., Awaitable[Any]]
 
 
 def desired_rules(records: Iterable[DeviceRecord], dry_run: bool, taken: Iterable[str] = ()) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
@@ -26,6 +26,7 @@ from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
 from gpuhealth.drain import pods as P
@@ -35,7 +36,6 @@ from gpuhealth.kube.client import KubePort, status_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Call = Callable[..., Awaitable[Any]]
 MAX_RETRY_S = 60.0
 DRAIN_CONCURRENCY = 32  # checkpoint requests and evictions in flight at once, over every drain (--drain-concurrency)
 SENT_MEMORY_S = 300.0  # how long an eviction sent is remembered (the watch shows it long before)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
@@ -42,6 +42,7 @@ from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.device_drainer import DeviceDrainer
 from gpuhealth.controller.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.drainer import Drainer
@@ -56,7 +57,6 @@ from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_qua
 from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 CONFLICT_ATTEMPTS = 5
 SLICES_POLL_S = 0.5  # a device-scoped finding waiting for the first ResourceSlice list
 

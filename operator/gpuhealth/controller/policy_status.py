@@ -8,18 +8,17 @@ fleet costs no policy writes.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import capacity, metrics
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
 from gpuhealth.kube.client import KubePort, is_not_found
-
-Call = Callable[..., Awaitable[Any]]
 
 
 @dataclass

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +40,7 @@ from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.events import EventSink
 from gpuhealth.controller.store import Store
 from gpuhealth.drain.claims import pods_holding
@@ -47,7 +48,6 @@ from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
 from gpuhealth.kube.client import KubePort, is_not_found, status_of
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)
 HANDOFF_POLL_S = 30.0
 

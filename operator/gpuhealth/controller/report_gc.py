@@ -16,16 +16,13 @@ Found by the chaos soak: deleted Nodes left their reports behind forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
+from gpuhealth.controller.calls import Call
 from gpuhealth.controller.store import Store
 from gpuhealth.kube.client import KubePort
 from gpuhealth.kube.errors import is_conflict, is_not_found
 
 log = logging.getLogger(__name__)
-
-Call = Callable[..., Awaitable[Any]]
 
 
 class ReportCollector:

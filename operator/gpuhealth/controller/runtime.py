@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from gpuhealth.api.names import (
     AGENT_LEASE_SELECTOR,
@@ -48,6 +48,7 @@ from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
@@ -176,11 +177,11 @@ class Runtime:
         self.watchdog = Watchdog()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
         """Run one blocking API call on the kube thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def drain_call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def drain_call(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
         """Run one drain step's API call (a checkpoint request, an eviction) on the drain pool."""
         return await asyncio.get_running_loop().run_in_executor(self.drain_pool, fn, *args)
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.api.status import PodDrain
 from gpuhealth.controller.drainer import Drainer
 from gpuhealth.drain.plan import Step
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -99,7 +102,7 @@ def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
     kube = _Kube()
     in_flight, peak, via = 0, 0, []
 
-    async def step_call(fn: Callable[..., Any], *args: Any) -> Any:
+    async def step_call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
         nonlocal in_flight, peak
         via.append(fn.__name__)
         in_flight += 1
@@ -108,7 +111,7 @@ def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
         in_flight -= 1
         return fn(*args)
 
-    async def reconcile_call(fn: Callable[..., Any], *args: Any) -> Any:
+    async def reconcile_call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
         raise AssertionError("drain steps must not use the reconcile pool")
 
     none: Any = None

@@ -6,7 +6,7 @@ import asyncio
 import copy
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import pytest
 
@@ -19,11 +19,14 @@ from gpuhealth.controller.store import Store
 from gpuhealth.drain.plan import DrainPlan, Step
 from tests.unit.operator.fake_kube import FakeKube
 
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 KEY = "ml/job-llm"
 
 
-async def call(fn: Callable[..., Any], *args: Any) -> Any:
+async def call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
     return fn(*args)
 
 
