@@ -175,11 +175,12 @@ class DeviceReconciler(DeviceRules):
 
     def slices_pending(self, a: Assessment) -> bool:
         """Whether ``a`` has a device-scoped finding the slice cache cannot place yet: the first list
-        of ResourceSlices is not in (a restarted operator, a relist after 410 Gone), and the list has
-        had less than SLICES_GRACE_S to come. Placed now, the GPU would find no DRA device and take
-        its node out; the node is decided again once the slices are in (the watch requeues it). Past
-        the grace (slices that cannot be listed at all) the GPU falls back to node scope, the safe
-        side. A cluster that serves no ResourceSlices counts as listed, empty."""
+        of ResourceSlices since the operator started is not in yet, and it has had less than
+        SLICES_GRACE_S to come (a relist after 410 Gone keeps the slices it replaces until it is
+        in). Placed now, the GPU would find no DRA device and take its node out; the node is decided
+        again once the slices are in (the watch requeues it). Past the grace (slices that cannot be
+        listed at all) the GPU falls back to node scope, the safe side. A cluster that serves no
+        ResourceSlices counts as listed, empty."""
         if self.slices.synced.is_set() or time.monotonic() - self._born >= SLICES_GRACE_S:
             return False
         return any(f.scope == Scope.DEVICE for f in a.findings)
