@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -309,3 +310,13 @@ def remove_gpuhealth_workloads(cluster: LocalCluster) -> None:
         "--ignore-not-found",
         "--wait=false",
     )
+
+
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+_REFUSED = re.compile(r"\b403\b|[Ff]orbidden")
+
+
+def refusals(log_text: str) -> list[str]:
+    """The lines of an operator log that tell of a refused request (403, Forbidden), each read without
+    its timestamp: "22:09:29,403" is a time, not a status code."""
+    return [ln for ln in log_text.splitlines() if _REFUSED.search(_STAMP.sub("", ln))]

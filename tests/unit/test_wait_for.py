@@ -41,3 +41,17 @@ def test_holds_fails_the_moment_the_condition_breaks_and_counts_its_samples() ->
     states = iter(["Unknown", "Unknown", "Healthy"])
     with pytest.raises(AssertionError, match="stopped holding after 2 samples"):
         holds(lambda: next(states) == "Unknown", seconds=5, interval=0.01)
+
+
+def test_a_refusal_is_a_403_or_forbidden_in_a_message_never_a_timestamp() -> None:
+    from tests.support.k8s import refusals
+
+    log = "\n".join(
+        [
+            "2026-12-01 22:09:29,403 INFO gpuhealth.controller.leadership: paused: not acting until resumed",
+            "2026-12-01 22:09:30,001 WARNING gpuhealth.controller.runtime: reconcile of n1 failed ((403) Forbidden)",
+            "2026-12-01 22:09:31,002 ERROR kopf: patching failed: forbidden",
+            "2026-12-01 22:09:32,403 INFO x: 4031 objects",
+        ]
+    )
+    assert refusals(log) == log.splitlines()[1:3]
