@@ -66,6 +66,23 @@ def test_kueue_values_render_the_kueue_overlay() -> None:
         assert chart[k] == obj, f"{k} differs between the chart (kueue.enabled) and manifests/overlays/example-kueue"
 
 
+def test_kueue_gpu_resources_reach_the_operator() -> None:
+    """kueue.gpuResources: the quota names that count GPUs (--gpu-resources), for DRA claims that
+    Kueue accounts under a deviceClassMappings name; unset, the operator keeps its default."""
+    chart = by_key(
+        helm_template("--set=kueue.enabled=true", "--set=kueue.gpuResources={nvidia.com/gpu,example.com/gpu}")
+    )
+    (container,) = chart[("Deployment", "gpuhealth-system", "gpuhealth-operator")]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert {"name": "GPUHEALTH_GPU_RESOURCES", "value": "nvidia.com/gpu,example.com/gpu"} in container["env"]
+    plain = by_key(helm_template("--set=kueue.enabled=true"))
+    (default,) = plain[("Deployment", "gpuhealth-system", "gpuhealth-operator")]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "GPUHEALTH_GPU_RESOURCES" not in {e["name"] for e in default["env"]}
+
+
 def test_first_policy_is_dry_run_and_values_reach_the_objects() -> None:
     default = by_key(helm_template())
     policy = default[("GPUHealthPolicy", "", "default")]
