@@ -169,14 +169,14 @@ def resilience_table(runs: list[tuple[Path, dict[str, Any]]]) -> list[str]:
         passed, counted, _ = tally(r["targets"], int(r["nodes"]), resilience_targets_for)
         lines.append(
             f"| {r['nodes']:,} | `{r['commit']}`, {str(r['date'])[:10]} (`{path.name}`) "
-            f"| {_dig(r, 'drain_storm', 'evictions_per_s')} | {_dig(r, 'drain_storm', 'double_actions')} "
-            f"| {_dig(r, 'failover', 'p50_s')} | {_dig(r, 'warm_restart', 'restart_to_first_taint_s')} "
-            f"| {_dig(r, 'warm_restart', 'startup_writes')} | {passed} of {counted} |"
+            f"| {dig(r, 'drain_storm', 'evictions_per_s')} | {dig(r, 'drain_storm', 'double_actions')} "
+            f"| {dig(r, 'failover', 'p50_s')} | {dig(r, 'warm_restart', 'restart_to_first_taint_s')} "
+            f"| {dig(r, 'warm_restart', 'startup_writes')} | {passed} of {counted} |"
         )
     return lines
 
 
-def _dig(res: dict[str, Any], *keys: str) -> Any:
+def dig(res: dict[str, Any], *keys: str) -> Any:
     """``res[k1][k2]...``, or None where a level is missing."""
     for k in keys:
         if not isinstance(res, dict) or k not in res:

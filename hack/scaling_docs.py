@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import RESULTS, check, core_run, filed_runs, resilience_table, rewrite
+from hack.bench_docs import RESULTS, check, core_run, dig, filed_runs, resilience_table, rewrite
 from hack.bench_report import targets_for
 from hack.bench_targets import measured
 
@@ -39,14 +39,6 @@ def points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str
         if core_run(res):
             newest[int(res["nodes"])] = (path, res)
     return [newest[n] for n in sorted(newest)]
-
-
-def _get(res: dict[str, Any], *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(res, dict) or k not in res:
-            return None
-        res = res[k]
-    return res
 
 
 def _ms(v: Any) -> str:
@@ -159,15 +151,15 @@ def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path
     for path, r in pts:
         met = sum(1 for t in targets_for(int(r["nodes"])) if measured(e := r["targets"].get(t.key)) and e and e["pass"])
         counted = sum(1 for t in targets_for(int(r["nodes"])) if measured(r["targets"].get(t.key)))
-        peak = _get(r, "operator", "peak_rss_mb")
+        peak = dig(r, "operator", "peak_rss_mb")
         if isinstance(peak, int | float):
             rss.append((int(r["nodes"]), float(peak)))
         lines.append(
             f"| {r['nodes']:,} | {r.get('pods', 0):,} | `{r['commit']}`, {str(r['date'])[:10]} (`{path.name}`) "
-            f"| {_ms(_get(r, 'detect_to_taint_ms', 'p50'))} / {_ms(_get(r, 'detect_to_taint_ms', 'p99'))} "
-            f"| {_ms(_get(r, 'e2e', 'emit_to_taint_ms', 'p50'))} / {_ms(_get(r, 'e2e', 'emit_to_taint_ms', 'p99'))} "
-            f"| {_get(r, 'storm', 'nodes_per_s')} | {peak} | {_get(r, 'operator', 'startup_s')} "
-            f"| {_get(r, 'operator', 'idle_cpu_percent')} | {met} of {counted} |"
+            f"| {_ms(dig(r, 'detect_to_taint_ms', 'p50'))} / {_ms(dig(r, 'detect_to_taint_ms', 'p99'))} "
+            f"| {_ms(dig(r, 'e2e', 'emit_to_taint_ms', 'p50'))} / {_ms(dig(r, 'e2e', 'emit_to_taint_ms', 'p99'))} "
+            f"| {dig(r, 'storm', 'nodes_per_s')} | {peak} | {dig(r, 'operator', 'startup_s')} "
+            f"| {dig(r, 'operator', 'idle_cpu_percent')} | {met} of {counted} |"
         )
     slope = slope_kb_per_node(rss)
     lines.append("")
@@ -228,7 +220,7 @@ def plot(
         ("end to end p99", ("e2e", "emit_to_taint_ms", "p99")),
         ("no-logic floor p50 (same API server)", ("floor_ms", "p50")),
     ):
-        ys = [_get(r, *keys) for r in pts]
+        ys = [dig(r, *keys) for r in pts]
         ax.plot(n, ys, marker="o", label=label, **({"linestyle": "--", "color": "grey"} if "floor" in label else {}))
     ax.set(title="XID to taint (ms)", xscale="log", yscale="log", xlabel="nodes")
     ax.legend()
@@ -237,7 +229,7 @@ def plot(
         (axes[1][0], "start-up to every node evaluated (s)", ("operator", "startup_s")),
         (axes[1][1], "storm at 100% breaker (nodes/s)", ("storm", "nodes_per_s")),
     ):
-        ax.plot(n, [_get(r, *keys) for r in pts], marker="o")
+        ax.plot(n, [dig(r, *keys) for r in pts], marker="o")
         ax.set(title=title, xscale="log", xlabel="nodes")
     cut = [stopped_figures(p, st) for p, st in stopped]
     grey = {"linestyle": "none", "markerfacecolor": "none", "color": "grey"}
