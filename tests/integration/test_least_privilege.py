@@ -574,8 +574,10 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
         assert taint["value"] == "XID79"
         node = kube.node(reporting)
         assert node["spec"]["unschedulable"] is True
-        cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
-        assert cond["status"] == "False" and cond["reason"] == "XID79"
+        cond = wait_for(
+            lambda: (c := kube.condition(reporting)) and c["status"] == "False" and c, what="GPUHealthy=False"
+        )
+        assert cond["reason"] == "XID79"
         wait_for(lambda: kube.node_events(reporting, "Quarantined"), what="Quarantined event")
         wait_for(lambda: kube.node_events(reporting, "GPUHealthAction"), what="GPUHealthAction event")
 

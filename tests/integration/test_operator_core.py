@@ -28,8 +28,8 @@ def test_xid79_taints_cordons_and_explains(
     assert n["spec"]["unschedulable"] is True
     # XID 79 drains; with no workload pods the drain completes at once and the node stays quarantined.
     assert n["metadata"]["labels"]["gpuhealth.dev/state"] in ("Draining", "Quarantined")
-    cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
-    assert cond["status"] == "False" and cond["reason"] == "XID79"
+    cond = wait_for(lambda: (c := kube.condition(node)) and c["status"] == "False" and c, what="GPUHealthy=False")
+    assert cond["reason"] == "XID79"
     ev = wait_for(lambda: kube.node_events(node, "Quarantined"), what="Quarantined event")
     msg = ev[0].message
     assert "GPU 3 (GPU-00000003" in msg and "XID 79" in msg and "fallen off the bus" in msg.lower()

@@ -172,8 +172,8 @@ def test_remediator_sees_exactly_the_nodes_held_for_repair(
     kube.put_report(drained, healthy_spec(xids=[xid_event(79)]))
     wait_for(lambda: kube.state(held) == "AwaitingRepair", timeout=60, what="held for repair")
     wait_for(lambda: kube.state(drained) == "Quarantined", timeout=60, what="quarantined after its drain")
-    cond = next(c for c in kube.node(held)["status"]["conditions"] if c["type"] == "GPUHealthy")
-    assert cond["status"] == "False" and cond["reason"]
+    cond = wait_for(lambda: (c := kube.condition(held)) and c["status"] == "False" and c, what="GPUHealthy=False")
+    assert cond["reason"]
 
     nhc = kube.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "gpuhealth-awaiting-repair")
     delay = _seconds(nhc["spec"]["unhealthyConditions"][0]["duration"])

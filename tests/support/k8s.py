@@ -90,6 +90,12 @@ class Kube:
     def our_taint(self, name: str) -> dict[str, Any] | None:
         return next((t for t in self.taints(name) if t["key"] == "gpuhealth.dev/unhealthy"), None)
 
+    def condition(self, name: str) -> dict[str, Any] | None:
+        """The Node's GPUHealthy condition, or None. The operator writes it after the taint and cordon
+        (a separate status patch), so a test waits for it rather than reading it with the taint."""
+        conditions = (self.node(name).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "GPUHealthy"), None)
+
     def report(self, name: str) -> dict[str, Any]:
         return self.custom.get_cluster_custom_object(GROUP, VERSION, "gpunodehealths", name)  # type: ignore[no-any-return]
 
