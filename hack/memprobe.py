@@ -47,7 +47,7 @@ from gpuhealth.agent.model import (
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, rfc3339
 from gpuhealth.api.status import Record, node_status
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 from hack import memprobe_mig
 
 REPO = Path(__file__).resolve().parent.parent

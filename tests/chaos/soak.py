@@ -7,7 +7,7 @@ errors and XIDs, agents SIGKILLed and restarted, kube-apiserver SIGKILLed now an
 deleted (with their agents) and new ones added. Every 10 s: the operator's RSS, open file
 descriptors and threads (psutil) and the nodes it tracks (the sum of its `gpuhealth_nodes` gauge, a
 view of its per-node caches). By default the operator also runs with its heap profile on
-(gpuhealth/controller/heapprofile.py), so the Python heap is reported apart from RSS with the
+(gpuhealth/controller/process/heapprofile.py), so the Python heap is reported apart from RSS with the
 lines that grew most: a leak grows the heap, an allocator settling only RSS. The profiler's own
 trace table grows RSS too, so `--no-heap-profile` runs the operator as it runs in production and
 measures its RSS alone. The report fits a
@@ -35,7 +35,7 @@ from tests.support.cluster import LocalCluster
 
 SAMPLE_S = 10.0
 WARMUP_S = 60.0
-HEAP_S = 30.0  # the operator's heap profile interval (gpuhealth/controller/heapprofile.py)
+HEAP_S = 30.0  # the operator's heap profile interval (gpuhealth/controller/process/heapprofile.py)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -16,7 +16,7 @@ from kubernetes import client
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
 from gpuhealth.actions.slices import DeviceRef
 from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status, devices_to_status
-from gpuhealth.controller.slicewatch import SliceWatch
+from gpuhealth.controller.intake.slicewatch import SliceWatch
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client

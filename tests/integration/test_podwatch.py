@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_nodes

@@ -45,7 +45,7 @@ from gpuhealth.api.report import Device, ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.catalog import xid as xid_catalog
-from gpuhealth.controller.slim import slim_report
+from gpuhealth.controller.intake.slim import slim_report
 from tests.support import crdschema
 from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
 
@@ -240,7 +240,7 @@ def test_every_declared_report_field_is_in_the_field_table() -> None:
     neither = [p for p in declared if p not in READ and p not in DROPPED]
     assert not neither, (
         f"crds/gpunodehealths.yaml declares {neither}, which {TABLE} lists neither in READ (api/report.py "
-        "parse_report reads it, so controller/slim.py keeps it) nor in DROPPED (with why nobody reads it)"
+        "parse_report reads it, so controller/intake/slim.py keeps it) nor in DROPPED (with why nobody reads it)"
     )
     both = sorted(set(READ) & set(DROPPED))
     assert not both, f"{TABLE} lists {both} both in READ and in DROPPED"
@@ -275,7 +275,7 @@ def test_the_field_table_says_what_parse_report_reads() -> None:
     )
     assert not said_dropped, (
         f"{TABLE} DROPPED lists {said_dropped}, which api/report.py parse_report reads: move them to READ "
-        "(controller/slim.py drops what is not READ)"
+        "(controller/intake/slim.py drops what is not READ)"
     )
     # The node name is read as a check: a report about another node is refused.
     assert "spec.nodeName" in READ
@@ -300,8 +300,8 @@ def test_the_slim_cache_keeps_exactly_the_read_fields() -> None:
     kept = set(_leaf_paths(slim_report(_fullest_report())["spec"], "spec"))
     extra = sorted(kept - set(READ))
     missing = [p for p in READ if p not in kept]
-    assert not extra, f"controller/slim.py keeps {extra}, which {TABLE} lists as DROPPED"
-    assert not missing, f"controller/slim.py drops {missing}, which {TABLE} lists as READ"
+    assert not extra, f"controller/intake/slim.py keeps {extra}, which {TABLE} lists as DROPPED"
+    assert not missing, f"controller/intake/slim.py drops {missing}, which {TABLE} lists as READ"
 
 
 def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
@@ -327,7 +327,7 @@ def test_the_slim_cache_keeps_every_field_the_operator_reads(flags: bool) -> Non
     for path in _report_fields():
         less = _drop(body, path)
         assert parse_report(slim_report(less)) == parse_report(less), (
-            f"controller/slim.py changes what api/report.py reads of {path} (crds/gpunodehealths.yaml)"
+            f"controller/intake/slim.py changes what api/report.py reads of {path} (crds/gpunodehealths.yaml)"
         )
 
 

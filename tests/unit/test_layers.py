@@ -9,6 +9,11 @@ taxonomy, never the operator's layers; so does the workload helper (``api`` only
 the contract, talks through ``kube`` and shows what the operator acts on through the same pure
 mappings (``drain`` for the pods of a device, ``actions`` for the devices of a GPU). Imports under
 ``TYPE_CHECKING`` count: a cycle for the type checker is a knot for the reader too.
+
+Inside ``controller`` the rooms follow the data: ``intake`` (watches, slim shapes, queue) <
+``state`` (store, tallies, breaker) < ``act`` (the writes) < ``process`` (Kopf, runtime, feeders);
+a room imports only rooms before it and the shared modules directly under ``controller``
+(``metrics``, ``backoff``, ``calls``), which import no room.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"api", "kube"},
     "cli": {"api", "catalog", "drain", "actions", "kube"},
     "workload": {"api"},
+}
+
+# controller room -> the rooms it may import; "" is the shared modules directly under controller/
+ROOMS: dict[str, set[str]] = {
+    "": set(),
+    "intake": {""},
+    "state": {"", "intake"},
+    "act": {"", "intake", "state"},
+    "process": {"", "intake", "state", "act"},
 }
 
 
@@ -83,6 +97,28 @@ def upward_imports(graph: Mapping[str, set[str]], allowed: Mapping[str, set[str]
     return out
 
 
+def room_of(module: str) -> str | None:
+    """``gpuhealth.controller.<room>.<module>`` -> room; a shared ``gpuhealth.controller.<module>`` -> "";
+    outside controller -> None."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "controller":
+        return None
+    return parts[2] if len(parts) > 3 else ""
+
+
+def backward_room_imports(graph: Mapping[str, set[str]], rooms: Mapping[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in sorted(graph.items()):
+        mine = room_of(mod)
+        if mine is None:
+            continue
+        for dep in sorted(deps):
+            theirs = room_of(dep)
+            if theirs is not None and theirs != mine and theirs not in rooms.get(mine, set()):
+                out.append(f"{mod} imports {dep} (controller room {mine or 'shared'!r} may not import {theirs!r})")
+    return out
+
+
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -128,6 +164,27 @@ def test_no_layer_imports_one_above_it() -> None:
     graph = module_imports(ROOT)
     assert {layer_of(m) for m in graph} <= set(ALLOWED) | {PACKAGE}, "a new package needs a place in ALLOWED"
     assert upward_imports(graph, ALLOWED) == []
+
+
+def test_controller_rooms_import_only_rooms_before_them() -> None:
+    graph = module_imports(ROOT)
+    found = {room_of(m) for m in graph} - {None}
+    assert found == set(ROOMS), "a new controller room needs a place in ROOMS"
+    assert backward_room_imports(graph, ROOMS) == []
+
+
+def test_the_room_checker_fires_on_a_backward_import() -> None:
+    graph = {
+        "gpuhealth.controller.intake.watch": {"gpuhealth.controller.act.writer", "gpuhealth.controller.metrics"},
+        "gpuhealth.controller.metrics": {"gpuhealth.controller.state.store"},
+        "gpuhealth.controller.act.writer": {"gpuhealth.controller.intake.watch", "gpuhealth.api.names"},
+    }
+    assert backward_room_imports(graph, ROOMS) == [
+        "gpuhealth.controller.intake.watch imports gpuhealth.controller.act.writer "
+        "(controller room 'intake' may not import 'act')",
+        "gpuhealth.controller.metrics imports gpuhealth.controller.state.store "
+        "(controller room 'shared' may not import 'state')",
+    ]
 
 
 @pytest.fixture

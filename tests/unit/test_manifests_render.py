@@ -121,7 +121,7 @@ OPERATOR_RULES = {
     ("gpuhealth.dev", "gpuhealthpolicies"): "get list watch patch",  # Kopf's finalizer; spec: admission
     ("gpuhealth.dev", "gpuhealthpolicies/status"): "patch",
     ("kopf.dev", "clusterkopfpeerings"): "get list watch patch",
-    ("resource.k8s.io", "resourceslices"): "list watch",  # controller/slicewatch.py
+    ("resource.k8s.io", "resourceslices"): "list watch",  # controller/intake/slicewatch.py
     ("resource.k8s.io", "resourceclaims"): "list",  # which pods hold a device
     ("resource.k8s.io", "devicetaintrules"): "list create delete",  # never update: delete and recreate
 }
@@ -158,7 +158,7 @@ def test_rbac_is_exactly_what_the_code_uses() -> None:
         ("gpuhealth-operator-leases", "gpuhealth-operator", NS),
         ("gpuhealth-operator-remediation", "gpuhealth-operator", NS),
     }
-    # Reset Jobs: only in their own namespace, only the verbs controller/remediator.py sends.
+    # Reset Jobs: only in their own namespace, only the verbs controller/act/remediator.py sends.
     jobs = find(docs, "Role", "gpuhealth-operator-remediation")
     assert jobs["metadata"]["namespace"] == "gpuhealth-remediation"
     assert _rules(jobs) == {("batch", "jobs", v) for v in ("create", "get", "delete")}

@@ -48,8 +48,8 @@ def test_a_refusal_is_a_403_or_forbidden_in_a_message_never_a_timestamp() -> Non
 
     log = "\n".join(
         [
-            "2026-12-01 22:09:29,403 INFO gpuhealth.controller.leadership: paused: not acting until resumed",
-            "2026-12-01 22:09:30,001 WARNING gpuhealth.controller.runtime: reconcile of n1 failed ((403) Forbidden)",
+            "2026-12-01 22:09:29,403 INFO gpuhealth.controller.process.leadership: paused: not acting until resumed",
+            "2026-12-01 22:09:30,001 WARNING gpuhealth.controller.process.runtime: reconcile of n1 failed (403)",
             "2026-12-01 22:09:31,002 ERROR kopf: patching failed: forbidden",
             "2026-12-01 22:09:32,403 INFO x: 4031 objects",
         ]

@@ -73,7 +73,7 @@ LEASE_RECONCILES = Counter(
     registry=REGISTRY,
 )
 
-# Every list-then-watch (controller/reflector.py), one family, labelled by what it watches.
+# Every list-then-watch (controller/intake/reflector.py), one family, labelled by what it watches.
 WATCHES = ("nodes", "reports", "pods", "leases", "slices")
 WATCH_EVENTS = Counter(
     "gpuhealth_watch_events_total",

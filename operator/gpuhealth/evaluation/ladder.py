@@ -1,6 +1,6 @@
 """The escalation ladder, one GPU at a time: record x GPU x what was observed x time -> next move.
 
-Pure. The remediator (``controller/remediator.py``) reads the GPU's record and the Job's outcome,
+Pure. The remediator (``controller/act/remediator.py``) reads the GPU's record and the Job's outcome,
 checks the preconditions that need the API (rule still there, no pod holds the GPU, limits), and
 hands the answer here; it then writes the record this returns *before* acting on it.
 

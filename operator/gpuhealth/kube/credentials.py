@@ -4,7 +4,7 @@ Components that run in pods prefer the in-cluster service account; the plugin, l
 prefers the kubeconfig chain. An explicit ``--kubeconfig`` always wins. ``KUBECONFIG`` is read at
 call time (the client library reads it once, at import) and, as kubectl allows, may name several
 files separated by ``:``, merged in order. The operator's Kopf login is fed from the same chain
-(controller/handlers.py), so both always talk to the same cluster as the same user.
+(controller/process/handlers.py), so both always talk to the same cluster as the same user.
 """
 
 from __future__ import annotations

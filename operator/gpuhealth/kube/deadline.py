@@ -3,7 +3,7 @@
 The Kubernetes client waits forever by default: a request whose answer never comes (a half-open
 connection after a network partition or an API server failover, a server that stalls) holds the
 node it was made for in its reconcile for as long as the process lives, since a key is processed
-by one worker at a time (``controller/workqueue.py``). With a deadline the call fails, the
+by one worker at a time (``controller/intake/workqueue.py``). With a deadline the call fails, the
 reconcile is retried with growing delays and the warning names the node. Watches bring their own
 (``watches.py``: the server ends them at their timeout, the client gives up 30 s later).
 

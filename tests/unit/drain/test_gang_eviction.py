@@ -11,7 +11,7 @@ from typing import Any, TypeVar, TypeVarTuple
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.api.status import PodDrain
-from gpuhealth.controller.drainer import Drainer
+from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.drain.plan import Step
 
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import config
 
-from gpuhealth.controller.handlers import connection_info
+from gpuhealth.controller.process.handlers import connection_info
 from gpuhealth.kube import credentials
 
 

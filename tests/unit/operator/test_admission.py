@@ -12,10 +12,10 @@ import pytest
 
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, State
 from gpuhealth.api.status import Record
-from gpuhealth.controller.admission import AdmissionRoom, start_admission
-from gpuhealth.controller.kueuewatch import slim_check, slim_workload
-from gpuhealth.controller.main import parse_args
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.act.admission import AdmissionRoom, start_admission
+from gpuhealth.controller.intake.kueuewatch import slim_check, slim_workload
+from gpuhealth.controller.process.main import parse_args
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.plan import DrainPlan, Step
 from tests.unit.operator.fake_kube import FakeKube
 

@@ -6,7 +6,7 @@ after every change); this is the export."""
 from __future__ import annotations
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.capacity import export_counts
+from gpuhealth.controller.state.capacity import export_counts
 
 
 def _sample(policy: str, state: str) -> float | None:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller import node_reconciler
-from gpuhealth.controller.breaker import Breaker
-from gpuhealth.controller.runtime import Runtime
-from gpuhealth.controller.store import Store
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.act import node_reconciler
+from gpuhealth.controller.intake.workqueue import WorkQueue
+from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.evaluation import transitions
 from gpuhealth.evaluation.transitions import Decision

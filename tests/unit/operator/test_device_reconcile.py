@@ -12,10 +12,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.controller import device_reconciler as DR
-from gpuhealth.controller import device_rules
-from gpuhealth.controller.runtime import Runtime
-from gpuhealth.controller.slicewatch import SliceWatch
+from gpuhealth.controller.act import device_reconciler as DR
+from gpuhealth.controller.act import device_rules
+from gpuhealth.controller.intake.slicewatch import SliceWatch
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import at, gpu, report_obj
 from tests.unit.operator.fake_kube import FakeKube
@@ -309,7 +309,7 @@ def test_release_gpu_moves_that_gpu_to_probation_and_is_acknowledged() -> None:
 
 
 def test_the_pod_cache_keeps_the_claim_fields_a_device_drain_reads() -> None:
-    from gpuhealth.controller.slim import slim_pod
+    from gpuhealth.controller.intake.slim import slim_pod
     from gpuhealth.drain.claims import pod_claim_names
 
     pod = {

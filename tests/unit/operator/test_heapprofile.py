@@ -7,7 +7,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from gpuhealth.controller.heapprofile import HeapProfiler
+from gpuhealth.controller.process.heapprofile import HeapProfiler
 
 KEPT: list[bytes] = []
 

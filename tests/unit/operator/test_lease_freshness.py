@@ -8,9 +8,9 @@ import datetime as dt
 from typing import Any
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.runtime import Runtime
-from gpuhealth.controller.slim import slim_lease
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.slim import slim_lease
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.evaluation.freshness import Seen, latest, observe_lease
 from tests.unit.operator.builders import at, iso, report_obj
 from tests.unit.operator.fake_kube import FakeKube

@@ -12,9 +12,9 @@ import copy
 from typing import Any
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.runtime import Runtime
-from gpuhealth.controller.slim import slim_node
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.slim import slim_node
+from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.operator.builders import report_obj
 from tests.unit.operator.fake_kube import FakeKube
 from tests.unit.operator.test_podwatch import Script

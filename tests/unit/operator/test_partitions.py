@@ -15,8 +15,8 @@ from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState, devices_
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.controller import metrics
-from gpuhealth.controller.device_rules import desired_rules
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.act.device_rules import desired_rules
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.assess import Finding

@@ -8,8 +8,8 @@ from typing import Any
 import kopf
 import pytest
 
-from gpuhealth.controller.handlers import register
-from gpuhealth.controller.main import PEERING_LIFETIME_S, parse_args
+from gpuhealth.controller.process.handlers import register
+from gpuhealth.controller.process.main import PEERING_LIFETIME_S, parse_args
 
 
 class _Runtime:

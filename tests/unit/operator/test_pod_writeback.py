@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 
 
 def _pod(rv: str, annotations: dict[str, str]) -> dict[str, Any]:

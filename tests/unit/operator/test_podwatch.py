@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gpuhealth.controller import metrics
-from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.reflector import Gone, WatchError
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.reflector import Gone, WatchError
 
 
 def pod(uid: str, rv: str, node: str = "n1") -> dict[str, Any]:

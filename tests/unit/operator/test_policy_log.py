@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from gpuhealth.controller import feeders
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process import feeders
+from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.operator.fake_kube import FakeKube
 
 

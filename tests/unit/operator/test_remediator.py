@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.operator.builders import gpu, report_obj
 from tests.unit.operator.fake_kube import FakeKube
 from tests.unit.operator.test_device_reconcile import Clock, claim, ecc_on, runtime, slice_of

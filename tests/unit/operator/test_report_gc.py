@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.operator.builders import at, report_obj
 from tests.unit.operator.fake_kube import FakeKube
 

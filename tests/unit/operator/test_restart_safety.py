@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhealth.api.names import Signal
-from gpuhealth.controller.slim import slim_pod as _slim_pod
+from gpuhealth.controller.intake.slim import slim_pod as _slim_pod
 from gpuhealth.evaluation.restarts import failure, restart_loop_finding
 from tests.unit.operator.builders import NODE, at, iso, make_policy
 

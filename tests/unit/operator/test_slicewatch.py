@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gpuhealth.actions.slices import DeviceRef
-from gpuhealth.controller.reflector import Gone, WatchError
-from gpuhealth.controller.slicewatch import SliceCache, SliceWatch
+from gpuhealth.controller.intake.reflector import Gone, WatchError
+from gpuhealth.controller.intake.slicewatch import SliceCache, SliceWatch
 from tests.unit.operator.test_slices import slice_obj, uuid
 
 DRIVERS = ("gpu.nvidia.com",)

@@ -14,8 +14,8 @@ from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
 from gpuhealth.api.names import State
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.report import ReportError, parse_report
-from gpuhealth.controller import slim
-from gpuhealth.controller.slim import Leaf, leaf, slim_node, slim_pod, slim_report
+from gpuhealth.controller.intake import slim
+from gpuhealth.controller.intake.slim import Leaf, leaf, slim_node, slim_pod, slim_report
 from gpuhealth.drain import pods as P
 from tests.unit.operator.builders import gpu, report_obj, xid_event
 
@@ -209,7 +209,7 @@ def test_slimming_a_slim_node_again_changes_nothing() -> None:
 def test_the_start_up_list_arrives_slim_and_caches_as_before() -> None:
     import asyncio
 
-    from gpuhealth.controller.runtime import Runtime
+    from gpuhealth.controller.process.runtime import Runtime
     from tests.unit.operator.fake_kube import FakeKube
 
     kube = FakeKube()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.operator.builders import at, iso, report_obj
 from tests.unit.operator.fake_kube import FakeKube
 

@@ -13,10 +13,10 @@ import pytest
 from gpuhealth.api.names import State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import Record
-from gpuhealth.controller.breaker import Breaker
-from gpuhealth.controller.policy_status import summarize
-from gpuhealth.controller.store import Store
-from gpuhealth.controller.tally import Tally
+from gpuhealth.controller.act.policy_status import summarize
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store
+from gpuhealth.controller.state.tally import Tally
 
 NODES = [f"n{i}" for i in range(12)]
 POOLS = ["a", "b", "c"]

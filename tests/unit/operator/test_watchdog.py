@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpuhealth.controller import watchdog as W
+from gpuhealth.controller.process import watchdog as W
 
 
 class Clock:

@@ -14,10 +14,11 @@ from typing import Any
 
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.controller import capacity, metrics
+from gpuhealth.controller import metrics
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state import capacity
+from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.client import KubePort, is_not_found
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from gpuhealth.api.names import API_VERSION, POLICY_KIND, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, State
 from gpuhealth.controller import metrics
-from gpuhealth.controller.breaker import Breaker
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.report_gc import ReportCollector
-from gpuhealth.controller.store import Store
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.report_gc import ReportCollector
+from gpuhealth.controller.intake.workqueue import WorkQueue
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation import freshness
 
 log = logging.getLogger(__name__)

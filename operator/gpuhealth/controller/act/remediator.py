@@ -40,9 +40,9 @@ from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
 from gpuhealth.kube.client import KubePort, is_not_found, status_of

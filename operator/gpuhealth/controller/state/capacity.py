@@ -1,7 +1,7 @@
 """GPUs held out of service, per policy and state: the gauge behind the dashboard's capacity panel.
 
 The policy-status pass calls :func:`export_counts` with each policy's counts as the store's tallies
-keep them (``controller/tally.py``: updated as nodes and records change, so exporting never walks
+keep them (``controller/state/tally.py``: updated as nodes and records change, so exporting never walks
 the fleet), zeros included, so the panel has a series for every state as soon as a policy exists.
 """
 

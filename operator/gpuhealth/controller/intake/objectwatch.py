@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, LoopReflector
+from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, LoopReflector
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
 Lister = Callable[[Slim], tuple[list[dict[str, Any]], str]]

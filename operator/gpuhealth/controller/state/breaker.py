@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from gpuhealth.api.policy import Policy
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 
 
 class Breaker:

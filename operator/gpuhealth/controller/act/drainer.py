@@ -24,11 +24,11 @@ from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.breaker import Breaker
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
 from gpuhealth.evaluation.restarts import crashloop_evictions
@@ -43,7 +43,7 @@ SENT_PRUNE_AT = 10000  # evictions remembered before the old ones are forgotten
 
 
 class WorkloadMover(Protocol):
-    """Takes the plan's evictions of pods whose workload moves as a whole (Kueue, ``controller/admission.py``)
+    """Takes the plan's evictions of pods whose workload moves as a whole (Kueue, ``controller/act/admission.py``)
     and returns the steps left for the pod path."""
 
     async def take(self, node: str, plan: DrainPlan, cause: str, now: dt.datetime) -> list[Step]: ...

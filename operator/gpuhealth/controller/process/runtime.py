@@ -23,25 +23,25 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.controller import metrics
-from gpuhealth.controller.admission import AdmissionRoom, start_admission
+from gpuhealth.controller.act.admission import AdmissionRoom, start_admission
+from gpuhealth.controller.act.device_drainer import DeviceDrainer
+from gpuhealth.controller.act.device_reconciler import DeviceReconciler
+from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY, Drainer
+from gpuhealth.controller.act.events import EventPoster
+from gpuhealth.controller.act.node_reconciler import NodeReconciler
+from gpuhealth.controller.act.policy_status import PolicyStatus
+from gpuhealth.controller.act.remediator import Remediator
+from gpuhealth.controller.act.report_gc import ReportCollector
 from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.breaker import Breaker
-from gpuhealth.controller.device_drainer import DeviceDrainer
-from gpuhealth.controller.device_reconciler import DeviceReconciler
-from gpuhealth.controller.drainer import DRAIN_CONCURRENCY, Drainer
-from gpuhealth.controller.events import EventPoster
-from gpuhealth.controller.feeders import Feeders
-from gpuhealth.controller.leadership import Leadership
-from gpuhealth.controller.node_reconciler import NodeReconciler
-from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.policy_status import PolicyStatus
-from gpuhealth.controller.remediator import Remediator
-from gpuhealth.controller.report_gc import ReportCollector
-from gpuhealth.controller.slicewatch import SliceWatch
-from gpuhealth.controller.slim import slim_lease, slim_node, slim_pod, slim_report
-from gpuhealth.controller.store import NODE_SELECTOR, Store
-from gpuhealth.controller.watchdog import Watchdog
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.slicewatch import SliceWatch
+from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
+from gpuhealth.controller.intake.workqueue import WorkQueue
+from gpuhealth.controller.process.feeders import Feeders
+from gpuhealth.controller.process.leadership import Leadership
+from gpuhealth.controller.process.watchdog import Watchdog
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import NODE_SELECTOR, Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
@@ -166,7 +166,7 @@ class Runtime:
             else None
         )
         self._leases_listed = False
-        # Kueue (optional): gpuhealth as an AdmissionCheck controller (controller/admission.py).
+        # Kueue (optional): gpuhealth as an AdmissionCheck controller (controller/act/admission.py).
         self.kueue_mode = kueue
         self.gpu_resources = tuple(gpu_resources)
         self.admission: AdmissionRoom | None = None

@@ -17,8 +17,8 @@ from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
-from gpuhealth.controller.slim import slim_node, slim_pod, slim_report
-from gpuhealth.controller.tally import EMPTY, Share, Tallies, Tally
+from gpuhealth.controller.intake.slim import slim_node, slim_pod, slim_report
+from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import Seen, latest
 

@@ -24,9 +24,9 @@ from gpuhealth.api.devices import DeviceRecord, devices_from_status
 from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.client import KubePort, status_of
 
 log = logging.getLogger(__name__)

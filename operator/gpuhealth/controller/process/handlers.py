@@ -19,7 +19,7 @@ import kopf
 from kubernetes import client
 
 from gpuhealth.api.names import GROUP, POLICY_PLURAL, VERSION
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.kube import credentials
 
 log = logging.getLogger(__name__)

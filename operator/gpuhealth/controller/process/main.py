@@ -14,10 +14,10 @@ from prometheus_client import start_http_server
 
 from gpuhealth.api.names import GPU_RESOURCE
 from gpuhealth.controller import metrics
-from gpuhealth.controller.drainer import DRAIN_CONCURRENCY
-from gpuhealth.controller.handlers import register
-from gpuhealth.controller.heapprofile import HeapProfiler
-from gpuhealth.controller.runtime import Runtime
+from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY
+from gpuhealth.controller.process.handlers import register
+from gpuhealth.controller.process.heapprofile import HeapProfiler
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
 

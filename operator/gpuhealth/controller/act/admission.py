@@ -31,11 +31,11 @@ from typing import Any
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.kueuewatch import KueueCache, slim_check, slim_workload
-from gpuhealth.controller.objectwatch import ObjectWatch
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.intake.kueuewatch import KueueCache, slim_check, slim_workload
+from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import kueue as K
 from gpuhealth.drain.plan import DrainPlan, Step
 from gpuhealth.kube.client import KubePort, status_of

@@ -41,14 +41,14 @@ from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
-from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.act.device_drainer import DeviceDrainer
+from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
+from gpuhealth.controller.act.drainer import Drainer
+from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.device_drainer import DeviceDrainer
-from gpuhealth.controller.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
-from gpuhealth.controller.drainer import Drainer
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.remediator import Remediator
-from gpuhealth.controller.store import Store, gpu_capacity
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store, gpu_capacity
 from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
@@ -236,7 +236,7 @@ class NodeReconciler:
         cleared: dt.datetime | None,
         now: dt.datetime,
     ) -> None:
-        """The repair ladder of each held-out GPU (controller/remediator.py), before a release is acknowledged."""
+        """The repair ladder of each held-out GPU (controller/act/remediator.py), before a release is acknowledged."""
         fresh = not a.unknown
         await self.remediator.run(name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now)
 

@@ -30,11 +30,11 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.device_reconciler import device_drains, drain_current
+from gpuhealth.controller.act.drainer import Drainer
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.device_reconciler import device_drains, drain_current
-from gpuhealth.controller.drainer import Drainer
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.drain.plan import plan_drain

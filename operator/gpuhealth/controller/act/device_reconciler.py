@@ -49,12 +49,12 @@ from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.controller import metrics
-from gpuhealth.controller.breaker import Breaker
+from gpuhealth.controller.act.device_rules import DeviceRules
+from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.device_rules import DeviceRules
-from gpuhealth.controller.events import EventSink
-from gpuhealth.controller.slicewatch import SliceCache
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.intake.slicewatch import SliceCache
+from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.kube.client import KubePort

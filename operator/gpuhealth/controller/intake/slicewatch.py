@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import SlimSlice, slim_slice
-from gpuhealth.controller.reflector import WATCH_TIMEOUT_S, Reflector
+from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, Reflector
 from gpuhealth.kube.errors import status_of
 
 log = logging.getLogger(__name__)

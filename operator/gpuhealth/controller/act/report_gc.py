@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from gpuhealth.controller.calls import Call
-from gpuhealth.controller.store import Store
+from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.client import KubePort
 from gpuhealth.kube.errors import is_conflict, is_not_found
 
