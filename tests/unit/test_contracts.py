@@ -163,14 +163,14 @@ def test_xid_events_the_agent_writes_are_declared() -> None:
 
 
 def test_the_unit_tests_hand_built_reports_are_what_the_crd_allows() -> None:
-    """tests/unit/operator/builders.py builds reports by hand for speed; they may not drift from the CRD."""
-    from tests.unit.operator import builders
-    from tests.unit.operator.test_slim import full_device
+    """tests/unit/builders.py builds reports by hand for speed; they may not drift from the CRD."""
+    from tests.unit import builders
+    from tests.unit.controller.intake.test_slim import full_device
 
     spec_schema = at(crdschema.schema(REPORT_CRD), "spec")
     body = builders.report_obj(devices=[full_device(i) for i in range(8)], xids=[builders.xid_event(79, 1)])
     problems = list(violations(spec_schema, body["spec"], "spec"))
-    assert not problems, "tests/unit/operator/builders.py builds reports the CRD refuses:\n" + "\n".join(problems)
+    assert not problems, "tests/unit/builders.py builds reports the CRD refuses:\n" + "\n".join(problems)
 
 
 # -- what the operator reads of a report -----------------------------------------------------------

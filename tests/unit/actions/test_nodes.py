@@ -1,0 +1,372 @@
+"""plan_node / plan_condition: what gpuhealth writes on a Node, and what it must never touch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpuhealth.actions.nodes import Marks, NodePlan, Ownership, plan_condition, plan_node
+from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
+from tests.unit.builders import merge_patch
+
+FOREIGN = [
+    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2025-01-01T00:00:00Z"},
+]
+Q = Marks(State.QUARANTINED, quarantine=True, reason="XID79", since="2025-01-01T12:00:00Z")
+LIFT = Marks(State.HEALTHY, quarantine=False)
+
+
+def node(
+    taints: list[dict[str, Any]] | None = None,
+    unschedulable: bool = False,
+    annotation: str | None = None,
+    state: str | None = None,
+    rv: str = "7",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "gpu-node-1", "resourceVersion": rv, "labels": {"pool": "h100"}}
+    if annotation is not None:
+        meta["annotations"] = {QUARANTINE_ANNOTATION: annotation, "other/annotation": "keep"}
+    if state is not None:
+        meta["labels"][STATE_LABEL] = state
+    spec: dict[str, Any] = {"podCIDR": "10.0.0.0/24"}
+    if taints is not None:
+        spec["taints"] = taints
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {"metadata": meta, "spec": spec}
+
+
+def ours(reason: str = "XID79", effect: str = "NoSchedule") -> dict[str, str]:
+    return {"key": TAINT_KEY, "value": reason, "effect": effect}
+
+
+def owned(node_obj: dict[str, Any]) -> Ownership | None:
+    return Ownership.parse((node_obj["metadata"].get("annotations") or {}).get(QUARANTINE_ANNOTATION))
+
+
+def apply(node_obj: dict[str, Any], plan: NodePlan) -> dict[str, Any]:
+    assert plan.patch is not None
+    return dict(merge_patch(node_obj, plan.patch))
+
+
+# --- quarantine --------------------------------------------------------------------------------
+
+
+def test_new_quarantine_is_one_patch_with_taint_cordon_and_ownership() -> None:
+    n = node(taints=list(FOREIGN))
+    plan = plan_node(n, Q)
+    ann = Ownership("XID79", taint=True, cordon=True, since="2025-01-01T12:00:00Z").to_json()
+    assert plan.patch == {
+        "metadata": {
+            "labels": {STATE_LABEL: "Quarantined"},
+            "annotations": {QUARANTINE_ANNOTATION: ann},
+            "resourceVersion": "7",
+        },
+        "spec": {"taints": [*FOREIGN, ours()], "unschedulable": True},
+    }
+    assert plan.actions == ("taint", "cordon")
+    assert (plan.lifted_by_others, plan.foreign_cordon) == ((), False)
+    after = apply(n, plan)
+    assert after["spec"]["podCIDR"] == "10.0.0.0/24"
+    assert after["metadata"]["labels"]["pool"] == "h100"
+
+
+def test_quarantine_on_an_untainted_node() -> None:
+    plan = plan_node(node(), Q)
+    assert plan.patch is not None
+    assert plan.patch["spec"]["taints"] == [ours()]
+
+
+def test_patch_always_carries_the_resource_version_it_was_computed_from() -> None:
+    for n, marks in [(node(rv="123"), Q), (node(taints=[ours()], annotation="{}", rv="9"), LIFT)]:
+        plan = plan_node(n, marks)
+        assert plan.patch is not None
+        assert plan.patch["metadata"]["resourceVersion"] == n["metadata"]["resourceVersion"]
+
+
+def test_taint_effect_and_reason_length_follow_the_marks() -> None:
+    long = "R" * 100
+    plan = plan_node(node(), Marks(State.DRAINING, True, reason=long, effect="NoExecute"))
+    assert plan.patch is not None
+    (t,) = plan.patch["spec"]["taints"]
+    assert t == {"key": TAINT_KEY, "value": "R" * 63, "effect": "NoExecute"}
+
+
+def test_policy_without_cordon_only_taints() -> None:
+    plan = plan_node(node(), Marks(State.QUARANTINED, True, reason="Thermal", cordon=False))
+    assert plan.actions == ("taint",)
+    assert plan.patch is not None
+    assert "unschedulable" not in plan.patch["spec"]
+    own = owned(apply(node(), plan))
+    assert own is not None and own.taint and not own.cordon
+
+
+def test_human_cordon_is_not_claimed() -> None:
+    n = node(taints=list(FOREIGN), unschedulable=True)
+    plan = plan_node(n, Q)
+    assert plan.foreign_cordon
+    assert plan.actions == ("taint",)
+    assert plan.patch is not None
+    assert "unschedulable" not in plan.patch["spec"]
+    after = apply(n, plan)
+    own = owned(after)
+    assert own is not None and own.taint and not own.cordon
+    assert after["spec"]["unschedulable"] is True
+
+
+def test_lifting_never_uncordons_a_human_cordon() -> None:
+    n = node(taints=list(FOREIGN), unschedulable=True)
+    quarantined = apply(n, plan_node(n, Q))
+    plan = plan_node(quarantined, LIFT)
+    assert plan.actions == ("untaint",)
+    assert plan.patch is not None
+    assert "unschedulable" not in plan.patch["spec"]
+    after = apply(quarantined, plan)
+    assert after["spec"]["unschedulable"] is True
+    assert after["spec"]["taints"] == FOREIGN
+    assert QUARANTINE_ANNOTATION not in after["metadata"]["annotations"]
+
+
+def test_someone_removed_our_taint_is_recorded_not_re_added() -> None:
+    q = apply(node(taints=list(FOREIGN)), plan_node(node(taints=list(FOREIGN)), Q))
+    q["spec"]["taints"] = list(FOREIGN)  # a human ran `kubectl taint ... gpuhealth.dev/unhealthy-`
+    plan = plan_node(q, Q)
+    assert plan.lifted_by_others == ("taint",)
+    assert plan.actions == ()
+    assert plan.patch is not None
+    assert "spec" not in plan.patch  # neither taint nor cordon is touched
+    after = apply(q, plan)
+    own = owned(after)
+    assert own is not None
+    assert (own.taint, own.cordon, own.lifted_by_others) == (False, True, ("taint",))
+    assert own.since == "2025-01-01T12:00:00Z"
+    # Recorded once: the next plan has nothing to add.
+    again = plan_node(after, Q)
+    assert again.patch is None and again.lifted_by_others == ()
+
+
+def test_someone_uncordoned_is_recorded_not_re_cordoned() -> None:
+    q = apply(node(), plan_node(node(), Q))
+    del q["spec"]["unschedulable"]  # kubectl uncordon
+    plan = plan_node(q, Q)
+    assert plan.lifted_by_others == ("cordon",)
+    assert plan.patch is not None
+    assert "spec" not in plan.patch
+    after = apply(q, plan)
+    own = owned(after)
+    assert own is not None and own.taint and not own.cordon and own.lifted_by_others == ("cordon",)
+    assert plan_node(after, Q).patch is None
+    # ... and a later human cordon is not ours to lift.
+    after["spec"]["unschedulable"] = True
+    lifted = apply(after, plan_node(after, LIFT))
+    assert lifted["spec"]["unschedulable"] is True
+
+
+def test_both_lifted_by_others_accumulate() -> None:
+    q = apply(node(), plan_node(node(), Q))
+    q["spec"] = {"podCIDR": "10.0.0.0/24"}
+    plan = plan_node(q, Q)
+    assert plan.lifted_by_others == ("taint", "cordon")
+    own = owned(apply(q, plan))
+    assert own is not None and own.lifted_by_others == ("cordon", "taint")
+
+
+def test_reason_change_retaints_and_keeps_the_episode_start() -> None:
+    q = apply(node(taints=list(FOREIGN)), plan_node(node(taints=list(FOREIGN)), Q))
+    plan = plan_node(q, Marks(State.DRAINING, True, reason="EccUncorrected", since="2025-01-01T13:00:00Z"))
+    assert plan.actions == ("retaint",)
+    after = apply(q, plan)
+    assert after["spec"]["taints"] == [*FOREIGN, ours("EccUncorrected")]
+    assert after["metadata"]["labels"][STATE_LABEL] == "Draining"
+    own = owned(after)
+    assert own is not None and own.reason == "EccUncorrected" and own.since == "2025-01-01T12:00:00Z"
+    assert after["spec"]["unschedulable"] is True
+
+
+def test_already_quarantined_node_is_a_no_op() -> None:
+    q = apply(node(taints=list(FOREIGN)), plan_node(node(taints=list(FOREIGN)), Q))
+    plan = plan_node(q, Q)
+    assert plan == NodePlan(None)
+
+
+def test_healthy_node_with_our_label_is_a_no_op() -> None:
+    assert plan_node(node(taints=list(FOREIGN), state="Healthy"), LIFT) == NodePlan(None)
+
+
+def test_state_label_change_alone_is_a_small_patch() -> None:
+    plan = plan_node(node(state="Degraded"), Marks(State.HEALTHY, quarantine=False))
+    assert plan.patch == {"metadata": {"labels": {STATE_LABEL: "Healthy"}, "resourceVersion": "7"}}
+    assert plan.actions == ()
+
+
+# --- lifting -----------------------------------------------------------------------------------
+
+
+def test_lifting_removes_only_our_taint_our_cordon_and_the_annotation() -> None:
+    n = node(taints=list(FOREIGN))
+    q = apply(n, plan_node(n, Q))
+    plan = plan_node(q, LIFT)
+    assert plan.actions == ("untaint", "uncordon")
+    assert plan.patch is not None
+    assert plan.patch["spec"] == {"taints": FOREIGN, "unschedulable": None}
+    assert plan.patch["metadata"]["annotations"] == {QUARANTINE_ANNOTATION: None}
+    after = apply(q, plan)
+    assert after["spec"] == {"podCIDR": "10.0.0.0/24", "taints": FOREIGN}
+    assert after["metadata"]["annotations"] == {}
+    assert after["metadata"]["labels"] == {"pool": "h100", STATE_LABEL: "Healthy"}
+
+
+def test_lifting_the_last_taint_deletes_the_list() -> None:
+    q = apply(node(), plan_node(node(), Q))
+    plan = plan_node(q, LIFT)
+    assert plan.patch is not None
+    assert plan.patch["spec"]["taints"] is None
+    assert "taints" not in apply(q, plan)["spec"]
+
+
+def test_lifting_keeps_other_annotations() -> None:
+    n = node(taints=[ours()], unschedulable=True, annotation=Ownership("XID79", True, True).to_json())
+    after = apply(n, plan_node(n, LIFT))
+    assert after["metadata"]["annotations"] == {"other/annotation": "keep"}
+    assert "unschedulable" not in after["spec"]
+
+
+def test_lifting_a_cordon_someone_already_lifted_does_nothing_to_it() -> None:
+    n = node(taints=[ours()], unschedulable=False, annotation=Ownership("XID79", True, True).to_json())
+    plan = plan_node(n, LIFT)
+    assert plan.actions == ("untaint",)
+    assert plan.patch is not None
+    assert "unschedulable" not in plan.patch["spec"]
+
+
+def test_unreadable_annotation_owns_the_taint_but_not_the_cordon() -> None:
+    n = node(taints=[*FOREIGN, ours()], unschedulable=True, annotation="{not json")
+    plan = plan_node(n, LIFT)
+    assert plan.actions == ("untaint",)
+    after = apply(n, plan)
+    assert after["spec"]["unschedulable"] is True
+    assert after["spec"]["taints"] == FOREIGN
+
+
+# --- Ownership annotation ----------------------------------------------------------------------
+
+
+def test_ownership_json_round_trip() -> None:
+    own = Ownership("Thermal", taint=True, cordon=False, since="t", lifted_by_others=("cordon",))
+    text = own.to_json()
+    assert json.loads(text) == {
+        "reason": "Thermal",
+        "taint": True,
+        "cordon": False,
+        "since": "t",
+        "liftedByOthers": ["cordon"],
+    }
+    assert Ownership.parse(text) == own
+    assert "liftedByOthers" not in Ownership("x", True, True).to_json()
+
+
+@pytest.mark.parametrize("text", ["[]", "null", "42", "{oops", '"str"'])
+def test_ownership_parse_of_garbage_assumes_taint_only(text: str) -> None:
+    assert Ownership.parse(text) == Ownership(reason="", taint=True, cordon=False)
+
+
+@pytest.mark.parametrize("text", [None, ""])
+def test_ownership_parse_of_nothing_is_none(text: str | None) -> None:
+    assert Ownership.parse(text) is None
+
+
+# --- plan_condition ----------------------------------------------------------------------------
+
+NOW = "2025-01-01T12:00:00Z"
+EARLIER = "2025-01-01T11:00:00Z"
+
+
+def _cond_node(status: str, reason: str, message: str, transition: str = EARLIER) -> dict[str, Any]:
+    cond = {
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": EARLIER,
+        "lastTransitionTime": transition,
+    }
+    ready = {"type": "Ready", "status": "True"}
+    return {"status": {"conditions": [ready, cond]}}
+
+
+def test_condition_added_when_missing() -> None:
+    patch = plan_condition({"status": {}}, State.QUARANTINED, "XID79", "GPU 2: XID 79", NOW)
+    assert patch == {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_TYPE,
+                    "status": "False",
+                    "reason": "XID79",
+                    "message": "GPU 2: XID 79",
+                    "lastHeartbeatTime": NOW,
+                    "lastTransitionTime": NOW,
+                }
+            ]
+        }
+    }
+
+
+def test_condition_unchanged_is_none() -> None:
+    assert plan_condition(_cond_node("False", "XID79", "m"), State.DRAINING, "XID79", "m", NOW) is None
+    assert plan_condition(_cond_node("True", "Healthy", ""), State.HEALTHY, "", "", NOW) is None
+
+
+def test_condition_message_change_keeps_the_transition_time() -> None:
+    patch = plan_condition(_cond_node("False", "XID79", "old"), State.QUARANTINED, "XID79", "new", NOW)
+    assert patch is not None
+    (c,) = patch["status"]["conditions"]
+    assert (c["message"], c["lastTransitionTime"], c["lastHeartbeatTime"]) == ("new", EARLIER, NOW)
+
+
+def test_condition_status_change_sets_the_transition_time() -> None:
+    patch = plan_condition(_cond_node("False", "XID79", "m"), State.RECOVERING, "XID79", "m", NOW)
+    assert patch is not None
+    (c,) = patch["status"]["conditions"]
+    assert (c["status"], c["lastTransitionTime"]) == ("True", NOW)
+
+
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        (State.HEALTHY, "True"),
+        (State.DEGRADED, "True"),
+        (State.RECOVERING, "True"),
+        (State.QUARANTINED, "False"),
+        (State.DRAINING, "False"),
+        (State.AWAITING_REPAIR, "False"),
+        (State.UNKNOWN, "Unknown"),
+    ],
+)
+def test_condition_status_per_state(state: State, status: str) -> None:
+    patch = plan_condition({}, state, "", "x" * 2000, NOW)
+    assert patch is not None
+    (c,) = patch["status"]["conditions"]
+    assert c["status"] == status
+    assert c["reason"] == str(state)  # the state stands in for an empty reason
+    assert len(c["message"]) == 1024
+
+
+def test_condition_as_stored_by_the_api_server_is_not_rewritten() -> None:
+    """The API server drops empty reason/message strings; that must not look like a change (idle writes)."""
+    stored = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "GPUHealthy",
+                    "status": "True",
+                    "reason": "Healthy",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+    assert plan_condition(stored, State.HEALTHY, "", "", "2025-01-01T01:00:00Z") is None
