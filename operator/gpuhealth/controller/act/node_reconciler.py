@@ -170,7 +170,7 @@ class NodeReconciler:
             return
         now = self.clock()
         report_obj = store.reports.get(name)
-        if report_obj is None and (now - store.first_seen.get(name, now)).total_seconds() < policy.silence_after_s:
+        if report_obj is None and (now - (store.first_seen(name) or now)).total_seconds() < policy.silence_after_s:
             return  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
         if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock

@@ -63,7 +63,7 @@ class Feeders:
         name = body["metadata"]["name"]
         if event == "DELETED":
             self.store.forget_node(name)
-            self.store.renewed.pop(name, None)
+            self.store.set_lease_seen(name, None)
             self.reports_gc.suspect(name)
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
@@ -71,7 +71,7 @@ class Feeders:
         # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
         asked = _commands(body) != _commands(self.store.nodes.get(name))
         self.store.put_node(name, body)
-        self.store.first_seen.setdefault(name, self.clock())
+        self.store.saw_node(name, self.clock())
         if enqueue:
             self.queue.add(name, urgent=asked)
 
@@ -90,12 +90,9 @@ class Feeders:
         """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one.
 
         Returns whether it was one (not our own status write echoed, nor the same object again)."""
-        prior = self.store.seen.get(name)
+        prior = self.store.report_seen(name)
         seen, skew = freshness.observe(prior, body, self.clock(), live)
-        if seen is None:
-            self.store.seen.pop(name, None)
-        else:
-            self.store.seen[name] = seen
+        self.store.set_report_seen(name, seen)
         if skew is not None:
             metrics.INVALID_INPUT.labels("ClockSkew").inc()
             log.warning("report %s: %s", name, skew.describe())
@@ -108,11 +105,11 @@ class Feeders:
         name = str((lease.get("metadata") or {}).get("name") or "")
         if not name or event == "DELETED":
             return  # the last renewal still happened; the agent recreates its Lease on the next beat
-        prior = self.store.renewed.get(name)
+        prior = self.store.lease_seen(name)
         seen = freshness.observe_lease(prior, lease, self.clock(), live)
         if seen is None or seen is prior:
             return
-        self.store.renewed[name] = seen
+        self.store.set_lease_seen(name, seen)
         if not live:
             return
         metrics.LEASE_RENEWALS.inc()
@@ -149,7 +146,7 @@ class Feeders:
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): pods missing from it are gone."""
         fresh = {p["metadata"].get("uid") for p in pods}
-        for uid, (node, _, _) in list(self.store.pod_index.items()):
+        for uid, node in self.store.pod_nodes():
             if uid not in fresh:
                 self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
         for p in pods:

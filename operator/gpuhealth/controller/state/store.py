@@ -65,25 +65,26 @@ class Lists(Mapping[str, list[dict[str, Any]]]):
 class Store:
     """Caches and indexes. Methods that take a watched body return the node names it may affect.
 
-    Nodes, reports and records are read through read-only views and written only through methods,
-    so that each write also updates the node's share of its policy's counts (``tally.py``).
+    Every cache is private: read through read-only views and written only through methods, so
+    that each write also updates the node's share of its policy's counts (``tally.py``) and no
+    caller edits a cached object behind the indexes' back.
     """
 
     def __init__(self) -> None:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._reports: dict[str, dict[str, Any]] = {}
-        self.policies: dict[str, Policy] = {}
-        self.policy_objs: dict[str, dict[str, Any]] = {}
-        self.invalid_policies: dict[str, str] = {}
+        self._policies: dict[str, Policy] = {}
+        self._policy_objs: dict[str, dict[str, Any]] = {}
+        self._invalid_policies: dict[str, str] = {}
         self._records: dict[str, Record] = {}
-        self.written_rv: dict[str, str] = {}
-        self.first_seen: dict[str, dt.datetime] = {}
-        self.seen: dict[str, Seen] = {}  # when each agent was last heard from (our clock)
-        self.renewed: dict[str, Seen] = {}  # when each agent's node Lease was last seen renewed
-        self.pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
-        self.pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
-        self.pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
-        self.pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
+        self._written_rv: dict[str, str] = {}
+        self._first_seen: dict[str, dt.datetime] = {}
+        self._seen: dict[str, Seen] = {}  # when each agent last wrote its report's spec (our clock)
+        self._renewed: dict[str, Seen] = {}  # when each agent's node Lease was last seen renewed
+        self._pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
+        self._pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
+        self._pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
+        self._pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
         self._tallies = Tallies()
 
@@ -99,6 +100,16 @@ class Store:
     def records(self) -> Mapping[str, Record]:
         return self._records
 
+    @property
+    def policies(self) -> Mapping[str, Policy]:
+        """The valid policies by name (a refused one is not here; its object is in ``policy_objs``)."""
+        return self._policies
+
+    @property
+    def policy_objs(self) -> Mapping[str, dict[str, Any]]:
+        """Every policy object as last watched, valid or not (its status is written from it)."""
+        return self._policy_objs
+
     # -- nodes -----------------------------------------------------------------------------------
 
     def put_node(self, name: str, body: Mapping[str, Any]) -> None:
@@ -108,6 +119,13 @@ class Store:
         if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
             self._governing.pop(name, None)
         self._recount(name)
+
+    def saw_node(self, name: str, now: dt.datetime) -> None:
+        """Note when the operator first saw ``name`` (an agent gets its silence grace from then)."""
+        self._first_seen.setdefault(name, now)
+
+    def first_seen(self, name: str) -> dt.datetime | None:
+        return self._first_seen.get(name)
 
     def forget_node(self, name: str) -> None:
         """A Node deleted: its cache, its record and its share go (its report stays until collected)."""
@@ -122,7 +140,7 @@ class Store:
         if hit is None:
             node = self._nodes.get(name)
             labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-            hit = select_policy(list(self.policies.values()), labels)
+            hit = select_policy(list(self._policies.values()), labels)
             if node is not None:
                 self._governing[name] = hit
         return hit
@@ -132,14 +150,14 @@ class Store:
     def tally(self, policy: Policy) -> Tally:
         """The counts of the nodes ``policy`` governs (read only). A superseded copy of a policy
         governs no node: the counts are empty for it, as a fresh recount would find."""
-        if self.policies.get(policy.name) is not policy:
+        if self._policies.get(policy.name) is not policy:
             return EMPTY
         return self._tallies.of(policy.name)
 
     def counted_out(self, policy: Policy, name: str) -> bool:
         """Whether ``name`` counts as out of service in ``policy``'s tally."""
         s = self._tallies.share(name)
-        return s is not None and s.out and s.policy == policy.name and self.policies.get(policy.name) is policy
+        return s is not None and s.out and s.policy == policy.name and self._policies.get(policy.name) is policy
 
     def _share(self, name: str) -> Share | None:
         node = self._nodes.get(name)
@@ -171,7 +189,7 @@ class Store:
         self._tallies.set(name, self._share(name))
 
     def _recount_all(self) -> None:
-        self._tallies.reset(self.policies)
+        self._tallies.reset(self._policies)
         for name in self._nodes:
             self._recount(name)
 
@@ -183,7 +201,7 @@ class Store:
         leader), never an older echo of it."""
         self._reports[name] = slim_report(body)
         if body.get("status") and (
-            name not in self._records or newer(body["metadata"].get("resourceVersion"), self.written_rv.get(name))
+            name not in self._records or newer(body["metadata"].get("resourceVersion"), self._written_rv.get(name))
         ):
             self._records[name] = Record.from_status(dict(body["status"]))
         self._recount(name)
@@ -197,7 +215,7 @@ class Store:
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:
         """Reflect a status write of ours (the API's answer)."""
         self._reports[name] = slim_report(result)
-        self.written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
+        self._written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
         self._recount(name)
 
     def created(self, name: str, result: Mapping[str, Any]) -> None:
@@ -208,7 +226,7 @@ class Store:
     def drop_report(self, name: str) -> None:
         """The report is gone (deleted, or collected with its Node)."""
         self._reports.pop(name, None)
-        self.seen.pop(name, None)
+        self._seen.pop(name, None)
         self._recount(name)
 
     def set_record(self, name: str, record: Record) -> None:
@@ -219,12 +237,34 @@ class Store:
     def forget_records(self) -> None:
         """Another replica may have written meanwhile: re-read records before deciding again."""
         self._records.clear()
-        self.written_rv.clear()
+        self._written_rv.clear()
         self._recount_all()
 
     def heard(self, name: str) -> Seen | None:
         """When the node's agent was last heard from: its report's last spec write or Lease renewal."""
-        return latest(self.seen.get(name), self.renewed.get(name))
+        return latest(self._seen.get(name), self._renewed.get(name))
+
+    def report_seen(self, name: str) -> Seen | None:
+        """The agent's last report write, as the operator saw it (``evaluation/freshness.py``)."""
+        return self._seen.get(name)
+
+    def set_report_seen(self, name: str, seen: Seen | None) -> None:
+        """Record the agent's last report write; ``None`` forgets it (no sign of life to count)."""
+        if seen is None:
+            self._seen.pop(name, None)
+        else:
+            self._seen[name] = seen
+
+    def lease_seen(self, name: str) -> Seen | None:
+        """The agent's last Lease renewal, as the operator saw it."""
+        return self._renewed.get(name)
+
+    def set_lease_seen(self, name: str, seen: Seen | None) -> None:
+        """Record the agent's last Lease renewal; ``None`` forgets it (its Node is gone)."""
+        if seen is None:
+            self._renewed.pop(name, None)
+        else:
+            self._renewed[name] = seen
 
     # -- policies --------------------------------------------------------------------------------
 
@@ -239,18 +279,18 @@ class Store:
 
     def _put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
         if body is None:
-            self.policies.pop(name, None)
-            self.policy_objs.pop(name, None)
-            self.invalid_policies.pop(name, None)
+            self._policies.pop(name, None)
+            self._policy_objs.pop(name, None)
+            self._invalid_policies.pop(name, None)
             return None
-        self.policy_objs[name] = dict(body)
+        self._policy_objs[name] = dict(body)
         try:
-            self.policies[name] = parse_policy(body)
-            self.invalid_policies.pop(name, None)
+            self._policies[name] = parse_policy(body)
+            self._invalid_policies.pop(name, None)
         except PolicyError as e:
-            self.policies.pop(name, None)
-            if self.invalid_policies.get(name) != str(e):
-                self.invalid_policies[name] = str(e)
+            self._policies.pop(name, None)
+            if self._invalid_policies.get(name) != str(e):
+                self._invalid_policies[name] = str(e)
                 return str(e)
         return None
 
@@ -264,8 +304,8 @@ class Store:
         would wait for an acknowledgement it already has.
         """
         meta = body["metadata"]
-        old = self.pod_index.get(meta.get("uid") or "")
-        cached = self.pods_by_node.get(old[0], {}).get(meta.get("uid")) if old is not None else None
+        old = self._pod_index.get(meta.get("uid") or "")
+        cached = self._pods_by_node.get(old[0], {}).get(meta.get("uid")) if old is not None else None
         if cached is not None and not newer(meta.get("resourceVersion"), cached["metadata"].get("resourceVersion")):
             return
         self.put_pod(body)
@@ -275,13 +315,13 @@ class Store:
         uid = body["metadata"].get("uid")
         if not uid:
             return None
-        old = self.pod_index.pop(uid, None)
-        cached = self.pods_by_node.get(old[0], {}).get(uid) if old is not None else None
+        old = self._pod_index.pop(uid, None)
+        cached = self._pods_by_node.get(old[0], {}).get(uid) if old is not None else None
         if old is not None:
-            self.pods_by_node.get(old[0], {}).pop(uid, None)
+            self._pods_by_node.get(old[0], {}).pop(uid, None)
             if old[1]:
-                self.pods_by_gang.get(old[1], {}).pop(uid, None)
-            self.pods_by_workload.get(old[2], {}).pop(uid, None)
+                self._pods_by_gang.get(old[1], {}).pop(uid, None)
+            self._pods_by_workload.get(old[2], {}).pop(uid, None)
         node = str((body.get("spec") or {}).get("nodeName") or "")
         if not deleted:
             pod = slim_pod(body)
@@ -293,15 +333,19 @@ class Store:
             gang, workload = P.gang_key(pod), P.workload_key(pod)
             # One copy of each key for all the pods of a gang or workload, not one per pod.
             gang, workload = sys.intern(gang) if gang else gang, sys.intern(workload)
-            self.pod_index[uid] = (node, gang, workload)
-            self.pods_by_node.setdefault(node, {})[uid] = pod
+            self._pod_index[uid] = (node, gang, workload)
+            self._pods_by_node.setdefault(node, {})[uid] = pod
             if gang:
-                self.pods_by_gang.setdefault(gang, {})[uid] = pod
-            self.pods_by_workload.setdefault(workload, {})[uid] = pod
+                self._pods_by_gang.setdefault(gang, {})[uid] = pod
+            self._pods_by_workload.setdefault(workload, {})[uid] = pod
         return node, old[0] if old else ""
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
-        return list(self.pods_by_node.get(node, {}).values())
+        return list(self._pods_by_node.get(node, {}).values())
+
+    def pod_nodes(self) -> list[tuple[str, str]]:
+        """(uid, node) of every cached pod: what a fresh full list is compared with."""
+        return [(uid, node) for uid, (node, _, _) in self._pod_index.items()]
 
     # -- GPUs (the breaker's GPU budget) -----------------------------------------------------------
 
@@ -321,7 +365,7 @@ class Store:
         return sum(1 for d in devices if isinstance(d, Mapping) and d.get("state") not in (None, "InService"))
 
     def gangs(self) -> Lists:
-        return Lists(self.pods_by_gang)
+        return Lists(self._pods_by_gang)
 
     def workloads(self) -> Lists:
-        return Lists(self.pods_by_workload)
+        return Lists(self._pods_by_workload)
