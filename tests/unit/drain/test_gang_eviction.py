@@ -37,7 +37,7 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _drainer(kube: _Kube) -> Drainer:
-    return Drainer(kube, _call, lambda *a: None, lambda n, d: None, None, None, lambda: NOW)  # type: ignore[arg-type]
+    return Drainer(kube=kube, call=_call, events=lambda *a: None, store=None, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
 
 
 def _pod(name: str, node: str) -> dict[str, Any]:
@@ -90,7 +90,9 @@ def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
         "b": {"status": {"drain": {"phase": "Running", "startedAt": "2026-12-01T11:59:50Z"}}},
         "c": {"status": {"drain": {"phase": "Completed", "startedAt": "2026-12-01T11:00:00Z"}}},
     }
-    d = Drainer(_Kube(), _call, lambda *a: None, lambda n, dl: None, _Store(reports), None, lambda: NOW)  # type: ignore[arg-type]
+    kube: Any = _Kube()
+    store: Any = _Store(reports)
+    d = Drainer(kube=kube, call=_call, events=lambda *a: None, store=store, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
     found = d._gang_drains("a", [ranks[0], ranks[3]], {"ml/jobset.sigs.k8s.io/jobset-name=js": ranks[:3]})
     assert found == {"b": dt.datetime(2026, 12, 1, 11, 59, 50, tzinfo=dt.UTC)}  # c's drain is over
 
@@ -117,13 +119,12 @@ def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
     none: Any = None
     port: Any = kube
     d = Drainer(
-        port,
-        reconcile_call,
-        lambda *a: None,
-        lambda n, dl: None,
-        none,
-        none,
-        lambda: NOW,
+        kube=port,
+        call=reconcile_call,
+        events=lambda *a: None,
+        store=none,
+        breaker=none,
+        clock=lambda: NOW,
         step_call=step_call,
         parallel=4,
     )

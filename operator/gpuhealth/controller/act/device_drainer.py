@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState
@@ -30,6 +30,7 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.device_reconciler import device_drains, drain_current
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
@@ -55,19 +56,18 @@ def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
 class DeviceDrainer:
     def __init__(
         self,
+        *,
         kube: KubePort,
         call: Call,
         store: Store,
         drainer: Drainer,
         events: EventSink,
-        requeue: Callable[[str, float], None],
     ) -> None:
         self.kube = kube
         self.call = call
         self.store = store
         self.drainer = drainer
         self.events = events
-        self.requeue = requeue
         self._claims: list[dict[str, Any]] = []
         self._claims_at = -1e9
 
@@ -91,7 +91,8 @@ class DeviceDrainer:
         records: Sequence[DeviceRecord],
         a: Assessment,
         now: dt.datetime,
-    ) -> None:
+    ) -> Again:
+        """Drain the pods that hold each Draining GPU; returns when the node wants its next pass."""
         status = (self.store.reports.get(name) or {}).get("status") or {}
         drains = device_drains(status)
         draining = {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
@@ -99,7 +100,8 @@ class DeviceDrainer:
         if stale:
             await self._write(name, stale)  # drains of GPUs no longer Draining: their record goes
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
-            return
+            return None
+        again: Again = None
         pods = self.store.pods_on(name)
         current = {i: _current(drains.get(i), r) for i, r in draining.items()}
         # A drain judges who holds the GPU on claims listed after it started: a list cached from before
@@ -137,8 +139,8 @@ class DeviceDrainer:
                     + f": all {new_record.get('total', 0)} pods that held it have left "
                     f"({new_record.get('evicted', 0)} evicted); the node's other pods were not touched",
                 )
-                self.requeue(name, 0.05)  # the GPU's state machine moves on with the completed drain
             if new_record != record:
                 await self._write(name, {str(index): new_record})
-            if not plan.complete:
-                self.requeue(name, 1.0)
+            # Complete: the GPU's state machine moves on with the completed drain; else every second.
+            again = soonest(again, 0.05 if plan.complete else 1.0)
+        return again

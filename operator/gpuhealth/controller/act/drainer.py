@@ -1,14 +1,16 @@
 """Drains a node while it is Draining, and evicts crash-looping pods from quarantined nodes.
 
-The drainer is given the Kube port, the caches, the breaker (for drain slots), an Event sink and
-a requeue callback; it never sees the node reconciler. It keeps a drain's progress in the node's
+The drainer is given the Kube port, the caches, the breaker (for drain slots) and an Event sink; it
+never sees the node reconciler, and tells it when the node wants its next pass by returning it
+(``again.py``). It keeps a drain's progress in the node's
 GPUNodeHealth ``status.drain`` (written before the first request, so a restart recognises this
 drain's requests) and carries out the pure plan (``drain.plan``) step by step.
 
 Each step is idempotent by construction: a checkpoint request is a pod annotation written with the
 pod's resourceVersion as precondition (so a request is never made twice), and an eviction is only
 sent to a pod without a deletionTimestamp. A 429 from a PodDisruptionBudget is retried with growing
-delays, never in a tight loop. Every eviction, in a drain or not, goes through ``_evict``.
+delays, never in a tight loop: the pod's ``retryAt`` in the record keeps every pass before it from
+sending the eviction again. Every eviction, in a drain or not, goes through ``_evict``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
+from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.calls import Call
@@ -52,10 +55,10 @@ class WorkloadMover(Protocol):
 class Drainer:
     def __init__(
         self,
+        *,
         kube: KubePort,
         call: Call,
         events: EventSink,
-        requeue: Callable[[str, float], None],
         store: Store,
         breaker: Breaker,
         clock: Callable[[], dt.datetime],
@@ -69,7 +72,6 @@ class Drainer:
         self.step_call = step_call or call
         self.parallel = max(1, parallel)
         self.events = events
-        self.requeue = requeue
         self.store = store
         self.breaker = breaker
         self.clock = clock
@@ -87,8 +89,9 @@ class Drainer:
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
 
-    async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> None:
-        """Drain while Draining; evict crash-looping pods from any quarantined node."""
+    async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> Again:
+        """Drain while Draining; evict crash-looping pods from any quarantined node. Returns when the
+        node wants its next pass: soon after a completed drain, every second while one runs."""
         status = (self.store.reports.get(name) or {}).get("status") or {}
         record = read_drain(status)
         if rec.state != State.DRAINING:
@@ -99,12 +102,12 @@ class Drainer:
                 self._evicted.pop(name, None)
             if record and rec.state == State.HEALTHY:
                 await self.write(name, None)
-            return
+            return None
         if record and not drain_is_current(record, rec):
             record = DrainRecord()  # a previous episode's drain: start afresh
         if record.get("phase") == "Completed":
             self.breaker.end_drain(policy, name)
-            return
+            return None
         if not self.breaker.draining(policy, name):
             if not await self.breaker.take_drain_slot(policy, name):
                 if record.get("phase") != "Queued":
@@ -115,7 +118,7 @@ class Drainer:
                         "DrainQueued",
                         f"Waiting for a drain slot (maxConcurrentDrains {policy.max_concurrent_drains})",
                     )
-                return
+                return None
             if record.get("phase") == "Queued":
                 record = DrainRecord()
         if not record.get("startedAt"):
@@ -132,7 +135,6 @@ class Drainer:
         new_record = await self.execute(name, plan, now, f"{rec.reason}: {rec.message}")
         if plan.complete:
             self.breaker.end_drain(policy, name)
-            self.requeue(name, 0.05)  # the state machine moves on with the completed drain
             self._event(
                 name,
                 "Normal",
@@ -142,8 +144,9 @@ class Drainer:
             )
         if new_record != record:
             await self.write(name, new_record)
-        if not plan.complete:
-            self.requeue(name, 1.0)
+        # Complete: the state machine moves on with the completed drain. Running: the next pass sees
+        # acknowledgements, pods gone and retry times come.
+        return 0.05 if plan.complete else 1.0
 
     def _gang_drains(
         self, name: str, pods: Sequence[Mapping[str, Any]], gangs: Mapping[str, Sequence[Mapping[str, Any]]]
@@ -311,7 +314,6 @@ class Drainer:
                 "EvictionBlocked",
                 f"A PodDisruptionBudget does not allow evicting {step.key} yet; retrying with growing delays",
             )
-        self.requeue(node, delay)
 
     async def _force(self, node: str, step: Step, prec: PodDrain, now: dt.datetime) -> None:
         meta = step.pod["metadata"]

@@ -41,6 +41,7 @@ from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.device_drainer import DeviceDrainer
 from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.act.drainer import Drainer
@@ -71,6 +72,7 @@ def evidence(a: Assessment) -> list[dict[str, Any]]:
 class NodeReconciler:
     def __init__(
         self,
+        *,
         kube: KubePort,
         call: Call,
         store: Store,
@@ -80,13 +82,11 @@ class NodeReconciler:
         clock: Callable[[], dt.datetime],
         devices: DeviceReconciler,
         device_drainer: DeviceDrainer,
-        requeue: Callable[[str, float], None],
         remediator: Remediator,
     ) -> None:
         self.remediator = remediator
         self.devices = devices
         self.device_drainer = device_drainer
-        self.requeue = requeue
         self.kube = kube
         self.call = call
         self.store = store
@@ -99,18 +99,19 @@ class NodeReconciler:
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
 
-    async def reconcile(self, name: str) -> None:
-        """Reconcile one node; a 409 means someone wrote first: re-read it and decide again."""
+    async def reconcile(self, name: str) -> Again:
+        """Reconcile one node; a 409 means someone wrote first: re-read it and decide again. Returns
+        when the node wants its next pass (``again.py``); the runtime's worker schedules it."""
         for attempt in range(CONFLICT_ATTEMPTS):
             try:
-                await self._reconcile_once(name)
-                return
+                return await self._reconcile_once(name)
             except Exception as e:
                 if is_conflict(e) and attempt < CONFLICT_ATTEMPTS - 1:
                     metrics.CONFLICTS.labels("reconcile").inc()
                     await self._refresh(name)
                     continue
                 raise
+        return None  # not reached: the last attempt returns or raises
 
     async def _refresh(self, name: str) -> None:
         try:
@@ -160,18 +161,18 @@ class NodeReconciler:
         sites = pod_sites(name, slices, policy.devices.drivers, report, claims, pods)
         return restart_loop_finding(policy, name, pods, workloads, now, sites)
 
-    async def _reconcile_once(self, name: str) -> None:
+    async def _reconcile_once(self, name: str) -> Again:
         store = self.store
         node = store.nodes.get(name)
         if node is None:
-            return
+            return None
         policy, overridden = store.governing(name)
         if policy is None or policy.mode == Mode.PAUSED:
-            return
+            return None
         now = self.clock()
         report_obj = store.reports.get(name)
         if report_obj is None and (now - (store.first_seen(name) or now)).total_seconds() < policy.silence_after_s:
-            return  # a new node's agent gets the silence period to send its first report
+            return None  # a new node's agent gets the silence period to send its first report
         report = self._parse(name, report_obj)
         if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock
             report = dataclasses.replace(report, heartbeat=heard_at(store.heard(name), report.heartbeat))
@@ -186,8 +187,7 @@ class NodeReconciler:
         cleared = now if released else prior.cleared_before
         a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
         if self.devices.slices_pending(a):
-            self.requeue(name, SLICES_POLL_S)  # the slice watch requeues it too, once its list is in
-            return
+            return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
         dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared, device_plugin_mig(node))
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
@@ -195,6 +195,7 @@ class NodeReconciler:
         allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)
         inputs = Inputs(breaker_allows=allows, drain_complete=drain_done(read_drain(status), prior), released=released)
         decision = decide(prior, node_a, policy, now, inputs)
+        again: Again = None
         try:
             await self._persist(name, policy, overridden, report_obj, decision, a, dev)
             # The decision is announced right after it is recorded and before anything acts on it.
@@ -211,18 +212,21 @@ class NodeReconciler:
                     # Protection first: the drain, which takes several requests, starts on this node's
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
                     # taint and DeviceTaintRule is written before any worker spends its time draining.
-                    self.requeue(name, 0.05)
+                    again = 0.05
                 else:
-                    await self.drainer.run(name, policy, decision.record, fatal(node_a), now)
-                    await self.device_drainer.run(name, policy, decision.record, dev.records, a, now)
-                    await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
+                    again = soonest(
+                        await self.drainer.run(name, policy, decision.record, fatal(node_a), now),
+                        await self.device_drainer.run(name, policy, decision.record, dev.records, a, now),
+                        await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now),
+                    )
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
                     await self.call(self.kube.patch_node, name, {"metadata": {"annotations": ack}})
             elif policy.mode == Mode.DRY_RUN:
-                await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
+                again = await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
         finally:
             self.breaker.release(policy, name)
+        return again
 
     async def _remediate(
         self,
@@ -235,10 +239,10 @@ class NodeReconciler:
         gpus: frozenset[int],
         cleared: dt.datetime | None,
         now: dt.datetime,
-    ) -> None:
+    ) -> Again:
         """The repair ladder of each held-out GPU (controller/act/remediator.py), before a release is acknowledged."""
         fresh = not a.unknown
-        await self.remediator.run(name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now)
+        return await self.remediator.run(name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now)
 
     async def _persist(
         self,
@@ -317,9 +321,11 @@ class NodeReconciler:
         cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now))
         if cond is not None:
             await self.call(self.kube.patch_node_status, name, cond)
-            # Reflect our own write so the next reconcile does not repeat it before the watch catches up.
+            # Reflect our own write so the next reconcile does not repeat it before the watch catches up:
+            # a new copy through the store, never the cached one edited in place.
             conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]
-            node.setdefault("status", {})["conditions"] = [*conds, *cond["status"]["conditions"]]
+            status = {**(node.get("status") or {}), "conditions": [*conds, *cond["status"]["conditions"]]}
+            self.store.put_node(name, {**node, "status": status})
 
     def _announce_node_actions(
         self,

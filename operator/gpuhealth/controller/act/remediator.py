@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +40,7 @@ from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.store import Store
@@ -77,17 +78,16 @@ def _entry(new: LadderRecord | None, old: Mapping[str, Any] | None) -> dict[str,
 class Remediator:
     def __init__(
         self,
+        *,
         kube: KubePort,
         call: Call,
         store: Store,
         events: EventSink,
-        requeue: Callable[[str, float], None],
     ) -> None:
         self.kube = kube
         self.call = call
         self.store = store
         self.events = events
-        self.requeue = requeue
         self._lock = asyncio.Lock()
         self._reserved: set[tuple[str, int]] = set()  # resets admitted, record not yet in the store
         self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
@@ -115,10 +115,13 @@ class Remediator:
         released: frozenset[int],
         node_cleared: dt.datetime | None,
         now: dt.datetime,
-    ) -> None:
+    ) -> Again:
+        """Advance each held-out GPU's ladder one move; returns when the node wants its next pass
+        (a step in flight is polled, a hand-off checked less often)."""
         settings = policy.remediation
         if not settings.enabled or policy.mode == Mode.PAUSED:
-            return
+            return None
+        again: Again = None
         status = (self.store.reports.get(name) or {}).get("status") or {}
         ladders = ladders_from_status(status)
         raw = status.get("remediation") or {}
@@ -165,9 +168,10 @@ class Remediator:
             finally:
                 self._reserved.discard((name, dev.index))
             if move.record is not None and move.record.in_flight:
-                self.requeue(name, POLL_S)
+                again = soonest(again, POLL_S)
             elif move.record is not None and move.record.phase == Phase.HANDED_OFF:
-                self.requeue(name, HANDOFF_POLL_S)
+                again = soonest(again, HANDOFF_POLL_S)
+        return again
 
     async def _act(
         self,

@@ -80,13 +80,12 @@ class Runtime:
         self.events = EventPoster(kube.post_event)
         self.breaker = Breaker(self.store)
         self.drainer = Drainer(
-            kube,
-            self.call,
-            self.events,
-            self.queue_later,
-            self.store,
-            self.breaker,
-            clock,
+            kube=kube,
+            call=self.call,
+            events=self.events,
+            store=self.store,
+            breaker=self.breaker,
+            clock=clock,
             step_call=self.drain_call,
             parallel=drain_concurrency,
         )
@@ -95,19 +94,20 @@ class Runtime:
         self.devices = DeviceReconciler(
             kube, self.call, self.store, self.breaker, self.slice_watch.cache, self.events, clock
         )
-        self.device_drainer = DeviceDrainer(kube, self.call, self.store, self.drainer, self.events, self.queue_later)
+        self.device_drainer = DeviceDrainer(
+            kube=kube, call=self.call, store=self.store, drainer=self.drainer, events=self.events
+        )
         self.reconciler = NodeReconciler(
-            kube,
-            self.call,
-            self.store,
-            self.breaker,
-            self.drainer,
-            self.events,
-            clock,
-            self.devices,
-            self.device_drainer,
-            self.queue_later,
-            Remediator(kube, self.call, self.store, self.events, self.queue_later),
+            kube=kube,
+            call=self.call,
+            store=self.store,
+            breaker=self.breaker,
+            drainer=self.drainer,
+            events=self.events,
+            clock=clock,
+            devices=self.devices,
+            device_drainer=self.device_drainer,
+            remediator=Remediator(kube=kube, call=self.call, store=self.store, events=self.events),
         )
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)
@@ -319,7 +319,9 @@ class Runtime:
             try:
                 if name in self.store.nodes:
                     metrics.RECONCILES.inc()
-                    await self.reconciler.reconcile(name)
+                    again = await self.reconciler.reconcile(name)
+                    if again is not None:  # the pass wants the node again (``controller/act/again.py``)
+                        self.queue_later(name, again)
                 else:
                     await self.reports_gc.collect(name)
                 self._failures.pop(name, None)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api.timeutil import parse_time
 from gpuhealth.controller.act import node_reconciler
 from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.process.runtime import Runtime
@@ -126,11 +127,9 @@ def test_a_drain_evicts_only_after_the_checkpoint_is_acknowledged() -> None:
     async def body() -> None:
         rt = Runtime(kube, clock=lambda: now[0], workers=1)
         await rt._load()
-        requeued: list[str] = []
-        rt.reconciler.requeue = lambda name, delay: requeued.append(name)
-        await rt.reconciler.reconcile("n1")
-        # Protection first: this pass tainted the node and queued it again; the drain starts on the next.
-        assert state(kube, "n1") == "Draining" and kube.nodes["n1"]["spec"]["taints"] and requeued == ["n1"]
+        again = await rt.reconciler.reconcile("n1")
+        # Protection first: this pass tainted the node and asks for it again; the drain starts on the next.
+        assert state(kube, "n1") == "Draining" and kube.nodes["n1"]["spec"]["taints"] and again == 0.05
         assert ("patch", "pod/ml/trainer") not in kube.writes
         await rt.reconciler.reconcile("n1")
         pod = kube.pods["ml", "trainer"]
@@ -163,12 +162,13 @@ def test_a_budget_refusal_is_retried_later_not_in_a_loop() -> None:
 
     async def body() -> None:
         rt = await runtime(kube)
-        requeued: list[tuple[str, float]] = []
-        rt.drainer.requeue = lambda name, delay: requeued.append((name, delay))
         await rt.reconciler.reconcile("n1")
-        await rt.reconciler.reconcile("n1")  # before retryAt: no second Eviction
+        again = await rt.reconciler.reconcile("n1")  # the refusal: retried 2 s later, per the record
+        pod = kube.reports["n1"]["status"]["drain"]["pods"]["uid-ml-web"]
+        assert parse_time(pod["retryAt"]) == at(10) + dt.timedelta(seconds=2)
+        assert again == 1.0  # the drain's next pass comes, and sends nothing before retryAt
+        await rt.reconciler.reconcile("n1")
         await rt.events.flush()
-        assert ("n1", 2.0) in requeued
 
     run(body)
     assert kube.writes.count(("evict", "pod/ml/web")) == 1
