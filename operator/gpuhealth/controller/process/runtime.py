@@ -111,7 +111,8 @@ class Runtime:
         )
         self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
         self.reports_gc = ReportCollector(kube, self.call, self.store)
-        self.leadership = Leadership(self._resync)
+        self.leadership = Leadership()
+        self._lead_task: asyncio.Task[None] | None = None
         self.feeders = Feeders(
             store=self.store,
             queue=self.queue,
@@ -196,6 +197,15 @@ class Runtime:
 
     def hold(self) -> None:
         self.leadership.hold()
+        if self._lead_task is None:
+            self._lead_task = asyncio.get_running_loop().create_task(self._lead())
+
+    async def _lead(self) -> None:
+        """Each time this replica is held: resync first where a pause made the records stale, then act."""
+        while True:
+            if await self.leadership.wanted():
+                await self._resync()
+            self.leadership.act()  # not if released, or paused again during the resync: then wait again
 
     def release(self) -> None:
         self.leadership.release()
@@ -285,9 +295,10 @@ class Runtime:
         self.slice_watch.stop()
         if self.admission is not None:
             await self.admission.stop()
-        for t in self._tasks:
+        tasks = [*self._tasks, *([self._lead_task] if self._lead_task is not None else [])]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.events.flush()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.drain_pool.shutdown(wait=False, cancel_futures=True)
@@ -347,8 +358,8 @@ class Runtime:
             await asyncio.sleep(self.tick)
             await self.active.wait()
             try:
-                if self.leadership.resync_needed:
-                    await self.leadership.resync()
+                if self.leadership.take_resync():
+                    await self._resync()
                 self.sweep()
                 await self.policy_status.update()
                 await self.devices.sweep()
