@@ -1,10 +1,11 @@
 """Per-GPU quarantine inside the per-node pipeline: place, decide per GPU, then converge the rules.
 
-The node reconciler calls :meth:`DeviceReconciler.plan` right after ``assess``: device-scoped
+The node reconciler calls :meth:`DeviceReconciler.place` right after ``assess``: device-scoped
 findings are placed on DRA devices (the ResourceSlice cache), GPUs no slice publishes fall back to
 node scope (the reason is written into the finding, so the node's message and Event say it in
-words), the breaker's GPU budget is asked once, and ``decide_devices`` gives each GPU its next
-record. What the *node* state machine then decides on (:func:`node_view`) depends on that verdict:
+words). The node reconciler then asks the breaker's GPU budget for the GPUs that newly want holding
+out (the one side effect, an explicit step of its own), and :meth:`DeviceReconciler.decide` gives
+each GPU its next record with ``decide_devices``. What the *node* state machine then decides on (:func:`node_view`) depends on that verdict:
 
 - the verdict escalates (too many bad GPUs, a flapping GPU under ``onFlapping: Node``, a GPU that
   cannot be told apart): every finding, device ones included, goes to the node, as before;
@@ -34,7 +35,7 @@ from typing import Any
 
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
-from gpuhealth.actions.placement import place
+from gpuhealth.actions.placement import Placement, place
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_from_status, devices_to_status
 from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
@@ -53,7 +54,6 @@ from gpuhealth.controller.act.device_rules import DeviceRules
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
 from gpuhealth.controller.intake.slicewatch import SliceCache
-from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
@@ -84,6 +84,17 @@ def drain_current(record: Mapping[str, Any], rec: DeviceRecord) -> bool:
     """The drain belongs to the GPU's current Draining episode."""
     started = parse_time(record.get("startedAt"))
     return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A pass's device findings placed on DRA devices: what the GPU budget is asked for, then decided on."""
+
+    assessment: Assessment
+    findings: tuple[Finding, ...]  # the assessment's findings, a fallback's reason in its detail
+    placement: Placement
+    new: frozenset[int]  # GPUs that newly want holding out: what the breaker's GPU budget is asked for
+    uuids: Mapping[int, str]  # GPU index -> UUID, as reported
 
 
 @dataclass(frozen=True)
@@ -155,10 +166,10 @@ def node_view(
 class DeviceReconciler(DeviceRules):
     def __init__(
         self,
+        *,
         kube: KubePort,
         call: Call,
         store: Store,
-        breaker: Breaker,
         slices: SliceCache,
         events: EventSink,
         clock: Callable[[], dt.datetime],
@@ -166,7 +177,6 @@ class DeviceReconciler(DeviceRules):
         self.kube = kube
         self.call = call
         self.store = store
-        self.breaker = breaker
         self.slices = slices
         self.events = events
         self.clock = clock
@@ -187,18 +197,18 @@ class DeviceReconciler(DeviceRules):
 
     # -- deciding ----------------------------------------------------------------------------------
 
-    async def plan(
+    def place(
         self,
         name: str,
         policy: Policy,
         report: Report | None,
         a: Assessment,
         status: Mapping[str, Any],
-        now: dt.datetime,
-        released: frozenset[int],
-        node_cleared: dt.datetime | None = None,
         plugin_mig: Sequence[str] = (),
-    ) -> DevicePlan:
+    ) -> Placed:
+        """Place the device-scoped findings on the GPUs' DRA devices (the slice cache), with the reason
+        of each GPU that falls back to node scope; which GPUs newly want holding out (the breaker's
+        GPU budget is asked for them by the caller, before :meth:`decide`). No side effect."""
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
         prior = devices_from_status(status)
         # Most reconciles have no device-scoped finding: skip reading the slice cache for them.
@@ -212,18 +222,34 @@ class DeviceReconciler(DeviceRules):
             self.taken,
             plugin_mig,
         )
-        findings = [
+        findings = tuple(
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
-        ]
-        new = {
+        )
+        new = frozenset(
             f.gpu
             for f in findings
             if f.scope == Scope.DEVICE
             and f.action.quarantines
             and f.gpu is not None
             and not (prior.get(f.gpu) and prior[f.gpu].out_of_service)
-        }
-        budget = await self.breaker.gpu_budget(policy, name, len(new)) if new else 0
+        )
+        return Placed(a, findings, placement, new, uuids)
+
+    def decide(
+        self,
+        name: str,
+        policy: Policy,
+        placed: Placed,
+        status: Mapping[str, Any],
+        now: dt.datetime,
+        released: frozenset[int],
+        gpu_budget: int,
+        node_cleared: dt.datetime | None = None,
+    ) -> DevicePlan:
+        """Each GPU's next record (``decide_devices``, with the GPU budget the breaker gave), its
+        devices and rule names, and the assessment the node state machine decides on. No side effect."""
+        a, findings, placement, uuids = placed.assessment, list(placed.findings), placed.placement, placed.uuids
+        prior = devices_from_status(status)
         drains = device_drains(status)
         drained = frozenset(
             i for i, d in drains.items() if d.get("phase") == "Completed" and i in prior and drain_current(d, prior[i])
@@ -231,7 +257,7 @@ class DeviceReconciler(DeviceRules):
         ladders = ladders_from_status(status) if policy.remediation.enabled else {}
         inputs = DeviceInputs(
             fresh=not a.unknown,
-            gpu_budget=budget,
+            gpu_budget=gpu_budget,
             drained=drained,
             released=released,
             uuids=uuids,

@@ -189,7 +189,10 @@ class NodeReconciler:
         if self.devices.slices_pending(a):
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
-        dev = await self.devices.plan(name, policy, report, a, status, now, gpus, cleared, device_plugin_mig(node))
+        placed = self.devices.place(name, policy, report, a, status, device_plugin_mig(node))
+        # The GPU budget is reserved here, until the status is written (``breaker.release`` below).
+        budget = await self.breaker.gpu_budget(policy, name, len(placed.new)) if placed.new else 0
+        dev = self.devices.decide(name, policy, placed, status, now, gpus, budget, cleared)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)

@@ -92,7 +92,7 @@ class Runtime:
         # DRA ResourceSlices (which device each GPU is) for per-GPU quarantine; a slice change re-queues its node.
         self.slice_watch = SliceWatch(kube, on_change=self._on_slice)
         self.devices = DeviceReconciler(
-            kube, self.call, self.store, self.breaker, self.slice_watch.cache, self.events, clock
+            kube=kube, call=self.call, store=self.store, slices=self.slice_watch.cache, events=self.events, clock=clock
         )
         self.device_drainer = DeviceDrainer(
             kube=kube, call=self.call, store=self.store, drainer=self.drainer, events=self.events
