@@ -1,7 +1,7 @@
 """The bench's targets: what a figure is held to, how a result entry reads, and its table rows.
 
-Pure; shared by the run's summary (bench_report), the MIG fleet's (bench_mig_report) and the filed
-docs (bench_docs), so each renders a target the same way.
+Pure; shared by the run's summary (``report``), the MIG fleet's (``mig_report``) and the filed
+docs (``docs``), so each renders a target the same way.
 """
 
 from __future__ import annotations

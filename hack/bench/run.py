@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """`make bench`: gpuhealth's performance on a fleet of fake GPU nodes (default 1,000) on a real control plane.
 
 Measures, in one run (see docs/bench.md):
@@ -10,11 +9,11 @@ Measures, in one run (see docs/bench.md):
    (half the storm where 5% is not below it);
 4. on nodes whose GPUs are published through DRA: an uncorrected ECC error on one GPU at a time until an
    independent watch sees its DeviceTaintRule, and a device storm (GPUs on distinct nodes at once); with
-   ``--phases mig``, the same on a MIG fleet (7 MIG devices per GPU) to the GPU's last rule (hack/bench_mig.py);
+   ``--phases mig``, the same on a MIG fleet (7 MIG devices per GPU) to the GPU's last rule (hack/bench/mig.py);
 5. the operator's footprint (peak RSS, CPU, idle API requests and writes from the audit log);
 6. one real agent's footprint (RSS, CPU, writes per hour);
 7. end to end: XIDs from the fake NVML library through real agents on their own governed nodes, to the taint
-   (with the agent's and the operator's shares; see hack/bench_e2e.py).
+   (with the agent's and the operator's shares; see hack/bench/e2e.py).
 
 All of it under heartbeat traffic: every simulated agent renews its node Lease every --heartbeat seconds
 (the nodes spread evenly over the interval), as the real agent does; the rate achieved is recorded.
@@ -28,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -41,20 +39,7 @@ from kubernetes import client
 from tests.support.agents import AgentFleet
 from tests.support.k8s import OperatorProcess, wait_for
 
-from hack.bench_devices import measure_devices, publish_dra
-from hack.bench_e2e import measure_e2e, real_agents
-from hack.bench_fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
-from hack.bench_mig import measure_mig, mig_layout, publish_mig
-from hack.bench_report import write_outputs
-from hack.bench_resilience import (
-    PHASES,
-    ResilienceContext,
-    measure_drain,
-    measure_failover,
-    measure_restart,
-    parse_phases,
-)
-from hack.bench_setup import (
+from hack.bench.cluster import (
     BenchCluster,
     agent_policy_spec,
     agent_silence,
@@ -63,7 +48,20 @@ from hack.bench_setup import (
     policy_spec,
     run_pods,
 )
-from hack.bench_support import (
+from hack.bench.devices import measure_devices, publish_dra
+from hack.bench.e2e import measure_e2e, real_agents
+from hack.bench.fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
+from hack.bench.mig import measure_mig, mig_layout, publish_mig
+from hack.bench.report import write_outputs
+from hack.bench.resilience import (
+    PHASES,
+    ResilienceContext,
+    measure_drain,
+    measure_failover,
+    measure_restart,
+    parse_phases,
+)
+from hack.bench.support import (
     FAULT_TIMEOUT_S,
     FLOOR_TAINT,
     GROUP,
@@ -83,10 +81,10 @@ from hack.bench_support import (
     read_audit,
     steady_writes_per_hour,
 )
-from hack.bench_traffic import TrafficContext, measure_traffic
-from hack.bench_watch import NodeWatch, ReportWatch, RuleWatch
+from hack.bench.traffic import TrafficContext, measure_traffic
+from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 OUT = REPO / "build" / "bench"
 OPERATOR_USER, AGENT_USER, SIM_USER = "gpuhealth-operator", "gpuhealth-agent-bench", "gpuhealth-fleet-sim"
@@ -145,7 +143,9 @@ def phases_arg(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=1000, help="fake GPU nodes governed by the policy")
     ap.add_argument("--pods", type=int, default=8000, help="running 1-GPU pods on them")
     ap.add_argument("--faults", type=int, default=200, help="single faults, one at a time, on distinct nodes")
@@ -887,8 +887,3 @@ def agent_cpu_at_first_write(sampler: ProcSampler, first_write: float) -> float:
         if t >= first_write:
             return cpu
     return sampler.cpu_s()
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(main())

@@ -1,7 +1,7 @@
-"""Building blocks of `make bench` (see hack/bench.py): names, API clients, process samplers, the
+"""Building blocks of `make bench` (see hack/bench/run.py): names, API clients, process samplers, the
 operator's log, the audit-log counter and the statistics the figures are computed with.
 
-The simulated fleet is in ``bench_fleet``, the independent watches in ``bench_watch``.
+The simulated fleet is in ``fleet``, the independent watches in ``watch``.
 """
 
 from __future__ import annotations

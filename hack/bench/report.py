@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack.bench_mig_report import mig_md, mig_targets_for
-from hack.bench_targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, measured, path
+from hack.bench.mig_report import mig_md, mig_targets_for
+from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, measured, path
 
 HEARTBEAT_S = 30.0
 

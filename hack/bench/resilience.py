@@ -1,5 +1,5 @@
 """The fleet is never blind (issue #26): three phases of `make bench` that take the operator out of its
-steady state, each selectable on its own (``--phases``, see hack/bench.py and docs/bench.md).
+steady state, each selectable on its own (``--phases``, see hack/bench/run.py and docs/bench.md).
 
 - **warm restart**: restart the operator with every node evaluated; its writes during start-up (the
   audit log, the operator's user; target 0), the time to "watching", and from a restart to the first
@@ -12,7 +12,7 @@ steady state, each selectable on its own (``--phases``, see hack/bench.py and do
   time to every drain Completed, the handshake's requests and acknowledgements, no pod evicted or asked
   twice (the audit log), and the PDB honoured (its Ready pods never below replicas - 1).
 
-The pure parts (the pod mix, the audit-log figures) are unit-tested in tests/unit/test_bench_resilience.py.
+The pure parts (the pod mix, the audit-log figures) are unit-tested in tests/unit/bench/test_resilience.py.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from kubernetes import client
 from tests.chaos.podorder import PodWrite, order_problems, pod_writes
 from tests.support.k8s import OperatorProcess, wait_for
 
-from hack.bench_fleet import SimNode
-from hack.bench_setup import BenchCluster
-from hack.bench_support import (
+from hack.bench.cluster import BenchCluster
+from hack.bench.fleet import SimNode
+from hack.bench.support import (
     GROUP,
     MERGE,
     TAINT,
@@ -45,9 +45,9 @@ from hack.bench_support import (
     publish_all,
     read_audit,
 )
-from hack.bench_watch import NodeWatch, ReportWatch, _raw_watch
+from hack.bench.watch import NodeWatch, ReportWatch, _raw_watch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PEERING_CRD = REPO / "manifests" / "crds" / "kopf-peering-crd.yaml"
 PEERING_OBJECT = REPO / "manifests" / "base" / "peering.yaml"
 PEERING_NAME = "gpuhealth"
