@@ -1,5 +1,5 @@
 """The fleet is never blind (issue #26): three phases of `make bench` that take the operator out of its
-steady state, each selectable on its own (``--phases``, see hack/bench/run.py and docs/bench.md).
+steady state, each selectable on its own (``--phases``, see hack/bench/cli.py and docs/bench.md).
 
 - **warm restart**: restart the operator with every node evaluated; its writes during start-up (the
   audit log, the operator's user; target 0), the time to "watching", and from a restart to the first
@@ -52,11 +52,6 @@ PEERING_CRD = REPO / "manifests" / "crds" / "kopf-peering-crd.yaml"
 PEERING_OBJECT = REPO / "manifests" / "base" / "peering.yaml"
 PEERING_NAME = "gpuhealth"
 
-# The phases a run may select; "core" is every phase the bench had before (detection, storm, devices, ...).
-PHASES = ("core", "mig", "restart", "failover", "drain")
-# "all": what it meant before the MIG fleet. The mig phase publishes every governed node as a MIG node,
-# which the core phases' DRA nodes and fact traffic do not expect, so it runs without core, only when named.
-ALL_PHASES = ("core", "restart", "failover", "drain")
 DRAIN_NAMESPACE = "bench-drain"
 DRAIN_XID = 74  # NVLink error: a node-scope fault the bench's policy answers with a drain (XID 79 only cordons)
 CHECKPOINT = "gpuhealth.dev/checkpoint"
@@ -66,19 +61,6 @@ GANG_LABEL = "jobset.sigs.k8s.io/jobset-name"  # a gang: checkpointed and evicte
 PDB_APP, PDB_REPLICAS = "pdb-app", 3
 WATCHING = r"watching \d+ GPU nodes"
 ACTING = r"acting \(this replica leads\)"
-
-
-def parse_phases(text: str) -> list[str]:
-    """``--phases``: comma-separated names of PHASES ("all": every one), in the order they run."""
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if names == ["all"]:
-        return list(ALL_PHASES)
-    unknown = [p for p in names if p not in PHASES]
-    if unknown or not names:
-        raise ValueError(f"unknown phases {unknown or names}: choose from {', '.join(PHASES)} or all")
-    if "core" in names and "mig" in names:
-        raise ValueError("the mig phase runs without core (it makes every governed node a MIG node)")
-    return [p for p in PHASES if p in names]
 
 
 # -- the drain storm's workload (pure) ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hack.bench import docs
+from hack.bench.cli import parse_args
 from hack.bench.cluster import agent_silence, policy_spec
 from hack.bench.e2e import Sample, summarize
 from hack.bench.fleet import (
@@ -23,7 +24,6 @@ from hack.bench.fleet import (
     spread_offsets,
 )
 from hack.bench.report import evaluate, heartbeat_line, summary_md, tally
-from hack.bench.run import parse_args
 from hack.bench.support import latency_summary, percentile, rate, steady_writes_per_hour
 from hack.bench.watch import RuleWatch
 from kubernetes import client
@@ -239,7 +239,7 @@ def test_the_emulated_kubelets_lease_reaches_kwok_and_the_node_controller_waits_
 
 
 def test_the_10k_profile_lengthens_the_emulated_kubelets_lease_unless_given() -> None:
-    from hack.bench.run import parse_args
+    from hack.bench.cli import parse_args
 
     assert parse_args(["--profile", "10k"]).kubelet_lease == 600
     assert parse_args(["--profile", "10k", "--kubelet-lease", "40"]).kubelet_lease == 40

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hack.bench import docs
+from hack.bench.cli import parse_args, parse_phases
 from hack.bench.report import evaluate, resilience_targets_for, summary_md, tally
 from hack.bench.resilience import (
     DRAIN_NAMESPACE,
@@ -20,11 +21,10 @@ from hack.bench.resilience import (
     eviction_figures,
     failover_summary,
     min_ready,
-    parse_phases,
     pod_manifest,
     raw_audit,
 )
-from hack.bench.run import parse_args
+
 from tests.chaos.podorder import PodWrite, pod_writes
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from hack.bench import docs
+from hack.bench.cli import parse_args
 from hack.bench.cluster import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
 from hack.bench.fleet import WARM_DELTA_C, healthy_snapshot
 from hack.bench.report import api_line, evaluate, summary_md, tally, targets_for, traffic_line, worst_traffic
-from hack.bench.run import parse_args
 from hack.bench.support import AuditEntry, api_rates, latency_summary, phase_elapsed
 from hack.bench.traffic import FactTraffic, achieved_rate, due_now, processes_for, split
 
