@@ -23,4 +23,23 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 
 # The modules, in the order a run uses them:
 #   cli           the command line (sizes, profiles, phases) and the checks that the fleet fits them
-#   run           the driver: the results' header, the phases in order, the outputs, the teardown
+#   run           the driver: the results' header, which phases run in which order, the outputs, the teardown
+#   context       what the phases share: the identities, what the run started (Started), the fleet (Bench)
+#   startup       control plane, real agents, pods, first reports and heartbeats, slices, watches, operator start-up
+#   detection     detection to taint, and the no-logic floor chain it is compared with
+#   e2e           end to end through real agents on the fake NVML library
+#   storm         the storm at 100%, the recovery, the breaker at its limit
+#   traffic       background fact traffic, and detection under it
+#   devices       DRA nodes: DeviceTaintRules one GPU at a time, the device storm, the resets
+#   footprint     the idle window, and what the run cost the operator, the agents and the API server
+#   mig           the MIG fleet (--phases mig)
+#   resilience    warm restart, failover and the drain storm (--phases restart,failover,drain)
+#   report        results.json, summary.md and report.png: targets, verdicts, the summary's lines, the plot
+#   targets       what a figure is held to, shared by the summary and the docs
+#   mig_report    the MIG fleet's targets, summary section and docs block
+#   docs          the figures in README.md and docs/bench.md, rendered from the filed runs
+#   scaling_docs  docs/scaling.md's table and plot across fleet sizes
+#   cluster       the control plane with faster clients, the policy under test, the pods
+#   fleet         the simulated agents (the agent's own publisher and Lease) and their heartbeats
+#   watch         the independent watches the figures are read from
+#   support       names, clients, samplers, the audit log, statistics and the phase clock
