@@ -33,7 +33,11 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   devices       DRA nodes: DeviceTaintRules one GPU at a time, the device storm, the resets
 #   footprint     the idle window, and what the run cost the operator, the agents and the API server
 #   mig           the MIG fleet (--phases mig)
-#   resilience    warm restart, failover and the drain storm (--phases restart,failover,drain)
+#   resilience    what warm restart, failover and the drain storm share (--phases restart,failover,drain)
+#   restart       the warm restart: how long the fleet is blind, what a restart writes
+#   failover      SIGKILL of the acting replica under Kopf peering to a new fault's taint
+#   drain         the drain storm, the bench playing the checkpointing pods' handshake
+#   drain_workload  its pod mix and the audit-log figures it is judged by
 #   report        results.json, summary.md and report.png: targets, verdicts, the summary's lines, the plot
 #   targets       what a figure is held to, shared by the summary and the docs
 #   mig_report    the MIG fleet's targets, summary section and docs block

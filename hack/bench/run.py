@@ -21,11 +21,14 @@ from hack.bench.cluster import BenchCluster, agent_silence, machine
 from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
 from hack.bench.detection import Floor, fault_nodes, measure_detection
 from hack.bench.devices import measure_devices
+from hack.bench.drain import measure_drain
 from hack.bench.e2e import measure_e2e
+from hack.bench.failover import measure_failover
 from hack.bench.footprint import measure_idle
 from hack.bench.mig import measure_mig
 from hack.bench.report import write_outputs
-from hack.bench.resilience import ResilienceContext, measure_drain, measure_failover, measure_restart
+from hack.bench.resilience import ResilienceContext
+from hack.bench.restart import measure_restart
 from hack.bench.startup import start
 from hack.bench.storm import measure_breaker, measure_recovery, measure_storm
 from hack.bench.support import GROUP, TAINT, VERSION, PhaseClock, api_client, log

@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
-from hack.bench.report import evaluate, resilience_targets_for, summary_md, tally
-from hack.bench.resilience import (
+from hack.bench.drain_workload import (
     DRAIN_NAMESPACE,
     double_actions,
     drain_mix,
     eviction_figures,
-    failover_summary,
     min_ready,
     pod_manifest,
     raw_audit,
 )
+from hack.bench.failover import failover_summary
+from hack.bench.report import evaluate, resilience_targets_for, summary_md, tally
 
 from tests.chaos.podorder import PodWrite, pod_writes
 
