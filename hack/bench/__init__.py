@@ -38,8 +38,10 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   failover      SIGKILL of the acting replica under Kopf peering to a new fault's taint
 #   drain         the drain storm, the bench playing the checkpointing pods' handshake
 #   drain_workload  its pod mix and the audit-log figures it is judged by
-#   report        results.json, summary.md and report.png: targets, verdicts, the summary's lines, the plot
-#   targets       what a figure is held to, shared by the summary and the docs
+#   report        results.json, series.json, summary.md: the verdicts and the summary
+#   targets       what each figure is held to, by fleet size, shared by the summary and the docs
+#   details       the detail sentence of each figure block, for the summary and the docs
+#   plot          report.png
 #   mig_report    the MIG fleet's targets, summary section and docs block
 #   docs          the figures in README.md and docs/bench.md, rendered from the filed runs
 #   scaling_docs  docs/scaling.md's table and plot across fleet sizes

@@ -21,21 +21,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hack.bench.mig_report import no_mig_run, render_mig
-from hack.bench.report import (
+from hack.bench.details import (
     api_line,
     device_line,
     drain_line,
     e2e_line,
     failover_line,
     heartbeat_line,
-    resilience_targets_for,
     restart_line,
-    tally,
-    targets_for,
     traffic_line,
 )
-from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, verdict
+from hack.bench.mig_report import no_mig_run, render_mig
+from hack.bench.report import tally
+from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_targets_for, targets_for, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "bench"

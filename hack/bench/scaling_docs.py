@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.bench.docs import RESULTS, check, core_run, dig, filed_runs, resilience_table, rewrite
-from hack.bench.report import targets_for
-from hack.bench.targets import measured
+from hack.bench.targets import measured, targets_for
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "scaling.md"

@@ -12,8 +12,9 @@ import pytest
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import agent_policy_spec, policy_spec
+from hack.bench.details import e2e_line
 from hack.bench.e2e import Sample, emitted_at, next_agent, plan, split, summarize
-from hack.bench.report import e2e_line, evaluate, summary_md
+from hack.bench.report import evaluate, summary_md
 from hack.bench.watch import ReportWatch, XidKey, first_new_xid, xid_keys
 from kubernetes import client
 

@@ -14,6 +14,7 @@ import pytest
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import agent_silence, policy_spec
+from hack.bench.details import heartbeat_line
 from hack.bench.e2e import Sample, summarize
 from hack.bench.fleet import (
     HeartbeatDriver,
@@ -23,7 +24,7 @@ from hack.bench.fleet import (
     heartbeat_workers,
     spread_offsets,
 )
-from hack.bench.report import evaluate, heartbeat_line, summary_md, tally
+from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.support import latency_summary, percentile, rate, steady_writes_per_hour
 from hack.bench.watch import RuleWatch
 from kubernetes import client

@@ -23,7 +23,8 @@ from hack.bench.drain_workload import (
     raw_audit,
 )
 from hack.bench.failover import failover_summary
-from hack.bench.report import evaluate, resilience_targets_for, summary_md, tally
+from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.targets import resilience_targets_for
 
 from tests.chaos.podorder import PodWrite, pod_writes
 

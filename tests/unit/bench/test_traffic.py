@@ -14,9 +14,11 @@ import pytest
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
+from hack.bench.details import api_line, traffic_line
 from hack.bench.fleet import WARM_DELTA_C, healthy_snapshot
-from hack.bench.report import api_line, evaluate, summary_md, tally, targets_for, traffic_line, worst_traffic
+from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.support import AuditEntry, api_rates, latency_summary, phase_elapsed
+from hack.bench.targets import targets_for, worst_traffic
 from hack.bench.traffic import FactTraffic, achieved_rate, due_now, processes_for, split
 
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
