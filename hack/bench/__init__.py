@@ -21,7 +21,8 @@ All of it under heartbeat traffic: every simulated agent renews its node Lease e
 Writes build/bench/results.json, summary.md and report.png. Tears down everything it started.
 """
 
-# The modules, in the order a run uses them:
+# The modules: the command line and the driver, the phases in the order they run, the outputs, the docs
+# renderers, and the building blocks every phase uses.
 #   cli           the command line (sizes, profiles, phases) and the checks that the fleet fits them
 #   run           the driver: the results' header, which phases run in which order, the outputs, the teardown
 #   context       what the phases share: the identities, what the run started (Started), the fleet (Bench)
@@ -37,7 +38,7 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   restart       the warm restart: how long the fleet is blind, what a restart writes
 #   failover      SIGKILL of the acting replica under Kopf peering to a new fault's taint
 #   drain         the drain storm, the bench playing the checkpointing pods' handshake
-#   drain_workload  its pod mix and the audit-log figures it is judged by
+#   drain_workload  the drain storm's pod mix and the audit-log figures it is judged by
 #   report        results.json, series.json, summary.md: the verdicts and the summary
 #   targets       what each figure is held to, by fleet size, shared by the summary and the docs
 #   details       the detail sentence of each figure block, for the summary and the docs

@@ -1,5 +1,6 @@
-"""``python -m hack.bench``: see hack/bench/run.py. SIGTERM exits 143 through the run's teardown, so a
-stopped bench still stops the control plane, the operator and the agents it started."""
+"""``python -m hack.bench`` (what `make bench` runs): hack/bench/__init__.py says what a run measures,
+run.py drives it. SIGTERM exits 143 through the run's teardown, so a stopped bench still stops the
+control plane, the operator and the agents it started."""
 
 import signal
 import sys
