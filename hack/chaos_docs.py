@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import check, stale_docs, write_docs
+from hack.bench.docs import check, stale_docs, write_docs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "chaos"

@@ -46,7 +46,7 @@ from tests.support.k8s import Kube as TestKube
 from gpuhealth.agent.lease import NodeLease
 from gpuhealth.agent.runner import AgentConfig, collect_once
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR
-from hack.bench_support import api_client
+from hack.bench.support import api_client
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "docs" / "bench" / "heartbeat-cost.json"

@@ -1,5 +1,5 @@
 """The MIG fleet of the memory probe (``python -m hack.memprobe --mig``): what a node adds when its 8
-GPUs are in static MIG mode with 7 MIG devices each (hack/bench_mig.py's layout, 56 DRA devices).
+GPUs are in static MIG mode with 7 MIG devices each (hack/bench/mig.py's layout, 56 DRA devices).
 
 Each node then also has its ResourceSlice, shaped as NVIDIA's DRA driver publishes static MIG
 (tests/support/dra_shapes.py) with the metadata the API server adds, and its agent reports every GPU
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhealth.agent.model import DeviceFacts
-from hack.bench_mig import GPUS, PROFILE, STARTS, mig_layout, mig_slices
+from hack.bench.mig import GPUS, PROFILE, STARTS, mig_layout, mig_slices
 
 TARGET_BYTES_PER_NODE = 25 * 1024  # "25 KB per node", read as KiB like every figure the probe prints
 

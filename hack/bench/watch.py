@@ -16,7 +16,7 @@ from typing import Any, Self
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from hack.bench_support import (
+from hack.bench.support import (
     DEVICE_TAINT_RULES,
     DRA_GROUP,
     DRA_VERSION,

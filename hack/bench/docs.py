@@ -2,12 +2,12 @@
 
 A `make bench` run writes build/bench/results.json. Filing it copies it to docs/bench/ with the
 commit, date and machine load it ran at; the marked blocks in README.md and docs/bench.md are then
-rendered from the newest filed full run, never typed. A unit test (tests/unit/test_bench_docs.py)
+rendered from the newest filed full run, never typed. A unit test (tests/unit/bench/test_docs.py)
 fails when a block differs from its rendering, so a figure cannot drift from its result file.
 
-    python -m hack.bench_docs --add build/bench/results.json --commit SHA   # file a run, re-render
-    python -m hack.bench_docs                                               # re-render the blocks
-    python -m hack.bench_docs --check                                       # exit 1 if a block is stale
+    python -m hack.bench.docs --add build/bench/results.json --commit SHA   # file a run, re-render
+    python -m hack.bench.docs                                               # re-render the blocks
+    python -m hack.bench.docs --check                                       # exit 1 if a block is stale
 """
 
 from __future__ import annotations
@@ -21,34 +21,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hack.bench_mig_report import no_mig_run, render_mig
-from hack.bench_report import (
+from hack.bench.details import (
     api_line,
     device_line,
     drain_line,
     e2e_line,
     failover_line,
     heartbeat_line,
-    resilience_targets_for,
     restart_line,
-    tally,
-    targets_for,
     traffic_line,
 )
-from hack.bench_targets import LARGE_FLEET_NODES, _fmt, measured, verdict
+from hack.bench.mig_report import no_mig_run, render_mig
+from hack.bench.report import tally
+from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_targets_for, targets_for, verdict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "bench"
 DOCS = (REPO / "README.md", REPO / "docs" / "bench.md")
-BEGIN = "<!-- bench:begin (python -m hack.bench_docs) -->"
+BEGIN = "<!-- bench:begin (python -m hack.bench.docs) -->"
 END = "<!-- bench:end -->"
-LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench_docs) -->"
+LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench.docs) -->"
 LARGE_END = "<!-- bench-10k:end -->"
-RES_BEGIN = "<!-- bench-resilience:begin (python -m hack.bench_docs) -->"
-SUMMARY_BEGIN = "<!-- bench-resilience-summary:begin (python -m hack.bench_docs) -->"
+RES_BEGIN = "<!-- bench-resilience:begin (python -m hack.bench.docs) -->"
+SUMMARY_BEGIN = "<!-- bench-resilience-summary:begin (python -m hack.bench.docs) -->"
 SUMMARY_END = "<!-- bench-resilience-summary:end -->"
 RES_END = "<!-- bench-resilience:end -->"
-AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench_docs) -->"
+AB_BEGIN = "<!-- bench-ab:begin (python -m hack.bench.docs) -->"
 AB_END = "<!-- bench-ab:end -->"
 
 
@@ -306,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
-        return check(stale(), "hack.bench_docs")
+        return check(stale(), "hack.bench.docs")
     if args.add:
         if not args.commit:
             ap.error("--add needs --commit")

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs
-from hack.bench import parse_args
-from hack.bench_e2e import Sample, summarize
-from hack.bench_fleet import (
+from hack.bench import docs
+from hack.bench.cli import parse_args
+from hack.bench.cluster import agent_silence, policy_spec
+from hack.bench.details import heartbeat_line
+from hack.bench.e2e import Sample, summarize
+from hack.bench.fleet import (
     HeartbeatDriver,
     HeartbeatStats,
     ecc_snapshot,
@@ -22,13 +24,12 @@ from hack.bench_fleet import (
     heartbeat_workers,
     spread_offsets,
 )
-from hack.bench_report import evaluate, heartbeat_line, summary_md, tally
-from hack.bench_setup import agent_silence, policy_spec
-from hack.bench_support import latency_summary, percentile, rate, steady_writes_per_hour
-from hack.bench_watch import RuleWatch
+from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.support import latency_summary, percentile, rate, steady_writes_per_hour
+from hack.bench.watch import RuleWatch
 from kubernetes import client
 
-FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
+FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -175,7 +176,7 @@ def _with_new_figures() -> dict[str, Any]:
 def test_an_older_run_renders_the_new_figures_as_not_measured() -> None:
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert "device_to_rule_ms" not in old and "device_p50" not in old["targets"]
-    block = bench_docs.render(FILED, old)
+    block = docs.render(FILED, old)
     assert "| Device fault to DeviceTaintRule, p50 | not measured | <= 200 ms | not measured |" in block
     assert "**10 of 10 targets met**, 7 not measured in this run" in block
     assert "Heartbeat traffic: not measured in this run." in block
@@ -188,7 +189,7 @@ def test_an_older_run_renders_the_new_figures_as_not_measured() -> None:
 def test_a_run_with_the_new_figures_renders_them() -> None:
     res = _with_new_figures()
     assert tally(res["targets"], res["nodes"]) == (15, 15, 2)  # the traffic targets: not measured here
-    block = bench_docs.render(FILED, res)
+    block = docs.render(FILED, res)
     assert "| Device fault to DeviceTaintRule, p99 | 900.0 ms | <= 1000 ms | met |" in block
     assert "| Device storm (GPUs on distinct nodes at once) | 25.0 rules/s | >= 20 rules/s | met |" in block
     assert "**15 of 15 targets met**, 2 not measured in this run (" in block
@@ -203,7 +204,7 @@ def test_a_slow_device_storm_is_a_miss() -> None:
     targets = evaluate(res)
     assert targets["device_storm_rate"]["pass"] is False and targets["device_p99"]["pass"] is False
     assert "| Device storm (GPUs on distinct nodes at once) | 5.00 rules/s | >= 20 rules/s | **missed** |" in (
-        bench_docs.render(FILED, {**res, "targets": targets})
+        docs.render(FILED, {**res, "targets": targets})
     )
 
 
@@ -230,7 +231,7 @@ def test_rule_watch_records_when_each_device_first_had_a_rule() -> None:
 
 
 def test_the_emulated_kubelets_lease_reaches_kwok_and_the_node_controller_waits_longer() -> None:
-    from hack.bench_setup import kubelet_lease_args
+    from hack.bench.cluster import kubelet_lease_args
 
     assert kubelet_lease_args("kwok", 600) == ["--node-lease-duration-seconds=600"]
     assert kubelet_lease_args("kube-controller-manager", 600) == ["--node-monitor-grace-period=900s"]
@@ -239,7 +240,7 @@ def test_the_emulated_kubelets_lease_reaches_kwok_and_the_node_controller_waits_
 
 
 def test_the_10k_profile_lengthens_the_emulated_kubelets_lease_unless_given() -> None:
-    from hack.bench import parse_args
+    from hack.bench.cli import parse_args
 
     assert parse_args(["--profile", "10k"]).kubelet_lease == 600
     assert parse_args(["--profile", "10k", "--kubelet-lease", "40"]).kubelet_lease == 40

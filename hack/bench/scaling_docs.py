@@ -1,14 +1,14 @@
 """docs/scaling.md's curve, generated from the filed bench runs of every fleet size.
 
 One replica's limits are read off full `make bench` runs filed under docs/bench/ (bench-N-*.json,
-filed with ``python -m hack.bench_docs --add``). The newest filed run of each node count is one
+filed with ``python -m hack.bench.docs --add``). The newest filed run of each node count is one
 point of the curve; this renders the marked table in docs/scaling.md from those points (with the
 commit and date of each, since the points may come from different commits) and draws
 docs/bench/scaling.png (latency, memory, start-up and storm against nodes). A unit test
-(tests/unit/test_scaling_docs.py) fails when the table differs from its rendering.
+(tests/unit/bench/test_scaling_docs.py) fails when the table differs from its rendering.
 
-    python -m hack.scaling_docs            # re-render the table and the plot
-    python -m hack.scaling_docs --check    # exit 1 if the table is stale
+    python -m hack.bench.scaling_docs            # re-render the table and the plot
+    python -m hack.bench.scaling_docs --check    # exit 1 if the table is stale
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench_docs import RESULTS, check, core_run, dig, filed_runs, resilience_table, rewrite
-from hack.bench_report import targets_for
-from hack.bench_targets import measured
+from hack.bench.docs import RESULTS, check, core_run, dig, filed_runs, resilience_table, rewrite
+from hack.bench.targets import measured, targets_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "scaling.md"
 PLOT = REPO / "docs" / "bench" / "scaling.png"
-BEGIN = "<!-- scaling:begin (python -m hack.scaling_docs) -->"
+BEGIN = "<!-- scaling:begin (python -m hack.bench.scaling_docs) -->"
 END = "<!-- scaling:end -->"
 
 
@@ -260,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if docs/scaling.md's table is stale")
     args = ap.parse_args(argv)
     if args.check:
-        return check(stale(), "hack.scaling_docs")
+        return check(stale(), "hack.bench.scaling_docs")
     runs = filed_runs()
     if not runs:
         ap.error("no filed full run under docs/bench/")

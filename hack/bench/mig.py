@@ -26,8 +26,8 @@ from kubernetes import client
 from tests.support import dra, dra_shapes
 
 from gpuhealth.agent.model import MigDeviceFacts
-from hack.bench_fleet import SimNode, gpu_uuid
-from hack.bench_support import (
+from hack.bench.fleet import SimNode, gpu_uuid
+from hack.bench.support import (
     DEVICE_TAINT_RULES,
     DRA_GROUP,
     DRA_VERSION,
@@ -39,7 +39,7 @@ from hack.bench_support import (
     percentile,
     publish_all,
 )
-from hack.bench_watch import NodeWatch, RuleWatch
+from hack.bench.watch import NodeWatch, RuleWatch
 
 GPUS = 8
 PROFILE = "1g.10gb"  # H100 80GB: seven placements, starts 0..6, GPU instance profile 19

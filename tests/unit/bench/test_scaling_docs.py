@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs, scaling_docs
+from hack.bench import docs, scaling_docs
 
 
 def test_scaling_doc_matches_the_filed_results() -> None:
-    assert scaling_docs.stale() == [], "run: python -m hack.scaling_docs"
+    assert scaling_docs.stale() == [], "run: python -m hack.bench.scaling_docs"
 
 
 def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +80,7 @@ def test_the_resilience_phases_get_a_row_per_size_from_their_newest_run() -> Non
         phases(1000, "2026-12-02", 55.0, 0, 4.0),
         phases(10000, "2026-12-02", 17.6, 2, 124.6),
     )
-    assert bench_docs.resilience_points([old, big, new]) == [new, big]
+    assert docs.resilience_points([old, big, new]) == [new, big]
     block = scaling_docs.render([run(1000, "2026-11-30", 240.0), old, big, new])
     assert (
         "| 1,000 | `def5678`, 2026-12-02 (`bench-1000-2026-12-02.json`) | 55.0 | 0 | 20.0 | 4.0 | 0 | 4 of 4 |" in block
@@ -129,7 +129,7 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
 
 
 def test_a_stopped_runs_figures_for_the_plot_come_from_its_log_and_state() -> None:
-    runs = scaling_docs.stopped_runs(bench_docs.RESULTS)
+    runs = scaling_docs.stopped_runs(docs.RESULTS)
     assert runs, "the stopped 10,000-node runs are filed under docs/bench/"
     figures = [scaling_docs.stopped_figures(p, s) for p, s in runs]
     assert all(f["nodes"] == 10000 and f["startup_s"] > 0 and f["rss_mb"] > 0 for f in figures)

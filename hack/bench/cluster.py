@@ -20,7 +20,7 @@ from tests.support.cluster import LocalCluster
 from tests.support.k8s import wait_for
 
 from gpuhealth.api.durations import format_duration
-from hack.bench_support import log, publish_all
+from hack.bench.support import log, publish_all
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 

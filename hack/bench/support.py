@@ -1,13 +1,15 @@
-"""Building blocks of `make bench` (see hack/bench.py): names, API clients, process samplers, the
-operator's log, the audit-log counter and the statistics the figures are computed with.
+"""Building blocks of `make bench` (see hack/bench/run.py): names, API clients, process samplers, the
+operator's log, the audit-log counter, the statistics the figures are computed with and the clock
+that times the phases.
 
-The simulated fleet is in ``bench_fleet``, the independent watches in ``bench_watch``.
+The simulated fleet is in ``fleet``, the independent watches in ``watch``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import threading
 import time
@@ -252,3 +254,29 @@ def phase_elapsed(start_s: float, end_s: float) -> str:
     took = max(0.0, end_s - start_s)
     minutes, seconds = divmod(round(took), 60)
     return f"{minutes} min {seconds} s" if minutes else f"{took:.0f} s"
+
+
+class PhaseClock:
+    """The run's phases as they start: (name, seconds into the run, 1-minute load average), the list
+    results.json keeps under ``phases``. Calling it starts a phase and logs how long the last one took.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.time()
+        self.phases: list[tuple[str, float, float]] = []
+
+    def __call__(self, name: str) -> None:
+        # The 1-minute load average says how busy the machine was (other work may share it).
+        now = round(time.time() - self.t0, 2)
+        if self.phases:
+            last, since = self.phases[-1][0].split(":")[0], self.phases[-1][1]
+            log(f"   ({last} took {phase_elapsed(since, now)}; {now / 60:.1f} min in)")
+        self.phases.append((name, now, os.getloadavg()[0]))
+        log(f"== {name} (load average {os.getloadavg()[0]:.1f}) ==")
+
+    def end(self) -> float:
+        """Log the last phase's time and the whole run's; the seconds since the run started."""
+        end = round(time.time() - self.t0, 2)
+        last = self.phases[-1][0].split(":")[0]
+        log(f"   ({last} took {phase_elapsed(self.phases[-1][1], end)}; whole run {phase_elapsed(0, end)})")
+        return end

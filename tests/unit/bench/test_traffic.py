@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs
-from hack.bench import parse_args
-from hack.bench_fleet import WARM_DELTA_C, healthy_snapshot
-from hack.bench_report import api_line, evaluate, summary_md, tally, targets_for, traffic_line, worst_traffic
-from hack.bench_setup import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
-from hack.bench_support import AuditEntry, api_rates, latency_summary, phase_elapsed
-from hack.bench_traffic import FactTraffic, achieved_rate, due_now, processes_for, split
+from hack.bench import docs
+from hack.bench.cli import parse_args
+from hack.bench.cluster import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
+from hack.bench.details import api_line, traffic_line
+from hack.bench.fleet import WARM_DELTA_C, healthy_snapshot
+from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.support import AuditEntry, api_rates, latency_summary, phase_elapsed
+from hack.bench.targets import targets_for, worst_traffic
+from hack.bench.traffic import FactTraffic, achieved_rate, due_now, processes_for, split
 
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
 from gpuhealth.api.policy import parse_policy
@@ -26,7 +28,7 @@ from gpuhealth.drain.pods import controller_ref
 from gpuhealth.evaluation.assess import NodeView, assess
 
 # The newest filed run: filed before the traffic phase, the API figures and the 10k targets existed.
-FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-bd835e0.json"
+FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-bd835e0.json"
 
 
 # -- pacing -------------------------------------------------------------------------------------------
@@ -293,7 +295,7 @@ def test_the_10k_targets_are_the_issues() -> None:
 def test_an_older_run_renders_traffic_and_api_as_not_measured() -> None:
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert "traffic" not in old and "api" not in old and "traffic_p50" not in old["targets"]
-    block = bench_docs.render(FILED, old)
+    block = docs.render(FILED, old)
     assert "| Detection to taint under fact traffic (worst rate), p50 | not measured | <= 150 ms | not measured |" in (
         block
     )
@@ -305,7 +307,7 @@ def test_an_older_run_renders_traffic_and_api_as_not_measured() -> None:
 
 def test_a_run_with_traffic_renders_it() -> None:
     res = _run()
-    block = bench_docs.render(FILED, res)
+    block = docs.render(FILED, res)
     assert "| Detection to taint under fact traffic (worst rate), p99 | 900.0 ms | <= 1000 ms | met |" in block
     line = traffic_line(res)
     assert "300/s asked, 291.0/s achieved" in line and "0 with the traffic alone" in line

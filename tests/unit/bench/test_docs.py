@@ -5,22 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hack import bench_docs
+from hack.bench import docs
 
 
 def test_readme_and_bench_doc_match_the_filed_results() -> None:
-    assert bench_docs.filed_runs(), "no full bench run filed under docs/bench/"
-    assert bench_docs.stale() == [], "run: python -m hack.bench_docs"
+    assert docs.filed_runs(), "no full bench run filed under docs/bench/"
+    assert docs.stale() == [], "run: python -m hack.bench.docs"
 
 
 def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     readme, bench = tmp_path / "README.md", tmp_path / "bench.md"
-    for src, dst in zip(bench_docs.DOCS, (readme, bench), strict=True):
+    for src, dst in zip(docs.DOCS, (readme, bench), strict=True):
         dst.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
-    monkeypatch.setattr(bench_docs, "DOCS", (readme, bench))
-    assert bench_docs.stale() == []
+    monkeypatch.setattr(docs, "DOCS", (readme, bench))
+    assert docs.stale() == []
     readme.write_text(
         readme.read_text(encoding="utf-8").replace("Latest filed full run: 1", "Latest filed full run: 2", 1),
         encoding="utf-8",
     )
-    assert bench_docs.stale() == [readme]
+    assert docs.stale() == [readme]

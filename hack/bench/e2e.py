@@ -27,8 +27,8 @@ from typing import Any
 from kubernetes import client
 from tests.support.agents import Agent, AgentFleet
 
-from hack.bench_support import FAULT_TIMEOUT_S, MERGE, TAINT, latency_summary, log, percentile
-from hack.bench_watch import NodeWatch, ReportWatch
+from hack.bench.support import FAULT_TIMEOUT_S, MERGE, TAINT, latency_summary, log, percentile
+from hack.bench.watch import NodeWatch, ReportWatch
 
 RELEASE_ANNOTATION = "gpuhealth.dev/release"
 E2E_XID = 79  # node scope: the whole node is tainted

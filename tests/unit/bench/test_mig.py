@@ -1,4 +1,4 @@
-"""The MIG fleet's pure parts (hack/bench_mig.py, hack/bench_mig_report.py, the memory probe's MIG mode):
+"""The MIG fleet's pure parts (hack/bench/mig.py, hack/bench/mig_report.py, the memory probe's MIG mode):
 the slices and reports agree and the operator's own mapping finds a GPU's seven MIG devices in them, the
 last-rule time, the rule check, the phase selection, and how the targets are judged, summarised and filed."""
 
@@ -10,20 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs, memprobe
-from hack.bench import parse_args
-from hack.bench_fleet import gpu_uuid, healthy_snapshot
-from hack.bench_mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
-from hack.bench_mig_report import MIG_BEGIN, mig_targets_for, render_mig
-from hack.bench_report import evaluate, summary_md, tally
-from hack.bench_resilience import parse_phases
+from hack import memprobe
+from hack.bench import docs
+from hack.bench.cli import parse_args, parse_phases
+from hack.bench.fleet import gpu_uuid, healthy_snapshot
+from hack.bench.mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
+from hack.bench.mig_report import MIG_BEGIN, mig_targets_for, render_mig
+from hack.bench.report import evaluate, summary_md, tally
 
 from gpuhealth.actions.gpudevices import devices_of_gpu
 from gpuhealth.actions.slices import slim_slice
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from tests.support import dra
 
-FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
+FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 NODE = "gpu-node-0007"
 
 
@@ -170,10 +170,10 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
     mig = _mig_run(p50=250.0)
     mig.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(mig), encoding="utf-8")
-    assert not bench_docs.core_run(mig)
+    assert not docs.core_run(mig)
     readme, summary, latest, _, resilience, mig_block, _ = [
-        *bench_docs.blocks(tmp_path)[bench_docs.DOCS[0]],
-        *bench_docs.blocks(tmp_path)[bench_docs.DOCS[1]],
+        *docs.blocks(tmp_path)[docs.DOCS[0]],
+        *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]
     assert readme == latest and f"`{core['commit']}`" in latest and "abcdef0" not in resilience + summary
     assert mig_block == render_mig(str(tmp_path / "bench-1000-2026-12-31-abcdef0.json"), mig)

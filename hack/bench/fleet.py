@@ -63,7 +63,7 @@ def healthy_snapshot(
 
     ``corrected``: each GPU's volatile corrected-ECC count (no rule acts on corrected errors); ``warm``:
     every GPU ``WARM_DELTA_C`` warmer than idle. Both are the background fact traffic's changes.
-    ``mig``: the GPUs in MIG mode and their MIG devices (the bench's MIG fleet, hack/bench_mig.py).
+    ``mig``: the GPUs in MIG mode and their MIG devices (the bench's MIG fleet, hack/bench/mig.py).
     """
     layout = mig or {}
     devices = tuple(

@@ -18,8 +18,8 @@ from typing import Any
 from kubernetes import client
 from tests.support import dra
 
-from hack.bench_fleet import SimNode, gpu_uuid
-from hack.bench_support import (
+from hack.bench.fleet import SimNode, gpu_uuid
+from hack.bench.support import (
     DRA_GROUP,
     DRA_VERSION,
     FAULT_TIMEOUT_S,
@@ -29,7 +29,7 @@ from hack.bench_support import (
     percentile,
     publish_all,
 )
-from hack.bench_watch import NodeWatch, RuleWatch
+from hack.bench.watch import NodeWatch, RuleWatch
 
 DEVICE_GPU = 3  # the GPU that takes the uncorrected ECC error on a DRA node
 

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs
-from hack.bench import parse_args
-from hack.bench_e2e import Sample, emitted_at, next_agent, plan, split, summarize
-from hack.bench_report import e2e_line, evaluate, summary_md
-from hack.bench_setup import agent_policy_spec, policy_spec
-from hack.bench_watch import ReportWatch, XidKey, first_new_xid, xid_keys
+from hack.bench import docs
+from hack.bench.cli import parse_args
+from hack.bench.cluster import agent_policy_spec, policy_spec
+from hack.bench.details import e2e_line
+from hack.bench.e2e import Sample, emitted_at, next_agent, plan, split, summarize
+from hack.bench.report import evaluate, summary_md
+from hack.bench.watch import ReportWatch, XidKey, first_new_xid, xid_keys
 from kubernetes import client
 
-FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
+FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 
 
 def _report(name: str, *xids: tuple[int, int | None, str]) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def test_the_e2e_targets_judge_the_end_to_end_figure() -> None:
     res: dict[str, Any] = json.loads(FILED.read_text(encoding="utf-8"))
     assert evaluate(res)["e2e_p50"]["measured"] is False
     assert "| XID to taint end to end (real agent), p50 | not measured | <= 200 ms | not measured |" in (
-        bench_docs.render(FILED, res)
+        docs.render(FILED, res)
     )
     assert e2e_line(res) == "End to end (real agents): not measured in this run."
     res["e2e"] = summarize([Sample(0.0, 0.1, 0.15)] * 9 + [Sample(0.0, 0.1, 1.5)], 10_000.0)

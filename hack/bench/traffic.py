@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hack.bench_fleet import SimNode
-from hack.bench_support import (
+from hack.bench.fleet import SimNode
+from hack.bench.support import (
     FAULT_TIMEOUT_S,
     TAINT,
     ProcSampler,
@@ -43,7 +43,7 @@ from hack.bench_support import (
     publish_all,
     read_audit,
 )
-from hack.bench_watch import NodeWatch, ReportWatch
+from hack.bench.watch import NodeWatch, ReportWatch
 
 # How far behind the pacer may fall before it stops catching up (a burst of more would not be the rate).
 MAX_BACKLOG_S = 1.0

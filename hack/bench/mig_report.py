@@ -1,4 +1,4 @@
-"""The MIG fleet's targets, its summary section and its docs block (``--phases mig``, hack/bench_mig.py).
+"""The MIG fleet's targets, its summary section and its docs block (``--phases mig``, hack/bench/mig.py).
 
 Pure. A run without the phase (every run filed before it) leaves its targets "not measured".
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench_targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, path
+from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, path
 
 MIG_KEY = "mig"
 
@@ -91,7 +91,7 @@ def mig_md(res: dict[str, Any]) -> list[str]:
     ]
 
 
-MIG_BEGIN = "<!-- bench-mig:begin (python -m hack.bench_docs) -->"
+MIG_BEGIN = "<!-- bench-mig:begin (python -m hack.bench.docs) -->"
 MIG_END = "<!-- bench-mig:end -->"
 
 

@@ -11,24 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import bench_docs
-from hack.bench import parse_args
-from hack.bench_report import evaluate, resilience_targets_for, summary_md, tally
-from hack.bench_resilience import (
+from hack.bench import docs
+from hack.bench.cli import parse_args, parse_phases
+from hack.bench.drain_workload import (
     DRAIN_NAMESPACE,
     double_actions,
     drain_mix,
     eviction_figures,
-    failover_summary,
     min_ready,
-    parse_phases,
     pod_manifest,
     raw_audit,
 )
+from hack.bench.failover import failover_summary
+from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.targets import resilience_targets_for
 
 from tests.chaos.podorder import PodWrite, pod_writes
 
-FILED = Path(bench_docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
+FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
 
@@ -176,7 +176,7 @@ def test_the_new_targets_are_judged_and_rendered() -> None:
     assert "| Drain storm: evictions per second (sustained) | 61.2 /s | >= 50 evictions/s | pass |" in md
     assert "| Failover: SIGKILL of the acting replica to a new fault's taint, p50 | 11.5 s | <= 15 s | pass |" in md
     assert "NVSentinel v0.4.0 published about 5/s" in md
-    block = bench_docs.render_resilience(FILED, res)
+    block = docs.render_resilience(FILED, res)
     assert "| Warm restart: operator writes during start-up | 0 | 0 | met |" in block
     assert "**7 of 7 targets met**" in block
 
@@ -191,7 +191,7 @@ def test_misses_stay_misses_and_10k_allows_a_minute_of_failover() -> None:
     t = evaluate(res)
     assert not any(t[k]["pass"] for k in ("drain_rate", "drain_double", "drain_pdb", "failover_p50", "restart_writes"))
     assert evaluate({**res, "nodes": 10000})["failover_p50"]["pass"]
-    block = bench_docs.render_resilience(FILED, {**res, "targets": t})
+    block = docs.render_resilience(FILED, {**res, "targets": t})
     assert "| Drain storm: evictions per second (sustained) | 5.00 /s | >= 50 evictions/s | **missed** |" in block
 
 
@@ -219,8 +219,8 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
         only.pop(k)
     only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
-    rendered = bench_docs.blocks(tmp_path)
-    readme, summary, latest, _, resilience, _, _ = [*rendered[bench_docs.DOCS[0]], *rendered[bench_docs.DOCS[1]]]
+    rendered = docs.blocks(tmp_path)
+    readme, summary, latest, _, resilience, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
     assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
     assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
     assert "| 1,000 | `abcdef0`, 2026-12-31" in summary and "| 7 of 7 |" in summary  # the README's row
@@ -228,12 +228,12 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
 
 
 def test_nothing_filed_yet_says_so() -> None:
-    block = bench_docs.blocks(Path(bench_docs.RESULTS))[bench_docs.DOCS[1]][2]
-    assert block.startswith(bench_docs.RES_BEGIN)
+    block = docs.blocks(Path(docs.RESULTS))[docs.DOCS[1]][2]
+    assert block.startswith(docs.RES_BEGIN)
 
 
 def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None:
-    from hack.bench_watch import ReportWatch
+    from hack.bench.watch import ReportWatch
     from kubernetes import client
 
     w = ReportWatch(client.ApiClient(), client.ApiClient())

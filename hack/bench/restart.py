@@ -1,0 +1,70 @@
+"""The warm restart phase of `make bench` (``--phases restart``, issue #26): how long a restarted
+operator leaves the fleet blind, and what it writes while starting against a fleet already evaluated
+(target: nothing, since nothing changed while it was down).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tests.support.k8s import OperatorProcess
+
+from hack.bench.resilience import WATCHING, ResilienceContext, wait_ready
+from hack.bench.support import TAINT, describe, find_log_line, log
+
+
+def measure_restart(
+    ctx: ResilienceContext, operator: OperatorProcess, governed: Sequence[str], first_startup_s: float = 0.0
+) -> tuple[dict[str, Any], OperatorProcess]:
+    """Warm restart: two restarts of an operator whose fleet is evaluated; returns the figures and the
+    operator left running.
+
+    The first has a fault injected the moment the process starts: the restart to that fault's taint
+    is the time the fleet was blind. The second is quiet, with that node quarantined beside the
+    evaluated rest: its writes from process start until three sweeps after "watching" are the
+    start-up's (target 0: nothing changed while it was down); the window is at least as long as the
+    run's first start-up took to evaluate every node (``first_startup_s``), so a fleet-sized start-up
+    is counted whole.
+    """
+    ctx.phase("warm restart: the operator restarts with every node evaluated")
+    operator.stop()
+    (node,) = ctx.take(1)
+    op, path, t0 = ctx.start_operator("restart-1")
+    ctx.sims[node].fault()
+    published = time.time()
+    tainted = ctx.node_watch.wait_taint(node, TAINT, timeout=600)
+    found1 = find_log_line(path, WATCHING, timeout=60)
+    blind = {
+        "first_startup_watching_s": round(found1[0] - t0, 2) if found1 else None,
+        "fault_published_after_s": round(published - t0, 2),
+        "restart_to_first_taint_s": round(tainted - t0, 2) if tainted else None,
+        "fault_to_taint_s": round(tainted - published, 2) if tainted else None,
+    }
+    log(f"  restart 1: a fault published at start was tainted {blind['restart_to_first_taint_s']}s after the restart")
+    wait_ready(op, path)
+    ctx.report_watch.wait_states([node], "Quarantined", timeout=60)
+    time.sleep(3 * ctx.tick)  # its Events and the policy's counts are written before the quiet restart
+
+    states = ("Healthy", "Quarantined", "Draining", "AwaitingRepair", "Degraded")
+    evaluated = {s: ctx.report_watch.count(governed, s) for s in states}
+    op.stop()
+    op, path, t0 = ctx.start_operator("restart-2")
+    found = find_log_line(path, WATCHING, timeout=600)
+    watching_s = round(found[0] - t0, 2) if found else None
+    time.sleep(max(3 * ctx.tick, first_startup_s - (time.time() - t0)))
+    t1 = time.time()
+    time.sleep(1.0)  # the audit log is written as each request completes
+    writes = ctx.writes_between(t0, t1)
+    log(f"  restart 2: watching after {watching_s}s; {len(writes)} writes in the {t1 - t0:.0f}s after start")
+    res = {
+        "evaluated_nodes": sum(evaluated.values()),
+        "evaluated_by_state": {s: n for s, n in evaluated.items() if n},
+        "startup_watching_s": watching_s,
+        "startup_window_s": round(t1 - t0, 1),
+        "startup_writes": len(writes),
+        "startup_writes_by_kind": describe(writes),
+        **blind,
+    }
+    return res, op

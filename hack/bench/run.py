@@ -1,0 +1,231 @@
+"""`make bench`'s driver: the results' header, the phases in the order they run, the outputs, and the
+teardown of everything the run started, however far it got (what a run measures: hack/bench/__init__.py).
+
+Each phase is a function of the ``Bench`` start-up returns (hack/bench/context.py) and adds its block to
+the results; this module decides which run, in which order, and on which nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from tests.support.k8s import wait_for
+
+from hack.bench.cli import parse_args
+from hack.bench.cluster import BenchCluster, agent_silence, machine
+from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
+from hack.bench.detection import Floor, fault_nodes, measure_detection
+from hack.bench.devices import measure_devices
+from hack.bench.drain import measure_drain
+from hack.bench.e2e import measure_e2e
+from hack.bench.failover import measure_failover
+from hack.bench.footprint import measure_idle
+from hack.bench.mig import measure_mig
+from hack.bench.report import write_outputs
+from hack.bench.resilience import ResilienceContext
+from hack.bench.restart import measure_restart
+from hack.bench.startup import start
+from hack.bench.storm import measure_breaker, measure_recovery, measure_storm
+from hack.bench.support import GROUP, TAINT, VERSION, PhaseClock, api_client, log
+from hack.bench.traffic import TrafficContext, measure_traffic
+
+
+def policy_status(custom: client.CustomObjectsApi) -> dict[str, Any]:
+    """The fleet policy's status, as the operator last wrote it."""
+    status: dict[str, Any] = (
+        custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("status") or {}
+    )
+    return status
+
+
+def header(args: argparse.Namespace) -> dict[str, Any]:
+    """The results' first keys: the fleet, the machine and every setting the run was given."""
+    return {
+        "nodes": args.nodes,
+        "quick": args.quick,
+        "machine": machine(),
+        "config": {
+            "pods_requested": args.pods,
+            "faults": args.faults,
+            "storm": args.storm,
+            "floor_nodes": args.floor_nodes,
+            "floor_samples": args.floor_samples,
+            "idle_window_s": args.idle,
+            "operator_tick_s": args.tick,
+            "heartbeat_s": args.heartbeat,
+            "agent_silence": agent_silence(args.heartbeat),
+            "device_faults": args.device_faults,
+            "device_storm": args.device_storm,
+            "real_agents": args.real_agents,
+            "e2e_faults": args.e2e_faults,
+            "traffic_per_s": args.traffic,
+            "traffic_faults": args.traffic_faults,
+            "profile": args.profile,
+            "kubelet_lease_s": args.kubelet_lease,
+            "phases": args.phases,
+            "drain_nodes": args.drain_nodes,
+            "drain_pods_per_node": args.drain_pods,
+            "failover_samples": args.failover_samples,
+            "mig_faults": args.mig_faults,
+            "mig_storm": args.mig_storm,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out: Path = args.out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    res = header(args)
+    series: dict[str, Any] = {}
+    phase = PhaseClock()
+    started = Started(
+        cluster=BenchCluster(
+            out / "cluster",
+            nodes=args.nodes,
+            extra_tokens=TOKENS,
+            audit_users=[OPERATOR_USER, AGENT_USER],
+            apiserver_args=["--max-requests-inflight=1000", "--max-mutating-requests-inflight=500"],
+            kubelet_lease_s=args.kubelet_lease,
+        ),
+        pool=ThreadPoolExecutor(max_workers=32, thread_name_prefix="sim"),
+    )
+    rc = 1
+    try:
+        b = start(args, out, res, series, phase, started)
+        if "core" in args.phases:
+            core(b)
+        if set(args.phases) - {"core"}:
+            beyond_core(b)
+        end = phase.end()
+        res["phases"] = phase.phases
+        res["wall_s"] = end
+        write_outputs(out, res, series)
+        rc = 0
+    finally:
+        started.stop()
+    return rc
+
+
+def core(b: Bench) -> None:
+    """The phases before issue #26 (``--phases core``), in their order, each on nodes of its own where
+    a node faulted before would skew it."""
+    args, res = b.args, b.res
+    nodes = fault_nodes(b.governed, args.faults, args.storm)
+    b.used |= {*nodes.detect, *nodes.storm, *nodes.breaker}
+    floor = Floor(b.floor_names, b.sims, b.node_watch, b.report_watch, b.core)
+    measure_detection(b, nodes.detect, floor)
+
+    if args.e2e_faults:
+        b.phase(f"end to end: {args.e2e_faults} XIDs from fake NVML through {len(b.e2e_fleet.agents)} real agents")
+        res["e2e"] = measure_e2e(
+            list(b.e2e_fleet.agents.values()), args.e2e_faults, b.node_watch, b.report_watch, b.core, b.series
+        )
+        p = res["e2e"]["emit_to_taint_ms"]
+        log(f"  end to end p50 {p['p50']:.0f} ms p99 {p['p99']:.0f} ms ({p['timeouts']} timed out)")
+
+    measure_storm(b, nodes.storm)
+    measure_recovery(b, [*nodes.detect, *nodes.storm])
+    if args.traffic:
+        traffic(b, floor)
+    if b.dra_nodes:
+        res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
+            args, b.sims, b.dra_nodes, b.rule_watch, b.node_watch, b.pool, b.series, b.phase
+        )
+    measure_breaker(b, nodes.breaker)
+    measure_idle(b)
+
+
+def traffic(b: Bench, floor: Floor) -> None:
+    """The fact traffic phase at each ``--traffic`` rate, its single faults on nodes of their own."""
+    args, governed, dra_nodes, sims = b.args, b.governed, b.dra_nodes, b.sims
+    # Nodes not faulted yet first (the storm's had one quarantine): the operator holds a node that
+    # was quarantined three times within its flapping window for repair, and the detection nodes
+    # were faulted once already; each rate takes its own nodes.
+    fresh = governed[args.faults : len(governed) - len(dra_nodes)]
+    fresh = fresh[args.storm :] + fresh[: args.storm]
+    per_rate = [fresh[i * args.traffic_faults : (i + 1) * args.traffic_faults] for i in range(len(args.traffic))]
+    quiet = {n for nodes in per_rate for n in nodes} | set(dra_nodes)
+    b.used |= quiet
+    b.phase(
+        f"fact traffic: {', '.join(f'{r:g}' for r in args.traffic)} changes/s, "
+        f"{args.traffic_faults} single faults under each"
+    )
+    ctx = TrafficContext(
+        nodes=[sims[n] for n in governed if n not in quiet],
+        kubeconfig=b.kc[SIM_USER],
+        sims=sims,
+        node_watch=b.node_watch,
+        report_watch=b.report_watch,
+        operator=b.op_sampler,
+        audit_log=b.cluster.audit_log,
+        operator_user=OPERATOR_USER,
+        pool=b.pool,
+        floor=floor.once,
+        settle_s=2 * args.tick,
+    )
+    b.res["traffic"] = measure_traffic(ctx, args.traffic, per_rate)
+
+
+def beyond_core(b: Bench) -> None:
+    """The MIG fleet, then the restart, failover and drain phases, on nodes no phase has faulted yet."""
+    args, res, custom = b.args, b.res, b.custom
+    if "core" in args.phases:
+        # The breaker phase left maxUnhealthy at 5% with its limit spent: the new phases' faults
+        # would be held back. They measure with the breaker open, as the storm does.
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpuhealthpolicies", POLICY, {"spec": {"safety": {"maxUnhealthy": "100%"}}}
+        )
+        wait_for(
+            lambda: policy_status(custom).get("breakerLimit") == args.nodes,
+            timeout=60,
+            what="operator applied maxUnhealthy 100% again",
+        )
+    if "mig" in args.phases:
+        mig_nodes = [n for n in b.governed if n not in b.used][: args.mig_faults + args.mig_storm]
+        b.used |= set(mig_nodes)
+        res["mig"] = measure_mig(
+            args,
+            b.sims,
+            len(b.mig_fleet),
+            mig_nodes,
+            custom,
+            b.rule_watch,
+            b.node_watch,
+            b.op_sampler,
+            b.pool,
+            b.series,
+            b.phase,
+        )
+    # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
+    spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
+    rctx = ResilienceContext(
+        cluster=b.cluster,
+        out=b.out,
+        admin=b.admin,
+        operator_kubeconfig=b.kc[OPERATOR_USER],
+        operator_user=OPERATOR_USER,
+        sims=b.sims,
+        node_watch=b.node_watch,
+        report_watch=b.report_watch,
+        pool=b.pool,
+        tick=args.tick,
+        policy=POLICY,
+        phase=b.phase,
+        operators=b.started.operators,
+        spare=spare,
+    )
+    current = b.operator
+    if "restart" in args.phases:
+        first = float(res["operator"].get("startup_s") or 0.0)
+        res["warm_restart"], current = measure_restart(rctx, current, b.governed, first)
+    if "failover" in args.phases:
+        res["failover"], _ = measure_failover(rctx, current, args.failover_samples)
+    if "drain" in args.phases:
+        res["drain_storm"] = measure_drain(rctx, args.drain_nodes, args.drain_pods, api_client(b.kc[SIM_USER], pool=32))
