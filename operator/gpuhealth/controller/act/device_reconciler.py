@@ -5,10 +5,11 @@ findings are placed on DRA devices (the ResourceSlice cache), GPUs no slice publ
 node scope (the reason is written into the finding, so the node's message and Event say it in
 words). The node reconciler then asks the breaker's GPU budget for the GPUs that newly want holding
 out (the one side effect, an explicit step of its own), and :meth:`DeviceReconciler.decide` gives
-each GPU its next record with ``decide_devices``. What the *node* state machine then decides on (:func:`node_view`) depends on that verdict:
+each GPU its next record with ``decide_devices``. What the *node* state machine then decides on
+(:func:`node_view`) depends on that verdict:
 
 - the verdict escalates (too many bad GPUs, a flapping GPU under ``onFlapping: Node``, a GPU that
-  cannot be told apart): every finding, device ones included, goes to the node, as before;
+  cannot be told apart): every finding, device ones included, goes to the node;
 - otherwise the placed device findings leave the node's assessment, and GPUs held out become one
   observe-level ``DeviceQuarantined`` finding: the node stays in service (state ``Degraded``,
   condition ``GPUHealthy=True`` with that reason), neither tainted nor cordoned.
