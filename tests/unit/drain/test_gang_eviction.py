@@ -155,7 +155,16 @@ def test_one_failed_step_does_not_stop_the_others_and_is_raised() -> None:
     else:
         raise AssertionError("the 403 must be raised")
     assert sorted(kube.evictions) == ["p0", "p1", "p2"]
-    assert [k for k, v in (plan.record.get("pods") or {}).items() if v.get("evictedAt")] == ["uid-p0", "uid-p2"]
+    # The retry evicts only the pod that was refused: the others' evictions are remembered.
+    kube.evictions.clear()
+    _Flaky.evict_pod = _Kube.evict_pod  # type: ignore[method-assign]
+    record = asyncio.run(d.execute("a", plan, NOW + dt.timedelta(seconds=1)))
+    assert kube.evictions == ["p1"]
+    assert sorted(k for k, v in (record.get("pods") or {}).items() if v.get("evictedAt")) == [
+        "uid-p0",
+        "uid-p1",
+        "uid-p2",
+    ]
 
 
 def test_a_second_replica_planning_from_the_pod_before_its_eviction_does_not_evict_it_again() -> None:
@@ -187,3 +196,25 @@ def test_a_second_replica_planning_from_the_pod_before_its_eviction_does_not_evi
     assert asyncio.run(both()) == [True, False]
     assert kube.evictions == ["p"]
     assert rec_a.get("evictedAt") and not rec_b.get("evictedAt") and not rec_b.get("retryAt")
+
+
+def test_execution_updates_a_copy_never_the_plans_record_or_what_it_was_read_from() -> None:
+    """The plan's record shares nothing with the record the steps update: a status read from the
+    cache (``read_drain`` copies only the top level) must not change under the cache's feet."""
+    import copy
+
+    from gpuhealth.api.status import DrainRecord
+    from gpuhealth.drain.plan import DrainPlan
+
+    cached = DrainRecord(
+        phase="Running",
+        startedAt="2026-12-01T11:59:00Z",
+        pods={"uid-p0": PodDrain(pod="ml/p0", node="a")},
+        workloads={"ml/wl": {"workload": "ml/wl", "uid": "w1"}},
+    )
+    before = copy.deepcopy(cached)
+    plan = DrainPlan(steps=[Step("evict", _pod("p0", "a"), "draining")], record=DrainRecord(**cached))
+    record = asyncio.run(_drainer(_Kube()).execute("a", plan, NOW))
+    assert record["pods"]["uid-p0"].get("evictedAt")
+    assert cached == before and plan.record == before
+    assert record["workloads"] == before["workloads"] and record["workloads"] is not cached["workloads"]

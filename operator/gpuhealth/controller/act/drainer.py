@@ -16,6 +16,7 @@ sending the eviction again. Every eviction, in a drain or not, goes through ``_e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -24,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import DrainRecord, PodDrain, Record, drain_is_current, read_drain
+from gpuhealth.api.status import DrainRecord, PodDrain, Record, WorkloadMove, drain_is_current, read_drain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
@@ -189,8 +190,14 @@ class Drainer:
 
     async def execute(self, node: str, plan: DrainPlan, now: dt.datetime, cause: str = "") -> DrainRecord:
         """Carry out the plan's steps; returns the progress record they updated. ``cause`` (the fault)
-        goes into what a moved Workload is told."""
-        pods_rec: dict[str, PodDrain] = plan.record.setdefault("pods", {})
+        goes into what a moved Workload is told. The steps update a copy of the plan's record (the
+        planner's output is never edited in place), pod by pod."""
+        record = DrainRecord(**plan.record)
+        record["pods"] = {uid: PodDrain(**p) for uid, p in (plan.record.get("pods") or {}).items()}
+        if "workloads" in plan.record:  # the Kueue mover's entries: shared with the cached status otherwise
+            record["workloads"] = {k: WorkloadMove(**w) for k, w in plan.record["workloads"].items()}
+        plan = dataclasses.replace(plan, record=record)
+        pods_rec: dict[str, PodDrain] = record["pods"]
         for type_, reason, message in plan.events:
             self._event(node, type_, reason, message)
         steps = plan.steps
@@ -210,11 +217,13 @@ class Drainer:
 
         # A node's pods are independent requests: sent one after another, 15 pods held a reconcile worker
         # for 15 round trips, and a drain storm kept the workers from the next fault's taint. Every step
-        # runs to its end before the first failure is raised, so the record keeps what was done.
+        # runs to its end before the first failure is raised: one refusal does not abandon the others in
+        # flight, and the pods they evicted are not evicted again by the retry (``_sent``, then the
+        # pods' deletionTimestamp), though this pass's record is not written.
         failures = [r for r in await asyncio.gather(*map(one, steps), return_exceptions=True) if r is not None]
         if failures:
             raise failures[0]
-        return plan.record
+        return record
 
     async def _request(self, node: str, step: Step, prec: PodDrain) -> None:
         meta = step.pod["metadata"]
