@@ -18,6 +18,7 @@ from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.process.handlers import register
 from gpuhealth.controller.process.heapprofile import HeapProfiler
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.process.stackprofile import StackProfiler
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
 
@@ -99,6 +100,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds between heap profile samples (the first after a minute is the baseline)",
     )
     ap.add_argument(
+        "--stack-profile",
+        default=os.environ.get("GPUHEALTH_STACK_PROFILE", ""),
+        help="diagnostics: sample every thread's stack and append busy stacks per 10 s to this JSON-lines "
+        "file ({pid} in the path becomes the process id)",
+    )
+    ap.add_argument(
+        "--stack-profile-hz",
+        type=float,
+        default=float(os.environ.get("GPUHEALTH_STACK_PROFILE_HZ", "50")),
+        help="stack samples per second (1 to 200)",
+    )
+    ap.add_argument(
         "--kueue",
         choices=("auto", "on", "off"),
         default=os.environ.get("GPUHEALTH_KUEUE", "auto"),
@@ -133,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.heap_profile:
         HeapProfiler(Path(args.heap_profile), args.heap_profile_interval).start()
+    if args.stack_profile:
+        StackProfiler(Path(args.stack_profile.replace("{pid}", str(os.getpid()))), args.stack_profile_hz).start()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
