@@ -138,6 +138,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--failover-samples", type=int, default=None, help="failover: SIGKILLs of the acting replica (5; quick 3)"
     )
+    ap.add_argument(
+        "--stack-profile",
+        action="store_true",
+        help="the operators sample their stacks (GPUHEALTH_STACK_PROFILE, into --out); the drain storm sums "
+        "them over the storm (where the operator's time goes; costs it a few percent of a core)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     if args.profile:

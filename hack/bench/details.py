@@ -158,8 +158,29 @@ def drain_line(res: dict[str, Any]) -> str:
         f"; {d['checkpoint_requests']} checkpoint requests, {d['checkpoint_acks']} acknowledgements (request to "
         f"acknowledgement p50 {d['request_to_ack_ms_p50']} ms); {d['double_actions']} pods evicted or asked twice; "
         f"PDB: {p['evictions']} evictions, {p['refused_429']} refused (429), fewest Ready {p['min_ready_seen']} "
-        f"of {p['replicas']}."
+        f"of {p['replicas']}." + drain_cpu(d)
     )
+
+
+def drain_cpu(d: dict[str, Any]) -> str:
+    """Where the storm's time went (runs that measured it): CPU seconds per process over the storm,
+    the machine's busy share, and with a stack profile the acting operator's busy threads."""
+    c = d.get("cpu")
+    if not c:
+        return ""
+    procs = ", ".join(f"{n} {s} s" for n, s in list(c["cpu_s"].items())[:6])
+    busy = "" if c.get("machine_busy") is None else f", the machine {round(100 * c['machine_busy'])}% busy"
+    text = f" CPU over the storm's {c['wall_s']} s on {c['cores']} cores: {procs}{busy}."
+    stacks = d.get("operator_stacks") or {}
+    if stacks:
+        name, s = max(stacks.items(), key=lambda kv: kv[1]["busy_threads"].get("event-loop", 0.0))
+        threads = ", ".join(f"{g} {b}" for g, b in s["busy_threads"].items())
+        top = ", ".join(f"`{f}` {n}" for f, n in s["gpuhealth"][:4])
+        text += (
+            f" The acting operator's stack profile ({name}, {s['samples']} samples): busy threads per sample "
+            f"{threads}; under gpuhealth's {top}."
+        )
+    return text
 
 
 def failover_line(res: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from kubernetes import client
 from tests.chaos.podorder import pod_writes
 from tests.support.k8s import wait_for
 
+from hack.bench.cpu import CpuWindow, run_processes, stack_summaries
 from hack.bench.drain_workload import (
     COMPLETED,
     DRAIN_NAMESPACE,
@@ -212,11 +213,15 @@ def measure_drain(
     )
     time.sleep(2 * ctx.tick)
 
+    pids = run_processes(ctx.cluster, ctx.operators)
+    cpu = CpuWindow(pids).start()
     t0 = time.time()
     publish_all(ctx.pool, lambda s: s.fault(xid=DRAIN_XID), [ctx.sims[n] for n in nodes])
     published = time.time() - t0
     completed = ctx.report_watch.wait_drains(nodes, after=t0, timeout=timeout_s)
     done_s = max(completed.values()) - t0 if len(completed) == len(nodes) else None
+    cpu_used = cpu.stop()  # from the faults to the last drain Completed (or the timeout)
+    stacks = stack_summaries(pids, t0, time.time() + ctx.tick)
     time.sleep(2.0)  # the last requests reach the audit log
     watch.stop.set()
 
@@ -245,6 +250,7 @@ def measure_drain(
             "gangs": len({p.gang for p in mix if p.gang}),
             "pdb_pods": PDB_REPLICAS,
         },
+        "faulted_at": round(t0, 3),
         "publish_s": round(published, 2),
         **eviction_figures(writes, t0),
         "drains_completed": len(completed),
@@ -265,6 +271,8 @@ def measure_drain(
             "min_ready_seen": low,
             "honoured": low is not None and low >= PDB_REPLICAS - 1,
         },
+        "cpu": cpu_used,
+        **({"operator_stacks": stacks} if stacks else {}),
     }
     log(
         f"  {res['evictions']} evictions ({res['evictions_per_s']}/s sustained), {len(completed)}/{len(nodes)} drains "

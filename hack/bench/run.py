@@ -8,6 +8,7 @@ the results; this module decides which run, in which order, and on which nodes.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.support.k8s import wait_for
 from hack.bench.cli import parse_args
 from hack.bench.cluster import BenchCluster, agent_silence, machine
 from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
+from hack.bench.cpu import STACK_PROFILE_ENV
 from hack.bench.detection import Floor, fault_nodes, measure_detection
 from hack.bench.devices import measure_devices
 from hack.bench.drain import measure_drain
@@ -68,6 +70,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             "profile": args.profile,
             "kubelet_lease_s": args.kubelet_lease,
             "phases": args.phases,
+            "stack_profile": args.stack_profile,
             "drain_nodes": args.drain_nodes,
             "drain_pods_per_node": args.drain_pods,
             "failover_samples": args.failover_samples,
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    if args.stack_profile:  # every operator process started from here on inherits it (tests/support/k8s.py)
+        os.environ[STACK_PROFILE_ENV] = str((out / "operator-stacks-{pid}.jsonl").resolve())
     res = header(args)
     series: dict[str, Any] = {}
     phase = PhaseClock()
