@@ -6,7 +6,7 @@ node scope (the reason is written into the finding, so the node's message and Ev
 words). The node reconciler then asks the breaker's GPU budget for the GPUs that newly want holding
 out (the one side effect, an explicit step of its own), and :meth:`DeviceReconciler.decide` gives
 each GPU its next record with ``decide_devices``. What the *node* state machine then decides on
-(:func:`node_view`) depends on that verdict:
+(``evaluation/device_view.py``'s ``node_view``) depends on that verdict:
 
 - the verdict escalates (too many bad GPUs, a flapping GPU under ``onFlapping: Node``, a GPU that
   cannot be told apart): every finding, device ones included, goes to the node;
@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,7 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.calls import Call
 from gpuhealth.controller.intake.slicewatch import SliceCache
 from gpuhealth.controller.state.store import Store
+from gpuhealth.evaluation.device_view import node_view
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.kube.client import KubePort
@@ -124,44 +125,6 @@ def _with_fallback(f: Finding, fallbacks: Mapping[int, str], placed: Finding) ->
     if placed.scope == f.scope or placed.gpu is None or placed.gpu not in fallbacks:
         return placed
     return replace(placed, detail=f"{placed.detail} ({fallbacks[placed.gpu]})")
-
-
-def _rules_words(r: DeviceRecord) -> str:
-    if len(r.taint_rules) == 1:
-        return f", DeviceTaintRule {r.taint_rule}"
-    if r.taint_rules:
-        parts = len([d for d in r.devices if d in r.partitions])
-        return f", {len(r.taint_rules)} DeviceTaintRules" + (f" (with its {parts} MIG devices)" if parts else "")
-    return ""
-
-
-def _instance_words(r: DeviceRecord) -> str:
-    if not r.instances or not r.out_of_service:
-        return ""
-    return f" (only its MIG device{'s' if len(r.instances) > 1 else ''} {', '.join(r.instances)})"
-
-
-def node_view(
-    a: Assessment, findings: Sequence[Finding], verdict: DeviceVerdict, out: Iterable[DeviceRecord]
-) -> Assessment:
-    """The assessment the node state machine decides on (see the module docstring). Pure."""
-    if verdict.escalate:
-        return replace(a, findings=tuple(findings))
-    mine = [f for f in findings if not (f.scope == Scope.DEVICE and f.action.quarantines)]
-    held = [r for r in out] + [r for r in verdict.records if r.held_by_breaker and not r.out_of_service]
-    if held:
-        parts = [
-            f"GPU {r.index}"
-            + (f" ({r.uuid})" if r.uuid else "")
-            + f" {r.state}: {r.reason}"
-            + _instance_words(r)
-            + _rules_words(r)
-            + (" (held back by the GPU budget)" if r.held_by_breaker and not r.out_of_service else "")
-            for r in sorted(held, key=lambda r: r.index)
-        ]
-        detail = "; ".join(parts) + ". The node serves on with its other GPUs"
-        mine.append(Finding(Signal.DEVICE_QUARANTINED, Action.OBSERVE, detail))
-    return replace(a, findings=tuple(sorted(mine, key=lambda f: f.key)))
 
 
 class DeviceReconciler(DeviceRules):
