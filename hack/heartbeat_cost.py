@@ -37,7 +37,6 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
-from tests.chaos.invariants import audit_entries
 from tests.fakenvml.build import build_fake_nvml
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import GPUHEALTH_NAMESPACE, OperatorProcess, ensure_namespace, wait_for
@@ -47,6 +46,7 @@ from gpuhealth.agent.lease import NodeLease
 from gpuhealth.agent.runner import AgentConfig, collect_once
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR
 from hack.bench.support import api_client
+from hack.chaos.invariants import audit_entries
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "docs" / "bench" / "heartbeat-cost.json"

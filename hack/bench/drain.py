@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
-from tests.chaos.podorder import pod_writes
 from tests.support.k8s import wait_for
 
 from hack.bench.drain_workload import (
@@ -34,6 +33,7 @@ from hack.bench.drain_workload import (
 from hack.bench.resilience import ResilienceContext
 from hack.bench.support import GROUP, MERGE, VERSION, log, percentile, publish_all
 from hack.bench.watch import _raw_watch
+from hack.chaos.podorder import pod_writes
 
 
 class PodWatch:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.podorder import PodWrite, order_problems
-
 from hack.bench.support import audit_files
+from hack.chaos.podorder import PodWrite, order_problems
 
 DRAIN_NAMESPACE = "bench-drain"
 DRAIN_XID = 74  # NVLink error: a node-scope fault the bench's policy answers with a drain (XID 79 only cordons)
@@ -149,7 +148,7 @@ def eviction_figures(writes: Sequence[PodWrite], t0: float) -> dict[str, Any]:
 
 
 def double_actions(writes: Sequence[PodWrite], needs_request: Callable[[str], bool]) -> list[str]:
-    """Pods evicted or asked more than once, or evicted before being asked (tests/chaos/podorder.py)."""
+    """Pods evicted or asked more than once, or evicted before being asked (hack/chaos/podorder.py)."""
     return order_problems(writes, needs_request)
 
 

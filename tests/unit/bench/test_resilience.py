@@ -25,8 +25,7 @@ from hack.bench.drain_workload import (
 from hack.bench.failover import failover_summary
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import resilience_targets_for
-
-from tests.chaos.podorder import PodWrite, pod_writes
+from hack.chaos.podorder import PodWrite, pod_writes
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
-
-from gpuhealth.workload import COMPLETED
-from tests.chaos import devicerules as dr
-from tests.chaos import invariants as inv
-from tests.chaos.podorder import pod_writes
-from tests.chaos.scenarios.common import drain_policy
-from tests.chaos.scenarios.context import Ctx
-from tests.chaos.scenarios.monkey import KillMonkey
 from tests.support import dra
 from tests.support.k8s import healthy_spec, wait_for
+
+from gpuhealth.workload import COMPLETED
+from hack.chaos import devicerules as dr
+from hack.chaos import invariants as inv
+from hack.chaos.podorder import pod_writes
+from hack.chaos.scenarios.common import drain_policy
+from hack.chaos.scenarios.context import Ctx
+from hack.chaos.scenarios.monkey import KillMonkey
 
 RULES = "devicetaintrules"
 PODS_PER_NODE = 3

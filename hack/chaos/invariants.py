@@ -31,14 +31,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.chaos.foreign import foreign_problems as foreign_log_problems
-from tests.chaos.freshness import Freshness, node_says_healthy
-from tests.chaos.podorder import order_problems, pod_writes
-from tests.chaos.timeparse import now as now
-from tests.chaos.timeparse import parse_time as parse_time
+from hack.chaos.foreign import foreign_problems as foreign_log_problems
+from hack.chaos.freshness import Freshness, node_says_healthy
+from hack.chaos.podorder import order_problems, pod_writes
+from hack.chaos.timeparse import now as now
+from hack.chaos.timeparse import parse_time as parse_time
 
 if TYPE_CHECKING:
-    from tests.chaos.scenarios.context import Ctx
+    from hack.chaos.scenarios.context import Ctx
 
 TAINT = "gpuhealth.dev/unhealthy"
 QUARANTINE = "gpuhealth.dev/quarantine"
@@ -135,7 +135,7 @@ def event_counts(ctx: Ctx, events: list[dict[str, Any]]) -> tuple[Counter[str], 
 
 def check_pods(ctx: Ctx, events: list[dict[str, Any]]) -> list[str]:
     """Each pod asked and evicted at most once; a pod whose mode needs a request asked before its
-    eviction (the audit log's order; tests/chaos/podorder.py)."""
+    eviction (the audit log's order; hack/chaos/podorder.py)."""
     out = []
     evicted, requested = event_counts(ctx, events)
     for what, counter in (("Evicted events", evicted), ("CheckpointRequested events", requested)):
@@ -207,7 +207,7 @@ def marks_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
 
 
 def foreign_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
-    """Foreign taints and cordons, against the foreign writer's own log (tests/chaos/foreign.py)."""
+    """Foreign taints and cordons, against the foreign writer's own log (hack/chaos/foreign.py)."""
     return foreign_log_problems(ctx.foreign, name, node)
 
 

@@ -6,12 +6,13 @@ import datetime as dt
 import time
 from typing import Any
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.cluster import REPO
 from tests.support.k8s import OperatorProcess, healthy_spec, wait_for
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def _apply_peering(ctx: Ctx) -> str:

@@ -6,11 +6,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.cluster import LOAD
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.k8s import Kube, healthy_spec
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.cluster import LOAD
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def throttling(ctx: Ctx) -> None:
