@@ -37,8 +37,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
-from tests.fakenvml.build import build_fake_nvml
 from tests.support.cluster import LocalCluster
+from tests.support.fakenvml.build import build_fake_nvml
 from tests.support.k8s import GPUHEALTH_NAMESPACE, OperatorProcess, ensure_namespace, wait_for
 from tests.support.k8s import Kube as TestKube
 
