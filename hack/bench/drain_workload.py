@@ -7,13 +7,10 @@ Pure, so each piece is unit-tested against hand-made histories (tests/unit/bench
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hack.bench.support import audit_files
 from hack.chaos.podorder import PodWrite, order_problems
 
 DRAIN_NAMESPACE = "bench-drain"
@@ -103,24 +100,6 @@ def pdb_objects() -> list[dict[str, Any]]:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
         },
     ]
-
-
-# -- the audit log (pure) -------------------------------------------------------------------------------
-
-
-def raw_audit(path: Path, user: str) -> Iterator[dict[str, Any]]:
-    """The user's completed requests as the API server logged them (json), oldest file first."""
-    for part in audit_files(path):
-        with open(part, errors="replace") as f:
-            for line in f:
-                if user not in line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("stage") == "ResponseComplete" and (ev.get("user") or {}).get("username") == user:
-                    yield ev
 
 
 def eviction_figures(writes: Sequence[PodWrite], t0: float) -> dict[str, Any]:
