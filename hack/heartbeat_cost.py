@@ -37,9 +37,9 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
-from tests.chaos.invariants import audit_entries
-from tests.fakenvml.build import build_fake_nvml
+from tests.support.audit import WRITE_VERBS, audit_events
 from tests.support.cluster import LocalCluster
+from tests.support.fakenvml.build import build_fake_nvml
 from tests.support.k8s import GPUHEALTH_NAMESPACE, OperatorProcess, ensure_namespace, wait_for
 from tests.support.k8s import Kube as TestKube
 
@@ -54,7 +54,6 @@ DOC = REPO / "docs" / "bench.md"
 BEGIN, END = "<!-- heartbeat-cost:begin (python -m hack.heartbeat_cost) -->", "<!-- heartbeat-cost:end -->"
 OP_USER, OP_TOKEN = "gpuhealth-operator-heartbeat-cost", "heartbeat-cost-operator-token"
 MERGE = "application/merge-patch+json"
-WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 
 def log(msg: str) -> None:
@@ -257,7 +256,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             settle(state, quiet_s=3.0)
             after = state()
             cpu = cpu_seconds(pid) - cpu0
-            writes = [e for e in audit_entries(cluster.audit_log, [OP_USER], since) if e.get("verb") in WRITE_VERBS]
+            writes = [e for e in audit_events(cluster.audit_log, [OP_USER], since) if e.get("verb") in WRITE_VERBS]
             beats = args.beats * len(nodes)
             results[way] = {
                 "heartbeats": beats,

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
-from tests.chaos.podorder import pod_writes
+from tests.support.audit import audit_events
 from tests.support.k8s import wait_for
 
 from hack.bench.cpu import CpuWindow, run_processes, stack_summaries
@@ -30,11 +30,11 @@ from hack.bench.drain_workload import (
     min_ready,
     pdb_objects,
     pod_manifest,
-    raw_audit,
 )
 from hack.bench.resilience import ResilienceContext
 from hack.bench.support import GROUP, MERGE, VERSION, log, percentile, publish_all
 from hack.bench.watch import _raw_watch
+from hack.chaos.podorder import pod_writes
 
 
 class PodWatch:
@@ -225,7 +225,7 @@ def measure_drain(
     time.sleep(2.0)  # the last requests reach the audit log
     watch.stop.set()
 
-    entries = list(raw_audit(ctx.cluster.audit_log, ctx.operator_user))
+    entries = list(audit_events(ctx.cluster.audit_log, [ctx.operator_user]))
     writes = [w for w in pod_writes(entries, [DRAIN_NAMESPACE]) if w.at.timestamp() >= t0 - 1]
     annotated = {f"{DRAIN_NAMESPACE}/{p.name}" for p in mix if p.mode == "annotation"}
     problems = double_actions(writes, lambda pod: pod in annotated)

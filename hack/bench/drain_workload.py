@@ -7,15 +7,11 @@ Pure, so each piece is unit-tested against hand-made histories (tests/unit/bench
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tests.chaos.podorder import PodWrite, order_problems
-
-from hack.bench.support import audit_files
+from hack.chaos.podorder import PodWrite, order_problems
 
 DRAIN_NAMESPACE = "bench-drain"
 DRAIN_XID = 74  # NVLink error: a node-scope fault the bench's policy answers with a drain (XID 79 only cordons)
@@ -106,24 +102,6 @@ def pdb_objects() -> list[dict[str, Any]]:
     ]
 
 
-# -- the audit log (pure) -------------------------------------------------------------------------------
-
-
-def raw_audit(path: Path, user: str) -> Iterator[dict[str, Any]]:
-    """The user's completed requests as the API server logged them (json), oldest file first."""
-    for part in audit_files(path):
-        with open(part, errors="replace") as f:
-            for line in f:
-                if user not in line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("stage") == "ResponseComplete" and (ev.get("user") or {}).get("username") == user:
-                    yield ev
-
-
 def eviction_figures(writes: Sequence[PodWrite], t0: float) -> dict[str, Any]:
     """Evictions and checkpoint requests of one drain storm, from the operator's successful pod writes.
 
@@ -149,7 +127,7 @@ def eviction_figures(writes: Sequence[PodWrite], t0: float) -> dict[str, Any]:
 
 
 def double_actions(writes: Sequence[PodWrite], needs_request: Callable[[str], bool]) -> list[str]:
-    """Pods evicted or asked more than once, or evicted before being asked (tests/chaos/podorder.py)."""
+    """Pods evicted or asked more than once, or evicted before being asked (hack/chaos/podorder.py)."""
     return order_problems(writes, needs_request)
 
 

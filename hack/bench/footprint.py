@@ -12,17 +12,16 @@ import time
 from typing import Any
 
 import psutil
+from tests.support.audit import AuditEntry, read_audit
 
 from hack.bench.cluster import agent_silence
 from hack.bench.context import AGENT_USER, OPERATOR_USER, Bench
 from hack.bench.support import (
-    AuditEntry,
     ProcSampler,
     api_rates,
     describe,
     log,
     rate,
-    read_audit,
     steady_writes_per_hour,
 )
 

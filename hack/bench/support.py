@@ -1,6 +1,7 @@
 """Building blocks of `make bench` (see hack/bench/run.py): names, API clients, process samplers, the
-operator's log, the audit-log counter, the statistics the figures are computed with and the clock
-that times the phases.
+operator's log, the audit-log rates and counts (the log itself is read by tests/support/audit.py,
+shared with the chaos suite), the statistics the figures are computed with and the clock that
+times the phases.
 
 The simulated fleet is in ``fleet``, the independent watches in ``watch``.
 """
@@ -8,12 +9,11 @@ The simulated fleet is in ``fleet``, the independent watches in ``watch``.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 from kubernetes import client, config
+from tests.support.audit import AuditEntry
 
 GROUP, VERSION, REPORTS = "gpuhealth.dev", "v1alpha1", "gpunodehealths"
 TAINT = "gpuhealth.dev/unhealthy"
@@ -30,7 +31,6 @@ DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES = "resource.k8s.io", "v1", "devicetai
 MERGE = "application/merge-patch+json"
 _T = TypeVar("_T")
 FAULT_TIMEOUT_S = 10.0  # how long one single fault may wait for its taint (or its DeviceTaintRule)
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
 def api_client(kubeconfig: Path, pool: int = 16) -> client.ApiClient:
@@ -134,55 +134,7 @@ def find_log_line(path: Path, pattern: str, timeout: float, offset: int = 0) -> 
     return None
 
 
-# -- the audit log -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    at: float
-    verb: str
-    resource: str
-    subresource: str
-    name: str
-    code: int
-
-    @property
-    def write(self) -> bool:
-        return self.verb in WRITE_VERBS
-
-
-def audit_files(path: Path) -> list[Path]:
-    """The audit log and its rotated predecessors (``audit-<time>.log``, rotated at 100 MB), oldest first."""
-    rotated = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"))
-    return [*rotated, *([path] if path.exists() else [])]
-
-
-def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
-    """The user's completed requests (stage ResponseComplete) from the API server's json audit logs."""
-    for part in audit_files(path):
-        yield from _read_audit_file(part, user)
-
-
-def _read_audit_file(path: Path, user: str) -> Iterator[AuditEntry]:
-    with open(path, errors="replace") as f:
-        for line in f:
-            if user not in line:
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("stage") != "ResponseComplete" or (ev.get("user") or {}).get("username") != user:
-                continue
-            ref = ev.get("objectRef") or {}
-            yield AuditEntry(
-                at=dt.datetime.fromisoformat(ev["requestReceivedTimestamp"]).timestamp(),
-                verb=str(ev.get("verb") or ""),
-                resource=str(ref.get("resource") or ""),
-                subresource=str(ref.get("subresource") or ""),
-                name=str(ref.get("name") or ""),
-                code=int((ev.get("responseStatus") or {}).get("code") or 0),
-            )
+# -- the audit log's figures (tests/support/audit.py reads it) ---------------------------------------
 
 
 def api_rates(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, float | None]:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tests.support.audit import read_audit
+
 from hack.bench.fleet import SimNode
 from hack.bench.support import (
     FAULT_TIMEOUT_S,
@@ -41,7 +43,6 @@ from hack.bench.support import (
     latency_summary,
     log,
     publish_all,
-    read_audit,
 )
 from hack.bench.watch import NodeWatch, ReportWatch
 

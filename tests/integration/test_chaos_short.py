@@ -1,7 +1,7 @@
 """The chaos suite with short counts, on real control planes (the full one is `make chaos`).
 
-Each test runs one scenario of tests/chaos/scenarios/ (about 1/5 of `make chaos`'s counts) and
-every invariant of tests/chaos/invariants.py after it. Violations that reproduce an already
+Each test runs one scenario of hack/chaos/scenarios/ (about 1/5 of `make chaos`'s counts) and
+every invariant of hack/chaos/invariants.py after it. Violations that reproduce an already
 reported product bug are split off: the scenario's test still fails on anything else, and a
 strict xfail test per bug turns red the moment the bug is fixed (then drop its mark).
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hack.chaos.scenarios import KNOWN_VIOLATIONS, TIMING_DEPENDENT, run_scenario, start_cluster
 
-from tests.chaos.scenarios import KNOWN_VIOLATIONS, TIMING_DEPENDENT, run_scenario, start_cluster
 from tests.support.cluster import LocalCluster
 
 SEED = 4242

@@ -4,8 +4,8 @@ and run workloads whose GPUs come from ResourceClaimTemplates, so the real sched
 There is no kubelet and no driver on KWOK nodes: the slices are written here (driver
 ``gpu.nvidia.com``, pool = node name, devices ``gpu-0..N-1`` with attributes ``index``, ``uuid``,
 ``productName``), the scheduler allocates claims against them, and KWOK runs the pods. The UUIDs
-default to the ones the fake NVML library (tests/fakenvml) reports, so a real agent on the node and
-its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in tests/support/k8s.py.
+default to the ones the fake NVML library (tests/support/fakenvml) reports, so a real agent on the
+node and its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in tests/support/k8s.py.
 MIG and partitionable nodes are published with :func:`publish` from the shapes in ``dra_shapes``
 (static MIG, DynamicMIG counter sets and placements, each driver version's attributes).
 """
@@ -29,7 +29,7 @@ EXTENDED_RESOURCE = "example.com/dra-gpu"
 
 
 def fake_nvml_uuid(index: int) -> str:
-    """The UUID tests/fakenvml gives GPU ``index`` (the same on every node)."""
+    """The UUID tests/support/fakenvml gives GPU ``index`` (the same on every node)."""
     h = (2654435761 * (index + 1)) & 0xFFFFFFFF
     return f"GPU-{h:08x}-fa4e-4a1b-9c2d-{(index + 1) * 0x1111:012x}"
 

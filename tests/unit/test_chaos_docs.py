@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack import chaos_docs
+from hack.chaos import docs as chaos_docs
 
 
 def report(**over: Any) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def report(**over: Any) -> dict[str, Any]:
 def test_readme_and_chaos_doc_match_the_filed_reports() -> None:
     assert chaos_docs.filed_runs(), "no full chaos run filed under docs/chaos/"
     assert chaos_docs.filed_soaks(), "no soak filed under docs/chaos/"
-    assert chaos_docs.stale() == [], "run: python -m hack.chaos_docs"
+    assert chaos_docs.stale() == [], "run: python -m hack.chaos.docs"
 
 
 def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,18 +1,16 @@
-"""Helpers for the agent's unit tests: the fake NVML's build/scenario helpers and a fake
+"""Helpers for the agent's unit tests: the fake NVML's scenario file and a fake
 report transport that behaves like the API server for one object (merge patches applied).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,20 +18,7 @@ import pytest
 from gpuhealth.agent.merge_patch import apply_merge_patch
 from gpuhealth.agent.runner import Agent
 from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError
-
-_BUILD_PY = Path(__file__).resolve().parents[2] / "fakenvml" / "build.py"
-
-
-def _load_fakenvml_build() -> ModuleType:
-    # Loaded by path: tests/ is not a package, and this keeps the helper importable from scripts.
-    spec = importlib.util.spec_from_file_location("gpuhealth_tests_fakenvml_build", _BUILD_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fakenvml = _load_fakenvml_build()
+from tests.support.fakenvml import build as fakenvml
 
 BOOT_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 

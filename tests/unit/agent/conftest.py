@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpuhealth.agent.runner import Agent, AgentConfig
-from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario, fakenvml
+from tests.support.fakenvml import build as fakenvml
+from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario
 
 
 @pytest.fixture(scope="session")

@@ -20,13 +20,13 @@ from hack.bench.drain_workload import (
     eviction_figures,
     min_ready,
     pod_manifest,
-    raw_audit,
 )
 from hack.bench.failover import failover_summary
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import resilience_targets_for
+from hack.chaos.podorder import PodWrite, pod_writes
 
-from tests.chaos.podorder import PodWrite, pod_writes
+from tests.support.audit import audit_events
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
@@ -120,7 +120,7 @@ def test_audit_lines_become_pod_writes(tmp_path: Path) -> None:
         {"stage": "ResponseComplete", "user": {"username": "other"}, "verb": "create"},
     ]
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    entries = list(raw_audit(log, "op"))
+    entries = list(audit_events(log, ["op"]))
     assert len(entries) == 2
     writes = pod_writes(entries, [DRAIN_NAMESPACE])
     assert [(w.pod, w.kind) for w in writes] == [(f"{DRAIN_NAMESPACE}/a", "evict")]  # the 429 evicted nothing

@@ -17,7 +17,7 @@ from hack.bench.cluster import breaker_setting, kwok_args, pods_per_node, policy
 from hack.bench.details import api_line, traffic_line
 from hack.bench.fleet import WARM_DELTA_C, healthy_snapshot
 from hack.bench.report import evaluate, summary_md, tally
-from hack.bench.support import AuditEntry, api_rates, latency_summary, phase_elapsed
+from hack.bench.support import api_rates, latency_summary, phase_elapsed
 from hack.bench.targets import targets_for, worst_traffic
 from hack.bench.traffic import FactTraffic, achieved_rate, due_now, processes_for, split
 
@@ -26,6 +26,7 @@ from gpuhealth.api.policy import parse_policy
 from gpuhealth.api.report import parse_report
 from gpuhealth.drain.pods import controller_ref
 from gpuhealth.evaluation.assess import NodeView, assess
+from tests.support.audit import AuditEntry
 
 # The newest filed run: filed before the traffic phase, the API figures and the 10k targets existed.
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-bd835e0.json"

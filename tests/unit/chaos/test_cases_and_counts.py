@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.chaos.scenarios import registry
-from tests.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
-from tests.chaos.scenarios.context import FAULT_CLASSES
-from tests.chaos.scenarios.registry import fault_classes, split_known
+from hack.chaos.scenarios import registry
+from hack.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
+from hack.chaos.scenarios.context import FAULT_CLASSES
+from hack.chaos.scenarios.registry import fault_classes, split_known
 
 
 @pytest.mark.parametrize(("what", "path"), [(w, p) for w, _, p in bad_policies() + bad_reports("n")])

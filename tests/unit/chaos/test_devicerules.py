@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.devicerules import (
+from hack.chaos.devicerules import (
     ForeignRuleLog,
     final_rule_problems,
     foreign_rule_problems,

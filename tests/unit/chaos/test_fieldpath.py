@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.chaos.fieldpath import names_field, refused_fields
+from hack.chaos.fieldpath import names_field, refused_fields
 
 STATUS = json.dumps(
     {

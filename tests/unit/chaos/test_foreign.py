@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.foreign import ForeignLog, foreign_problems
+from hack.chaos.foreign import ForeignLog, foreign_problems
 
 
 def node(rv: int, taints: list[str], unschedulable: bool = False) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from tests.chaos.freshness import Freshness
+from hack.chaos.freshness import Freshness
 
 WALL = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from tests.chaos.ladder import (
+from hack.chaos.ladder import (
     Holding,
     JobCreate,
     LadderSample,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chaos.soak import Series, slope, trend
+from hack.chaos.soak import Series, slope, trend
 
 
 def test_slope_of_a_line_and_of_noise() -> None:

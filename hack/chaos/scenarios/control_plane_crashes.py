@@ -18,12 +18,13 @@ import threading
 import time
 from typing import Any
 
-from gpuhealth.workload import REQUESTED, acknowledge
-from tests.chaos import invariants as inv
-from tests.chaos.foreign import resource_version
-from tests.chaos.scenarios.common import drain_policy, drained
-from tests.chaos.scenarios.context import Ctx
 from tests.support.k8s import wait_for
+
+from gpuhealth.workload import REQUESTED, acknowledge
+from hack.chaos import invariants as inv
+from hack.chaos.foreign import resource_version
+from hack.chaos.scenarios.common import drain_policy, drained
+from hack.chaos.scenarios.context import Ctx
 
 FOREIGN_TAINT = "example.com/chaos-crash"
 

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
+from tests.support.k8s import healthy_spec
 
 from gpuhealth.api.durations import parse_duration
-from tests.chaos import invariants as inv
-from tests.chaos.fieldpath import names_field, refused_fields
-from tests.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
-from tests.support.k8s import healthy_spec
+from hack.chaos import invariants as inv
+from hack.chaos.fieldpath import names_field, refused_fields
+from hack.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def _refused(ctx: Ctx, what: str, create: Callable[[], Any], path: str, cleanup: Callable[[], Any]) -> None:

@@ -1,5 +1,5 @@
 """The soak: random faults, recoveries, kills and node churn on a live fleet with real agents, for
-minutes, while the operator's resources are sampled; `make soak` (hack/chaos.py --soak MINUTES).
+minutes, while the operator's resources are sampled; `make soak` (hack/chaos/run.py --soak MINUTES).
 
 One operator process runs throughout (its resources are what is measured, so it is not killed; the
 kill scenarios cover restarts). Around it: real agents (fake NVML) whose GPUs develop and lose ECC
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.context import Ctx
 from tests.support.cluster import LocalCluster
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.context import Ctx
 
 SAMPLE_S = 10.0
 WARMUP_S = 60.0

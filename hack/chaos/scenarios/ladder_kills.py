@@ -26,18 +26,18 @@ import time
 from typing import Any
 
 from kubernetes import client, watch
+from tests.support import dra
+from tests.support.audit import audit_events
+from tests.support.k8s import healthy_spec, wait_for
 
 from gpuhealth.api.names import RELEASE_ANNOTATION
-from tests.chaos import devicerules as dr
-from tests.chaos import invariants as inv
-from tests.chaos import ladder as ld
-from tests.chaos.scenarios import device_kills as dk
-from tests.chaos.scenarios.common import drain_policy
-from tests.chaos.scenarios.context import Ctx
-from tests.chaos.scenarios.monkey import KillMonkey
-from tests.chaos.timeparse import now
-from tests.support import dra
-from tests.support.k8s import healthy_spec, wait_for
+from hack.chaos import devicerules as dr
+from hack.chaos import ladder as ld
+from hack.chaos.scenarios import device_kills as dk
+from hack.chaos.scenarios.common import drain_policy
+from hack.chaos.scenarios.context import Ctx
+from hack.chaos.scenarios.monkey import KillMonkey
+from hack.chaos.timeparse import now
 
 NS = "gpuhealth-remediation"  # the policy's default spec.remediation.namespace
 STEPS = [
@@ -394,7 +394,7 @@ def _path(samples: list[ld.LadderSample], node: str, index: int, since: Any) -> 
 
 
 def _final_checks(ctx: Ctx, nodes: list[str], samples: list[ld.LadderSample], holds: list[ld.Holding]) -> None:
-    audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
+    audit = list(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started))
     creates = [c for c in ld.job_creates(audit, NS) if (ld.parse_job_name(c.name) or ("",))[0] in nodes]
     for p in ld.duplicate_reset_jobs(creates, _jobs(ctx, nodes)):
         ctx.violate(p)

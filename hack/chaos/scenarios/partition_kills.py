@@ -23,16 +23,16 @@ import time
 from typing import Any
 
 from kubernetes import watch
-
-from gpuhealth.workload import COMPLETED
-from tests.chaos import devicerules as dr
-from tests.chaos.scenarios import device_kills as dk
-from tests.chaos.scenarios.common import drain_policy
-from tests.chaos.scenarios.context import Ctx
-from tests.chaos.scenarios.monkey import KillMonkey
 from tests.support import dra
 from tests.support import dra_shapes as S
 from tests.support.k8s import healthy_spec, wait_for
+
+from gpuhealth.workload import COMPLETED
+from hack.chaos import devicerules as dr
+from hack.chaos.scenarios import device_kills as dk
+from hack.chaos.scenarios.common import drain_policy
+from hack.chaos.scenarios.context import Ctx
+from hack.chaos.scenarios.monkey import KillMonkey
 
 RULES = dk.RULES
 OUT = ("Quarantined", "Draining", "AwaitingRepair", "Recovering")

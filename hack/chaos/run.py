@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """`make chaos`: fault injection against fresh local control planes; writes build/chaos/report.json.
 
-Scenarios (tests/chaos/scenarios/, one module each, named in registry.py) run one after another on
+Scenarios (hack/chaos/scenarios/, one module each, named in registry.py) run one after another on
 a control plane per group (one with the API server's default limits, one throttled to 5 requests in
 flight), each torn down at the end.
-After every scenario the invariants in tests/chaos/invariants.py are checked. Exit status 1 if any
+After every scenario the invariants in hack/chaos/invariants.py are checked. Exit status 1 if any
 invariant was violated (other than a known, reported product bug that still reproduces), or if a
 known bug no longer reproduces (remove its mark in KNOWN_VIOLATIONS).
 
@@ -21,15 +20,14 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.scenarios import SCENARIOS, run_scenario, start_cluster
-from tests.chaos.soak import soak
+from hack.chaos.scenarios import SCENARIOS, run_scenario, start_cluster
+from hack.chaos.soak import soak
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 OUT = REPO / "build" / "chaos"
 
@@ -102,12 +100,14 @@ def _git(*args: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="short counts (about 1/5), as in make test")
     ap.add_argument("--only", action="append", default=[], help="run only this scenario (repeatable)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="random seed (recorded)")
     ap.add_argument("--repeat", type=int, default=1, help="independent runs of each scenario (fresh nodes, seeds)")
-    ap.add_argument("--soak", type=float, metavar="MINUTES", help="instead: the soak (tests/chaos/soak.py)")
+    ap.add_argument("--soak", type=float, metavar="MINUTES", help="instead: the soak (hack/chaos/soak.py)")
     ap.add_argument(
         "--no-heap-profile",
         action="store_true",
@@ -182,11 +182,7 @@ def main() -> int:
         f"in {report['seconds']}s; report: {report_path}"
     )
     if report["known_bugs_no_longer_reproducing"]:
-        print("known bugs that no longer reproduce (remove their marks in tests/chaos/scenarios/registry.py):")
+        print("known bugs that no longer reproduce (remove their marks in hack/chaos/scenarios/registry.py):")
         for bug in report["known_bugs_no_longer_reproducing"]:
             print(f"  - {bug}")
     return 1 if report["invariant_violations"] or report["known_bugs_no_longer_reproducing"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,16 +22,17 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
+from tests.support import dra
+from tests.support.audit import audit_events
+from tests.support.k8s import healthy_spec, wait_for
 
 from gpuhealth.workload import COMPLETED
-from tests.chaos import devicerules as dr
-from tests.chaos import invariants as inv
-from tests.chaos.podorder import pod_writes
-from tests.chaos.scenarios.common import drain_policy
-from tests.chaos.scenarios.context import Ctx
-from tests.chaos.scenarios.monkey import KillMonkey
-from tests.support import dra
-from tests.support.k8s import healthy_spec, wait_for
+from hack.chaos import devicerules as dr
+from hack.chaos import invariants as inv
+from hack.chaos.podorder import pod_writes
+from hack.chaos.scenarios.common import drain_policy
+from hack.chaos.scenarios.context import Ctx
+from hack.chaos.scenarios.monkey import KillMonkey
 
 RULES = "devicetaintrules"
 PODS_PER_NODE = 3
@@ -308,7 +309,7 @@ def final_checks(
     for p in final():
         ctx.violate(p)
     live = ctx.retry(ctx.kube.custom.list_cluster_custom_object, dra.G, dra.V, RULES).get("items") or []
-    audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
+    audit = list(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started))
     for p in dr.foreign_rule_problems(writer.log.latest(), live, audit, writer.log.in_flight()):
         ctx.violate(p)
     evicted = {w.pod for w in pod_writes(audit, [ns]) if w.kind == "evict"}
@@ -371,7 +372,7 @@ def _squat_check(ctx: Ctx, node: str, name: str) -> None:
     ctx.stats["squatted_gpu"] = {"node_state": status.get("state"), "gpu_state": record.get("state")}
     if held_out():
         return
-    audit = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started)
+    audit = list(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started))
     refused = sum(
         1
         for e in audit

@@ -13,9 +13,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from gpuhealth.workload import REQUESTED
-from tests.chaos.scenarios.context import Ctx
 from tests.support.k8s import OperatorProcess
+
+from gpuhealth.workload import REQUESTED
+from hack.chaos.scenarios.context import Ctx
 
 # How a bounce's restarted operator meets its next SIGKILL: after a random gap while it runs (the
 # monkey's loop), during start-up, or during the resync right after its metrics answer.

@@ -10,20 +10,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.agent_death import agent_death
-from tests.chaos.scenarios.bad_input import bad_input
-from tests.chaos.scenarios.conflicting_writers import conflicting_writers
-from tests.chaos.scenarios.context import FAULT_CLASSES, Ctx
-from tests.chaos.scenarios.control_plane_crashes import control_plane_crashes
-from tests.chaos.scenarios.device_kills import device_kills
-from tests.chaos.scenarios.fault_storm import fault_storm
-from tests.chaos.scenarios.ladder_kills import ladder_kills
-from tests.chaos.scenarios.operator_kills import operator_kills
-from tests.chaos.scenarios.partition_kills import partition_kills
-from tests.chaos.scenarios.peering import peering
-from tests.chaos.scenarios.throttling import throttling
 from tests.support.cluster import LocalCluster
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.agent_death import agent_death
+from hack.chaos.scenarios.bad_input import bad_input
+from hack.chaos.scenarios.conflicting_writers import conflicting_writers
+from hack.chaos.scenarios.context import FAULT_CLASSES, Ctx
+from hack.chaos.scenarios.control_plane_crashes import control_plane_crashes
+from hack.chaos.scenarios.device_kills import device_kills
+from hack.chaos.scenarios.fault_storm import fault_storm
+from hack.chaos.scenarios.ladder_kills import ladder_kills
+from hack.chaos.scenarios.operator_kills import operator_kills
+from hack.chaos.scenarios.partition_kills import partition_kills
+from hack.chaos.scenarios.peering import peering
+from hack.chaos.scenarios.throttling import throttling
 
 # -----------------------------------------------------------------------------------------------------------
 

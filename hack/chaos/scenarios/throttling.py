@@ -6,11 +6,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.cluster import LOAD
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
+from tests.support.audit import audit_events
 from tests.support.k8s import Kube, healthy_spec
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.cluster import LOAD
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def throttling(ctx: Ctx) -> None:
@@ -76,7 +78,7 @@ def throttling(ctx: Ctx) -> None:
     total_s = time.monotonic() - t0
     ctx.stop_background()
     time.sleep(2.0)  # a few idle sweeps, counted too
-    entries = inv.audit_entries(ctx.cluster.audit_log, ctx.operator_users, since)
+    entries = list(audit_events(ctx.cluster.audit_log, ctx.operator_users, since))
     codes: dict[str, int] = {}
     for e in entries:
         code = str((e.get("responseStatus") or {}).get("code"))

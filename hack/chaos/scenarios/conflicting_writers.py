@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
-from tests.chaos.scenarios.foreign_writer import ForeignWriter
 from tests.support.k8s import healthy_spec
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
+from hack.chaos.scenarios.foreign_writer import ForeignWriter
 
 
 def conflicting_writers(ctx: Ctx) -> None:

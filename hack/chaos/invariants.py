@@ -28,17 +28,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.chaos.foreign import foreign_problems as foreign_log_problems
-from tests.chaos.freshness import Freshness, node_says_healthy
-from tests.chaos.podorder import order_problems, pod_writes
-from tests.chaos.timeparse import now as now
-from tests.chaos.timeparse import parse_time as parse_time
+from tests.support.audit import audit_events
+
+from hack.chaos.foreign import foreign_problems as foreign_log_problems
+from hack.chaos.freshness import Freshness, node_says_healthy
+from hack.chaos.podorder import order_problems, pod_writes
+from hack.chaos.timeparse import now as now
+from hack.chaos.timeparse import parse_time as parse_time
 
 if TYPE_CHECKING:
-    from tests.chaos.scenarios.context import Ctx
+    from hack.chaos.scenarios.context import Ctx
 
 TAINT = "gpuhealth.dev/unhealthy"
 QUARANTINE = "gpuhealth.dev/quarantine"
@@ -55,28 +56,6 @@ _REQUESTED = re.compile(r"^Asked ([^\s:]+) to checkpoint")
 
 
 # -- sources ---------------------------------------------------------------------------------------
-
-
-def audit_entries(path: Path, users: Iterable[str], since: dt.datetime | None = None) -> list[dict[str, Any]]:
-    """Completed requests of ``users`` from the API server's JSON audit log (Metadata level)."""
-    wanted = set(users)
-    out: list[dict[str, Any]] = []
-    if not path.exists():
-        return out
-    with open(path) as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by an API server restart
-            if e.get("stage") != "ResponseComplete" or (e.get("user") or {}).get("username") not in wanted:
-                continue
-            if since is not None:
-                t = parse_time(e.get("requestReceivedTimestamp"))
-                if t is None or t < since:
-                    continue
-            out.append(e)
-    return out
 
 
 def _ok(e: Mapping[str, Any]) -> bool:
@@ -135,14 +114,14 @@ def event_counts(ctx: Ctx, events: list[dict[str, Any]]) -> tuple[Counter[str], 
 
 def check_pods(ctx: Ctx, events: list[dict[str, Any]]) -> list[str]:
     """Each pod asked and evicted at most once; a pod whose mode needs a request asked before its
-    eviction (the audit log's order; tests/chaos/podorder.py)."""
+    eviction (the audit log's order; hack/chaos/podorder.py)."""
     out = []
     evicted, requested = event_counts(ctx, events)
     for what, counter in (("Evicted events", evicted), ("CheckpointRequested events", requested)):
         for pod, n in sorted(counter.items()):
             if n > 1:
                 out.append(f"pod {pod}: {n} {what} (at most 1 per drain)")
-    writes = pod_writes(audit_entries(ctx.cluster.audit_log, ctx.operator_users, ctx.started), ctx.namespaces)
+    writes = pod_writes(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started), ctx.namespaces)
     out += order_problems(writes, lambda pod: pod.split("/")[0] in ctx.checkpoint_namespaces, ctx.workload_saw)
     ctx.stats["pods_evicted"] = len({w.pod for w in writes if w.kind == "evict"})
     ctx.stats["checkpoints_requested"] = len({w.pod for w in writes if w.kind == "request"})
@@ -207,7 +186,7 @@ def marks_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
 
 
 def foreign_problems(ctx: Ctx, name: str, node: Mapping[str, Any]) -> list[str]:
-    """Foreign taints and cordons, against the foreign writer's own log (tests/chaos/foreign.py)."""
+    """Foreign taints and cordons, against the foreign writer's own log (hack/chaos/foreign.py)."""
     return foreign_log_problems(ctx.foreign, name, node)
 
 

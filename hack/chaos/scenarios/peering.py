@@ -6,12 +6,14 @@ import datetime as dt
 import time
 from typing import Any
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
+from tests.support.audit import audit_events
 from tests.support.cluster import REPO
 from tests.support.k8s import OperatorProcess, healthy_spec, wait_for
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def _apply_peering(ctx: Ctx) -> str:
@@ -27,7 +29,7 @@ def _apply_peering(ctx: Ctx) -> str:
 def _writes_by(ctx: Ctx, user: str, since: dt.datetime, until: dt.datetime | None = None) -> list[dict[str, Any]]:
     """Mutating requests of one replica, other than Kopf's own peering keep-alives."""
     out = []
-    for e in inv.audit_entries(ctx.cluster.audit_log, [user], since):
+    for e in audit_events(ctx.cluster.audit_log, [user], since):
         if e.get("verb") not in ("create", "update", "patch", "delete"):
             continue
         if (e.get("objectRef") or {}).get("resource") == "clusterkopfpeerings":

@@ -6,10 +6,10 @@ README and docs/chaos.md are then rendered from the newest filed full run (and t
 soak), never typed. A unit test (tests/unit/test_chaos_docs.py) fails when a block differs from its
 rendering. A run from a dirty tree or with --quick counts is refused: it is not a run at a commit.
 
-    python -m hack.chaos_docs --add build/chaos/report.json     # file a full chaos run, re-render
-    python -m hack.chaos_docs --add build/chaos/soak.json       # file a soak, re-render
-    python -m hack.chaos_docs                                   # re-render the blocks
-    python -m hack.chaos_docs --check                           # exit 1 if a block is stale
+    python -m hack.chaos.docs --add build/chaos/report.json     # file a full chaos run, re-render
+    python -m hack.chaos.docs --add build/chaos/soak.json       # file a soak, re-render
+    python -m hack.chaos.docs                                   # re-render the blocks
+    python -m hack.chaos.docs --check                           # exit 1 if a block is stale
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any
 
 from hack.bench.docs import check, stale_docs, write_docs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "chaos"
 README, CHAOS_DOC = REPO / "README.md", REPO / "docs" / "chaos.md"
-BEGIN = "<!-- chaos:begin (python -m hack.chaos_docs) -->"
+BEGIN = "<!-- chaos:begin (python -m hack.chaos.docs) -->"
 END = "<!-- chaos:end -->"
-SOAK_BEGIN = "<!-- soak:begin (python -m hack.chaos_docs) -->"
+SOAK_BEGIN = "<!-- soak:begin (python -m hack.chaos.docs) -->"
 SOAK_END = "<!-- soak:end -->"
 FAULT_CLASSES = ("process", "foreign_writes", "hostile_objects", "agent_faults", "gpu_faults")
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
-        return check(stale(), "hack.chaos_docs")
+        return check(stale(), "hack.chaos.docs")
     for report in args.add:
         try:
             print(f"filed {file_report(report)}")

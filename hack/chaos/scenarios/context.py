@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
-
-from gpuhealth.api.durations import parse_duration
-from gpuhealth.workload import COMPLETED, REQUESTED, acknowledge
-from tests.chaos import invariants as inv
-from tests.chaos.foreign import ForeignLog
-from tests.chaos.scenarios.cluster import AGENT, IDENTITIES, OPERATOR_USERS
 from tests.support.agents import AgentFleet
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, utcnow, wait_for
 from tests.support.workloads import indexed_training_job
+
+from gpuhealth.api.durations import parse_duration
+from gpuhealth.workload import COMPLETED, REQUESTED, acknowledge
+from hack.chaos import invariants as inv
+from hack.chaos.foreign import ForeignLog
+from hack.chaos.scenarios.cluster import AGENT, IDENTITIES, OPERATOR_USERS
 
 T = TypeVar("T")
 # How often the scenarios' stand-in agents (the heartbeater) re-send a report: every scenario's

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.timeparse import parse_time
+from hack.chaos.timeparse import parse_time
 
 STATE_LABEL = "gpuhealth.dev/state"
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from tests.chaos.scenarios.common import drain_policy, drained
-from tests.chaos.scenarios.context import Ctx, xid
-from tests.chaos.scenarios.monkey import KillMonkey
 from tests.support.k8s import healthy_spec, wait_for
+
+from hack.chaos.scenarios.common import drain_policy, drained
+from hack.chaos.scenarios.context import Ctx, xid
+from hack.chaos.scenarios.monkey import KillMonkey
 
 
 def operator_kills(ctx: Ctx) -> None:

@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.common import SILENCE
-from tests.chaos.scenarios.context import Ctx, xid
 from tests.support.k8s import healthy_spec, wait_for
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.common import SILENCE
+from hack.chaos.scenarios.context import Ctx, xid
 
 
 def fault_storm(ctx: Ctx) -> None:

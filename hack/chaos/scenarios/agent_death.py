@@ -6,10 +6,11 @@ import datetime as dt
 import json
 import time
 
-from tests.chaos import invariants as inv
-from tests.chaos.scenarios.context import Ctx
 from tests.support.agents import Agent
 from tests.support.k8s import healthy_spec, wait_for
+
+from hack.chaos import invariants as inv
+from hack.chaos.scenarios.context import Ctx
 
 
 def agent_death(ctx: Ctx) -> None:

@@ -2,7 +2,7 @@
 
 It changes only its own taints (``example.com/chaos-*``), a label and its own cordon, with
 read-modify-PUT under the resourceVersion (a well-behaved writer: a lost update would be
-gpuhealth's). What it wants on each Node comes from its own log (tests/chaos/foreign.py), never from
+gpuhealth's). What it wants on each Node comes from its own log (hack/chaos/foreign.py), never from
 the live Node, so a taint gpuhealth dropped is reported rather than forgotten: before each write it
 checks the Node it just read against that log, and the sampler checks every read too.
 """
@@ -15,8 +15,8 @@ import threading
 
 from kubernetes import client
 
-from tests.chaos.foreign import resource_version
-from tests.chaos.scenarios.context import Ctx
+from hack.chaos.foreign import resource_version
+from hack.chaos.scenarios.context import Ctx
 
 
 class ForeignWriter:

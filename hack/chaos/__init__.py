@@ -1,0 +1,25 @@
+"""Fault injection against a real local control plane: `make chaos` and `make soak` (``python -m
+hack.chaos``) and, with small counts, tests/integration/test_chaos_short.py. docs/chaos.md says what
+each scenario and invariant proves.
+
+Everything of chaos is in this one package, so the runner, its scenarios and the checks they are
+judged by move and change together; what it shares with the tests and the bench (the local control
+plane, real agents, the fake NVML library, the audit log) is tests/support.
+"""
+
+# The modules:
+#   run          the command line and the driver: groups of scenarios per control plane, the report
+#   docs         the chaos and soak figures in README.md and docs/chaos.md, rendered from filed runs
+#   scenarios/   one module per scenario, the registry that names them and runs one with its checks
+#   invariants   what must hold after (and, where sampled, during) every scenario
+#   soak         random faults, kills and node churn for minutes; the operator's resource slopes
+#   podorder     eviction and checkpoint-request order from the audit log (also the bench's drain storm)
+#   foreign      the foreign writer's log, and the taints and cordons gpuhealth must not lift
+#   freshness    nothing Healthy without a fresh report
+#   ladder       what must hold of the repair ladder (GPU resets) when the operator is killed mid-step
+#   devicerules  what must hold of DeviceTaintRules and device drains
+#   fieldpath    whether an API server refusal names exactly one field path (bad_input)
+#   timeparse    RFC 3339 times as the API server and the agents write them
+#   kopf-peering*.yaml  Kopf's peering CRD and object, when manifests/ has none
+#
+# Importing the package imports none of them, so the bench can use podorder alone.

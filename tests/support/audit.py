@@ -1,0 +1,104 @@
+"""The API server's audit log, as the bench, the chaos suite and hack/heartbeat_cost.py read it.
+
+LocalCluster (``audit_users``) has the API server log the requests of chosen identities at Metadata
+level, one JSON event per line, so a run can count what the operator or an agent really asked of
+the API (its writes, their order, their answers) instead of trusting the process's own account.
+
+One reader for all of them, because the log has traps that each copy had to get right on its own:
+the API server rotates it (``audit-<time>.log`` beside ``audit.log``, at 100 MB by default, which a
+10,000-node bench passes), so reading only the live file silently loses the oldest requests; a line
+can be cut short when the API server is killed (the chaos suite kills it); and each request is
+logged at several stages, of which only ``ResponseComplete`` carries the answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def audit_files(path: Path) -> list[Path]:
+    """The audit log and its rotated predecessors, oldest first, so requests are read in order.
+
+    The API server renames the full file to ``<stem>-<time><suffix>`` (``audit-2026-12-01T12-00-00.000.log``)
+    and starts a new one at ``path``; the time in the name sorts as text."""
+    rotated = sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"))
+    return [*rotated, *([path] if path.exists() else [])]
+
+
+def received(event: dict[str, Any]) -> dt.datetime | None:
+    """When the API server received the request (aware, UTC); None if the event has no valid time."""
+    raw = event.get("requestReceivedTimestamp")
+    if not isinstance(raw, str):
+        return None
+    try:
+        t = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def audit_events(path: Path, users: Iterable[str], since: dt.datetime | None = None) -> Iterator[dict[str, Any]]:
+    """The completed requests (stage ``ResponseComplete``) of ``users``, as the API server logged them,
+    oldest first across the rotated files; with ``since``, only those received at or after it.
+
+    A generator, because a large bench's log is gigabytes: a line that does not name one of the users
+    is skipped before it is parsed, and nothing is kept that the caller does not keep."""
+    wanted = frozenset(users)
+    for part in audit_files(path):
+        with open(part, errors="replace") as f:
+            for line in f:
+                if not any(u in line for u in wanted):
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by an API server restart
+                if event.get("stage") != "ResponseComplete" or (event.get("user") or {}).get("username") not in wanted:
+                    continue
+                if since is not None:
+                    t = received(event)
+                    if t is None or t < since:
+                        continue
+                yield event
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One completed request, reduced to what the bench's figures are computed from (epoch seconds,
+    so it compares with time.time() and the samplers' clocks)."""
+
+    at: float
+    verb: str
+    resource: str
+    subresource: str
+    name: str
+    code: int
+
+    @property
+    def write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+
+def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
+    """One user's completed requests (``audit_events``), as AuditEntry; an event without a valid
+    received time cannot be placed on the timeline and is left out."""
+    for event in audit_events(path, [user]):
+        t = received(event)
+        if t is None:
+            continue
+        ref = event.get("objectRef") or {}
+        yield AuditEntry(
+            at=t.timestamp(),
+            verb=str(event.get("verb") or ""),
+            resource=str(ref.get("resource") or ""),
+            subresource=str(ref.get("subresource") or ""),
+            name=str(ref.get("name") or ""),
+            code=int((event.get("responseStatus") or {}).get("code") or 0),
+        )
