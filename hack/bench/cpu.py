@@ -32,6 +32,14 @@ def run_processes(cluster: LocalCluster, operators: Sequence[OperatorProcess]) -
     for op in operators:
         if op.popen is not None and op.popen.poll() is None:
             pids[op.log.stem] = op.popen.pid
+    # The run's first operator is not among the phases' own: every operator the bench started counts.
+    known = set(pids.values())
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in known and any(a.endswith("gpuhealth-operator") for a in child.cmdline()[:2]):
+                pids[f"operator-{child.pid}"] = child.pid
+        except psutil.Error:
+            continue
     pids["bench"] = os.getpid()
     return pids
 

@@ -61,3 +61,24 @@ def test_the_drain_line_says_where_the_time_went_only_when_measured() -> None:
     assert "kube-apiserver 41.2 s, operator-peer-1 22.0 s, etcd 6.1 s, the machine 97% busy" in text
     assert "(operator-peer-1, 2000 samples)" in text and "event-loop 0.61" in text
     assert "`gpuhealth/controller/act/drainer.py:run` 700" in text
+
+
+def test_every_operator_the_bench_started_is_counted(tmp_path: Path) -> None:
+    """The run's first operator is not one of the phases' own: it is found among the bench's children."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    script = tmp_path / "gpuhealth-operator"
+    script.write_text("import time\ntime.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 10
+        pids: dict[str, int] = {}
+        while time.monotonic() < deadline and f"operator-{child.pid}" not in pids:
+            pids = cpu.run_processes(SimpleNamespace(procs={}), [])  # type: ignore[arg-type]
+            time.sleep(0.05)
+        assert pids[f"operator-{child.pid}"] == child.pid and pids["bench"] == os.getpid()
+    finally:
+        child.kill()
+        child.wait()

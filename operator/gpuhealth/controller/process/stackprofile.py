@@ -45,6 +45,8 @@ WAITS: frozenset[tuple[str, str]] = frozenset(
         ("socket.py", "create_connection"),
         ("connection.py", "create_connection"),
         ("time.py", "sleep"),
+        ("wait.py", "do_poll"),  # urllib3: waiting for the API server's answer (or a pooled socket) to be readable
+        ("wait.py", "do_select"),
     }
 )
 
