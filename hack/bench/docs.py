@@ -111,6 +111,35 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
 
 
 RESILIENCE = ("drain_storm", "failover", "warm_restart")
+DRAIN_ALONE_BEGIN = "<!-- bench-drain-alone:begin (python -m hack.bench.docs) -->"
+DRAIN_ALONE_END = "<!-- bench-drain-alone:end -->"
+
+
+def drain_alone(res: Mapping[str, Any]) -> bool:
+    """A run of the drain storm without the failover and warm restart phases (``--phases drain``,
+    with ``--stack-profile`` to see where the storm's time goes): rendered on its own, never in place
+    of the newest run of the three phases, whose failover and restart it does not measure."""
+    return "drain_storm" in res and "failover" not in res and "warm_restart" not in res
+
+
+def resilience_run(res: Mapping[str, Any]) -> bool:
+    return any(k in res for k in RESILIENCE) and not drain_alone(res)
+
+
+def render_drain_alone(runs: list[tuple[Path, dict[str, Any]]], newest: int = 4) -> str:
+    """The newest drain-storm-only runs, one paragraph each: where, when, and the storm's detail (with
+    the CPU per process and the operator's stack profile where the run measured them)."""
+    alone = [r for r in runs if drain_alone(r[1])][-newest:]
+    if not alone:
+        return f"{DRAIN_ALONE_BEGIN}\nNo run of the drain storm alone is filed yet.\n{DRAIN_ALONE_END}"
+    parts = []
+    for path, r in alone:
+        profiled = ", operators stack-profiled" if dig(r, "config", "stack_profile") else ""
+        parts.append(
+            f"Drain storm alone at {r['nodes']:,} nodes: commit `{r['commit']}`, {r['date']}, {r['machine']}; load "
+            f"average {r['load']} during the run (`{_rel(path)}`{profiled}).\n\n{drain_line(r)}"
+        )
+    return "\n".join([DRAIN_ALONE_BEGIN, "\n\n".join(parts), DRAIN_ALONE_END])
 
 
 def render_resilience(path: Path, res: dict[str, Any], *more: tuple[Path, dict[str, Any]]) -> str:
@@ -144,7 +173,7 @@ def resilience_points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Pat
     """The newest run with the drain storm, failover or warm restart phase of each node count."""
     newest: dict[int, tuple[Path, dict[str, Any]]] = {}
     for path, res in runs:
-        if any(k in res for k in RESILIENCE):
+        if resilience_run(res):
             newest[int(res["nodes"])] = (path, res)
     return [newest[n] for n in sorted(newest)]
 
@@ -224,7 +253,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     core = [r for r in runs if core_run(r[1])]
     small = [r for r in core if r[1]["nodes"] < LARGE_FLEET_NODES]
     large = [r for r in core if r[1]["nodes"] >= LARGE_FLEET_NODES]
-    resilient = [r for r in runs if any(k in r[1] for k in RESILIENCE)]
+    resilient = [r for r in runs if resilience_run(r[1])]
     # The newest run below 10,000 nodes and the newest of 10,000 or more, each held to its own targets.
     by_size = [r for r in resilient if r[1]["nodes"] < LARGE_FLEET_NODES][-1:]
     by_size += [r for r in resilient if r[1]["nodes"] >= LARGE_FLEET_NODES][-1:]
@@ -243,7 +272,8 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     )
     table = resilience_table(runs) or ["No run with the drain storm, failover and warm restart phases is filed yet."]
     summary = "\n".join([SUMMARY_BEGIN, *table, SUMMARY_END])
-    return {DOCS[0]: [latest, summary], DOCS[1]: [latest, big, res_block, mig_block, render_ab(directory)]}
+    alone = render_drain_alone(runs)
+    return {DOCS[0]: [latest, summary], DOCS[1]: [latest, big, res_block, alone, mig_block, render_ab(directory)]}
 
 
 def _rel(path: Path) -> str:

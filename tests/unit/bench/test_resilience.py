@@ -220,11 +220,34 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
     only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
     rendered = docs.blocks(tmp_path)
-    readme, summary, latest, _, resilience, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
+    readme, summary, latest, _, resilience, _, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
     assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
     assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
     assert "| 1,000 | `abcdef0`, 2026-12-31" in summary and "| 7 of 7 |" in summary  # the README's row
     assert "Drain storm: 100 nodes x 15 pods" in resilience
+
+
+def test_a_run_of_the_drain_storm_alone_is_rendered_on_its_own(tmp_path: Path) -> None:
+    """A ``--phases drain`` run never takes the place of the newest run of the three phases (it does
+    not measure failover or restart); it has a block of its own, with its CPU and stack profile."""
+    three = _with_resilience()
+    three.update({"date": "2026-12-30T00:00Z", "commit": "aaaaaaa", "load": "1.0-2.0"})
+    alone = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery", "failover", "warm_restart"):
+        alone.pop(k)
+    alone["config"].update({"phases": ["drain"], "stack_profile": True})
+    alone["drain_storm"]["cpu"] = {"wall_s": 27.0, "cores": 2, "machine_busy": 1.0, "cpu_s": {"kube-apiserver": 26.0}}
+    alone.update({"date": "2026-12-31T00:00Z", "commit": "bbbbbbb", "load": "1.0-2.0"})
+    for r in (three, alone):
+        (tmp_path / f"bench-1000-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), encoding="utf-8")
+    _, summary, _, _, resilience, drain_only, _, _ = [
+        *docs.blocks(tmp_path)[docs.DOCS[0]],
+        *docs.blocks(tmp_path)[docs.DOCS[1]],
+    ]
+    assert "`aaaaaaa`" in resilience and "`bbbbbbb`" not in resilience and "`bbbbbbb`" not in summary
+    assert drain_only.startswith(docs.DRAIN_ALONE_BEGIN) and "commit `bbbbbbb`" in drain_only
+    assert "operators stack-profiled" in drain_only and "kube-apiserver 26.0 s, the machine 100% busy" in drain_only
+    assert docs.render_drain_alone([]).count("No run of the drain storm alone") == 1
 
 
 def test_nothing_filed_yet_says_so() -> None:
