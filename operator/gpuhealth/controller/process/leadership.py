@@ -55,8 +55,7 @@ class Leadership:
         first (and counts it as started: a pause during it asks for another)."""
         await self._wanted.wait()
         await self._loaded.wait()
-        due, self.resync_needed = self.resync_needed, False
-        return due
+        return self.take_resync()
 
     def act(self) -> bool:
         """Start acting, unless the replica was released meanwhile or a pause asked for another resync."""
