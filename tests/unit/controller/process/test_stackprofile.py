@@ -10,22 +10,27 @@ from pathlib import Path
 from gpuhealth.controller.process import stackprofile as S
 
 
-def _spin(stop: threading.Event) -> None:
+def _spin(stop: threading.Event, running: threading.Event) -> None:
     x = 0
+    running.set()
     while not stop.is_set():
         x += 1
 
 
-def _sleep(stop: threading.Event) -> None:
+def _sleep(stop: threading.Event, running: threading.Event) -> None:
+    running.set()
     stop.wait(30)
 
 
 def test_a_busy_thread_is_busy_and_a_waiting_one_waits() -> None:
-    stop = threading.Event()
-    busy = threading.Thread(target=_spin, args=(stop,), name="kube_0", daemon=True)
-    idle = threading.Thread(target=_sleep, args=(stop,), name="drain_3", daemon=True)
+    stop, spinning, sleeping = threading.Event(), threading.Event(), threading.Event()
+    busy = threading.Thread(target=_spin, args=(stop, spinning), name="kube_0", daemon=True)
+    idle = threading.Thread(target=_sleep, args=(stop, sleeping), name="drain_3", daemon=True)
     busy.start()
     idle.start()
+    # Sampled only once both are in their loop and their wait (not still starting up).
+    assert spinning.wait(10) and sleeping.wait(10)
+    time.sleep(0.05)
     try:
         window = S.Window()
         prof = S.StackProfiler(Path("unused"))
@@ -68,7 +73,8 @@ def test_the_profiler_writes_a_line_per_window(tmp_path: Path) -> None:
     out = tmp_path / "stacks.jsonl"
     prof = S.StackProfiler(out, sample_hz=200, interval_s=1.0).start()
     deadline = time.monotonic() + 10
-    while not out.exists() and time.monotonic() < deadline:
+    # The file appears when the first window is opened for appending; wait for the whole line.
+    while not (out.exists() and "\n" in out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     prof.stop()
     line = json.loads(out.read_text().splitlines()[0])
