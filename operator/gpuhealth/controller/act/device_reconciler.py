@@ -97,6 +97,7 @@ class Placed:
     placement: Placement
     new: frozenset[int]  # GPUs that newly want holding out: what the breaker's GPU budget is asked for
     uuids: Mapping[int, str]  # GPU index -> UUID, as reported
+    prior: Mapping[int, DeviceRecord]  # each GPU's record as the status holds it (read once per pass)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class DeviceReconciler(DeviceRules):
             and f.gpu is not None
             and not (prior.get(f.gpu) and prior[f.gpu].out_of_service)
         )
-        return Placed(a, findings, placement, new, uuids)
+        return Placed(a, findings, placement, new, uuids, prior)
 
     def decide(
         self,
@@ -213,7 +214,7 @@ class DeviceReconciler(DeviceRules):
         """Each GPU's next record (``decide_devices``, with the GPU budget the breaker gave), its
         devices and rule names, and the assessment the node state machine decides on. No side effect."""
         a, findings, placement, uuids = placed.assessment, list(placed.findings), placed.placement, placed.uuids
-        prior = devices_from_status(status)
+        prior = placed.prior
         drains = device_drains(status)
         drained = frozenset(
             i for i, d in drains.items() if d.get("phase") == "Completed" and i in prior and drain_current(d, prior[i])
