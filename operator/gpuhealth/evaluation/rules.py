@@ -1,7 +1,12 @@
 """Rules the controller applies around the state machine, kept pure so they are tested like it.
 
 - ``time_dependent``: whether the clock alone may change a node's verdict. The sweeper re-queues
-  only those nodes, so a large idle fleet costs no reconciles and no writes.
+  only those nodes, every tick, so a large idle fleet costs no reconciles and no writes. A node that
+  only holds GPUs out (``Degraded`` for ``DeviceQuarantined``, each held-out GPU ``Quarantined`` or
+  ``AwaitingRepair``) is not one of them: those GPUs wait for clean facts, a release or a repair step,
+  all events. Passing such nodes every tick made the operator's work grow with the number of GPUs
+  held out across the fleet times the cost of one pass (a MIG node's maps 56 devices): at 1,000 MIG
+  nodes with a hundred GPUs held out the event loop was never idle and a new fault waited seconds.
 - ``fatal``: whether the faults behind a drain are fatal to running work (a lost GPU, NVML gone, an
   XID whose catalog action is a node reboot): pods then get no time to finish on their own.
 """
@@ -12,8 +17,10 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.names import Signal, State
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.remediation import IN_FLIGHT, Phase
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
@@ -35,9 +42,11 @@ def time_dependent(
     """
     if rec is None or report is None:
         return True  # a new node, or one whose agent never reported: silence is measured by the clock
-    if rec.state in (State.RECOVERING, State.DRAINING, State.DEGRADED) or rec.held_by_breaker:
-        return True  # probation, drain deadlines and retries, breaker admission, app-XID windows
     status = report.get("status") or {}
+    if rec.state in (State.RECOVERING, State.DRAINING) or rec.held_by_breaker:
+        return True  # probation, drain deadlines and retries, breaker admission
+    if rec.state == State.DEGRADED and not _steady_hold_out(rec, status):
+        return True  # app-XID and restart-loop windows; a GPU's probation, drain or budget wait
     if status.get("pending"):
         return True  # sustained heat
     if rec.state == State.UNKNOWN:
@@ -48,6 +57,32 @@ def time_dependent(
     if heartbeat is None or (now - heartbeat).total_seconds() > silence:
         return True  # the agent went silent
     return any((d.get("clockEventReasons") or 0) & THERMAL_REASONS for d in spec.get("devices") or [])
+
+
+# GPU states that no clock moves: they change with the agent's facts, a release, or a ladder step.
+_STEADY_GPU = frozenset({DeviceState.IN_SERVICE, DeviceState.QUARANTINED, DeviceState.AWAITING_REPAIR})
+# A ladder step that waits on time: its preconditions, its Job, or the facts after it (timeouts).
+_LADDER_WAITS = frozenset({Phase.READY, *IN_FLIGHT})
+
+
+def _steady_hold_out(rec: Record, status: Mapping[str, Any]) -> bool:
+    """Whether a ``Degraded`` node is so only because some of its GPUs are held out, each in a state no
+    clock moves (not on probation, not draining, not waiting for the breaker's GPU budget, no ladder
+    step under way). Anything unreadable counts as not steady: the node keeps its pass every tick."""
+    if rec.reason != Signal.DEVICE_QUARANTINED:
+        return False
+    devices = status.get("devices") or []
+    if not isinstance(devices, list):
+        return False
+    for d in devices:
+        if not isinstance(d, Mapping) or d.get("heldByBreaker"):
+            return False
+        if str(d.get("state") or DeviceState.IN_SERVICE) not in _STEADY_GPU:
+            return False
+    ladders = status.get("remediation") or {}
+    if not isinstance(ladders, Mapping):
+        return False
+    return not any(not isinstance(r, Mapping) or r.get("phase") in _LADDER_WAITS for r in ladders.values())
 
 
 def fatal(a: Assessment) -> bool:

@@ -37,6 +37,7 @@ from typing import Any
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import Placement, place
+from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_from_status, devices_to_status
 from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
@@ -181,7 +182,7 @@ class DeviceReconciler(DeviceRules):
         placement = place(
             a.findings,
             name,
-            self.slices.slices() if wanted else (),
+            self._slices_for(name, a, uuids) if wanted else (),
             policy.devices.drivers,
             uuids,
             self.taken,
@@ -199,6 +200,14 @@ class DeviceReconciler(DeviceRules):
             and not (prior.get(f.gpu) and prior[f.gpu].out_of_service)
         )
         return Placed(a, findings, placement, new, uuids, prior)
+
+    def _slices_for(self, name: str, a: Assessment, uuids: Mapping[int, str]) -> list[SlimSlice]:
+        """The slices the placement of ``name``'s findings reads: the node's pools and those publishing
+        its GPUs' UUIDs (``SliceCache.for_node``); every slice when a GPU has no UUID to look for."""
+        found = [f for f in a.findings if f.scope == Scope.DEVICE]
+        if any(not (f.uuid or (f.gpu is not None and uuids.get(f.gpu))) for f in found):
+            return self.slices.slices()
+        return self.slices.for_node(name, [*uuids.values(), *(f.uuid for f in found)])
 
     def decide(
         self,

@@ -58,6 +58,9 @@ class DeviceRules:
 
     def _init_rules(self) -> None:
         self.rules: dict[str, dict[str, Any]] = {}  # gpuhealth's DeviceTaintRules by name
+        # The same rules' names by node: a node's convergence reads only its own, not every rule of the
+        # fleet (a MIG fleet holds seven per GPU out, and each pass of a node used to walk them all).
+        self._by_node: dict[str, set[str]] = {}
         self._listed_at = float("-inf")
         self.wanted: dict[str, set[str]] = {}  # node -> the rule names its last convergence wanted
         # Rules whose delete is on its way: a node's convergence and the sweep may both find the
@@ -78,6 +81,28 @@ class DeviceRules:
                 raise
             rules = []  # this API server serves no resource.k8s.io/v1 DeviceTaintRules
         self.rules = {r["metadata"]["name"]: r for r in rules}
+        self._by_node = {}
+        for rname, rule in self.rules.items():
+            self._by_node.setdefault(_rule_node(rule), set()).add(rname)
+
+    def _keep(self, rule: dict[str, Any]) -> None:
+        rname = rule["metadata"]["name"]
+        self.rules[rname] = rule
+        self._by_node.setdefault(_rule_node(rule), set()).add(rname)
+
+    def _forget(self, rname: str) -> None:
+        rule = self.rules.pop(rname, None)
+        if rule is None:
+            return
+        names = self._by_node.get(_rule_node(rule))
+        if names is not None:
+            names.discard(rname)
+            if not names:
+                del self._by_node[_rule_node(rule)]
+
+    def rules_of(self, node: str) -> list[dict[str, Any]]:
+        """gpuhealth's rules of one node, as this process knows them."""
+        return [self.rules[n] for n in sorted(self._by_node.get(node, ()))]
 
     async def converge_rules(self, name: str, policy: Policy, records: Iterable[DeviceRecord]) -> int:
         """Make gpuhealth's rules of the node what ``records`` hold out; returns the rules created."""
@@ -86,7 +111,7 @@ class DeviceRules:
             self.wanted[name] = {d["metadata"]["name"] for d in desired}
         else:  # only nodes holding GPUs out are kept, so the map cannot grow with node churn
             self.wanted.pop(name, None)
-        existing = [r for r in self.rules.values() if _rule_node(r) == name]
+        existing = self.rules_of(name)
         plan = plan_rules(desired, existing)
         mode = str(policy.mode)
         for rname, uid in plan.delete:
@@ -117,7 +142,7 @@ class DeviceRules:
             if status_of(e) != 409:
                 raise
             return False
-        self.rules[created["metadata"]["name"]] = created
+        self._keep(created)
         metrics.DEVICE_ACTIONS.labels("taint", body["spec"]["taint"]["value"], mode).inc()
         return True
 
@@ -133,7 +158,7 @@ class DeviceRules:
                 raise
         finally:
             self._deleting.discard(rname)
-        self.rules.pop(rname, None)
+        self._forget(rname)
         return True
 
     async def sweep(self) -> None:

@@ -33,39 +33,97 @@ class SliceSource(Protocol):
     def watch_resource_slices(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
 
 
+Pool = tuple[str, str]  # (driver, pool)
+
+
 class SliceCache:
-    """Slim ResourceSlices by name; safe to read from any thread while the watch updates it."""
+    """Slim ResourceSlices by name; safe to read from any thread while the watch updates it.
+
+    Indexed by pool, by the node a slice names (its pool or ``nodeName``) and by the UUIDs its
+    devices publish, so that one node's lookup reads that node's pools (and the pools of any other
+    node publishing one of its GPUs' UUIDs, for the contradiction checks), never the whole fleet's
+    slices: a MIG fleet of 1,000 nodes publishes 56,000 devices, and walking them all for each GPU
+    of each pass made a pass cost grow with the fleet."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slices: dict[str, SlimSlice] = {}
+        self._pools: dict[Pool, set[str]] = {}  # pool -> names of its slices
+        self._of_node: dict[str, set[Pool]] = {}  # a node (pool name or nodeName) -> its pools
+        self._of_uuid: dict[str, set[Pool]] = {}  # a device UUID -> the pools publishing it
         self.synced = threading.Event()  # set after the first full list
+
+    @staticmethod
+    def _keys(s: SlimSlice) -> tuple[Pool, set[str], set[str]]:
+        return (s.driver, s.pool), {k for k in (s.pool, s.node) if k}, {d.uuid for d in s.devices if d.uuid}
+
+    def _add(self, s: SlimSlice) -> None:
+        pool, nodes, uuids = self._keys(s)
+        self._slices[s.name] = s
+        self._pools.setdefault(pool, set()).add(s.name)
+        for n in nodes:
+            self._of_node.setdefault(n, set()).add(pool)
+        for u in uuids:
+            self._of_uuid.setdefault(u, set()).add(pool)
+
+    def _drop(self, name: str) -> None:
+        s = self._slices.pop(name, None)
+        if s is None:
+            return
+        pool, nodes, uuids = self._keys(s)
+        left = self._pools.get(pool, set())
+        left.discard(name)
+        if left:
+            return  # its pool's other slices keep the pool's entries (a stale one costs a lookup, no error)
+        self._pools.pop(pool, None)
+        for index, keys in ((self._of_node, nodes), (self._of_uuid, uuids)):
+            for k in keys:
+                pools = index.get(k)
+                if pools is not None:
+                    pools.discard(pool)
+                    if not pools:
+                        del index[k]
 
     def replace(self, slices: Iterable[SlimSlice]) -> None:
         with self._lock:
-            self._slices = {s.name: s for s in slices}
+            self._slices, self._pools, self._of_node, self._of_uuid = {}, {}, {}, {}
+            for s in slices:
+                self._add(s)
         self.synced.set()
 
     def apply(self, kind: str, s: SlimSlice) -> None:
         with self._lock:
-            if kind == "DELETED":
-                self._slices.pop(s.name, None)
-            else:
-                self._slices[s.name] = s
+            self._drop(s.name)
+            if kind != "DELETED":
+                self._add(s)
 
     def slices(self) -> list[SlimSlice]:
         with self._lock:
             return list(self._slices.values())
 
+    def for_node(self, node: str, uuids: Iterable[str] = ()) -> list[SlimSlice]:
+        """Every slice of the pools that publish ``node``'s devices or any of ``uuids``: all that the
+        mapping of ``node``'s GPUs reads (``actions/gpudevices.py`` filters by node and generation
+        within whole pools, so whole pools give it the same answer as the full list)."""
+        with self._lock:
+            pools = set(self._of_node.get(node, ()))
+            for u in uuids:
+                if u:
+                    pools |= self._of_uuid.get(u, set())
+            return [self._slices[n] for p in sorted(pools) for n in sorted(self._pools.get(p, ()))]
+
     def find(
         self, node: str, drivers: Sequence[str], index: int | None, uuid: str, reported: Collection[str] = ()
     ) -> GpuDevices:
-        """The DRA devices of GPU ``index`` / ``uuid`` on ``node`` (``actions.gpudevices.devices_of_gpu``)."""
-        return devices_of_gpu(self.slices(), node, drivers, index, uuid, reported)
+        """The DRA devices of GPU ``index`` / ``uuid`` on ``node`` (``actions.gpudevices.devices_of_gpu``).
+        Without a UUID (a driver that publishes only an index) every slice is read: the GPU's UUID,
+        which the contradiction checks look for elsewhere, is only known once its device is found."""
+        slices = self.for_node(node, (uuid,)) if uuid else self.slices()
+        return devices_of_gpu(slices, node, drivers, index, uuid, reported)
 
     def by_uuid(self, node: str, drivers: Sequence[str], uuid: str) -> GpuDevices:
         """The one DRA device of ``node`` publishing ``uuid`` (``actions.gpudevices.device_by_uuid``)."""
-        return device_by_uuid(self.slices(), node, drivers, uuid)
+        return device_by_uuid(self.for_node(node), node, drivers, uuid)
 
 
 Items = list[SlimSlice]  # (a name of its own: `list` is a method of the watch below)

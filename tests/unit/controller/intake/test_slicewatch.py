@@ -10,13 +10,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
 
-from gpuhealth.actions.slices import DeviceRef
+from gpuhealth.actions.gpudevices import device_by_uuid, devices_of_gpu
+from gpuhealth.actions.slices import DeviceRef, slim_slice
 from gpuhealth.controller.intake.reflector import Gone, WatchError
 from gpuhealth.controller.intake.slicewatch import SliceCache, SliceWatch
+from tests.support import dra_shapes as S
+from tests.unit.actions.test_gpudevices import DRIVERS, MIG_LAYOUTS, PROPS, node_shape
+from tests.unit.actions.test_gpudevices import uuid as gpu_uuid
 from tests.unit.actions.test_slices import slice_obj, uuid
-
-DRIVERS = ("gpu.nvidia.com",)
 
 
 def versioned(obj: dict[str, Any], rv: str) -> dict[str, Any]:
@@ -95,3 +98,55 @@ def test_cache_apply_and_delete() -> None:
     assert c.find("n1", DRIVERS, 0, uuid(0)).ref is not None
     c.apply("DELETED", slim_slice(slice_obj("n1")))
     assert c.find("n1", DRIVERS, 0, uuid(0)).ref is None and not c.synced.is_set()
+
+
+# -- the cache's per-node lookup ------------------------------------------------------------------
+
+
+def _fleet_cache(here: list[Any], others: int = 3) -> tuple[SliceCache, list[Any]]:
+    """``here``'s slices beside other nodes' (one of them publishing GPU 2's UUID as a plain GPU)."""
+    slices = [slim_slice(s) for s in here]
+    for i in range(others):
+        gpus = [S.Gpu(0, f"GPU-other-{i}"), S.Gpu(5, gpu_uuid(2) if i == 0 else f"GPU-other-{i}-5")]
+        slices += [slim_slice(s) for s in S.static_slices(f"m{i}", gpus).slices]
+    cache = SliceCache()
+    cache.replace(slices)
+    return cache, slices
+
+
+@PROPS
+@given(node_shape())
+def test_a_nodes_lookup_answers_as_the_whole_fleets_slices_would(shape: Any) -> None:
+    """The per-node index reads only the pools that matter, and gives exactly the full list's answer:
+    every GPU's devices, a MIG UUID's one device, and the contradictions that need other pools."""
+    _, gpus, pub = shape
+    cache, everything = _fleet_cache(pub.slices)
+    reported = {g.uuid for g in gpus} | {gpu_uuid(2)}
+    for g in gpus:
+        whole = devices_of_gpu(everything, "n1", DRIVERS, None, g.uuid, reported)
+        assert cache.find("n1", DRIVERS, None, g.uuid, reported) == whole
+    for d in (d for s in cache.for_node("n1") for d in s.devices if d.uuid.startswith("MIG-")):
+        assert cache.by_uuid("n1", DRIVERS, d.uuid) == device_by_uuid(everything, "n1", DRIVERS, d.uuid)
+    assert all(s.pool != "m1" for s in cache.for_node("n1", [g.uuid for g in gpus]))
+
+
+def test_a_parent_published_as_a_plain_gpu_elsewhere_is_still_seen_through_the_index() -> None:
+    here = S.static_slices("n1", [S.Gpu(2, gpu_uuid(2), MIG_LAYOUTS[0])]).slices
+    cache, _ = _fleet_cache(here)
+    m = cache.find("n1", DRIVERS, 2, gpu_uuid(2))
+    assert m.conflict and "plain GPU by another pool" in m.reason and "m0/gpu-5" in m.reason
+
+
+def test_the_index_follows_updates_and_deletes() -> None:
+    cache, _ = _fleet_cache(S.static_slices("n1", [S.Gpu(2, gpu_uuid(2), MIG_LAYOUTS[0])]).slices)
+    assert {s.pool for s in cache.for_node("n1", [gpu_uuid(2)])} == {"n1", "m0"}
+    (m0,) = [s for s in cache.slices() if s.pool == "m0"]
+    cache.apply("DELETED", m0)
+    assert {s.pool for s in cache.for_node("n1", [gpu_uuid(2)])} == {"n1"}
+    assert not cache.find("n1", DRIVERS, 2, gpu_uuid(2)).conflict
+    # The node re-partitioned: a new generation's slice replaces the old by name, the index with it.
+    (old,) = cache.for_node("n1")
+    new = slim_slice(S.static_slices("n1", [S.Gpu(2, gpu_uuid(2), MIG_LAYOUTS[2])]).slices[0])
+    cache.apply("MODIFIED", new)
+    assert cache.for_node("n1") == [new] and old.name == new.name
+    assert {r.device for r in cache.find("n1", DRIVERS, 2, gpu_uuid(2)).refs} == {"gpu-2-mig-7g80gb-0-0"}
