@@ -307,7 +307,9 @@ def test_new_facts_from_an_agent_are_queued_urgent_and_our_own_status_echo_is_no
     async def body() -> None:
         rt = await runtime(kube)
         rt.queue = rt.feeders.queue = WorkQueue()
-        rt.on_node("MODIFIED", kube.nodes["n1"])  # e.g. a sweep or a Node change: not urgent
+        changed = copy.deepcopy(kube.nodes["n1"])
+        changed["spec"]["unschedulable"] = True  # a Node change (someone cordoned it): queued, not urgent
+        rt.on_node("MODIFIED", changed)
         echo = copy.deepcopy(rt.store.reports["n2"])
         echo["status"] = {"state": "Healthy"}
         rt.on_report("MODIFIED", echo)  # our own status write: same spec, no news
@@ -333,7 +335,9 @@ def test_a_release_an_sre_asks_for_is_queued_ahead_of_the_backlog() -> None:
     async def body() -> None:
         rt = await runtime(kube)
         rt.queue = rt.feeders.queue = WorkQueue()
-        rt.on_node("MODIFIED", kube.nodes["silent"])  # nothing asked: in line
+        cordoned = copy.deepcopy(kube.nodes["silent"])
+        cordoned["spec"]["unschedulable"] = True
+        rt.on_node("MODIFIED", cordoned)  # a change, nothing asked: in line
         for name, key in (("whole", RELEASE_ANNOTATION), ("gpus", RELEASE_GPU_ANNOTATION)):
             asked = copy.deepcopy(kube.nodes[name])
             asked["metadata"].setdefault("annotations", {})[key] = "2026-12-01T00:00:00Z"
@@ -343,6 +347,10 @@ def test_a_release_an_sre_asks_for_is_queued_ahead_of_the_backlog() -> None:
         for k in ("whole", "gpus", "silent"):
             rt.queue.done(k)
         rt.on_node("MODIFIED", copy.deepcopy(rt.store.nodes["whole"]))  # the same release seen again
+        assert rt.queue._dirty == {}  # no news: neither urgent nor queued at all
+        again = copy.deepcopy(rt.store.nodes["whole"])
+        again["metadata"]["labels"] = {**(again["metadata"].get("labels") or {}), "pool": "b"}
+        rt.on_node("MODIFIED", again)  # something else changed, the release did not: in line
         assert rt.queue._dirty == {"whole": False}
 
     run(body)

@@ -1,0 +1,51 @@
+"""The cache feeders queue a node only when an event changes something the operator reads."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpuhealth.controller.intake.slim import slim_node
+from gpuhealth.controller.process.runtime import Runtime
+from tests.unit.builders import T0
+from tests.unit.fake_kube import FakeKube
+
+
+def _node(rv: str, **status: Any) -> dict[str, Any]:
+    """A Node as the watch brings it: the kubelet's heartbeat fields change with every update."""
+    return {
+        "metadata": {"name": "n1", "resourceVersion": rv, "labels": {"nvidia.com/gpu.present": "true"}},
+        "spec": {},
+        "status": {
+            "capacity": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": f"2026-12-02T06:00:{rv}Z"}],
+            **status,
+        },
+    }
+
+
+def _queued(r: Runtime) -> set[str]:
+    return set(r.queue._dirty)
+
+
+def test_a_node_event_that_changes_nothing_read_queues_no_reconcile() -> None:
+    async def body() -> None:
+        r = Runtime(FakeKube(), clock=lambda: T0, workers=1)
+        r.on_node("ADDED", slim_node(_node("10")))
+        assert _queued(r) == {"n1"}
+        r.queue._dirty.clear()
+        r.on_node("MODIFIED", slim_node(_node("11")))  # a heartbeat: only the kubelet's fields moved
+        assert _queued(r) == set()
+        assert r.store.nodes["n1"]["metadata"]["resourceVersion"] == "11"  # the cache is current all the same
+        taint = {"key": "gpuhealth.dev/unhealthy", "value": "Xid", "effect": "NoSchedule"}
+        changed = _node("12")
+        changed["spec"] = {"taints": [taint]}  # someone edited a field the operator reads
+        r.on_node("MODIFIED", slim_node(changed))
+        assert _queued(r) == {"n1"}
+        r.queue._dirty.clear()
+        labelled = _node("13")
+        labelled["metadata"]["labels"]["pool"] = "b"  # a label can change the governing policy
+        r.on_node("MODIFIED", slim_node(labelled))
+        assert _queued(r) == {"n1"}
+
+    asyncio.run(body())
