@@ -84,7 +84,8 @@ def _conflict(what: str, why: str) -> GpuDevices:
     )
 
 
-def _is_partition(d: SlimDevice) -> bool:
+def is_partition(d: SlimDevice) -> bool:
+    """A MIG device or partitionable placement (it names a parent GPU, or its type says so), not a GPU."""
     return bool(d.parent_uuid) or d.type in _PARTITION_TYPES
 
 
@@ -97,9 +98,9 @@ Pair = tuple[SlimSlice, SlimDevice]
 
 def _full_device(pairs: list[Pair], index: int | None, uuid: str) -> list[Pair]:
     """The full device(s) of the GPU: by UUID; by index only where no UUID can contradict it."""
-    found = [(s, d) for s, d in pairs if uuid and d.uuid == uuid and not _is_partition(d)]
+    found = [(s, d) for s, d in pairs if uuid and d.uuid == uuid and not is_partition(d)]
     if not found and index is not None:
-        found = [(s, d) for s, d in pairs if d.index == index and not _is_partition(d) and (not d.uuid or not uuid)]
+        found = [(s, d) for s, d in pairs if d.index == index and not is_partition(d) and (not d.uuid or not uuid)]
     return found
 
 
@@ -143,7 +144,7 @@ def devices_of_gpu(
             for s in current
             if not of_node(s, node)
             for d in s.devices
-            if d.uuid == gpu_uuid and not _is_partition(d)
+            if d.uuid == gpu_uuid and not is_partition(d)
         )
         if elsewhere:
             return _conflict(
@@ -163,7 +164,7 @@ def devices_of_gpu(
     for s, d in pairs:
         if (s.driver, s.pool, d.name) in chosen or not any((s.driver, s.pool, c) in sets for c in d.counter_sets):
             continue
-        other = d.parent_uuid or (d.uuid if not _is_partition(d) else "")
+        other = d.parent_uuid or (d.uuid if not is_partition(d) else "")
         if other and other != gpu_uuid:
             return _conflict(what, f"device {_ref(s, d)} of another GPU ({other}) consumes one of its counter sets")
         parts.append((s, d))
@@ -199,7 +200,7 @@ def device_by_uuid(slices: Iterable[SlimSlice], node: str, drivers: Sequence[str
         return GpuDevices(reason=_node_scope(f"no DRA device of node {node} publishes {uuid}"))
     s, d = found[0]
     ref = _ref(s, d)
-    return GpuDevices((ref,), (ref,) if _is_partition(d) else ())
+    return GpuDevices((ref,), (ref,) if is_partition(d) else ())
 
 
 # (find_device: the name the single-device mapping had.)

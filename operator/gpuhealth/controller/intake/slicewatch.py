@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu
+from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_gpu, is_partition
 from gpuhealth.actions.slices import SlimSlice, slim_slice
 from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, Reflector
 from gpuhealth.kube.errors import status_of
@@ -39,8 +39,8 @@ Pool = tuple[str, str]  # (driver, pool)
 class SliceCache:
     """Slim ResourceSlices by name; safe to read from any thread while the watch updates it.
 
-    Indexed by pool, by the node a slice names (its pool or ``nodeName``) and by the UUIDs its
-    devices publish, so that one node's lookup reads that node's pools (and the pools of any other
+    Indexed by pool, by the node a slice names (its pool or ``nodeName``) and by the UUIDs of the
+    full GPUs it publishes, so that one node's lookup reads that node's pools (and the pools of any other
     node publishing one of its GPUs' UUIDs, for the contradiction checks), never the whole fleet's
     slices: a MIG fleet of 1,000 nodes publishes 56,000 devices, and walking them all for each GPU
     of each pass made a pass cost grow with the fleet."""
@@ -50,12 +50,16 @@ class SliceCache:
         self._slices: dict[str, SlimSlice] = {}
         self._pools: dict[Pool, set[str]] = {}  # pool -> names of its slices
         self._of_node: dict[str, set[Pool]] = {}  # a node (pool name or nodeName) -> its pools
-        self._of_uuid: dict[str, set[Pool]] = {}  # a device UUID -> the pools publishing it
+        # A full GPU's UUID -> the pools publishing it as a GPU (what the contradiction checks look for
+        # in other pools); MIG devices and placements are found in their own node's pools, so their
+        # UUIDs (56 on a node of 7-way MIG GPUs) are not indexed.
+        self._of_uuid: dict[str, set[Pool]] = {}
         self.synced = threading.Event()  # set after the first full list
 
     @staticmethod
     def _keys(s: SlimSlice) -> tuple[Pool, set[str], set[str]]:
-        return (s.driver, s.pool), {k for k in (s.pool, s.node) if k}, {d.uuid for d in s.devices if d.uuid}
+        gpus = {d.uuid for d in s.devices if d.uuid and not is_partition(d)}
+        return (s.driver, s.pool), {k for k in (s.pool, s.node) if k}, gpus
 
     def _add(self, s: SlimSlice) -> None:
         pool, nodes, uuids = self._keys(s)
