@@ -115,7 +115,7 @@ class NodeReconciler:
 
     async def _refresh(self, name: str) -> None:
         try:
-            self.store.put_node(name, await self.call(self.kube.get_node, name))
+            self.store.reflect_node(name, await self.call(self.kube.get_node, name))
         except Exception as e:
             if not is_not_found(e):
                 raise
@@ -314,8 +314,10 @@ class NodeReconciler:
         plan = plan_node(node, marks)
         if plan.patch is not None:
             updated = await self.call(self.kube.patch_node, name, plan.patch)
-            self.store.put_node(name, updated)
-            node = self.store.nodes[name]  # the cached copy, so the condition written below is reflected in it
+            self.store.reflect_node(name, updated)
+            # The cached copy, so the condition written below is reflected in it (the answer itself if
+            # the Node was deleted meanwhile: the condition write then fails and the next pass is none).
+            node = self.store.nodes.get(name) or updated
             for act in plan.actions:
                 metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
             if "taint" in plan.actions and top is not None and top.since is not None:
@@ -328,7 +330,7 @@ class NodeReconciler:
             # a new copy through the store, never the cached one edited in place.
             conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]
             status = {**(node.get("status") or {}), "conditions": [*conds, *cond["status"]["conditions"]]}
-            self.store.put_node(name, {**node, "status": status})
+            self.store.reflect_node(name, {**node, "status": status})
 
     def _announce_node_actions(
         self,

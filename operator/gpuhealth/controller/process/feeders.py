@@ -86,7 +86,7 @@ class Feeders:
         # A Node event that changes nothing the operator reads (the kubelet's status heartbeats, other
         # controllers' fields, all cut by the slim copy) costs no reconcile: at 1,000 nodes they are
         # several a second, each a pass through the node's GPUs and devices.
-        if enqueue and (prior is None or not _same_node(prior, body)):
+        if enqueue and (prior is None or not _same_node(prior, self.store.nodes[name])):
             self.queue.add(name, urgent=asked)
 
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:

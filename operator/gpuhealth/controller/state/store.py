@@ -120,6 +120,18 @@ class Store:
             self._governing.pop(name, None)
         self._recount(name)
 
+    def reflect_node(self, name: str, body: Mapping[str, Any]) -> None:
+        """Cache what one of our own Node writes (or a re-read) returned, so the next pass does not repeat
+        it before the watch brings it; but never bring back a Node the watch has deleted meanwhile (or
+        one of the same name since re-created): a write answered just before a deletion can resume after
+        the DELETED event was applied, and a Node cached again then would be passed, and fail, forever,
+        and its report never collected."""
+        old = self._nodes.get(name)
+        uid = (body.get("metadata") or {}).get("uid")
+        if old is None or (uid and (old.get("metadata") or {}).get("uid") not in (None, uid)):
+            return
+        self.put_node(name, body)
+
     def saw_node(self, name: str, now: dt.datetime) -> None:
         """Note when the operator first saw ``name`` (an agent gets its silence grace from then)."""
         self._first_seen.setdefault(name, now)
