@@ -30,16 +30,6 @@ def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
     return tuple(annotations.get(k) for k in COMMANDS)
 
 
-def _same_node(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two slim Nodes differ in nothing but their resourceVersion."""
-
-    def read(n: Mapping[str, Any]) -> tuple[Any, ...]:
-        meta = {k: v for k, v in (n.get("metadata") or {}).items() if k != "resourceVersion"}
-        return meta, n.get("spec"), n.get("status")
-
-    return read(a) == read(b)
-
-
 def _replace(
     fresh: list[dict[str, Any]], cached: Mapping[str, Any], feed: Callable[[str, Mapping[str, Any]], None]
 ) -> None:
@@ -78,15 +68,11 @@ class Feeders:
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
             return
-        prior = self.store.nodes.get(name)
         # A release an SRE just asked for goes ahead of the fleet's backlog, as an agent's new facts do.
-        asked = _commands(body) != _commands(prior)
+        asked = _commands(body) != _commands(self.store.nodes.get(name))
         self.store.put_node(name, body)
         self.store.saw_node(name, self.clock())
-        # A Node event that changes nothing the operator reads (the kubelet's status heartbeats, other
-        # controllers' fields, all cut by the slim copy) costs no reconcile: at 1,000 nodes they are
-        # several a second, each a pass through the node's GPUs and devices.
-        if enqueue and (prior is None or not _same_node(prior, self.store.nodes[name])):
+        if enqueue:
             self.queue.add(name, urgent=asked)
 
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:

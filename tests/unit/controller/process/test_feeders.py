@@ -1,4 +1,4 @@
-"""The cache feeders queue a node only when an event changes something the operator reads."""
+"""The cache feeders and the store keep the Node cache true to the API: a deleted Node stays deleted."""
 
 from __future__ import annotations
 
@@ -22,33 +22,6 @@ def _node(rv: str, **status: Any) -> dict[str, Any]:
             **status,
         },
     }
-
-
-def _queued(r: Runtime) -> set[str]:
-    return set(r.queue._dirty)
-
-
-def test_a_node_event_that_changes_nothing_read_queues_no_reconcile() -> None:
-    async def body() -> None:
-        r = Runtime(FakeKube(), clock=lambda: T0, workers=1)
-        r.on_node("ADDED", slim_node(_node("10")))
-        assert _queued(r) == {"n1"}
-        r.queue._dirty.clear()
-        r.on_node("MODIFIED", slim_node(_node("11")))  # a heartbeat: only the kubelet's fields moved
-        assert _queued(r) == set()
-        assert r.store.nodes["n1"]["metadata"]["resourceVersion"] == "11"  # the cache is current all the same
-        taint = {"key": "gpuhealth.dev/unhealthy", "value": "Xid", "effect": "NoSchedule"}
-        changed = _node("12")
-        changed["spec"] = {"taints": [taint]}  # someone edited a field the operator reads
-        r.on_node("MODIFIED", slim_node(changed))
-        assert _queued(r) == {"n1"}
-        r.queue._dirty.clear()
-        labelled = _node("13")
-        labelled["metadata"]["labels"]["pool"] = "b"  # a label can change the governing policy
-        r.on_node("MODIFIED", slim_node(labelled))
-        assert _queued(r) == {"n1"}
-
-    asyncio.run(body())
 
 
 def test_our_own_write_answered_after_a_deletion_does_not_bring_the_node_back() -> None:
