@@ -77,9 +77,12 @@ class SliceCache:
         pool, nodes, uuids = self._keys(s)
         left = self._pools.get(pool, set())
         left.discard(name)
-        if left:
-            return  # its pool's other slices keep the pool's entries (a stale one costs a lookup, no error)
-        self._pools.pop(pool, None)
+        if not left:
+            self._pools.pop(pool, None)
+        for other in left:  # what the pool's other slices still publish keeps the pool under that key
+            _, still_nodes, still_uuids = self._keys(self._slices[other])
+            nodes -= still_nodes
+            uuids -= still_uuids
         for index, keys in ((self._of_node, nodes), (self._of_uuid, uuids)):
             for k in keys:
                 pools = index.get(k)

@@ -150,3 +150,20 @@ def test_the_index_follows_updates_and_deletes() -> None:
     cache.apply("MODIFIED", new)
     assert cache.for_node("n1") == [new] and old.name == new.name
     assert {r.device for r in cache.find("n1", DRIVERS, 2, gpu_uuid(2)).refs} == {"gpu-2-mig-7g80gb-0-0"}
+
+
+def test_a_slice_leaving_a_pool_takes_its_own_index_entries_with_it() -> None:
+    """Partitionable GPUs are one slice each in one pool: a slice deleted while the pool lives on must
+    not leave its GPU's UUID indexed (node churn would otherwise grow the index for ever)."""
+    pub = S.partitionable_slices("n1", [S.Gpu(0, gpu_uuid(0)), S.Gpu(1, gpu_uuid(1))], profiles=["7g.80gb"])
+    cache = SliceCache()
+    slim = [slim_slice(s) for s in pub.slices]
+    cache.replace(slim)
+    assert {gpu_uuid(0), gpu_uuid(1)} <= set(cache._of_uuid)
+    gpu1 = next(s for s in slim if any(d.uuid == gpu_uuid(1) for d in s.devices))
+    cache.apply("DELETED", gpu1)
+    assert gpu_uuid(1) not in cache._of_uuid and gpu_uuid(0) in cache._of_uuid
+    assert gpu1 not in cache.for_node("n1") and len(cache.for_node("n1")) == len(slim) - 1
+    for s in list(cache.slices()):
+        cache.apply("DELETED", s)
+    assert not cache._of_uuid and not cache._of_node and not cache._pools
