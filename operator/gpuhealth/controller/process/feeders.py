@@ -155,12 +155,12 @@ class Feeders:
     def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
         before = (self.store.policy_objs.get(name) or {}).get("metadata") or {}
-        error = self.store.put_policy(name, None if event == "DELETED" else body)
+        update = self.store.put_policy(name, None if event == "DELETED" else body)
         if enqueue:  # (the start-up list is summed up in one line by the runtime)
             _log_policy_change(name, event, before, body)
-        if error is not None:
+        if update.error is not None:
             metrics.INVALID_INPUT.labels("GPUHealthPolicy").inc()
-            log.warning("policy %s refused: %s", name, error)
+            log.warning("policy %s refused: %s", name, update.error)
             uid = body["metadata"].get("uid", name)
             self.events(
                 POLICY_KIND,
@@ -168,10 +168,13 @@ class Feeders:
                 uid,
                 "Warning",
                 "InvalidPolicy",
-                f"The operator will not act on this policy: {error}",
+                f"The operator will not act on this policy: {update.error}",
                 API_VERSION,
             )
-        if enqueue:
+        # Every node again only when the policy decides differently: its status (written by the
+        # operator every tick the counts move) comes back as an event too, and re-passing the whole
+        # fleet on it delayed every new fault behind a thousand passes each tick (docs/bench.md).
+        if enqueue and update.changed:
             for n in self.store.nodes:
                 self.queue.add(n)
 

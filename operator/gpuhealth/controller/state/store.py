@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
@@ -41,6 +42,14 @@ def newer(rv: object, than: str | None) -> bool:
         return int(str(rv)) > int(than)
     except ValueError:
         return True
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """What caching a policy's watch event changed (``Store.put_policy``)."""
+
+    changed: bool  # added, deleted, its spec decides differently, or refused/accepted anew
+    error: str | None = None  # the reason, where the policy is newly refused
 
 
 class Lists(Mapping[str, list[dict[str, Any]]]):
@@ -280,14 +289,26 @@ class Store:
 
     # -- policies --------------------------------------------------------------------------------
 
-    def put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
-        """Cache (or, with ``None``, forget) a policy; returns the error if it is newly refused.
-        Every node is re-selected and re-counted: once per policy change, never per node event."""
+    def put_policy(self, name: str, body: Mapping[str, Any] | None) -> PolicyUpdate:
+        """Cache (or, with ``None``, forget) a policy: whether what it decides changed, and the error
+        if it is newly refused. Only a change re-selects and re-counts every node (once per policy
+        change, never per node event): the operator's own status writes come back as watch events
+        too, and they change nothing a node pass reads."""
+        before = self._decides(name)
         try:
-            return self._put_policy(name, body)
+            error = self._put_policy(name, body)
         finally:
-            self._governing.clear()
-            self._recount_all()
+            changed = self._decides(name) != before
+            if changed:
+                self._governing.clear()
+                self._recount_all()
+            elif before[1] is not None:
+                self._policies[name] = before[1]  # the same object: cached selections still point at it
+        return PolicyUpdate(changed=changed, error=error)
+
+    def _decides(self, name: str) -> tuple[bool, Policy | None, str | None]:
+        """What of a cached policy a node pass reads: that it exists, its parsed spec, its refusal."""
+        return name in self._policy_objs, self._policies.get(name), self._invalid_policies.get(name)
 
     def _put_policy(self, name: str, body: Mapping[str, Any] | None) -> str | None:
         if body is None:

@@ -31,3 +31,28 @@ def test_added_changed_and_deleted_are_logged_once_each(caplog: pytest.LogCaptur
         "policy p changed (generation 2)",
         "policy p deleted",
     ]
+
+
+def node(name: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "uid": name, "labels": {"pool": "a", "nvidia.com/gpu.present": "true"}}}
+
+
+def test_the_operators_own_status_write_requeues_no_node_and_a_spec_change_every_node() -> None:
+    """The policy's status moves whenever its counts do (a GPU held out, a node back), and the write
+    comes back as a watch event: re-passing the fleet on it put every new fault behind a thousand
+    passes each tick at 1,000 nodes. A change of what the policy decides still re-passes every node."""
+    rt = Runtime(FakeKube())
+    rt.on_policy("ADDED", policy(1))
+    for n in ("n1", "n2", "n3"):
+        rt.on_node("ADDED", node(n), enqueue=False)
+    rt.queue._dirty.clear()
+
+    rt.on_policy("MODIFIED", policy(1, {"nodes": 3, "degraded": 1, "breaker": "Closed"}))
+    assert set(rt.queue._dirty) == set()
+
+    rt.on_policy("MODIFIED", {**policy(2), "spec": {"nodeSelector": {"matchLabels": {"pool": "b"}}}})
+    assert set(rt.queue._dirty) == {"n1", "n2", "n3"}
+
+    rt.queue._dirty.clear()
+    rt.on_policy("DELETED", policy(2))
+    assert set(rt.queue._dirty) == {"n1", "n2", "n3"}

@@ -180,3 +180,18 @@ def test_admission_answers_as_the_fleet_walk_did(seed: int) -> None:
         assert admitted > 0
 
     asyncio.run(body())
+
+
+def test_put_policy_says_whether_what_the_policy_decides_changed() -> None:
+    store = Store()
+    body = {"metadata": {"name": "p", "generation": 1}, "spec": {}}
+    assert store.put_policy("p", body).changed  # added
+    assert not store.put_policy("p", {**body, "status": {"nodes": 4}}).changed  # its status, echoed
+    assert store.put_policy("p", {"metadata": {"name": "p", "generation": 2}, "spec": {"priority": 5}}).changed
+    bad = {"metadata": {"name": "p", "generation": 3}, "spec": {"mode": "Sometimes"}}
+    refused = store.put_policy("p", bad)
+    assert refused.changed and refused.error and "mode" in refused.error
+    again = store.put_policy("p", {**bad, "status": {"nodes": 4}})
+    assert not again.changed and again.error is None  # refused already: not announced twice
+    assert store.put_policy("p", None).changed  # deleted
+    assert not store.put_policy("p", None).changed
