@@ -158,11 +158,11 @@ def drain_line(res: dict[str, Any]) -> str:
         f"; {d['checkpoint_requests']} checkpoint requests, {d['checkpoint_acks']} acknowledgements (request to "
         f"acknowledgement p50 {d['request_to_ack_ms_p50']} ms); {d['double_actions']} pods evicted or asked twice; "
         f"PDB: {p['evictions']} evictions, {p['refused_429']} refused (429), fewest Ready {p['min_ready_seen']} "
-        f"of {p['replicas']}." + drain_cpu(d)
+        f"of {p['replicas']}." + storm_cpu(d)
     )
 
 
-def drain_cpu(d: dict[str, Any]) -> str:
+def storm_cpu(d: dict[str, Any]) -> str:
     """Where the storm's time went (runs that measured it): CPU seconds per process over the storm,
     the machine's busy share, and with a stack profile the acting operator's busy threads."""
     c = d.get("cpu")

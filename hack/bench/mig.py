@@ -26,6 +26,7 @@ from kubernetes import client
 from tests.support import dra, dra_shapes
 
 from gpuhealth.agent.model import MigDeviceFacts
+from hack.bench.cpu import CpuWindow
 from hack.bench.fleet import SimNode, gpu_uuid
 from hack.bench.support import (
     DEVICE_TAINT_RULES,
@@ -146,6 +147,7 @@ def measure_mig(
     pool: ThreadPoolExecutor,
     series: dict[str, Any],
     phase: Callable[[str], None],
+    cpu_pids: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """MIG GPU faults one at a time, then a storm, the rules checked, then every GPU reset: the ``mig`` block.
 
@@ -183,11 +185,15 @@ def measure_mig(
         sim.device_fault(MIG_GPU)
         published_at[sim.name] = time.time()
 
+    # CPU seconds per process over the storm (hack/bench/cpu.py): on a shared machine, is the rate the
+    # operator's, or what the API server and the simulated fleet leave it?
+    cpu = CpuWindow(cpu_pids).start() if cpu_pids else None
     t0 = time.time()
     failed = publish_all(pool, fault, [sims[n] for n in storm_nodes])
     published = time.time() - t0
     wanted = [d for n in storm_nodes for d in devices[n]]
     done = rule_watch.wait_all(wanted, timeout=STORM_TIMEOUT_S)
+    cpu_used = cpu.stop() if cpu else None
     rules_seen = sorted(rule_watch.seen_at[d] - t0 for d in wanted if d in rule_watch.seen_at)
     per_gpu = [
         (seen[1] - published_at[n]) * 1000
@@ -209,6 +215,7 @@ def measure_mig(
         "report_to_last_rule_ms_p50": round(percentile(per_gpu, 50), 1),
         "report_to_last_rule_ms_max": round(max(per_gpu, default=float("nan")), 1),
         "nodes_tainted": sum(1 for n in storm_nodes if (n, TAINT) in node_watch.seen_at),
+        "cpu": cpu_used,
     }
     series["mig_storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(rules_seen)]]
     log(f"  {len(rules_seen)}/{len(wanted)} rules in {seconds}s (reports published in {published:.2f}s)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hack.bench.details import storm_cpu
 from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, path
 
 MIG_KEY = "mig"
@@ -74,6 +75,7 @@ def mig_line(res: dict[str, Any]) -> str:
         f"{rec['gpus']} GPUs reset, every rule deleted "
         f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} ({rec['rules_left']} rules left); "
         f"operator peak RSS {m['operator_peak_rss_mb']} MB ({m['operator_peak_rss_mb_in_phase']} MB in the phase)."
+        + storm_cpu(s)
     )
 
 

@@ -20,7 +20,7 @@ from tests.support.k8s import wait_for
 from hack.bench.cli import parse_args
 from hack.bench.cluster import BenchCluster, agent_silence, machine
 from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
-from hack.bench.cpu import STACK_PROFILE_ENV
+from hack.bench.cpu import STACK_PROFILE_ENV, run_processes
 from hack.bench.detection import Floor, fault_nodes, measure_detection
 from hack.bench.devices import measure_devices
 from hack.bench.drain import measure_drain
@@ -207,6 +207,7 @@ def beyond_core(b: Bench) -> None:
             b.pool,
             b.series,
             b.phase,
+            cpu_pids=run_processes(b.cluster, [b.operator]),
         )
     # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
     spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from hack.bench import cpu
-from hack.bench.details import drain_cpu
+from hack.bench.details import storm_cpu
 
 
 def test_a_window_counts_the_cpu_a_process_spent_in_it() -> None:
@@ -40,7 +40,7 @@ def test_stack_summaries_read_each_operators_file_over_the_window(
 
 
 def test_the_drain_line_says_where_the_time_went_only_when_measured() -> None:
-    assert drain_cpu({}) == ""
+    assert storm_cpu({}) == ""
     d = {
         "cpu": {
             "wall_s": 40.0,
@@ -57,7 +57,7 @@ def test_the_drain_line_says_where_the_time_went_only_when_measured() -> None:
             "operator-peer-2": {"samples": 2000, "busy_threads": {"event-loop": 0.01}, "gpuhealth": []},
         },
     }
-    text = drain_cpu(d)
+    text = storm_cpu(d)
     assert "kube-apiserver 41.2 s, operator-peer-1 22.0 s, etcd 6.1 s, the machine 97% busy" in text
     assert "(operator-peer-1, 2000 samples)" in text and "event-loop 0.61" in text
     assert "`gpuhealth/controller/act/drainer.py:run` 700" in text

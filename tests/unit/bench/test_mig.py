@@ -205,3 +205,17 @@ def test_a_small_mig_probe_holds_more_per_node_than_without_mig() -> None:
     plain, _ = memprobe.probe(10)
     mig, _ = memprobe.probe(10, mig=True)
     assert mig > plain + 10 * 56 * 50  # at least 50 bytes for each MIG device
+
+
+def test_the_storm_says_where_its_cpu_went_when_the_run_measured_it() -> None:
+    res = _mig_run()
+    assert "CPU over the storm" not in summary_md(res)  # runs filed before measured none
+    res["mig"]["storm"]["cpu"] = {
+        "wall_s": 8.8,
+        "cores": 2,
+        "machine_busy": 0.97,
+        "cpu_s": {"kube-apiserver": 9.1, "operator-1": 4.2, "bench": 2.5, "etcd": 1.1},
+    }
+    md = summary_md(res)
+    assert "CPU over the storm's 8.8 s on 2 cores: kube-apiserver 9.1 s, operator-1 4.2 s, bench 2.5 s" in md
+    assert "the machine 97% busy" in md
