@@ -168,7 +168,8 @@ def storm_cpu(d: dict[str, Any]) -> str:
     c = d.get("cpu")
     if not c:
         return ""
-    procs = ", ".join(f"{n} {s} s" for n, s in list(c["cpu_s"].items())[:6])
+    # Busiest first (a filed result file's keys come back sorted by name).
+    procs = ", ".join(f"{n} {s} s" for n, s in sorted(c["cpu_s"].items(), key=lambda kv: -kv[1])[:6])
     busy = "" if c.get("machine_busy") is None else f", the machine {round(100 * c['machine_busy'])}% busy"
     text = f" CPU over the storm's {c['wall_s']} s on {c['cores']} cores: {procs}{busy}."
     stacks = d.get("operator_stacks") or {}
