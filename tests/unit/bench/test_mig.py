@@ -225,7 +225,12 @@ def test_the_storms_cpu_names_the_busiest_processes_first_whatever_order_the_fil
     res = _mig_run()
     names = ["bench", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "operator"]
     seconds = [1.8, 0.8, 10.5, 0.4, 1.3, 0.4, 2.2]
-    res["mig"]["storm"]["cpu"] = {"wall_s": 8.9, "cores": 2, "machine_busy": 1.0, "cpu_s": dict(zip(names, seconds, strict=True))}
+    res["mig"]["storm"]["cpu"] = {
+        "wall_s": 8.9,
+        "cores": 2,
+        "machine_busy": 1.0,
+        "cpu_s": dict(zip(names, seconds, strict=True)),
+    }
     assert (
         "kube-apiserver 10.5 s, operator 2.2 s, bench 1.8 s, kube-scheduler 1.3 s, etcd 0.8 s, "
         "kube-controller-manager 0.4 s, the machine 100% busy"
