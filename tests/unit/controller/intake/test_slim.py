@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import gc
+import pickle
+import sys
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from gpuhealth.api.names import State
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.controller.intake import slim
-from gpuhealth.controller.intake.slim import Leaf, leaf, slim_node, slim_pod, slim_report
+from gpuhealth.controller.intake.slim import Leaf, MigEntry, leaf, slim_node, slim_pod, slim_report
 from gpuhealth.drain import pods as P
 from tests.unit.builders import gpu, report_obj, xid_event
 
@@ -236,3 +238,18 @@ def test_the_start_up_list_arrives_slim_and_caches_as_before() -> None:
     assert "pciBusId" not in report["spec"]["devices"][0]  # slimmed in the list, not only in the cache
     assert rt.store.reports["n1"] == slim_report(kube.reports["n1"])
     assert rt.store.nodes["n1"] == slim_node(kube.nodes["n1"])
+
+
+def test_a_cached_mig_device_reads_like_its_dict_is_read_only_and_smaller() -> None:
+    slim = slim_report(REPORTS[12])
+    entry = slim["spec"]["devices"][1]["migDevices"][0]
+    assert isinstance(entry, MigEntry)
+    assert dict(entry) == {"index": 0, "uuid": "MIG-x"} and len(entry) == 2
+    assert "profile" not in entry and entry.get("profile") is None  # not sent: absent, not None
+    with pytest.raises(KeyError):
+        entry["extra"]  # dropped: the report contract does not read it
+    with pytest.raises(TypeError):
+        entry.uuid = "MIG-y"
+    assert copy.deepcopy(entry) == entry and pickle.loads(pickle.dumps(entry)) == entry
+    full = slim["spec"]["devices"][0]["migDevices"][0]
+    assert sys.getsizeof(full) < sys.getsizeof(dict(full)) / 2  # the point of it: 56 on a MIG node
