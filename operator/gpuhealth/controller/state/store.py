@@ -302,8 +302,6 @@ class Store:
             if changed:
                 self._governing.clear()
                 self._recount_all()
-            elif before[1] is not None:
-                self._policies[name] = before[1]  # the same object: cached selections still point at it
         return PolicyUpdate(changed=changed, error=error)
 
     def _decides(self, name: str) -> tuple[bool, Policy | None, str | None]:
@@ -318,7 +316,9 @@ class Store:
             return None
         self._policy_objs[name] = dict(body)
         try:
-            self._policies[name] = parse_policy(body)
+            parsed = parse_policy(body)
+            if self._policies.get(name) != parsed:  # an equal one stays: cached selections point at it
+                self._policies[name] = parsed
             self._invalid_policies.pop(name, None)
         except PolicyError as e:
             self._policies.pop(name, None)
