@@ -205,9 +205,12 @@ def restart_line(res: dict[str, Any]) -> str:
         return "Warm restart: not measured in this run."
     kinds = json.dumps(w["startup_writes_by_kind"]) if w["startup_writes"] else "none"
     states = ", ".join(f"{n:,} {s}" for s, n in (w.get("evaluated_by_state") or {}).items())
+    # Runs before the pods were listed after "watching" have no such figure.
+    listed = w.get("startup_pods_listed_s")
+    pods = f" (its pods listed {listed} s after it)" if listed is not None else ""
     return (
         f"Warm restart: a fault published {w['fault_published_after_s']} s after a restart was tainted "
         f"{w['restart_to_first_taint_s']} s after it; a quiet restart with every node evaluated"
-        f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it, "
+        f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it{pods}, "
         f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
     )

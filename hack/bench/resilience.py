@@ -37,6 +37,7 @@ from hack.bench.support import find_log_line
 from hack.bench.watch import NodeWatch, ReportWatch
 
 WATCHING = r"watching \d+ GPU nodes"
+PODS_LISTED = r"listed \d+ pods in"  # after "watching": the start-up's pod list is in
 ACTING = r"acting \(this replica leads\)"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
 from gpuhealth.actions.pod_sites import pod_sites
+from gpuhealth.api.devices import devices_from_status
 from gpuhealth.api.names import (
     API_VERSION,
     OUT_OF_SERVICE,
@@ -54,6 +55,7 @@ from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
+from gpuhealth.evaluation.startup import acts_before_pods
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
 
@@ -200,6 +202,14 @@ class NodeReconciler:
         decision = decide(prior, node_a, policy, now, inputs)
         again: Again = None
         try:
+            if store.pods_pending and not acts_before_pods(
+                prior,
+                devices_from_status(status).values(),
+                decision.new_quarantine,
+                dev.verdict.new_quarantines,
+                released or bool(gpus),
+            ):
+                return None  # the start-up pod list passes every node again once it is in (runtime.py)
             await self._persist(name, policy, overridden, report_obj, decision, a, dev)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
@@ -216,7 +226,7 @@ class NodeReconciler:
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
                     # taint and DeviceTaintRule is written before any worker spends its time draining.
                     again = 0.05
-                else:
+                elif not store.pods_pending:  # drains and repairs need the pods
                     again = soonest(
                         await self.drainer.run(name, policy, decision.record, fatal(node_a), now),
                         await self.device_drainer.run(name, policy, decision.record, dev.records, a, now),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, TypeVarTuple, Unpack
@@ -172,7 +173,6 @@ class Runtime:
         self.gpu_resources = tuple(gpu_resources)
         self.admission: AdmissionRoom | None = None
         self.ready = asyncio.Event()
-        self._pods_listed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[str, int] = {}
         self.watchdog = Watchdog()
@@ -227,26 +227,20 @@ class Runtime:
         # Slimmed page by page, as the cache would slim them: the full bodies of a 10,000-node fleet
         # and its reports are never all held at once on top of the caches (docs/scaling.md). The first
         # list is the watches' own (they continue from its resourceVersion); a resync lists again for
-        # the records another replica wrote, while the watches go on.
+        # the records another replica wrote, while the watches go on. The pods are not listed here:
+        # ``_list_pods`` follows, so a restarted operator acts on a new fault without waiting for the
+        # biggest list of all (80,000 pods at 10,000 nodes: docs/bench.md, warm restart).
         first = not self._fleet_listed
-        # Pods and Leases are listed beside the fleet, not after it: the API server serves the lists
-        # side by side, and a restarted operator acts on nothing until the last one is in (the
-        # warm-restart phase of `make bench` times it, docs/bench.md).
-        pods_due = not self._pods_listed
         leases_due = self.lease_watch is not None and not self._leases_listed
-        nodes, reports, policies, pods, leases = await asyncio.gather(
+        nodes, reports, policies, leases = await asyncio.gather(
             self.call(self.node_watch.list) if first else self.call(self.kube.list_nodes, NODE_SELECTOR, slim_node),
             self.call(self.report_watch.list)
             if first
             else self.call(self.kube.list_custom, REPORT_PLURAL, slim_report),
             self.call(self.kube.list_custom, POLICY_PLURAL),
-            self.call(self.pod_watch.list) if pods_due else _nothing(),
             self.call(self.lease_watch.list) if leases_due and self.lease_watch is not None else _nothing(),
         )
         self._fleet_listed = True
-        for pod in pods:
-            self.on_pod("ADDED", pod, enqueue=False)
-        self._pods_listed = True
         for lease in leases:
             self.on_lease("ADDED", lease, live=False)
         self._leases_listed = self._leases_listed or leases_due
@@ -261,10 +255,38 @@ class Runtime:
             self.queue.add(name)
         self.leadership.loaded()
 
-    async def start(self) -> None:
-        """Prime the caches with a full list, so the breaker counts every node before any decision."""
-        await self._load()
+    async def _list_pods(self) -> None:
+        """The start-up pod list, once. Until it is in, a pass only takes out what holds nothing out
+        yet (``node_reconciler.early_pass``): drains and restart-loop checks need the pods. Then every
+        node is passed again with them."""
+        started = time.monotonic()
+        pods = await self.call(self.pod_watch.list)
+        for pod in pods:
+            self.on_pod("ADDED", pod, enqueue=False)
+        self.store.pods_listed()
+        log.info("listed %d pods in %.1fs: drains and restart-loop checks begin", len(pods), time.monotonic() - started)
+        for name in self.store.nodes:
+            self.queue.add(name)
+
+    async def _watch_pods(self) -> None:
+        """List the pods (retried with growing delays), then watch them from that list."""
+        failures = 0
+        while True:
+            try:
+                await self._list_pods()
+                break
+            except Exception as e:
+                failures += 1
+                delay = growing_delay(failures, RETRY_BASE_S, RETRY_MAX_S)
+                log.warning("listing pods failed (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
         self.pod_watch.start(asyncio.get_running_loop())
+
+    async def start(self) -> None:
+        """Prime the caches with a full list, so the breaker counts every node before any decision;
+        the pods follow in the background."""
+        self.store.expect_pods()
+        await self._load()
         self.node_watch.start(asyncio.get_running_loop())
         self.report_watch.start(asyncio.get_running_loop())
         if self.lease_watch is not None:
@@ -278,9 +300,10 @@ class Runtime:
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))
         self._tasks.append(asyncio.create_task(self.watchdog.run()))
+        self._tasks.append(asyncio.create_task(self._watch_pods()))
         self.ready.set()
         log.info(
-            "watching %d GPU nodes, %d reports, %d policies",
+            "watching %d GPU nodes, %d reports, %d policies; listing pods",
             len(self.store.nodes),
             len(self.store.reports),
             len(self.store.policy_objs),

@@ -94,6 +94,7 @@ class Store:
         self._pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
         self._pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
         self._pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
+        self._pods_pending = False  # a start-up pod list is under way (``expect_pods``)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
         self._tallies = Tallies()
 
@@ -328,6 +329,18 @@ class Store:
         return None
 
     # -- pods ------------------------------------------------------------------------------------
+
+    def expect_pods(self) -> None:
+        """The pods are being listed: until ``pods_listed``, ``pods_pending`` (a store filled by its
+        callers, as the unit tests do, holds every pod it was given)."""
+        self._pods_pending = True
+
+    def pods_listed(self) -> None:
+        self._pods_pending = False
+
+    @property
+    def pods_pending(self) -> bool:
+        return self._pods_pending
 
     def refresh_pod(self, body: Mapping[str, Any]) -> None:
         """Cache our own write's response, unless the watch already brought a newer copy of the pod.

@@ -33,6 +33,7 @@ def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
 async def runtime(kube: FakeKube, now: dt.datetime | None = None) -> Runtime:
     rt = Runtime(kube, clock=lambda: now or at(10), workers=1)
     await rt._load()
+    await rt._list_pods()
     return rt
 
 
@@ -127,6 +128,7 @@ def test_a_drain_evicts_only_after_the_checkpoint_is_acknowledged() -> None:
     async def body() -> None:
         rt = Runtime(kube, clock=lambda: now[0], workers=1)
         await rt._load()
+        await rt._list_pods()
         again = await rt.reconciler.reconcile("n1")
         # Protection first: this pass tainted the node and asks for it again; the drain starts on the next.
         assert state(kube, "n1") == "Draining" and kube.nodes["n1"]["spec"]["taints"] and again == 0.05

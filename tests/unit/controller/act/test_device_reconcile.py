@@ -68,6 +68,7 @@ async def runtime(kube: FakeKube, clock: Clock, slices: bool | None = True) -> R
     if slices is not None:
         rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))] if slices else [])
     await rt._load()
+    await rt._list_pods()
     return rt
 
 
@@ -380,6 +381,7 @@ def test_a_rule_both_the_node_and_the_sweep_find_unwanted_is_deleted_once(monkey
         rt = Runtime(kube, clock=clock, workers=4)  # API calls in parallel, as in the operator
         rt.slice_watch.cache.replace([slim_slice(slice_of("n1"))])
         await rt._load()
+        await rt._list_pods()
         await asyncio.gather(rt.devices.sweep(), rt.reconciler.reconcile("n1"))
         await rt.devices.sweep()
         await rt.events.flush()

@@ -78,6 +78,7 @@ async def runtime(kube: FakeKube, clock: Clock) -> Runtime:
     rt = Runtime(kube, clock=clock, workers=1)
     rt.slice_watch.cache.replace([slim_slice(s) for s in kube.slices])
     await rt._load()
+    await rt._list_pods()
     return rt
 
 

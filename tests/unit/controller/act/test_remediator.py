@@ -141,6 +141,7 @@ def test_paused_starts_nothing_and_the_fleet_limit_holds() -> None:
         rt = Runtime(kube, clock=clock, workers=1)
         rt.slice_watch.cache.replace([slim_slice(slice_of(n)) for n in nodes])
         await rt._load()
+        await rt._list_pods()
         for _ in range(4):
             for n in nodes:
                 await rt.reconciler.reconcile(n)

@@ -23,6 +23,7 @@ def test_a_deleted_nodes_report_goes() -> None:
     async def body() -> None:
         rt = _runtime(kube)
         await rt._load()
+        await rt._list_pods()
         del kube.nodes["n1"]
         rt.on_node("DELETED", node, enqueue=False)
         assert await rt.reports_gc.collect("n1")
@@ -41,6 +42,7 @@ def test_a_node_that_lost_its_gpu_label_keeps_its_report() -> None:
     async def body() -> None:
         rt = _runtime(kube)
         await rt._load()
+        await rt._list_pods()
         rt.on_node("DELETED", node, enqueue=False)  # what a label-selected watch says on a label change
         assert not await rt.reports_gc.collect("n1")
 
@@ -59,6 +61,7 @@ def test_a_report_without_a_node_at_start_up_goes_and_others_are_not_even_read()
     async def body() -> None:
         rt = _runtime(kube)
         await rt._load()
+        await rt._list_pods()
         assert not await rt.reports_gc.collect("n1")  # not a suspect: no request at all
         assert await rt.reports_gc.collect("ghost")
 
@@ -74,6 +77,7 @@ def test_a_new_report_under_the_same_name_is_not_deleted() -> None:
     async def body() -> None:
         rt = _runtime(kube)
         await rt._load()
+        await rt._list_pods()
         kube.reports["gone"]["metadata"]["uid"] = "new"  # recreated meanwhile by a new Node's agent
         assert not await rt.reports_gc.collect("gone")
 

@@ -89,6 +89,7 @@ def test_a_relist_forgets_the_nodes_and_reports_deleted_meanwhile() -> None:
     async def body() -> Runtime:
         rt = Runtime(kube, workers=1)
         await rt._load()
+        await rt._list_pods()
         keep_node = copy.deepcopy(kube.nodes["n1"])
         keep_report = copy.deepcopy(kube.reports["n1"])
         rt.replace_nodes([slim_node(keep_node)])

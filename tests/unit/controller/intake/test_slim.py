@@ -231,6 +231,7 @@ def test_the_start_up_list_arrives_slim_and_caches_as_before() -> None:
     async def body() -> Runtime:
         rt = Runtime(kube, workers=1)
         await rt._load()
+        await rt._list_pods()
         return rt
 
     rt = asyncio.run(body())

@@ -102,6 +102,7 @@ def test_renewals_cost_no_reconcile_and_silence_is_still_detected() -> None:
         rt = Runtime(kube, clock=clock, workers=1, lease_namespace="gpuhealth-system")
         assert isinstance(rt.lease_watch, ObjectWatch) and rt.lease_watch.kind == "leases"
         await rt._load()
+        await rt._list_pods()
         await rt.reconciler.reconcile("n1")
         assert kube.reports["n1"]["status"]["state"] == "Healthy"
         rt.queue._dirty.clear()
@@ -155,6 +156,7 @@ def test_a_lease_listed_at_start_keeps_a_node_with_an_old_report_fresh() -> None
     async def body() -> None:
         rt = Runtime(kube, clock=clock, workers=1, lease_namespace="gpuhealth-system")
         await rt._load()
+        await rt._list_pods()
         await rt.reconciler.reconcile("n1")
         assert kube.reports["n1"]["status"]["state"] == "Healthy"
         # Without the Lease the same report is silent.
@@ -165,6 +167,7 @@ def test_a_lease_listed_at_start_keeps_a_node_with_an_old_report_fresh() -> None
         rt2 = Runtime(plain, clock=clock, workers=1)
         assert rt2.lease_watch is None
         await rt2._load()
+        await rt2._list_pods()
         await rt2.reconciler.reconcile("n1")
         assert plain.reports["n1"]["status"]["state"] == "Unknown"
         await rt.events.flush()

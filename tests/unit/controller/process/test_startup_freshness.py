@@ -72,6 +72,7 @@ async def run(kube: FakeKube, clock: Clock) -> Runtime:
     """One operator's start: list everything, then work off the start-up queue."""
     rt = Runtime(kube, clock=clock, workers=1, lease_namespace=NS)
     await rt._load()
+    await rt._list_pods()
     await work(rt)
     return rt
 

@@ -1,0 +1,105 @@
+"""A start-up that acts on the fleet before its pods are listed (``runtime._list_pods``): a new fault is
+tainted at once, its drain waits for the pods, and a quarantine the pods justify is never touched
+while they are missing. Through the in-memory Kube port; the real start-up is timed by `make bench`
+(warm restart) and exercised on the real control plane by the integration suite."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.drain import pods as P
+from tests.unit.builders import at, report_obj, xid_event
+from tests.unit.fake_kube import FakeKube
+
+TAINT = "gpuhealth.dev/unhealthy"
+
+
+def _taints(kube: FakeKube, name: str) -> list[str]:
+    return [t["key"] for t in kube.nodes[name]["spec"].get("taints") or []]
+
+
+def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {"actions": {"drain": {"checkpointMode": "none"}}})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1", xids=[xid_event(79, 1)]))
+    kube.add_pod("ml", "trainer", "n1", {P.CHECKPOINT_MODE: "none"})
+
+    async def body() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        rt.store.expect_pods()
+        await rt._load()
+        assert await rt.queue.get() == "n1"  # the start-up queues the fleet: this is n1's first pass
+        rt.queue.done("n1")
+        await rt.reconciler.reconcile("n1")
+        assert _taints(kube, "n1") == [TAINT]
+        assert kube.reports["n1"]["status"]["state"] == "Draining"
+        # Draining with no pod known would call the drain complete: it waits for the list instead.
+        assert await rt.reconciler.reconcile("n1") is None
+        assert ("evict", "pod/ml/trainer") not in kube.writes
+        assert kube.reports["n1"]["status"].get("drain") is None
+        await rt._list_pods()
+        assert not rt.store.pods_pending
+        assert await asyncio.wait_for(rt.queue.get(), 1) == "n1"  # every node again, with its pods
+        await rt.reconciler.reconcile("n1")
+        assert kube.writes.count(("evict", "pod/ml/trainer")) == 1
+        await rt.events.flush()
+
+    asyncio.run(body())
+
+
+def _crash_looping_fleet() -> FakeKube:
+    kube = FakeKube()
+    kube.add_policy("p", {"restartLoop": {"minWorkloads": 2, "minRestarts": 3, "window": "10m"}})
+    for n in ("n1", "n2", "n3"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+        for app in ("svc-a", "svc-b"):
+            kube.add_pod("apps", f"{app}-{n}", n)
+            pod = kube.pods["apps", f"{app}-{n}"]
+            pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{app}-rs", "controller": True}]
+            if n == "n1":
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "restartCount": 5,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2025-01-01T12:00:05Z"}},
+                    }
+                ]
+    return kube
+
+
+def test_a_quarantine_only_the_pods_justify_is_left_alone_until_they_are_in() -> None:
+    kube = _crash_looping_fleet()
+
+    async def first_operator() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        await rt._load()
+        await rt._list_pods()
+        await rt.reconciler.reconcile("n1")
+        await rt.events.flush()
+
+    asyncio.run(first_operator())
+    assert kube.reports["n1"]["status"]["state"] in ("Quarantined", "Draining") and _taints(kube, "n1") == [TAINT]
+    status, node = copy.deepcopy(kube.reports["n1"]["status"]), copy.deepcopy(kube.nodes["n1"])
+    writes = len(kube.writes)
+
+    async def restarted() -> Any:
+        rt = Runtime(kube, clock=lambda: at(20), workers=1)
+        rt.store.expect_pods()
+        await rt._load()
+        # Without the pods the loop is not seen and the facts are clean: deciding on that would
+        # start the node's way back. Nothing is written until the pods are in.
+        for _ in range(3):
+            assert await rt.reconciler.reconcile("n1") is None
+        assert len(kube.writes) == writes and kube.reports["n1"]["status"] == status and kube.nodes["n1"] == node
+        await rt._list_pods()
+        await rt.reconciler.reconcile("n1")
+        await rt.events.flush()
+        return rt
+
+    asyncio.run(restarted())
+    assert kube.reports["n1"]["status"]["state"] in ("Quarantined", "Draining") and _taints(kube, "n1") == [TAINT]
