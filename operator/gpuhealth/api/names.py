@@ -28,6 +28,7 @@ CHECKPOINT_REQUESTED = f"{GROUP}/checkpoint-requested"
 CHECKPOINT_COMPLETED = f"{GROUP}/checkpoint-completed"
 
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"  # the Nodes gpuhealth watches (label selector)
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_RESOURCE = "nvidia.com/gpu"
 

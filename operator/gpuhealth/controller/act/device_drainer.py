@@ -102,7 +102,7 @@ class DeviceDrainer:
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
             return None
         again: Again = None
-        pods = self.store.pods_on(name)
+        pods = self.store.pods.on(name)
         current = {i: _current(drains.get(i), r) for i, r in draining.items()}
         # A drain judges who holds the GPU on claims listed after it started: a list cached from before
         # a pod's claim was allocated would find nobody and complete the drain at once.
@@ -118,7 +118,7 @@ class DeviceDrainer:
             holding = pods_holding(rec.refs(), claims, pods)
             mine = [p for p in pods if P.key(p) in holding]
             gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
-            plan = plan_drain(name, mine, self.store.gangs(), policy.drain, gpu_fatal, record, now)
+            plan = plan_drain(name, mine, self.store.pods.gangs(), policy.drain, gpu_fatal, record, now)
             if ahead is not None and not (plan.complete and not plan.steps):
                 # Recorded before the first request, so a restart resumes this drain (and its timeouts
                 # count from its start). A drain that is complete with nothing to ask or evict writes

@@ -128,8 +128,8 @@ class Drainer:
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
-        pods = self.store.pods_on(name)
-        gangs = self.store.gangs()
+        pods = self.store.pods.on(name)
+        gangs = self.store.pods.gangs()
         plan = plan_drain(
             name, pods, gangs, policy.drain, fatal, record, now, other_drains=self._gang_drains(name, pods, gangs)
         )
@@ -170,7 +170,7 @@ class Drainer:
 
     async def _evict_crashlooping(self, name: str, policy: Policy, now: dt.datetime) -> None:
         """Evict the pods that keep failing on this out-of-service node, each once."""
-        pods = self.store.pods_on(name)
+        pods = self.store.pods.on(name)
         evicted = self._evicted.setdefault(name, set())
         evicted &= {p["metadata"].get("uid") for p in pods}  # forget pods that have left
         for step in crashloop_evictions(policy, pods, now):
@@ -237,7 +237,7 @@ class Drainer:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
             raise
-        self.store.refresh_pod(updated)
+        self.store.pods.refresh(updated)
         prec["requestedAt"] = at
         self._event(
             node,

@@ -152,7 +152,7 @@ class NodeReconciler:
     async def _restart_loop(self, name: str, policy: Policy, report: Report | None, now: dt.datetime) -> Finding | None:
         """The node's restart-loop finding, narrowed to one GPU or MIG device where every failing pod
         holds it. Claims are listed (cached for a second across nodes) only once a loop is found."""
-        pods, workloads = self.store.pods_on(name), self.store.workloads()
+        pods, workloads = self.store.pods.on(name), self.store.pods.workloads()
         loop = restart_loop_finding(policy, name, pods, workloads, now)
         if loop is None or report is None or not policy.devices.enabled:
             return loop
@@ -202,7 +202,7 @@ class NodeReconciler:
         decision = decide(prior, node_a, policy, now, inputs)
         again: Again = None
         try:
-            if store.pods_pending and not acts_before_pods(
+            if store.pods.pending and not acts_before_pods(
                 prior,
                 devices_from_status(status).values(),
                 decision.new_quarantine,
@@ -226,7 +226,7 @@ class NodeReconciler:
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
                     # taint and DeviceTaintRule is written before any worker spends its time draining.
                     again = 0.05
-                elif not store.pods_pending:  # drains and repairs need the pods
+                elif not store.pods.pending:  # drains and repairs need the pods
                     again = soonest(
                         await self.drainer.run(name, policy, decision.record, fatal(node_a), now),
                         await self.device_drainer.run(name, policy, decision.record, dev.records, a, now),

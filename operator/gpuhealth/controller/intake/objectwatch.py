@@ -1,5 +1,6 @@
 """Slim list-then-watch of what the operator caches: GPU Nodes, reports, scheduled Pods, the agents'
-heartbeat Leases. One class; each watch is an instance with its own list and watch calls.
+heartbeat Leases. One class; each watch is an instance with its own list and watch calls, built by
+the four functions at the end.
 
 A fleet is tens of thousands of these objects and the operator reads a handful of fields of each.
 Watched through Kopf, each event's full body was wrapped, queued to a per-object worker and handed
@@ -26,13 +27,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api.names import AGENT_LEASE_SELECTOR, GPU_NODE_SELECTOR, REPORT_PLURAL
 from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, LoopReflector
+from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
+from gpuhealth.kube.client import KubePort
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
 Lister = Callable[[Slim], tuple[list[dict[str, Any]], str]]
 Watcher = Callable[[str, int], Iterator[dict[str, Any]]]
 
 Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the watch below)
+OnEvent = Callable[[str, dict[str, Any]], None]
+OnReplace = Callable[[list[dict[str, Any]]], None]
 
 
 @dataclass
@@ -76,3 +82,54 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
 
     def _slim(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self.slim(obj)
+
+
+# The four watches of the fleet. The sources' calls are looked up when a watch lists, not here.
+
+
+def node_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
+    """GPU Nodes, selected server-side."""
+    return ObjectWatch(
+        "nodes",
+        lambda slim: kube.list_nodes_rv(GPU_NODE_SELECTOR, slim),
+        lambda rv, timeout: kube.watch_nodes(GPU_NODE_SELECTOR, rv, timeout),
+        slim_node,
+        on_event,
+        on_replace,
+    )
+
+
+def report_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
+    """The agents' reports (GPUNodeHealth)."""
+    return ObjectWatch(
+        "reports",
+        lambda slim: kube.list_custom_rv(REPORT_PLURAL, slim),
+        lambda rv, timeout: kube.watch_custom(REPORT_PLURAL, rv, timeout),
+        slim_report,
+        on_event,
+        on_replace,
+    )
+
+
+def pod_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
+    """Scheduled Pods."""
+    return ObjectWatch(
+        "pods",
+        lambda slim: kube.list_pods_rv(slim),
+        lambda rv, timeout: kube.watch_pods(rv, timeout),
+        slim_pod,
+        on_event,
+        on_replace,
+    )
+
+
+def lease_watch(kube: KubePort, namespace: str, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
+    """The agents' heartbeat Leases in their namespace."""
+    return ObjectWatch(
+        "leases",
+        lambda slim: kube.list_leases_rv(namespace, AGENT_LEASE_SELECTOR, slim),
+        lambda rv, timeout: kube.watch_leases(namespace, AGENT_LEASE_SELECTOR, rv, timeout),
+        slim_lease,
+        on_event,
+        on_replace,
+    )

@@ -126,7 +126,7 @@ class Feeders:
 
     def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         """Pods by node, gang and workload: what drains and restart-loop detection need."""
-        nodes = self.store.put_pod(body, deleted=event == "DELETED")
+        nodes = self.store.pods.put(body, deleted=event == "DELETED")
         if nodes is None or not enqueue:
             return
         for n in set(nodes):
@@ -146,7 +146,7 @@ class Feeders:
     def replace_pods(self, pods: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): pods missing from it are gone."""
         fresh = {p["metadata"].get("uid") for p in pods}
-        for uid, node in self.store.pod_nodes():
+        for uid, node in self.store.pods.nodes():
             if uid not in fresh:
                 self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
         for p in pods:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from gpuhealth.api.names import (
-    AGENT_LEASE_SELECTOR,
+    GPU_NODE_SELECTOR,
     POLICY_PLURAL,
     REPORT_PLURAL,
     State,
@@ -34,15 +34,15 @@ from gpuhealth.controller.act.policy_status import PolicyStatus
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.act.report_gc import ReportCollector
 from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.objectwatch import lease_watch, node_watch, pod_watch, report_watch
 from gpuhealth.controller.intake.slicewatch import SliceWatch
-from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
+from gpuhealth.controller.intake.slim import slim_node, slim_report
 from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.process.feeders import Feeders
 from gpuhealth.controller.process.leadership import Leadership
 from gpuhealth.controller.process.watchdog import Watchdog
 from gpuhealth.controller.state.breaker import Breaker
-from gpuhealth.controller.state.store import NODE_SELECTOR, Store
+from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
@@ -127,47 +127,15 @@ class Runtime:
         self.on_lease, self.on_policy = self.feeders.on_lease, self.feeders.on_policy
         self.replace_nodes, self.replace_reports = self.feeders.replace_nodes, self.feeders.replace_reports
         self.replace_pods, self.replace_leases = self.feeders.replace_pods, self.feeders.replace_leases
-        # The sources' calls are looked up when the watch lists, not here (as for every watch below).
-        self.pod_watch = ObjectWatch(
-            "pods",
-            lambda slim: kube.list_pods_rv(slim),
-            lambda rv, timeout: kube.watch_pods(rv, timeout),
-            slim_pod,
-            self.on_pod,
-            self.replace_pods,
-        )
-        # The fleet itself: GPU Nodes (selected server-side) and the agents' reports, slimmed as they arrive.
-        self.node_watch = ObjectWatch(
-            "nodes",
-            lambda slim: kube.list_nodes_rv(NODE_SELECTOR, slim),
-            lambda rv, timeout: kube.watch_nodes(NODE_SELECTOR, rv, timeout),
-            slim_node,
-            self.on_node,
-            self.replace_nodes,
-        )
-        self.report_watch = ObjectWatch(
-            "reports",
-            lambda slim: kube.list_custom_rv(REPORT_PLURAL, slim),
-            lambda rv, timeout: kube.watch_custom(REPORT_PLURAL, rv, timeout),
-            slim_report,
-            self.on_report,
-            self.replace_reports,
-        )
-        self._fleet_listed = False
-        # The agents' heartbeats (node Leases), where the agents run; none: reports carry them.
+        # The fleet (GPU Nodes, the agents' reports), the scheduled pods and, where the agents run,
+        # their heartbeat Leases (none: reports carry them), each slimmed as it arrives.
+        self.node_watch = node_watch(kube, self.on_node, self.replace_nodes)
+        self.report_watch = report_watch(kube, self.on_report, self.replace_reports)
+        self.pod_watch = pod_watch(kube, self.on_pod, self.replace_pods)
         self.lease_watch = (
-            ObjectWatch(
-                "leases",
-                lambda slim: kube.list_leases_rv(lease_namespace, AGENT_LEASE_SELECTOR, slim),
-                lambda rv, timeout: kube.watch_leases(lease_namespace, AGENT_LEASE_SELECTOR, rv, timeout),
-                slim_lease,
-                self.on_lease,
-                self.replace_leases,
-            )
-            if lease_namespace
-            else None
+            lease_watch(kube, lease_namespace, self.on_lease, self.replace_leases) if lease_namespace else None
         )
-        self._leases_listed = False
+        self._fleet_listed = self._leases_listed = False
         # Kueue (optional): gpuhealth as an AdmissionCheck controller (controller/act/admission.py).
         self.kueue_mode = kueue
         self.gpu_resources = tuple(gpu_resources)
@@ -233,7 +201,7 @@ class Runtime:
         first = not self._fleet_listed
         leases_due = self.lease_watch is not None and not self._leases_listed
         nodes, reports, policies, leases = await asyncio.gather(
-            self.call(self.node_watch.list) if first else self.call(self.kube.list_nodes, NODE_SELECTOR, slim_node),
+            self.call(self.node_watch.list) if first else self.call(self.kube.list_nodes, GPU_NODE_SELECTOR, slim_node),
             self.call(self.report_watch.list)
             if first
             else self.call(self.kube.list_custom, REPORT_PLURAL, slim_report),
@@ -263,7 +231,7 @@ class Runtime:
         pods = await self.call(self.pod_watch.list)
         for pod in pods:
             self.on_pod("ADDED", pod, enqueue=False)
-        self.store.pods_listed()
+        self.store.pods.listed()
         log.info("listed %d pods in %.1fs: drains and restart-loop checks begin", len(pods), time.monotonic() - started)
         for name in self.store.nodes:
             self.queue.add(name)
@@ -285,7 +253,7 @@ class Runtime:
     async def start(self) -> None:
         """Prime the caches with a full list, so the breaker counts every node before any decision;
         the pods follow in the background."""
-        self.store.expect_pods()
+        self.store.pods.expect()
         await self._load()
         self.node_watch.start(asyncio.get_running_loop())
         self.report_watch.start(asyncio.get_running_loop())

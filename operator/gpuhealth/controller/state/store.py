@@ -1,5 +1,5 @@
-"""The operator's caches: slim copies of Nodes, reports, policies and pods, their indexes, and the
-decision records. Nothing here talks to the API or decides; handlers feed it, the node reconciler
+"""The operator's caches: slim copies of Nodes, reports and policies, the pods (``pods.py``), their
+indexes, and the decision records. Nothing here talks to the API or decides; handlers feed it, the node reconciler
 reads it and records what it wrote.
 
 Watched objects are slimmed on the way in (``slim.py``): only what is read is kept, with shared
@@ -9,21 +9,18 @@ strings, so memory per node stays small.
 from __future__ import annotations
 
 import datetime as dt
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.api.names import GPU_PRESENT_LABEL, GPU_RESOURCE
+from gpuhealth.api.names import GPU_RESOURCE
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
-from gpuhealth.controller.intake.slim import slim_node, slim_pod, slim_report
+from gpuhealth.controller.intake.slim import slim_node, slim_report
+from gpuhealth.controller.state.pods import PodIndex, newer
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
-from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import Seen, latest
-
-NODE_SELECTOR = f"{GPU_PRESENT_LABEL}=true"
 
 
 def gpu_capacity(node: Mapping[str, Any]) -> int | None:
@@ -34,41 +31,12 @@ def gpu_capacity(node: Mapping[str, Any]) -> int | None:
         return None
 
 
-def newer(rv: object, than: str | None) -> bool:
-    """resourceVersions are opaque, but etcd's are increasing integers; unknown forms count as newer."""
-    if than is None:
-        return True
-    try:
-        return int(str(rv)) > int(than)
-    except ValueError:
-        return True
-
-
 @dataclass(frozen=True)
 class PolicyUpdate:
     """What caching a policy's watch event changed (``Store.put_policy``)."""
 
     changed: bool  # added, deleted, its spec decides differently, or refused/accepted anew
     error: str | None = None  # the reason, where the policy is newly refused
-
-
-class Lists(Mapping[str, list[dict[str, Any]]]):
-    """A read-only view of pods grouped by a key, as lists, built per key only when asked.
-
-    Copying every group on each reconcile cost time proportional to all pods in the cluster.
-    """
-
-    def __init__(self, groups: Mapping[str, Mapping[str, dict[str, Any]]]) -> None:
-        self._groups = groups
-
-    def __getitem__(self, key: str) -> list[dict[str, Any]]:
-        return list(self._groups[key].values())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
 
 
 class Store:
@@ -90,11 +58,7 @@ class Store:
         self._first_seen: dict[str, dt.datetime] = {}
         self._seen: dict[str, Seen] = {}  # when each agent last wrote its report's spec (our clock)
         self._renewed: dict[str, Seen] = {}  # when each agent's node Lease was last seen renewed
-        self._pods_by_node: dict[str, dict[str, dict[str, Any]]] = {}
-        self._pods_by_gang: dict[str, dict[str, dict[str, Any]]] = {}
-        self._pods_by_workload: dict[str, dict[str, dict[str, Any]]] = {}
-        self._pod_index: dict[str, tuple[str, str | None, str]] = {}  # uid -> (node, gang, workload)
-        self._pods_pending = False  # a start-up pod list is under way (``expect_pods``)
+        self.pods = PodIndex()  # pods by node, gang and workload (``pods.py``)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
         self._tallies = Tallies()
 
@@ -328,71 +292,6 @@ class Store:
                 return str(e)
         return None
 
-    # -- pods ------------------------------------------------------------------------------------
-
-    def expect_pods(self) -> None:
-        """The pods are being listed: until ``pods_listed``, ``pods_pending`` (a store filled by its
-        callers, as the unit tests do, holds every pod it was given)."""
-        self._pods_pending = True
-
-    def pods_listed(self) -> None:
-        self._pods_pending = False
-
-    @property
-    def pods_pending(self) -> bool:
-        return self._pods_pending
-
-    def refresh_pod(self, body: Mapping[str, Any]) -> None:
-        """Cache our own write's response, unless the watch already brought a newer copy of the pod.
-
-        The response can reach the cache after the watch event of a later change (a checkpoint
-        request answered within milliseconds): written back, it would hide that change, and the drain
-        would wait for an acknowledgement it already has.
-        """
-        meta = body["metadata"]
-        old = self._pod_index.get(meta.get("uid") or "")
-        cached = self._pods_by_node.get(old[0], {}).get(meta.get("uid")) if old is not None else None
-        if cached is not None and not newer(meta.get("resourceVersion"), cached["metadata"].get("resourceVersion")):
-            return
-        self.put_pod(body)
-
-    def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> tuple[str, str] | None:
-        """Index a pod by node, gang and workload; returns (its node, its previous node) or None."""
-        uid = body["metadata"].get("uid")
-        if not uid:
-            return None
-        old = self._pod_index.pop(uid, None)
-        cached = self._pods_by_node.get(old[0], {}).get(uid) if old is not None else None
-        if old is not None:
-            self._pods_by_node.get(old[0], {}).pop(uid, None)
-            if old[1]:
-                self._pods_by_gang.get(old[1], {}).pop(uid, None)
-            self._pods_by_workload.get(old[2], {}).pop(uid, None)
-        node = str((body.get("spec") or {}).get("nodeName") or "")
-        if not deleted:
-            pod = slim_pod(body)
-            # A pod's deletion is never undone: an older copy of the pod (a watch event that was in
-            # flight when a newer copy reached the cache) must not make it look alive again.
-            gone = ((cached or {}).get("metadata") or {}).get("deletionTimestamp")
-            if gone and not pod["metadata"].get("deletionTimestamp"):
-                pod["metadata"]["deletionTimestamp"] = gone
-            gang, workload = P.gang_key(pod), P.workload_key(pod)
-            # One copy of each key for all the pods of a gang or workload, not one per pod.
-            gang, workload = sys.intern(gang) if gang else gang, sys.intern(workload)
-            self._pod_index[uid] = (node, gang, workload)
-            self._pods_by_node.setdefault(node, {})[uid] = pod
-            if gang:
-                self._pods_by_gang.setdefault(gang, {})[uid] = pod
-            self._pods_by_workload.setdefault(workload, {})[uid] = pod
-        return node, old[0] if old else ""
-
-    def pods_on(self, node: str) -> list[dict[str, Any]]:
-        return list(self._pods_by_node.get(node, {}).values())
-
-    def pod_nodes(self) -> list[tuple[str, str]]:
-        """(uid, node) of every cached pod: what a fresh full list is compared with."""
-        return [(uid, node) for uid, (node, _, _) in self._pod_index.items()]
-
     # -- GPUs (the breaker's GPU budget) -----------------------------------------------------------
 
     def gpus_of(self, node: str) -> int:
@@ -409,9 +308,3 @@ class Store:
             return self.gpus_of(node)
         devices = ((self.reports.get(node) or {}).get("status") or {}).get("devices") or []
         return sum(1 for d in devices if isinstance(d, Mapping) and d.get("state") not in (None, "InService"))
-
-    def gangs(self) -> Lists:
-        return Lists(self._pods_by_gang)
-
-    def workloads(self) -> Lists:
-        return Lists(self._pods_by_workload)

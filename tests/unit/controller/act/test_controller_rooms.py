@@ -252,7 +252,7 @@ def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_pa
         ) -> None:
             # A watch event already on its way replaces the cached pod with its pre-eviction self.
             (pod,) = [p for p in stale if p["metadata"]["name"] == name]
-            rt.store.put_pod(copy.deepcopy(pod))
+            rt.store.pods.put(copy.deepcopy(pod))
             evict(namespace, name, uid, resource_version)
 
         kube.evict_pod = evict_while_a_watch_event_lands  # type: ignore[method-assign]

@@ -111,7 +111,7 @@ def test_a_stale_pod_event_does_not_undo_a_deletion() -> None:
     r = Runtime(RecordingKube(), clock=lambda: T0)  # type: ignore[arg-type]
     r.on_pod("ADDED", _pod(deleting=True), enqueue=False)
     r.on_pod("MODIFIED", _pod(deleting=False), enqueue=False)  # older than the eviction, delivered after it
-    (pod,) = r.store.pods_on("n1")
+    (pod,) = r.store.pods.on("n1")
     assert pod["metadata"]["deletionTimestamp"] == "2026-11-30T12:00:00Z"
     r.on_pod("DELETED", _pod(), enqueue=False)
-    assert r.store.pods_on("n1") == [] and r.store.pod_nodes() == []
+    assert r.store.pods.on("n1") == [] and r.store.pods.nodes() == []

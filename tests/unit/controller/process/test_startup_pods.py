@@ -30,7 +30,7 @@ def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> No
 
     async def body() -> None:
         rt = Runtime(kube, clock=lambda: at(10), workers=1)
-        rt.store.expect_pods()
+        rt.store.pods.expect()
         await rt._load()
         assert await rt.queue.get() == "n1"  # the start-up queues the fleet: this is n1's first pass
         rt.queue.done("n1")
@@ -42,7 +42,7 @@ def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> No
         assert ("evict", "pod/ml/trainer") not in kube.writes
         assert kube.reports["n1"]["status"].get("drain") is None
         await rt._list_pods()
-        assert not rt.store.pods_pending
+        assert not rt.store.pods.pending
         assert await asyncio.wait_for(rt.queue.get(), 1) == "n1"  # every node again, with its pods
         await rt.reconciler.reconcile("n1")
         assert kube.writes.count(("evict", "pod/ml/trainer")) == 1
@@ -89,7 +89,7 @@ def test_a_quarantine_only_the_pods_justify_is_left_alone_until_they_are_in() ->
 
     async def restarted() -> Any:
         rt = Runtime(kube, clock=lambda: at(20), workers=1)
-        rt.store.expect_pods()
+        rt.store.pods.expect()
         await rt._load()
         # Without the pods the loop is not seen and the facts are clean: deciding on that would
         # start the node's way back. Nothing is written until the pods are in.

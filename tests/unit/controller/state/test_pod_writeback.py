@@ -21,20 +21,20 @@ def _pod(rv: str, annotations: dict[str, str]) -> dict[str, Any]:
 def test_a_response_older_than_the_cached_pod_is_not_written_back() -> None:
     store = Store()
     asked = {CHECKPOINT_REQUESTED: "2026-12-01T15:21:12.275854Z"}
-    store.put_pod(_pod("12", {**asked, CHECKPOINT_COMPLETED: "2026-12-01T15:21:14.346317Z"}))  # the watch: acked
-    store.refresh_pod(_pod("11", asked))  # the request's own response, late
-    (cached,) = store.pods_on("a")
+    store.pods.put(_pod("12", {**asked, CHECKPOINT_COMPLETED: "2026-12-01T15:21:14.346317Z"}))  # the watch: acked
+    store.pods.refresh(_pod("11", asked))  # the request's own response, late
+    (cached,) = store.pods.on("a")
     assert cached["metadata"]["annotations"].get(CHECKPOINT_COMPLETED)
     assert cached["metadata"]["resourceVersion"] == "12"
 
 
 def test_a_newer_response_is_cached() -> None:
     store = Store()
-    store.put_pod(_pod("10", {}))
-    store.refresh_pod(_pod("11", {CHECKPOINT_REQUESTED: "2026-12-01T15:21:12Z"}))
-    (cached,) = store.pods_on("a")
+    store.pods.put(_pod("10", {}))
+    store.pods.refresh(_pod("11", {CHECKPOINT_REQUESTED: "2026-12-01T15:21:12Z"}))
+    (cached,) = store.pods.on("a")
     assert cached["metadata"]["resourceVersion"] == "11"
     assert CHECKPOINT_REQUESTED in cached["metadata"]["annotations"]
     fresh = Store()
-    fresh.refresh_pod(_pod("5", {}))  # not cached yet: cached
-    assert len(fresh.pods_on("a")) == 1
+    fresh.pods.refresh(_pod("5", {}))  # not cached yet: cached
+    assert len(fresh.pods.on("a")) == 1
