@@ -11,11 +11,15 @@ import copy
 import datetime as dt
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
 
 from kubernetes.client.rest import ApiException
 
+from gpuhealth.kube.aio import AsyncKube
 from tests.unit.builders import merge_patch
+
+T = TypeVar("T")
 
 
 def _error(status: int) -> ApiException:
@@ -351,3 +355,21 @@ class FakeKube:
 
     def reasons(self, name: str | None = None) -> list[str]:
         return [e["reason"] for e in self.events if name is None or e["name"] == name]
+
+
+class InlineExecutor(Executor):
+    """Runs each call at once on the caller's thread: the fake's calls are instant, and a test then
+    sees every write in the order it was made."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as e:
+            done.set_exception(e)
+        return done
+
+
+def inline(kube: FakeKube) -> AsyncKube:
+    """The rooms' async port over the fake, each call run inline."""
+    return AsyncKube(kube, InlineExecutor())

@@ -13,7 +13,7 @@ mappings (``drain`` for the pods of a device, ``actions`` for the devices of a G
 Inside ``controller`` the rooms follow the data: ``intake`` (watches, slim shapes, queue) <
 ``state`` (store, tallies, breaker) < ``act`` (the writes) < ``process`` (Kopf, runtime, feeders);
 a room imports only rooms before it and the shared modules directly under ``controller``
-(``metrics``, ``backoff``, ``calls``), which import no room.
+(``metrics``, ``backoff``), which import no room.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@
 - ``process``: Kopf wiring, the runtime that builds the rooms and runs their workers, leadership,
   the feeders that route watch events into the state and the queue, the command line.
 
-Beside them, shared by every room: ``metrics`` (the Prometheus families), ``backoff`` (the one retry
-formula) and ``calls`` (the typed call protocol). A room imports only the rooms before it (intake <
-state < act < process) and the shared modules; ``tests/unit/test_layers.py`` holds it to that.
+Beside them, shared by every room: ``metrics`` (the Prometheus families) and ``backoff`` (the one
+retry formula). Every API call goes through ``gpuhealth.kube.aio.AsyncKube``. A room imports only
+the rooms before it (intake < state < act < process) and the shared modules;
+``tests/unit/test_layers.py`` holds it to that.
 """

@@ -13,6 +13,8 @@ from kubernetes.client.rest import ApiException
 from gpuhealth.api.status import PodDrain
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.drain.plan import Step
+from gpuhealth.kube.aio import AsyncKube
+from tests.unit.fake_kube import InlineExecutor
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -31,13 +33,20 @@ class _Kube:
             raise ApiException(status=self.refuse)
 
 
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    await asyncio.sleep(0)  # the request is in flight: the other drain runs meanwhile
-    return fn(*args)
+class _Port(AsyncKube):
+    """The async port over the fake: each request is in flight for one turn of the loop, so the other
+    drain runs meanwhile."""
+
+    def __init__(self, kube: Any) -> None:
+        super().__init__(kube, InlineExecutor())
+
+    async def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        await asyncio.sleep(0)
+        return fn(*args)
 
 
 def _drainer(kube: _Kube) -> Drainer:
-    return Drainer(kube=kube, call=_call, events=lambda *a: None, store=None, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
+    return Drainer(kube=_Port(kube), events=lambda *a: None, store=None, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
 
 
 def _pod(name: str, node: str) -> dict[str, Any]:
@@ -92,40 +101,40 @@ def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
     }
     kube: Any = _Kube()
     store: Any = _Store(reports)
-    d = Drainer(kube=kube, call=_call, events=lambda *a: None, store=store, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
+    d = Drainer(kube=_Port(kube), events=lambda *a: None, store=store, breaker=None, clock=lambda: NOW)  # type: ignore[arg-type]
     found = d._gang_drains("a", [ranks[0], ranks[3]], {"ml/jobset.sigs.k8s.io/jobset-name=js": ranks[:3]})
     assert found == {"b": dt.datetime(2026, 12, 1, 11, 59, 50, tzinfo=dt.UTC)}  # c's drain is over
 
 
 def test_a_drains_steps_run_at_once_bounded_and_on_the_step_pool() -> None:
-    """Fifteen evictions of one node go out together (at most ``parallel``), through ``step_call``."""
+    """Fifteen evictions of one node go out together (at most ``parallel``), through the step port."""
     from gpuhealth.drain.plan import DrainPlan
 
     kube = _Kube()
     in_flight, peak, via = 0, 0, []
 
-    async def step_call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
-        nonlocal in_flight, peak
-        via.append(fn.__name__)
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.01)
-        in_flight -= 1
-        return fn(*args)
+    class Steps(_Port):
+        async def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+            nonlocal in_flight, peak
+            via.append(getattr(fn, "__name__", ""))
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.01)
+            in_flight -= 1
+            return fn(*args)
 
-    async def reconcile_call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
-        raise AssertionError("drain steps must not use the reconcile pool")
+    class Reconciles(_Port):
+        async def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+            raise AssertionError("drain steps must not use the reconcile pool")
 
     none: Any = None
-    port: Any = kube
     d = Drainer(
-        kube=port,
-        call=reconcile_call,
+        kube=Reconciles(kube),
         events=lambda *a: None,
         store=none,
         breaker=none,
         clock=lambda: NOW,
-        step_call=step_call,
+        steps=Steps(kube),
         parallel=4,
     )
     plan = DrainPlan(steps=[Step("evict", _pod(f"p{i}", "a"), "draining") for i in range(15)])

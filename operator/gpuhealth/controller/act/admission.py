@@ -32,13 +32,13 @@ from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.intake.kueuewatch import KueueCache, slim_check, slim_workload
 from gpuhealth.controller.intake.objectwatch import ObjectWatch
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import kueue as K
 from gpuhealth.drain.plan import DrainPlan, Step
-from gpuhealth.kube.client import KubePort, status_of
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 class AdmissionRoom:
     def __init__(
         self,
-        kube: KubePort,
-        call: Call,
+        *,
+        kube: AsyncKube,
         store: Store,
         events: EventSink,
         active: asyncio.Event,
@@ -56,7 +56,6 @@ class AdmissionRoom:
     ) -> None:
         self.kube = kube
         self.gpu_resources = tuple(gpu_resources)
-        self.call = call
         self.store = store
         self.events = events
         self.active = active
@@ -67,16 +66,16 @@ class AdmissionRoom:
         self._task: asyncio.Task[None] | None = None
         self.workload_watch = ObjectWatch(
             "workloads",
-            kube.list_workloads_rv,
-            kube.watch_workloads,
+            kube.sync.list_workloads_rv,
+            kube.sync.watch_workloads,
             functools.partial(slim_workload, resources=self.gpu_resources),
             self.on_workload,
             self.replace_workloads,
         )
         self.check_watch = ObjectWatch(
             "admissionchecks",
-            kube.list_admission_checks_rv,
-            kube.watch_admission_checks,
+            kube.sync.list_admission_checks_rv,
+            kube.sync.watch_admission_checks,
             slim_check,
             self.on_check,
             self.replace_checks,
@@ -86,8 +85,8 @@ class AdmissionRoom:
 
     async def start(self) -> None:
         """List both kinds (a 403 or 404 here is raised: the caller decides whether Kueue is on)."""
-        checks = await self.call(self.check_watch.list)
-        workloads = await self.call(self.workload_watch.list)
+        checks = await self.kube.run(self.check_watch.list)
+        workloads = await self.kube.run(self.workload_watch.list)
         for c in checks:
             self.on_check("ADDED", c)
         for w in workloads:
@@ -194,7 +193,7 @@ class AdmissionRoom:
                 ]
             },
         }
-        await self.call(self.kube.apply_admission_check_status, name, body)
+        await self.kube.apply_admission_check_status(name, body)
 
     def _capacity(self) -> list[K.NodeCapacity]:
         out = []
@@ -213,7 +212,7 @@ class AdmissionRoom:
         out: dict[str, dict[str, str] | None] = {}
         for name in names:
             try:
-                flavor = await self.call(self.kube.get_resource_flavor, name)
+                flavor = await self.kube.get_resource_flavor(name)
             except Exception as e:
                 if status_of(e) != 404:
                     raise
@@ -242,7 +241,7 @@ class AdmissionRoom:
         body = K.check_apply(wl, check, verdict, self.clock())
         meta = wl["metadata"]
         try:
-            fresh = await self.call(self.kube.apply_workload_status, meta["namespace"], meta["name"], body)
+            fresh = await self.kube.apply_workload_status(meta["namespace"], meta["name"], body)
         except Exception as e:
             code = status_of(e)
             if code == 404:
@@ -316,8 +315,8 @@ MODES = ("auto", "on", "off")
 
 async def start_admission(
     mode: str,
-    kube: KubePort,
-    call: Call,
+    *,
+    kube: AsyncKube,
     store: Store,
     events: EventSink,
     active: asyncio.Event,
@@ -331,16 +330,16 @@ async def start_admission(
         return None
     if mode == "auto":
         try:
-            served = await call(kube.kueue_served)
+            served = await kube.kueue_served()
         except Exception as e:
             log.warning("could not tell whether Kueue is installed (%s): its admission check stays off", e)
             return None
         if not served:
             return None
-        if not await call(kube.kueue_allowed):
+        if not await kube.kueue_allowed():
             log.info("Kueue is installed but this operator's RBAC does not include it: the admission check stays off")
             return None
-    room = AdmissionRoom(kube, call, store, events, active, clock, gpu_resources)
+    room = AdmissionRoom(kube=kube, store=store, events=events, active=active, clock=clock, gpu_resources=gpu_resources)
     try:
         await room.start()
     except Exception as e:

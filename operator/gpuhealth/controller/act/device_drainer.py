@@ -34,14 +34,13 @@ from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.device_reconciler import device_drains, drain_current
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.drain.plan import plan_drain
 from gpuhealth.evaluation.findings import Assessment
 from gpuhealth.evaluation.rules import fatal
-from gpuhealth.kube.client import KubePort
+from gpuhealth.kube.aio import AsyncKube
 
 CLAIMS_TTL_S = 1.0
 
@@ -57,14 +56,12 @@ class DeviceDrainer:
     def __init__(
         self,
         *,
-        kube: KubePort,
-        call: Call,
+        kube: AsyncKube,
         store: Store,
         drainer: Drainer,
         events: EventSink,
     ) -> None:
         self.kube = kube
-        self.call = call
         self.store = store
         self.drainer = drainer
         self.events = events
@@ -74,13 +71,13 @@ class DeviceDrainer:
     async def claims(self, fresh: bool = False) -> list[dict[str, Any]]:
         """The cluster's ResourceClaims, listed at most once per CLAIMS_TTL_S unless ``fresh``."""
         if fresh or time.monotonic() - self._claims_at > CLAIMS_TTL_S:
-            self._claims = await self.call(self.kube.list_resource_claims)
+            self._claims = await self.kube.list_resource_claims()
             self._claims_at = time.monotonic()
         return self._claims
 
     async def _write(self, name: str, drains: Mapping[str, DrainRecord | None]) -> None:
         body = {"status": {"deviceDrains": {k: None if v is None else dict(v) for k, v in drains.items()}}}
-        result = await self.call(self.kube.patch_report_status, name, body)
+        result = await self.kube.patch_report_status(name, body)
         self.store.wrote(name, result)
 
     async def run(

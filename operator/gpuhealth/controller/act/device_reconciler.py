@@ -54,13 +54,12 @@ from gpuhealth.api.timeutil import parse_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.intake.slicewatch import SliceCache
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.device_view import node_view
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
-from gpuhealth.kube.client import KubePort
+from gpuhealth.kube.aio import AsyncKube
 
 log = logging.getLogger(__name__)
 SLICES_GRACE_S = 30.0  # how long a restarted operator waits for its first ResourceSlice list
@@ -133,15 +132,13 @@ class DeviceReconciler(DeviceRules):
     def __init__(
         self,
         *,
-        kube: KubePort,
-        call: Call,
+        kube: AsyncKube,
         store: Store,
         slices: SliceCache,
         events: EventSink,
         clock: Callable[[], dt.datetime],
     ) -> None:
         self.kube = kube
-        self.call = call
         self.store = store
         self.slices = slices
         self.events = events

@@ -25,9 +25,9 @@ from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.store import Store
-from gpuhealth.kube.client import KubePort, status_of
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
 # Our rules are re-listed this often for changes someone else made; our own are tracked in memory.
@@ -51,8 +51,7 @@ def desired_rules(records: Iterable[DeviceRecord], dry_run: bool, taken: Iterabl
 class DeviceRules:
     """The rule half of the device reconciler (mixed into ``DeviceReconciler``)."""
 
-    kube: KubePort
-    call: Call
+    kube: AsyncKube
     store: Store
     events: EventSink
 
@@ -75,7 +74,7 @@ class DeviceRules:
         """gpuhealth's rules as the API has them (at start, after a pause, and every RELIST_S)."""
         self._listed_at = time.monotonic()
         try:
-            rules = await self.call(self.kube.list_device_taint_rules)
+            rules = await self.kube.list_device_taint_rules()
         except Exception as e:
             if status_of(e) != 404:
                 raise
@@ -137,7 +136,7 @@ class DeviceRules:
     async def _create(self, body: dict[str, Any], mode: str) -> bool:
         """Create one rule; False when one of its name exists already (409)."""
         try:
-            created = await self.call(self.kube.create_device_taint_rule, body)
+            created = await self.kube.create_device_taint_rule(body)
         except Exception as e:
             if status_of(e) != 409:
                 raise
@@ -152,7 +151,7 @@ class DeviceRules:
             return False
         self._deleting.add(rname)
         try:
-            await self.call(self.kube.delete_device_taint_rule, rname, uid or None)
+            await self.kube.delete_device_taint_rule(rname, uid or None)
         except Exception as e:
             if status_of(e) not in (404, 409):  # gone; or replaced since read (the next sweep re-reads)
                 raise

@@ -30,13 +30,13 @@ from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
 from gpuhealth.evaluation.restarts import crashloop_evictions
-from gpuhealth.kube.client import KubePort, status_of
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,20 +57,18 @@ class Drainer:
     def __init__(
         self,
         *,
-        kube: KubePort,
-        call: Call,
+        kube: AsyncKube,
         events: EventSink,
         store: Store,
         breaker: Breaker,
         clock: Callable[[], dt.datetime],
-        step_call: Call | None = None,
+        steps: AsyncKube | None = None,
         parallel: int = DRAIN_CONCURRENCY,
     ) -> None:
         self.kube = kube
-        self.call = call
-        # The checkpoint requests and evictions: on a pool of their own (``step_call``), and each drain's
+        # The checkpoint requests and evictions: on a pool of their own (``steps``), and each drain's
         # steps at once, at most ``parallel`` of them (the pool bounds all drains together the same way).
-        self.step_call = step_call or call
+        self.steps = steps or kube
         self.parallel = max(1, parallel)
         self.events = events
         self.store = store
@@ -185,7 +183,7 @@ class Drainer:
     async def write(self, name: str, record: DrainRecord | None) -> None:
         """Write (or, with ``None``, remove) ``status.drain``."""
         body = {"status": {"drain": None if record is None else dict(record)}}
-        result = await self.call(self.kube.patch_report_status, name, body)
+        result = await self.kube.patch_report_status(name, body)
         self.store.wrote(name, result)
 
     async def execute(self, node: str, plan: DrainPlan, now: dt.datetime, cause: str = "") -> DrainRecord:
@@ -232,7 +230,7 @@ class Drainer:
             "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {P.CHECKPOINT_REQUESTED: at}}
         }
         try:
-            updated = await self.step_call(self.kube.patch_pod, meta["namespace"], meta["name"], patch)
+            updated = await self.steps.patch_pod(meta["namespace"], meta["name"], patch)
         except Exception as e:
             if status_of(e) in (404, 409):
                 return  # gone, or changed under us: the next reconcile re-plans on the fresh pod
@@ -259,9 +257,7 @@ class Drainer:
         if uid:
             self._sent[uid] = time.monotonic()
         try:
-            await self.step_call(
-                self.kube.evict_pod, meta["namespace"], meta["name"], meta.get("uid"), meta.get("resourceVersion")
-            )
+            await self.steps.evict_pod(meta["namespace"], meta["name"], meta.get("uid"), meta.get("resourceVersion"))
         except Exception as e:
             code = status_of(e)
             if uid and code != 404:
@@ -327,7 +323,7 @@ class Drainer:
     async def _force(self, node: str, step: Step, prec: PodDrain, now: dt.datetime) -> None:
         meta = step.pod["metadata"]
         try:
-            await self.step_call(self.kube.force_delete_pod, meta["namespace"], meta["name"], meta.get("uid"))
+            await self.steps.force_delete_pod(meta["namespace"], meta["name"], meta.get("uid"))
         except Exception as e:
             if status_of(e) != 404:
                 raise

@@ -48,7 +48,6 @@ from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconci
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.remediator import Remediator
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
 from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
@@ -57,7 +56,8 @@ from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.startup import acts_before_pods
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
-from gpuhealth.kube.client import KubePort, is_conflict, is_not_found, status_of
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import is_conflict, is_not_found, status_of
 
 log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5
@@ -75,8 +75,7 @@ class NodeReconciler:
     def __init__(
         self,
         *,
-        kube: KubePort,
-        call: Call,
+        kube: AsyncKube,
         store: Store,
         breaker: Breaker,
         drainer: Drainer,
@@ -90,7 +89,6 @@ class NodeReconciler:
         self.devices = devices
         self.device_drainer = device_drainer
         self.kube = kube
-        self.call = call
         self.store = store
         self.breaker = breaker
         self.drainer = drainer
@@ -117,13 +115,13 @@ class NodeReconciler:
 
     async def _refresh(self, name: str) -> None:
         try:
-            self.store.reflect_node(name, await self.call(self.kube.get_node, name))
+            self.store.reflect_node(name, await self.kube.get_node(name))
         except Exception as e:
             if not is_not_found(e):
                 raise
             self.store.forget_node(name)
         try:
-            report = await self.call(self.kube.get_report, name)
+            report = await self.kube.get_report(name)
         except Exception as e:
             if not is_not_found(e):
                 raise
@@ -234,7 +232,7 @@ class NodeReconciler:
                     )
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
-                    await self.call(self.kube.patch_node, name, {"metadata": {"annotations": ack}})
+                    await self.kube.patch_node(name, {"metadata": {"annotations": ack}})
             elif policy.mode == Mode.DRY_RUN:
                 again = await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
         finally:
@@ -293,7 +291,7 @@ class NodeReconciler:
             self.store.set_record(name, decision.record)
             return
         patch = {"metadata": {"resourceVersion": report_obj["metadata"]["resourceVersion"]}, "status": changed}
-        result = await self.call(self.kube.patch_report_status, name, patch)
+        result = await self.kube.patch_report_status(name, patch)
         self.store.wrote(name, result)
         self.store.set_record(name, decision.record)
 
@@ -301,11 +299,11 @@ class NodeReconciler:
         """No agent report after the silence period: create a stub so the Unknown verdict has a home."""
         body = {"apiVersion": API_VERSION, "kind": REPORT_KIND, "metadata": {"name": name}, "spec": {"nodeName": name}}
         try:
-            obj: dict[str, Any] = await self.call(self.kube.create_report, body)
+            obj: dict[str, Any] = await self.kube.create_report(body)
         except Exception as e:
             if status_of(e) != 409:
                 raise
-            obj = await self.call(self.kube.get_report, name)
+            obj = await self.kube.get_report(name)
         self.store.created(name, obj)
         return obj
 
@@ -323,7 +321,7 @@ class NodeReconciler:
         )
         plan = plan_node(node, marks)
         if plan.patch is not None:
-            updated = await self.call(self.kube.patch_node, name, plan.patch)
+            updated = await self.kube.patch_node(name, plan.patch)
             self.store.reflect_node(name, updated)
             # The cached copy, so the condition written below is reflected in it (the answer itself if
             # the Node was deleted meanwhile: the condition write then fails and the next pass is none).
@@ -335,7 +333,7 @@ class NodeReconciler:
             self._announce_node_actions(name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec)
         cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now))
         if cond is not None:
-            await self.call(self.kube.patch_node_status, name, cond)
+            await self.kube.patch_node_status(name, cond)
             # Reflect our own write so the next reconcile does not repeat it before the watch catches up:
             # a new copy through the store, never the cached one edited in place.
             conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]

@@ -16,10 +16,10 @@ from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state import capacity
 from gpuhealth.controller.state.store import Store
-from gpuhealth.kube.client import KubePort, is_not_found
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import is_not_found
 
 
 @dataclass
@@ -53,11 +53,8 @@ def summarize(store: Store) -> dict[str, PolicyView]:
 
 
 class PolicyStatus:
-    def __init__(
-        self, kube: KubePort, call: Call, store: Store, events: EventSink, clock: Callable[[], dt.datetime]
-    ) -> None:
+    def __init__(self, *, kube: AsyncKube, store: Store, events: EventSink, clock: Callable[[], dt.datetime]) -> None:
         self.kube = kube
-        self.call = call
         self.store = store
         self.events = events
         self.clock = clock
@@ -140,7 +137,7 @@ class PolicyStatus:
             },
         ]
         try:
-            await self.call(self.kube.patch_policy_status, pname, {"status": status})
+            await self.kube.patch_policy_status(pname, {"status": status})
             self._written[pname] = {k: v2 for k, v2 in status.items() if k != "conditions"}
         except Exception as e:
             if not is_not_found(e):

@@ -42,11 +42,11 @@ from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
-from gpuhealth.kube.client import KubePort, is_not_found, status_of
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import is_not_found, status_of
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)
@@ -79,13 +79,11 @@ class Remediator:
     def __init__(
         self,
         *,
-        kube: KubePort,
-        call: Call,
+        kube: AsyncKube,
         store: Store,
         events: EventSink,
     ) -> None:
         self.kube = kube
-        self.call = call
         self.store = store
         self.events = events
         self._lock = asyncio.Lock()
@@ -250,7 +248,7 @@ class Remediator:
 
     async def _held_and_free(self, dev: DeviceRecord) -> str:
         """Re-read from the API: the GPU's rule holds it out, and no pod holds its device."""
-        rules = await self.call(self.kube.list_device_taint_rules)
+        rules = await self.kube.list_device_taint_rules()
         rule = next((r for r in rules if r["metadata"]["name"] == dev.taint_rule), None)
         if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
             return f"its DeviceTaintRule {dev.taint_rule} (NoSchedule) is not in place"
@@ -258,9 +256,7 @@ class Remediator:
         if ref is None:
             return "its DRA device is unknown"
         node = ref.pool
-        claims, pods = await asyncio.gather(
-            self.call(self.kube.list_resource_claims), self.call(self.kube.list_pods_on_node, node)
-        )
+        claims, pods = await asyncio.gather(self.kube.list_resource_claims(), self.kube.list_pods_on_node(node))
         ended = {
             f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
             for p in pods
@@ -274,7 +270,7 @@ class Remediator:
     async def _job_outcome(self, job: str) -> str:
         ns, _, jname = job.partition("/")
         try:
-            return job_outcome(await self.call(self.kube.get_job, ns, jname))
+            return job_outcome(await self.kube.get_job(ns, jname))
         except Exception as e:
             if is_not_found(e):
                 return job_outcome(None)
@@ -283,7 +279,7 @@ class Remediator:
     async def _create_job(self, name: str, index: int, body: Mapping[str, Any]) -> None:
         ns = body["metadata"]["namespace"]
         try:
-            await self.call(self.kube.create_job, ns, body)
+            await self.kube.create_job(ns, body)
         except Exception as e:
             if status_of(e) == 409:
                 log.info("reset Job %s/%s exists already (created before a restart)", ns, body["metadata"]["name"])
@@ -294,11 +290,11 @@ class Remediator:
     async def _delete_job(self, job: str) -> None:
         ns, _, jname = job.partition("/")
         try:
-            await self.call(self.kube.delete_job, ns, jname)
+            await self.kube.delete_job(ns, jname)
         except Exception as e:
             if not is_not_found(e):
                 raise
 
     async def _write(self, name: str, index: int, entry: Mapping[str, Any] | None) -> None:
-        result = await self.call(self.kube.patch_report_status, name, {"status": {"remediation": {str(index): entry}}})
+        result = await self.kube.patch_report_status(name, {"status": {"remediation": {str(index): entry}}})
         self.store.wrote(name, result)

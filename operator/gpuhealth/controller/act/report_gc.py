@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import logging
 
-from gpuhealth.controller.calls import Call
 from gpuhealth.controller.state.store import Store
-from gpuhealth.kube.client import KubePort
+from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.errors import is_conflict, is_not_found
 
 log = logging.getLogger(__name__)
 
 
 class ReportCollector:
-    def __init__(self, kube: KubePort, call: Call, store: Store) -> None:
+    def __init__(self, *, kube: AsyncKube, store: Store) -> None:
         self.kube = kube
-        self.call = call
         self.store = store
         self._suspects: set[str] = set()
 
@@ -53,7 +51,7 @@ class ReportCollector:
             self._suspects.discard(name)
             return False
         try:
-            await self.call(self.kube.get_node, name)
+            await self.kube.get_node(name)
             self._suspects.discard(name)
             return False  # the Node exists (it only lost the GPU label): its report stays
         except Exception as e:
@@ -61,7 +59,7 @@ class ReportCollector:
                 raise  # retried by the worker with growing delays
         uid = str((report.get("metadata") or {}).get("uid") or "") or None
         try:
-            await self.call(self.kube.delete_report, name, uid)
+            await self.kube.delete_report(name, uid)
         except Exception as e:
             if not (is_not_found(e) or is_conflict(e)):
                 raise

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, TypeVarTuple, Unpack
+from typing import Any
 
 from gpuhealth.api.names import (
     GPU_NODE_SELECTOR,
@@ -45,11 +45,10 @@ from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
+from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-Ts = TypeVarTuple("Ts")
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
@@ -76,31 +75,28 @@ class Runtime:
         # Drains' checkpoint requests and evictions have a pool of their own: a drain storm's thousands
         # of pod writes never queue in front of the taint of the next fault (docs/bench.md, drain storm).
         self.drain_pool = ThreadPoolExecutor(max_workers=drain_concurrency, thread_name_prefix="drain")
+        self.api = AsyncKube(kube, self.pool)  # the rooms' port (``kube/aio.py``)
         self.store = Store()
         self.queue = WorkQueue()
         self.events = EventPoster(kube.post_event)
         self.breaker = Breaker(self.store)
         self.drainer = Drainer(
-            kube=kube,
-            call=self.call,
+            kube=self.api,
             events=self.events,
             store=self.store,
             breaker=self.breaker,
             clock=clock,
-            step_call=self.drain_call,
+            steps=self.api.on(self.drain_pool),
             parallel=drain_concurrency,
         )
         # DRA ResourceSlices (which device each GPU is) for per-GPU quarantine; a slice change re-queues its node.
         self.slice_watch = SliceWatch(kube, on_change=self._on_slice)
         self.devices = DeviceReconciler(
-            kube=kube, call=self.call, store=self.store, slices=self.slice_watch.cache, events=self.events, clock=clock
+            kube=self.api, store=self.store, slices=self.slice_watch.cache, events=self.events, clock=clock
         )
-        self.device_drainer = DeviceDrainer(
-            kube=kube, call=self.call, store=self.store, drainer=self.drainer, events=self.events
-        )
+        self.device_drainer = DeviceDrainer(kube=self.api, store=self.store, drainer=self.drainer, events=self.events)
         self.reconciler = NodeReconciler(
-            kube=kube,
-            call=self.call,
+            kube=self.api,
             store=self.store,
             breaker=self.breaker,
             drainer=self.drainer,
@@ -108,10 +104,10 @@ class Runtime:
             clock=clock,
             devices=self.devices,
             device_drainer=self.device_drainer,
-            remediator=Remediator(kube=kube, call=self.call, store=self.store, events=self.events),
+            remediator=Remediator(kube=self.api, store=self.store, events=self.events),
         )
-        self.policy_status = PolicyStatus(kube, self.call, self.store, self.events, clock)
-        self.reports_gc = ReportCollector(kube, self.call, self.store)
+        self.policy_status = PolicyStatus(kube=self.api, store=self.store, events=self.events, clock=clock)
+        self.reports_gc = ReportCollector(kube=self.api, store=self.store)
         self.leadership = Leadership()
         self._lead_task: asyncio.Task[None] | None = None
         self.feeders = Feeders(
@@ -145,14 +141,6 @@ class Runtime:
         self._failures: dict[str, int] = {}
         self.watchdog = Watchdog()
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def call(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
-        """Run one blocking API call on the kube thread pool."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    async def drain_call(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
-        """Run one drain step's API call (a checkpoint request, an eviction) on the drain pool."""
-        return await asyncio.get_running_loop().run_in_executor(self.drain_pool, fn, *args)
 
     def queue_later(self, name: str, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self.queue.add, name)
@@ -201,12 +189,14 @@ class Runtime:
         first = not self._fleet_listed
         leases_due = self.lease_watch is not None and not self._leases_listed
         nodes, reports, policies, leases = await asyncio.gather(
-            self.call(self.node_watch.list) if first else self.call(self.kube.list_nodes, GPU_NODE_SELECTOR, slim_node),
-            self.call(self.report_watch.list)
+            self.api.run(self.node_watch.list)
             if first
-            else self.call(self.kube.list_custom, REPORT_PLURAL, slim_report),
-            self.call(self.kube.list_custom, POLICY_PLURAL),
-            self.call(self.lease_watch.list) if leases_due and self.lease_watch is not None else _nothing(),
+            else self.api.run(self.kube.list_nodes, GPU_NODE_SELECTOR, slim_node),
+            self.api.run(self.report_watch.list)
+            if first
+            else self.api.run(self.kube.list_custom, REPORT_PLURAL, slim_report),
+            self.api.run(self.kube.list_custom, POLICY_PLURAL),
+            self.api.run(self.lease_watch.list) if leases_due and self.lease_watch is not None else _nothing(),
         )
         self._fleet_listed = True
         for lease in leases:
@@ -228,7 +218,7 @@ class Runtime:
         yet (``node_reconciler.early_pass``): drains and restart-loop checks need the pods. Then every
         node is passed again with them."""
         started = time.monotonic()
-        pods = await self.call(self.pod_watch.list)
+        pods = await self.api.run(self.pod_watch.list)
         for pod in pods:
             self.on_pod("ADDED", pod, enqueue=False)
         self.store.pods.listed()
@@ -262,8 +252,15 @@ class Runtime:
         self._loop = asyncio.get_running_loop()
         self.slice_watch.start()
         # Kueue's Workloads are known before the first drain pass: none of their pods is evicted.
-        args = (self.kube, self.call, self.store, self.events, self.active, self.clock)
-        self.admission = await start_admission(self.kueue_mode, *args, self.gpu_resources)
+        self.admission = await start_admission(
+            self.kueue_mode,
+            kube=self.api,
+            store=self.store,
+            events=self.events,
+            active=self.active,
+            clock=self.clock,
+            gpu_resources=self.gpu_resources,
+        )
         self.drainer.mover = self.admission
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         self._tasks.append(asyncio.create_task(self._sweeper()))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
-from collections.abc import Callable
-from typing import Any, TypeVar, TypeVarTuple
+from typing import Any
 
 import pytest
 
@@ -17,17 +16,10 @@ from gpuhealth.controller.intake.kueuewatch import slim_check, slim_workload
 from gpuhealth.controller.process.main import parse_args
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.plan import DrainPlan, Step
-from tests.unit.fake_kube import FakeKube
-
-T = TypeVar("T")
-Ts = TypeVarTuple("Ts")
+from tests.unit.fake_kube import FakeKube, inline
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 KEY = "ml/job-llm"
-
-
-async def call(fn: Callable[[*Ts], T], *args: *Ts) -> T:
-    return fn(*args)
 
 
 class Sink(list[tuple[str, ...]]):
@@ -89,7 +81,7 @@ def setup(wl: dict[str, Any], out: bool = False) -> tuple[FakeKube, Store, Admis
     events = Sink()
     active = asyncio.Event()
     active.set()
-    room = AdmissionRoom(kube, call, store, events, active, lambda: T0)
+    room = AdmissionRoom(kube=inline(kube), store=store, events=events, active=active, clock=lambda: T0)
     room.on_check("ADDED", slim_check(kube.admission_checks["gh"]))
     room.on_workload("ADDED", slim_workload(kube.workloads[("ml", "job-llm")]))
     return kube, store, room, events
@@ -156,7 +148,14 @@ def test_gpus_held_out_by_device_taint_rules_count_under_a_mapped_dra_quota_name
             store.put_report(name, {"metadata": {"name": name}, "status": {"totalGPUs": 8, "devices": devices}})
         active = asyncio.Event()
         active.set()
-        room = AdmissionRoom(kube, call, store, Sink(), active, lambda: T0, ("nvidia.com/gpu", "whole-gpus"))
+        room = AdmissionRoom(
+            kube=inline(kube),
+            store=store,
+            events=Sink(),
+            active=active,
+            clock=lambda: T0,
+            gpu_resources=("nvidia.com/gpu", "whole-gpus"),
+        )
         room.on_check("ADDED", slim_check(check))
         room.on_workload("ADDED", slim_workload(kube.workloads[("ml", "job-llm")], room.gpu_resources))
         assert room.cache.workloads[KEY]["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {
@@ -231,11 +230,15 @@ def test_auto_starts_the_room_only_when_kueue_is_served() -> None:
     async def body() -> None:
         kube = FakeKube()
         active = asyncio.Event()
-        args = (kube, call, Store(), Sink(), active, lambda: T0)
-        assert await start_admission("auto", *args) is None
-        assert await start_admission("off", *args) is None
+        port, store, sink = inline(kube), Store(), Sink()
+
+        async def start(mode: str) -> AdmissionRoom | None:
+            return await start_admission(mode, kube=port, store=store, events=sink, active=active, clock=lambda: T0)
+
+        assert await start("auto") is None
+        assert await start("off") is None
         kube.kueue = True
-        room = await start_admission("auto", *args)
+        room = await start("auto")
         assert room is not None
         await room.stop()
 
