@@ -1,0 +1,5 @@
+"""``python -m hack.memprobe``."""
+
+from hack.memprobe import main
+
+raise SystemExit(main())
