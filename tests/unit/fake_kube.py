@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.kube.aio import AsyncKube
-from tests.unit.builders import merge_patch
+from tests.unit.builders import merge_patch, report_obj
 
 T = TypeVar("T")
 
@@ -373,3 +373,26 @@ class InlineExecutor(Executor):
 def inline(kube: FakeKube) -> AsyncKube:
     """The rooms' async port over the fake, each call run inline."""
     return AsyncKube(kube, InlineExecutor())
+
+
+def crash_looping_fleet() -> FakeKube:
+    """Three nodes with two workloads each under a restart-loop policy; both of n1's pods crash-loop
+    (a restart loop the pods alone show: the reports are clean)."""
+    kube = FakeKube()
+    kube.add_policy("p", {"restartLoop": {"minWorkloads": 2, "minRestarts": 3, "window": "10m"}})
+    for n in ("n1", "n2", "n3"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+        for app in ("svc-a", "svc-b"):
+            kube.add_pod("apps", f"{app}-{n}", n)
+            pod = kube.pods["apps", f"{app}-{n}"]
+            pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{app}-rs", "controller": True}]
+            if n == "n1":
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "restartCount": 5,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2025-01-01T12:00:05Z"}},
+                    }
+                ]
+    return kube

@@ -21,7 +21,7 @@ from gpuhealth.drain import pods as P
 from gpuhealth.evaluation import transitions
 from gpuhealth.evaluation.transitions import Decision
 from tests.unit.builders import at, report_obj, xid_event
-from tests.unit.fake_kube import FakeKube
+from tests.unit.fake_kube import FakeKube, crash_looping_fleet
 
 TAINT = "gpuhealth.dev/unhealthy"
 
@@ -223,24 +223,7 @@ def test_the_work_queue_processes_a_key_once_at_a_time_and_again_if_it_changed()
 
 
 def test_crash_looping_pods_leave_a_quarantined_node_through_the_one_eviction_path() -> None:
-    kube = FakeKube()
-    kube.add_policy("p", {"restartLoop": {"minWorkloads": 2, "minRestarts": 3, "window": "10m"}})
-    for n in ("n1", "n2", "n3"):
-        kube.add_node(n)
-        kube.add_report(report_obj(name=n))
-        for app in ("svc-a", "svc-b"):
-            pod = kube.add_pod("apps", f"{app}-{n}", n)
-            pod = kube.pods["apps", f"{app}-{n}"]
-            pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{app}-rs", "controller": True}]
-            if n == "n1":
-                pod["status"]["containerStatuses"] = [
-                    {
-                        "restartCount": 5,
-                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2025-01-01T12:00:05Z"}},
-                    }
-                ]
-
+    kube = crash_looping_fleet()
     stale = [copy.deepcopy(kube.pods["apps", f"{app}-n1"]) for app in ("svc-a", "svc-b")]
 
     async def body() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.drain import pods as P
 from tests.unit.builders import at, report_obj, xid_event
-from tests.unit.fake_kube import FakeKube
+from tests.unit.fake_kube import FakeKube, crash_looping_fleet
 
 TAINT = "gpuhealth.dev/unhealthy"
 
@@ -51,29 +51,8 @@ def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> No
     asyncio.run(body())
 
 
-def _crash_looping_fleet() -> FakeKube:
-    kube = FakeKube()
-    kube.add_policy("p", {"restartLoop": {"minWorkloads": 2, "minRestarts": 3, "window": "10m"}})
-    for n in ("n1", "n2", "n3"):
-        kube.add_node(n)
-        kube.add_report(report_obj(name=n))
-        for app in ("svc-a", "svc-b"):
-            kube.add_pod("apps", f"{app}-{n}", n)
-            pod = kube.pods["apps", f"{app}-{n}"]
-            pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{app}-rs", "controller": True}]
-            if n == "n1":
-                pod["status"]["containerStatuses"] = [
-                    {
-                        "restartCount": 5,
-                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2025-01-01T12:00:05Z"}},
-                    }
-                ]
-    return kube
-
-
 def test_a_quarantine_only_the_pods_justify_is_left_alone_until_they_are_in() -> None:
-    kube = _crash_looping_fleet()
+    kube = crash_looping_fleet()
 
     async def first_operator() -> None:
         rt = Runtime(kube, clock=lambda: at(10), workers=1)
