@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahead of the rest
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
+POD_BATCH = 1000  # pods cached from the start-up list between turns of the event loop
 
 
 class Runtime:
@@ -216,12 +217,14 @@ class Runtime:
 
     async def _list_pods(self) -> None:
         """The start-up pod list, once. Until it is in, a pass only takes out what holds nothing out
-        yet (``node_reconciler.early_pass``): drains and restart-loop checks need the pods. Then every
-        node is passed again with them."""
+        yet (``evaluation/startup.py``): drains and restart-loop checks need the pods. Then every node
+        is passed again with them."""
         started = time.monotonic()
         pods = await self.api.run(self.pod_watch.list)
-        for pod in pods:
+        for i, pod in enumerate(pods, 1):
             self.on_pod("ADDED", pod, enqueue=False)
+            if i % POD_BATCH == 0:
+                await asyncio.sleep(0)  # 80,000 pods cached at once held the loop for 3.5 s (docs/bench.md)
         self.store.pods.listed()
         log.info("listed %d pods in %.1fs: drains and restart-loop checks begin", len(pods), time.monotonic() - started)
         for name in self.store.nodes:

@@ -54,3 +54,30 @@ def test_a_backlog_of_passes_lets_the_loop_run_between_them() -> None:
         await asyncio.gather(worker, return_exceptions=True)
 
     asyncio.run(body())
+
+
+def test_caching_the_start_up_pod_list_lets_the_loop_run_between_batches() -> None:
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    for k in range(2500):
+        kube.add_pod("ml", f"p{k}", "n1")
+
+    async def body() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        rt.store.pods.expect()
+        await rt._load()
+        cached: list[int] = []
+
+        async def watcher() -> None:  # another task on the loop: it sees the pods arrive in batches
+            while rt.store.pods.pending:
+                cached.append(len(rt.store.pods.on("n1")))
+                await asyncio.sleep(0)
+
+        seen = asyncio.create_task(watcher())
+        await rt._list_pods()
+        await seen
+        assert any(0 < n < 2500 for n in cached)  # the loop ran while the list was being cached
+        assert len(rt.store.pods.on("n1")) == 2500 and not rt.store.pods.pending
+
+    asyncio.run(body())
