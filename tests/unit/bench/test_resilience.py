@@ -220,7 +220,7 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
     only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
     rendered = docs.blocks(tmp_path)
-    readme, summary, latest, _, resilience, _, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
+    readme, summary, latest, _, resilience, _, _, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
     assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
     assert "`abcdef0`" in resilience and "**7 of 7 targets met**" in resilience
     assert "| 1,000 | `abcdef0`, 2026-12-31" in summary and "| 7 of 7 |" in summary  # the README's row
@@ -240,7 +240,7 @@ def test_a_run_of_the_drain_storm_alone_is_rendered_on_its_own(tmp_path: Path) -
     alone.update({"date": "2026-12-31T00:00Z", "commit": "bbbbbbb", "load": "1.0-2.0"})
     for r in (three, alone):
         (tmp_path / f"bench-1000-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), encoding="utf-8")
-    _, summary, _, _, resilience, drain_only, _, _ = [
+    _, summary, _, _, resilience, drain_only, _, _, _ = [
         *docs.blocks(tmp_path)[docs.DOCS[0]],
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]
@@ -276,3 +276,28 @@ def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None
     assert w.wait_drains(["a"], after=first + 1, timeout=0.05) == {}  # a drain before ``after`` does not count
     w._event("MODIFIED", report("a", "Running"))  # a new drain
     assert "a" not in w.drain_completed
+
+
+def test_a_run_of_the_warm_restart_alone_is_rendered_on_its_own(tmp_path: Path) -> None:
+    """A ``--phases restart`` run never takes the place of the newest run of the three phases; it has a
+    block of its own with the two restart targets."""
+    three = _with_resilience()
+    three.update({"date": "2026-12-30T00:00Z", "commit": "aaaaaaa", "load": "1.0-2.0"})
+    alone = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery", "failover", "drain_storm"):
+        alone.pop(k)
+    alone["config"].update({"phases": ["restart"]})
+    alone["warm_restart"]["restart_to_first_taint_s"] = 31.7
+    alone["targets"] = evaluate(alone)
+    alone.update({"date": "2026-12-31T00:00Z", "commit": "ccccccc", "load": "1.0-2.0"})
+    for r in (three, alone):
+        (tmp_path / f"bench-1000-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), encoding="utf-8")
+    _, summary, _, _, resilience, drain_only, _, _, restart_only = [
+        *docs.blocks(tmp_path)[docs.DOCS[0]],
+        *docs.blocks(tmp_path)[docs.DOCS[1]],
+    ]
+    assert "`aaaaaaa`" in resilience and "`ccccccc`" not in resilience + summary + drain_only
+    assert restart_only.startswith(docs.RESTART_ALONE_BEGIN) and "commit `ccccccc`" in restart_only
+    assert "restart to a new fault's taint 31.7 s (<= 30 s: **missed**)" in restart_only
+    assert "operator writes during start-up 0 (0: met)" in restart_only
+    assert docs.render_restart_alone([]).count("No run of the warm restart alone") == 1
