@@ -110,6 +110,16 @@ def probe(n: int, frames: int = 1, mig: bool = False) -> tuple[int, list[tuple[s
     return total, top
 
 
+def probe_alone(n: int, mig: bool = False) -> int:
+    """``probe(n, mig=mig)``'s bytes, in a fresh interpreter: tracemalloc counts every thread's
+    allocations, so a process with other threads at work (a test run's leftovers) counts theirs too."""
+    code = f"from hack import memprobe; print(memprobe.probe({int(n)}, mig={bool(mig)})[0])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 def _site(tb: tracemalloc.Traceback) -> str:
     """The innermost line of the project that allocated it; for what the JSON decoder allocated
     (strings and numbers of the watched body that the cache kept), which feeder kept it."""

@@ -1,5 +1,5 @@
 """The memory probe's pure parts: the least-squares slope, the docs block rendered from a result
-file, and one small in-process probe (the operator's caches hold something per node)."""
+file, and one small probe in a process of its own (the operator's caches hold something per node)."""
 
 from __future__ import annotations
 
@@ -45,5 +45,6 @@ def test_render_states_the_figures_of_the_file_between_the_markers(tmp_path: Pat
 
 
 def test_a_small_probe_counts_bytes_held_per_node() -> None:
-    total, _ = memprobe.probe(20)
-    assert 2_000 < total / 20 < 200_000
+    # In a process of its own: after the integration tests in this one, their leftover threads'
+    # allocations counted too (4.3 MB over a 20-node probe in a full `make test`).
+    assert 2_000 < memprobe.probe_alone(20) / 20 < 200_000

@@ -202,8 +202,7 @@ def test_memprobe_mig_renders_its_own_block_with_the_target() -> None:
 
 
 def test_a_small_mig_probe_holds_more_per_node_than_without_mig() -> None:
-    plain, _ = memprobe.probe(10)
-    mig, _ = memprobe.probe(10, mig=True)
+    plain, mig = memprobe.probe_alone(10), memprobe.probe_alone(10, mig=True)
     assert mig > plain + 10 * 56 * 50  # at least 50 bytes for each MIG device
 
 
