@@ -17,7 +17,7 @@ import datetime as dt
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,64 +115,73 @@ DRAIN_ALONE_BEGIN = "<!-- bench-drain-alone:begin (python -m hack.bench.docs) --
 DRAIN_ALONE_END = "<!-- bench-drain-alone:end -->"
 
 
-def drain_alone(res: Mapping[str, Any]) -> bool:
-    """A run of the drain storm without the failover and warm restart phases (``--phases drain``,
-    with ``--stack-profile`` to see where the storm's time goes): rendered on its own, never in place
-    of the newest run of the three phases, whose failover and restart it does not measure."""
-    return "drain_storm" in res and "failover" not in res and "warm_restart" not in res
+def alone(res: Mapping[str, Any], phase: str) -> bool:
+    """Whether a run measured ``phase`` and neither of the other two of ``RESILIENCE`` (``--phases
+    drain`` to see where the storm's time goes, ``--phases restart`` to measure a start-up change at
+    10,000 nodes in half the time). Such a run is rendered in a block of its own, never in place of the
+    newest run of the three phases, whose other phases it does not measure."""
+    return [k for k in RESILIENCE if k in res] == [phase]
 
 
 RESTART_ALONE_BEGIN = "<!-- bench-restart-alone:begin (python -m hack.bench.docs) -->"
 RESTART_ALONE_END = "<!-- bench-restart-alone:end -->"
 
 
-def restart_alone(res: Mapping[str, Any]) -> bool:
-    """A run of the warm restart without the drain storm and failover (``--phases restart``, to measure
-    a start-up change at 10,000 nodes in half the time): rendered on its own, like the drain storm alone."""
-    return "warm_restart" in res and "failover" not in res and "drain_storm" not in res
-
-
 def resilience_run(res: Mapping[str, Any]) -> bool:
-    return any(k in res for k in RESILIENCE) and not drain_alone(res) and not restart_alone(res)
+    return any(k in res for k in RESILIENCE) and not any(alone(res, k) for k in ("drain_storm", "warm_restart"))
 
 
-def render_drain_alone(runs: list[tuple[Path, dict[str, Any]]], newest: int = 4) -> str:
-    """The newest drain-storm-only runs, one paragraph each: where, when, and the storm's detail (with
-    the CPU per process and the operator's stack profile where the run measured them)."""
-    alone = [r for r in runs if drain_alone(r[1])][-newest:]
-    if not alone:
-        return f"{DRAIN_ALONE_BEGIN}\nNo run of the drain storm alone is filed yet.\n{DRAIN_ALONE_END}"
-    parts = []
-    for path, r in alone:
-        profiled = ", operators stack-profiled" if dig(r, "config", "stack_profile") else ""
-        parts.append(
-            f"Drain storm alone at {r['nodes']:,} nodes: commit `{r['commit']}`, {r['date']}, {r['machine']}; load "
-            f"average {r['load']} during the run (`{_rel(path)}`{profiled}).\n\n{drain_line(r)}"
-        )
-    return "\n".join([DRAIN_ALONE_BEGIN, "\n\n".join(parts), DRAIN_ALONE_END])
+def _alone_block(
+    runs: list[tuple[Path, dict[str, Any]]],
+    phase: str,
+    begin: str,
+    end: str,
+    what: str,
+    paragraph: Callable[[Path, dict[str, Any]], str],
+    newest: int = 4,
+) -> str:
+    """The newest runs of ``phase`` alone, one paragraph each, between ``begin`` and ``end``."""
+    picked = [r for r in runs if alone(r[1], phase)][-newest:]
+    if not picked:
+        return f"{begin}\nNo run of {what} alone is filed yet.\n{end}"
+    return "\n".join([begin, "\n\n".join(paragraph(path, r) for path, r in picked), end])
 
 
-def render_restart_alone(runs: list[tuple[Path, dict[str, Any]]], newest: int = 4) -> str:
-    """The newest warm-restart-only runs, one paragraph each: where, when, the two restart targets and
-    the restart's detail."""
-    alone = [r for r in runs if restart_alone(r[1])][-newest:]
-    if not alone:
-        return f"{RESTART_ALONE_BEGIN}\nNo run of the warm restart alone is filed yet.\n{RESTART_ALONE_END}"
-    parts = []
-    for path, r in alone:
-        verdicts = []
-        for t in resilience_targets_for(r["nodes"]):
-            e = r["targets"].get(t.key)
-            if e and measured(e):
-                verdicts.append(
-                    f"{t.label[len('Warm restart: ') :]} {_fmt(e['value'], t.unit)} ({t.target}: "
-                    f"{verdict(e, 'met', '**missed**')})"
-                )
-        parts.append(
-            f"Warm restart alone at {r['nodes']:,} nodes: commit `{r['commit']}`, {r['date']}, {r['machine']}; load "
-            f"average {r['load']} during the run (`{_rel(path)}`): {'; '.join(verdicts)}.\n\n{restart_line(r)}"
-        )
-    return "\n".join([RESTART_ALONE_BEGIN, "\n\n".join(parts), RESTART_ALONE_END])
+def _where(name: str, path: Path, r: Mapping[str, Any]) -> str:
+    return (
+        f"{name} alone at {r['nodes']:,} nodes: commit `{r['commit']}`, {r['date']}, {r['machine']}; load "
+        f"average {r['load']} during the run (`{_rel(path)}`"
+    )
+
+
+def _drain_paragraph(path: Path, r: dict[str, Any]) -> str:
+    """Where and when, and the storm's detail (with the CPU per process and the operator's stack profile
+    where the run measured them)."""
+    profiled = ", operators stack-profiled" if dig(r, "config", "stack_profile") else ""
+    return f"{_where('Drain storm', path, r)}{profiled}).\n\n{drain_line(r)}"
+
+
+def _restart_paragraph(path: Path, r: dict[str, Any]) -> str:
+    """Where and when, the two restart targets, and the restart's detail."""
+    verdicts = []
+    for t in resilience_targets_for(r["nodes"]):
+        e = r["targets"].get(t.key)
+        if e and measured(e):
+            verdicts.append(
+                f"{t.label[len('Warm restart: ') :]} {_fmt(e['value'], t.unit)} ({t.target}: "
+                f"{verdict(e, 'met', '**missed**')})"
+            )
+    return f"{_where('Warm restart', path, r)}): {'; '.join(verdicts)}.\n\n{restart_line(r)}"
+
+
+def render_drain_alone(runs: list[tuple[Path, dict[str, Any]]]) -> str:
+    return _alone_block(runs, "drain_storm", DRAIN_ALONE_BEGIN, DRAIN_ALONE_END, "the drain storm", _drain_paragraph)
+
+
+def render_restart_alone(runs: list[tuple[Path, dict[str, Any]]]) -> str:
+    return _alone_block(
+        runs, "warm_restart", RESTART_ALONE_BEGIN, RESTART_ALONE_END, "the warm restart", _restart_paragraph
+    )
 
 
 def render_resilience(path: Path, res: dict[str, Any], *more: tuple[Path, dict[str, Any]]) -> str:
