@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
@@ -39,7 +39,6 @@ from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 MAX_RETRY_S = 60.0
 DRAIN_CONCURRENCY = 32  # checkpoint requests and evictions in flight at once, over every drain (--drain-concurrency)
 SENT_MEMORY_S = 300.0  # how long an eviction sent is remembered (the watch shows it long before)

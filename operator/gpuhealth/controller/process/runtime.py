@@ -231,7 +231,9 @@ class Runtime:
             self.queue.add(name)
 
     async def _watch_pods(self) -> None:
-        """List the pods (retried with growing delays), then watch them from that list."""
+        """List the pods (retried with growing delays), then watch them from that list. Not the watch's
+        own first list: its result would be cached in one loop callback, or, cached in batches, have
+        the watch's newer events land between the batches and be overwritten by the list's copies."""
         failures = 0
         while True:
             try:
