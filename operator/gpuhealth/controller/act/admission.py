@@ -250,7 +250,7 @@ class AdmissionRoom:
             if code == 409:
                 return False  # changed under us: the watch brings the new version, decided again
             raise
-        self.cache.put_workload(slim_workload(fresh, self.gpu_resources))
+        self.cache.refresh_workload(slim_workload(fresh, self.gpu_resources))
         log.info("workload %s: check %s -> %s (%s)", K.key(wl), check, verdict.state, verdict.message)
         return True
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER
 from gpuhealth.drain import kueue as K
+from gpuhealth.kube.versions import older
 
 CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished")
 
@@ -83,6 +84,15 @@ class KueueCache:
         if owner := K.workload_owner(wl):
             self.by_owner[owner] = key
         return key
+
+    def refresh_workload(self, wl: dict[str, Any]) -> None:
+        """Cache our own write's answer, unless the watch has brought a newer Workload meanwhile (Kueue
+        admitting it, say): the answer resumes the writing task only after what the loop had queued."""
+        old = self.workloads.get(K.key(wl))
+        rv, cached = (wl.get("metadata") or {}).get("resourceVersion"), ((old or {}).get("metadata") or {})
+        if old is not None and older(rv, cached.get("resourceVersion")):
+            return
+        self.put_workload(wl)
 
     def drop_workload(self, key: str) -> None:
         old = self.workloads.pop(key, None)

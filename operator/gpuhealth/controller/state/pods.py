@@ -14,18 +14,9 @@ from typing import Any
 
 from gpuhealth.controller.intake.slim import slim_pod
 from gpuhealth.drain import pods as P
+from gpuhealth.kube.versions import newer
 
 Group = dict[str, dict[str, dict[str, Any]]]  # key -> uid -> slim pod
-
-
-def newer(rv: object, than: str | None) -> bool:
-    """resourceVersions are opaque, but etcd's are increasing integers; unknown forms count as newer."""
-    if than is None:
-        return True
-    try:
-        return int(str(rv)) > int(than)
-    except ValueError:
-        return True
 
 
 class Lists(Mapping[str, list[dict[str, Any]]]):

@@ -18,9 +18,10 @@ from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
 from gpuhealth.controller.intake.slim import slim_node, slim_report
-from gpuhealth.controller.state.pods import PodIndex, newer
+from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.evaluation.freshness import Seen, latest
+from gpuhealth.kube.versions import newer, older
 
 
 def gpu_capacity(node: Mapping[str, Any]) -> int | None:
@@ -104,6 +105,8 @@ class Store:
         uid = (body.get("metadata") or {}).get("uid")
         if old is None or (uid and (old.get("metadata") or {}).get("uid") not in (None, uid)):
             return
+        if _behind(body, old):
+            return  # the watch brought a newer Node while the write was answered (see ``wrote``)
         self.put_node(name, body)
 
     def saw_node(self, name: str, now: dt.datetime) -> None:
@@ -194,18 +197,26 @@ class Store:
 
     def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
         """A report read fresh after a conflict: its status is the record, whoever wrote it."""
+        if _behind(body, self._reports.get(name)):
+            return  # the watch brought a newer one meanwhile, and with it the record
         self._reports[name] = slim_report(body)
         self._records[name] = Record.from_status(body.get("status"))
         self._recount(name)
 
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:
-        """Reflect a status write of ours (the API's answer)."""
-        self._reports[name] = slim_report(result)
+        """Reflect a status write of ours (the API's answer), unless the watch has brought a newer report
+        meanwhile: the answer resumes the writing pass only after the loop has run what was queued
+        before it, and an agent's next write (a new XID) can be among that. Cached over it, the older
+        answer hid the fault from every later pass until the agent wrote again."""
         self._written_rv[name] = str(result["metadata"].get("resourceVersion", ""))
+        if not _behind(result, self._reports.get(name)):
+            self._reports[name] = slim_report(result)
         self._recount(name)
 
     def created(self, name: str, result: Mapping[str, Any]) -> None:
         """Reflect a report we created (a stub with no status yet), or the one found in its place."""
+        if _behind(result, self._reports.get(name)):
+            return
         self._reports[name] = slim_report(result)
         self._recount(name)
 
@@ -308,3 +319,11 @@ class Store:
             return self.gpus_of(node)
         devices = ((self.reports.get(node) or {}).get("status") or {}).get("devices") or []
         return sum(1 for d in devices if isinstance(d, Mapping) and d.get("state") not in (None, "InService"))
+
+
+def _behind(body: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
+    """Whether a write's answer (or a read) is older than the copy the watch has cached meanwhile."""
+    if cached is None:
+        return False
+    rv = (body.get("metadata") or {}).get("resourceVersion")
+    return older(rv, (cached.get("metadata") or {}).get("resourceVersion"))
