@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -90,11 +89,6 @@ class ByteWatch:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def metric(operator: OperatorProcess, name: str) -> float:
-    m = re.search(rf"^{name} (\S+)$", operator.metrics(), re.MULTILINE)
-    return float(m.group(1)) if m else 0.0
 
 
 def settle(read: Callable[[], tuple[float, ...]], quiet_s: float = 2.0, timeout: float = 60.0) -> None:
@@ -213,8 +207,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             return (
                 reports_watch.bytes,
                 leases_watch.bytes,
-                metric(operator, "gpuhealth_reconciles_total"),
-                metric(operator, "gpuhealth_lease_renewals_total"),
+                operator.metric("gpuhealth_reconciles_total") or 0.0,
+                operator.metric("gpuhealth_lease_renewals_total") or 0.0,
             )
 
         settle(state, quiet_s=3.0)

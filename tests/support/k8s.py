@@ -250,6 +250,19 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return r.read().decode()  # type: ignore[no-any-return]
 
+    def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """The sum of the operator's samples of ``name`` whose labels include ``labels``; None if it
+        exports no such sample."""
+        total: float | None = None
+        for line in self.metrics().splitlines():
+            m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)", line)
+            if not m or m.group(1) != name:
+                continue
+            if labels and not all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+                continue
+            total = (total or 0.0) + float(m.group(3))
+        return total
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.popen and self.popen.poll() is None:
             self.popen.send_signal(sig)

@@ -117,8 +117,8 @@ def bad_input(ctx: Ctx) -> None:
         ctx.stats["pruned"] = 2
 
     # 3. What no schema can refuse: the operator must handle it.
-    before_reports = ctx.metric(op, "gpuhealth_invalid_input_total", {"kind": "GPUNodeHealth"})
-    before_policies = ctx.metric(op, "gpuhealth_invalid_input_total", {"kind": "GPUHealthPolicy"})
+    before_reports = op.metric("gpuhealth_invalid_input_total", {"kind": "GPUNodeHealth"}) or 0.0
+    before_policies = op.metric("gpuhealth_invalid_input_total", {"kind": "GPUHealthPolicy"}) or 0.0
     # (a) an XID on a GPU the report does not list (devices 0..7, XID 79 on GPU 12)
     ctx.put_report(governed, healthy_spec(xids=[xid(79, gpu=12)]))
     ctx.fault(kind="bad_input")
@@ -164,16 +164,16 @@ def bad_input(ctx: Ctx) -> None:
             f"report with an XID on GPU 12, which it does not list: no InvalidReport Event on {governed} "
             f"(state {ctx.statuses([governed]).get(governed, {}).get('state')})"
         )
-    after_reports = ctx.metric(op, "gpuhealth_invalid_input_total", {"kind": "GPUNodeHealth"})
+    after_reports = op.metric("gpuhealth_invalid_input_total", {"kind": "GPUNodeHealth"}) or 0.0
     if after_reports <= before_reports:
         ctx.violate("gpuhealth_invalid_input_total{kind=GPUNodeHealth} did not increase for the inconsistent report")
     if not inv.events_on(events, huge, "InvalidPolicy"):
-        errors = ctx.metric(op, "gpuhealth_reconcile_errors_total")
+        errors = op.metric("gpuhealth_reconcile_errors_total") or 0.0
         ctx.violate(
             f"policy with thermal.sustainedFor 99999999999h (accepted by the schema): no InvalidPolicy Event; "
             f"gpuhealth_reconcile_errors_total is {errors:.0f} (reconciles of its node fail)"
         )
-    if ctx.metric(op, "gpuhealth_invalid_input_total", {"kind": "GPUHealthPolicy"}) <= before_policies:
+    if (op.metric("gpuhealth_invalid_input_total", {"kind": "GPUHealthPolicy"}) or 0.0) <= before_policies:
         ctx.violate("gpuhealth_invalid_input_total{kind=GPUHealthPolicy} did not increase for the unusable policy")
     if ctx.retry(ctx.kube.core.list_node, field_selector=f"metadata.name={ghost}").items:
         ctx.violate("a Node was created for a report of a node that does not exist")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,9 +19,9 @@ from tests.support.k8s import Kube, OperatorProcess, utcnow, wait_for
 from tests.support.workloads import indexed_training_job
 
 from gpuhealth.api.durations import parse_duration
-from gpuhealth.workload import COMPLETED, REQUESTED, acknowledge
 from hack.chaos import invariants as inv
 from hack.chaos.foreign import ForeignLog
+from hack.chaos.scenarios.checkpoints import acknowledging
 from hack.chaos.scenarios.cluster import AGENT, IDENTITIES, OPERATOR_USERS
 
 T = TypeVar("T")
@@ -337,34 +336,7 @@ class Ctx:
 
     def acknowledger(self, namespaces: list[str], max_delay: float = 1.5) -> threading.Event:
         """Workloads that save a checkpoint (taking up to ``max_delay`` s) and acknowledge each request."""
-        seen: dict[tuple[str, str], float] = {}
-        done: set[tuple[str, str]] = set()
-
-        def loop(stop: threading.Event) -> None:
-            while not stop.wait(0.3):
-                for ns in namespaces:
-                    try:
-                        pods = self.kube.core.list_namespaced_pod(ns).items
-                    except Exception:
-                        continue
-                    for p in pods:
-                        ann = p.metadata.annotations or {}
-                        req = ann.get(REQUESTED)
-                        if not req or p.metadata.deletion_timestamp:
-                            continue
-                        key = (p.metadata.uid, req)
-                        self.workload_saw.setdefault(f"{ns}/{p.metadata.name}", inv.now())
-                        if key in done or (ann.get(COMPLETED) or "") >= req[:19]:
-                            continue
-                        first = seen.setdefault(key, time.monotonic() + self.rng.uniform(0, max_delay))
-                        if time.monotonic() < first:
-                            continue
-                        try:
-                            acknowledge(ns, p.metadata.name, self.kube.api)
-                            done.add(key)
-                        except Exception:
-                            pass
-
+        loop = acknowledging(self.kube, self.rng, namespaces, max_delay, self.workload_saw)
         return self.background(loop, "acknowledger")
 
     def stop_background(self) -> None:
@@ -409,20 +381,6 @@ class Ctx:
             )
         for ns in self.namespaces:
             self.cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
-
-    def metric(self, op: OperatorProcess, name: str, labels: Mapping[str, str] | None = None) -> float:
-        """A sample of the operator's Prometheus metrics (0 if absent)."""
-        total = 0.0
-        for line in op.metrics().splitlines():
-            if not line.startswith(name) or line.startswith("#"):
-                continue
-            m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+(\S+)", line)
-            if not m or m.group(1) != name:
-                continue
-            if labels and not all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
-                continue
-            total += float(m.group(3))
-        return total
 
 
 def _exists(kube: Kube, policy: str) -> bool:
