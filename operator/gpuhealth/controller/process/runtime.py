@@ -44,7 +44,6 @@ from gpuhealth.controller.process.watchdog import Watchdog
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
-from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, written_at
 from gpuhealth.evaluation.rules import time_dependent
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import KubePort, is_conflict, retryable
@@ -211,7 +210,7 @@ class Runtime:
             self.on_report("ADDED", r, enqueue=False)
         for n in nodes:
             self.on_node("ADDED", n, enqueue=False)
-        for name in [*freshest_first(self.store), *self.reports_gc.suspect_orphans()]:
+        for name in [*self.store.freshest_first(), *self.reports_gc.suspect_orphans()]:
             self.queue.add(name)
         self.leadership.loaded()
 
@@ -386,16 +385,3 @@ class Runtime:
 async def _nothing() -> list[dict[str, Any]]:
     """What a list already made needs to add: nothing."""
     return []
-
-
-def freshest_first(store: Store) -> list[str]:
-    """The fleet in the order its agents last wrote their reports, newest first (the API server's time
-    of the write, ``freshness.written_at``). A fault reported while the operator was down is among the
-    newest writes, so a start-up passes it first rather than somewhere in a fleet-wide backlog (at
-    10,000 nodes, seconds of passes)."""
-
-    def written(name: str) -> float:
-        at = written_at(((store.reports.get(name) or {}).get("metadata") or {}), REPORT_HEARTBEAT)
-        return at.timestamp() if at is not None else 0.0
-
-    return sorted(store.nodes, key=written, reverse=True)

@@ -20,7 +20,7 @@ from gpuhealth.api.status import Record
 from gpuhealth.controller.intake.slim import slim_node, slim_report
 from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
-from gpuhealth.evaluation.freshness import Seen, latest
+from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, Seen, latest, written_at
 from gpuhealth.kube.versions import newer, older
 
 
@@ -236,6 +236,18 @@ class Store:
         self._records.clear()
         self._written_rv.clear()
         self._recount_all()
+
+    def freshest_first(self) -> list[str]:
+        """The fleet in the order its agents last wrote their reports, newest first (the API server's
+        time of the write, ``freshness.written_at``). A fault reported while the operator was down is
+        among the newest writes, so a start-up passes it first rather than somewhere in a fleet-wide
+        backlog (at 10,000 nodes, seconds of passes)."""
+
+        def written(name: str) -> float:
+            at = written_at(((self._reports.get(name) or {}).get("metadata") or {}), REPORT_HEARTBEAT)
+            return at.timestamp() if at is not None else 0.0
+
+        return sorted(self._nodes, key=written, reverse=True)
 
     def heard(self, name: str) -> Seen | None:
         """When the node's agent was last heard from: its report's last spec write or Lease renewal."""

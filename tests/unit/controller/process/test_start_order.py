@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuhealth.controller.process.runtime import Runtime, freshest_first
+from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.freshness import WRITTEN_AT
 from tests.unit.builders import at, report_obj
@@ -22,7 +22,7 @@ def test_the_nodes_whose_agents_wrote_last_come_first() -> None:
         if when:
             meta[WRITTEN_AT] = when
         store.put_report(name, {"metadata": meta, "spec": {}})
-    assert freshest_first(store) == ["b", "d", "a", "c"]  # no time known: last
+    assert store.freshest_first() == ["b", "d", "a", "c"]  # no time known: last
 
 
 def test_a_backlog_of_passes_lets_the_loop_run_between_them() -> None:
