@@ -14,6 +14,7 @@ import pytest
 from tests.support.cluster import LocalCluster
 from tests.support.diagnose import diagnose
 from tests.support.k8s import Kube, OperatorProcess
+from tests.support.rbac import rbac_installed as _rbac_installed
 
 _ids = itertools.count()
 
@@ -78,3 +79,10 @@ def policy_spec(group: str, **spec: object) -> dict[str, object]:
 
 
 __all__ = ["Path", "make_nodes", "policy_spec"]
+
+
+@pytest.fixture(scope="module")
+def rbac_installed(cluster: LocalCluster) -> Iterator[None]:
+    """gpuhealth installed from manifests/ with its admission policy in force, for one test module."""
+    with _rbac_installed(cluster):
+        yield

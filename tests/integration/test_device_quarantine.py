@@ -14,7 +14,8 @@ from typing import Any
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
-from tests.support.cluster import LocalCluster, gpu_node_manifest
+from tests.support.cluster import LocalCluster
+from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 TAINT = "gpuhealth.dev/unhealthy"

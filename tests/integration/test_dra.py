@@ -22,7 +22,8 @@ from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
-from tests.support.cluster import LocalCluster, gpu_node_manifest
+from tests.support.cluster import LocalCluster
+from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, wait_for
 
 DRIVERS = (dra.DRIVER,)

@@ -17,7 +17,8 @@ import pytest
 
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support import dra
-from tests.support.cluster import LocalCluster, gpu_node_manifest
+from tests.support.cluster import LocalCluster
+from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import (
     GPUHEALTH_NAMESPACE,
     Kube,

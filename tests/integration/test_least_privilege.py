@@ -3,10 +3,8 @@
 - The access matrix of both service accounts (`kubectl auth can-i --as=...`): every verb the code
   needs is allowed; secrets, node deletion, pod creation, policy specs and the agent's reach beyond
   its own report are not.
-- Own node only: the agent's pod-bound token (the API server records the pod's node in the user's
-  extra) may create and patch its own node's GPUNodeHealth and nothing else; it can never write the
-  verdict (RBAC refuses the status subresource, and the admission policy refuses it even where RBAC
-  is widened).
+- Own node only: the agent's token reaches its own node's objects and nothing else
+  (test_agent_identity.py).
 - The operator, run under its service account's token, carries a whole XID 79 scenario (taint,
   cordon, condition, label, Events, stub report for a silent node, policy status, Kopf peering)
   without a single 403.
@@ -14,82 +12,41 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
-from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.workload import acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.support.cluster import REPO, LocalCluster, free_port
 from tests.support.k8s import (
-    GPUHEALTH_NAMESPACE,
     GROUP,
     VERSION,
     Kube,
     OperatorProcess,
     healthy_spec,
-    install_gpuhealth,
     refusals,
-    remove_gpuhealth_workloads,
     service_account_token,
     token_kubeconfig,
-    utcnow,
     wait_for,
 )
 from tests.support.k8s import xid_event as xid
-
-NS = GPUHEALTH_NAMESPACE
-OPERATOR_USER = f"system:serviceaccount:{NS}:gpuhealth-operator"
-AGENT_USER = f"system:serviceaccount:{NS}:gpuhealth-agent"
-VAP = "ValidatingAdmissionPolicy 'gpuhealth-agent-own-node'"
-REPORTS = "gpunodehealths.gpuhealth.dev"
-POLICIES = "gpuhealthpolicies.gpuhealth.dev"
-PEERINGS = "clusterkopfpeerings.kopf.dev"
-ALL = "*all-namespaces*"
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: LocalCluster) -> Iterator[None]:
-    install_gpuhealth(cluster)
-    try:
-        # Admission policies take effect a moment after they are created: wait until the agent's is
-        # enforced (an impersonated request carries no node name, so it must be refused).
-        probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNodeHealth", "metadata": {"name": "vap-probe"}}
-        wait_for(
-            lambda: (
-                "gpuhealth-agent-own-node"
-                in cluster.kubectl(
-                    "create", "--dry-run=server", f"--as={AGENT_USER}", "-f", "-", input=json.dumps(probe), check=False
-                ).stderr
-            ),
-            what="the agent's admission policy in force",
-        )
-        yield
-    finally:
-        remove_gpuhealth_workloads(cluster)
-
-
-def can_i(cluster: LocalCluster, user: str, verb: str, resource: str, ns: str | None = None, sub: str = "") -> bool:
-    args = ["auth", "can-i", verb, resource, f"--as={user}"]
-    if sub:
-        args.append(f"--subresource={sub}")
-    if ns == ALL:
-        args.append("--all-namespaces")
-    elif ns:
-        args += ["-n", ns]
-    proc = cluster.kubectl(*args, check=False)
-    answer = proc.stdout.strip()
-    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stdout} {proc.stderr}"
-    return answer == "yes"
-
+from tests.support.rbac import (
+    AGENT_USER,
+    ALL,
+    NS,
+    OPERATOR_USER,
+    PEERINGS,
+    POLICIES,
+    REPORTS,
+    as_agent_on,
+    can_i,
+    whoami,
+)
 
 SLICES, CLAIMS = "resourceslices.resource.k8s.io", "resourceclaims.resource.k8s.io"
 TAINT_RULES = "devicetaintrules.resource.k8s.io"
@@ -183,7 +140,7 @@ AGENT_CANNOT = [
 ]
 
 
-def test_access_matrix(cluster: LocalCluster, installed: None) -> None:
+def test_access_matrix(cluster: LocalCluster, rbac_installed: None) -> None:
     wrong = []
     for user, cases, expected in (
         (OPERATOR_USER, OPERATOR_CAN, True),
@@ -239,7 +196,7 @@ def sar(kube: Kube, user: str, verb: str, resource: str, ns: str | None, sub: st
     return bool(client.AuthorizationV1Api(kube.api).create_subject_access_review(body).status.allowed)
 
 
-def test_kueue_component_access_matrix(cluster: LocalCluster, kube: Kube, installed: None) -> None:
+def test_kueue_component_access_matrix(cluster: LocalCluster, kube: Kube, rbac_installed: None) -> None:
     rbac = REPO / "manifests" / "components" / "kueue" / "operator-kueue-rbac.yaml"
     user = OPERATOR_USER
     assert not sar(kube, user, "list", f"workloads.{KUEUE}", ALL), "the base alone grants nothing in Kueue"
@@ -258,7 +215,7 @@ def test_kueue_component_access_matrix(cluster: LocalCluster, kube: Kube, instal
 
 
 def test_operator_cannot_change_what_a_policy_says(
-    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
+    cluster: LocalCluster, kube: Kube, rbac_installed: None, group: str, tmp_path: Path
 ) -> None:
     kube.apply_policy(group, policy_spec(group))
     token = service_account_token(kube, NS, "gpuhealth-operator")
@@ -293,215 +250,6 @@ def test_operator_cannot_change_what_a_policy_says(
     assert kube.get_policy(group)["metadata"]["annotations"]["gpuhealth.dev/probe"] == "metadata-only"
 
 
-# -- own node only -------------------------------------------------------------------------------
-
-
-def agent_pod(kube: Kube, node: str) -> dict[str, Any]:
-    """The gpuhealth-agent DaemonSet's pod on ``node`` (KWOK runs it)."""
-
-    def find() -> dict[str, Any] | None:
-        pods = kube.core.list_namespaced_pod(
-            NS, label_selector="app.kubernetes.io/name=gpuhealth-agent", field_selector=f"spec.nodeName={node}"
-        ).items
-        live = [p for p in pods if p.metadata.deletion_timestamp is None]
-        return kube.api.sanitize_for_serialization(live[0]) if live else None
-
-    return wait_for(find, timeout=60, what=f"agent pod on {node}")
-
-
-def as_agent_on(cluster: LocalCluster, kube: Kube, node: str, tmp_path: Path) -> Kube:
-    """A client holding the token the kubelet would mount into the agent pod on ``node``."""
-    token = service_account_token(kube, NS, "gpuhealth-agent", pod=agent_pod(kube, node))
-    return Kube(token_kubeconfig(cluster, token, tmp_path / f"agent-{node}.kubeconfig", user=f"agent-{node}"))
-
-
-def whoami(k: Kube) -> dict[str, Any]:
-    review = client.AuthenticationV1Api(k.api).create_self_subject_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-    )
-    return k.api.sanitize_for_serialization(review.status.user_info)  # type: ignore[no-any-return]
-
-
-def refusal(fn: Any, *args: Any) -> str:
-    """Call ``fn``; it must be refused with 403. Returns the server's message."""
-    try:
-        fn(*args)
-    except client.ApiException as e:
-        assert e.status == 403, f"expected 403, got {e.status}: {e.body}"
-        return str(json.loads(e.body)["message"])
-    raise AssertionError(f"{getattr(fn, '__name__', fn)}{args[:1]} was allowed")
-
-
-def test_agent_writes_only_its_own_nodes_report(
-    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
-) -> None:
-    a, b = make_nodes(cluster, group, 2)
-    agent_a = as_agent_on(cluster, kube, a, tmp_path)
-    agent_b = as_agent_on(cluster, kube, b, tmp_path)
-
-    me = whoami(agent_a)
-    assert me["username"] == AGENT_USER
-    assert me["extra"]["authentication.kubernetes.io/node-name"] == [a]
-
-    # Its own report: create (CREATE), then merge-patch it (PATCH arrives at admission as UPDATE).
-    agent_a.put_report(a, healthy_spec())
-    agent_a.put_report(a, healthy_spec(heartbeatTime=utcnow()))
-    assert agent_a.report(a)["spec"]["nodeName"] == a
-
-    # Another node's report: creating it is refused...
-    def create_b() -> None:
-        agent_a.custom.create_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpunodehealths",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GPUNodeHealth",
-                "metadata": {"name": b},
-                "spec": {"nodeName": b},
-            },
-        )
-
-    msg = refusal(create_b)
-    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
-    # ...and so is patching it once it exists (written by b's own agent).
-    agent_b.put_report(b, healthy_spec())
-
-    def patch_b() -> None:
-        agent_a.custom.patch_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpunodehealths",
-            b,
-            {"spec": {"xidEvents": []}},
-            _content_type="application/merge-patch+json",
-        )
-
-    msg = refusal(patch_b)
-    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
-    assert kube.report(b)["spec"]["devices"], "b's report is untouched"
-
-    # A token of the agent's account that is not bound to a pod carries no node: refused everywhere.
-    unbound = Kube(
-        token_kubeconfig(cluster, service_account_token(kube, NS, "gpuhealth-agent"), tmp_path / "unbound.kubeconfig")
-    )
-    msg = refusal(unbound.put_report, a, healthy_spec())
-    assert VAP in msg and "token names no node" in msg, msg
-
-
-def test_agent_renews_only_its_own_nodes_lease(
-    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
-) -> None:
-    """Through the agent's own code (NodeLease over the real client), with the pod-bound tokens."""
-    a, b = make_nodes(cluster, group, 2)
-    agent_a = as_agent_on(cluster, kube, a, tmp_path)
-    agent_b = as_agent_on(cluster, kube, b, tmp_path)
-    lease_a = NodeLease(KubeLeaseTransport(agent_a.api), NS, a, heartbeat_interval_s=30)
-    lease_b = NodeLease(KubeLeaseTransport(agent_b.api), NS, b, heartbeat_interval_s=30)
-    leases = client.CoordinationV1Api(kube.api)
-
-    # Its own Lease: created, then renewed (a merge patch reaches admission as UPDATE).
-    assert lease_a.renew(dt.datetime.now(dt.UTC)) == "create"
-    assert lease_a.renew(dt.datetime.now(dt.UTC)) == "renew"
-    assert leases.read_namespaced_lease(a, NS).spec.holder_identity == a
-
-    # Node b's Lease: agent a may neither create it nor renew it once b's agent has.
-    as_a_for_b = NodeLease(KubeLeaseTransport(agent_a.api), NS, b, heartbeat_interval_s=30)
-    msg = refusal(as_a_for_b.renew, dt.datetime.now(dt.UTC))
-    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
-    assert lease_b.renew(dt.datetime.now(dt.UTC)) == "create"
-    before = leases.read_namespaced_lease(b, NS).spec.renew_time
-    msg = refusal(as_a_for_b.renew, dt.datetime.now(dt.UTC))
-    assert VAP in msg and f"runs on {a}, not on {b}" in msg, msg
-    assert leases.read_namespaced_lease(b, NS).spec.renew_time == before
-
-    # Nor delete it (no delete at all), nor claim its own Lease for another holder.
-    msg = refusal(client.CoordinationV1Api(agent_a.api).delete_namespaced_lease, b, NS)
-    assert 'cannot delete resource "leases"' in msg, msg
-
-    def hand_over() -> None:
-        client.CoordinationV1Api(agent_a.api).patch_namespaced_lease(
-            a, NS, {"spec": {"holderIdentity": b}}, _content_type="application/merge-patch+json"
-        )
-
-    msg = refusal(hand_over)
-    assert VAP in msg and "holderIdentity" in msg, msg
-
-
-def test_agent_never_writes_the_verdict(
-    cluster: LocalCluster, kube: Kube, installed: None, group: str, tmp_path: Path
-) -> None:
-    (a,) = make_nodes(cluster, group, 1)
-    agent = as_agent_on(cluster, kube, a, tmp_path)
-    agent.put_report(a, healthy_spec())
-    kube.custom.patch_cluster_custom_object_status(
-        GROUP,
-        VERSION,
-        "gpunodehealths",
-        a,
-        {"status": {"state": "Quarantined", "reason": "XID79"}},
-        _content_type="application/merge-patch+json",
-    )
-
-    def patch_status() -> None:
-        agent.custom.patch_cluster_custom_object_status(
-            GROUP,
-            VERSION,
-            "gpunodehealths",
-            a,
-            {"status": {"state": "Healthy", "reason": ""}},
-            _content_type="application/merge-patch+json",
-        )
-
-    # RBAC: the agent has no access to the status subresource.
-    msg = refusal(patch_status)
-    assert 'cannot patch resource "gpunodehealths/status"' in msg, msg
-
-    # Through the main resource the server drops status changes (status subresource): no effect.
-    agent.custom.patch_cluster_custom_object(
-        GROUP,
-        VERSION,
-        "gpunodehealths",
-        a,
-        {"status": {"state": "Healthy"}},
-        _content_type="application/merge-patch+json",
-    )
-    assert kube.report(a)["status"]["state"] == "Quarantined"
-
-    # Defence in depth: even if someone widens the agent's RBAC to the status subresource, the
-    # admission policy still refuses the write.
-    widened = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": f"{group}-widen-agent"},
-        "rules": [{"apiGroups": [GROUP], "resources": ["gpunodehealths/status"], "verbs": ["patch"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"{group}-widen-agent"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{group}-widen-agent"},
-        "subjects": [{"kind": "ServiceAccount", "name": "gpuhealth-agent", "namespace": NS}],
-    }
-    cluster.apply_objects([widened, binding])
-    try:
-        wait_for(lambda: can_i(cluster, AGENT_USER, "patch", REPORTS, None, "status"), what="widened RBAC")
-
-        def refused_by_policy() -> str | None:
-            try:
-                patch_status()
-            except client.ApiException as e:
-                body = json.loads(e.body)["message"]
-                return str(body) if VAP in body else None
-            raise AssertionError("the agent changed the verdict")
-
-        msg = wait_for(refused_by_policy, what="admission policy refusal")
-        assert "may not write GPUNodeHealth status" in msg, msg
-        assert kube.report(a)["status"]["state"] == "Quarantined"
-    finally:
-        cluster.kubectl("delete", "clusterrolebinding,clusterrole", f"{group}-widen-agent", "--ignore-not-found")
-
-
 # -- the operator under its own service account --------------------------------------------------
 
 
@@ -509,7 +257,7 @@ def test_operator_runs_a_scenario_with_only_its_service_account(
     cluster: LocalCluster,
     kube: Kube,
     operator: OperatorProcess,
-    installed: None,
+    rbac_installed: None,
     group: str,
     tmp_path: Path,
 ) -> None:

@@ -19,7 +19,8 @@ from tests.integration.test_cli import ok, plugin
 from tests.integration.test_device_quarantine import device, gone_or_deleting, pod_annotations, rules_of
 from tests.support import dra
 from tests.support import dra_shapes as S
-from tests.support.cluster import LocalCluster, gpu_node_manifest
+from tests.support.cluster import LocalCluster
+from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 MIG2 = ("gpu-2-mig-3g40gb-9-0", "gpu-2-mig-3g40gb-9-4")

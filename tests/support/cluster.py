@@ -10,8 +10,6 @@ Only processes this module started are ever stopped, by their pid.
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import json
 import os
 import signal
@@ -27,19 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import pidfile
+from tests.support.gpunodes import gpu_node_manifest
+from tests.support.pki import kubeconfig_for, write_pki
+from tests.support.proc import Proc
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
 CRDS = REPO / "crds"
 
 ADMIN_TOKEN = "gpuhealth-admin-token"
-GPU_LABELS = {
-    "nvidia.com/gpu.present": "true",
-    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-    "nvidia.com/gpu.count": "8",
-    "accelerator": "nvidia-h100",
-    "type": "kwok",
-}
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -72,121 +66,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _write_pki(d: Path) -> None:
-    """A CA, the API server's serving cert and the service-account signing key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-
-    def key() -> rsa.RSAPrivateKey:
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    def pem_key(k: rsa.RSAPrivateKey) -> bytes:
-        return k.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuhealth-test-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    srv_key = key()
-    import ipaddress
-
-    sans = [
-        x509.DNSName("localhost"),
-        x509.DNSName("kubernetes"),
-        x509.DNSName("kubernetes.default.svc"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
-    ]
-    srv = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(srv_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    sa_key = key()
-    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "ca.key").write_bytes(pem_key(ca_key))
-    (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    (d / "apiserver.key").write_bytes(pem_key(srv_key))
-    (d / "sa.key").write_bytes(pem_key(sa_key))
-    (d / "sa.pub").write_bytes(
-        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuhealth-admin,gpuhealth-admin,"system:masters"\n')
-
-
-def kubeconfig_for(server: str, ca_file: Path, token: str, user: str = "admin") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode(),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-        "current-context": "local",
-    }
-
-
-@dataclass
-class Proc:
-    name: str
-    args: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        if not self.popen or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(sig)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
 
 
 @dataclass
@@ -232,7 +111,7 @@ class LocalCluster:
         pki = self.workdir / "pki"
         pki.mkdir(exist_ok=True)
         if not (pki / "ca.crt").exists():
-            _write_pki(pki)
+            write_pki(pki, ADMIN_TOKEN)
             with open(pki / "tokens.csv", "a") as f:
                 for token, (user, groups) in self.extra_tokens.items():
                     f.write(f'{token},{user},{user},"{groups}"\n')
@@ -511,25 +390,3 @@ class LocalCluster:
                 return
             time.sleep(0.5)
         raise ClusterError(f"only {ready}/{count} fake GPU nodes became Ready and schedulable in {timeout}s")
-
-
-def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
-    labels = {
-        **GPU_LABELS,
-        "kubernetes.io/hostname": name,
-        "nvidia.com/gpu.count": str(gpus),
-        **(labels or {}),
-    }
-    resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": labels,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "spec": {},
-        "status": {"capacity": resources, "allocatable": resources},
-    }

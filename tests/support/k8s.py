@@ -300,7 +300,7 @@ def token_kubeconfig(cluster: LocalCluster, token: str, path: Path, user: str = 
     """Write a kubeconfig for ``token`` against the test cluster (its server and CA) and return its path."""
     import json
 
-    from tests.support.cluster import kubeconfig_for
+    from tests.support.pki import kubeconfig_for
 
     path.write_text(json.dumps(kubeconfig_for(cluster.server, cluster.workdir / "pki" / "ca.crt", token, user)))
     return path

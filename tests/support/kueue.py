@@ -28,8 +28,9 @@ from typing import Any
 import yaml
 
 from tests.support import pidfile
-from tests.support.cluster import REPO, ClusterError, LocalCluster, Proc, free_port
+from tests.support.cluster import REPO, ClusterError, LocalCluster, free_port
 from tests.support.k8s import Kube
+from tests.support.proc import Proc
 from tests.support.workloads import indexed_training_job
 
 BUILD_SCRIPT = REPO / "hack" / "build-kueue.sh"

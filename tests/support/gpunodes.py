@@ -1,0 +1,38 @@
+"""Fake GPU nodes as KWOK runs them: Node objects labelled and sized like real 8-GPU H100 nodes (what
+NVIDIA's GPU feature discovery labels and the device plugin advertises), so the scheduler places GPU
+pods on them and gpuhealth's Node selector picks them up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GPU_LABELS = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "accelerator": "nvidia-h100",
+    "type": "kwok",
+}
+
+
+def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
+    labels = {
+        **GPU_LABELS,
+        "kubernetes.io/hostname": name,
+        "nvidia.com/gpu.count": str(gpus),
+        **(labels or {}),
+    }
+    resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
