@@ -1,23 +1,22 @@
-"""Every wire contract bound to its one declaration, ``crds/``: a field added on one side and missing
-on the other fails here, with a message naming both.
+"""The report contract bound to its one declaration, ``crds/gpunodehealths.yaml``: a field added on one
+side and missing on the other fails here, with a message naming both.
 
-- The chart ships the same CRDs as ``crds/`` (byte for byte).
+- The chart ships the same CRDs as ``crds/`` (links, never a second copy).
 - What the agent writes (its own report builder, every fact set) is declared by the report CRD.
 - Every field the report CRD declares is in the report contract's field table,
   ``api/report_fields.py``: READ (``api/report.py`` reads it) or DROPPED (with the reason nobody
   does); the parser reads exactly the READ ones, and the operator's slim cache keeps exactly those
   (the fullest report the CRD allows parses the same slimmed and whole).
-- What the operator writes into a report's status (node record, per-GPU records) is declared.
-- Enums: the CRDs' and the api types' vocabularies are the same sets.
-- Policy defaults: the CRD's ``default`` of every field is the parser's default for it, and every
-  action a policy field's enum allows is accepted there, every other action refused.
+- The report's enums are the agent model's vocabularies.
+
+What the operator writes into a report's status is bound in test_contracts_status.py, the policy
+CRD in test_contracts_policy.py.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime as dt
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,21 +36,12 @@ from gpuhealth.agent.model import (
     XidEvent,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
-from gpuhealth.api.devices import DeviceRecord, DeviceState
-from gpuhealth.api.names import Action, Mode, Scope, State
-from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
 from gpuhealth.api.report import Device, ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
-from gpuhealth.api.status import Record, node_status
-from gpuhealth.catalog import xid as xid_catalog
 from gpuhealth.controller.intake.slim import slim_report
 from tests.support import crdschema
 from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
-
-REPORT_CRD = "gpunodehealths.yaml"
-POLICY_CRD = "gpuhealthpolicies.yaml"
-T = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+from tests.unit._contracts_support import REPORT_CRD, T, crd_enum, unset
 
 # -- the chart's copy ------------------------------------------------------------------------------
 
@@ -95,16 +85,12 @@ def _every_fact(index: int) -> DeviceFacts:
     )
 
 
-def _unset(value: Any, default: Any) -> bool:
-    return value is None or value == default or value == ()
-
-
 def test_the_fullest_agent_facts_set_every_field() -> None:
     """Adding a field to the agent's DeviceFacts makes this fail until the report tests set it too."""
     facts = _every_fact(0)
     for f in dataclasses.fields(DeviceFacts):
         default = f.default if f.default is not dataclasses.MISSING else None
-        assert not _unset(getattr(facts, f.name), default), (
+        assert not unset(getattr(facts, f.name), default), (
             f"agent/model.py DeviceFacts.{f.name} is not set by tests/unit/test_contracts.py _every_fact: "
             "set it there, so the report CRD is checked to declare what the agent writes of it"
         )
@@ -313,7 +299,7 @@ def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name == "index":
             continue
-        assert not _unset(getattr(device, f.name), default), (
+        assert not unset(getattr(device, f.name), default), (
             f"api/report.py Device.{f.name} stays at its default for the fullest report "
             "crds/gpunodehealths.yaml allows: the field it reads is not declared there"
         )
@@ -331,248 +317,16 @@ def test_the_slim_cache_keeps_every_field_the_operator_reads(flags: bool) -> Non
         )
 
 
-# -- what the operator writes into a report's status -----------------------------------------------
-
-
-def _every_device_record() -> DeviceRecord:
-    rec = DeviceRecord(
-        index=2,
-        uuid="GPU-2",
-        state=DeviceState.DRAINING,
-        reason="EccUncorrected",
-        message="m",
-        since=T,
-        rule="ecc",
-        quarantines=(T,),
-        healthy_since=T,
-        cleared_before=T,
-        held_by_breaker=True,
-        drain_action="drain",
-        drained=True,
-        devices=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
-        partitions=("gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-0", "gpu.nvidia.com/node-a/gpu-2-mig-3g40gb-9-4"),
-        taint_rules=("gpuhealth-node-a-gpu-2-mig-3g40gb-9-0", "gpuhealth-node-a-gpu-2-mig-3g40gb-9-4"),
-        last_failures=(T, T),
-        instances=("MIG-a", "MIG-b"),
-    )
-    for f in dataclasses.fields(DeviceRecord):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert not _unset(getattr(rec, f.name), default) or f.name == "index", (
-            f"api/devices.py DeviceRecord.{f.name} is not set by tests/unit/test_contracts.py _every_device_record"
-        )
-    return rec
-
-
-def _node_status() -> dict[str, Any]:
-    record = Record(
-        state=State.DRAINING,
-        reason="XID79",
-        message="m",
-        since=T,
-        quarantines=(T,),
-        healthy_since=T,
-        cleared_before=T,
-        held_by_breaker=True,
-        drain_action="drain",
-        drained=True,
-    )
-    body = node_status(
-        record,
-        policy="p",
-        overridden=["q"],
-        dry_run=True,
-        total_gpus=8,
-        healthy_gpus=7,
-        last_xid="79",
-        evidence=[{"signal": "xid", "gpu": 0, "code": 79, "since": "2026-01-01T00:00:00Z", "detail": "d"}],
-        pending={"signal": "thermal", "since": "2026-01-01T00:00:00Z"},
-        devices=[_every_device_record().to_status()],
-        in_service_gpus=7,
-    )
-    body["drain"] = {"phase": "Running", "startedAt": "2026-01-01T00:00:00Z", "pods": {}}
-    body["deviceDrains"] = {"2": {"phase": "Completed"}}
-    body["remediation"] = {"2": _every_ladder_record().to_status()}
-    return {k: v for k, v in body.items() if v is not None}
-
-
-def _every_ladder_record() -> LadderRecord:
-    """A ladder record with every field set (so every field the remediator writes is checked)."""
-    rec = LadderRecord(
-        index=2,
-        step=StepKind.NODE_REBOOT,
-        attempt=2,
-        phase=Phase.HANDED_OFF,
-        reason="EccUncorrected",
-        uuid="GPU-2",
-        since=T,
-        fault_since=T,
-        started=T,
-        finished=T,
-        job="gpuhealth-remediation/gpuhealth-reset-node-a-2-1-abcdef12",
-        message="m",
-        history=(Attempt(StepKind.GPU_RESET, 1, T, T, Result.FAILED),),
-    )
-    for f in dataclasses.fields(LadderRecord):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert not _unset(getattr(rec, f.name), default) or f.name == "index", (
-            f"api/remediation.py LadderRecord.{f.name} is not set by tests/unit/test_contracts.py _every_ladder_record"
-        )
-    return rec
-
-
-def test_ladder_records_round_trip_through_their_declared_fields() -> None:
-    rec = _every_ladder_record()
-    assert LadderRecord.from_status(2, rec.to_status()) == rec
-
-
-def test_ladder_vocabularies_are_the_api_types() -> None:
-    entry = "status.remediation.*"
-    schema = at(crdschema.schema(REPORT_CRD), "status.remediation")["additionalProperties"]
-    props = schema["properties"]
-    assert set(props["step"]["enum"]) == {str(s) for s in StepKind}, f"{entry}.step vs api/remediation.py StepKind"
-    assert set(props["phase"]["enum"]) == {str(p) for p in Phase}, f"{entry}.phase vs api/remediation.py Phase"
-    result = props["history"]["items"]["properties"]["result"]["enum"]
-    assert set(result) == {str(r) for r in Result}, f"{entry}.history[].result vs api/remediation.py Result"
-    steps = at(crdschema.schema(POLICY_CRD), "spec.remediation.ladders[].steps[].type")["enum"]
-    assert set(steps) == {str(s) for s in StepKind}, "spec.remediation.ladders[].steps[].type vs StepKind"
-
-
-def _undeclared(s: Mapping[str, Any], value: Any, path: str) -> Iterator[str]:
-    """Keys present in ``value`` that ``s`` does not declare (a preserve-unknown-fields status keeps
-    them silently, which is exactly how a contract drifts)."""
-    if isinstance(value, Mapping):
-        props = s.get("properties") or {}
-        if not props:
-            return  # a free-form object (drain progress, evidence details): nothing declared inside
-        for k, v in value.items():
-            if k not in props:
-                yield f"{path}.{k}"
-            else:
-                yield from _undeclared(props[k], v, f"{path}.{k}")
-    elif isinstance(value, list):
-        for v in value:
-            yield from _undeclared(s.get("items") or {}, v, f"{path}[]")
-
-
-def test_the_status_the_operator_writes_is_declared() -> None:
-    status_schema = at(crdschema.schema(REPORT_CRD), "status")
-    body = _node_status()
-    undeclared = sorted(set(_undeclared(status_schema, body, "status")))
-    assert not undeclared, (
-        f"api/status.py / api/devices.py write status fields crds/gpunodehealths.yaml does not declare: {undeclared}"
-    )
-    problems = list(violations(status_schema, body, "status"))
-    assert not problems, "\n".join(problems)
-
-
-def test_device_records_round_trip_through_their_declared_fields() -> None:
-    rec = _every_device_record()
-    assert DeviceRecord.from_status(rec.to_status()) == rec
-    assert Record.from_status(_node_status()).reason == "XID79"
-
-
-# -- vocabularies ----------------------------------------------------------------------------------
-
-
-def _enum(filename: str, path: str) -> set[Any]:
-    return set(at(crdschema.schema(filename), path)["enum"])
-
-
-def test_state_vocabularies_are_the_api_types() -> None:
-    assert _enum(REPORT_CRD, "status.state") == {str(s) for s in State}, "status.state vs api/names.py State"
-    assert _enum(REPORT_CRD, "status.devices[].state") == {str(s) for s in DeviceState}, (
-        "status.devices[].state vs api/devices.py DeviceState"
-    )
-    assert _enum(POLICY_CRD, "spec.mode") == {str(m) for m in Mode}, "spec.mode vs api/names.py Mode"
+# -- the report's vocabularies ---------------------------------------------------------------------
 
 
 def test_report_vocabularies_are_the_agent_model() -> None:
     modes = {agent_model.MIG_ENABLED, agent_model.MIG_DISABLED, agent_model.MODE_UNSUPPORTED}
-    assert _enum(REPORT_CRD, "spec.devices[].migMode") == modes, "migMode vs agent/model.py"
-    assert _enum(REPORT_CRD, "spec.devices[].eccMode") == modes, "eccMode vs agent/model.py"
-    assert _enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(agent_model.RECOVERY_ACTIONS.values()), (
+    assert crd_enum(REPORT_CRD, "spec.devices[].migMode") == modes, "migMode vs agent/model.py"
+    assert crd_enum(REPORT_CRD, "spec.devices[].eccMode") == modes, "eccMode vs agent/model.py"
+    assert crd_enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(agent_model.RECOVERY_ACTIONS.values()), (
         "spec.devices[].recoveryAction vs agent/model.py RECOVERY_ACTIONS"
     )
     sources = set(typing.get_args(agent_model.SourceName))
-    assert _enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
-    assert _enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"
-
-
-def test_the_catalogs_default_actions_are_the_policy_actions() -> None:
-    """An XID's default action is applied as a policy action: the two vocabularies are one."""
-    assert set(xid_catalog.DEFAULT_ACTIONS) == {str(a) for a in Action}, (
-        "catalog/xid.py DEFAULT_ACTIONS vs api/names.py Action"
-    )
-    assert list(xid_catalog.DEFAULT_ACTIONS) == sorted(xid_catalog.DEFAULT_ACTIONS, key=lambda a: Action(a).severity), (
-        "catalog/xid.py DEFAULT_ACTIONS is mildest first, as api/names.py Action.severity orders them"
-    )
-
-
-def _policy_paths(key: str) -> list[str]:
-    return [p for p in declared_paths(at(crdschema.schema(POLICY_CRD), "spec"), "spec") if p.endswith(f".{key}")]
-
-
-def _spec_with(path: str, value: Any) -> dict[str, Any]:
-    """A policy spec holding ``value`` at ``path`` (list items get their required fields)."""
-    spec: dict[str, Any] = {}
-    node: Any = spec
-    steps = path.removeprefix("spec.").split(".")
-    for i, step in enumerate(steps):
-        name = step.removesuffix("[]")
-        last = i == len(steps) - 1
-        if step.endswith("[]"):
-            item: dict[str, Any] = {"code": 48} if name == "overrides" else {}
-            node[name] = [item]
-            node = item
-        elif last:
-            node[name] = value
-        else:
-            node = node.setdefault(name, {})
-    return spec
-
-
-def _parse(spec: Mapping[str, Any]) -> Any:
-    return parse_policy({"metadata": {"name": "p"}, "spec": spec})
-
-
-@pytest.mark.parametrize("path", _policy_paths("action"))
-def test_every_action_a_policy_field_allows_is_accepted_and_no_other(path: str) -> None:
-    allowed = set(at(crdschema.schema(POLICY_CRD), path)["enum"])
-    assert allowed <= {str(a) for a in Action}, f"{path} allows actions api/names.py Action lacks"
-    for action in Action:
-        spec = _spec_with(path, str(action))
-        if str(action) in allowed:
-            _parse(spec)
-        else:
-            with pytest.raises(PolicyError, match=path.replace("[]", r"\[\d+\]").replace(".", r"\.")):
-                _parse(spec)
-
-
-@pytest.mark.parametrize("path", _policy_paths("scope"))
-def test_every_scope_field_is_the_api_scope(path: str) -> None:
-    assert set(at(crdschema.schema(POLICY_CRD), path)["enum"]) == {str(s) for s in Scope}, f"{path} vs Scope"
-
-
-def _defaults(s: Mapping[str, Any], path: str = "spec") -> Iterator[tuple[str, Any]]:
-    for k, v in (s.get("properties") or {}).items():
-        child = f"{path}.{k}"
-        if "default" in v and not (isinstance(v["default"], dict) and not v["default"]):
-            yield child, v["default"]
-        if v.get("type") == "object":
-            yield from _defaults(v, child)
-
-
-@pytest.mark.parametrize(("path", "default"), list(_defaults(at(crdschema.schema(POLICY_CRD), "spec"))))
-def test_the_crd_default_of_every_policy_field_is_the_parsers(path: str, default: Any) -> None:
-    """The API server fills a CRD default in; a policy read before that (or by a test) must mean the
-    same, so api/policy.py's default and the CRD's are one value."""
-    parent = path.rpartition(".")[0]
-    absent = _spec_with(parent + ".x", None) if parent != "spec" else {}
-    if parent != "spec":
-        node: Any = absent
-        for step in parent.removeprefix("spec.").split("."):
-            node = node[step]
-        node.pop("x")
-    assert _parse(_spec_with(path, default)) == _parse(absent), (
-        f"crds/gpuhealthpolicies.yaml {path} defaults to {default!r}; api/policy.py parse_policy's default differs"
-    )
+    assert crd_enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
+    assert crd_enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"

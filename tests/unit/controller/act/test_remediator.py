@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from gpuhealth.actions.slices import slim_slice
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import gpu, report_obj
-from tests.unit.controller.act.test_device_reconcile import Clock, claim, ecc_on, runtime, slice_of
+from tests.unit.controller.act._device_support import Clock, claim, ecc_on, runtime, slice_of
 from tests.unit.fake_kube import FakeKube
 
 NS = "gpuhealth-remediation"

@@ -1,0 +1,55 @@
+"""assess() when the facts cannot be trusted: no report, a heartbeat older than the policy's agent
+silence (or none), NVML unavailable. The assessment is unknown, says why, and still carries the
+evidence it has."""
+
+from __future__ import annotations
+
+from gpuhealth.api.names import Action, Signal
+from tests.unit.builders import make_policy, make_report, xid_event
+from tests.unit.evaluation._assess_support import assess_at, signals
+
+
+def test_no_report_is_unknown() -> None:
+    a = assess_at(None)
+    assert a.unknown
+    assert "no GPUNodeHealth report" in a.unknown_reason
+    assert a.findings == ()
+
+
+def test_heartbeat_older_than_agent_silence_is_unknown() -> None:
+    report = make_report(heartbeat=0)
+    assert not assess_at(report, now_s=120).unknown  # exactly at the limit is still fresh
+    a = assess_at(report, now_s=121)
+    assert a.unknown
+    assert "no heartbeat from the agent for 121s (limit 120s)" in a.unknown_reason
+
+
+def test_agent_silence_after_comes_from_the_policy() -> None:
+    policy = make_policy({"rules": {"agentSilence": {"after": "30s"}}})
+    assert assess_at(make_report(heartbeat=0), policy, now_s=31).unknown
+
+
+def test_missing_heartbeat_is_unknown() -> None:
+    a = assess_at(make_report(heartbeat=None))
+    assert a.unknown
+    assert "never sent a heartbeat" in a.unknown_reason
+
+
+def test_nvml_unavailable_is_unknown_and_not_a_count_mismatch() -> None:
+    report = make_report(devices=[], nvml={"available": False, "error": "Driver Not Loaded"})
+    a = assess_at(report)
+    assert a.unknown
+    assert "Driver Not Loaded" in a.unknown_reason
+    assert signals(a) == []
+
+
+def test_unknown_still_reports_the_evidence_it_has() -> None:
+    a = assess_at(make_report(heartbeat=0, xids=[xid_event(79, 1, 0)]), now_s=1000)
+    assert a.unknown
+    assert signals(a) == [(Signal.XID, Action.DRAIN, 0, 79)]
+
+
+def test_fresh_report_has_no_unknown_reason() -> None:
+    a = assess_at(make_report())
+    assert not a.unknown and a.unknown_reason == ""
+    assert (a.total_gpus, a.healthy_gpus, a.last_xid) == (8, 8, "")
