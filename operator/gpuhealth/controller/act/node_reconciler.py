@@ -10,7 +10,8 @@ kill at any line:
 
 Per-GPU quarantine (``device_reconciler.py``) rides on the same order: the GPUs' verdicts are part of
 the status written in step 1 (``status.devices[]``, each with its device and rule name), and only
-then are gpuhealth's DeviceTaintRules of the node converged to them, before the Node is touched;
+then are gpuhealth's DeviceTaintRules of the node converged to them; a pass that created a rule
+leaves the Node (its state label and condition) to the next pass, protection first as for drains;
 the drain of the pods that hold a bad GPU (``device_drainer.py``) follows the node's drain.
 
 A restarted operator re-reads everything, finds the record, and converges the Node to it; an action
@@ -217,7 +218,13 @@ class NodeReconciler:
             )
             self.devices.announce(name, policy, dev, escalated, fallback)
             created = await self.devices.converge_rules(name, policy, dev.records)
-            if policy.mode == Mode.ENFORCE:
+            # Protection first, for GPUs as for nodes: in a storm of device faults every DeviceTaintRule
+            # is written before a worker spends two more requests on a Node's state label and condition
+            # (they repeat what the record says); the next pass converges the Node.
+            node_later = created and not decision.new_quarantine and not (released or gpus)
+            if policy.mode == Mode.ENFORCE and node_later:
+                again = 0.05
+            elif policy.mode == Mode.ENFORCE:
                 await self._converge_node(name, policy, decision.record, node_a, now)
                 if decision.new_quarantine or created:
                     # Protection first: the drain, which takes several requests, starts on this node's
