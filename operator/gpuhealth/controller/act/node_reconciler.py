@@ -5,8 +5,9 @@ kill at any line:
    precondition so a decision is never based on a stale record;
 2. the Node (taint, cordon, state label and the ownership annotation, in one patch, also with a
    resourceVersion precondition);
-3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so (on the
-   node's next pass when this one took it or a GPU out: protection first, for every node of a storm).
+3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so. A pass that
+   took the node or a GPU out leaves the condition and the drain to the node's next pass, queued at
+   once: protection first, so that in a storm every taint is written before anything else.
 
 Per-GPU quarantine (``device_reconciler.py``) rides on the same order: the GPUs' verdicts are part of
 the status written in step 1 (``status.devices[]``, each with its device and rule name), and only
@@ -225,7 +226,8 @@ class NodeReconciler:
             if policy.mode == Mode.ENFORCE and node_later:
                 again = 0.05
             elif policy.mode == Mode.ENFORCE:
-                await self._converge_node(name, policy, decision.record, node_a, now)
+                # A new quarantine's condition waits for the next pass too: the taint is the protection.
+                await self._converge_node(name, policy, decision.record, node_a, now, not decision.new_quarantine)
                 if decision.new_quarantine or created:
                     # Protection first: the drain, which takes several requests, starts on this node's
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
@@ -314,7 +316,9 @@ class NodeReconciler:
         self.store.created(name, obj)
         return obj
 
-    async def _converge_node(self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime) -> None:
+    async def _converge_node(
+        self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime, condition: bool = True
+    ) -> None:
         node = self.store.nodes[name]
         top = a.top
         reason = rec.reason or (top.reason if top else "")
@@ -338,7 +342,7 @@ class NodeReconciler:
             if "taint" in plan.actions and top is not None and top.since is not None:
                 metrics.DETECTION_TO_ACTION.observe(max(0.0, (self.clock() - top.since).total_seconds()))
             self._announce_node_actions(name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec)
-        cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now))
+        cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now)) if condition else None
         if cond is not None:
             await self.kube.patch_node_status(name, cond)
             # Reflect our own write so the next reconcile does not repeat it before the watch catches up:

@@ -1,14 +1,14 @@
-"""Protection first for GPUs, as for nodes: a device fault's first pass writes the record and the
-DeviceTaintRule and nothing else, so that in a storm of device faults every rule is written before any
-worker spends requests on a Node's state label and condition (they repeat what the record says) or on
-a drain; the next pass converges the Node, and the pass after starts the drain. Through the
-in-memory Kube port; the storm's rate is measured by `make bench` (device storm)."""
+"""Protection first: a fault's first pass writes the record and what holds the capacity out (the
+Node's taint, or a GPU's DeviceTaintRule) and nothing else, so that in a storm every node and GPU is
+held out before any worker spends requests on what the record already says (the GPUHealthy condition,
+a device fault's Node label) or on a drain; the node's next pass, queued at once, writes those and
+starts the drain. Through the in-memory Kube port; the storms' rates are measured by `make bench`."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gpuhealth.api.names import STATE_LABEL
+from gpuhealth.api.names import STATE_LABEL, TAINT_KEY
 from tests.unit.controller.act._device_support import RULE, Clock, runtime, setup
 
 
@@ -32,13 +32,20 @@ def test_the_first_pass_writes_only_the_record_and_the_rule() -> None:
     asyncio.run(body())
 
 
-def test_a_node_quarantine_is_still_written_with_its_record() -> None:
+def test_a_node_quarantine_writes_its_taint_first_and_its_condition_next() -> None:
     kube = setup({"safety": {"maxUnhealthyGPUs": 4}, "devices": {"scope": "Node"}})
 
     async def body() -> None:
         rt = await runtime(kube, Clock())
+        before = len(kube.writes)
+        again = await rt.reconciler.reconcile("n1")
+        assert kube.writes[before:] == [("patch", "report/n1/status"), ("patch", "node/n1")]
+        assert TAINT_KEY in {t["key"] for t in kube.nodes["n1"]["spec"].get("taints") or []}
+        assert again is not None and again < 1
         await rt.reconciler.reconcile("n1")
-        assert ("patch", "node/n1") in kube.writes  # no rule: the node's taint goes with its first pass
+        conditions = kube.nodes["n1"].get("status", {}).get("conditions") or []
+        assert [c["status"] for c in conditions if c["type"] == "GPUHealthy"] == ["False"]
+        assert ("patch", "pod/ml/on-gpu-3") in kube.writes  # and the drain began
         await rt.events.flush()
 
     asyncio.run(body())
