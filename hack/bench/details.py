@@ -37,6 +37,10 @@ def _floor(t: dict[str, Any]) -> str:
     f = t.get("floor_ms")
     if not f or not f.get("samples"):
         return ""
+    if f.get("timeouts") == f["samples"]:
+        # Every floor sample timed out: the API server and the bench's own watches were the limit, and
+        # there is no ratio to give.
+        return f", the no-logic floor under the same traffic timed out too ({f['samples']} of {f['samples']})"
     return f", the no-logic floor under the same traffic p50 {f['p50']} ms (ratio {t.get('ratio_to_floor')})"
 
 

@@ -316,3 +316,14 @@ def test_a_run_with_traffic_renders_it() -> None:
     assert "10,000 agents" not in api_line(res) and "1,000 agents 34.00 requests/s" in api_line(res)
     assert "50.0 KiB/s" in api_line(res)
     assert traffic_line(res) in summary_md(res)
+
+
+def test_a_floor_that_timed_out_too_is_said_not_given_a_ratio() -> None:
+    res = _run()
+    run = res["traffic"][1]
+    run["detect_to_taint_ms"] = latency_summary([], 40, 10_000.0)
+    run["floor_ms"] = latency_summary([], 20, 10_000.0)
+    run["ratio_to_floor"] = None
+    line = traffic_line(res)
+    assert "(40 timed out), the no-logic floor under the same traffic timed out too (20 of 20)" in line
+    assert "None" not in line
