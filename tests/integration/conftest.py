@@ -6,6 +6,7 @@ If it cannot be built or started, every integration test errors (never skips).
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.support.cluster import LocalCluster
 from tests.support.diagnose import diagnose
+from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess
 from tests.support.rbac import rbac_installed as _rbac_installed
 
@@ -72,13 +74,21 @@ def make_nodes(cluster: LocalCluster, group: str, count: int) -> list[str]:
     return names
 
 
+def make_dra_node(cluster: LocalCluster, group: str, name: str) -> str:
+    """One node of the group without device-plugin GPUs (a DRA node: the test publishes its slices)."""
+    manifest = gpu_node_manifest(name, labels={"gpuhealth-test": group}, device_plugin=False)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    return name
+
+
 def policy_spec(group: str, **spec: object) -> dict[str, object]:
     base: dict[str, object] = {"nodeSelector": {"matchLabels": {"gpuhealth-test": group}}}
     base.update(spec)
     return base
 
 
-__all__ = ["Path", "make_nodes", "policy_spec"]
+__all__ = ["Path", "make_dra_node", "make_nodes", "policy_spec"]
 
 
 @pytest.fixture(scope="module")

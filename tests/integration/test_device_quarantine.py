@@ -8,14 +8,12 @@ holds it (checkpoint first), keep the scheduler off it, and give it back after p
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
-from tests.integration.conftest import make_nodes, policy_spec
+from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
 from tests.support import dra
 from tests.support.cluster import LocalCluster
-from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 TAINT = "gpuhealth.dev/unhealthy"
@@ -204,12 +202,7 @@ def test_operator_killed_between_the_record_and_the_rule_converges_once(
 def test_a_pod_asking_for_an_extended_resource_through_dra_is_drained_like_a_claim(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
-    node = f"{group}-dra-only"[:63]
-    manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
-    for key in ("capacity", "allocatable"):
-        manifest["status"][key].pop("nvidia.com/gpu", None)  # a DRA node: no device-plugin resource
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
-    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    node = make_dra_node(cluster, group, f"{group}-dra-only"[:63])
     ns = ensure_namespace(kube, f"dx-{group}"[:60])
     dra.publish_device_classes(kube)
     dra.publish_slices(kube, [node], gpus=2, uuid=dra.report_uuid)  # the driver publishes two of its 8 GPUs

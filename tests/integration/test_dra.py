@@ -20,10 +20,9 @@ from gpuhealth.controller.intake.slicewatch import SliceWatch
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
-from tests.integration.conftest import make_nodes, policy_spec
+from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
 from tests.support import dra
 from tests.support.cluster import LocalCluster
-from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, wait_for
 
 DRIVERS = (dra.DRIVER,)
@@ -164,12 +163,7 @@ def test_dry_run_rule_is_informational(
 def test_pod_asking_for_an_extended_resource_is_found_through_its_claim(
     cluster: LocalCluster, kube: Kube, group: str
 ) -> None:
-    node = f"{group}-dra-only"[:63]
-    manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
-    for key in ("capacity", "allocatable"):
-        manifest["status"][key].pop("nvidia.com/gpu", None)  # a DRA node: no device-plugin resource
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
-    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
+    node = make_dra_node(cluster, group, f"{group}-dra-only"[:63])
     ns = ensure_namespace(kube, f"dra-{group}"[:60])
     dra.publish_device_classes(kube)
     dra.publish_slices(kube, [node], gpus=2)

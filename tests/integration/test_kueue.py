@@ -8,17 +8,15 @@ a missing build fails these tests, it never skips them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import make_nodes, policy_spec
+from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
 from tests.support import dra
 from tests.support.cluster import LocalCluster
-from tests.support.gpunodes import gpu_node_manifest
 from tests.support.k8s import (
     GPUHEALTH_NAMESPACE,
     Kube,
@@ -292,25 +290,14 @@ def test_a_workload_whose_queue_does_not_use_gpuhealths_check_keeps_the_pod_path
     assert not evictions(workload(kube, ns, "plain")), "Kueue was not asked to evict anything"
 
 
-def dra_node(cluster: LocalCluster, kube: Kube, group: str) -> str:
-    """A DRA node of the group: no device-plugin GPUs, its 8 GPUs published as ResourceSlices."""
-    node = f"{group}-dra"[:63]
-    manifest = gpu_node_manifest(node, labels={"gpuhealth-test": group})
-    for key in ("capacity", "allocatable"):
-        manifest["status"][key].pop("nvidia.com/gpu", None)
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
-    cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
-    dra.publish_slices(kube, [node], uuid=dra.report_uuid)
-    return node
-
-
 def test_a_rank_on_a_bad_dra_gpu_moves_the_whole_workload_and_only_that_gpu_is_held_out(
     cluster: LocalCluster, kube: Kube, kueue_operator: OperatorProcess, group: str
 ) -> None:
     # A DRA node: no device-plugin GPUs; its 8 GPUs are published as ResourceSlices, and pods asking
     # for nvidia.com/gpu get them through a DeviceClass with extendedResourceName (so Kueue's quota,
     # which counts nvidia.com/gpu, sees them like any other GPUs).
-    node = dra_node(cluster, kube, group)
+    node = make_dra_node(cluster, group, f"{group}-dra"[:63])
+    dra.publish_slices(kube, [node], uuid=dra.report_uuid)
     gpu_class = dra.device_class(f"kueue-{group}"[:63], "nvidia.com/gpu")
     kube.custom.create_cluster_custom_object(dra.G, dra.V, "deviceclasses", gpu_class)
     try:
@@ -352,7 +339,8 @@ def test_dra_claims_kueue_counts_under_a_mapped_name_meet_the_gpus_held_out_by_d
     # Ranks claim their GPU through a ResourceClaimTemplate of a DeviceClass that Kueue's
     # deviceClassMappings map to DRA_QUOTA: the Workload's resourceUsage carries DRA_QUOTA, not
     # nvidia.com/gpu, and the ClusterQueue's quota is in DRA_QUOTA.
-    node = dra_node(cluster, kube, group)
+    node = make_dra_node(cluster, group, f"{group}-dra"[:63])
+    dra.publish_slices(kube, [node], uuid=dra.report_uuid)
     kube.custom.create_cluster_custom_object(dra.G, dra.V, "deviceclasses", dra.device_class(DRA_CLASS))
     try:
         ns = namespace(kube, f"kq-{group}"[:60])

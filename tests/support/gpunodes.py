@@ -16,15 +16,21 @@ GPU_LABELS = {
 }
 
 
-def gpu_node_manifest(name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK."""
+def gpu_node_manifest(
+    name: str, gpus: int = 8, labels: Mapping[str, str] | None = None, device_plugin: bool = True
+) -> dict[str, Any]:
+    """A Node that looks like a real 8-GPU node to the scheduler and to gpuhealth, run by KWOK.
+    ``device_plugin=False``: a DRA node, whose GPUs only its driver's ResourceSlices publish (no
+    ``nvidia.com/gpu`` resource)."""
     labels = {
         **GPU_LABELS,
         "kubernetes.io/hostname": name,
         "nvidia.com/gpu.count": str(gpus),
         **(labels or {}),
     }
-    resources = {"cpu": "64", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    resources = {"cpu": "64", "memory": "1Ti", "pods": "110"}
+    if device_plugin:
+        resources["nvidia.com/gpu"] = str(gpus)
     return {
         "apiVersion": "v1",
         "kind": "Node",
