@@ -36,12 +36,12 @@ from gpuhealth.agent.model import (
     XidEvent,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
-from gpuhealth.api.report import Device, ReportError, parse_report
+from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.controller.intake.slim import slim_report
 from tests.support import crdschema
 from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
-from tests.unit._contracts_support import REPORT_CRD, T, crd_enum, unset
+from tests.unit._contracts_support import REPORT_CRD, T, crd_enum, unset_fields
 
 # -- the chart's copy ------------------------------------------------------------------------------
 
@@ -88,12 +88,11 @@ def _every_fact(index: int) -> DeviceFacts:
 def test_the_fullest_agent_facts_set_every_field() -> None:
     """Adding a field to the agent's DeviceFacts makes this fail until the report tests set it too."""
     facts = _every_fact(0)
-    for f in dataclasses.fields(DeviceFacts):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert not unset(getattr(facts, f.name), default), (
-            f"agent/model.py DeviceFacts.{f.name} is not set by tests/unit/test_contracts.py _every_fact: "
-            "set it there, so the report CRD is checked to declare what the agent writes of it"
-        )
+    missing = unset_fields(facts)
+    assert not missing, (
+        f"agent/model.py DeviceFacts fields {missing} are not set by tests/unit/test_contracts.py _every_fact: "
+        "set them there, so the report CRD is checked to declare what the agent writes of them"
+    )
 
 
 def _rendered_spec() -> dict[str, Any]:
@@ -295,14 +294,11 @@ def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
     CRD does not declare (which the API server would then prune)."""
     report = parse_report(_fullest_report())
     device = report.devices[0]
-    for f in dataclasses.fields(Device):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name == "index":
-            continue
-        assert not unset(getattr(device, f.name), default), (
-            f"api/report.py Device.{f.name} stays at its default for the fullest report "
-            "crds/gpunodehealths.yaml allows: the field it reads is not declared there"
-        )
+    missing = unset_fields(device, skip=("index",))
+    assert not missing, (
+        f"api/report.py Device fields {missing} stay at their defaults for the fullest report "
+        "crds/gpunodehealths.yaml allows: the fields they read are not declared there"
+    )
     assert report.xids and report.xids[0].gpu is not None
 
 
@@ -330,3 +326,15 @@ def test_report_vocabularies_are_the_agent_model() -> None:
     sources = set(typing.get_args(agent_model.SourceName))
     assert crd_enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
     assert crd_enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"
+
+
+def test_the_unset_field_finder_names_what_a_fixture_left_at_its_default() -> None:
+    @dataclasses.dataclass
+    class Record:
+        index: int
+        count: int = 0
+        names: tuple[str, ...] = ()
+        note: str | None = None
+
+    assert unset_fields(Record(1, count=2)) == ["names", "note"]
+    assert unset_fields(Record(0, count=2, names=("x",), note="y"), skip=("index",)) == []

@@ -6,7 +6,6 @@ vocabularies are the CRDs' enums.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,7 +15,7 @@ from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, Step
 from gpuhealth.api.status import Record, node_status
 from tests.support import crdschema
 from tests.support.crdschema import at, violations
-from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset
+from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
 
 
 def _every_device_record() -> DeviceRecord:
@@ -40,12 +39,11 @@ def _every_device_record() -> DeviceRecord:
         last_failures=(T, T),
         instances=("MIG-a", "MIG-b"),
     )
-    for f in dataclasses.fields(DeviceRecord):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert not unset(getattr(rec, f.name), default) or f.name == "index", (
-            f"api/devices.py DeviceRecord.{f.name} is not set by "
-            "tests/unit/test_contracts_status.py _every_device_record"
-        )
+    missing = unset_fields(rec, skip=("index",))
+    assert not missing, (
+        f"api/devices.py DeviceRecord fields {missing} are not set by "
+        "tests/unit/test_contracts_status.py _every_device_record"
+    )
     return rec
 
 
@@ -98,12 +96,11 @@ def _every_ladder_record() -> LadderRecord:
         message="m",
         history=(Attempt(StepKind.GPU_RESET, 1, T, T, Result.FAILED),),
     )
-    for f in dataclasses.fields(LadderRecord):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert not unset(getattr(rec, f.name), default) or f.name == "index", (
-            f"api/remediation.py LadderRecord.{f.name} is not set by "
-            "tests/unit/test_contracts_status.py _every_ladder_record"
-        )
+    missing = unset_fields(rec, skip=("index",))
+    assert not missing, (
+        f"api/remediation.py LadderRecord fields {missing} are not set by "
+        "tests/unit/test_contracts_status.py _every_ladder_record"
+    )
     return rec
 
 
