@@ -20,6 +20,7 @@ from tests.integration.test_device_quarantine import device, ecc, rules_of
 from tests.support import dra
 from tests.support.cluster import LocalCluster
 from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, holds, wait_for
+from tests.support.ladder import reset_job_template
 
 NS = "gpuhealth-remediation"
 STATE_LABEL = "gpuhealth.dev/state"
@@ -66,27 +67,6 @@ def start(kube: Kube, cluster: LocalCluster, group: str, **remediation: Any) -> 
     return node
 
 
-def failing_template() -> dict[str, Any]:
-    return {
-        "spec": {
-            "template": {
-                "metadata": {"labels": {"gpuhealth-test/outcome": "fail"}},
-                "spec": {
-                    "nodeName": "${NODE_NAME}",
-                    "containers": [
-                        {
-                            "name": "reset",
-                            "image": "example.invalid/reset:test",
-                            "command": ["nvidia-smi", "-r", "-i", "${GPU_UUID}"],
-                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "${GPU_UUID}"}],
-                        }
-                    ],
-                },
-            }
-        }
-    }
-
-
 def test_a_reset_returns_the_gpu_to_service_without_a_human(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
@@ -129,7 +109,11 @@ def test_a_failing_reset_climbs_to_a_node_reboot_then_replace(
 ) -> None:
     steps = [{"type": "GPUReset", "attempts": 1, "timeout": "1m"}, {"type": "NodeReboot"}, {"type": "Replace"}]
     node = start(
-        kube, cluster, group, ladders=[{"reasons": ["EccUncorrected"], "steps": steps}], jobTemplate=failing_template()
+        kube,
+        cluster,
+        group,
+        ladders=[{"reasons": ["EccUncorrected"], "steps": steps}],
+        jobTemplate=reset_job_template(fail=True),
     )
     kube.put_report(node, ecc(3))
     (job,) = wait_for(lambda: jobs_of(kube, node), timeout=30, what="a reset Job")

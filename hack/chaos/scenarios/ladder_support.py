@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client
 from tests.support import dra
 from tests.support.k8s import healthy_spec
+from tests.support.ladder import reset_job_template
 
 from hack.chaos import ladder as ld
 from hack.chaos.scenarios import device_kills as dk
@@ -27,35 +28,13 @@ STEPS = [
 ]
 
 
-def job_template(fail: bool) -> dict[str, Any]:
-    labels = {"gpuhealth-test/outcome": "fail"} if fail else {}
-    return {
-        "spec": {
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": "${NODE_NAME}",
-                    "containers": [
-                        {
-                            "name": "reset",
-                            "image": "example.invalid/reset:chaos",
-                            "command": ["nvidia-smi", "-r", "-i", "${GPU_UUID}"],
-                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "${GPU_UUID}"}],
-                        }
-                    ],
-                },
-            }
-        }
-    }
-
-
 def ladder_policy(fail: bool) -> dict[str, Any]:
     spec = drain_policy(maxUnhealthyGPUs=100)
     spec["remediation"] = {
         "enabled": True,
         "maxConcurrent": 10,
         "ladders": [{"reasons": ["EccUncorrected"], "steps": STEPS}],
-        "jobTemplate": job_template(fail),
+        "jobTemplate": reset_job_template(fail, image="example.invalid/reset:chaos"),
     }
     return spec
 
