@@ -42,8 +42,8 @@ kueue:
 	@bash hack/build-kueue.sh >/dev/null
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operator tests hack
-	$(VENV)/bin/ruff format --check operator tests hack
+	$(VENV)/bin/ruff check operator devkit tests hack
+	$(VENV)/bin/ruff format --check operator devkit tests hack
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -1,2 +1,2 @@
 """Developer tools run from the repository root as modules (``python -m hack.demo``), so they import
-``tests.support`` and each other as packages, with no ``sys.path`` edits (see the Makefile)."""
+``devkit`` and each other as packages, with no ``sys.path`` edits (see the Makefile)."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Kueue's manager (cmd/kueue) from its Go module through the Go module proxy, with the CRDs
 # and webhook configurations of the very same module, and caches them outside the repo, keyed by
-# version, like build-control-plane.sh. The Kueue tests (tests/support/kueue.py) run it beside the
+# version, like build-control-plane.sh. The Kueue tests (devkit/kueue.py) run it beside the
 # local control plane. Prints the directory on stdout's last line. A warm cache rebuilds nothing.
 #
 # One substitution, checked to match exactly once: with internal cert management off, Kueue

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support import pidfile
-from tests.support.cluster import LocalCluster
+from devkit import pidfile
+from devkit.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,12 +36,12 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
-from tests.support.audit import WRITE_VERBS, audit_events
-from tests.support.cluster import LocalCluster
-from tests.support.fakenvml.build import build_fake_nvml
-from tests.support.k8s import GPUHEALTH_NAMESPACE, OperatorProcess, ensure_namespace, wait_for
-from tests.support.k8s import Kube as TestKube
 
+from devkit.audit import WRITE_VERBS, audit_events
+from devkit.cluster import LocalCluster
+from devkit.fakenvml.build import build_fake_nvml
+from devkit.k8s import GPUHEALTH_NAMESPACE, OperatorProcess, ensure_namespace, wait_for
+from devkit.k8s import Kube as TestKube
 from gpuhealth.agent.lease import NodeLease
 from gpuhealth.agent.runner import AgentConfig, collect_once
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR

@@ -49,5 +49,5 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   cluster       the control plane with faster clients, the policy under test, the pods
 #   fleet         the simulated agents (the agent's own publisher and Lease) and their heartbeats
 #   watch         the independent watches the figures are read from
-#   support       names, clients, samplers, audit-log rates (tests/support/audit.py reads the log), statistics
+#   support       names, clients, samplers, audit-log rates (devkit/audit.py reads the log), statistics
 #                 and the phase clock

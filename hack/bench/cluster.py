@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import wait_for
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import wait_for
 from gpuhealth.api.durations import format_duration
 from hack.bench.support import log, publish_all
 

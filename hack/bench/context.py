@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.agents import Agent, AgentFleet
-from tests.support.k8s import OperatorProcess
 
+from devkit.agents import Agent, AgentFleet
+from devkit.k8s import OperatorProcess
 from hack.bench.cluster import BenchCluster
 from hack.bench.fleet import HeartbeatDriver, HeartbeatStats, SimNode
 from hack.bench.support import PhaseClock, ProcSampler

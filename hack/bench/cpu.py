@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import OperatorProcess
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import OperatorProcess
 from gpuhealth.controller.process.stackprofile import summarize
 
 STACK_PROFILE_ENV = "GPUHEALTH_STACK_PROFILE"

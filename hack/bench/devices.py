@@ -1,7 +1,7 @@
 """The device figures of `make bench`: GPUs published through DRA, one uncorrected ECC error at a time
 until an independent watch sees its DeviceTaintRule, a device storm, and every GPU reset.
 
-The DRA nodes' GPUs are published as NVIDIA's DRA driver would (tests/support/dra.py): a DeviceClass
+The DRA nodes' GPUs are published as NVIDIA's DRA driver would (devkit/dra.py): a DeviceClass
 and one ResourceSlice per node, pool = node name, devices ``gpu-0..7`` with the UUIDs their reports
 carry, so the operator can place each GPU's fault on its device.
 """
@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
-from tests.support import dra
 
+from devkit import dra
 from hack.bench.fleet import SimNode, gpu_uuid
 from hack.bench.support import (
     DRA_GROUP,

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
-from tests.support.audit import audit_events
-from tests.support.k8s import wait_for
 
+from devkit.audit import audit_events
+from devkit.k8s import wait_for
 from hack.bench.cpu import CpuWindow, run_processes, stack_summaries
 from hack.bench.drain_workload import (
     COMPLETED,

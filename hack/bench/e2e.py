@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.agents import Agent, AgentFleet
 
+from devkit.agents import Agent, AgentFleet
 from hack.bench.support import FAULT_TIMEOUT_S, MERGE, TAINT, latency_summary, log, percentile
 from hack.bench.watch import NodeWatch, ReportWatch
 

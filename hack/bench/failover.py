@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.k8s import OperatorProcess
-
+from devkit.k8s import OperatorProcess
 from hack.bench.resilience import ACTING, ResilienceContext, wait_ready
 from hack.bench.support import TAINT, find_log_line, log, percentile
 

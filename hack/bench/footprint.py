@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 import psutil
-from tests.support.audit import AuditEntry, read_audit
 
+from devkit.audit import AuditEntry, read_audit
 from hack.bench.cluster import agent_silence
 from hack.bench.context import AGENT_USER, OPERATOR_USER, Bench
 from hack.bench.support import (

@@ -3,7 +3,7 @@
 
 A bad GPU is all of its MIG devices, so a GPU-scoped fault (an uncorrected ECC error) is done only
 when the last of its seven DeviceTaintRules is in; that is what the phase times. The slices are
-published exactly as NVIDIA's DRA driver shapes static MIG (tests/support/dra_shapes.py: devices
+published exactly as NVIDIA's DRA driver shapes static MIG (devkit/dra_shapes.py: devices
 ``gpu-<minor>-mig-1g10gb-19-<start>``, ``type=mig``, ``uuid``, ``parentUUID``, ``profile``; no
 full ``gpu-<minor>`` device), and each simulated agent reports the same GPUs with ``migMode:
 Enabled`` and their ``migDevices`` (the MIG UUIDs the slices carry), as the real agent does.
@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
-from tests.support import dra, dra_shapes
 
+from devkit import dra, dra_shapes
 from gpuhealth.agent.model import MigDeviceFacts
 from hack.bench.cpu import CpuWindow
 from hack.bench.fleet import SimNode, gpu_uuid

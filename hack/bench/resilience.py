@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.audit import read_audit
-from tests.support.k8s import OperatorProcess
 
+from devkit.audit import read_audit
+from devkit.k8s import OperatorProcess
 from hack.bench.cluster import BenchCluster
 from hack.bench.fleet import SimNode
 from hack.bench.support import find_log_line

@@ -9,8 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tests.support.k8s import OperatorProcess
-
+from devkit.k8s import OperatorProcess
 from hack.bench.resilience import PODS_LISTED, WATCHING, ResilienceContext, wait_ready
 from hack.bench.support import TAINT, describe, find_log_line, log
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.k8s import wait_for
 
+from devkit.k8s import wait_for
 from hack.bench.cli import parse_args
 from hack.bench.cluster import BenchCluster, agent_silence, machine
 from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    if args.stack_profile:  # every operator process started from here on inherits it (tests/support/k8s.py)
+    if args.stack_profile:  # every operator process started from here on inherits it (devkit/k8s.py)
         os.environ[STACK_PROFILE_ENV] = str((out / "operator-stacks-{pid}.jsonl").resolve())
     res = header(args)
     series: dict[str, Any] = {}

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from tests.support.agents import Agent, AgentFleet
-from tests.support.k8s import OperatorProcess
 
+from devkit.agents import Agent, AgentFleet
+from devkit.k8s import OperatorProcess
 from hack.bench.cluster import agent_policy_spec, policy_spec, run_pods
 from hack.bench.context import (
     AGENT_NODE,

@@ -10,8 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from tests.support.k8s import wait_for
-
+from devkit.k8s import wait_for
 from hack.bench.cluster import breaker_setting
 from hack.bench.context import POLICY, Bench
 from hack.bench.fleet import SimNode

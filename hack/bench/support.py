@@ -1,5 +1,5 @@
 """Building blocks of `make bench` (see hack/bench/run.py): names, API clients, process samplers, the
-operator's log, the audit-log rates and counts (the log itself is read by tests/support/audit.py,
+operator's log, the audit-log rates and counts (the log itself is read by devkit/audit.py,
 shared with the chaos suite), the statistics the figures are computed with and the clock that
 times the phases.
 
@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import psutil
 from kubernetes import client, config
-from tests.support.audit import AuditEntry
+
+from devkit.audit import AuditEntry
 
 GROUP, VERSION, REPORTS = "gpuhealth.dev", "v1alpha1", "gpunodehealths"
 TAINT = "gpuhealth.dev/unhealthy"
@@ -134,7 +135,7 @@ def find_log_line(path: Path, pattern: str, timeout: float, offset: int = 0) -> 
     return None
 
 
-# -- the audit log's figures (tests/support/audit.py reads it) ---------------------------------------
+# -- the audit log's figures (devkit/audit.py reads it) ---------------------------------------
 
 
 def api_rates(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, float | None]:

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.support.audit import read_audit
-
+from devkit.audit import read_audit
 from hack.bench.fleet import SimNode
 from hack.bench.support import (
     FAULT_TIMEOUT_S,

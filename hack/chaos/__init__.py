@@ -4,7 +4,7 @@ each scenario and invariant proves.
 
 Everything of chaos is in this one package, so the runner, its scenarios and the checks they are
 judged by move and change together; what it shares with the tests and the bench (the local control
-plane, real agents, the fake NVML library, the audit log) is tests/support.
+plane, real agents, the fake NVML library, the audit log) is devkit.
 """
 
 # The modules:

@@ -30,8 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tests.support.audit import audit_events
-
+from devkit.audit import audit_events
 from hack.chaos.foreign import foreign_problems as foreign_log_problems
 from hack.chaos.freshness import Freshness, node_says_healthy
 from hack.chaos.podorder import order_problems, pod_writes

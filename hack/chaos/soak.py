@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from tests.support.cluster import LocalCluster
 
+from devkit.cluster import LocalCluster
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.context import Ctx
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import watch
-from tests.support.k8s import Kube
+
+from devkit.k8s import Kube
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "demo"
@@ -122,7 +123,7 @@ def act_as_trainer(kube: Kube, timeline: Timeline, stop: threading.Event, acked:
 
 def claim_deployment(name: str, template: str, node: str, replicas: int) -> dict[str, Any]:
     """``replicas`` checkpointing pods on ``node``, each with one device from a claim of ``template``."""
-    from tests.support import dra
+    from devkit import dra
 
     return {
         "apiVersion": "apps/v1",
@@ -141,7 +142,7 @@ def claim_deployment(name: str, template: str, node: str, replicas: int) -> dict
 
 def allocated(kube: Kube, pod: Any) -> list[str]:
     """The DRA devices the scheduler allocated to ``pod`` (empty while it has none)."""
-    from tests.support import dra
+    from devkit import dra
 
     claim = dra.pod_claim(kube, NS, pod.metadata.name)
     return dra.allocated_devices(claim) if claim else []
@@ -155,7 +156,7 @@ def devices_of(kube: Kube, node: str) -> dict[int, dict[str, Any]]:
 
 def gpuhealth_rules(kube: Kube) -> list[dict[str, Any]]:
     """gpuhealth's DeviceTaintRules (by its label)."""
-    from tests.support import dra
+    from devkit import dra
 
     got = kube.custom.list_cluster_custom_object(dra.G, dra.V, "devicetaintrules", label_selector=MANAGED)
     return list(got.get("items") or [])
@@ -163,7 +164,7 @@ def gpuhealth_rules(kube: Kube) -> list[dict[str, Any]]:
 
 def slice_devices(kube: Kube) -> list[tuple[str, str, str]]:
     """(pool, device name, type) of every device in the ResourceSlices."""
-    from tests.support import dra
+    from devkit import dra
 
     out = []
     for s in kube.custom.list_cluster_custom_object(dra.G, dra.V, "resourceslices").get("items") or []:

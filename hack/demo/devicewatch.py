@@ -10,8 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from tests.support.k8s import Kube
-
+from devkit.k8s import Kube
 from hack.demo.common import REMEDIATION_NS, Timeline, gpuhealth_rules
 
 POLL_S = 0.3

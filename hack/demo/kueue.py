@@ -1,7 +1,7 @@
 """`make demo KUEUE=1`: the training job runs under the real Kueue manager, with gpuhealth's
 AdmissionCheck on its ClusterQueue, so the XID 79 moves it as a whole through Kueue.
 
-Kueue starts the way the Kueue integration tests start it (``tests/support/kueue.py``: a plain
+Kueue starts the way the Kueue integration tests start it (``devkit/kueue.py``: a plain
 process beside the local control plane, its webhooks reached by URL). The demo writes a
 ResourceFlavor for the GPU nodes, gpuhealth's AdmissionCheck
 (``spec.controllerName: gpuhealth.dev/healthy-capacity``), a ClusterQueue using both and a LocalQueue
@@ -25,10 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, wait_for
-from tests.support.kueue import CONTROLLER, KG, KV, Kueue, cond, evictions, our_check, workload
-
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, wait_for
+from devkit.kueue import CONTROLLER, KG, KV, Kueue, cond, evictions, our_check, workload
 from hack.demo.common import NS, Timeline
 
 FLAVOR = "demo-gpu"

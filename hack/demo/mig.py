@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.support import dra
-from tests.support import dra_shapes as S
-from tests.support.agents import Agent
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, wait_for
-
+from devkit import dra
+from devkit import dra_shapes as S
+from devkit.agents import Agent
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, wait_for
 from hack.demo.common import (
     NS,
     Timeline,

@@ -2,7 +2,7 @@
 two serving pods; an uncorrected ECC error on the GPU one of them holds. gpuhealth holds the GPU out
 (DeviceTaintRule), drains its pod (checkpoint, evict; the replacement lands on another GPU of the
 node), then climbs the policy's repair ladder (``spec.remediation``): a reset Job pinned to the node
-for that GPU's UUID. KWOK ends the Job's pod as succeeded (tests/support/kwok/pod-remediation.yaml);
+for that GPU's UUID. KWOK ends the Job's pod as succeeded (devkit/kwok/pod-remediation.yaml);
 the demo then plays the GPU after ``nvidia-smi -r``: it rewrites the node's fake NVML scenario so the
 volatile counters are clean. After the policy's probation the rule is deleted and the GPU serves.
 """
@@ -12,11 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.support import dra
-from tests.support.agents import Agent
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, ensure_namespace, wait_for
-
+from devkit import dra
+from devkit.agents import Agent
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, ensure_namespace, wait_for
 from hack.demo.common import (
     REMEDIATION_NS,
     Timeline,

@@ -12,13 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.support import dra, pidfile
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, wait_for
-from tests.support.kueue import workload
-
 import hack.demo as package
+from devkit import dra, pidfile
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, wait_for
+from devkit.kueue import workload
 from hack.demo import kueue, mig, reset
 from hack.demo.common import (
     DEMO_POLICY,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support import dra
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, wait_for
-from tests.support.workloads import indexed_training_job
-
+from devkit import dra
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, wait_for
+from devkit.workloads import indexed_training_job
 from hack.demo import kueue
 from hack.demo.common import NS, claim_deployment, running
 

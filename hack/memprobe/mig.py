@@ -2,7 +2,7 @@
 GPUs are in static MIG mode with 7 MIG devices each (hack/bench/mig.py's layout, 56 DRA devices).
 
 Each node then also has its ResourceSlice, shaped as NVIDIA's DRA driver publishes static MIG
-(tests/support/dra_shapes.py) with the metadata the API server adds, and its agent reports every GPU
+(devkit/dra_shapes.py) with the metadata the API server adds, and its agent reports every GPU
 with ``migMode: Enabled`` and its ``migDevices``. Target (issue #23): a slope of at most 25 KB per node.
 """
 

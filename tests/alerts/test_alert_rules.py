@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.tools import run
+from devkit.tools import run
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import LocalCluster
-from tests.support.diagnose import diagnose
-from tests.support.gpunodes import gpu_node_manifest
-from tests.support.k8s import Kube, OperatorProcess
-from tests.support.rbac import rbac_installed as _rbac_installed
+from devkit.cluster import LocalCluster
+from devkit.diagnose import diagnose
+from devkit.gpunodes import gpu_node_manifest
+from devkit.k8s import Kube, OperatorProcess
+from devkit.rbac import rbac_installed as _rbac_installed
 
 _ids = itertools.count()
 
@@ -58,7 +58,7 @@ def pytest_runtest_makereport(
 @pytest.fixture
 def group(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A label value unique to the test, so each test owns its own nodes and policy. When the test
-    fails, what the cluster and the operator made of its nodes is printed (``tests/support/diagnose.py``)."""
+    fails, what the cluster and the operator made of its nodes is printed (``devkit/diagnose.py``)."""
     name = f"t{next(_ids)}-{request.node.name[:30].replace('_', '-').strip('-').lower()}"
     yield name
     failed = getattr(request.node, "report_call", None)

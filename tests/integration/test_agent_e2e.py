@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster, free_port
+from devkit.k8s import Kube, OperatorProcess, holds, wait_for
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster, free_port
-from tests.support.k8s import Kube, OperatorProcess, holds, wait_for
 
 
 @pytest.fixture

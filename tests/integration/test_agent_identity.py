@@ -12,10 +12,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
-from tests.integration.conftest import make_nodes
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import (
+from devkit.cluster import LocalCluster
+from devkit.k8s import (
     GROUP,
     VERSION,
     Kube,
@@ -25,7 +23,7 @@ from tests.support.k8s import (
     utcnow,
     wait_for,
 )
-from tests.support.rbac import (
+from devkit.rbac import (
     AGENT_USER,
     NS,
     REPORTS,
@@ -35,6 +33,8 @@ from tests.support.rbac import (
     refusal,
     whoami,
 )
+from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
+from tests.integration.conftest import make_nodes
 
 
 def test_agent_writes_only_its_own_nodes_report(

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.chart import by_key, helm_template, kustomize
-from tests.support.cluster import LocalCluster
+from devkit.chart import by_key, helm_template, kustomize
+from devkit.cluster import LocalCluster
 
 SIDECAR = ("DaemonSet", "gpuhealth-system", "gpuhealth-dcgm-exporter")
 PSA_NS = "gpuhealth-sidecar-psa"

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hack.chaos.scenarios import KNOWN_VIOLATIONS, TIMING_DEPENDENT, run_scenario, start_cluster
 
-from tests.support.cluster import LocalCluster
+from devkit.cluster import LocalCluster
+from hack.chaos.scenarios import KNOWN_VIOLATIONS, TIMING_DEPENDENT, run_scenario, start_cluster
 
 SEED = 4242
 _results: dict[str, dict[str, Any]] = {}

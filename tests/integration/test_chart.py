@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.chart import CHART, by_key, helm_template, kustomize
-from tests.support.tools import run
+from devkit.chart import CHART, by_key, helm_template, kustomize
+from devkit.tools import run
 
 MONITORING = (
     "--set=metrics.serviceMonitor.enabled=true",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chart import CHART, REPO
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, wait_for, xid_event
-from tests.support.tools import run, tools_bin_dir
+from devkit.chart import CHART, REPO
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for, xid_event
+from devkit.tools import run, tools_bin_dir
 
 NS = "gpuhealth-system"
 DOC = REPO / "docs" / "install.md"

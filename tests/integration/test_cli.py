@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for
+from devkit.k8s import xid_event as xid
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, wait_for
-from tests.support.k8s import xid_event as xid
 
 BIN = Path(sys.executable).parent
 PLUGIN = BIN / "kubectl-gpuhealth"

@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import pidfile
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, wait_for
+from devkit import pidfile
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

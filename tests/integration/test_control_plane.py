@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import GROUP, VERSION, Kube, wait_for
+from devkit.k8s import ensure_namespace as _ns
 from tests.integration.conftest import make_nodes
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import GROUP, VERSION, Kube, wait_for
-from tests.support.k8s import ensure_namespace as _ns
 
 
 def _gpu_pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, wait_for
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, wait_for
 
 COMPONENT = Path(__file__).resolve().parents[2] / "manifests" / "components" / "prometheus"
 SELECTOR = re.compile(r"\b(gpuhealth_[a-z_]+)(\{[^}]*\})?")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from devkit import dra
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
-from tests.support import dra
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 TAINT = "gpuhealth.dev/unhealthy"
 

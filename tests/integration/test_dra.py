@@ -13,6 +13,9 @@ from typing import Any
 
 from kubernetes import client
 
+from devkit import dra
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, ensure_namespace, wait_for
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
 from gpuhealth.actions.slices import DeviceRef
 from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status, devices_to_status
@@ -21,9 +24,6 @@ from gpuhealth.drain.claims import pods_holding
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
-from tests.support import dra
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, wait_for
 
 DRIVERS = (dra.DRIVER,)
 

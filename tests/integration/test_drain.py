@@ -6,14 +6,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+from devkit.k8s import ensure_namespace as namespace
+from devkit.k8s import xid_event as xid
+from devkit.ranks import requested, running
+from devkit.workloads import indexed_training_job
 from gpuhealth.workload import CheckpointRequest, acknowledge
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
-from tests.support.k8s import ensure_namespace as namespace
-from tests.support.k8s import xid_event as xid
-from tests.support.ranks import requested, running
-from tests.support.workloads import indexed_training_job
 
 
 def pods(kube: Kube, ns: str, selector: str) -> list[Any]:

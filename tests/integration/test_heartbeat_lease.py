@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster
+from devkit.k8s import GPUHEALTH_NAMESPACE, Kube, OperatorProcess, ensure_namespace, wait_for
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import GPUHEALTH_NAMESPACE, Kube, OperatorProcess, ensure_namespace, wait_for
 
 HEARTBEAT_S = 1.0
 SILENCE_S = 6.0

@@ -1,4 +1,4 @@
-"""gpuhealth as a Kueue AdmissionCheck, against the real Kueue manager (v0.17, ``tests/support/kueue.py``).
+"""gpuhealth as a Kueue AdmissionCheck, against the real Kueue manager (v0.17, ``devkit/kueue.py``).
 
 A ClusterQueue with gpuhealth's AdmissionCheck and a ResourceFlavor for the test's fake GPU nodes;
 indexed Jobs under Kueue's batch/job integration (created suspended, with the queue label), whose
@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
-from tests.support import dra
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import (
+from devkit import dra
+from devkit.cluster import LocalCluster
+from devkit.k8s import (
     GPUHEALTH_NAMESPACE,
     Kube,
     OperatorProcess,
@@ -30,9 +29,9 @@ from tests.support.k8s import (
     token_kubeconfig,
     wait_for,
 )
-from tests.support.k8s import ensure_namespace as namespace
-from tests.support.k8s import xid_event as xid
-from tests.support.kueue import (
+from devkit.k8s import ensure_namespace as namespace
+from devkit.k8s import xid_event as xid
+from devkit.kueue import (
     Kueue,
     claiming,
     cond,
@@ -44,7 +43,8 @@ from tests.support.kueue import (
     workload,
     workload_events,
 )
-from tests.support.ranks import acknowledge_all, live_pods, requested, running
+from devkit.ranks import acknowledge_all, live_pods, requested, running
+from tests.integration.conftest import make_dra_node, make_nodes, policy_spec
 
 # Kueue's DRA quota accounting (alpha in v0.17, feature gate DynamicResourceAllocation): claims of a
 # mapped DeviceClass count as the mapping's quota resource, which the operator is told to count as GPUs.

@@ -20,10 +20,8 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth.workload import acknowledge
-from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import REPO, LocalCluster, free_port
-from tests.support.k8s import (
+from devkit.cluster import REPO, LocalCluster, free_port
+from devkit.k8s import (
     GROUP,
     VERSION,
     Kube,
@@ -34,8 +32,8 @@ from tests.support.k8s import (
     token_kubeconfig,
     wait_for,
 )
-from tests.support.k8s import xid_event as xid
-from tests.support.rbac import (
+from devkit.k8s import xid_event as xid
+from devkit.rbac import (
     AGENT_USER,
     ALL,
     NS,
@@ -47,6 +45,8 @@ from tests.support.rbac import (
     can_i,
     whoami,
 )
+from gpuhealth.workload import acknowledge
+from tests.integration.conftest import make_nodes, policy_spec
 
 SLICES, CLAIMS = "resourceslices.resource.k8s.io", "resourceclaims.resource.k8s.io"
 TAINT_RULES = "devicetaintrules.resource.k8s.io"

@@ -16,15 +16,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import make_nodes
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import (
+from devkit.cluster import LocalCluster
+from devkit.k8s import (
     MANIFESTS,
     install_gpuhealth,
     remove_gpuhealth_workloads,
     wait_for,
 )
-from tests.support.manifests import NS, find, pod_from_template, render
+from devkit.manifests import NS, find, pod_from_template, render
+from tests.integration.conftest import make_nodes
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import datetime as dt
 import time
 from typing import Any
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
+from devkit.k8s import xid_event as xid
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, healthy_spec, utcnow, wait_for
-from tests.support.k8s import xid_event as xid
 
 TAINT = "gpuhealth.dev/unhealthy"
 

@@ -1,20 +1,20 @@
 """A restart loop on one MIG instance costs that instance: two workloads whose pods crash-loop on one
 MIG device (a shared ResourceClaim) while they run fine on another node. On the real API server and
-scheduler, with slices shaped as NVIDIA's DRA driver publishes them (tests/support/dra_shapes.py);
+scheduler, with slices shaped as NVIDIA's DRA driver publishes them (devkit/dra_shapes.py);
 judged by the DeviceTaintRules, the Node, the pods and the GPUNodeHealth status."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from devkit import dra
+from devkit import dra_shapes as S
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, wait_for
 from tests.integration.conftest import make_nodes
 from tests.integration.test_device_quarantine import device, gone_or_deleting
 from tests.integration.test_drain import _crash
 from tests.integration.test_partitions import MIG2, healthy, mig_spec, ours, setup, static_mig_node
-from tests.support import dra
-from tests.support import dra_shapes as S
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, wait_for
 
 JOB = "training.kubeflow.org/job-name"  # the workload a bare pod belongs to
 

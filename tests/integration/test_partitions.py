@@ -2,7 +2,7 @@
 the real API server (which validates the driver's slice shapes) and its real scheduler.
 
 Slices are published for KWOK nodes exactly as NVIDIA's DRA driver shapes them
-(tests/support/dra_shapes.py). Judged by Kubernetes objects: DeviceTaintRules, the Node, pods, the
+(devkit/dra_shapes.py). Judged by Kubernetes objects: DeviceTaintRules, the Node, pods, the
 claims the scheduler allocates, the GPUNodeHealth status and Events.
 """
 
@@ -13,15 +13,15 @@ import datetime as dt
 import json
 from typing import Any
 
+from devkit import dra
+from devkit import dra_shapes as S
+from devkit.cluster import LocalCluster
+from devkit.gpunodes import gpu_node_manifest
+from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.integration.test_cli import ok, plugin
 from tests.integration.test_device_quarantine import device, gone_or_deleting, pod_annotations, rules_of
-from tests.support import dra
-from tests.support import dra_shapes as S
-from tests.support.cluster import LocalCluster
-from tests.support.gpunodes import gpu_node_manifest
-from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
 
 MIG2 = ("gpu-2-mig-3g40gb-9-0", "gpu-2-mig-3g40gb-9-4")
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, ensure_namespace, wait_for
 from gpuhealth.controller.intake.objectwatch import ObjectWatch
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.credentials import api_client
 from tests.integration.conftest import make_nodes
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, ensure_namespace, wait_for
 
 
 def slim(p: Any) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import MANIFESTS, Kube, OperatorProcess, healthy_spec, wait_for, xid_event
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import MANIFESTS, Kube, OperatorProcess, healthy_spec, wait_for, xid_event
 
 EXAMPLE = MANIFESTS / "remediation" / "nodehealthcheck.yaml"
 GROUP, VERSION, PLURAL = "remediation.medik8s.io", "v1alpha1", "nodehealthchecks"

@@ -3,7 +3,7 @@
 A DRA node whose GPU 3 (or the GPU a pod holds) reports an uncorrected ECC error: gpuhealth holds it
 out with a DeviceTaintRule, drains it, and then, with ``spec.remediation.enabled``, creates a reset
 Job pinned to that node for that GPU's UUID. KWOK ends the Job's pod by its stages
-(``tests/support/kwok/pod-remediation.yaml``: success, or failure for pods the test's template
+(``devkit/kwok/pod-remediation.yaml``: success, or failure for pods the test's template
 labels ``gpuhealth-test/outcome=fail``). The test plays the GPU: once the Job succeeded it rewrites
 the agent's report with clean counters, as a reset would leave them.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 from kubernetes import client
 
+from devkit import dra
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, holds, wait_for
+from devkit.ladder import reset_job_template
 from gpuhealth.api.names import RELEASE_ANNOTATION
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.integration.test_device_quarantine import device, ecc, rules_of
-from tests.support import dra
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, holds, wait_for
-from tests.support.ladder import reset_job_template
 
 NS = "gpuhealth-remediation"
 STATE_LABEL = "gpuhealth.dev/state"

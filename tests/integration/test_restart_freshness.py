@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
+from devkit.cluster import LocalCluster
+from devkit.k8s import GPUHEALTH_NAMESPACE, Kube, OperatorProcess, ensure_namespace, healthy_spec, wait_for
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import GPUHEALTH_NAMESPACE, Kube, OperatorProcess, ensure_namespace, healthy_spec, wait_for
 
 SILENCE_S = 5.0
 LONG_SILENCE_S = 60.0  # the live agent's policy: far longer than the restart takes

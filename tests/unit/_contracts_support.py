@@ -8,8 +8,8 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from tests.support import crdschema
-from tests.support.crdschema import at
+from devkit import crdschema
+from devkit.crdschema import at
 
 REPORT_CRD = "gpunodehealths.yaml"
 POLICY_CRD = "gpuhealthpolicies.yaml"

@@ -1,4 +1,4 @@
-"""The shared audit-log reader (tests/support/audit.py): the bench's figures and the chaos suite's
+"""The shared audit-log reader (devkit/audit.py): the bench's figures and the chaos suite's
 invariants are only as true as the requests it finds, so it must read the rotated files before the
 live one, in order, and return exactly the chosen users' completed requests."""
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support.audit import AuditEntry, audit_events, audit_files, read_audit
+from devkit.audit import AuditEntry, audit_events, audit_files, read_audit
 
 
 def _event(user: str, name: str, at: str, *, stage: str = "ResponseComplete", code: int = 200) -> dict[str, Any]:

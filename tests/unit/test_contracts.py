@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from devkit import crdschema
+from devkit.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
 from gpuhealth.agent import model as agent_model
 from gpuhealth.agent.model import (
     DeviceFacts,
@@ -39,8 +41,6 @@ from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
 from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.controller.intake.slim import slim_report
-from tests.support import crdschema
-from tests.support.crdschema import CHART_CRDS, CRDS, at, declared_paths, fullest, violations
 from tests.unit._contracts_support import REPORT_CRD, T, crd_enum, unset_fields
 
 # -- the chart's copy ------------------------------------------------------------------------------

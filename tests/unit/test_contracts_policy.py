@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from devkit import crdschema
+from devkit.crdschema import at, declared_paths
 from gpuhealth.api.names import Action, Scope
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.catalog import xid as xid_catalog
-from tests.support import crdschema
-from tests.support.crdschema import at, declared_paths
 from tests.unit._contracts_support import POLICY_CRD
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from devkit import crdschema
+from devkit.crdschema import at, violations
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
 from gpuhealth.api.status import Record, node_status
-from tests.support import crdschema
-from tests.support.crdschema import at, violations
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from devkit import dra_shapes as S
 from hack.demo import kueue, mig, run
-
-from tests.support import dra_shapes as S
 
 NODE = "gpu-node-0003"
 

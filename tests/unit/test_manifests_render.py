@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from tests.support.k8s import MANIFESTS
-from tests.support.manifests import ENTRY_POINTS, IMAGE, NS, REPO, find, render
+from devkit.k8s import MANIFESTS
+from devkit.manifests import ENTRY_POINTS, IMAGE, NS, REPO, find, render
 
 
 def test_every_entry_point_renders_with_default_load_restrictions() -> None:

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.support import pidfile
+from devkit import pidfile
 
 
 def test_stops_recorded_processes_and_spares_reused_pids(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""tests/support/k8s.py wait_for polls through a briefly absent API, never through a bug."""
+"""devkit/k8s.py wait_for polls through a briefly absent API, never through a bug."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.k8s import wait_for
+from devkit.k8s import wait_for
 
 
 def test_a_bug_in_the_predicate_is_raised_at_once_not_waited_out() -> None:
@@ -35,7 +35,7 @@ def test_a_timeout_names_what_it_waited_for_and_the_last_value() -> None:
 
 
 def test_holds_fails_the_moment_the_condition_breaks_and_counts_its_samples() -> None:
-    from tests.support.k8s import holds
+    from devkit.k8s import holds
 
     assert holds(lambda: True, seconds=0.1, interval=0.01) >= 5
     states = iter(["Unknown", "Unknown", "Healthy"])
@@ -44,7 +44,7 @@ def test_holds_fails_the_moment_the_condition_breaks_and_counts_its_samples() ->
 
 
 def test_a_refusal_is_a_403_or_forbidden_in_a_message_never_a_timestamp() -> None:
-    from tests.support.k8s import refusals
+    from devkit.k8s import refusals
 
     log = "\n".join(
         [

@@ -6,9 +6,8 @@ import datetime as dt
 import json
 import time
 
-from tests.support.agents import Agent
-from tests.support.k8s import healthy_spec, wait_for
-
+from devkit.agents import Agent
+from devkit.k8s import healthy_spec, wait_for
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.context import Ctx
 

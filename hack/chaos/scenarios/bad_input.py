@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
-from tests.support.k8s import healthy_spec
 
+from devkit.k8s import healthy_spec
 from gpuhealth.api.durations import parse_duration
 from hack.chaos import invariants as inv
 from hack.chaos.fieldpath import names_field, refused_fields

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.k8s import healthy_spec, utcnow
+from devkit.k8s import healthy_spec, utcnow
 
 
 def _long(n: int) -> str:

@@ -11,8 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tests.support.k8s import Kube
-
+from devkit.k8s import Kube
 from gpuhealth.workload import COMPLETED, REQUESTED, acknowledge
 from hack.chaos import invariants as inv
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.cluster import REPO, LocalCluster
+from devkit.cluster import REPO, LocalCluster
 
 OPERATOR_A = ("chaos-operator-a-token", "gpuhealth-chaos-operator")
 OPERATOR_B = ("chaos-operator-b-token", "gpuhealth-chaos-operator-b")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.support.k8s import healthy_spec
-
+from devkit.k8s import healthy_spec
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.common import SILENCE
 from hack.chaos.scenarios.context import Ctx, xid

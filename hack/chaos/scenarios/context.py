@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
-from tests.support.agents import AgentFleet
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import Kube, OperatorProcess, utcnow, wait_for
-from tests.support.workloads import indexed_training_job
 
+from devkit.agents import AgentFleet
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube, OperatorProcess, utcnow, wait_for
+from devkit.workloads import indexed_training_job
 from gpuhealth.api.durations import parse_duration
 from hack.chaos import invariants as inv
 from hack.chaos.foreign import ForeignLog

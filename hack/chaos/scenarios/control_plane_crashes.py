@@ -18,8 +18,7 @@ import threading
 import time
 from typing import Any
 
-from tests.support.k8s import wait_for
-
+from devkit.k8s import wait_for
 from gpuhealth.workload import REQUESTED, acknowledge
 from hack.chaos import invariants as inv
 from hack.chaos.foreign import resource_version

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
-from tests.support import dra
-from tests.support.audit import audit_events
-from tests.support.k8s import healthy_spec, wait_for
 
+from devkit import dra
+from devkit.audit import audit_events
+from devkit.k8s import healthy_spec, wait_for
 from gpuhealth.workload import COMPLETED
 from hack.chaos import devicerules as dr
 from hack.chaos import invariants as inv

@@ -7,8 +7,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.support.k8s import healthy_spec, wait_for
-
+from devkit.k8s import healthy_spec, wait_for
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.common import SILENCE
 from hack.chaos.scenarios.context import Ctx, xid

@@ -3,7 +3,7 @@
 DRA nodes with ``spec.remediation`` enabled: each round an uncorrected ECC error hits the GPU a pod
 holds (the checkpoint handshake declared); the operator holds the GPU out, drains that pod, and
 climbs the ladder. On the ``reset`` nodes the reset Job succeeds (KWOK's stage,
-tests/support/kwok/pod-remediation.yaml) and the scenario plays the GPU: once the ladder waits for
+devkit/kwok/pod-remediation.yaml) and the scenario plays the GPU: once the ladder waits for
 clean facts it rewrites the report clean; probation follows and the GPU returns. On the ``fail``
 node the policy's job template labels the reset pods to fail: both GPUReset attempts fail, the
 ladder escalates to NodeReboot (the node handed off), and the scenario "reboots" it (clean facts,
@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 from kubernetes import watch
-from tests.support import dra
-from tests.support.audit import audit_events
-from tests.support.k8s import healthy_spec, wait_for
 
+from devkit import dra
+from devkit.audit import audit_events
+from devkit.k8s import healthy_spec, wait_for
 from gpuhealth.api.names import RELEASE_ANNOTATION
 from hack.chaos import devicerules as dr
 from hack.chaos import ladder as ld

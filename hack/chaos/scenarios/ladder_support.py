@@ -10,10 +10,10 @@ import threading
 from typing import Any
 
 from kubernetes import client
-from tests.support import dra
-from tests.support.k8s import healthy_spec
-from tests.support.ladder import reset_job_template
 
+from devkit import dra
+from devkit.k8s import healthy_spec
+from devkit.ladder import reset_job_template
 from hack.chaos import ladder as ld
 from hack.chaos.scenarios import device_kills as dk
 from hack.chaos.scenarios.common import drain_policy

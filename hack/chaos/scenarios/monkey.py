@@ -13,8 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from tests.support.k8s import OperatorProcess
-
+from devkit.k8s import OperatorProcess
 from gpuhealth.workload import REQUESTED
 from hack.chaos.scenarios.context import Ctx
 

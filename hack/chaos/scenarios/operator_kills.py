@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.support.k8s import healthy_spec, wait_for
-
+from devkit.k8s import healthy_spec, wait_for
 from hack.chaos.scenarios.common import drain_policy, drained
 from hack.chaos.scenarios.context import Ctx, xid
 from hack.chaos.scenarios.monkey import KillMonkey

@@ -1,6 +1,6 @@
 """Scenario: a bad GPU held out with all of its partitions while the operator is SIGKILLed (#23).
 
-Two DRA nodes published exactly as NVIDIA's driver shapes them (tests/support/dra_shapes.py): one
+Two DRA nodes published exactly as NVIDIA's driver shapes them (devkit/dra_shapes.py): one
 with static MIG GPUs (a MIG-enabled GPU is published only as its MIG devices, over two slices), one
 partitionable (DynamicMIG: each GPU is its full device and every placement, consuming one counter
 set). Each round, pods holding one MIG device each (the checkpoint handshake declared) are placed,
@@ -23,10 +23,10 @@ import time
 from typing import Any
 
 from kubernetes import watch
-from tests.support import dra
-from tests.support import dra_shapes as S
-from tests.support.k8s import healthy_spec, wait_for
 
+from devkit import dra
+from devkit import dra_shapes as S
+from devkit.k8s import healthy_spec, wait_for
 from gpuhealth.workload import COMPLETED
 from hack.chaos import devicerules as dr
 from hack.chaos.scenarios import device_kills as dk

@@ -6,10 +6,9 @@ import datetime as dt
 import time
 from typing import Any
 
-from tests.support.audit import audit_events
-from tests.support.cluster import REPO
-from tests.support.k8s import OperatorProcess, healthy_spec, wait_for
-
+from devkit.audit import audit_events
+from devkit.cluster import REPO
+from devkit.k8s import OperatorProcess, healthy_spec, wait_for
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.cluster import FALLBACK_CRD, FALLBACK_OBJECT, IDENTITIES, PEERING_CRD, PEERING_OBJECT
 from hack.chaos.scenarios.common import SILENCE

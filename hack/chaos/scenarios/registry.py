@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.cluster import LocalCluster
-
+from devkit.cluster import LocalCluster
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.agent_death import agent_death
 from hack.chaos.scenarios.bad_input import bad_input

@@ -6,9 +6,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.support.audit import audit_events
-from tests.support.k8s import Kube, healthy_spec
-
+from devkit.audit import audit_events
+from devkit.k8s import Kube, healthy_spec
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.cluster import LOAD
 from hack.chaos.scenarios.common import SILENCE

@@ -1,6 +1,6 @@
 """A physical GPU is all of its DRA devices: property tests over the shapes NVIDIA's driver publishes.
 
-The slices come from tests/support/dra_shapes.py, the same builders the integration tests publish to
+The slices come from devkit/dra_shapes.py, the same builders the integration tests publish to
 the real API server (which validates them) and its scheduler allocates.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devkit import dra_shapes as S
 from gpuhealth.actions.devicetaints import EmptySelector, build_rule, plan_rules, rule_name
 from gpuhealth.actions.gpudevices import device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import SlimSlice, slim_slice
 from gpuhealth.api.devices import DeviceRef
-from tests.support import dra_shapes as S
 
 DRIVERS = (S.DRIVER,)
 PROPS = settings(max_examples=120, deadline=None)

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from devkit.fakenvml import build as fakenvml
 from gpuhealth.agent.merge_patch import apply_merge_patch
 from gpuhealth.agent.runner import Agent
 from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError
-from tests.support.fakenvml import build as fakenvml
 
 BOOT_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 

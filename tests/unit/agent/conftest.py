@@ -13,8 +13,8 @@ import pytest
 # pytest import mode.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from devkit.fakenvml import build as fakenvml
 from gpuhealth.agent.runner import Agent, AgentConfig
-from tests.support.fakenvml import build as fakenvml
 from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, FakeTransport, Scenario
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tests.support.fakenvml import build as fakenvml
+from devkit.fakenvml import build as fakenvml
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "operator" / "gpuhealth" / "agent"
-FAKE_DIR = ROOT / "tests" / "support" / "fakenvml"
+FAKE_DIR = ROOT / "devkit" / "fakenvml"
 # pynvml's exception type turns a return code into text through this C function.
 IMPLICIT = {"nvmlErrorString"}
 

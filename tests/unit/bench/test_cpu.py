@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from hack.bench import cpu
 from hack.bench.details import storm_cpu
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import agent_policy_spec, policy_spec
@@ -16,7 +18,6 @@ from hack.bench.details import e2e_line
 from hack.bench.e2e import Sample, emitted_at, next_agent, plan, split, summarize
 from hack.bench.report import evaluate, summary_md
 from hack.bench.watch import ReportWatch, XidKey, first_new_xid, xid_keys
-from kubernetes import client
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import agent_silence, policy_spec
@@ -27,7 +29,6 @@ from hack.bench.fleet import (
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.support import latency_summary, percentile, rate, steady_writes_per_hour
 from hack.bench.watch import RuleWatch
-from kubernetes import client
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 

@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devkit import dra
+from gpuhealth.actions.gpudevices import devices_of_gpu
+from gpuhealth.actions.slices import slim_slice
+from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from hack import memprobe
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
@@ -17,11 +22,6 @@ from hack.bench.fleet import gpu_uuid, healthy_snapshot
 from hack.bench.mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
 from hack.bench.mig_report import MIG_BEGIN, mig_targets_for, render_mig
 from hack.bench.report import evaluate, summary_md, tally
-
-from gpuhealth.actions.gpudevices import devices_of_gpu
-from gpuhealth.actions.slices import slim_slice
-from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
-from tests.support import dra
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 NODE = "gpu-node-0007"

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devkit.audit import audit_events
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
 from hack.bench.drain_workload import (
@@ -25,8 +27,6 @@ from hack.bench.failover import failover_summary
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import resilience_targets_for
 from hack.chaos.podorder import PodWrite, pod_writes
-
-from tests.support.audit import audit_events
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
@@ -256,8 +256,9 @@ def test_nothing_filed_yet_says_so() -> None:
 
 
 def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None:
-    from hack.bench.watch import ReportWatch
     from kubernetes import client
+
+    from hack.bench.watch import ReportWatch
 
     w = ReportWatch(client.ApiClient(), client.ApiClient())
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import pytest
+
 from hack.bench import support
 from hack.bench.cluster import BenchCluster
 from hack.bench.context import Started

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from hack.bench import docs, scaling_docs
 
 

@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devkit.audit import AuditEntry
+from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
+from gpuhealth.api.policy import parse_policy
+from gpuhealth.api.report import parse_report
+from gpuhealth.drain.pods import controller_ref
+from gpuhealth.evaluation.assess import NodeView, assess
 from hack.bench import docs
 from hack.bench.cli import parse_args
 from hack.bench.cluster import breaker_setting, kwok_args, pods_per_node, policy_spec, replica_sets
@@ -20,13 +27,6 @@ from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.support import api_rates, latency_summary, phase_elapsed
 from hack.bench.targets import targets_for, worst_traffic
 from hack.bench.traffic import FactTraffic, achieved_rate, due_now, processes_for, split
-
-from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
-from gpuhealth.api.policy import parse_policy
-from gpuhealth.api.report import parse_report
-from gpuhealth.drain.pods import controller_ref
-from gpuhealth.evaluation.assess import NodeView, assess
-from tests.support.audit import AuditEntry
 
 # The newest filed run: filed before the traffic phase, the API figures and the 10k targets existed.
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-bd835e0.json"

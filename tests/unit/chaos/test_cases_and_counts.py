@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hack.chaos.scenarios import registry
 from hack.chaos.scenarios.bad_input_cases import bad_policies, bad_reports
 from hack.chaos.scenarios.context import FAULT_CLASSES

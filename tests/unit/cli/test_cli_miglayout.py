@@ -8,11 +8,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+from devkit import dra_shapes as S
 from gpuhealth.cli import main as cli
 from gpuhealth.cli.describe_text import render_describe
 from gpuhealth.cli.errors import ApiError
 from gpuhealth.cli.miglayout import PLUGIN_NOTE, layout_lines, mig_layout, wanted
-from tests.support import dra_shapes as S
 from tests.unit.cli.objects import NOW, ago, node, report
 
 NODE = "gpu-node-0042"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from devkit import dra_shapes as S
 from gpuhealth.actions.placement import place
 from gpuhealth.actions.slices import slim_slice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
@@ -16,7 +17,6 @@ from gpuhealth.evaluation.assess import NodeView, assess
 from gpuhealth.evaluation.devices import DeviceInputs, decide_devices, held_instances
 from gpuhealth.evaluation.findings import Finding, Instance
 from gpuhealth.evaluation.repeats import instance_scoped
-from tests.support import dra_shapes as S
 from tests.unit.builders import T0, at, gpu, iso, make_policy, report_obj
 from tests.unit.controller.act.test_partitions import MIG2, Clock, claim, record, runtime, static_mig, uuid
 

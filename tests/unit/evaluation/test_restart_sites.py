@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devkit import dra_shapes as S
 from gpuhealth.actions.placement import place
 from gpuhealth.actions.pod_sites import pod_sites
 from gpuhealth.actions.slices import slim_slice
@@ -16,7 +17,6 @@ from gpuhealth.api.names import Scope
 from gpuhealth.evaluation.assess import NodeView, assess
 from gpuhealth.evaluation.findings import Instance
 from gpuhealth.evaluation.restarts import Site, restart_loop_finding, shared_site
-from tests.support import dra_shapes as S
 from tests.unit.builders import NODE, at, gpu, make_policy, make_report
 from tests.unit.evaluation.test_restarts import pod
 

@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from devkit import dra_shapes as S
 from gpuhealth.actions.placement import place
 from gpuhealth.actions.slices import slim_slice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState, devices_from_status
@@ -20,7 +21,6 @@ from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.assess import Finding
-from tests.support import dra_shapes as S
 from tests.unit.builders import T0, at, gpu, report_obj
 from tests.unit.fake_kube import FakeKube
 

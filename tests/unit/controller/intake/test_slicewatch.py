@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 
+from devkit import dra_shapes as S
 from gpuhealth.actions.gpudevices import device_by_uuid, devices_of_gpu
 from gpuhealth.actions.slices import DeviceRef, slim_slice
 from gpuhealth.controller.intake.reflector import Gone, WatchError
 from gpuhealth.controller.intake.slicewatch import SliceCache, SliceWatch
-from tests.support import dra_shapes as S
 from tests.unit.actions.test_gpudevices import DRIVERS, MIG_LAYOUTS, PROPS, node_shape
 from tests.unit.actions.test_gpudevices import uuid as gpu_uuid
 from tests.unit.actions.test_slices import slice_obj, uuid

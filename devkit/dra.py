@@ -4,8 +4,8 @@ and run workloads whose GPUs come from ResourceClaimTemplates, so the real sched
 There is no kubelet and no driver on KWOK nodes: the slices are written here (driver
 ``gpu.nvidia.com``, pool = node name, devices ``gpu-0..N-1`` with attributes ``index``, ``uuid``,
 ``productName``), the scheduler allocates claims against them, and KWOK runs the pods. The UUIDs
-default to the ones the fake NVML library (tests/support/fakenvml) reports, so a real agent on the
-node and its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in tests/support/k8s.py.
+default to the ones the fake NVML library (devkit/fakenvml) reports, so a real agent on the
+node and its slice agree; :func:`report_uuid` is the scheme of the hand-written reports in devkit/k8s.py.
 MIG and partitionable nodes are published with :func:`publish` from the shapes in ``dra_shapes``
 (static MIG, DynamicMIG counter sets and placements, each driver version's attributes).
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.support import dra_shapes
-from tests.support.k8s import Kube, wait_for
+from devkit import dra_shapes
+from devkit.k8s import Kube, wait_for
 
 DRIVER = "gpu.nvidia.com"
 G, V = "resource.k8s.io", "v1"
@@ -29,13 +29,13 @@ EXTENDED_RESOURCE = "example.com/dra-gpu"
 
 
 def fake_nvml_uuid(index: int) -> str:
-    """The UUID tests/support/fakenvml gives GPU ``index`` (the same on every node)."""
+    """The UUID devkit/fakenvml gives GPU ``index`` (the same on every node)."""
     h = (2654435761 * (index + 1)) & 0xFFFFFFFF
     return f"GPU-{h:08x}-fa4e-4a1b-9c2d-{(index + 1) * 0x1111:012x}"
 
 
 def report_uuid(index: int) -> str:
-    """The UUID of GPU ``index`` in the reports tests/support/k8s.py writes by hand."""
+    """The UUID of GPU ``index`` in the reports devkit/k8s.py writes by hand."""
     return f"GPU-{index:08d}-0000-0000-0000-000000000000"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
 CHART_CRDS = ROOT / "charts" / "gpuhealth" / "crds"
 TIME = "2026-01-01T00:00:00Z"

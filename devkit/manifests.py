@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.k8s import GPUHEALTH_NAMESPACE, MANIFESTS
+from devkit.k8s import GPUHEALTH_NAMESPACE, MANIFESTS
 
 REPO = MANIFESTS.parent
 KUBECTL = str(Path(sys.executable).parent / "kubectl")

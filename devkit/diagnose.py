@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support import dra
-from tests.support.k8s import Kube, OperatorProcess
+from devkit import dra
+from devkit.k8s import Kube, OperatorProcess
 
 
 def _safe(fn: Any) -> Any:

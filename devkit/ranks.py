@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from devkit.k8s import Kube
 from gpuhealth.workload import acknowledge
-from tests.support.k8s import Kube
 
 REQUESTED = "gpuhealth.dev/checkpoint-requested"
 

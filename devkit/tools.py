@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-tools.sh"
 
 

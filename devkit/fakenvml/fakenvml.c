@@ -3,7 +3,7 @@
  *
  * It exports exactly the NVML symbols the gpuhealth agent calls (through pynvml's ctypes
  * wrappers) and answers from a scenario file named by $FAKE_NVML_SCENARIO. Types, layouts and
- * prototypes are NVIDIA's own: tests/support/fakenvml/build.py compiles this file against nvml.h
+ * prototypes are NVIDIA's own: devkit/fakenvml/build.py compiles this file against nvml.h
  * (from the nvidia-nvml-dev wheel) when it is installed, with NVML_NO_UNVERSIONED_FUNC_DEFS (so the
  * legacy unversioned names are declared too) and -Wmissing-prototypes -Werror, so every exported
  * function must match a prototype of NVIDIA's. Without the header it uses fakenvml_types.h, a

@@ -13,8 +13,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.support.cluster import LocalCluster
-from tests.support.k8s import (
+from devkit.cluster import LocalCluster
+from devkit.k8s import (
     GPUHEALTH_NAMESPACE,
     GROUP,
     VERSION,

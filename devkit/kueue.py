@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
-from tests.support import pidfile
-from tests.support.cluster import REPO, ClusterError, LocalCluster, free_port
-from tests.support.k8s import Kube
-from tests.support.proc import Proc
-from tests.support.workloads import indexed_training_job
+from devkit import pidfile
+from devkit.cluster import REPO, ClusterError, LocalCluster, free_port
+from devkit.k8s import Kube
+from devkit.proc import Proc
+from devkit.workloads import indexed_training_job
 
 BUILD_SCRIPT = REPO / "hack" / "build-kueue.sh"
 NAMESPACE = "kueue-system"

@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.cluster import free_port
-from tests.support.fakenvml.build import build_fake_nvml
+from devkit.cluster import free_port
+from devkit.fakenvml.build import build_fake_nvml
 
 
 @dataclass

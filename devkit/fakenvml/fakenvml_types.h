@@ -1,7 +1,7 @@
 /*
  * The fake NVML's own copy of the NVML types and constants it uses, for builds without NVIDIA's
  * nvml.h (the nvidia-nvml-dev wheel of the test extra ships it;
- * tests/support/fakenvml/build.py prefers it). Names, values and layouts are NVIDIA's: tests/unit/agent/test_fakenvml_abi.py compiles this
+ * devkit/fakenvml/build.py prefers it). Names, values and layouts are NVIDIA's: tests/unit/agent/test_fakenvml_abi.py compiles this
  * file beside nvml.h with every name prefixed (FAKENVML_OWN) and asserts that sizes, offsets and
  * values agree, so this copy cannot drift from the real header unnoticed.
  *

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import urllib3
 from kubernetes import client, config
 
-from tests.support.cluster import LocalCluster, free_port
+from devkit.cluster import LocalCluster, free_port
 
 GROUP, VERSION = "gpuhealth.dev", "v1alpha1"
 T = TypeVar("T")
@@ -300,13 +300,13 @@ def token_kubeconfig(cluster: LocalCluster, token: str, path: Path, user: str = 
     """Write a kubeconfig for ``token`` against the test cluster (its server and CA) and return its path."""
     import json
 
-    from tests.support.pki import kubeconfig_for
+    from devkit.pki import kubeconfig_for
 
     path.write_text(json.dumps(kubeconfig_for(cluster.server, cluster.workdir / "pki" / "ca.crt", token, user)))
     return path
 
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 GPUHEALTH_NAMESPACE = "gpuhealth-system"
 
 

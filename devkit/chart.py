@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from tests.support.tools import run
+from devkit.tools import run
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuhealth"
 MANIFESTS = REPO / "manifests"
 KUBECTL = str(Path(sys.executable).parent / "kubectl")

@@ -1,7 +1,7 @@
 """Builds the fake NVML library (``fakenvml.c``) with gcc, cached by source hash.
 
 Usable from pytest (``build_fake_nvml(tmp_dir)``) and from scripts
-(``python tests/support/fakenvml/build.py OUT_DIR`` prints the library path). Point the agent at the
+(``python devkit/fakenvml/build.py OUT_DIR`` prints the library path). Point the agent at the
 result with ``GPUHEALTH_NVML_LIBRARY=<path>`` and at a scenario with ``FAKE_NVML_SCENARIO``.
 
 When NVIDIA's ``nvml.h`` is installed (the ``nvidia-nvml-dev`` wheel of the test extra puts it

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import pidfile
-from tests.support.gpunodes import gpu_node_manifest
-from tests.support.pki import kubeconfig_for, write_pki
-from tests.support.proc import Proc
+from devkit import pidfile
+from devkit.gpunodes import gpu_node_manifest
+from devkit.pki import kubeconfig_for, write_pki
+from devkit.proc import Proc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
 CRDS = REPO / "crds"
 
@@ -43,7 +43,7 @@ KWOK_STAGES = (
     "pod/general/pod-ready.yaml",
     "pod/general/pod-delete.yaml",
 )
-# Stages of our own (tests/support/kwok/): how gpuhealth's reset Jobs end on KWOK nodes.
+# Stages of our own (devkit/kwok/): how gpuhealth's reset Jobs end on KWOK nodes.
 REPO_KWOK_STAGES = ("pod-remediation.yaml",)
 
 
@@ -291,7 +291,7 @@ class LocalCluster:
                 "--cidr=10.64.0.0/12",
                 "--node-ip=10.0.0.1",
                 *[f"--config={stages / s}" for s in KWOK_STAGES],
-                *[f"--config={REPO / 'tests' / 'support' / 'kwok' / s}" for s in REPO_KWOK_STAGES],
+                *[f"--config={REPO / 'devkit' / 'kwok' / s}" for s in REPO_KWOK_STAGES],
             ],
         )
 

@@ -1,6 +1,6 @@
 """The reset Job template the remediation tests and chaos give a policy's ladder.
 
-KWOK runs its pod through the stage in ``tests/support/kwok/pod-remediation.yaml``: the "reset"
+KWOK runs its pod through the stage in ``devkit/kwok/pod-remediation.yaml``: the "reset"
 completes, or exits 1 when the pod carries ``gpuhealth-test/outcome=fail``. The command and the
 variables are docs/policy.md's example reset Job, so the operator's substitution of ``${NODE_NAME}``
 and ``${GPU_UUID}`` is checked on the pods it creates.
