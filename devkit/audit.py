@@ -1,4 +1,4 @@
-"""The API server's audit log, as the bench, the chaos suite and hack/heartbeat_cost.py read it.
+"""The API server's audit log, as the bench and the chaos suite read it.
 
 LocalCluster (``audit_users``) has the API server log the requests of chosen identities at Metadata
 level, one JSON event per line, so a run can count what the operator or an agent really asked of

@@ -1,6 +1,6 @@
 """The bench figures in README.md and docs/bench.md, generated from committed result files.
 
-A `make bench` run writes build/bench/results.json. Filing it copies it to docs/bench/ with the
+A `make bench` run writes build/bench/results.json. Filing it copies it to results/bench/ with the
 commit, date and machine load it ran at; the marked blocks in README.md and docs/bench.md are then
 rendered from the newest filed full run, never typed. A unit test (tests/unit/bench/test_docs.py)
 fails when a block differs from its rendering, so a figure cannot drift from its result file.
@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from devkit.docblocks import check, stale_docs, write_docs
 from hack.bench.details import (
     api_line,
     device_line,
@@ -36,7 +36,7 @@ from hack.bench.report import tally
 from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_targets_for, targets_for, verdict
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "docs" / "bench"
+RESULTS = REPO / "results" / "bench"
 DOCS = (REPO / "README.md", REPO / "docs" / "bench.md")
 BEGIN = "<!-- bench:begin (python -m hack.bench.docs) -->"
 END = "<!-- bench:end -->"
@@ -255,7 +255,7 @@ def dig(res: dict[str, Any], *keys: str) -> Any:
 
 
 def render_ab(directory: Path = RESULTS) -> str:
-    """Side-by-side runs of the same smaller bench at two commits (docs/bench/ab-*.json)."""
+    """Side-by-side runs of the same smaller bench at two commits (results/bench/ab-*.json)."""
     lines = [
         AB_BEGIN,
         "| run | commit | load | storm nodes/s | reports published in | report to taint p50 | operator CPU |",
@@ -270,15 +270,6 @@ def render_ab(directory: Path = RESULTS) -> str:
         )
     lines.append(AB_END)
     return "\n".join(lines)
-
-
-def rewrite(text: str, block: str) -> str:
-    """Replace the block that starts and ends like ``block`` (its first and last lines)."""
-    first, last = block.split("\n", 1)[0], block.rsplit("\n", 1)[-1]
-    pattern = re.compile(re.escape(first) + r".*?" + re.escape(last), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no {first} ... {last} block")
-    return pattern.sub(lambda _: block, text, count=1)
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
@@ -326,42 +317,12 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
 
-def stale_docs(rendered: dict[Path, list[str]]) -> list[Path]:
-    """The documents whose blocks differ from their rendering (or with nothing filed to render)."""
-    out = []
-    for doc, doc_blocks in rendered.items():
-        text = doc.read_text(encoding="utf-8")
-        new = text
-        for block in doc_blocks:
-            new = rewrite(new, block) if block else ""
-        if new != text:
-            out.append(doc)
-    return out
-
-
 def stale(directory: Path = RESULTS) -> list[Path]:
     return stale_docs(blocks(directory))
 
 
-def check(bad: list[Path], tool: str) -> int:
-    """``--check``: name each stale document and the command that re-renders it; 1 if any."""
-    for d in bad:
-        print(f"{d} is stale: run python -m {tool}", file=sys.stderr)
-    return 1 if bad else 0
-
-
-def write_docs(rendered: dict[Path, list[str]]) -> None:
-    """Replace each document's marked blocks with their rendering (a block with nothing filed stays)."""
-    for doc, doc_blocks in rendered.items():
-        text = doc.read_text(encoding="utf-8")
-        for block in doc_blocks:
-            if block:
-                text = rewrite(text, block)
-        doc.write_text(text, encoding="utf-8")
-
-
 def file_run(results: Path, commit: str, date: str | None = None) -> Path:
-    """Copy a run's results.json into docs/bench/ with the commit, date and load it ran at."""
+    """Copy a run's results.json into results/bench/ with the commit, date and load it ran at."""
     res = json.loads(results.read_text(encoding="utf-8"))
     loads = [p[2] for p in res.get("phases", []) if len(p) > 2]
     res["commit"] = commit[:7]
@@ -374,7 +335,7 @@ def file_run(results: Path, commit: str, date: str | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--add", type=Path, help="a results.json to file under docs/bench/")
+    ap.add_argument("--add", type=Path, help="a results.json to file under results/bench/")
     ap.add_argument("--commit", help="the commit the filed run measured (with --add)")
     ap.add_argument("--date", help="when it ran, e.g. 2026-11-30T17:04Z (with --add; default now)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
@@ -386,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--add needs --commit")
         print(f"filed {file_run(args.add, args.commit, args.date)}")
     if not filed_runs():
-        ap.error("no filed full run under docs/bench/")
+        ap.error("no filed full run under results/bench/")
     write_docs(blocks())
     return 0
 

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from devkit.audit import audit_events
 from devkit.k8s import wait_for
+from devkit.podorder import pod_writes
 from hack.bench.cpu import CpuWindow, run_processes, stack_summaries
 from hack.bench.drain_workload import (
     COMPLETED,
@@ -34,7 +35,6 @@ from hack.bench.drain_workload import (
 from hack.bench.resilience import ResilienceContext
 from hack.bench.support import GROUP, MERGE, VERSION, log, percentile, publish_all
 from hack.bench.watch import _raw_watch
-from hack.chaos.podorder import pod_writes
 
 
 class PodWatch:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hack.chaos.podorder import PodWrite, order_problems
+from devkit.podorder import PodWrite, order_problems
 
 DRAIN_NAMESPACE = "bench-drain"
 DRAIN_XID = 74  # NVLink error: a node-scope fault the bench's policy answers with a drain (XID 79 only cordons)
@@ -127,7 +127,7 @@ def eviction_figures(writes: Sequence[PodWrite], t0: float) -> dict[str, Any]:
 
 
 def double_actions(writes: Sequence[PodWrite], needs_request: Callable[[str], bool]) -> list[str]:
-    """Pods evicted or asked more than once, or evicted before being asked (hack/chaos/podorder.py)."""
+    """Pods evicted or asked more than once, or evicted before being asked (devkit/podorder.py)."""
     return order_problems(writes, needs_request)
 
 

@@ -1,10 +1,10 @@
 """docs/scaling.md's curve, generated from the filed bench runs of every fleet size.
 
-One replica's limits are read off full `make bench` runs filed under docs/bench/ (bench-N-*.json,
+One replica's limits are read off full `make bench` runs filed under results/bench/ (bench-N-*.json,
 filed with ``python -m hack.bench.docs --add``). The newest filed run of each node count is one
 point of the curve; this renders the marked table in docs/scaling.md from those points (with the
 commit and date of each, since the points may come from different commits) and draws
-docs/bench/scaling.png (latency, memory, start-up and storm against nodes). A unit test
+docs/scaling.png (latency, memory, start-up and storm against nodes). A unit test
 (tests/unit/bench/test_scaling_docs.py) fails when the table differs from its rendering.
 
     python -m hack.bench.scaling_docs            # re-render the table and the plot
@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hack.bench.docs import RESULTS, check, core_run, dig, filed_runs, resilience_table, rewrite
+from devkit.docblocks import check, rewrite
+from hack.bench.docs import RESULTS, core_run, dig, filed_runs, resilience_table
 from hack.bench.targets import measured, targets_for
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "scaling.md"
-PLOT = REPO / "docs" / "bench" / "scaling.png"
+PLOT = REPO / "docs" / "scaling.png"
 BEGIN = "<!-- scaling:begin (python -m hack.bench.scaling_docs) -->"
 END = "<!-- scaling:end -->"
 
@@ -76,7 +77,7 @@ DETECT = re.compile(r"detect p50 (?P<p50>[0-9.]+) ms p99 (?P<p99>[0-9.]+) ms; fl
 
 
 def stopped_runs(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Runs stopped before their end (docs/bench/stopped-*.json): the cluster's state when stopped."""
+    """Runs stopped before their end (results/bench/stopped-*.json): the cluster's state when stopped."""
     return [(p, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(directory.glob("stopped-*.json"))]
 
 
@@ -242,7 +243,7 @@ def plot(
         if xs:
             ax.plot(xs, [c[key] for c in cut if key in c], label=label, marker=marker, **grey)
             ax.legend()
-    fig.suptitle("One gpuhealth operator replica against fleet size (filed runs under docs/bench/)")
+    fig.suptitle("One gpuhealth operator replica against fleet size (filed runs under results/bench/)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return check(stale(), "hack.bench.scaling_docs")
     runs = filed_runs()
     if not runs:
-        ap.error("no filed full run under docs/bench/")
+        ap.error("no filed full run under results/bench/")
     DOC.write_text(rewrite(DOC.read_text(encoding="utf-8"), render(runs, stopped_runs(RESULTS))), encoding="utf-8")
     plot(runs, stopped_runs(RESULTS))
     print(f"rendered {DOC} and {PLOT}")

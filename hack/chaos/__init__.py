@@ -13,13 +13,12 @@ plane, real agents, the fake NVML library, the audit log) is devkit.
 #   scenarios/   one module per scenario, the registry that names them and runs one with its checks
 #   invariants   what must hold after (and, where sampled, during) every scenario
 #   soak         random faults, kills and node churn for minutes; the operator's resource slopes
-#   podorder     eviction and checkpoint-request order from the audit log (also the bench's drain storm)
 #   foreign      the foreign writer's log, and the taints and cordons gpuhealth must not lift
 #   freshness    nothing Healthy without a fresh report
 #   ladder       what must hold of the repair ladder (GPU resets) when the operator is killed mid-step
 #   devicerules  what must hold of DeviceTaintRules and device drains
 #   fieldpath    whether an API server refusal names exactly one field path (bad_input)
-#   timeparse    RFC 3339 times as the API server and the agents write them
 #   kopf-peering*.yaml  Kopf's peering CRD and object, when manifests/ has none
 #
-# Importing the package imports none of them, so the bench can use podorder alone.
+# Eviction order from the audit log and RFC 3339 parsing are devkit's (devkit/podorder.py,
+# devkit/timeparse.py): the bench's drain storm uses them too, and hack/bench never imports hack/chaos.

@@ -1,7 +1,7 @@
 """The chaos and soak figures in README.md and docs/chaos.md, generated from committed reports.
 
 `make chaos` writes build/chaos/report.json and `make soak` build/chaos/soak.json. Filing a report
-copies it to docs/chaos/ under a name that carries its date and commit; the marked blocks in the
+copies it to results/chaos/ under a name that carries its date and commit; the marked blocks in the
 README and docs/chaos.md are then rendered from the newest filed full run (and the newest filed
 soak), never typed. A unit test (tests/unit/test_chaos_docs.py) fails when a block differs from its
 rendering. A run from a dirty tree or with --quick counts is refused: it is not a run at a commit.
@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hack.bench.docs import check, stale_docs, write_docs
+from devkit.docblocks import check, stale_docs, write_docs
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "docs" / "chaos"
+RESULTS = REPO / "results" / "chaos"
 README, CHAOS_DOC = REPO / "README.md", REPO / "docs" / "chaos.md"
 BEGIN = "<!-- chaos:begin (python -m hack.chaos.docs) -->"
 END = "<!-- chaos:end -->"
@@ -176,7 +176,7 @@ def stale(directory: Path = RESULTS) -> list[Path]:
 
 
 def file_report(report: Path, directory: Path = RESULTS) -> Path:
-    """Copy a full chaos report or a soak report into docs/chaos/, named by date and commit."""
+    """Copy a full chaos report or a soak report into results/chaos/, named by date and commit."""
     rep = json.loads(report.read_text(encoding="utf-8"))
     if rep.get("dirty"):
         raise ValueError(f"{report} ran on a dirty tree: not a run at a commit")

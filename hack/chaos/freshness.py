@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hack.chaos.timeparse import parse_time
+from devkit.timeparse import parse_time
 
 STATE_LABEL = "gpuhealth.dev/state"
 

@@ -28,17 +28,40 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from devkit.audit import audit_events
+from devkit.cluster import LocalCluster
+from devkit.k8s import Kube
+from devkit.podorder import order_problems, pod_writes
+from devkit.timeparse import now as now
+from devkit.timeparse import parse_time as parse_time
+from hack.chaos.foreign import ForeignLog
 from hack.chaos.foreign import foreign_problems as foreign_log_problems
 from hack.chaos.freshness import Freshness, node_says_healthy
-from hack.chaos.podorder import order_problems, pod_writes
-from hack.chaos.timeparse import now as now
-from hack.chaos.timeparse import parse_time as parse_time
 
-if TYPE_CHECKING:
-    from hack.chaos.scenarios.context import Ctx
+
+class Ctx(Protocol):
+    """What the checks read of a scenario's context (hack/chaos/scenarios/context.py's ``Ctx``). A protocol,
+    so the checks never import the scenarios that import them."""
+
+    cluster: LocalCluster
+    kube: Kube
+    group: str
+    started: dt.datetime
+    stats: dict[str, Any]
+    all_nodes: list[str]
+    namespaces: list[str]
+    expect: dict[str, str]
+    foreign: ForeignLog
+    checkpoint_namespaces: set[str]
+    workload_saw: dict[str, dt.datetime]
+    breakers: dict[str, tuple[list[str], int]]
+    allow_lifts: bool
+    operator_users: tuple[str, ...]
+
+    def silence_after(self, node: str) -> float: ...
+
 
 TAINT = "gpuhealth.dev/unhealthy"
 QUARANTINE = "gpuhealth.dev/quarantine"
@@ -113,7 +136,7 @@ def event_counts(ctx: Ctx, events: list[dict[str, Any]]) -> tuple[Counter[str], 
 
 def check_pods(ctx: Ctx, events: list[dict[str, Any]]) -> list[str]:
     """Each pod asked and evicted at most once; a pod whose mode needs a request asked before its
-    eviction (the audit log's order; hack/chaos/podorder.py)."""
+    eviction (the audit log's order; devkit/podorder.py)."""
     out = []
     evicted, requested = event_counts(ctx, events)
     for what, counter in (("Evicted events", evicted), ("CheckpointRequested events", requested)):

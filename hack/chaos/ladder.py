@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hack.chaos.timeparse import parse_time
+from devkit.timeparse import parse_time
 
 JOB_PREFIX = "gpuhealth-reset-"
 _TAIL = re.compile(r"-(\d+)-(\d+)-([0-9a-f]{8})$")

@@ -32,8 +32,8 @@ def report(**over: Any) -> dict[str, Any]:
 
 
 def test_readme_and_chaos_doc_match_the_filed_reports() -> None:
-    assert chaos_docs.filed_runs(), "no full chaos run filed under docs/chaos/"
-    assert chaos_docs.filed_soaks(), "no soak filed under docs/chaos/"
+    assert chaos_docs.filed_runs(), "no full chaos run filed under results/chaos/"
+    assert chaos_docs.filed_soaks(), "no soak filed under results/chaos/"
     assert chaos_docs.stale() == [], "run: python -m hack.chaos.docs"
 
 

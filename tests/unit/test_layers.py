@@ -14,6 +14,12 @@ Inside ``controller`` the rooms follow the data: ``intake`` (watches, slim shape
 ``state`` (store, tallies, breaker) < ``act`` (the writes) < ``process`` (Kopf, runtime, feeders);
 a room imports only rooms before it and the shared modules directly under ``controller``
 (``metrics``, ``backoff``), which import no room.
+
+The tooling is held to the same rules: ``devkit`` (what the tools and the tests share) imports neither
+``hack`` nor ``tests``; no module of ``hack`` imports ``tests``; each tool under ``hack`` (bench, chaos,
+demo, memprobe, cluster) imports only ``devkit``, the product and itself (the memory probe, the
+bench's in-process probe, also the bench's fleet shapes); and ``devkit`` and ``hack`` together have
+no import cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "operator"
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "operator"
 PACKAGE = "gpuhealth"
 
 # package -> the packages it may import (itself always allowed)
@@ -210,4 +217,91 @@ def test_the_checker_fires_on_a_cycle_and_an_upward_import(synthetic: Path) -> N
     assert cycles(graph) == [["gpuhealth.controller.a", "gpuhealth.controller.b"]]
     assert upward_imports(graph, ALLOWED) == [
         "gpuhealth.api.names imports gpuhealth.controller.a (api may not import controller)"
+    ]
+
+
+# -- the tooling: devkit, hack (and tests, which may import both) ---------------------------------------
+
+TOOLING = ("devkit", "hack", "tests")
+# tool (hack.<tool>) -> the other tools it may import
+TOOLS: dict[str, set[str]] = {
+    "bench": set(),
+    "chaos": set(),
+    "demo": set(),
+    "memprobe": {"bench"},
+    "cluster": set(),
+    "gen_xid_docs": set(),
+}
+
+
+def tooling_imports(repo: Path, packages: tuple[str, ...] = TOOLING) -> dict[str, set[str]]:
+    """Each module of ``packages`` under ``repo`` -> the modules of those packages it imports."""
+    modules = {
+        ".".join(p.relative_to(repo).with_suffix("").parts).removesuffix(".__init__"): p
+        for pkg in packages
+        for p in (repo / pkg).rglob("*.py")
+    }
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                if n.split(".")[0] in packages and (target := resolve(n)) and target != mod:
+                    deps.add(target)
+        graph[mod] = deps
+    return graph
+
+
+def tooling_violations(graph: Mapping[str, set[str]], tools: Mapping[str, set[str]] = TOOLS) -> list[str]:
+    out = []
+    for mod, deps in sorted(graph.items()):
+        top = mod.split(".")[0]
+        for dep in sorted(deps):
+            dtop = dep.split(".")[0]
+            if top == "devkit" and dtop in ("hack", "tests"):
+                out.append(f"{mod} imports {dep} (devkit imports neither hack nor tests)")
+            elif top == "hack" and dtop == "tests":
+                out.append(f"{mod} imports {dep} (hack never imports tests: share it through devkit)")
+            elif top == "hack" and dtop == "hack" and len(mod.split(".")) > 1 and len(dep.split(".")) > 1:
+                mine, theirs = mod.split(".")[1], dep.split(".")[1]
+                if mine != theirs and theirs not in tools.get(mine, set()):
+                    out.append(f"{mod} imports {dep} (hack.{mine} may not import hack.{theirs})")
+    return out
+
+
+def test_the_tooling_keeps_its_layers() -> None:
+    graph = tooling_imports(REPO)
+    assert any(m.startswith("devkit.") for m in graph) and any(m.startswith("hack.bench.") for m in graph)
+    tools = {m.split(".")[1] for m in graph if m.startswith("hack.") and m.count(".") >= 1}
+    assert tools <= set(TOOLS), f"a new tool under hack/ needs a place in TOOLS: {sorted(tools - set(TOOLS))}"
+    assert tooling_violations(graph) == []
+
+
+def test_devkit_and_hack_have_no_import_cycle() -> None:
+    graph = tooling_imports(REPO, ("devkit", "hack"))
+    assert cycles(graph) == []
+
+
+def test_the_tooling_checker_fires() -> None:
+    graph = {
+        "devkit.k8s": {"tests.unit.builders"},
+        "hack.bench.drain": {"hack.chaos.podorder", "devkit.k8s"},
+        "hack.memprobe.mig": {"hack.bench.mig"},
+        "hack.chaos.run": {"tests.support"},
+    }
+    assert tooling_violations(graph) == [
+        "devkit.k8s imports tests.unit.builders (devkit imports neither hack nor tests)",
+        "hack.bench.drain imports hack.chaos.podorder (hack.bench may not import hack.chaos)",
+        "hack.chaos.run imports tests.support (hack never imports tests: share it through devkit)",
     ]

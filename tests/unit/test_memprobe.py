@@ -33,10 +33,10 @@ def test_fit_finds_the_slope_and_intercept() -> None:
 
 
 def test_render_states_the_figures_of_the_file_between_the_markers(tmp_path: Path) -> None:
-    block = memprobe.render(RESULT, "docs/bench/memprobe-x.json")
+    block = memprobe.render(RESULT, "results/bench/memprobe-x.json")
     assert block.startswith(memprobe.BEGIN) and block.endswith(memprobe.END)
     assert "| 1,000 | 19.5 | 20.0 |" in block
-    assert "**20.0 KiB per node**" in block and "`abc1234`" in block and "docs/bench/memprobe-x.json" in block
+    assert "**20.0 KiB per node**" in block and "`abc1234`" in block and "results/bench/memprobe-x.json" in block
     doc = tmp_path / "bench.md"
     doc.write_text(f"before\n{memprobe.BEGIN}\nold figures\n{memprobe.END}\nafter\n")
     memprobe.write_doc(block, doc)

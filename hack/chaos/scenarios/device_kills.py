@@ -26,10 +26,10 @@ from kubernetes import client
 from devkit import dra
 from devkit.audit import audit_events
 from devkit.k8s import healthy_spec, wait_for
+from devkit.podorder import pod_writes
 from gpuhealth.workload import COMPLETED
 from hack.chaos import devicerules as dr
 from hack.chaos import invariants as inv
-from hack.chaos.podorder import pod_writes
 from hack.chaos.scenarios.common import drain_policy
 from hack.chaos.scenarios.context import Ctx
 from hack.chaos.scenarios.monkey import KillMonkey

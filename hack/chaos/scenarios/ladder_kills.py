@@ -30,6 +30,7 @@ from kubernetes import watch
 from devkit import dra
 from devkit.audit import audit_events
 from devkit.k8s import healthy_spec, wait_for
+from devkit.timeparse import now
 from gpuhealth.api.names import RELEASE_ANNOTATION
 from hack.chaos import devicerules as dr
 from hack.chaos import ladder as ld
@@ -37,7 +38,6 @@ from hack.chaos.scenarios import device_kills as dk
 from hack.chaos.scenarios import ladder_support as lk
 from hack.chaos.scenarios.context import Ctx
 from hack.chaos.scenarios.monkey import KillMonkey
-from hack.chaos.timeparse import now
 
 
 def _count(ctx: Ctx, key: str) -> None:

@@ -14,11 +14,11 @@ from kubernetes import client
 from devkit import dra
 from devkit.k8s import healthy_spec
 from devkit.ladder import reset_job_template
+from devkit.timeparse import now
 from hack.chaos import ladder as ld
 from hack.chaos.scenarios import device_kills as dk
 from hack.chaos.scenarios.common import drain_policy
 from hack.chaos.scenarios.context import Ctx
-from hack.chaos.timeparse import now
 
 NS = "gpuhealth-remediation"  # the policy's default spec.remediation.namespace
 STEPS = [

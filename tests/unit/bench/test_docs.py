@@ -10,7 +10,7 @@ from hack.bench import docs
 
 
 def test_readme_and_bench_doc_match_the_filed_results() -> None:
-    assert docs.filed_runs(), "no full bench run filed under docs/bench/"
+    assert docs.filed_runs(), "no full bench run filed under results/bench/"
     assert docs.stale() == [], "run: python -m hack.bench.docs"
 
 

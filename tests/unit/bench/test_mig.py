@@ -193,7 +193,7 @@ def test_memprobe_mig_renders_its_own_block_with_the_target() -> None:
         "slope_bytes_per_node": 30720,
         "intercept_bytes": 0,
     }
-    block = memprobe.render(data, "docs/bench/memprobe-mig-x.json")
+    block = memprobe.render(data, "results/bench/memprobe-mig-x.json")
     assert block.startswith(memprobe.MIG_BEGIN) and block.endswith(memprobe.MIG_END)
     assert "56 DRA devices in each node's ResourceSlice" in block
     assert "Target: <= 25 KiB per node with MIG slices: **missed**." in block

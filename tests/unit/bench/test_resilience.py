@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from devkit.audit import audit_events
+from devkit.podorder import PodWrite, pod_writes
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
 from hack.bench.drain_workload import (
@@ -26,7 +27,6 @@ from hack.bench.drain_workload import (
 from hack.bench.failover import failover_summary
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import resilience_targets_for
-from hack.chaos.podorder import PodWrite, pod_writes
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

@@ -131,7 +131,7 @@ def test_a_stopped_run_renders_what_its_log_got_through(tmp_path: Path) -> None:
 
 def test_a_stopped_runs_figures_for_the_plot_come_from_its_log_and_state() -> None:
     runs = scaling_docs.stopped_runs(docs.RESULTS)
-    assert runs, "the stopped 10,000-node runs are filed under docs/bench/"
+    assert runs, "the stopped 10,000-node runs are filed under results/bench/"
     figures = [scaling_docs.stopped_figures(p, s) for p, s in runs]
     assert all(f["nodes"] == 10000 and f["startup_s"] > 0 and f["rss_mb"] > 0 for f in figures)
     assert all(f["detect_p50"] > 0 for f in figures)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from hack.chaos.podorder import PodWrite, order_problems, pod_writes
+from devkit.podorder import PodWrite, order_problems, pod_writes
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

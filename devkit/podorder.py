@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hack.chaos.timeparse import parse_time
+from devkit.timeparse import parse_time
 
 
 @dataclass(frozen=True)
