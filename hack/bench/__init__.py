@@ -44,7 +44,7 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   details       the detail sentence of each figure block, for the summary and the docs
 #   plot          report.png
 #   mig_report    the MIG fleet's targets, summary section and docs block
-#   docs          the figures in README.md and docs/bench.md, rendered from the filed runs
+#   docs          the figures in docs/development.md and docs/bench.md, rendered from the filed runs
 #   scaling_docs  docs/scaling.md's table and plot across fleet sizes
 #   cluster       the control plane with faster clients, the policy under test, the pods
 #   fleet         the simulated agents (the agent's own publisher and Lease) and their heartbeats

@@ -1,7 +1,7 @@
-"""The bench figures in README.md and docs/bench.md, generated from committed result files.
+"""The bench figures in docs/development.md and docs/bench.md, generated from committed result files.
 
 A `make bench` run writes build/bench/results.json. Filing it copies it to results/bench/ with the
-commit, date and machine load it ran at; the marked blocks in README.md and docs/bench.md are then
+commit, date and machine load it ran at; the marked blocks in docs/development.md and docs/bench.md are then
 rendered from the newest filed full run, never typed. A unit test (tests/unit/bench/test_docs.py)
 fails when a block differs from its rendering, so a figure cannot drift from its result file.
 
@@ -37,7 +37,7 @@ from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_tar
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
-DOCS = (REPO / "README.md", REPO / "docs" / "bench.md")
+DOCS = (REPO / "docs" / "development.md", REPO / "docs" / "bench.md")
 BEGIN = "<!-- bench:begin (python -m hack.bench.docs) -->"
 END = "<!-- bench:end -->"
 LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench.docs) -->"
@@ -221,7 +221,7 @@ def resilience_points(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Pat
 
 
 def resilience_table(runs: list[tuple[Path, dict[str, Any]]]) -> list[str]:
-    """The issue #26 phases at each fleet size, a row each, held to its size's targets (README.md and
+    """The issue #26 phases at each fleet size, a row each, held to its size's targets (docs/development.md and
     docs/scaling.md; docs/bench.md has the whole of each run)."""
     pts = resilience_points(runs)
     if not pts:
@@ -275,7 +275,7 @@ def render_ab(directory: Path = RESULTS) -> str:
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     """Each document and the blocks it carries, rendered from the filed results.
 
-    The README and the first block of docs/bench.md show the newest run below 10,000 nodes (what
+    docs/development.md and the first block of docs/bench.md show the newest run below 10,000 nodes (what
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
     block the newest run below 10,000 nodes and the newest of 10,000 or more with the drain storm, failover
     or warm restart phase; its MIG block

@@ -9,7 +9,7 @@ plane, real agents, the fake NVML library, the audit log) is devkit.
 
 # The modules:
 #   run          the command line and the driver: groups of scenarios per control plane, the report
-#   docs         the chaos and soak figures in README.md and docs/chaos.md, rendered from filed runs
+#   docs         the chaos and soak figures in docs/development.md and docs/chaos.md, rendered from filed runs
 #   scenarios/   one module per scenario, the registry that names them and runs one with its checks
 #   invariants   what must hold after (and, where sampled, during) every scenario
 #   soak         random faults, kills and node churn for minutes; the operator's resource slopes

@@ -1,8 +1,8 @@
-"""The chaos and soak figures in README.md and docs/chaos.md, generated from committed reports.
+"""The chaos and soak figures in docs/development.md and docs/chaos.md, generated from committed reports.
 
 `make chaos` writes build/chaos/report.json and `make soak` build/chaos/soak.json. Filing a report
 copies it to results/chaos/ under a name that carries its date and commit; the marked blocks in the
-README and docs/chaos.md are then rendered from the newest filed full run (and the newest filed
+docs/development.md and docs/chaos.md are then rendered from the newest filed full run (and the newest filed
 soak), never typed. A unit test (tests/unit/test_chaos_docs.py) fails when a block differs from its
 rendering. A run from a dirty tree or with --quick counts is refused: it is not a run at a commit.
 
@@ -24,7 +24,7 @@ from devkit.docblocks import check, stale_docs, write_docs
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "chaos"
-README, CHAOS_DOC = REPO / "README.md", REPO / "docs" / "chaos.md"
+DEV_DOC, CHAOS_DOC = REPO / "docs" / "development.md", REPO / "docs" / "chaos.md"
 BEGIN = "<!-- chaos:begin (python -m hack.chaos.docs) -->"
 END = "<!-- chaos:end -->"
 SOAK_BEGIN = "<!-- soak:begin (python -m hack.chaos.docs) -->"
@@ -167,7 +167,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     runs, soaks = filed_runs(directory), filed_soaks(directory)
     latest = render(*runs[-1]) if runs else ""
     soak = render_soak(*soaks[-1]) if soaks else ""
-    return {README: [latest], CHAOS_DOC: [latest, soak]}
+    return {DEV_DOC: [latest], CHAOS_DOC: [latest, soak]}
 
 
 def stale(directory: Path = RESULTS) -> list[Path]:

@@ -1,4 +1,4 @@
-"""The chaos and soak figures in README.md and docs/chaos.md are the rendering of the filed reports."""
+"""The chaos and soak figures in docs/development.md and docs/chaos.md are the rendering of the filed reports."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def test_readme_and_chaos_doc_match_the_filed_reports() -> None:
 
 def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     readme, doc = tmp_path / "README.md", tmp_path / "chaos.md"
-    readme.write_text(chaos_docs.README.read_text(encoding="utf-8"), encoding="utf-8")
+    readme.write_text(chaos_docs.DEV_DOC.read_text(encoding="utf-8"), encoding="utf-8")
     doc.write_text(chaos_docs.CHAOS_DOC.read_text(encoding="utf-8"), encoding="utf-8")
-    monkeypatch.setattr(chaos_docs, "README", readme)
+    monkeypatch.setattr(chaos_docs, "DEV_DOC", readme)
     monkeypatch.setattr(chaos_docs, "CHAOS_DOC", doc)
     assert chaos_docs.stale() == []
     text = readme.read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The bench figures in README.md and docs/bench.md are the rendering of the committed result files."""
+"""The bench figures in docs/development.md and docs/bench.md are the rendering of the committed result files."""
 
 from __future__ import annotations
 
