@@ -25,19 +25,127 @@ import threading
 import time
 from typing import Any
 
-from kubernetes import watch
+from kubernetes import client, watch
 
 from devkit import dra
 from devkit.audit import audit_events
 from devkit.k8s import healthy_spec, wait_for
+from devkit.ladder import reset_job_template
 from devkit.timeparse import now
 from gpuhealth.api.names import RELEASE_ANNOTATION
 from hack.chaos import devicerules as dr
 from hack.chaos import ladder as ld
 from hack.chaos.scenarios import device_kills as dk
-from hack.chaos.scenarios import ladder_support as lk
+from hack.chaos.scenarios.common import drain_policy
 from hack.chaos.scenarios.context import Ctx
 from hack.chaos.scenarios.monkey import KillMonkey
+
+# -- what the scenario sets up and samples (the invariants in hack/chaos/ladder.py judge the samples) --
+
+NS = "gpuhealth-remediation"  # the policy's default spec.remediation.namespace
+STEPS = [
+    {"type": "GPUReset", "attempts": 2, "timeout": "2m"},
+    {"type": "NodeReboot", "timeout": "10m"},
+    {"type": "Replace"},
+]
+
+
+def ladder_policy(fail: bool) -> dict[str, Any]:
+    spec = drain_policy(maxUnhealthyGPUs=100)
+    spec["remediation"] = {
+        "enabled": True,
+        "maxConcurrent": 10,
+        "ladders": [{"reasons": ["EccUncorrected"], "steps": STEPS}],
+        "jobTemplate": reset_job_template(fail, image="example.invalid/reset:chaos"),
+    }
+    return spec
+
+
+def ecc(bad: int) -> dict[str, Any]:
+    spec = healthy_spec()
+    spec["devices"][bad]["ecc"]["volatileUncorrected"] = 1
+    return spec
+
+
+def ladder_of(status: dict[str, Any], index: int) -> dict[str, Any]:
+    return dict((status.get("remediation") or {}).get(str(index)) or {})
+
+
+def setup_namespace(ctx: Ctx) -> None:
+    for create, body in (
+        (ctx.kube.core.create_namespace, {"metadata": {"name": NS}}),
+        (lambda b: ctx.kube.core.create_namespaced_service_account(NS, b), {"metadata": {"name": NS}}),
+    ):
+        try:
+            ctx.retry(create, body)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
+
+def reset_jobs(ctx: Ctx, nodes: list[str]) -> list[dict[str, Any]]:
+    items = ctx.retry(ctx.kube.batch.list_namespaced_job, NS).items
+    wanted = set(nodes)
+    out = [ctx.kube.api.sanitize_for_serialization(j) for j in items]
+    return [j for j in out if ((j.get("metadata") or {}).get("labels") or {}).get("gpuhealth.dev/node") in wanted]
+
+
+def delete_reset_jobs(ctx: Ctx, nodes: list[str]) -> None:
+    for n in nodes:
+        ctx.cluster.kubectl(
+            "delete",
+            "jobs",
+            "-n",
+            NS,
+            "-l",
+            f"gpuhealth.dev/node={n}",
+            "--wait=false",
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+def ladder_sampler(
+    ctx: Ctx, nodes: list[str], watched: set[tuple[str, int]], out: list[ld.LadderSample], stop: threading.Event
+) -> None:
+    """Every 0.3 s: each watched GPU's ladder record and device state."""
+    while not stop.wait(0.3):
+        try:
+            st = ctx.statuses(nodes)
+        except Exception:
+            continue
+        t = now()
+        for node in nodes:
+            s = st.get(node, {})
+            for key in s.get("remediation") or {}:
+                with contextlib.suppress(ValueError):
+                    watched.add((node, int(key)))
+            for n, index in sorted(watched):
+                if n == node:
+                    state = str(dk._device(s, index).get("state") or "")
+                    out.append(ld.LadderSample(t, node, index, ladder_of(s, index) or None, state))
+
+
+def holdings_sampler(ctx: Ctx, ns: str, out: list[ld.Holding], stop: threading.Event) -> None:
+    """Every 0.3 s: which pod holds which GPU (its claim allocated and reserved for it, the pod present
+    and not ended); the time is when the LISTs were sent."""
+    while not stop.wait(0.3):
+        t = now()
+        try:
+            claims = ctx.kube.custom.list_namespaced_custom_object(dra.G, dra.V, ns, "resourceclaims")["items"]
+            pods = ctx.kube.core.list_namespaced_pod(ns).items
+        except Exception:
+            continue
+        live = {p.metadata.name for p in pods if p.status.phase not in ("Succeeded", "Failed")}
+        for c in claims:
+            results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            for ref in (c.get("status") or {}).get("reservedFor") or []:
+                if ref.get("resource") != "pods" or ref.get("name") not in live:
+                    continue
+                for res in results:
+                    dev = str(res.get("device") or "")
+                    if dev.startswith("gpu-") and dev[4:].isdigit():
+                        out.append(ld.Holding(t, str(res.get("pool")), int(dev[4:]), f"{ns}/{ref['name']}"))
 
 
 def _count(ctx: Ctx, key: str) -> None:
@@ -49,13 +157,13 @@ def _watch_ladder(ctx: Ctx, monkey: KillMonkey, nodes: list[str], gpus: dict[str
 
     def seen() -> bool:
         st = ctx.statuses(nodes)
-        return any(hit(lk.ladder_of(st.get(n, {}), gpus[n]), dk._device(st.get(n, {}), gpus[n])) for n in nodes)
+        return any(hit(ladder_of(st.get(n, {}), gpus[n]), dk._device(st.get(n, {}), gpus[n])) for n in nodes)
 
     def job_there() -> None:  # killed on the write-ahead record: was its Job created already?
         with contextlib.suppress(Exception):
             st = ctx.statuses(nodes)
-            named = {lk.ladder_of(st.get(n, {}), gpus[n]).get("job", "").partition("/")[2] for n in nodes} - {""}
-            there = named & {j["metadata"]["name"] for j in lk.reset_jobs(ctx, nodes)}
+            named = {ladder_of(st.get(n, {}), gpus[n]).get("job", "").partition("/")[2] for n in nodes} - {""}
+            there = named & {j["metadata"]["name"] for j in reset_jobs(ctx, nodes)}
             _count(ctx, "record_kills_job_there" if there else "record_kills_job_missing")
 
     dk._watch_once(ctx, monkey, seen, why, after_kill=job_there if why == "reset record written" else None)
@@ -67,19 +175,19 @@ def ladder_kills(ctx: Ctx) -> None:
     ok = ctx.make_nodes(ctx.n(2, 1), labels={"ladder": "reset"})
     (failing,) = ctx.make_nodes(1, labels={"ladder": "fail"})
     nodes = [*ok, failing]
-    lk.setup_namespace(ctx)
+    setup_namespace(ctx)
     dra.publish_device_classes(ctx.kube)
     slices = ctx.retry(dra.publish_slices, ctx.kube, nodes, uuid=dra.report_uuid)
     ctx.extra_cleanup.append(lambda: dk._delete_slices(ctx, slices))
     ctx.extra_cleanup.append(lambda: dk._delete_rules(ctx, set(nodes)))
-    ctx.extra_cleanup.append(lambda: lk.delete_reset_jobs(ctx, nodes))
+    ctx.extra_cleanup.append(lambda: delete_reset_jobs(ctx, nodes))
     ns = ctx.namespace()
     ctx.checkpoint_namespaces.add(ns)
     for i in range(8):  # one template per GPU: each round's pod lands on the GPU the round picked
         cel = f"device.attributes['{dra.DRIVER}'].uuid == '{dra.report_uuid(i)}'"
         ctx.retry(dra.create_claim_template, ctx.kube, ns, f"gpu-{i}", 1, cel=cel)
-    ctx.policy(lk.ladder_policy(False), name=ctx.group, match={"ladder": "reset"}, nodes=ok)
-    ctx.policy(lk.ladder_policy(True), name=f"{ctx.group}-fail", match={"ladder": "fail"}, nodes=[failing])
+    ctx.policy(ladder_policy(False), name=ctx.group, match={"ladder": "reset"}, nodes=ok)
+    ctx.policy(ladder_policy(True), name=f"{ctx.group}-fail", match={"ladder": "fail"}, nodes=[failing])
     for n in nodes:
         ctx.put_report(n, healthy_spec())
     op = ctx.operator()
@@ -88,8 +196,8 @@ def ladder_kills(ctx: Ctx) -> None:
     samples: list[ld.LadderSample] = []
     holds: list[ld.Holding] = []
     watched: set[tuple[str, int]] = set()
-    ctx.background(lambda stop: lk.ladder_sampler(ctx, nodes, watched, samples, stop), "ladder-sampler")
-    ctx.background(lambda stop: lk.holdings_sampler(ctx, ns, holds, stop), "holdings-sampler")
+    ctx.background(lambda stop: ladder_sampler(ctx, nodes, watched, samples, stop), "ladder-sampler")
+    ctx.background(lambda stop: holdings_sampler(ctx, ns, holds, stop), "holdings-sampler")
     monkey = KillMonkey(ctx, op, gap=(4.0, 10.0), down=(0.0, 1.5))
     order = list(range(8))
     ctx.rng.shuffle(order)
@@ -117,7 +225,7 @@ def ladder_kills(ctx: Ctx) -> None:
             lambda lad, d: lad.get("phase") == "Succeeded" and d.get("state") == "Recovering",
         )
         for n in nodes:
-            ctx.put_report(n, lk.ecc(bad[n]))
+            ctx.put_report(n, ecc(bad[n]))
             ctx.fault(kind="gpu")
         _play_the_gpus(ctx, monkey, r, ok, failing, bad)
         _back_in_service(ctx, r, nodes)
@@ -159,7 +267,7 @@ def ladder_kills(ctx: Ctx) -> None:
 def _watch_job_created(ctx: Ctx, monkey: KillMonkey, nodes: list[str]) -> None:
     """SIGKILL the instant a watch sees a new reset Job of these nodes (created, its record maybe not
     yet Running: the create and that write are milliseconds apart, too close for polling)."""
-    before = {j["metadata"]["name"] for j in lk.reset_jobs(ctx, nodes)}
+    before = {j["metadata"]["name"] for j in reset_jobs(ctx, nodes)}
     wanted = set(nodes)
 
     def pending() -> None:  # killed on the new Job: does its record still say Pending (step 3 not written)?
@@ -171,7 +279,7 @@ def _watch_job_created(ctx: Ctx, monkey: KillMonkey, nodes: list[str]) -> None:
         w = watch.Watch()
         while not stop.is_set():
             try:
-                for ev in w.stream(ctx.kube.batch.list_namespaced_job, lk.NS, timeout_seconds=5):
+                for ev in w.stream(ctx.kube.batch.list_namespaced_job, NS, timeout_seconds=5):
                     job = ev["object"]
                     if ev["type"] != "ADDED" or job.metadata.name in before:
                         continue
@@ -202,7 +310,7 @@ def _play_the_gpus(ctx: Ctx, monkey: KillMonkey, r: int, ok: list[str], failing:
     while True:
         st = ctx.statuses(nodes)
         for n in nodes:
-            lad = lk.ladder_of(st.get(n, {}), bad[n])
+            lad = ladder_of(st.get(n, {}), bad[n])
             # The node remediator reboots a node once it is AwaitingRepair (drained), as NodeHealthCheck
             # keys on it; the ladder says HandedOff already while the node's drain runs. (A release sent
             # that early is acknowledged and ends the GPU's ladder, but the node then parks in
@@ -223,14 +331,14 @@ def _play_the_gpus(ctx: Ctx, monkey: KillMonkey, r: int, ok: list[str], failing:
         done = all(
             n in played
             and dk._device(st.get(n, {}), bad[n]).get("state") == "InService"
-            and not lk.ladder_of(st[n], bad[n])
+            and not ladder_of(st[n], bad[n])
             for n in nodes
         )
         if done:
             return
         if time.monotonic() > deadline:
             where = {
-                n: (lk.ladder_of(st.get(n, {}), bad[n]), dk._device(st.get(n, {}), bad[n]).get("state")) for n in nodes
+                n: (ladder_of(st.get(n, {}), bad[n]), dk._device(st.get(n, {}), bad[n]).get("state")) for n in nodes
             }
             raise AssertionError(f"round {r}: the ladders did not finish in 300 s: {where}")
         time.sleep(0.3)
@@ -272,8 +380,8 @@ def _path(samples: list[ld.LadderSample], node: str, index: int, since: Any) -> 
 
 def _final_checks(ctx: Ctx, nodes: list[str], samples: list[ld.LadderSample], holds: list[ld.Holding]) -> None:
     audit = list(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started))
-    creates = [c for c in ld.job_creates(audit, lk.NS) if (ld.parse_job_name(c.name) or ("",))[0] in nodes]
-    for p in ld.duplicate_reset_jobs(creates, lk.reset_jobs(ctx, nodes)):
+    creates = [c for c in ld.job_creates(audit, NS) if (ld.parse_job_name(c.name) or ("",))[0] in nodes]
+    for p in ld.duplicate_reset_jobs(creates, reset_jobs(ctx, nodes)):
         ctx.violate(p)
     for p in ld.ladder_regressions(samples):
         ctx.violate(p)
