@@ -11,15 +11,14 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC as UTC  # re-exported: the agent's modules take the zone from here
 from datetime import datetime
-from typing import Literal
 
 from gpuhealth.api.recovery import RecoveryAction
 
-SourceName = Literal["nvml", "dcgm", "simulated"]
-
-MIG_ENABLED = "Enabled"
-MIG_DISABLED = "Disabled"
-MODE_UNSUPPORTED = "Unsupported"
+# The report's vocabularies, declared with the report's types (the CRD is generated from them).
+from gpuhealth.api.report import MIG_DISABLED as MIG_DISABLED
+from gpuhealth.api.report import MIG_ENABLED as MIG_ENABLED
+from gpuhealth.api.report import MODE_UNSUPPORTED as MODE_UNSUPPORTED
+from gpuhealth.api.report import SourceName as SourceName
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
 # HW thermal, HW power brake). Idle, power cap, sync boost and app clocks flip with every

@@ -5,10 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import parse_time
+
+# Closed vocabularies of the report (the agent writes them; the CRD's enums are generated from them).
+SourceName = Literal["nvml", "dcgm", "simulated"]  # spec.agent.sources[], spec.xidEvents[].source
+SOURCES: tuple[str, ...] = get_args(SourceName)
+MIG_ENABLED = "Enabled"  # spec.devices[].migMode and eccMode
+MIG_DISABLED = "Disabled"
+MODE_UNSUPPORTED = "Unsupported"
+MODES = (MIG_ENABLED, MIG_DISABLED, MODE_UNSUPPORTED)
 
 
 class ReportError(ValueError):
