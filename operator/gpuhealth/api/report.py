@@ -54,6 +54,7 @@ class Device:
     clock_event_reasons: int = 0
     clock_events_since: dt.datetime | None = None
     recovery_action: RecoveryAction | None = None  # None: not read, or newer than api/recovery.py
+    mig_mode: str = ""  # MODES; "" not read
     mig_devices: tuple[MigDevice, ...] = ()
 
     @property
@@ -209,6 +210,7 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
                 clock_events_since=parse_time(d.get("clockEventsSince")),
                 recovery_action=_recovery(d.get("recoveryAction"), f"{where}.recoveryAction"),
+                mig_mode=_opt_str(d.get("migMode"), f"{where}.migMode") or "",
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
             )
         )
