@@ -101,6 +101,7 @@ class Recovery:
 
 _A, _DEV, _NODE, _RESET, _REBOOT = RecoveryAction, Scope.DEVICE, Scope.NODE, StepKind.GPU_RESET, StepKind.NODE_REBOOT
 _OBSERVE, _DRAIN = Action.OBSERVE, Action.DRAIN
+# Every recovery action, in NVML's order (why each row says what it says: the module docstring).
 # fmt: off
 RECOVERY: dict[RecoveryAction, Recovery] = {r.action: r for r in (
     #        action                  NVML verdict    scope  first    peers  NVIDIA's meaning
@@ -114,7 +115,6 @@ RECOVERY: dict[RecoveryAction, Recovery] = {r.action: r for r in (
     Recovery(_A.SYSTEM_REBOOT,       7,   _DRAIN,    _NODE, _REBOOT, False, "reboot the system"),
 )}
 # fmt: on
-"""Every recovery action, in NVML's order."""
 
 _BY_NVML = {r.nvml: r.action for r in RECOVERY.values()}
 
