@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv control-plane tools kueue lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
+.PHONY: help venv crds control-plane tools kueue lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make chaos         fault-injection suite"
 	@echo "make soak          random faults, kills and node churn for SOAK_MINUTES (30); resource slopes"
+	@echo "make crds          regenerate crds/*.yaml from operator/gpuhealth/api/ (hack/gen_crds.py)"
 	@echo "make cluster-up    start a local control plane with fake GPU nodes (make cluster-down stops it)"
 
 $(STAMP): pyproject.toml
@@ -27,6 +28,9 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv: $(STAMP)
+
+crds: $(STAMP)
+	$(PY) -m hack.gen_crds
 
 # Builds (first time) or finds (cached) the control-plane binaries; fails loudly.
 control-plane:

@@ -11,8 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpuhealth.api.recovery import RECOVERY
 from gpuhealth.catalog import xid
-from gpuhealth.evaluation import repeats, scope
+from gpuhealth.evaluation import repeats
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "xid-catalog.md"
@@ -30,7 +31,7 @@ catalog that is not covered here. Codes 1-{max_xid} that are not listed resolve 
 "Unknown XID <n>" with gpuhealth action `observe`.
 
 Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`,
-`default_action`, `action_for_recovery`, `describe`).
+`default_action`, `describe`).
 
 ## Columns
 
@@ -71,8 +72,9 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   XID stays its GPU's or its node's even when attributed to an instance: its remedy (a GPU reset, a
   node reboot) takes every instance of the GPU with it ([devices.md](devices.md#faults-on-one-mig-instance)).
 - **XID 154** carries the driver's own recovery action, which the agent also reads from NVML
-  (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) into the GPU's `recoveryAction`. `action_for_recovery()`
-  maps it to the verdict and `evaluation/scope.py` to the scope. A reset of the GPU itself
+  (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) into the GPU's `recoveryAction`. One table,
+  `api/recovery.py`, gives each action its verdict, scope and first repair step
+  ([remediation.md](remediation.md#recovery-actions-and-their-ladders)). A reset of the GPU itself
   (`Reset`, `DrainAndReset`) or of its PCIe bus (`BusReset`) touches that GPU only: device scope.
   The rest are the node's: `Reboot` and `SystemReboot` restart the host; `DrainP2P` stops
   peer-to-peer traffic, which runs between this GPU and its peers, so their pods are in it too;
@@ -80,8 +82,8 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   node share for cross-node memory), and the node is the smallest thing gpuhealth can take out
   that holds it (the other nodes of the domain report their own).
 
-| Recovery action | NVML value | gpuhealth | Scope |
-|---|---:|---|---|
+| Recovery action | NVML value | gpuhealth | Scope | First ladder step |
+|---|---:|---|---|---|
 {recovery_rows}
 
 ## Catalog
@@ -93,17 +95,6 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _nvml_value(recovery: str) -> str:
-    """NVML's nvmlDeviceGpuRecoveryAction_t value of a report spelling (the catalog's numeric alias)."""
-    for n in range(16):
-        try:
-            if xid.canonical_recovery(str(n)) == recovery:
-                return str(n)
-        except ValueError:
-            continue
-    return ""
 
 
 def render() -> str:
@@ -119,8 +110,8 @@ def render() -> str:
         default_actions=", ".join(f"`{a}`" for a in xid.DEFAULT_ACTIONS),
         instance_codes=", ".join(str(e.code) for e in entries if repeats.instance_scoped(e.code)),
         recovery_rows="\n".join(
-            f"| `{k}` | {_nvml_value(k)} | `{v}` | `{scope.xid_scope(154, k)}` |"
-            for k, v in xid.RECOVERY_ACTIONS.items()
+            f"| `{r.action}` | {r.nvml} | `{r.verdict}` | `{r.scope}` | {r.first_step or 'none'} |"
+            for r in RECOVERY.values()
         ),
     )
     rows = []

@@ -38,6 +38,7 @@ from gpuhealth.agent.model import (
     XidEvent,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.controller.intake.slim import slim_report
@@ -76,7 +77,7 @@ def _every_fact(index: int) -> DeviceFacts:
         temperature=Temperature(80, 87, 92),
         clock_event_reasons=0x48,
         power_w=301.5,
-        recovery_action="Reset",
+        recovery_action=RecoveryAction("Reset"),
         mig_devices=(
             MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb"),
             MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
@@ -320,8 +321,8 @@ def test_report_vocabularies_are_the_agent_model() -> None:
     modes = {agent_model.MIG_ENABLED, agent_model.MIG_DISABLED, agent_model.MODE_UNSUPPORTED}
     assert crd_enum(REPORT_CRD, "spec.devices[].migMode") == modes, "migMode vs agent/model.py"
     assert crd_enum(REPORT_CRD, "spec.devices[].eccMode") == modes, "eccMode vs agent/model.py"
-    assert crd_enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(agent_model.RECOVERY_ACTIONS.values()), (
-        "spec.devices[].recoveryAction vs agent/model.py RECOVERY_ACTIONS"
+    assert crd_enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(RecoveryAction), (
+        "spec.devices[].recoveryAction vs api/recovery.py RecoveryAction"
     )
     sources = set(typing.get_args(agent_model.SourceName))
     assert crd_enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"

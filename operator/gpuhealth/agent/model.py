@@ -11,29 +11,14 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC as UTC  # re-exported: the agent's modules take the zone from here
 from datetime import datetime
-from typing import Literal
 
-SourceName = Literal["nvml", "dcgm", "simulated"]
+from gpuhealth.api.recovery import RecoveryAction
 
-MIG_ENABLED = "Enabled"
-MIG_DISABLED = "Disabled"
-MODE_UNSUPPORTED = "Unsupported"
-
-# Recovery actions as the CRD spells them, keyed by NVML's nvmlDeviceGpuRecoveryAction_t values
-# (NVML_GPU_RECOVERY_ACTION_*). Every value gets its own spelling: folding a PCIe bus reset into a
-# GPU reset, or a system reboot into a node reboot, would tell the human the wrong remedy. A value
-# newer than this map is omitted (unknown), never guessed; tests/unit/agent/test_recovery_actions.py
-# fails when the installed pynvml names one this map lacks.
-RECOVERY_ACTIONS: dict[int, str] = {
-    0: "None",  # NONE
-    1: "Reset",  # GPU_RESET
-    2: "Reboot",  # NODE_REBOOT
-    3: "DrainP2P",  # DRAIN_P2P
-    4: "DrainAndReset",  # DRAIN_AND_RESET
-    5: "RecoverImexDomain",  # RECOVER_IMEX_DOMAIN
-    6: "BusReset",  # BUS_RESET: reset the GPU's PCIe bus
-    7: "SystemReboot",  # SYSTEM_REBOOT
-}
+# The report's vocabularies, declared with the report's types (the CRD is generated from them).
+from gpuhealth.api.report import MIG_DISABLED as MIG_DISABLED
+from gpuhealth.api.report import MIG_ENABLED as MIG_ENABLED
+from gpuhealth.api.report import MODE_UNSUPPORTED as MODE_UNSUPPORTED
+from gpuhealth.api.report import SourceName as SourceName
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
 # HW thermal, HW power brake). Idle, power cap, sync boost and app clocks flip with every
@@ -103,7 +88,7 @@ class DeviceFacts:
     temperature: Temperature | None = None
     clock_event_reasons: int | None = None
     power_w: float | None = None
-    recovery_action: str | None = None
+    recovery_action: RecoveryAction | None = None  # api/recovery.py; None: unsupported or newer than it
     # Only while MIG mode is Enabled and NVML lists instances; a layout change is a fact change.
     mig_devices: tuple[MigDeviceFacts, ...] = ()
     unsupported: tuple[str, ...] = ()

@@ -13,7 +13,8 @@ from typing import Any
 
 import pynvml
 
-from gpuhealth.agent.model import RECOVERY_ACTIONS, DeviceFacts
+from gpuhealth.agent.model import DeviceFacts
+from gpuhealth.api.recovery import RecoveryAction
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
 
@@ -60,7 +61,7 @@ def error_name(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def recovery_action(handle: Any) -> str | None:
+def recovery_action(handle: Any) -> RecoveryAction | None:
     values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
     value = values[0]
     ret = int(value.nvmlReturn)
@@ -77,7 +78,7 @@ def recovery_action(handle: Any) -> str | None:
         if value_type == _VALUE_TYPE_SLL
         else int(value.value.uiVal)
     )
-    action = RECOVERY_ACTIONS.get(raw)
+    action = RecoveryAction.from_nvml(raw)
     if action is None:
         log.warning("GPU recovery action %d is newer than this agent knows; omitted (unknown)", raw)
     return action

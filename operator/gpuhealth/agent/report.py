@@ -134,7 +134,7 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
     if device.power_w is not None:
         out["powerW"] = round(device.power_w, 1)
     if device.recovery_action is not None:
-        out["recoveryAction"] = device.recovery_action
+        out["recoveryAction"] = str(device.recovery_action)
     if device.mig_devices:
         out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]
     if device.unsupported:

@@ -95,6 +95,14 @@ class Signal(StrEnum):
     NODE_REBOOT_REQUESTED = "NodeRebootRequested"  # a GPU's repair ladder hands the node to its remediator
 
 
+class StepKind(StrEnum):
+    """A step of the repair ladder (``api/remediation.py``)."""
+
+    GPU_RESET = "GPUReset"  # nvidia-smi -r on that GPU, in a Job pinned to its node
+    NODE_REBOOT = "NodeReboot"  # handed to the node remediator (AwaitingRepair, NodeRebootRequested)
+    REPLACE = "Replace"  # a human: the GPU waits in AwaitingRepair with the ladder's history
+
+
 class Scope(StrEnum):
     """How much of a node a finding takes out of service.
 

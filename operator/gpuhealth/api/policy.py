@@ -31,6 +31,16 @@ __all__ = [
 ]
 
 
+# Closed vocabularies of the policy's string fields (the CRD's enums are generated from these).
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+CHECKPOINT_MODES = ("FromPod", "annotation", "signal", "none")  # FromPod: each pod's own annotation
+CHECKPOINT_TIMEOUT_CHOICES = ("Evict", "Wait")
+# The actions a rule allows where not every action makes sense (every other rule allows all of Action).
+APP_REPEAT_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN, Action.REPAIR})
+SILENCE_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON})
+RESTART_LOOP_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN})
+
+
 @dataclass(frozen=True)
 class DrainSettings:
     checkpoint_mode: str = "FromPod"
@@ -162,7 +172,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     except ValueError:
         raise PolicyError(f"spec.mode: unknown mode {spec.get('mode')!r}") from None
     effect = get(actions, "spec.actions", "taintEffect", "NoSchedule")
-    if effect not in ("NoSchedule", "NoExecute"):
+    if effect not in TAINT_EFFECTS:
         raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
     max_unhealthy = get(safety, "spec.safety", "maxUnhealthy", "10%")
     breaker_limit(max_unhealthy, 100)  # validates
@@ -183,7 +193,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         app_repeat_action=action(
             get(repeat, "", "action", "drain"),
             "spec.rules.xid.applicationRepeat.action",
-            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN, Action.REPAIR}),
+            APP_REPEAT_ACTIONS,
         ),
         ecc_threshold=integer(get(ecc, "", "uncorrectedThreshold", 1), "spec.rules.ecc.uncorrectedThreshold", 1, 10**6),
         ecc_action=action(get(ecc, "", "action", "drain"), "spec.rules.ecc.action"),
@@ -213,7 +223,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         silence_action=action(
             get(silence, "", "action", "observe"),
             "spec.rules.agentSilence.action",
-            frozenset({Action.OBSERVE, Action.CORDON}),
+            SILENCE_ACTIONS,
         ),
         taint_effect=effect,
         cordon=bool(get(actions, "", "cordon", True)),
@@ -245,7 +255,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         restart_loop_action=action(
             get(loop, "", "action", "cordon"),
             "spec.restartLoop.action",
-            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN}),
+            RESTART_LOOP_ACTIONS,
         ),
         gpu_hourly_cost=None if hourly is None else float(hourly),
         currency=str(get(cost, "", "currency", "USD")),

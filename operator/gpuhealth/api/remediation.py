@@ -25,6 +25,8 @@ from typing import Any
 
 from gpuhealth.api.durations import parse_duration
 from gpuhealth.api.names import Signal
+from gpuhealth.api.names import StepKind as StepKind  # declared with the other vocabularies
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import format_time, parse_time
 
 DEFAULT_NAMESPACE = "gpuhealth-remediation"
@@ -41,12 +43,6 @@ MAX_HISTORY = 10
 
 class RemediationError(ValueError):
     """A ``spec.remediation`` the operator refuses; the message names the field."""
-
-
-class StepKind(StrEnum):
-    GPU_RESET = "GPUReset"  # nvidia-smi -r on that GPU, in a Job pinned to its node
-    NODE_REBOOT = "NodeReboot"  # handed to the node remediator (AwaitingRepair, NodeRebootRequested)
-    REPLACE = "Replace"  # a human: the GPU waits in AwaitingRepair with the ladder's history
 
 
 class Phase(StrEnum):
@@ -313,13 +309,16 @@ RESET_STEPS = (Step(StepKind.GPU_RESET, 600.0, 2), Step(StepKind.NODE_REBOOT, 36
 REBOOT_STEPS = (Step(StepKind.NODE_REBOOT, 3600.0, 1), Step(StepKind.REPLACE))
 RESET_REASONS = frozenset({str(Signal.ECC), str(Signal.PENDING_REMAP)})
 REBOOT_REASONS = frozenset({str(Signal.GPU_LOST)})
-PEER_DRAIN_RECOVERY = frozenset({"DrainAndReset", "DrainP2P"})
+_STEPS_FROM: dict[StepKind, tuple[Step, ...]] = {StepKind.GPU_RESET: RESET_STEPS, StepKind.NODE_REBOOT: REBOOT_STEPS}
 
 
-def default_steps(reason: str, recovery_action: str = "", remedy: str | None = None) -> tuple[Step, ...]:
+def default_steps(
+    reason: str, recovery_action: RecoveryAction | None = None, remedy: str | None = None
+) -> tuple[Step, ...]:
     """The default ladder for a fault (empty: no ladder; the GPU is held and reported). ``remedy`` is
     NVIDIA's immediate action for an XID reason (``catalog.xid.remedy_of``), passed in so that this
-    table stays in the contract, readable by the plugin as by the operator."""
+    table stays in the contract, readable by the plugin as by the operator. XID 154 starts where its
+    recovery action's row (``api/recovery.py``) says."""
     if reason in RESET_REASONS:
         return RESET_STEPS
     if reason in REBOOT_REASONS:
@@ -328,7 +327,8 @@ def default_steps(reason: str, recovery_action: str = "", remedy: str | None = N
         code = int(reason[3:])
         action = remedy
         if code == 154:
-            return RESET_STEPS if recovery_action == "Reset" else REBOOT_STEPS if recovery_action else ()
+            first = recovery_action.row.first_step if recovery_action is not None else None
+            return _STEPS_FROM.get(first, ()) if first is not None else ()
         if action == "RESET_GPU":
             return RESET_STEPS
         if action == "REBOOT_NODE":
@@ -337,12 +337,16 @@ def default_steps(reason: str, recovery_action: str = "", remedy: str | None = N
 
 
 def steps_for(
-    settings: RemediationSettings, reason: str, recovery_action: str = "", remedy: str | None = None
+    settings: RemediationSettings,
+    reason: str,
+    recovery_action: RecoveryAction | None = None,
+    remedy: str | None = None,
 ) -> tuple[Step, ...]:
-    """The steps a fault climbs under ``settings``; a peer-draining recovery action skips the reset."""
+    """The steps a fault climbs under ``settings``; a recovery action that needs the GPU's NVLink
+    peers idle first (``Recovery.drain_peers``) skips the reset."""
     steps = next((lad.steps for lad in settings.ladders if lad.matches(reason)), None)
     if steps is None:
         steps = default_steps(reason, recovery_action, remedy)
-    if recovery_action in PEER_DRAIN_RECOVERY:
+    if recovery_action is not None and recovery_action.row.drain_peers:
         steps = tuple(s for s in steps if s.kind != StepKind.GPU_RESET)
     return steps

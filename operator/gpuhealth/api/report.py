@@ -5,9 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import parse_time
+
+# Closed vocabularies of the report (the agent writes them; the CRD's enums are generated from them).
+SourceName = Literal["nvml", "dcgm", "simulated"]  # spec.agent.sources[], spec.xidEvents[].source
+SOURCES: tuple[str, ...] = get_args(SourceName)
+MIG_ENABLED = "Enabled"  # spec.devices[].migMode and eccMode
+MIG_DISABLED = "Disabled"
+MODE_UNSUPPORTED = "Unsupported"
+MODES = (MIG_ENABLED, MIG_DISABLED, MODE_UNSUPPORTED)
 
 
 class ReportError(ValueError):
@@ -44,7 +53,8 @@ class Device:
     slowdown_c: int | None = None
     clock_event_reasons: int = 0
     clock_events_since: dt.datetime | None = None
-    recovery_action: str | None = None
+    recovery_action: RecoveryAction | None = None  # None: not read, or newer than api/recovery.py
+    mig_mode: str = ""  # MODES; "" not read
     mig_devices: tuple[MigDevice, ...] = ()
 
     @property
@@ -152,6 +162,13 @@ def _opt_str(v: Any, where: str) -> str | None:
     return v
 
 
+def _recovery(v: Any, where: str) -> RecoveryAction | None:
+    """The GPU's recovery action (``api/recovery.py``): a value this table does not know is unknown
+    (None), like one the agent could not name, never guessed; a value that is no string is malformed."""
+    text = _opt_str(v, where)
+    return RecoveryAction.parse(text) if text is not None else None
+
+
 def parse_report(obj: Mapping[str, Any]) -> Report:
     """Report from a GPUNodeHealth object; raises ReportError if the agent's facts are unusable."""
     meta = obj.get("metadata") or {}
@@ -192,7 +209,8 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 slowdown_c=temp.get("slowdownC"),
                 clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
                 clock_events_since=parse_time(d.get("clockEventsSince")),
-                recovery_action=_opt_str(d.get("recoveryAction"), f"{where}.recoveryAction"),
+                recovery_action=_recovery(d.get("recoveryAction"), f"{where}.recoveryAction"),
+                mig_mode=_opt_str(d.get("migMode"), f"{where}.migMode") or "",
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
             )
         )

@@ -36,6 +36,7 @@ READ: tuple[str, ...] = (
     "spec.devices[].remappedRows.failure",
     "spec.devices[].temperature.currentC",
     "spec.devices[].temperature.slowdownC",
+    "spec.devices[].migMode",  # typed for the MIG layout of kubectl gpuhealth describe (cli/miglayout.py)
     "spec.devices[].migDevices[].index",
     "spec.devices[].migDevices[].uuid",
     "spec.devices[].migDevices[].gpuInstanceId",
@@ -58,7 +59,6 @@ DROPPED: Mapping[str, str] = {
     "spec.nvml.driverVersion": "for humans",
     "spec.nvml.cudaVersion": "for humans",
     "spec.devices[].pciBusId": "for humans",
-    "spec.devices[].migMode": "for humans until partitions are read",
     "spec.devices[].eccMode": "for humans",
     "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
     "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",

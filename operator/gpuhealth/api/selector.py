@@ -10,6 +10,8 @@ from typing import Any
 
 from gpuhealth.api.policy_fields import PolicyError
 
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # matchExpressions[].operator
+
 
 @dataclass(frozen=True)
 class LabelSelector:
@@ -42,7 +44,7 @@ def parse_selector(raw: Any, path: str = "spec.nodeSelector") -> LabelSelector:
     exprs = []
     for i, e in enumerate(raw.get("matchExpressions") or []):
         op = e.get("operator")
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+        if op not in OPERATORS:
             raise PolicyError(f"{path}.matchExpressions[{i}].operator: invalid {op!r}")
         exprs.append((str(e.get("key")), op, tuple(e.get("values") or ())))
     return LabelSelector(dict(labels), tuple(exprs))

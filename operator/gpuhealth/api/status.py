@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
-from gpuhealth.api.names import OUT_OF_SERVICE, State
+from gpuhealth.api.names import OUT_OF_SERVICE, Action, State
 from gpuhealth.api.timeutil import format_time, parse_time
 
 MAX_EVIDENCE = 16
+
+DRAIN_ACTIONS = (Action.DRAIN, Action.REPAIR)  # the verdicts that start a drain (status drainAction)
+BREAKER_STATES = ("Closed", "Open")  # a policy's status.breaker
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,6 @@
 
 from gpuhealth.catalog.xid import (
     XidEntry,
-    action_for_recovery,
     all_entries,
     default_action,
     describe,
@@ -12,7 +11,6 @@ from gpuhealth.catalog.xid import (
 
 __all__ = [
     "XidEntry",
-    "action_for_recovery",
     "all_entries",
     "default_action",
     "describe",

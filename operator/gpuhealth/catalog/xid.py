@@ -10,13 +10,15 @@ Two action vocabularies are involved:
 * ``default_action`` is gpuhealth's verdict for a single occurrence, one of :data:`DEFAULT_ACTIONS`.
   Application XIDs map to ``ignore`` here; escalating an application XID that repeats on one GPU
   (a hardware signal) is the job of the verdict logic, not of the catalog.
+
+XID 154 carries the driver's recovery action; what gpuhealth does about each is declared once in
+``api/recovery.py``, not here.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -25,11 +27,8 @@ __all__ = [
     "DEFAULT_ACTIONS",
     "IMMEDIATE_ACTIONS",
     "MAX_XID",
-    "RECOVERY_ACTIONS",
     "XidEntry",
-    "action_for_recovery",
     "all_entries",
-    "canonical_recovery",
     "default_action",
     "describe",
     "is_application_error",
@@ -56,54 +55,6 @@ IMMEDIATE_ACTIONS: dict[str, str] = {
 
 DEFAULT_ACTIONS: tuple[str, ...] = ("ignore", "observe", "cordon", "drain", "repair")
 """gpuhealth verdict actions, mildest first."""
-
-RECOVERY_ACTIONS: dict[str, str] = {
-    "None": "observe",
-    "DrainP2P": "drain",
-    "DrainAndReset": "drain",
-    "Reset": "drain",
-    "BusReset": "drain",
-    "Reboot": "drain",
-    "SystemReboot": "drain",
-    "RecoverImexDomain": "drain",
-}
-"""XID 154 / NVML GPU recovery action -> gpuhealth verdict action.
-
-Every action but ``None`` means the GPU (or the node, or its NVLink/IMEX domain) cannot serve
-work until someone acts, so its pods are drained; the scope of that drain (one GPU or the node)
-is ``evaluation.scope``'s call.
-"""
-
-# Other spellings of the recovery actions: NVML enum values and names, and the words the driver
-# prints in the XID 154 message ("... changed from 0x0 (None) to 0x2 (Node Reboot Required)").
-_RECOVERY_ALIASES: dict[str, str] = {
-    "none": "None",
-    "0": "None",
-    "drainp2p": "DrainP2P",
-    "3": "DrainP2P",
-    "drainandreset": "DrainAndReset",
-    "4": "DrainAndReset",
-    "reset": "Reset",
-    "gpureset": "Reset",
-    "gpuresetrequired": "Reset",
-    "1": "Reset",
-    "reboot": "Reboot",
-    "nodereboot": "Reboot",
-    "noderebootrequired": "Reboot",
-    "2": "Reboot",
-    "recoverimexdomain": "RecoverImexDomain",
-    "recoverimexdomainrequired": "RecoverImexDomain",
-    "imexdomainrecovery": "RecoverImexDomain",
-    "5": "RecoverImexDomain",
-    "busreset": "BusReset",
-    "busresetrequired": "BusReset",
-    "pciebusreset": "BusReset",
-    "gpubusreset": "BusReset",
-    "6": "BusReset",
-    "systemreboot": "SystemReboot",
-    "systemrebootrequired": "SystemReboot",
-    "7": "SystemReboot",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,34 +151,6 @@ def is_application_error(code: int) -> bool:
 def default_action(code: int) -> str:
     """gpuhealth's verdict action for a single occurrence of ``code``."""
     return lookup(code).default_action
-
-
-def action_for_recovery(recovery: str) -> str:
-    """Verdict action for the recovery action carried by XID 154 (or read from NVML).
-
-    Accepts the report's spellings (``None``, ``DrainP2P``, ``DrainAndReset``, ``Reset``, ``Reboot``,
-    ``RecoverImexDomain``, ``BusReset``, ``SystemReboot``), the driver's message wording ("Drain and
-    Reset", "GPU Reset Required", "Node Reboot Required", "System Reboot Required"), NVML's enum
-    names ("NVML_GPU_RECOVERY_ACTION_BUS_RESET") and numeric values ("0".."7", "0x2"). Raises
-    ValueError for anything else.
-    """
-    return RECOVERY_ACTIONS[canonical_recovery(recovery)]
-
-
-def canonical_recovery(recovery: str) -> str:
-    """The canonical name (a key of :data:`RECOVERY_ACTIONS`) of a recovery action in any spelling.
-
-    Raises ValueError for anything that is not a recovery action.
-    """
-    if recovery in RECOVERY_ACTIONS:
-        return recovery
-    key = re.sub(r"[^a-z0-9]", "", recovery.strip().lower()).removeprefix("nvmlgpurecoveryaction")
-    if re.fullmatch(r"0x[0-9a-f]+", key):
-        key = str(int(key, 16))
-    canonical = _RECOVERY_ALIASES.get(key)
-    if canonical is None:
-        raise ValueError(f"unknown GPU recovery action {recovery!r}")
-    return canonical
 
 
 def describe(code: int) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.recovery import RECOVERY
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.cli.errors import Refused
 
@@ -51,7 +52,7 @@ def _notes(entry: catalog.XidEntry) -> list[str]:
             f" by default) is a hardware signal: reason RepeatedAppXID, action {d.app_repeat_action} by default."
         )
     if entry.code == 154:
-        mapping = ", ".join(f"{k} -> {v}" for k, v in catalog.RECOVERY_ACTIONS.items())
+        mapping = ", ".join(f"{r.action} -> {r.verdict}" for r in RECOVERY.values())
         notes.append(f"gpuhealth acts on the recovery action the GPU reports: {mapping}.")
     if entry.code == 109:
         notes.append("NVIDIA's device plugin skips XID 109 by default; the catalog (and gpuhealth) reset the GPU.")

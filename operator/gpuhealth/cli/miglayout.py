@@ -26,7 +26,8 @@ from typing import Any
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import devices_of_gpu
 from gpuhealth.actions.slices import SlimDevice, slim_slice
-from gpuhealth.api.devices import DeviceRef
+from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
+from gpuhealth.api.report import MIG_ENABLED, Device, MigDevice, ReportError, parse_report
 from gpuhealth.cli.render import table
 from gpuhealth.drain.claims import claim_devices, pods_holding
 
@@ -34,8 +35,19 @@ PLUGIN_PREFIX = "nvidia.com/mig-"
 PLUGIN_NOTE = "device plugin (nvidia.com/mig-* resources): no per-device API, so pods cannot be told apart per instance"
 
 
-def _mig_enabled(d: Mapping[str, Any]) -> bool:
-    return d.get("migMode") == "Enabled" or bool(d.get("migDevices"))
+def _devices(report: Mapping[str, Any] | None) -> tuple[Device, ...]:
+    """The report's GPUs, read through the report's typed parse; none when it cannot be read (the
+    operator refuses such a report too, with an Event)."""
+    if report is None:
+        return ()
+    try:
+        return parse_report(report).devices
+    except ReportError:
+        return ()
+
+
+def _mig_enabled(d: Device) -> bool:
+    return d.mig_mode == MIG_ENABLED or bool(d.mig_devices)
 
 
 def _partition(d: Mapping[str, Any]) -> bool:
@@ -47,8 +59,7 @@ def _partition(d: Mapping[str, Any]) -> bool:
 def wanted(report: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]) -> bool:
     """Whether the node has a layout to show: a MIG-enabled GPU in the report or a partition device
     in its slices (then the claims and pods are worth listing)."""
-    devices = ((report or {}).get("spec") or {}).get("devices") or []
-    if any(_mig_enabled(d) for d in devices):
+    if any(_mig_enabled(d) for d in _devices(report)):
         return True
     return any(_partition(d) for s in slices for d in (s.get("spec") or {}).get("devices") or [])
 
@@ -74,26 +85,26 @@ def _plugin_pods(pods: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(out)
 
 
-def _ids(m: Mapping[str, Any] | None) -> dict[str, Any]:
-    m = m or {}
-    return {"gpuInstanceId": m.get("gpuInstanceId"), "computeInstanceId": m.get("computeInstanceId")}
+def _ids(m: MigDevice | None) -> dict[str, Any]:
+    if m is None:
+        return {"gpuInstanceId": None, "computeInstanceId": None}
+    return {"gpuInstanceId": m.gpu_instance, "computeInstanceId": m.compute_instance}
 
 
-def _held(record: Mapping[str, Any] | None, ref: DeviceRef) -> tuple[bool, str | None]:
+def _held(record: DeviceRecord | None, ref: DeviceRef) -> tuple[bool, str | None]:
     """Whether the GPU's record holds ``ref`` out, and the DeviceTaintRule that does."""
-    if not record or str(record.get("state") or "InService") == "InService":
+    if record is None or record.state == DeviceState.IN_SERVICE:
         return False, None
-    if str(ref) not in (record.get("devices") or []):
+    if str(ref) not in record.devices:
         return False, None
     name = rule_name(ref)
-    rules = [str(r) for r in record.get("taintRules") or ([record["taintRule"]] if record.get("taintRule") else [])]
-    return True, name if name in rules else None
+    return True, name if name in record.taint_rules else None
 
 
 def _gpu(
     node: str,
-    d: Mapping[str, Any],
-    record: Mapping[str, Any] | None,
+    d: Device,
+    record: DeviceRecord | None,
     slim: list[Any],
     by_ref: Mapping[DeviceRef, SlimDevice],
     drivers: Sequence[str],
@@ -102,10 +113,9 @@ def _gpu(
     pods: Sequence[Mapping[str, Any]],
     allocated: set[DeviceRef],
 ) -> dict[str, Any] | None:
-    index, uuid = d.get("index"), str(d.get("uuid") or "")
-    migs = [m for m in d.get("migDevices") or [] if isinstance(m, Mapping)]
-    found = devices_of_gpu(slim, node, drivers, index if isinstance(index, int) else None, uuid, reported)
-    gpu: dict[str, Any] = {"gpu": index, "uuid": uuid or None, "migMode": d.get("migMode"), "instances": []}
+    index, uuid, migs = d.index, d.uuid, d.mig_devices
+    found = devices_of_gpu(slim, node, drivers, index, uuid, reported)
+    gpu: dict[str, Any] = {"gpu": index, "uuid": uuid or None, "migMode": d.mig_mode or None, "instances": []}
     if not found.partitions and not _mig_enabled(d):
         return None
     rows: list[dict[str, Any]] = []
@@ -120,15 +130,15 @@ def _gpu(
                 free += 1
                 free_held += _held(record, ref)[0]
             continue  # an unallocated placement, or the partitionable GPU's idle full device
-        mig = next((m for m in migs if dev and dev.uuid and m.get("uuid") == dev.uuid), None)
+        mig = next((m for m in migs if dev and dev.uuid and m.uuid == dev.uuid), None)
         if mig is not None:
-            seen.add(str(mig.get("uuid")))
+            seen.add(mig.uuid)
         held, rule = _held(record, ref)
         rows.append(
             {
                 "device": ref.device,
                 "profile": (dev.profile if dev else "")
-                or (mig or {}).get("profile")
+                or (mig.profile if mig else None)
                 or ("whole GPU" if not partition else None),
                 **_ids(mig),
                 "migUuid": (dev.uuid if dev and partition else None) or None,
@@ -138,15 +148,15 @@ def _gpu(
             }
         )
     for m in migs:
-        if str(m.get("uuid")) in seen:
+        if m.uuid and m.uuid in seen:
             continue
         rows.append(
             {
                 "device": None,
-                "profile": m.get("profile"),
+                "profile": m.profile or None,
                 **_ids(m),
-                "migUuid": m.get("uuid"),
-                "heldOut": bool(record and m.get("uuid") in (record.get("instances") or [])),
+                "migUuid": m.uuid or None,
+                "heldOut": bool(record and m.uuid in record.instances),
                 "taintRule": None,
                 "pods": [],
             }
@@ -176,19 +186,20 @@ def mig_layout(
     drivers: Sequence[str],
 ) -> list[dict[str, Any]]:
     """One entry per GPU with a layout (see the module docstring), by GPU index; JSON-able."""
-    spec = (report or {}).get("spec") or {}
-    records = {r.get("index"): r for r in ((report or {}).get("status") or {}).get("devices") or []}
+    records = {
+        r.index: r
+        for r in (DeviceRecord.from_status(e) for e in ((report or {}).get("status") or {}).get("devices") or [])
+        if r is not None
+    }
     slim = [slim_slice(s) for s in slices]
     by_ref = {DeviceRef(s.driver, s.pool, dv.name): dv for s in slim for dv in s.devices}
     claims, pods = list(claims), list(pods)
     allocated = {ref for c in claims for ref in claim_devices(c)}
-    devices = sorted(
-        (d for d in spec.get("devices") or [] if isinstance(d, Mapping)), key=lambda d: d.get("index") or 0
-    )
-    reported = [str(d.get("uuid")) for d in devices if d.get("uuid")]
+    devices = _devices(report)  # by GPU index
+    reported = [d.uuid for d in devices if d.uuid]
     out = []
     for d in devices:
-        g = _gpu(node, d, records.get(d.get("index")), slim, by_ref, drivers, reported, claims, pods, allocated)
+        g = _gpu(node, d, records.get(d.index), slim, by_ref, drivers, reported, claims, pods, allocated)
         if g is not None:
             out.append(g)
     return out

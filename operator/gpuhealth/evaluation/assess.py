@@ -45,11 +45,8 @@ class NodeView:
 def _xid_action(policy: Policy, code: int, device: Device | None) -> Action:
     if code in policy.xid_overrides:
         return policy.xid_overrides[code]
-    if code == 154 and device is not None and device.recovery_action:
-        try:
-            return Action(catalog.action_for_recovery(device.recovery_action))
-        except ValueError:
-            pass  # a recovery action newer than this catalog: the XID's own default, never a crash
+    if code == 154 and device is not None and device.recovery_action is not None:
+        return device.recovery_action.row.verdict  # unknown (newer than api/recovery.py): the XID's default
     return Action(catalog.default_action(code))
 
 

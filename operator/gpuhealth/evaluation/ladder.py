@@ -14,9 +14,11 @@ probation. ``Replace`` ends the ladder: the GPU waits in AwaitingRepair with its
 
 Which ladder a fault gets: the first of the policy's ``ladders`` that names its reason or XID,
 else the catalog's (:func:`default_steps`): faults a GPU reset clears (volatile ECC, pending remap
-or retirement, XIDs whose remedy is a reset, XID 154 with recovery action Reset) start at
-``GPUReset``; XID 79 and other node-reboot faults at ``NodeReboot``. A GPU whose recovery action
-is ``DrainAndReset`` or ``DrainP2P`` (its NVLink peers must be drained first) skips ``GPUReset``.
+or retirement, XIDs whose remedy is a reset) start at ``GPUReset``; XID 79 and other node-reboot
+faults at ``NodeReboot``; XID 154 where its recovery action's row in ``api/recovery.py`` says
+(``Reset`` and ``BusReset`` at ``GPUReset``, the others at ``NodeReboot``, ``None`` nowhere). A GPU
+whose recovery action needs its NVLink peers idle first (``DrainAndReset``, ``DrainP2P``) skips
+``GPUReset``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import (
     REBOOT_STEPS,
     RESET_STEPS,
@@ -42,12 +45,14 @@ from gpuhealth.catalog import xid as catalog
 __all__ = ["REBOOT_STEPS", "RESET_STEPS", "default_steps", "steps_for"]
 
 
-def default_steps(reason: str, recovery_action: str = "") -> tuple[Step, ...]:
+def default_steps(reason: str, recovery_action: RecoveryAction | None = None) -> tuple[Step, ...]:
     """The catalog's ladder for a fault (``api.remediation.default_steps`` with NVIDIA's remedy)."""
     return remediation.default_steps(reason, recovery_action, catalog.remedy_of(reason))
 
 
-def steps_for(settings: RemediationSettings, reason: str, recovery_action: str = "") -> tuple[Step, ...]:
+def steps_for(
+    settings: RemediationSettings, reason: str, recovery_action: RecoveryAction | None = None
+) -> tuple[Step, ...]:
     """The steps a fault climbs under ``settings`` (``api.remediation.steps_for`` with NVIDIA's remedy)."""
     return remediation.steps_for(settings, reason, recovery_action, catalog.remedy_of(reason))
 

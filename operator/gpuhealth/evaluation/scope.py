@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gpuhealth.api.names import Scope, Signal
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import Report
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.findings import Assessment, Finding
@@ -35,32 +36,19 @@ RULE_SCOPE: dict[str, Scope] = {
     "thermal": Scope.DEVICE,  # heat or HW slowdown on one GPU (several hot GPUs escalate by count)
     "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
 }
-# XID 154 carries the driver's own recovery action. A reset of the GPU itself (Reset, DrainAndReset:
-# drain its peer-to-peer traffic, then reset it) or of its PCIe bus (BusReset) touches that GPU
-# only, so it is the GPU's. Everything else is the node's: Reboot and SystemReboot restart the
-# whole host; DrainP2P stops peer-to-peer traffic, which runs between this GPU and its peers, so
-# the peers' pods are in it too; RecoverImexDomain repairs the node's NVLink/IMEX domain (the IMEX
-# daemon and channels every GPU of the node shares for cross-node memory), and the node is the
-# smallest thing gpuhealth can take out that holds it.
-_RECOVERY_SCOPE = {"Reset": Scope.DEVICE, "DrainAndReset": Scope.DEVICE, "BusReset": Scope.DEVICE}
+# XID 154 carries the driver's own recovery action: its scope is that action's row in
+# api/recovery.py (a reset of the GPU or of its PCIe bus is the GPU's; reboots, P2P drains and the
+# IMEX domain are the node's), and an unknown one is the node's.
 NVLINK_XIDS = frozenset({74})
 
 
-def xid_scope(code: int, recovery_action: str = "") -> Scope:
+def xid_scope(code: int, recovery_action: RecoveryAction | None = None) -> Scope:
     """Built-in scope of an XID: Device only when NVIDIA's remedy is a reset of that GPU."""
     if code in NVLINK_XIDS:
         return Scope.NODE
     if code == 154:
-        canonical = _canonical_recovery(recovery_action)
-        return _RECOVERY_SCOPE.get(canonical, Scope.NODE)
+        return recovery_action.row.scope if recovery_action is not None else Scope.NODE
     return Scope.DEVICE if catalog.lookup(code).immediate_action == "RESET_GPU" else Scope.NODE
-
-
-def _canonical_recovery(recovery: str) -> str:
-    try:
-        return catalog.canonical_recovery(recovery) if recovery else ""
-    except ValueError:
-        return ""
 
 
 def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> Scope:
@@ -73,7 +61,7 @@ def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> 
         if finding.code in policy.devices.xid_scopes:
             return policy.devices.xid_scopes[finding.code]
         device = report.device(finding.gpu) if report is not None else None
-        return xid_scope(finding.code, (device.recovery_action or "") if device else "")
+        return xid_scope(finding.code, device.recovery_action if device else None)
     if finding.signal == Signal.RESTART_LOOP:
         return Scope.DEVICE  # named a GPU only where every failing pod holds it (restarts.py)
     rule = RULE_OF.get(finding.signal)

@@ -26,6 +26,7 @@ from gpuhealth.agent.report import (
     rfc3339,
     temperature_changed,
 )
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import parse_time
 
 T0 = datetime(2026, 11, 30, 1, 2, 3, 123456, tzinfo=UTC)
@@ -45,7 +46,7 @@ def gpu(index: int = 0, **changes: Any) -> DeviceFacts:
         temperature=Temperature(40, 87, 92),
         clock_event_reasons=0x1,
         power_w=100.0,
-        recovery_action="None",
+        recovery_action=RecoveryAction("None"),
     )
     return base.replace(**changes)
 

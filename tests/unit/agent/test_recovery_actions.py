@@ -13,15 +13,15 @@ import pynvml
 import pytest
 import yaml
 
-from gpuhealth.agent.model import RECOVERY_ACTIONS
 from gpuhealth.agent.nvml_source import NvmlSource
 from gpuhealth.api.names import Scope
-from gpuhealth.catalog import xid as catalog
+from gpuhealth.api.recovery import RECOVERY, RecoveryAction
 from gpuhealth.evaluation.scope import xid_scope
 from tests.unit.agent.agent_testlib import Scenario
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "gpunodehealths.yaml"
 PREFIX = "NVML_GPU_RECOVERY_ACTION_"
+RECOVERY_ACTIONS = {r.nvml: r.action for r in RECOVERY.values()}
 
 
 def _nvml_actions() -> dict[str, int]:
@@ -40,7 +40,7 @@ def test_the_agent_maps_every_recovery_action_the_installed_pynvml_names() -> No
     assert len(actions) >= 8, f"pynvml names only {sorted(actions)}"
     missing = {name: value for name, value in actions.items() if value not in RECOVERY_ACTIONS}
     assert not missing, (
-        f"agent/model.py RECOVERY_ACTIONS lacks {missing}: give each a report value (CRD enum, catalog, scope)"
+        f"api/recovery.py RECOVERY lacks {missing}: give each a row (then regenerate the CRDs: hack/gen_crds.py)"
     )
 
 
@@ -49,13 +49,8 @@ def test_recovery_actions_get_distinct_report_values() -> None:
     assert len(values) == len(set(values)), "two NVML actions folded into one report value"
 
 
-def test_the_crd_catalog_and_scope_know_every_report_value() -> None:
-    values = set(RECOVERY_ACTIONS.values())
-    assert set(_crd_enum()) == values
-    assert set(catalog.RECOVERY_ACTIONS) == values
-    for value in values:
-        assert catalog.canonical_recovery(value) == value
-        xid_scope(154, value)  # never raises
+def test_the_crd_knows_every_report_value() -> None:
+    assert set(_crd_enum()) == set(RECOVERY_ACTIONS.values())
 
 
 @pytest.mark.parametrize(
@@ -75,7 +70,8 @@ def test_scope_of_each_nvml_action(name: str, scope: Scope) -> None:
     value = int(getattr(pynvml, PREFIX + name))
     assert xid_scope(154, RECOVERY_ACTIONS[value]) == scope
     # The driver's numeric spelling in the XID 154 message means the same action.
-    assert catalog.canonical_recovery(hex(value)) == RECOVERY_ACTIONS[value]
+    assert RecoveryAction.parse(hex(value)) == RECOVERY_ACTIONS[value]
+    assert RecoveryAction[name] == RECOVERY_ACTIONS[value]  # the members are named as NVML names them
 
 
 def test_each_action_is_read_through_pynvml(fake_nvml_lib: Path, scenario: Scenario) -> None:

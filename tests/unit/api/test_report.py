@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import Device, MigDevice, ReportError, parse_report
 from tests.unit.builders import NODE, T0, at, gpu, iso, report_obj, xid_event
 
@@ -52,7 +53,7 @@ def test_full_report_is_parsed() -> None:
         slowdown_c=87,
         clock_event_reasons=0x40,
         clock_events_since=at(-30),
-        recovery_action="Reboot",
+        recovery_action=RecoveryAction("Reboot"),
     )
     assert d1.label == "GPU 1 (GPU-0001)"
     assert r.device(0) == Device(index=0, uuid="GPU-0000", model="NVIDIA H100 80GB HBM3")

@@ -19,7 +19,6 @@ from gpuhealth.catalog.xid import (
     IMMEDIATE_ACTIONS,
     MAX_XID,
     XidEntry,
-    action_for_recovery,
     all_entries,
     default_action,
     describe,
@@ -109,50 +108,6 @@ def test_describe() -> None:
     assert describe(79) == "XID 79 (GPU has fallen off the bus): reboot the node"
     assert describe(48).startswith("XID 48 (Double-bit ECC error): ")
     assert describe(500) == "XID 500 (Unknown XID 500): contact support"
-
-
-# --- XID 154 recovery action ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("recovery", "action"),
-    [
-        ("None", "observe"),
-        ("DrainP2P", "drain"),
-        ("DrainAndReset", "drain"),
-        ("Reset", "drain"),
-        ("Reboot", "drain"),
-        ("RecoverImexDomain", "drain"),
-        ("BusReset", "drain"),
-        ("SystemReboot", "drain"),
-        # driver message wording and NVML enum values
-        ("Drain P2P", "drain"),
-        ("Drain and Reset", "drain"),
-        ("GPU Reset Required", "drain"),
-        ("Node Reboot Required", "drain"),
-        ("none", "observe"),
-        ("0x0", "observe"),
-        ("0", "observe"),
-        ("1", "drain"),
-        ("0x2", "drain"),
-        ("3", "drain"),
-        ("4", "drain"),
-        ("5", "drain"),
-        ("0x6", "drain"),
-        ("7", "drain"),
-        ("System Reboot Required", "drain"),
-        ("NVML_GPU_RECOVERY_ACTION_BUS_RESET", "drain"),
-        ("NVML_GPU_RECOVERY_ACTION_NONE", "observe"),
-    ],
-)
-def test_action_for_recovery(recovery: str, action: str) -> None:
-    assert action_for_recovery(recovery) == action
-
-
-@pytest.mark.parametrize("recovery", ["", "Explode", "0x9", "8", "DrainSomething"])
-def test_action_for_recovery_rejects_unknown(recovery: str) -> None:
-    with pytest.raises(ValueError):
-        action_for_recovery(recovery)
 
 
 # --- unknown and out-of-range codes ---------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_outcome, pinned_to
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.policy import PolicyError, parse_policy
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import LadderRecord, Phase, RemediationSettings, Result, Step, StepKind
 from gpuhealth.evaluation.ladder import GPU, REBOOT_STEPS, RESET_STEPS, Observed, advance, steps_for
 
@@ -106,9 +107,12 @@ def test_catalog_ladders_and_peer_draining_recovery_skips_the_reset() -> None:
     assert steps_for(s, "PendingRemap") == RESET_STEPS
     assert steps_for(s, "XID48") == RESET_STEPS
     assert steps_for(s, "XID79") == REBOOT_STEPS
-    assert steps_for(s, "XID154", "Reset") == RESET_STEPS
+    assert steps_for(s, "XID154", RecoveryAction.GPU_RESET) == RESET_STEPS
     assert steps_for(s, "RowRemapFailure") == ()  # a failed remap needs a new GPU: held for a human
-    assert [x.kind for x in steps_for(s, "XID154", "DrainAndReset")] == [StepKind.NODE_REBOOT, StepKind.REPLACE]
+    assert [x.kind for x in steps_for(s, "XID154", RecoveryAction.DRAIN_AND_RESET)] == [
+        StepKind.NODE_REBOOT,
+        StepKind.REPLACE,
+    ]
     mine = policy(enabled=True, ladders=[{"xids": [48], "steps": [{"type": "Replace"}]}]).remediation
     assert [x.kind for x in steps_for(mine, "XID48")] == [StepKind.REPLACE]
     assert steps_for(mine, "EccUncorrected") == RESET_STEPS  # no ladder names it: the catalog's

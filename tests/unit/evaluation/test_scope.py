@@ -10,6 +10,7 @@ import pytest
 from gpuhealth.api.device_policy import DeviceSettings
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.policy import PolicyError
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.evaluation.assess import Finding, NodeView, assess
 from gpuhealth.evaluation.scope import device_findings, node_findings, scope_of, xid_scope
 from tests.unit.builders import T0, at, gpu, make_policy, make_report, xid_event
@@ -46,7 +47,7 @@ def test_node_reboot_nvlink_and_other_xids_are_node_scope(code: int) -> None:
     ],
 )
 def test_xid_154_follows_its_recovery_action(recovery: str, scope: Scope) -> None:
-    assert xid_scope(154, recovery) == scope
+    assert xid_scope(154, RecoveryAction.parse(recovery)) == scope
 
 
 def _f(signal: Signal, gpu_index: int | None = 2, code: int | None = None) -> Finding:

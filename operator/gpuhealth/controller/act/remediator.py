@@ -35,6 +35,7 @@ from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_ou
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_from_status
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
@@ -61,7 +62,7 @@ def facts_clean(device: Device | None) -> bool:
         device.ecc_volatile_uncorrected == 0
         and not device.remap_pending
         and not device.retired_pending
-        and device.recovery_action in (None, "", "None")
+        and device.recovery_action in (None, RecoveryAction.NONE)
     )
 
 
@@ -132,8 +133,7 @@ class Remediator:
                 self._blocked.pop((name, dev.index), None)
                 continue
             facts = report.device(dev.index) if report is not None else None
-            recovery = (facts.recovery_action or "") if facts else ""
-            steps = steps_for(settings, lad.reason if lad else dev.reason, recovery)
+            steps = steps_for(settings, lad.reason if lad else dev.reason, facts.recovery_action if facts else None)
             gpu = GPU(
                 index=dev.index,
                 uuid=dev.uuid,

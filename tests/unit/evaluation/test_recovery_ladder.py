@@ -1,0 +1,58 @@
+"""Each NVML recovery action 0-7 end to end through the pure chain: a report whose GPU carries it and
+an XID 154 on that GPU -> assess (verdict, scope) -> the catalog's ladder for it -> the ladder's first
+move. The expectations are written out here, not read from ``api/recovery.py``, so the table cannot
+drift from what docs/remediation.md promises (NVIDIA's meaning of each value is cited there)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhealth.api.devices import DeviceState
+from gpuhealth.api.names import Action, Scope
+from gpuhealth.api.recovery import RECOVERY, RecoveryAction
+from gpuhealth.api.remediation import Phase, RemediationSettings, StepKind
+from gpuhealth.evaluation.assess import NodeView, assess
+from gpuhealth.evaluation.ladder import GPU, Observed, advance, steps_for
+from tests.unit.builders import at, gpu, make_policy, make_report, xid_event
+
+# NVML value, report spelling, verdict, scope, first step (None: no ladder), steps after it
+CASES = [
+    (0, "None", Action.OBSERVE, Scope.NODE, None, []),
+    (1, "Reset", Action.DRAIN, Scope.DEVICE, StepKind.GPU_RESET, [StepKind.NODE_REBOOT, StepKind.REPLACE]),
+    (2, "Reboot", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    (3, "DrainP2P", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    (4, "DrainAndReset", Action.DRAIN, Scope.DEVICE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    (5, "RecoverImexDomain", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    (6, "BusReset", Action.DRAIN, Scope.DEVICE, StepKind.GPU_RESET, [StepKind.NODE_REBOOT, StepKind.REPLACE]),
+    (7, "SystemReboot", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+]
+
+
+def test_every_nvml_value_has_a_case() -> None:
+    assert sorted(c[0] for c in CASES) == sorted(r.nvml for r in RECOVERY.values()) == list(range(8))
+
+
+@pytest.mark.parametrize(("nvml", "spelling", "verdict", "scope", "first", "rest"), CASES, ids=[c[1] for c in CASES])
+def test_recovery_action_through_assess_scope_and_ladder(
+    nvml: int, spelling: str, verdict: Action, scope: Scope, first: StepKind | None, rest: list[StepKind]
+) -> None:
+    assert RecoveryAction.from_nvml(nvml) == RecoveryAction(spelling)
+    report = make_report(devices=[gpu(3, recoveryAction=spelling)], xids=[xid_event(154, -1, gpu_index=3)])
+    facts = report.device(3)
+    assert facts is not None and facts.recovery_action is RecoveryAction(spelling)  # typed by parse_report
+
+    a = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0))
+    (finding,) = [f for f in a.findings if f.code == 154]
+    assert (finding.action, finding.scope) == (verdict, scope)
+
+    steps = steps_for(RemediationSettings(enabled=True), finding.reason, facts.recovery_action)
+    assert [s.kind for s in steps] == ([first, *rest] if first is not None else [])
+    held = GPU(3, "GPU-3", DeviceState.QUARANTINED, finding.reason, at(0), True, "rule-3", False)
+    move = advance(None, held, steps, Observed(may_start=True), at(1))
+    if first is None:
+        assert move.record is None and move.start is None  # nothing to repair: observed only
+    elif first == StepKind.GPU_RESET:
+        assert move.start == StepKind.GPU_RESET and move.record is not None and move.record.phase == Phase.PENDING
+    else:
+        assert move.start is None and move.record is not None
+        assert (move.record.step, move.record.phase) == (StepKind.NODE_REBOOT, Phase.HANDED_OFF)
