@@ -231,6 +231,7 @@ TOOLS: dict[str, set[str]] = {
     "memprobe": {"bench"},
     "cluster": set(),
     "gen_xid_docs": set(),
+    "gen_crds": set(),
 }
 
 
