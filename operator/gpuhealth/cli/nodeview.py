@@ -244,6 +244,7 @@ def describe_node(
         "gpuFailures": _failures(status.devices, now),
         "deviceDrains": dict(status.device_drains) if status.device_drains else None,
         "lastXid": status.last_xid,
+        "clockSkew": dict(status.clock_skew) if status.clock_skew else None,
         "agent": {
             "version": agent.get("version"),
             "sources": list(agent.get("sources") or []),
