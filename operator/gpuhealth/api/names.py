@@ -89,6 +89,7 @@ class Signal(StrEnum):
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
     AGENT_SILENT = "AgentSilent"
+    NVML_UNRESPONSIVE = "NVMLUnresponsive"  # an NVML call the agent made has not returned (a wedged GPU)
     RESTART_LOOP = "RestartLoop"
     FLAPPING = "Flapping"
     DEVICE_QUARANTINED = "DeviceQuarantined"  # the node serves on while some of its GPUs are held out

@@ -267,10 +267,16 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if m.get("hasReport"):
         agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
         agent += f", heartbeat {human_age(a.get('heartbeatAgeSeconds'))} ago"
-        if a.get("nvmlAvailable") is False:
+        hang = a.get("nvmlUnresponsive") or {}
+        if hang:
+            agent += f", NVML UNRESPONSIVE: {_v(hang.get('call'))} since {_v(hang.get('since'))}"
+            agent += f" (newest sample {_v(hang.get('lastSampleTime'), 'none since the agent started')})"
+        elif a.get("nvmlAvailable") is False:
             agent += f", NVML UNAVAILABLE: {_v(a.get('nvmlError'))}"
         else:
             agent += f", driver {_v(a.get('driverVersion'))}"
+        if a.get("sampleAgeSeconds") is not None:
+            agent += f", newest sample {human_age(a.get('sampleAgeSeconds'))} ago"
         lines.append(_field("Agent", agent))
     skew = m.get("clockSkew") or {}
     if isinstance(skew.get("offsetSeconds"), int):

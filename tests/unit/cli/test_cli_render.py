@@ -326,3 +326,16 @@ def test_describe_and_status_show_the_clock_offset_while_a_node_is_skewed() -> N
     plain = summarize([node("b")], [report("b", "Healthy")], [policy()], NOW)
     assert "CLOCK-SKEW" not in status_rows(plain)[0]
     assert "Clock skew" not in render_describe(describe_node("b", node("b"), report("b", "Healthy"), None, [], NOW))
+
+
+def test_describe_names_a_hung_nvml_call_and_the_age_of_the_newest_sample() -> None:
+    hang = {"call": "nvmlDeviceGetTotalEccErrors", "since": ago(90), "lastSampleTime": ago(100)}
+    rep = report("a", "Unknown", spec={"heartbeatTime": ago(5), "nvml": {"available": True, "unresponsive": hang}})
+    lease = {
+        "metadata": {"annotations": {"gpuhealth.dev/sampled-at": ago(100)}},
+        "spec": {"renewTime": ago(2)},
+    }
+    text = render_describe(describe_node("a", node("a"), rep, None, [], NOW, lease=lease))
+    line = next(ln for ln in text.splitlines() if ln.startswith("Agent"))
+    assert f"NVML UNRESPONSIVE: nvmlDeviceGetTotalEccErrors since {ago(90)}" in line
+    assert "newest sample 1m40s ago" in line or "newest sample 100s ago" in line, line

@@ -37,6 +37,7 @@ from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
     REPORT_KIND,
     Mode,
+    Signal,
 )
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
@@ -408,6 +409,8 @@ class NodeReconciler:
             for f in a.actionable():
                 metrics.FAULTS.labels(str(f.signal), "" if f.code is None else str(f.code)).inc()
         for type_, reason, message in d.events:
+            if reason == Signal.NVML_UNRESPONSIVE:  # observed (Unknown): counted as a fault all the same
+                metrics.FAULTS.labels(reason, "").inc()
             if dry:
                 message = f"DryRun (policy {policy.name}): would act, no Node was changed. {message}"
                 metrics.ACTIONS.labels(reason, d.record.reason or reason, "DryRun").inc()
