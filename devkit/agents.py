@@ -38,6 +38,11 @@ class Agent:
         self.lines.append(line)
         self.write()
 
+    def unset(self, line: str) -> None:
+        """Remove a directive (e.g. ``block <symbol>``: the blocked NVML call returns)."""
+        self.lines = [ln for ln in self.lines if ln != line]
+        self.write()
+
     def inject_xid(self, gpu: int, code: int, gi: int | None = None, ci: int | None = None) -> None:
         """An XID on ``gpu``; ``gi``/``ci`` attribute it to a MIG GPU/compute instance."""
         self.xid_seq += 1
@@ -98,6 +103,8 @@ class AgentFleet:
     metrics: bool = False
     # Renew a node Lease in this (existing) namespace as the heartbeat; None: heartbeat the report.
     lease_namespace: str | None = None
+    # Seconds after which an NVML call that has not returned is a hang (--nvml-hang-after); None: the default.
+    nvml_hang_after: float | None = None
 
     def start(self, nodes: list[str]) -> AgentFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -135,6 +142,7 @@ class AgentFleet:
                     "--metrics-bind=127.0.0.1",
                     *([f"--lease-namespace={self.lease_namespace}"] if self.lease_namespace else []),
                     *([f"--state-dir={agent.state_dir}"] if agent.state_dir else []),
+                    *([f"--nvml-hang-after={self.nvml_hang_after}"] if self.nvml_hang_after else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

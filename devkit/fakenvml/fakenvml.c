@@ -18,6 +18,11 @@
  *   cuda <int>                       CUDA driver version as NVML encodes it (default 12040)
  *   init_error <code>                nvmlInit fails with this NVML return code (e.g. 9)
  *   missing <symbol>                 that NVML function answers FUNCTION_NOT_FOUND
+ *   block <symbol>                   that NVML function never returns while the line is there, as a
+ *                                    call into a wedged GPU or driver does: the caller blocks (the
+ *                                    library's lock released, so other calls still answer) until the
+ *                                    scenario no longer names it, then the call goes on as usual.
+ *                                    nvmlInit and nvmlInit_v2 are nvmlInitWithFlags here.
  *   gpu <i|*> <key> <value>          per-GPU value; keys: name uuid pci temp slowdown shutdown
  *                                    power_mw clock_reasons ecc_mode mig recovery_action lost
  *                                    ecc_volatile_uncorrected ecc_volatile_corrected
@@ -152,6 +157,8 @@ struct scenario {
     int init_error;
     char missing[MAX_MISSING][96];
     int n_missing;
+    char blocked[MAX_MISSING][96];
+    int n_blocked;
     struct fake_gpu gpu[MAX_GPUS];
     struct fake_xid xids[MAX_XIDS];
     int n_xids;
@@ -349,6 +356,11 @@ static void parse_line(struct scenario *s, char *line, const char *path, int lin
         if (n && s->n_missing < MAX_MISSING)
             snprintf(s->missing[s->n_missing++], sizeof(s->missing[0]), "%s", n);
         else ok = 0;
+    } else if (strcmp(verb, "block") == 0) {
+        char *n = token(&rest);
+        if (n && s->n_blocked < MAX_MISSING)
+            snprintf(s->blocked[s->n_blocked++], sizeof(s->blocked[0]), "%s", n);
+        else ok = 0;
     } else if (strcmp(verb, "gpu") == 0) {
         char *sel = token(&rest);
         char *key = token(&rest);
@@ -438,9 +450,27 @@ static int is_missing(const char *fn) {
     return 0;
 }
 
+static int is_blocked(const char *fn) {
+    for (int i = 0; i < S.n_blocked; i++)
+        if (strcmp(S.blocked[i], fn) == 0) return 1;
+    return 0;
+}
+
+/* A blocked function waits, without the lock, until the scenario stops naming it. Caller holds mu. */
+static void wait_while_blocked_locked(const char *fn) {
+    while (is_blocked(fn)) {
+        pthread_mutex_unlock(&mu);
+        struct timespec pause = {0, 20 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&mu);
+        refresh_locked();
+    }
+}
+
 #define ENTER()                                                                    \
     pthread_mutex_lock(&mu);                                                       \
     refresh_locked();                                                              \
+    wait_while_blocked_locked(__func__);                                           \
     if (is_missing(__func__)) {                                                    \
         pthread_mutex_unlock(&mu);                                                 \
         return NVML_ERROR_FUNCTION_NOT_FOUND;                                      \

@@ -148,6 +148,9 @@ class CountingLease:
         self.stats.renewed(self.lease.node, time.time())
         return kind
 
+    def changed(self) -> bool:
+        return self.lease.changed()
+
 
 class SimNode:
     """One node's agent with a simulated device source and the real publisher and Lease renewal.

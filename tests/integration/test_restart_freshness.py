@@ -20,7 +20,15 @@ import pytest
 from kubernetes import client
 
 from devkit.cluster import LocalCluster
-from devkit.k8s import GPUHEALTH_NAMESPACE, Kube, OperatorProcess, ensure_namespace, healthy_spec, wait_for
+from devkit.k8s import (
+    GPUHEALTH_NAMESPACE,
+    Kube,
+    OperatorProcess,
+    ensure_namespace,
+    healthy_spec,
+    wait_for,
+    xid_event,
+)
 from tests.integration.conftest import make_nodes, policy_spec
 
 SILENCE_S = 5.0
@@ -143,3 +151,45 @@ def test_a_restart_keeps_verdicts_whatever_the_agents_clocks_say(
     finally:
         stop.set()
         agent.join(5)
+
+
+def clock_skew_count(operator: OperatorProcess) -> float:
+    """This operator process's ``gpuhealth_invalid_input_total{kind="ClockSkew"}`` (0 when absent)."""
+    for line in operator.metrics().splitlines():
+        if line.startswith('gpuhealth_invalid_input_total{kind="ClockSkew"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_skew_present_at_start_up_is_announced_once_and_not_again_after_a_restart(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    """A node whose clock is ten minutes ahead wrote its report before the operator started: the
+    operator's first pass announces the episode (one ``ClockSkew`` Event, the metric, the offset in
+    the status for describe and status), and an operator SIGKILLed and restarted finds the episode in
+    the status and announces nothing."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group, rules={"agentSilence": {"after": "10m"}}))
+    operator.kill()
+    ahead = dt.timedelta(minutes=10)
+    kube.put_report(node, healthy_spec(heartbeatTime=micro(dt.datetime.now(dt.UTC) + ahead)))
+    operator.start()
+
+    wait_for(lambda: kube.node_events(node, "ClockSkew"), timeout=30, what="the ClockSkew Event after start-up")
+    record = kube.report(node)["status"]["clockSkew"]
+    assert 590 <= record["offsetSeconds"] <= 610, record
+    assert "ahead of the operator's" in kube.node_events(node, "ClockSkew")[0].message
+    assert clock_skew_count(operator) == 1.0
+    first = settled_events(kube, node)
+    assert [r for _, r in first].count("ClockSkew") == 1
+
+    operator.kill()
+    # While it is down the agent writes again (its clock still ahead) with a new XID: the status's
+    # lastXid moving is the sign that the restarted operator has passed the node.
+    xid = xid_event(13, gpu=0)
+    kube.put_report(node, healthy_spec(heartbeatTime=micro(dt.datetime.now(dt.UTC) + ahead), xids=[xid]))
+    operator.start()
+    wait_for(lambda: kube.report(node)["status"].get("lastXid") == "13 (GPU 0)", timeout=30, what="the restarted pass")
+    assert [r for _, r in settled_events(kube, node)].count("ClockSkew") == 1, "a restart announced the episode again"
+    assert clock_skew_count(operator) == 0.0
+    assert kube.report(node)["status"]["clockSkew"]["since"] == record["since"]

@@ -7,9 +7,14 @@ its node instead, and writes the GPUNodeHealth spec only when a fact changes. Th
 the Leases separately and treats a renewal as a sign of life, by its own clock.
 
 A renewal is one JSON merge patch (``renewTime``, ``holderIdentity``, ``leaseDurationSeconds`` and
-the label the operator's watch selects on). A missing Lease is created; a create that finds it
-there (another agent start raced us) patches it. Every step is idempotent, so a restarted agent
-simply renews again. Failures are raised to the publisher, which retries them like report writes.
+the label the operator's watch selects on). A renewal says that the agent lives, not that its facts
+are fresh, so it also says how old they are: the annotation ``gpuhealth.dev/sampled-at`` carries the
+time of the newest completed NVML sample, and while an NVML call hangs (``watchdog.py``)
+``gpuhealth.dev/nvml-unresponsive`` names it and since when; that change is renewed at once.
+
+A missing Lease is created; a create that finds it there (another agent start raced us) patches it.
+Every step is idempotent, so a restarted agent simply renews again. Failures are raised to the
+publisher, which retries them like report writes.
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import IO, Any, Protocol
 
 from gpuhealth.agent.transport import FIELD_MANAGER, MERGE_PATCH, AlreadyExistsError, NotFoundError
-from gpuhealth.api.names import AGENT_LEASE_SELECTOR, AGENT_MANAGER, MANAGED_BY_LABEL
+from gpuhealth.api.names import (
+    AGENT_LEASE_SELECTOR,
+    AGENT_MANAGER,
+    LEASE_NVML_UNRESPONSIVE_ANNOTATION,
+    MANAGED_BY_LABEL,
+)
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 # The operator's Lease watch selects on this label, server-side.
@@ -54,29 +65,57 @@ def lease_duration_s(heartbeat_interval_s: float) -> int:
 class NodeLease:
     """Renews one node's Lease: patch, create when missing, patch again when a create raced."""
 
-    def __init__(self, transport: LeaseTransport, namespace: str, node: str, heartbeat_interval_s: float) -> None:
+    def __init__(
+        self,
+        transport: LeaseTransport,
+        namespace: str,
+        node: str,
+        heartbeat_interval_s: float,
+        vouches: Callable[[], Mapping[str, str | None]] | None = None,
+    ) -> None:
         self.transport = transport
         self.namespace = namespace
         self.node = node
         self.duration_s = lease_duration_s(heartbeat_interval_s)
+        # The annotations a renewal carries about the facts (None removes one); see the module's doc.
+        self.vouches = vouches or dict
+        self._sent_hang: str | None = None
 
     def renewal(self, now: datetime) -> dict[str, Any]:
         """The merge patch of one renewal (also what a create carries, with the identity added)."""
         spec = {"holderIdentity": self.node, "leaseDurationSeconds": self.duration_s, "renewTime": micro_time(now)}
-        return {"metadata": {"labels": dict(MANAGED_BY)}, "spec": spec}
+        meta: dict[str, Any] = {"labels": dict(MANAGED_BY)}
+        annotations = dict(self.vouches())
+        if annotations:
+            meta["annotations"] = annotations
+        return {"metadata": meta, "spec": spec}
+
+    def changed(self) -> bool:
+        """Whether what a renewal says about NVML changed since the last one sent (renew now, not on
+        schedule: a Lease must not vouch for facts that stopped being refreshed)."""
+        return self.vouches().get(LEASE_NVML_UNRESPONSIVE_ANNOTATION) != self._sent_hang
 
     def renew(self, now: datetime) -> str:
         """Renew once; returns "renew" or "create" (what was sent last)."""
         patch = self.renewal(now)
+        hang = (patch["metadata"].get("annotations") or {}).get(LEASE_NVML_UNRESPONSIVE_ANNOTATION)
+        kind = self._send(patch)
+        self._sent_hang = hang
+        return kind
+
+    def _send(self, patch: dict[str, Any]) -> str:
         try:
             self.transport.patch(self.namespace, self.node, patch)
             return "renew"
         except NotFoundError:
             pass
+        meta = dict(patch["metadata"])
+        if meta.get("annotations"):
+            meta["annotations"] = {k: v for k, v in meta["annotations"].items() if v is not None}
         body = {
             "apiVersion": LEASE_API_VERSION,
             "kind": "Lease",
-            "metadata": {"name": self.node, "namespace": self.namespace, **patch["metadata"]},
+            "metadata": {"name": self.node, "namespace": self.namespace, **meta},
             "spec": {**patch["spec"], "acquireTime": patch["spec"]["renewTime"]},
         }
         try:

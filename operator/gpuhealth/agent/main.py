@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from gpuhealth.agent.nvml_source import ENV_LIBRARY
-from gpuhealth.agent.runner import Agent, AgentConfig, agent_version, collect_once
+from gpuhealth.agent.runner import MIN_HANG_AFTER_S, Agent, AgentConfig, agent_version, collect_once
 from gpuhealth.kube.credentials import api_client
 
 log = logging.getLogger("gpuhealth.agent")
@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds one nvmlEventSetWait may block; bounds shutdown latency (default 1)",
     )
     p.add_argument(
+        "--nvml-hang-after",
+        type=_positive,
+        default=None,
+        help="seconds after which an NVML call that has not returned is reported as NVML unresponsive "
+        f"(default: 3 sampling intervals, at least {MIN_HANG_AFTER_S:.0f})",
+    )
+    p.add_argument(
         "--nvml-library",
         default=_env(ENV_LIBRARY),
         help=f"path of the NVML library instead of libnvidia-ml.so.1 (env {ENV_LIBRARY})",
@@ -121,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_xid_events=args.max_xid_events,
         max_backoff_s=args.max_backoff,
         lease_namespace=args.lease_namespace or None,
+        nvml_hang_after_s=args.nvml_hang_after,
         state_dir=None if args.once and args.dry_run else resolve_state_dir(args.state_dir),
     )
 

@@ -18,6 +18,11 @@ class AgentMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.nvml_available = Gauge("gpuhealth_agent_nvml_available", "1 when NVML answered.", registry=r)
+        self.nvml_unresponsive = Gauge(
+            "gpuhealth_agent_nvml_unresponsive",
+            "1 while an NVML call has not returned for longer than the agent's bound (its sample age).",
+            registry=r,
+        )
         self.gpus = Gauge("gpuhealth_agent_gpus", "GPUs discovered (lost ones included).", registry=r)
         self.temperature = Gauge("gpuhealth_agent_gpu_temperature_celsius", "GPU core temperature.", _GPU, registry=r)
         self.temperature_threshold = Gauge(

@@ -99,11 +99,22 @@ class DeviceFacts:
 
 
 @dataclass(frozen=True)
+class NvmlHang:
+    """An NVML call that has not returned for longer than the agent's bound (``watchdog.py``)."""
+
+    call: str  # the NVML function, e.g. nvmlDeviceGetTotalEccErrors ("unknown" when it cannot be told)
+    since: datetime  # when that call (or the sample that made it) started, by the node's clock
+    last_sample: datetime | None = None  # the newest sample that completed, None if none did
+
+
+@dataclass(frozen=True)
 class NvmlStatus:
     available: bool
     error: str | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
+    # Set while an NVML call hangs: the facts beside it are the last ones read, no longer refreshed.
+    hang: NvmlHang | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,10 @@ class Renewer(Protocol):
 
     def renew(self, now: datetime) -> str: ...
 
+    def changed(self) -> bool:
+        """What a renewal vouches for changed: renew now rather than on schedule."""
+        ...
+
 
 def is_retryable(exc: BaseException) -> bool:
     """Failures worth retrying with growing delays: conflicts (the patch is re-sent whole), what
@@ -232,7 +236,8 @@ class Publisher:
             return None  # nothing sampled yet; the first sample wakes us
         now = now_utc()
         kind = self._write_report(snapshot, now, force)
-        if self._lease is not None and time.monotonic() - self._last_renew >= self._heartbeat_s:
+        due = self._lease is not None and time.monotonic() - self._last_renew >= self._heartbeat_s
+        if self._lease is not None and (due or self._lease.changed()):
             # After the report: a renewal vouches for an agent whose report (and XID watch) exists.
             self._lease.renew(now)
             self._last_renew = time.monotonic()

@@ -301,6 +301,15 @@ class ReportBuilder:
             nvml["driverVersion"] = _truncate(snapshot.nvml.driver_version, 64)
         if snapshot.nvml.cuda_version:
             nvml["cudaVersion"] = _truncate(snapshot.nvml.cuda_version, 64)
+        hang = snapshot.nvml.hang
+        if hang is not None:
+            # The facts beside it are the last ones read: say which call hangs, since when, and how old
+            # the newest sample is (agent/watchdog.py).
+            nvml["unresponsive"] = {
+                "call": _truncate(hang.call, 128),
+                "since": rfc3339(hang.since),
+                **({"lastSampleTime": rfc3339(hang.last_sample)} if hang.last_sample else {}),
+            }
         agent: dict[str, Any] = {
             "version": _truncate(self.agent.version, 64),
             "sources": list(self.agent.sources),

@@ -3,7 +3,10 @@
 Threads and what they own:
 
 * sampler: reads every source each ``interval_s`` (sooner after an ECC/XID event) and puts
-  the merged :class:`Snapshot` in a one-slot mailbox;
+  the merged :class:`Snapshot` in a one-slot mailbox (its first sample too, so a first NVML call
+  that hangs cannot keep the agent from saying so);
+* NVML watchdog: never touches NVML; declares a sample that runs past ``nvml_hang_after_s`` a hang
+  (``watchdog.py``);
 * XID events: blocks in ``nvmlEventSetWait`` (bounded) and enqueues, never touching the API;
 * publisher: the only thread that talks to Kubernetes (see ``publisher.py``);
 * metrics server: optional HTTP thread.
@@ -23,7 +26,7 @@ from gpuhealth.agent.dcgm_source import DcgmSource, merge_dcgm
 from gpuhealth.agent.events import EventWatcher, XidBuffer
 from gpuhealth.agent.host import read_boot_time
 from gpuhealth.agent.journal import XidJournal
-from gpuhealth.agent.lease import LeaseTransport, NodeLease
+from gpuhealth.agent.lease import LeaseTransport, NodeLease, micro_time
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
 from gpuhealth.agent.nvml_source import NvmlSource
@@ -38,8 +41,13 @@ from gpuhealth.agent.report import (
 from gpuhealth.agent.server import MetricsServer
 from gpuhealth.agent.source import DeviceSource
 from gpuhealth.agent.transport import ReportTransport
+from gpuhealth.agent.watchdog import HangMarker, NvmlWatchdog
+from gpuhealth.api.names import LEASE_NVML_UNRESPONSIVE_ANNOTATION, LEASE_SAMPLED_AT_ANNOTATION
 
 log = logging.getLogger(__name__)
+
+# The least default bound of an NVML hang: a sample slowed by a loaded node is not a wedged GPU.
+MIN_HANG_AFTER_S = 10.0
 
 
 def agent_version() -> str:
@@ -67,8 +75,17 @@ class AgentConfig:
     boot_time: datetime | None = None  # None: read from /proc/stat
     # Namespace of the node Lease renewed as the heartbeat; None: heartbeat by patching the report.
     lease_namespace: str | None = None
-    # Directory of the local XID journal (journal.py); None: no journal.
+    # Directory of the local XID journal (journal.py) and NVML hang marker (watchdog.py); None: neither.
     state_dir: str | None = None
+    # A sample running longer than this is an NVML hang (watchdog.py); None: three sampling intervals
+    # (NVSentinel's watchdog bound), at least MIN_HANG_AFTER_S.
+    nvml_hang_after_s: float | None = None
+
+    @property
+    def hang_after_s(self) -> float:
+        if self.nvml_hang_after_s is not None:
+            return self.nvml_hang_after_s
+        return max(3 * self.interval_s, MIN_HANG_AFTER_S)
 
 
 class Agent:
@@ -108,7 +125,13 @@ class Agent:
         self.latest = LatestSnapshot()
         self.xids = XidBuffer(on_put=self._wake_publisher)
         lease = (
-            NodeLease(lease_transport, config.lease_namespace, config.node_name, config.heartbeat_interval_s)
+            NodeLease(
+                lease_transport,
+                config.lease_namespace,
+                config.node_name,
+                config.heartbeat_interval_s,
+                vouches=self._vouches,
+            )
             if lease_transport is not None and config.lease_namespace
             else None
         )
@@ -126,6 +149,15 @@ class Agent:
         self.events = EventWatcher(
             self.source, self.xids, timeout_s=config.event_timeout_s, on_resample=self.request_sample
         )
+        self.watchdog = NvmlWatchdog(
+            after_s=config.hang_after_s,
+            latest=self.latest,
+            wake=self._wake_publisher,
+            marker=HangMarker(config.state_dir, boot),
+            sources=sources,
+            metrics=self.metrics,
+        )
+        self._first_sample = threading.Event()
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._resample = threading.Event()
@@ -134,6 +166,16 @@ class Agent:
 
     def _wake_publisher(self) -> None:
         self.publisher.wake()
+
+    def _vouches(self) -> dict[str, str | None]:
+        """What a Lease renewal says about the facts: the newest sample's time, and a hanging NVML call."""
+        snapshot = self.latest.get()
+        hang = snapshot.nvml.hang if snapshot is not None else None
+        sampled = self.watchdog.last_sample or (hang.last_sample if hang is not None else None)
+        return {
+            LEASE_SAMPLED_AT_ANNOTATION: micro_time(sampled) if sampled is not None else None,
+            LEASE_NVML_UNRESPONSIVE_ANNOTATION: f"{hang.call} since {micro_time(hang.since)}" if hang else None,
+        }
 
     def open_journal(self) -> None:
         """Load this boot's journaled XIDs for the publisher to adopt, then journal every new one.
@@ -175,8 +217,23 @@ class Agent:
         """Sample soon (called by the event thread after XID/ECC events)."""
         self._resample.set()
 
+    def _watched_sample(self) -> None:
+        """One sample under the watchdog's eye; its snapshot becomes the latest (``NvmlWatchdog.end``)."""
+        self.watchdog.begin()
+        snapshot: Snapshot | None = None
+        try:
+            snapshot = self.sample_once()
+        finally:
+            self.watchdog.end(snapshot)
+            self._last_sample = time.monotonic()
+
     def _sample_loop(self) -> None:
-        # start() took the first sample; from here on, one per interval or sooner on request.
+        # The first sample (it initialises NVML), then one per interval or sooner on request.
+        try:
+            self._watched_sample()
+        except Exception:
+            log.exception("first sample failed; the sampler keeps trying")
+        self._first_sample.set()
         min_gap = min(1.0, self.config.interval_s)
         started = time.monotonic()
         while not self._stop.is_set():
@@ -187,33 +244,39 @@ class Agent:
                 break
             started = time.monotonic()
             try:
-                self.latest.set(self.sample_once())
+                self._watched_sample()
                 self.publisher.wake()
             except Exception:
                 log.exception("sampling failed")
-            self._last_sample = time.monotonic()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start serving; returns once NVML is initialised and XID events are registered.
+        """Start serving; returns once NVML is initialised and XID events are registered, or once NVML
+        is found unresponsive.
 
         Order matters: the first sample initialises NVML, the event watcher registers before
-        the publisher can write, so a report on the server implies XIDs are being watched.
+        the publisher can write, so a report on the server implies XIDs are being watched. The one
+        exception is a hang: a first sample that has not returned within the watchdog's bound is
+        reported then (with the original time if this boot's previous run left a marker,
+        ``watchdog.py``), and the event watcher registers once NVML answers (until then the liveness
+        probe fails, as it should).
         """
         if self.config.metrics_port:
             self._server = MetricsServer(self.metrics, self.health, self.config.metrics_port, self.config.metrics_bind)
             self._server.start()
         self.open_journal()
-        try:
-            self.latest.set(self.sample_once())
-        except Exception:
-            log.exception("first sample failed; the sampler keeps trying")
+        self.watchdog.restore()
         self._last_sample = time.monotonic()
-        self.events.start()
-        self.publisher.start()
         self._sampler = threading.Thread(target=self._sample_loop, name="gpuhealth-sampler", daemon=True)
         self._sampler.start()
+        self.watchdog.start()
+        # The first sample gets the watchdog's bound; past it, the hang (or the one restored) is told.
+        if not self._first_sample.wait(self.watchdog.after_s + self.watchdog.check_s):
+            threading.Thread(target=self._events_after_first_sample, name="gpuhealth-events-start", daemon=True).start()
+        else:
+            self.events.start()
+        self.publisher.start()
         log.info(
             "agent started for node %s (interval %.1fs, heartbeat %.1fs, sources %s)",
             self.config.node_name,
@@ -222,17 +285,28 @@ class Agent:
             ",".join(self.sources),
         )
 
+    def _events_after_first_sample(self) -> None:
+        """Register for XID events once the first sample returned (NVML answers again)."""
+        while not self._first_sample.wait(1.0):
+            if self._stop.is_set():
+                return
+        if not self._stop.is_set():
+            self.events.start()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._resample.set()
+        self.watchdog.stop()
         self.events.stop()
         if self._sampler is not None:
-            self._sampler.join(timeout_s)
+            self._sampler.join(0.0 if self.watchdog.hang is not None else timeout_s)  # a hung call never returns
         self.publisher.stop(timeout_s)
         if self._server is not None:
             self._server.stop()
         if self.events.alive:
             log.warning("not closing NVML: the event thread is still inside nvmlEventSetWait")
+        elif self._sampler is not None and self._sampler.is_alive():
+            log.warning("not closing NVML: the sampler is still inside an NVML call")
         else:
             self.source.close()
 
@@ -260,8 +334,11 @@ class Agent:
         now = time.monotonic()
         problems: list[str] = []
         sample_budget = max(3 * self.config.interval_s, 30.0)
+        hang = self.watchdog.hang
         if self._sampler is None or not self._sampler.is_alive():
             problems.append("sampler thread not running")
+        elif hang is not None:
+            problems.append(f"NVML unresponsive: {hang.call} since {micro_time(hang.since)}")
         elif now - self._last_sample > sample_budget:
             problems.append(f"no sample for {now - self._last_sample:.0f}s")
         if not self.events.alive:

@@ -89,6 +89,7 @@ class Signal(StrEnum):
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
     AGENT_SILENT = "AgentSilent"
+    NVML_UNRESPONSIVE = "NVMLUnresponsive"  # an NVML call the agent made has not returned (a wedged GPU)
     RESTART_LOOP = "RestartLoop"
     FLAPPING = "Flapping"
     DEVICE_QUARANTINED = "DeviceQuarantined"  # the node serves on while some of its GPUs are held out
@@ -131,6 +132,10 @@ DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 # them server-side; one per node, named after it, in the namespace the agents run in.
 AGENT_MANAGER = "gpuhealth-agent"
 AGENT_LEASE_SELECTOR = f"{MANAGED_BY_LABEL}={AGENT_MANAGER}"
+# What a renewal vouches for (agent/lease.py): when the newest NVML sample was taken, and, while an
+# NVML call hangs, which one and since when ("<call> since <time>"; agent/watchdog.py).
+LEASE_SAMPLED_AT_ANNOTATION = f"{GROUP}/sampled-at"
+LEASE_NVML_UNRESPONSIVE_ANNOTATION = f"{GROUP}/nvml-unresponsive"
 
 # Kueue (optional): gpuhealth as an AdmissionCheck controller (docs/workloads.md, "Kueue").
 KUEUE_GROUP = "kueue.x-k8s.io"

@@ -77,6 +77,7 @@ class Policy:
     gpu_count_action: Action = Action.CORDON
     silence_after_s: float = 120.0
     silence_action: Action = Action.OBSERVE
+    nvml_unresponsive_action: Action = Action.OBSERVE
     taint_effect: str = "NoSchedule"
     cordon: bool = True
     drain: DrainSettings = field(default_factory=DrainSettings)
@@ -160,6 +161,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     thermal = section(rules, "thermal", "spec.rules")
     count = section(rules, "gpuCount", "spec.rules")
     silence = section(rules, "agentSilence", "spec.rules")
+    hang = section(rules, "nvmlUnresponsive", "spec.rules")
     actions = section(spec, "actions", "spec")
     drain = section(actions, "drain", "spec.actions")
     safety = section(spec, "safety", "spec")
@@ -224,6 +226,11 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             get(silence, "", "action", "observe"),
             "spec.rules.agentSilence.action",
             SILENCE_ACTIONS,
+        ),
+        nvml_unresponsive_action=action(
+            get(hang, "", "action", "observe"),
+            "spec.rules.nvmlUnresponsive.action",
+            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN}),
         ),
         taint_effect=effect,
         cordon=bool(get(actions, "", "cordon", True)),

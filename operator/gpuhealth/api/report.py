@@ -74,12 +74,23 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
+class NvmlHang:
+    """``spec.nvml.unresponsive``: an NVML call the agent made has not returned; the facts beside it
+    are the last ones read."""
+
+    call: str
+    since: dt.datetime
+    last_sample: dt.datetime | None = None  # the newest sample that completed (None: none did)
+
+
+@dataclass(frozen=True)
 class Report:
     node: str
     heartbeat: dt.datetime | None
     observed: dt.datetime | None
     nvml_available: bool = True
     nvml_error: str = ""
+    nvml_hang: NvmlHang | None = None  # the agent's NVML call that has not returned (agent/watchdog.py)
     devices: tuple[Device, ...] = ()
     xids: tuple[XidEvent, ...] = ()
     resource_version: str = ""
@@ -243,8 +254,21 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
         observed=parse_time(spec.get("observedTime")),
         nvml_available=bool(nvml.get("available", True)) if nvml else bool(devices),
         nvml_error=str(nvml.get("error") or ""),
+        nvml_hang=_hang(nvml.get("unresponsive")),
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         xids=tuple(sorted(xids, key=lambda e: e.time)),
         resource_version=str(meta.get("resourceVersion", "")),
         status=obj.get("status") or {},
     )
+
+
+def _hang(value: Any) -> NvmlHang | None:
+    where = "spec.nvml.unresponsive"
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ReportError(f"{where}: must be an object")
+    since = parse_time(value.get("since"))
+    if since is None:
+        raise ReportError(f"{where}.since: missing or not an RFC 3339 timestamp")
+    return NvmlHang(str(value.get("call") or "unknown"), since, parse_time(value.get("lastSampleTime")))

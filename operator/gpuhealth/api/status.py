@@ -119,6 +119,15 @@ class DrainRecord(TypedDict, total=False):
     workloads: dict[str, WorkloadMove]  # Kueue Workloads moved through gpuhealth's AdmissionCheck
 
 
+class ClockSkewRecord(TypedDict):
+    """``status.clockSkew``: a clock-skew episode of the node's agent, while it lasts
+    (``evaluation/freshness.py`` ``skew_episode``). Kept in the status so a restarted operator finds
+    the episode it announced and does not announce it again."""
+
+    offsetSeconds: int  # the agent's clock minus the operator's (or the API server's); positive: ahead
+    since: str  # when the operator first saw it (RFC 3339)
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     """GPUNodeHealth status as the plugin reads it: the wire values, missing ones as ``None``."""
@@ -144,6 +153,13 @@ class NodeStatus:
     devices: tuple[dict[str, Any], ...] = ()
     device_drains: Mapping[str, DrainRecord] | None = None
     remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation.py)
+    clock_skew: ClockSkewRecord | None = None
+
+    @property
+    def skew_seconds(self) -> int | None:
+        """The agent's clock offset while a skew episode lasts (positive: ahead), else None."""
+        offset = self.clock_skew.get("offsetSeconds") if self.clock_skew else None
+        return offset if isinstance(offset, int) and not isinstance(offset, bool) else None
 
     @staticmethod
     def read(status: Mapping[str, Any] | None) -> NodeStatus:
@@ -172,6 +188,7 @@ class NodeStatus:
             remediation={str(k): dict(v) for k, v in s["remediation"].items() if isinstance(v, Mapping)}
             if isinstance(s.get("remediation"), Mapping) and s["remediation"]
             else None,
+            clock_skew=cast(ClockSkewRecord, dict(s["clockSkew"])) if isinstance(s.get("clockSkew"), Mapping) else None,
         )
 
 
@@ -217,11 +234,13 @@ def node_status(
     unknown_message: str = "",
     devices: Sequence[Mapping[str, Any]] = (),
     in_service_gpus: int | None = None,
+    clock_skew: ClockSkewRecord | None = None,
 ) -> dict[str, Any]:
     """The whole status the operator writes (``None`` drops a key in a merge patch).
 
     ``devices`` is the per-GPU record (``api.devices``); ``in_service_gpus`` the GPUs the scheduler
-    may allocate (what ``kubectl get gpunodes`` shows as HEALTHY-GPUS).
+    may allocate (what ``kubectl get gpunodes`` shows as HEALTHY-GPUS); ``clock_skew`` the agent's
+    clock-skew episode while it lasts.
     """
     body: dict[str, Any] = dict(record.to_status())
     body.update(
@@ -235,6 +254,7 @@ def node_status(
         pending=dict(pending) or None,
         devices=[dict(d) for d in devices] or None,
         inServiceGPUs=in_service_gpus,
+        clockSkew=dict(clock_skew) if clock_skew else None,
     )
     if record.state == State.UNKNOWN:
         body["message"] = unknown_message or body.get("message")

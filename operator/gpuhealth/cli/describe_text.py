@@ -16,7 +16,7 @@ from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.cli.ladderview import step_text
 from gpuhealth.cli.miglayout import layout_lines
-from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, table
+from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, skew_text, table
 
 # -- describe ----------------------------------------------------------------------------------------
 
@@ -267,11 +267,26 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if m.get("hasReport"):
         agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
         agent += f", heartbeat {human_age(a.get('heartbeatAgeSeconds'))} ago"
-        if a.get("nvmlAvailable") is False:
+        hang = a.get("nvmlUnresponsive") or {}
+        if hang:
+            agent += f", NVML UNRESPONSIVE: {_v(hang.get('call'))} since {_v(hang.get('since'))}"
+            agent += f" (newest sample {_v(hang.get('lastSampleTime'), 'none since the agent started')})"
+        elif a.get("nvmlAvailable") is False:
             agent += f", NVML UNAVAILABLE: {_v(a.get('nvmlError'))}"
         else:
             agent += f", driver {_v(a.get('driverVersion'))}"
+        if a.get("sampleAgeSeconds") is not None:
+            agent += f", newest sample {human_age(a.get('sampleAgeSeconds'))} ago"
         lines.append(_field("Agent", agent))
+    skew = m.get("clockSkew") or {}
+    if isinstance(skew.get("offsetSeconds"), int):
+        lines.append(
+            _field(
+                "Clock skew",
+                f"the agent's clock is {skew_text(skew['offsetSeconds'])} off the operator's since "
+                f"{_v(skew.get('since'))} (verdicts unaffected; fix time sync on the node)",
+            )
+        )
 
     lines += ["", "Node marks:", *_marks_lines(m.get("marks"))]
 

@@ -95,6 +95,7 @@ class Row:
     device_gpu_hours: float = 0.0
     device_cost: float | None = None
     ladders: tuple[dict[str, Any], ...] = ()  # status.remediation as cli.ladderview rows
+    clock_skew_s: int | None = None  # status.clockSkew: the agent's clock offset while it is skewed
 
     @property
     def out_of_service(self) -> bool:
@@ -117,6 +118,7 @@ class Row:
             "since": format_time(self.since) if self.since else None,
             "ageSeconds": None if self.age_s is None else round(self.age_s, 1),
             "lastXid": self.last_xid or None,
+            "clockSkewSeconds": self.clock_skew_s,
             "dryRun": self.dry_run,
             "nodeExists": self.node_exists,
             "hasReport": self.has_report,
@@ -322,6 +324,7 @@ def build_row(
         device_gpu_hours=device_hours,
         device_cost=device_cost,
         ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
+        clock_skew_s=status.skew_seconds,
     )
 
 

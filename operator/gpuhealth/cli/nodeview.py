@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuhealth.api.names import (
     CONDITION_TYPE,
+    LEASE_SAMPLED_AT_ANNOTATION,
     QUARANTINE_ANNOTATION,
     RELEASE_ANNOTATION,
     STATE_LABEL,
@@ -192,6 +193,9 @@ def describe_node(
     status = read_report_status(report)
     since = parse_time(status.since)
     renewed = parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
+    sampled = parse_time(
+        (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(LEASE_SAMPLED_AT_ANNOTATION)
+    )
     heartbeat = max((t for t in (parse_time(spec.get("heartbeatTime")), renewed) if t is not None), default=None)
     cleared = parse_time(status.cleared_before)
     parsed = _policy(policy)
@@ -244,6 +248,7 @@ def describe_node(
         "gpuFailures": _failures(status.devices, now),
         "deviceDrains": dict(status.device_drains) if status.device_drains else None,
         "lastXid": status.last_xid,
+        "clockSkew": dict(status.clock_skew) if status.clock_skew else None,
         "agent": {
             "version": agent.get("version"),
             "sources": list(agent.get("sources") or []),
@@ -254,6 +259,8 @@ def describe_node(
             "observedTime": spec.get("observedTime"),
             "nvmlAvailable": nvml.get("available"),
             "nvmlError": nvml.get("error"),
+            "nvmlUnresponsive": dict(nvml["unresponsive"]) if isinstance(nvml.get("unresponsive"), Mapping) else None,
+            "sampleAgeSeconds": _age(sampled, now),
             "driverVersion": nvml.get("driverVersion"),
             "cudaVersion": nvml.get("cudaVersion"),
         },

@@ -127,11 +127,19 @@ def _gpus_cell(r: Row) -> str:
     return "-" if r.healthy_gpus is None and r.total_gpus is None else f"{healthy}/{total}"
 
 
+def skew_text(offset_s: int) -> str:
+    """A clock offset as on-call reads it: ``+600s (ahead)``, ``-3600s (behind)``."""
+    return f"{offset_s:+d}s ({'ahead' if offset_s > 0 else 'behind'})"
+
+
 def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[str]]]:
     headers = ["NODE", "STATE", "REASON", "GPUS", "SINCE", "POLICY"]
     ladder = any(r.ladders for r in fleet.rows)
     if ladder:
         headers.append("LADDER")
+    skew = any(r.clock_skew_s is not None for r in fleet.rows)
+    if skew:
+        headers.append("CLOCK-SKEW")
     if wide:
         headers += ["LAST-XID", "TAINT", "CORDONED", "GPU-HOURS", "COST"]
     rows = []
@@ -140,6 +148,8 @@ def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[
         row = [name, _state_cell(r), r.reason or "-", _gpus_cell(r), human_age(r.age_s), _policy_cell(r)]
         if ladder:
             row.append(r.ladder)
+        if skew:
+            row.append("-" if r.clock_skew_s is None else skew_text(r.clock_skew_s))
         if wide:
             row += [
                 r.last_xid or "-",

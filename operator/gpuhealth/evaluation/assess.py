@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.report import Device, Report
+from gpuhealth.api.report import Device, NvmlHang, Report
+from gpuhealth.api.timeutil import format_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.findings import Assessment as Assessment
 from gpuhealth.evaluation.findings import Finding as Finding
@@ -167,6 +168,16 @@ def _assess_device(
     return out
 
 
+def _hang_detail(hang: NvmlHang) -> str:
+    """Stable while the hang lasts (no age in it), so a pass writes no status for it again."""
+    newest = (
+        f"newest GPU facts from {format_time(hang.last_sample)}"
+        if hang.last_sample is not None
+        else "no GPU facts since the agent started"
+    )
+    return f"NVML unresponsive: {hang.call} has not returned since {format_time(hang.since)} ({newest})"
+
+
 def assess(
     policy: Policy,
     report: Report | None,
@@ -194,10 +205,20 @@ def assess(
         else f"no heartbeat from the agent for {int(silent_for)}s (limit {int(policy.silence_after_s)}s)"
     )
     unknown_signal = Signal.AGENT_SILENT
-    if not report.nvml_available:
+    hang = report.nvml_hang
+    if hang is not None and not unknown:
+        # The agent lives (its heartbeat is fresh) and says its facts are not: a fault of its own.
+        unknown = True
+        unknown_signal = Signal.NVML_UNRESPONSIVE
+        unknown_reason = _hang_detail(hang)
+    elif not report.nvml_available:
         unknown = True
         unknown_signal = Signal.NVML_UNAVAILABLE
         unknown_reason = f"the agent cannot read the GPUs: {report.nvml_error or 'NVML unavailable'}"
+    if hang is not None and policy.nvml_unresponsive_action.quarantines:
+        findings.append(
+            Finding(Signal.NVML_UNRESPONSIVE, policy.nvml_unresponsive_action, _hang_detail(hang), since=hang.since)
+        )
     findings.extend(extra)
     findings.extend(_assess_xids(policy, report, cleared_before))
     for d in report.devices:

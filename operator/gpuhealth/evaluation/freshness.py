@@ -28,10 +28,13 @@ and not at all if implausibly far ahead). The later of the two signs (report, Le
 The slim caches keep only that one derived time (``WRITTEN_AT`` in the object's metadata), not the
 managedFields themselves (``written``).
 
-A live heartbeat far from the operator's clock is flagged as clock skew (an Event and a metric, once
-per episode); it never changes a verdict. An episode the object shows was under way at the agent's
-last write before a restart (its heartbeat far from the server's time of that write) is not
-announced again by the restarted operator.
+A heartbeat far from the operator's clock (or, for a report listed at start-up, from the server's
+time of its write) is clock skew; it never changes a verdict. Each ``Seen`` carries the skew of the
+write it records, and ``skew_episode`` turns it into the episode the report's status keeps
+(``status.clockSkew``: the offset and since when): the node's pass writes that record first and
+announces the episode (an Event and a metric) only with the write that started it. A skew present
+before the operator started is therefore announced by its first pass, and a restarted operator finds
+the episode in the status and stays quiet; a write within the tolerance ends it.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from gpuhealth.api.timeutil import parse_time
+from gpuhealth.api.status import ClockSkewRecord
+from gpuhealth.api.timeutil import format_time, parse_time
 
 # A heartbeat is stamped just before its write; anything past this is the node's clock, not latency.
 SKEW_TOLERANCE_S = 120.0
@@ -51,18 +55,6 @@ WRITTEN_AT = "writtenAt"
 REPORT_HEARTBEAT = "heartbeatTime"  # the report's spec field that an agent's every write stamps
 LEASE_HEARTBEAT = "renewTime"  # the Lease's spec field that every renewal stamps
 _NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """The last spec version of a report that the operator saw, and when (operator clock).
-
-    ``at`` is None for a version that carries no plausible time of life (listed at start-up with a
-    heartbeat far in the future and no server-side time): the agent counts as not heard from."""
-
-    key: tuple[str, int | str]  # (uid, generation) of a report, (uid, renewTime) of a Lease
-    at: dt.datetime | None
-    skewed: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +70,23 @@ class Skew:
             f"The agent's clock is {abs(int(self.seconds))}s {direction} the operator's (heartbeatTime "
             f"{self.heartbeat.isoformat()}); freshness is judged by when the operator sees the report change"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The last spec version of a report that the operator saw, and when (operator clock).
+
+    ``at`` is None for a version that carries no plausible time of life (listed at start-up with a
+    heartbeat far in the future and no server-side time): the agent counts as not heard from.
+    ``skew`` is that write's clock skew, None within the tolerance."""
+
+    key: tuple[str, int | str]  # (uid, generation) of a report, (uid, renewTime) of a Lease
+    at: dt.datetime | None
+    skew: Skew | None = None
+
+    @property
+    def skewed(self) -> bool:
+        return self.skew is not None
 
 
 def written_at(meta: Mapping[str, Any], field: str) -> dt.datetime | None:
@@ -110,17 +119,25 @@ def written(meta: Mapping[str, Any], field: str) -> dict[str, str]:
     return {} if t is None else {WRITTEN_AT: t.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def _listed(heartbeat: dt.datetime, server: dt.datetime | None, now: dt.datetime) -> tuple[dt.datetime | None, bool]:
-    """When an agent listed at start-up was last heard from, and whether its clock was off then.
+def _skew(heartbeat: dt.datetime, reference: dt.datetime) -> Skew | None:
+    seconds = (heartbeat - reference).total_seconds()
+    return Skew(seconds, heartbeat) if abs(seconds) > SKEW_TOLERANCE_S else None
+
+
+def _listed(
+    heartbeat: dt.datetime, server: dt.datetime | None, now: dt.datetime
+) -> tuple[dt.datetime | None, Skew | None]:
+    """When an agent listed at start-up was last heard from, and its clock's skew then.
 
     The server's time of the write when the object has it (clamped to our clock); else the heartbeat,
-    clamped, unless it is further ahead than any latency explains: then nothing plausible is known.
+    clamped, unless it is further ahead than any latency explains: then nothing plausible is known
+    (and the skew is measured against our clock, the only one left).
     """
     if server is not None:
-        return min(server, now), abs((heartbeat - server).total_seconds()) > SKEW_TOLERANCE_S
+        return min(server, now), _skew(heartbeat, server)
     if (heartbeat - now).total_seconds() > SKEW_TOLERANCE_S:
-        return None, True
-    return min(heartbeat, now), False
+        return None, _skew(heartbeat, now)
+    return min(heartbeat, now), None
 
 
 def _key(body: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -131,28 +148,48 @@ def _key(body: Mapping[str, Any]) -> tuple[str, int] | None:
     return (str(meta.get("uid") or ""), gen)
 
 
-def observe(
-    prior: Seen | None, body: Mapping[str, Any], now: dt.datetime, live: bool
-) -> tuple[Seen | None, Skew | None]:
-    """Fold one watched report into what was seen; returns the new record and a skew to announce.
+def observe(prior: Seen | None, body: Mapping[str, Any], now: dt.datetime, live: bool) -> Seen | None:
+    """Fold one watched report into what was seen: the new record (``prior`` itself when it is no news).
 
     ``live`` is False for the start-up list (the write happened at an unknown time before; the
-    server's time of it is taken, see the module's doc). A skew is returned only when it starts
-    (not again while it lasts), and never from a list.
+    server's time of it is taken, see the module's doc). The record carries the write's skew, from a
+    list as from a live write: whether to announce it is ``skew_episode``'s to say.
     """
     key = _key(body)
     heartbeat = parse_time((body.get("spec") or {}).get(REPORT_HEARTBEAT))
     if key is None or heartbeat is None:
-        return None, None  # no heartbeat (e.g. the operator's own stub): nothing says the agent lives
+        return None  # no heartbeat (e.g. the operator's own stub): nothing says the agent lives
     if prior is not None and prior.key == key:
-        return prior, None  # a status write, or the same object listed again: no sign of life
+        return prior  # a status write, or the same object listed again: no sign of life
     if not live:
-        at, skewed = _listed(heartbeat, written_at(body.get("metadata") or {}, REPORT_HEARTBEAT), now)
-        return Seen(key, at, skewed), None
-    skew = (heartbeat - now).total_seconds()
-    skewed = abs(skew) > SKEW_TOLERANCE_S
-    announce = skewed and not (prior is not None and prior.skewed)
-    return Seen(key, now, skewed), (Skew(skew, heartbeat) if announce else None)
+        at, skew = _listed(heartbeat, written_at(body.get("metadata") or {}, REPORT_HEARTBEAT), now)
+        return Seen(key, at, skew)
+    return Seen(key, now, _skew(heartbeat, now))
+
+
+def skew_episode(
+    seen: Seen | None, recorded: Mapping[str, Any] | None, now: dt.datetime
+) -> tuple[ClockSkewRecord | None, Skew | None]:
+    """The clock-skew episode the report's status should hold (``status.clockSkew``), and the skew to
+    announce: only when an episode starts, that is when the status holds none yet.
+
+    The status is where a restarted operator finds an episode it (or its predecessor) announced, so
+    an episode is told once whenever it is first seen, at start-up too, and never twice. Without a
+    record of the agent's writes (``seen`` None: a stub, or no heartbeat) the status stands as it is.
+    The offset is kept while it stays within the tolerance of the recorded one (no status write per
+    report write), and updated quietly when it moves further.
+    """
+    if seen is None:
+        return (cast(ClockSkewRecord, dict(recorded)) if recorded else None), None
+    if seen.skew is None:
+        return None, None
+    offset = round(seen.skew.seconds)
+    if not recorded:
+        return ClockSkewRecord(offsetSeconds=offset, since=format_time(now)), seen.skew
+    before = recorded.get("offsetSeconds")
+    if isinstance(before, int) and abs(before - offset) <= SKEW_TOLERANCE_S:
+        offset = before
+    return ClockSkewRecord(offsetSeconds=offset, since=str(recorded.get("since") or format_time(now))), None
 
 
 def observe_lease(prior: Seen | None, lease: Mapping[str, Any], now: dt.datetime, live: bool) -> Seen | None:

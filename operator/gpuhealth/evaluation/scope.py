@@ -88,5 +88,6 @@ def rule_of(finding: Finding) -> str:
         Signal.GPU_COUNT: "gpuCount",
         Signal.AGENT_SILENT: "agentSilence",
         Signal.NVML_UNAVAILABLE: "agentSilence",
+        Signal.NVML_UNRESPONSIVE: "nvmlUnresponsive",
         Signal.RESTART_LOOP: "restartLoop",
     }.get(finding.signal, str(finding.signal))

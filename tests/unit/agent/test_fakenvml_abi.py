@@ -152,3 +152,40 @@ def test_every_nvml_function_the_agent_calls_is_exported_by_the_fake(fake_nvml_l
     lib = ctypes.CDLL(str(fake_nvml_lib))
     missing = sorted(s for s in agent_c_symbols() if not hasattr(lib, s))
     assert missing == [], f"the fake NVML does not export {missing}"
+
+
+def test_a_blocked_call_waits_until_the_scenario_lets_it_go(
+    fake_nvml_lib: Path, header: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``block <symbol>``: the function never returns while the scenario names it (a wedged GPU), other
+    calls still answer, and the call goes on once the line is gone. The symbol is NVIDIA's."""
+    import threading
+
+    symbol = "nvmlDeviceGetTotalEccErrors"
+    assert re.search(rf"\b{symbol}\s*\(", header) and symbol in agent_c_symbols()
+    scenario = tmp_path / "scenario"
+    scenario.write_text(f"block {symbol}\n")
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario))
+    lib = ctypes.CDLL(str(fake_nvml_lib))
+    assert lib.nvmlInitWithFlags(0) == 0
+    try:
+        handle = ctypes.c_void_p()
+        assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) == 0
+        count = ctypes.c_ulonglong(99)
+        result: list[int] = []
+        call = threading.Thread(
+            target=lambda: result.append(lib.nvmlDeviceGetTotalEccErrors(handle, 1, 0, ctypes.byref(count))),
+            daemon=True,
+        )
+        call.start()
+        call.join(0.5)
+        assert call.is_alive() and result == [], "the blocked call returned"
+        temp = ctypes.c_uint()
+        assert lib.nvmlDeviceGetTemperature(handle, 0, ctypes.byref(temp)) == 0  # others still answer
+        tmp = tmp_path / "scenario.tmp"
+        tmp.write_text("# unblocked\n")
+        tmp.replace(scenario)
+        call.join(5)
+        assert result == [0] and count.value == 0
+    finally:
+        lib.nvmlShutdown()

@@ -286,3 +286,9 @@ def test_policy_breaker_limit_uses_its_max_unhealthy() -> None:
 def test_breaker_limit_refuses_trailing_newline() -> None:
     with pytest.raises(PolicyError):
         breaker_limit("10%\n", 10)
+
+
+def test_nvml_unresponsive_action_is_observe_cordon_or_drain() -> None:
+    assert make_policy({"rules": {"nvmlUnresponsive": {"action": "drain"}}}).nvml_unresponsive_action == "drain"
+    with pytest.raises(PolicyError, match=r"spec\.rules\.nvmlUnresponsive\.action"):
+        make_policy({"rules": {"nvmlUnresponsive": {"action": "repair"}}})

@@ -13,6 +13,7 @@ from gpuhealth.cli.render import (
     format_money,
     human_age,
     render_status,
+    status_rows,
     strip_ansi,
     table,
 )
@@ -307,3 +308,34 @@ def test_describe_takes_the_heartbeat_from_the_agents_lease_when_it_is_newer() -
     assert "heartbeat 12s ago" in render_describe(model)
     # An older agent without a Lease: the report's own heartbeat, as before.
     assert describe_node("n", node("n"), rep, None, [], NOW)["agent"]["heartbeatAgeSeconds"] == 3600
+
+
+def test_describe_and_status_show_the_clock_offset_while_a_node_is_skewed() -> None:
+    skewed = report(
+        "a", "Healthy", spec={"heartbeatTime": ago(-600)}, clockSkew={"offsetSeconds": 600, "since": ago(5)}
+    )
+    text = render_describe(describe_node("a", node("a"), skewed, None, [], NOW))
+    line = next(ln for ln in text.splitlines() if ln.startswith("Clock skew"))
+    assert "+600s (ahead)" in line and ago(5) in line
+    fleet = summarize([node("a"), node("b")], [skewed, report("b", "Healthy")], [policy()], NOW)
+    headers, rows = status_rows(fleet)
+    col = headers.index("CLOCK-SKEW")
+    assert {r[0]: r[col] for r in rows} == {"a": "+600s (ahead)", "b": "-"}
+    assert {n["node"]: n["clockSkewSeconds"] for n in fleet.to_json()["nodes"]} == {"a": 600, "b": None}
+    # No node skewed: no column, and describe says nothing of clocks.
+    plain = summarize([node("b")], [report("b", "Healthy")], [policy()], NOW)
+    assert "CLOCK-SKEW" not in status_rows(plain)[0]
+    assert "Clock skew" not in render_describe(describe_node("b", node("b"), report("b", "Healthy"), None, [], NOW))
+
+
+def test_describe_names_a_hung_nvml_call_and_the_age_of_the_newest_sample() -> None:
+    hang = {"call": "nvmlDeviceGetTotalEccErrors", "since": ago(90), "lastSampleTime": ago(100)}
+    rep = report("a", "Unknown", spec={"heartbeatTime": ago(5), "nvml": {"available": True, "unresponsive": hang}})
+    lease = {
+        "metadata": {"annotations": {"gpuhealth.dev/sampled-at": ago(100)}},
+        "spec": {"renewTime": ago(2)},
+    }
+    text = render_describe(describe_node("a", node("a"), rep, None, [], NOW, lease=lease))
+    line = next(ln for ln in text.splitlines() if ln.startswith("Agent"))
+    assert f"NVML UNRESPONSIVE: nvmlDeviceGetTotalEccErrors since {ago(90)}" in line
+    assert "newest sample 1m40s ago" in line or "newest sample 100s ago" in line, line

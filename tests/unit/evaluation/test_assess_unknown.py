@@ -53,3 +53,38 @@ def test_fresh_report_has_no_unknown_reason() -> None:
     a = assess_at(make_report())
     assert not a.unknown and a.unknown_reason == ""
     assert (a.total_gpus, a.healthy_gpus, a.last_xid) == (8, 8, "")
+
+
+HANG = {
+    "call": "nvmlDeviceGetTotalEccErrors",
+    "since": "2026-11-30T11:59:00Z",
+    "lastSampleTime": "2026-11-30T11:58:50Z",
+}
+
+
+def test_an_unresponsive_nvml_is_its_own_reason_not_a_silent_agent() -> None:
+    """The agent lives (fresh heartbeat) and says an NVML call hangs: Unknown for NVMLUnresponsive,
+    naming the call and since when; under the default (observe) nothing is held out."""
+    report = make_report(nvml={"available": True, "unresponsive": HANG})
+    a = assess_at(report)
+    assert a.unknown and a.unknown_signal == Signal.NVML_UNRESPONSIVE
+    assert "nvmlDeviceGetTotalEccErrors has not returned since 2026-11-30T11:59:00Z" in a.unknown_reason
+    assert "newest GPU facts from 2026-11-30T11:58:50Z" in a.unknown_reason
+    assert all(f.signal != Signal.NVML_UNRESPONSIVE for f in a.findings)
+    # Also when the restarted agent has no facts at all (its nvmlInit hangs too).
+    bare = make_report(devices=[], nvml={"available": False, "error": "NVML unresponsive", "unresponsive": HANG})
+    assert assess_at(bare).unknown_signal == Signal.NVML_UNRESPONSIVE
+    # A silent agent's word about NVML is as stale as its facts: silence is the reason then.
+    assert assess_at(
+        make_report(heartbeat=0, nvml={"available": True, "unresponsive": HANG}), now_s=121
+    ).unknown_signal == (Signal.AGENT_SILENT)
+
+
+def test_the_policy_can_cordon_or_drain_a_node_whose_nvml_hangs() -> None:
+    report = make_report(nvml={"available": True, "unresponsive": HANG})
+    for action in ("cordon", "drain"):
+        policy = make_policy({"rules": {"nvmlUnresponsive": {"action": action}}})
+        a = assess_at(report, policy)
+        (f,) = [f for f in a.findings if f.signal == Signal.NVML_UNRESPONSIVE]
+        assert f.action == Action(action) and f.gpu is None and str(f.scope) == "Node"
+    assert make_policy({}).nvml_unresponsive_action == Action.OBSERVE

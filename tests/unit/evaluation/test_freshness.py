@@ -10,9 +10,11 @@ from gpuhealth.evaluation.freshness import (
     SKEW_TOLERANCE_S,
     WRITTEN_AT,
     Seen,
+    Skew,
     heard_at,
     latest,
     observe,
+    skew_episode,
     written,
     written_at,
 )
@@ -48,67 +50,104 @@ def body(gen: int, heartbeat: dt.datetime | None, uid: str = "u1", fields: list[
     return {"metadata": meta, "spec": spec}
 
 
+def obs(prior: Seen | None, b: dict[str, Any], now: dt.datetime, live: bool) -> tuple[Seen | None, Skew | None]:
+    """What was seen, and the skew of that write."""
+    seen = observe(prior, b, now, live)
+    return seen, (seen.skew if seen is not None else None)
+
+
 def test_a_clock_far_ahead_counts_from_when_the_write_was_seen() -> None:
     ahead = T0 + dt.timedelta(hours=1)
-    seen, skew = observe(None, body(1, ahead), T0, live=True)
+    seen, skew = obs(None, body(1, ahead), T0, live=True)
     assert seen is not None and heard_at(seen, ahead) == T0
     assert skew is not None and skew.seconds == 3600 and "ahead of" in skew.describe()
 
 
 def test_a_clock_behind_is_not_silence_while_the_agent_writes() -> None:
     behind = T0 - dt.timedelta(minutes=30)
-    seen, skew = observe(None, body(1, behind), T0, live=True)
+    seen, skew = obs(None, body(1, behind), T0, live=True)
     assert seen is not None and heard_at(seen, behind) == T0
     assert skew is not None and skew.seconds < 0 and "behind" in skew.describe()
 
 
 def test_ordinary_latency_is_not_skew() -> None:
-    _, skew = observe(None, body(1, T0 - dt.timedelta(seconds=SKEW_TOLERANCE_S - 1)), T0, live=True)
+    _, skew = obs(None, body(1, T0 - dt.timedelta(seconds=SKEW_TOLERANCE_S - 1)), T0, live=True)
     assert skew is None
 
 
 def test_status_writes_and_relists_are_no_sign_of_life() -> None:
-    seen, _ = observe(None, body(4, T0), T0, live=True)
+    seen, _ = obs(None, body(4, T0), T0, live=True)
     later = T0 + dt.timedelta(minutes=10)
-    again, skew = observe(seen, body(4, T0), later, live=True)  # same generation: the operator's own write
+    again, skew = obs(seen, body(4, T0), later, live=True)  # same generation: the operator's own write
     assert again == seen and skew is None
     assert heard_at(again, T0) == T0
 
 
 def test_a_new_spec_write_is_seen_now() -> None:
-    seen, _ = observe(None, body(4, T0), T0, live=True)
+    seen, _ = obs(None, body(4, T0), T0, live=True)
     later = T0 + dt.timedelta(seconds=30)
-    newer, _ = observe(seen, body(5, later), later, live=True)
+    newer, _ = obs(seen, body(5, later), later, live=True)
     assert newer is not None and newer.at == later
 
 
 def test_a_recreated_report_is_a_new_object_even_at_the_same_generation() -> None:
-    seen, _ = observe(None, body(1, T0, uid="a"), T0, live=True)
+    seen, _ = obs(None, body(1, T0, uid="a"), T0, live=True)
     later = T0 + dt.timedelta(seconds=30)
-    newer, _ = observe(seen, body(1, later, uid="b"), later, live=True)
+    newer, _ = obs(seen, body(1, later, uid="b"), later, live=True)
     assert newer is not None and newer.at == later
 
 
 def test_skew_is_announced_once_per_episode() -> None:
+    """The episode lives in the report's status: announced by the write that starts it, kept while it
+    lasts, ended by a write within the tolerance, and a new one announced again."""
     ahead = dt.timedelta(hours=1)
-    seen, first = observe(None, body(1, T0 + ahead), T0, live=True)
+    seen = observe(None, body(1, T0 + ahead), T0, live=True)
+    record, first = skew_episode(seen, None, T0)
+    assert first is not None and first.seconds == 3600
+    assert record == {"offsetSeconds": 3600, "since": iso(T0)}
     t1 = T0 + dt.timedelta(seconds=30)
-    seen, second = observe(seen, body(2, t1 + ahead), t1, live=True)
-    assert first is not None and second is None
+    seen = observe(seen, body(2, t1 + ahead + dt.timedelta(seconds=2)), t1, live=True)
+    again, second = skew_episode(seen, record, t1)
+    assert second is None and again == record  # a few seconds' drift: no write, no Event
     t2 = t1 + dt.timedelta(seconds=30)
-    seen, _ = observe(seen, body(3, t2), t2, live=True)  # clock fixed
+    seen = observe(seen, body(3, t2), t2, live=True)  # clock fixed
+    assert skew_episode(seen, record, t2) == (None, None)
     t3 = t2 + dt.timedelta(seconds=30)
-    _, third = observe(seen, body(4, t3 + ahead), t3, live=True)  # and wrong again
-    assert third is not None
+    seen = observe(seen, body(4, t3 + ahead), t3, live=True)  # and wrong again
+    record, third = skew_episode(seen, None, t3)
+    assert third is not None and record is not None and record["since"] == iso(t3)
+
+
+def test_an_episode_moving_further_updates_the_offset_quietly() -> None:
+    seen = observe(None, body(1, T0 + dt.timedelta(hours=2)), T0, live=True)
+    record, announce = skew_episode(seen, {"offsetSeconds": 600, "since": iso(T0)}, T0)
+    assert announce is None and record == {"offsetSeconds": 7200, "since": iso(T0)}
+
+
+def test_without_a_record_of_the_agents_writes_the_episode_stands() -> None:
+    recorded = {"offsetSeconds": 600, "since": iso(T0)}
+    assert skew_episode(None, recorded, T0) == (recorded, None)
+    assert skew_episode(None, None, T0) == (None, None)
+
+
+def test_a_skew_listed_at_start_up_is_announced_unless_the_status_holds_it() -> None:
+    """A skew present before the operator started: its first pass announces it; a restarted operator
+    finds the episode in the status and does not."""
+    written_ = T0 - dt.timedelta(seconds=20)
+    ten = dt.timedelta(minutes=10)
+    listed = observe(None, body(1, written_ + ten, fields=[agent_entry(written_)]), T0, live=False)
+    record, announce = skew_episode(listed, None, T0)
+    assert announce is not None and announce.seconds == 600 and record is not None
+    assert skew_episode(listed, record, T0 + dt.timedelta(minutes=1)) == (record, None)
 
 
 def test_at_start_up_a_past_heartbeat_is_taken_and_a_future_one_clamped() -> None:
     # Without the server's time of the write (no managedFields): the heartbeat, never in the future.
     old = T0 - dt.timedelta(minutes=5)
-    seen, skew = observe(None, body(1, old), T0, live=False)
+    seen, skew = obs(None, body(1, old), T0, live=False)
     assert seen is not None and seen.at == old and skew is None
     latency = dt.timedelta(seconds=SKEW_TOLERANCE_S - 1)
-    seen, skew = observe(None, body(1, T0 + latency), T0, live=False)
+    seen, skew = obs(None, body(1, T0 + latency), T0, live=False)
     assert seen is not None and seen.at == T0 and skew is None
 
 
@@ -116,27 +155,27 @@ def test_at_start_up_a_heartbeat_implausibly_far_ahead_is_no_sign_of_life() -> N
     # A broken clock (2099) and no server time: not "now" (that made a silent node Healthy on every
     # restart), but never heard, so the node is Unknown until the agent is seen writing.
     for ahead in (dt.timedelta(seconds=SKEW_TOLERANCE_S + 1), dt.timedelta(days=1), YEAR_2099 - T0):
-        seen, skew = observe(None, body(1, T0 + ahead), T0, live=False)
-        assert seen is not None and seen.at is None and skew is None
+        seen, skew = obs(None, body(1, T0 + ahead), T0, live=False)
+        assert seen is not None and seen.at is None and skew is not None and skew.seconds > SKEW_TOLERANCE_S
         assert heard_at(seen, T0 + ahead) is None
     # The agent is then seen writing: heard from at once, by the operator's clock.
-    listed, _ = observe(None, body(1, YEAR_2099), T0, live=False)
+    listed, _ = obs(None, body(1, YEAR_2099), T0, live=False)
     later = T0 + dt.timedelta(seconds=5)
-    newer, _ = observe(listed, body(2, YEAR_2099), later, live=True)
+    newer, _ = obs(listed, body(2, YEAR_2099), later, live=True)
     assert newer is not None and newer.at == later
 
 
 def test_at_start_up_the_servers_time_of_the_write_counts_not_the_heartbeat() -> None:
     # A clock far ahead, last write ten minutes ago by the API server's clock: silent since then.
     written = T0 - dt.timedelta(minutes=10)
-    seen, skew = observe(None, body(1, YEAR_2099, fields=[agent_entry(written)]), T0, live=False)
-    assert seen is not None and seen.at == written and skew is None
+    seen, skew = obs(None, body(1, YEAR_2099, fields=[agent_entry(written)]), T0, live=False)
+    assert seen is not None and seen.at == written and skew is not None  # the skew of that write
     # A clock an hour behind, last write five seconds ago: a live agent, not a silent one.
     recent = T0 - dt.timedelta(seconds=5)
-    seen, _ = observe(None, body(1, T0 - dt.timedelta(hours=1), fields=[agent_entry(recent)]), T0, live=False)
+    seen, _ = obs(None, body(1, T0 - dt.timedelta(hours=1), fields=[agent_entry(recent)]), T0, live=False)
     assert seen is not None and seen.at == recent
     # The API server's clock a little ahead of the operator's: clamped, never in the future.
-    seen, _ = observe(None, body(1, T0, fields=[agent_entry(T0 + dt.timedelta(seconds=3))]), T0, live=False)
+    seen, _ = obs(None, body(1, T0, fields=[agent_entry(T0 + dt.timedelta(seconds=3))]), T0, live=False)
     assert seen is not None and seen.at == T0
 
 
@@ -178,27 +217,22 @@ def test_a_slim_cached_report_keeps_only_the_servers_time() -> None:
     assert "managedFields" not in slim["metadata"] and slim["metadata"][WRITTEN_AT] == iso(written_)
     assert slim_report(slim)["metadata"][WRITTEN_AT] == iso(written_)  # re-slimmed (a write's answer)
     assert observe(None, slim, T0, live=False) == observe(None, full, T0, live=False)
-    seen, _ = observe(None, slim, T0, live=False)
+    seen, _ = obs(None, slim, T0, live=False)
     assert seen is not None and seen.at == written_
 
 
-def test_a_skew_under_way_before_a_restart_is_not_announced_again() -> None:
+def test_a_listed_skew_is_measured_against_the_servers_time_of_the_write() -> None:
     ahead = dt.timedelta(hours=1)
     written_ = T0 - dt.timedelta(seconds=20)
-    listed, _ = observe(None, body(1, written_ + ahead, fields=[agent_entry(written_)]), T0, live=False)
-    assert listed is not None and listed.skewed
-    t1 = T0 + dt.timedelta(seconds=10)
-    seen, skew = observe(listed, body(2, t1 + ahead), t1, live=True)
-    assert skew is None and seen is not None and seen.skewed
-    # A clock that was right at the last write: a skew seen after the restart is a new episode.
-    listed, _ = observe(None, body(1, written_, fields=[agent_entry(written_)]), T0, live=False)
+    listed, skew = obs(None, body(1, written_ + ahead, fields=[agent_entry(written_)]), T0, live=False)
+    assert listed is not None and listed.skewed and skew is not None and skew.seconds == 3600
+    # A clock that was right at the last write, however long ago: no skew.
+    listed, _ = obs(None, body(1, written_, fields=[agent_entry(written_)]), T0 + ahead, live=False)
     assert listed is not None and not listed.skewed
-    _, skew = observe(listed, body(2, t1 + ahead), t1, live=True)
-    assert skew is not None
 
 
 def test_a_sign_of_life_with_no_time_is_older_than_any_other() -> None:
-    undated = Seen(("u1", 1), None, True)
+    undated = Seen(("u1", 1), None, Skew(3600.0, YEAR_2099))
     dated = Seen(("l1", "x"), T0 - dt.timedelta(days=365))
     assert latest(undated, dated) is dated and latest(dated, undated) is dated
     assert latest(undated, None) is undated and heard_at(latest(undated, None), YEAR_2099) is None
@@ -206,7 +240,7 @@ def test_a_sign_of_life_with_no_time_is_older_than_any_other() -> None:
 
 def test_no_heartbeat_is_no_sign_of_life() -> None:
     # The operator's own stub for a node whose agent never reported has a generation but no heartbeat.
-    seen, skew = observe(Seen(("u1", 1), T0), body(2, None), T0, live=True)
+    seen, skew = obs(Seen(("u1", 1), T0), body(2, None), T0, live=True)
     assert seen is None and skew is None
     assert heard_at(seen, None) is None
 
@@ -214,5 +248,5 @@ def test_no_heartbeat_is_no_sign_of_life() -> None:
 def test_without_a_generation_the_agents_heartbeat_is_used() -> None:
     b = body(1, T0)
     del b["metadata"]["generation"]
-    seen, _ = observe(None, b, T0 + dt.timedelta(minutes=1), live=True)
+    seen, _ = obs(None, b, T0 + dt.timedelta(minutes=1), live=True)
     assert seen is None and heard_at(seen, T0) == T0

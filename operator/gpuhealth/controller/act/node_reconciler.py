@@ -37,11 +37,20 @@ from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
     REPORT_KIND,
     Mode,
+    Signal,
 )
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report, ReportError, parse_report
-from gpuhealth.api.status import Record, drain_done, evidence_entry, node_status, read_drain, status_changes
+from gpuhealth.api.status import (
+    ClockSkewRecord,
+    Record,
+    drain_done,
+    evidence_entry,
+    node_status,
+    read_drain,
+    status_changes,
+)
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
@@ -53,7 +62,7 @@ from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
 from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
-from gpuhealth.evaluation.freshness import heard_at
+from gpuhealth.evaluation.freshness import Skew, heard_at, skew_episode
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.startup import acts_before_pods
@@ -210,9 +219,12 @@ class NodeReconciler:
                 released or bool(gpus),
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
-            await self._persist(name, policy, overridden, report_obj, decision, a, dev)
+            skew, new_skew = skew_episode(store.report_seen(name), status.get("clockSkew"), now)
+            await self._persist(name, policy, overridden, report_obj, decision, a, dev, skew)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
+            if new_skew is not None:
+                self._announce_skew(name, new_skew)
             escalated = dev.verdict.escalate and decision.new_quarantine
             fallback = decision.new_quarantine and any(
                 f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
@@ -273,6 +285,7 @@ class NodeReconciler:
         decision: Decision,
         a: Assessment,
         dev: DevicePlan,
+        clock_skew: ClockSkewRecord | None = None,
     ) -> None:
         prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         body = node_status(
@@ -291,6 +304,7 @@ class NodeReconciler:
             in_service_gpus=a.total_gpus
             if policy.mode == Mode.DRY_RUN
             else dev.in_service(decision.record.out_of_service, a.total_gpus),
+            clock_skew=clock_skew,
         )
         changed = status_changes(prev, body)
         if report_obj is None:
@@ -382,12 +396,21 @@ class NodeReconciler:
                 "recorded, and not put back for this episode",
             )
 
+    def _announce_skew(self, name: str, skew: Skew) -> None:
+        """A clock-skew episode that the status write just recorded (once per episode, at start-up too;
+        ``freshness.skew_episode``). It changes no verdict: on-call learns why the node's times are off."""
+        metrics.INVALID_INPUT.labels("ClockSkew").inc()
+        log.warning("report %s: %s", name, skew.describe())
+        self._event(name, "Warning", "ClockSkew", skew.describe())
+
     def _announce(self, name: str, policy: Policy, d: Decision, a: Assessment) -> None:
         dry = policy.mode == Mode.DRY_RUN
         if d.new_quarantine:
             for f in a.actionable():
                 metrics.FAULTS.labels(str(f.signal), "" if f.code is None else str(f.code)).inc()
         for type_, reason, message in d.events:
+            if reason == Signal.NVML_UNRESPONSIVE:  # observed (Unknown): counted as a fault all the same
+                metrics.FAULTS.labels(reason, "").inc()
             if dry:
                 message = f"DryRun (policy {policy.name}): would act, no Node was changed. {message}"
                 metrics.ACTIONS.labels(reason, d.record.reason or reason, "DryRun").inc()

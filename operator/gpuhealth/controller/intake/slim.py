@@ -52,7 +52,7 @@ _OWN_PREFIX = f"{GROUP}/"
 # Report spec fields, and per-device fields and sub-fields: what parse_report reads, from the report
 # contract's one field table (a field it does not list as read is dropped, with its reason, there).
 _SPEC_KEYS = read_under("spec")
-_NVML_KEYS = read_under("spec.nvml")
+_NVML_KEYS = read_under("spec.nvml") + tuple(read_objects_under("spec.nvml"))  # + unresponsive, whole
 _DEVICE_KEYS = read_under("spec.devices[]")
 _DEVICE_PARTS = read_objects_under("spec.devices[]")
 _XID_KEYS = read_under("spec.xidEvents[]")

@@ -87,16 +87,13 @@ class Feeders:
             self.queue.add(name, urgent=news)  # the agent's new facts go ahead of the fleet's backlog
 
     def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:
-        """Note a sign of life from the agent (a new spec write), by our clock; flag a skewed one.
+        """Note a sign of life from the agent (a new spec write), by our clock, with its clock skew (the
+        node's pass records and announces a skew episode: ``freshness.skew_episode``).
 
         Returns whether it was one (not our own status write echoed, nor the same object again)."""
         prior = self.store.report_seen(name)
-        seen, skew = freshness.observe(prior, body, self.clock(), live)
+        seen = freshness.observe(prior, body, self.clock(), live)
         self.store.set_report_seen(name, seen)
-        if skew is not None:
-            metrics.INVALID_INPUT.labels("ClockSkew").inc()
-            log.warning("report %s: %s", name, skew.describe())
-            self.events("Node", name, name, "Warning", "ClockSkew", skew.describe())
         return seen is not None and seen is not prior
 
     def on_lease(self, event: str | None, lease: Mapping[str, Any], live: bool = True) -> None:

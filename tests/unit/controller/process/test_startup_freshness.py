@@ -142,3 +142,29 @@ def test_a_restart_keeps_a_live_agent_with_a_clock_behind_healthy() -> None:
         del first
 
     asyncio.run(body())
+
+
+def test_a_skew_present_at_start_up_is_announced_once_across_restarts() -> None:
+    """A report written with a clock ten minutes ahead before the operator started: its first pass
+    records the episode in the status and posts one ``ClockSkew``; a restarted operator finds the
+    episode there and posts nothing; a write within the tolerance ends it."""
+    kube = FakeKube()
+    kube.add_policy("p", SILENCE)
+    kube.add_node("n1")
+    kube.add_report(report(iso(0 + 600), 0))
+    clock = Clock(at(1))
+
+    async def body() -> None:
+        await run(kube, clock)
+        assert kube.reasons("n1").count("ClockSkew") == 1
+        assert kube.reports["n1"]["status"]["clockSkew"] == {"offsetSeconds": 600, "since": iso(1)}
+        kube.events.clear()
+        clock.now = at(30)
+        second = await run(kube, clock)
+        assert kube.reasons("n1") == [], "a restart announced the episode again"
+        clock.now = at(40)
+        second.on_report("MODIFIED", {**report(iso(40), 40, gen=2), "status": kube.reports["n1"]["status"]})
+        await work(second)
+        assert "clockSkew" not in kube.reports["n1"]["status"] and kube.reasons("n1") == []
+
+    asyncio.run(body())
