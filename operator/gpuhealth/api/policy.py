@@ -39,6 +39,7 @@ CHECKPOINT_TIMEOUT_CHOICES = ("Evict", "Wait")
 APP_REPEAT_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN, Action.REPAIR})
 SILENCE_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON})
 RESTART_LOOP_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN})
+NVML_HANG_ACTIONS = frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN})
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         nvml_unresponsive_action=action(
             get(hang, "", "action", "observe"),
             "spec.rules.nvmlUnresponsive.action",
-            frozenset({Action.OBSERVE, Action.CORDON, Action.DRAIN}),
+            NVML_HANG_ACTIONS,
         ),
         taint_effect=effect,
         cordon=bool(get(actions, "", "cordon", True)),
