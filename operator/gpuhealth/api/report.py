@@ -7,7 +7,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api import fabric
+from gpuhealth.api.report_fabric import (
+    Clocks,
+    Fabric,
+    FieldError,
+    NicPort,
+    NvLink,
+    Pcie,
+    parse_clocks,
+    parse_fabric,
+    parse_nics,
+    parse_nvlink,
+    parse_pcie,
+)
 from gpuhealth.api.timeutil import parse_time
+
+__all__ = [
+    "Clocks",
+    "Device",
+    "Fabric",
+    "MigDevice",
+    "NicPort",
+    "NvLink",
+    "Pcie",
+    "Report",
+    "ReportError",
+    "XidEvent",
+    "parse_report",
+]
 
 
 class ReportError(ValueError):
@@ -46,11 +74,21 @@ class Device:
     clock_events_since: dt.datetime | None = None
     recovery_action: str | None = None
     mig_devices: tuple[MigDevice, ...] = ()
+    # The fabric between GPUs (api/report_fabric.py); None: the agent did not report it.
+    nvlink: NvLink | None = None
+    fabric: Fabric | None = None
+    pcie: Pcie | None = None
+    clocks: Clocks | None = None
 
     @property
     def label(self) -> str:
         """How events name a GPU: index and UUID."""
         return f"GPU {self.index} ({self.uuid})" if self.uuid else f"GPU {self.index}"
+
+    @property
+    def clock_reasons(self) -> tuple[str, ...]:
+        """The clock-event reasons, one name per bit (0x8 HwSlowdown is its own: its cause is not given)."""
+        return fabric.clock_reasons(self.clock_event_reasons)
 
 
 @dataclass(frozen=True)
@@ -72,6 +110,7 @@ class Report:
     nvml_error: str = ""
     devices: tuple[Device, ...] = ()
     xids: tuple[XidEvent, ...] = ()
+    nics: tuple[NicPort, ...] = ()
     resource_version: str = ""
     status: Mapping[str, Any] = field(default_factory=dict)
 
@@ -154,6 +193,13 @@ def _opt_str(v: Any, where: str) -> str | None:
 
 def parse_report(obj: Mapping[str, Any]) -> Report:
     """Report from a GPUNodeHealth object; raises ReportError if the agent's facts are unusable."""
+    try:
+        return _parse_report(obj)
+    except FieldError as e:
+        raise ReportError(str(e)) from e
+
+
+def _parse_report(obj: Mapping[str, Any]) -> Report:
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
     spec = obj.get("spec") or {}
@@ -194,6 +240,10 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 clock_events_since=parse_time(d.get("clockEventsSince")),
                 recovery_action=_opt_str(d.get("recoveryAction"), f"{where}.recoveryAction"),
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
+                nvlink=parse_nvlink(d.get("nvlink"), f"{where}.nvlink"),
+                fabric=parse_fabric(d.get("fabric"), f"{where}.fabric"),
+                pcie=parse_pcie(d.get("pcie"), f"{where}.pcie"),
+                clocks=parse_clocks(d.get("clocks"), f"{where}.clocks"),
             )
         )
     xids = []
@@ -227,6 +277,7 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
         nvml_error=str(nvml.get("error") or ""),
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         xids=tuple(sorted(xids, key=lambda e: e.time)),
+        nics=parse_nics(spec.get("nics"), "spec.nics"),
         resource_version=str(meta.get("resourceVersion", "")),
         status=obj.get("status") or {},
     )

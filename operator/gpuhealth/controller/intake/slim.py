@@ -56,6 +56,7 @@ _NVML_KEYS = read_under("spec.nvml")
 _DEVICE_KEYS = read_under("spec.devices[]")
 _DEVICE_PARTS = read_objects_under("spec.devices[]")
 _XID_KEYS = read_under("spec.xidEvents[]")
+_NIC_KEYS = read_under("spec.nics[]")
 # A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it).
 _MIG_KEYS = read_under("spec.devices[].migDevices[]")
 _MIG_SLOTS = tuple(f"_{i}" for i in range(len(_MIG_KEYS)))  # MigEntry's: one per key, by position
@@ -277,6 +278,11 @@ def _slim_spec(spec: Any) -> Any:
         out["xidEvents"] = [_pick(e, _XID_KEYS) if isinstance(e, Mapping) else e for e in xids]
     elif "xidEvents" in spec:
         out["xidEvents"] = compact(xids)
+    nics = spec.get("nics")
+    if isinstance(nics, list):
+        out["nics"] = [leaf(_pick(n, _NIC_KEYS)) if isinstance(n, Mapping) else n for n in nics]
+    elif "nics" in spec:
+        out["nics"] = compact(nics)
     return out
 
 
