@@ -119,5 +119,8 @@ class Device:
     # The fabric (nvml_fabric.py): the NVLinks this GPU has (found once per handle), the PCIe
     # generation last read while it was busy, and the throttle counters of the last window.
     links: tuple[int, ...] | None = None
+    # Parts of the fabric reads this GPU answered NOT_SUPPORTED for, not asked again on this handle
+    # (a refused call costs an exception per link and sample).
+    absent: set[str] = field(default_factory=set)
     pcie_generation: int | None = None
     throttle_history: deque[tuple[float, tuple[int | None, ...]]] = field(default_factory=deque)

@@ -56,26 +56,31 @@ def _links(handle: Any) -> tuple[int, ...]:
     return tuple(found)
 
 
-def _error_counters(handle: Any, links: Sequence[int]) -> tuple[int | None, int | None, int | None]:
+def _error_counters(dev: Device, links: Sequence[int]) -> tuple[int | None, int | None, int | None]:
     """Replay, recovery and CRC (flit + data) errors summed over the links; None where the generation
-    has no such counter (Blackwell has the link-recovery fields instead)."""
+    has no such counter (Blackwell has the link-recovery fields instead). A counter the first link
+    refuses is not asked of the others, nor again on this handle."""
     kinds = (
         (fabric.NVLINK_ERROR_DL_REPLAY,),
         (fabric.NVLINK_ERROR_DL_RECOVERY,),
         (fabric.NVLINK_ERROR_DL_CRC_FLIT, fabric.NVLINK_ERROR_DL_CRC_DATA),
     )
-
-    def count(link: int, counter: int) -> int | None:
-        return maybe(lambda: int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)))
-
     sums: list[int | None] = []
     for counters in kinds:
         total: int | None = None
-        for link in links:
-            for counter in counters:
-                value = count(link, counter)
-                if value is not None:
-                    total = (total or 0) + value
+        for counter in counters:
+            key = f"nvlinkError{counter}"
+            if key in dev.absent:
+                continue
+            for link in links:
+                try:
+                    value = int(pynvml.nvmlDeviceGetNvLinkErrorCounter(dev.handle, link, counter))
+                except ABSENT:
+                    if link == links[0]:
+                        dev.absent.add(key)
+                        break
+                    continue
+                total = (total or 0) + value
         sums.append(total)
     return sums[0], sums[1], sums[2]
 
@@ -85,28 +90,42 @@ def _sum(values: Sequence[int | None]) -> int | None:
     return sum(known) if known else None
 
 
+_PER_LINK = (
+    fabric.FI_NVLINK_GET_SPEED,
+    fabric.FI_NVLINK_GET_VERSION,
+    fabric.FI_NVLINK_RECOVERY_SUCCESSFUL,
+    fabric.FI_NVLINK_RECOVERY_FAILED,
+    fabric.FI_NVLINK_RECOVERY_TOTAL,
+)
+
+
 def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
     """Per-link state, speed and counters of one GPU, and which of ``others`` (index, handle) it
     reaches over NVLink."""
     handle = dev.handle
     if dev.links is None:
-        dev.links = _links(handle)
+        try:
+            dev.links = _links(handle)
+        except ABSENT:
+            dev.links = ()  # no NVLink: not asked again on this handle
+            raise
     links = dev.links
+    if not links:
+        raise _not_supported()
     inactive = tuple(
         link for link in links if int(pynvml.nvmlDeviceGetNvLinkState(handle, link)) != pynvml.NVML_FEATURE_ENABLED
     )
-    per_link = (
-        fabric.FI_NVLINK_GET_SPEED,
-        fabric.FI_NVLINK_GET_VERSION,
-        fabric.FI_NVLINK_RECOVERY_SUCCESSFUL,
-        fabric.FI_NVLINK_RECOVERY_FAILED,
-        fabric.FI_NVLINK_RECOVERY_TOTAL,
-    )
-    values = field_ints(handle, [(f, link) for link in links for f in per_link])
-    rows = [values[i : i + len(per_link)] for i in range(0, len(values), len(per_link))]
-    speeds = [row[0] for link, row in zip(links, rows, strict=True) if link not in inactive and row[0]]
-    versions = [row[1] for row in rows if row[1]]
-    replay, recovery, crc = _error_counters(handle, links)
+    fields = [f for f in _PER_LINK if f"field{f}" not in dev.absent]
+    values = field_ints(handle, [(f, link) for link in links for f in fields]) if fields else []
+    by_field: dict[int, list[int | None]] = {f: values[i :: len(fields)] for i, f in enumerate(fields)}
+    for f in fields:
+        if all(v is None for v in by_field[f]):
+            dev.absent.add(f"field{f}")  # this driver or GPU has no such field: not asked again
+    none: list[int | None] = [None] * len(links)
+    speed = by_field.get(fabric.FI_NVLINK_GET_SPEED, none)
+    speeds = [v for link, v in zip(links, speed, strict=True) if link not in inactive and v]
+    versions = [v for v in by_field.get(fabric.FI_NVLINK_GET_VERSION, none) if v]
+    replay, recovery, crc = _error_counters(dev, links)
     return NvLinkFacts(
         links=len(links),
         active=len(links) - len(inactive),
@@ -117,9 +136,9 @@ def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
         replay_errors=replay,
         recovery_errors=recovery,
         crc_errors=crc,
-        recovery_successful=_sum([row[2] for row in rows]),
-        recovery_failed=_sum([row[3] for row in rows]),
-        recovery_total=_sum([row[4] for row in rows]),
+        recovery_successful=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_SUCCESSFUL, none)),
+        recovery_failed=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_FAILED, none)),
+        recovery_total=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_TOTAL, none)),
     )
 
 

@@ -190,6 +190,7 @@ class NvmlSource(NvmlEvents):
         dev.facts = dev.facts.replace(uuid=uuid or dev.facts.uuid, pci_bus_id=pci or None, model=name or None)
         dev.static_unsupported = set()
         dev.links = None  # found again on the new handle
+        dev.absent = set()
         shutdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0))
         slowdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
         dev.thresholds = (slowdown, shutdown)

@@ -218,17 +218,20 @@ def test_ticking_counters_do_not_rewrite_the_report(source: NvmlSource, scenario
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("base", "line"),
     [
-        "gpu 1 nvlink_inactive 0x1",
-        "gpu 1 pcie_width 8",
-        "gpu 1 fabric_state 3",
-        "gpu 1 throttle_ns 0 0 5000000000",
-        "gpu 1 nvlink_recovery 0 1 1",
+        ("", "gpu 1 nvlink_inactive 0x1"),
+        ("", "gpu 1 pcie_width 8"),
+        ("", "gpu 1 fabric_state 3"),
+        ("", "gpu 1 throttle_ns 0 0 5000000000"),
+        # A GPU's fields are what its driver offers from the start (Blackwell's link recoveries).
+        ("gpu 1 nvlink_recovery 0 0 0", "gpu 1 nvlink_recovery 0 1 1"),
     ],
 )
-def test_facts_that_matter_rewrite_it(source: NvmlSource, scenario: Scenario, clock: Clock, line: str) -> None:
-    scenario.write("gpu * clock_reasons 0")
+def test_facts_that_matter_rewrite_it(
+    source: NvmlSource, scenario: Scenario, clock: Clock, base: str, line: str
+) -> None:
+    scenario.write("gpu * clock_reasons 0", base)
     before = _snap(source)
     clock.now += 10
     scenario.write("gpu * clock_reasons 0", line)
