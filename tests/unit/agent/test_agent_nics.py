@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from devkit import fakesysfs
+from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import NvmlStatus, Snapshot
 from gpuhealth.agent.nic_source import NicSource, parse_exclude, pci_sysfs_name
 from gpuhealth.agent.report import facts_changed
@@ -165,3 +166,18 @@ def test_the_agent_reports_its_nics_and_a_port_going_down(tmp_path: Path, make_a
     fakesysfs.write_port(tmp_path, "mlx5_0", state="DOWN", phys_state="Polling", counters={"link_downed": 1})
     wait_for(lambda: transport.spec["nics"][0]["state"] == "DOWN")
     assert transport.spec["nics"][0]["linkDowned"] == 1
+
+
+def test_metrics_mirror_the_nics(tmp_path: Path, clock: Clock) -> None:
+    fakesysfs.write_port(tmp_path, "mlx5_0", state="DOWN", counters={"symbol_error": 65535})
+    src = _source(tmp_path, clock)
+    src.sample()
+    clock.now += 60
+    fakesysfs.write_port(tmp_path, "mlx5_0", state="DOWN", counters={"link_downed": 2, "port_rcv_errors": 30})
+    metrics = AgentMetrics()
+    metrics.observe(_snap(src))
+    port = {"device": "mlx5_0", "port": "1"}
+    value = metrics.registry.get_sample_value
+    assert value("gpuhealth_agent_nic_port_up", port) == 0
+    assert value("gpuhealth_agent_nic_counter_increase", {**port, "counter": "link_downed"}) == 2
+    assert value("gpuhealth_agent_nic_errors_per_minute", {**port, "counter": "port_rcv_errors"}) == 30

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import NvmlStatus, Snapshot
 from gpuhealth.agent.nvml_source import NvmlSource
 from gpuhealth.agent.report import facts_changed
@@ -236,3 +237,20 @@ def test_facts_that_matter_rewrite_it(
     clock.now += 10
     scenario.write("gpu * clock_reasons 0", line)
     assert facts_changed(before, _snap(source))
+
+
+def test_metrics_mirror_the_fabric_live(source: NvmlSource, scenario: Scenario, clock: Clock) -> None:
+    scenario.write("gpu 3 nvlink_inactive 0x3", "gpu 3 fabric_state 3", "gpu 3 fabric_mask 0x1a9", "gpu 3 pcie_width 8")
+    source.sample()
+    clock.now += 10
+    scenario.add("gpu 3 throttle_ns 0 0 2000000000", "gpu 3 nvlink_errors 1 0 2 2 0")
+    metrics = AgentMetrics()
+    metrics.observe(_snap(source))
+    gpu = {"gpu": "3", "uuid": source.sample().devices[3].uuid or ""}
+    value = metrics.registry.get_sample_value
+    assert value("gpuhealth_agent_gpu_nvlink_links", {**gpu, "state": "inactive"}) == 2
+    assert value("gpuhealth_agent_gpu_nvlink_errors", {**gpu, "counter": "crc"}) == 18 * 4
+    assert value("gpuhealth_agent_gpu_fabric_fault", {**gpu, "field": "degradedBandwidth"}) == 1
+    assert value("gpuhealth_agent_gpu_fabric_fault", {**gpu, "field": "routeUnhealthy"}) == 0
+    assert value("gpuhealth_agent_gpu_pcie_link", {**gpu, "kind": "width"}) == 8
+    assert value("gpuhealth_agent_gpu_throttle_percent", {**gpu, "cause": "hw_power_brake"}) == 20
