@@ -315,8 +315,8 @@ def _leaf_paths(value: Any, path: str) -> Iterator[str]:
     elif isinstance(value, list) and value and isinstance(value[0], Mapping):
         for v in value:
             yield from _leaf_paths(v, f"{path}[]")
-    elif isinstance(value, list):
-        yield f"{path}[]"  # a list of scalars is one leaf, spelled as the CRD walker spells it
+    elif isinstance(value, (list, tuple)):
+        yield f"{path}[]"  # a list of scalars is one leaf (the slim cache keeps it as a tuple)
     else:
         yield path
 

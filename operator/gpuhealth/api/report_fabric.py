@@ -192,7 +192,7 @@ def _enum(v: Any, where: str, allowed: Any) -> Any:
 def _ints(v: Any, where: str, maximum: int) -> tuple[int, ...] | None:
     if v is None:
         return None
-    if not isinstance(v, list):
+    if not isinstance(v, (list, tuple)):  # a tuple: the operator's slim cache shares lists so
         raise FieldError(f"{where}: must be a list")
     return tuple(sorted({cast(int, _int(x, f"{where}[{i}]", maximum)) for i, x in enumerate(v)}))
 

@@ -235,6 +235,14 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": slim_meta, "spec": _pick(spec, ("taints", "unschedulable")), "status": slim_status}
 
 
+def _frozen_lists(m: dict[str, Any]) -> dict[str, Any]:
+    """Lists of scalars (a GPU's NVLink ``peers``) as tuples, so the object can be shared like any
+    other leaf (``parse_report`` reads either); a list holding anything else stays, to be refused."""
+    return {
+        k: tuple(v) if isinstance(v, list) and all(isinstance(x, (int, str)) for x in v) else v for k, v in m.items()
+    }
+
+
 def _slim_device(d: Any) -> Any:
     if not isinstance(d, Mapping):
         return d  # refused by parse_report as it stands
@@ -244,7 +252,7 @@ def _slim_device(d: Any) -> Any:
         if isinstance(sub, Mapping):
             picked = _pick_device(sub, keys)
             if picked:
-                out[part] = leaf(picked)
+                out[part] = leaf(_frozen_lists(picked))
         elif part in d:
             out[part] = compact(sub)  # not an object: kept, to be read (and refused) as before
     migs = d.get("migDevices")
