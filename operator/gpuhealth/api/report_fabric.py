@@ -276,7 +276,7 @@ def parse_nics(v: Any, where: str) -> tuple[NicPort, ...]:
         seen.add((device, port))
         saturated = m.get("saturated")
         if saturated is not None and (
-            not isinstance(saturated, list) or not all(isinstance(s, str) for s in saturated)
+            not isinstance(saturated, (list, tuple)) or not all(isinstance(s, str) for s in saturated)
         ):
             raise FieldError(f"{at}.saturated: must be a list of counter names")
         out.append(

@@ -288,7 +288,7 @@ def _slim_spec(spec: Any) -> Any:
         out["xidEvents"] = compact(xids)
     nics = spec.get("nics")
     if isinstance(nics, list):
-        out["nics"] = [leaf(_pick(n, _NIC_KEYS)) if isinstance(n, Mapping) else n for n in nics]
+        out["nics"] = [leaf(_frozen_lists(_pick(n, _NIC_KEYS))) if isinstance(n, Mapping) else n for n in nics]
     elif "nics" in spec:
         out["nics"] = compact(nics)
     return out
