@@ -28,6 +28,8 @@ class Agent:
     # The agent's --state-dir (its XID journal). Kept across kill and launch, as the DaemonSet's
     # emptyDir survives a container restart.
     state_dir: Path | None = None
+    # The agent's --sysfs-root: a fake sysfs tree of NIC ports (devkit/fakesysfs.py); None: NICs unwatched.
+    sysfs: Path | None = None
 
     def write(self) -> None:
         tmp = self.scenario.with_suffix(".tmp")
@@ -105,6 +107,9 @@ class AgentFleet:
     lease_namespace: str | None = None
     # Seconds after which an NVML call that has not returned is a hang (--nvml-hang-after); None: the default.
     nvml_hang_after: float | None = None
+    # Give each agent a fake sysfs tree (Agent.sysfs) for its NICs; off: the agents watch no NICs (never
+    # the host's /sys).
+    nics: bool = False
 
     def start(self, nodes: list[str]) -> AgentFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +118,9 @@ class AgentFleet:
             agent = Agent(node, self.workdir / f"{node}.scenario", self.workdir / f"{node}.agent.log")
             agent.emit_log = self.workdir / f"{node}.emitted"
             agent.state_dir = self.workdir / "state" / node
+            if self.nics:
+                agent.sysfs = self.workdir / "sysfs" / node
+                agent.sysfs.mkdir(parents=True, exist_ok=True)
             if self.metrics:
                 agent.metrics_port = free_port()
             agent.write()
@@ -143,6 +151,7 @@ class AgentFleet:
                     *([f"--lease-namespace={self.lease_namespace}"] if self.lease_namespace else []),
                     *([f"--state-dir={agent.state_dir}"] if agent.state_dir else []),
                     *([f"--nvml-hang-after={self.nvml_hang_after}"] if self.nvml_hang_after else []),
+                    f"--sysfs-root={agent.sysfs or ''}",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

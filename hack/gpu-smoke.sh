@@ -136,6 +136,10 @@ for d in devices:
         f"clock=0x{d.get('clockEventReasons', 0):x} power={d.get('powerW')} "
         f"recovery={d.get('recoveryAction')} mig={d.get('migMode')} unsupported={d.get('unsupported', [])}"
     )
+    # The fabric between GPUs (docs/agent.md): printed, never judged here (a lone PCIe GPU has none).
+    print(
+        f"  nvlink={d.get('nvlink')} fabric={d.get('fabric')} pcie={d.get('pcie')} clocks={d.get('clocks')}"
+    )
 print(f"driver {spec['nvml'].get('driverVersion')} CUDA {spec['nvml'].get('cudaVersion')}")
 if problems:
     sys.exit("FAIL: " + "; ".join(problems))

@@ -29,9 +29,28 @@
  *                                    ecc_aggregate_uncorrected ecc_aggregate_corrected
  *                                    retired_sbe retired_dbe retired_pending
  *                                    remap_corrected remap_uncorrected remap_pending remap_failure
+ *   gpu <i|*> <fabric key> <value>   the fabric between GPUs (defaults: an HGX H100 on NVSwitch):
+ *                                    nvlinks (links that exist, default 18; 0: no NVLink)
+ *                                    nvlink_inactive (bit mask of inactive links, default 0)
+ *                                    nvlink_speed (MBps per link, field 164, default 26562)
+ *                                    nvlink_version (field 166, default 6 = NVLink 4.0)
+ *                                    nvlink_errors "<replay> <recovery> <crc_flit> <crc_data> <ecc>"
+ *                                    (nvmlDeviceGetNvLinkErrorCounter, the same on every link)
+ *                                    nvlink_recovery "<successful> <failed> <total>" (fields 213-215,
+ *                                    Blackwell; unsupported until set, per link)
+ *                                    nvlink_peers (bit mask of GPUs with NVLink P2P; default -1:
+ *                                    every other GPU with NVLink, as through NVSwitches)
+ *                                    fabric_state fabric_status fabric_clique fabric_mask
+ *                                    fabric_summary fabric_cluster (a UUID) (nvmlDeviceGetGpuFabricInfoV;
+ *                                    default state 0 = NOT_SUPPORTED)
+ *                                    pcie_width pcie_max_width pcie_gen pcie_max_gen pcie_replays
+ *                                    (defaults 16 16 5 5 0)
+ *                                    throttle_ns "<sw_thermal> <hw_thermal> <hw_power_brake>"
+ *                                    (accumulated ns, fields 269-271, default 0 0 0)
  *   gpu <i|*> notsupported <query>   that query answers NOT_SUPPORTED; queries: ecc ecc_mode mig
  *                                    retired_pages remapped_rows temperature thresholds
  *                                    clock_reasons power recovery_action events all
+ *                                    nvlink nvlink_errors p2p fabric pcie throttle_ns
  *                                    recovery_events unavailable_events (the GPU does not offer
  *                                    those event types, as drivers before NVML 13)
  *                                    (case, '_' and '-' are ignored)
@@ -110,7 +129,16 @@ enum {
     NS_EVENTS = 1u << 10,
     NS_EV_RECOVERY = 1u << 11,
     NS_EV_UNAVAILABLE = 1u << 12,
+    NS_NVLINK = 1u << 13,
+    NS_NVLINK_ERRORS = 1u << 14,
+    NS_P2P = 1u << 15,
+    NS_FABRIC = 1u << 16,
+    NS_PCIE = 1u << 17,
+    NS_THROTTLE_NS = 1u << 18,
 };
+
+#define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define FABRIC_INFO_V3 ((unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3U << 24U))) /* nvmlGpuFabricInfo_v3 */
 
 /* Handles are addresses in these arrays; NVML only declares the struct, so the fake defines it. */
 struct nvmlDevice_st {
@@ -139,6 +167,17 @@ struct fake_gpu {
     unsigned int notsupported;
     unsigned int max_mig;
     struct fake_mig mig[MAX_MIG];
+    /* the fabric between GPUs */
+    unsigned int nvlinks, nvlink_speed, nvlink_version;
+    unsigned long long nvlink_inactive;
+    unsigned long long nvlink_err[5];
+    int nvlink_recovery_set;
+    unsigned long long nvlink_recovery[3];
+    long long nvlink_peers;
+    unsigned int fabric_state, fabric_status, fabric_clique, fabric_mask, fabric_summary;
+    unsigned char fabric_cluster[16];
+    unsigned int pcie_width, pcie_max_width, pcie_gen, pcie_max_gen, pcie_replays;
+    unsigned long long throttle_ns[3];
 };
 
 /* An XID or another event, in the order the scenario lists them. */
@@ -207,6 +246,12 @@ static void set_defaults(struct scenario *s) {
         g->clock_reasons = 0x1; /* GPU idle */
         g->ecc_mode = 1;
         g->max_mig = 7;
+        g->nvlinks = 18;
+        g->nvlink_speed = 26562;
+        g->nvlink_version = 6;
+        g->nvlink_peers = -1;
+        g->pcie_width = g->pcie_max_width = 16;
+        g->pcie_gen = g->pcie_max_gen = 5;
     }
 }
 
@@ -244,6 +289,12 @@ static unsigned int notsupported_bit(const char *name) {
         {"xidevents", NS_EVENTS},
         {"recoveryevents", NS_EV_RECOVERY},
         {"unavailableevents", NS_EV_UNAVAILABLE},
+        {"nvlink", NS_NVLINK},
+        {"nvlinkerrors", NS_NVLINK_ERRORS},
+        {"p2p", NS_P2P},
+        {"fabric", NS_FABRIC},
+        {"pcie", NS_PCIE},
+        {"throttlens", NS_THROTTLE_NS},
         {"all", 0xffffffffu},
     };
     char key[64];
@@ -291,6 +342,49 @@ static int set_gpu_value(struct fake_gpu *g, int index, const char *key, const c
         }
     }
     else if (strcmp(key, "recovery_action") == 0) g->recovery_action = u;
+    else if (strcmp(key, "nvlinks") == 0) g->nvlinks = u > MAX_LINKS ? MAX_LINKS : u;
+    else if (strcmp(key, "nvlink_inactive") == 0) g->nvlink_inactive = v;
+    else if (strcmp(key, "nvlink_speed") == 0) g->nvlink_speed = u;
+    else if (strcmp(key, "nvlink_version") == 0) g->nvlink_version = u;
+    else if (strcmp(key, "nvlink_peers") == 0) g->nvlink_peers = strtoll(val, NULL, 0);
+    else if (strcmp(key, "nvlink_errors") == 0) {
+        unsigned long long e[5];
+        if (sscanf(val, "%llu %llu %llu %llu %llu", &e[0], &e[1], &e[2], &e[3], &e[4]) != 5) return -1;
+        memcpy(g->nvlink_err, e, sizeof(e));
+    } else if (strcmp(key, "nvlink_recovery") == 0) {
+        unsigned long long r[3];
+        if (sscanf(val, "%llu %llu %llu", &r[0], &r[1], &r[2]) != 3) return -1;
+        memcpy(g->nvlink_recovery, r, sizeof(r));
+        g->nvlink_recovery_set = 1;
+    } else if (strcmp(key, "throttle_ns") == 0) {
+        unsigned long long t[3];
+        if (sscanf(val, "%llu %llu %llu", &t[0], &t[1], &t[2]) != 3) return -1;
+        memcpy(g->throttle_ns, t, sizeof(t));
+    }
+    else if (strcmp(key, "fabric_state") == 0) g->fabric_state = u;
+    else if (strcmp(key, "fabric_status") == 0) g->fabric_status = u;
+    else if (strcmp(key, "fabric_clique") == 0) g->fabric_clique = u;
+    else if (strcmp(key, "fabric_mask") == 0) g->fabric_mask = u;
+    else if (strcmp(key, "fabric_summary") == 0) g->fabric_summary = u;
+    else if (strcmp(key, "fabric_cluster") == 0) {
+        unsigned char b[16];
+        int n = 0;
+        for (const char *c = val; *c && n < 32; c++) {
+            if (*c == '-') continue;
+            if (!isxdigit((unsigned char)*c)) return -1;
+            int d = isdigit((unsigned char)*c) ? *c - '0' : tolower((unsigned char)*c) - 'a' + 10;
+            if (n % 2 == 0) b[n / 2] = (unsigned char)(d << 4);
+            else b[n / 2] |= (unsigned char)d;
+            n++;
+        }
+        if (n != 32) return -1;
+        memcpy(g->fabric_cluster, b, sizeof(b));
+    }
+    else if (strcmp(key, "pcie_width") == 0) g->pcie_width = u;
+    else if (strcmp(key, "pcie_max_width") == 0) g->pcie_max_width = u;
+    else if (strcmp(key, "pcie_gen") == 0) g->pcie_gen = u;
+    else if (strcmp(key, "pcie_max_gen") == 0) g->pcie_max_gen = u;
+    else if (strcmp(key, "pcie_replays") == 0) g->pcie_replays = u;
     else if (strcmp(key, "lost") == 0) g->lost = u != 0;
     else if (strcmp(key, "ecc_volatile_corrected") == 0) g->ecc[0][0] = v;
     else if (strcmp(key, "ecc_aggregate_corrected") == 0) g->ecc[0][1] = v;
@@ -824,17 +918,132 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         nvmlFieldValue_t *v = &values[i];
         v->timestamp = (long long)tv.tv_sec * 1000000LL + tv.tv_usec;
         v->latencyUsec = 0;
+        v->nvmlReturn = NVML_SUCCESS;
+        v->value.ullVal = 0;
+        int link_ok = g->nvlinks > 0 && !(g->notsupported & NS_NVLINK) && v->scopeId < g->nvlinks;
         if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !(g->notsupported & NS_RECOVERY)) {
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
-            v->value.ullVal = 0;
             v->value.uiVal = g->recovery_action;
-            v->nvmlReturn = NVML_SUCCESS;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_GET_SPEED && link_ok) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = (g->nvlink_inactive >> v->scopeId) & 1 ? 0 : g->nvlink_speed;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_GET_VERSION && link_ok) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = g->nvlink_version;
+        } else if (v->fieldId >= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS &&
+                   v->fieldId <= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS && link_ok && g->nvlink_recovery_set) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = g->nvlink_recovery[v->fieldId - NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS];
+        } else if (v->fieldId >= NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN &&
+                   v->fieldId <= NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN &&
+                   !(g->notsupported & NS_THROTTLE_NS)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = g->throttle_ns[v->fieldId - NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN];
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
     }
     LEAVE(NVML_SUCCESS);
 }
+
+/* ---- the fabric between GPUs --------------------------------------------------------- */
+
+/* A link of a GPU with NVLink: INVALID_ARGUMENT past the links it has (as NVML, for a link id it lacks). */
+#define LINK(g, link)                                                                       \
+    do {                                                                                    \
+        if ((g)->nvlinks == 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);                             \
+        if ((link) >= MAX_LINKS) LEAVE(NVML_ERROR_INVALID_ARGUMENT);                        \
+    } while (0)
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+    ENTER();
+    DEVICE(device, NS_NVLINK);
+    LINK(g, link);
+    if (!isActive) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (link >= g->nvlinks) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *isActive = (g->nvlink_inactive >> link) & 1 ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                                  nvmlNvLinkCapability_t capability, unsigned int *capResult) {
+    ENTER();
+    DEVICE(device, NS_NVLINK);
+    LINK(g, link);
+    if (!capResult || capability >= NVML_NVLINK_CAP_COUNT) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    /* NVML_NVLINK_CAP_VALID: the link exists; the others are true of every link the fake has. */
+    *capResult = link < g->nvlinks ? 1u : 0u;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                    nvmlNvLinkErrorCounter_t counter, unsigned long long *counterValue) {
+    ENTER();
+    DEVICE(device, NS_NVLINK);
+    LINK(g, link);
+    if (g->notsupported & NS_NVLINK_ERRORS) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!counterValue || counter >= NVML_NVLINK_ERROR_COUNT || link >= g->nvlinks) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *counterValue = g->nvlink_err[counter];
+    LEAVE(NVML_SUCCESS);
+}
+
+static int nvlink_up(const struct fake_gpu *g) {
+    if (g->nvlinks == 0 || (g->notsupported & NS_NVLINK)) return 0;
+    unsigned long long all = g->nvlinks >= 64 ? ~0ULL : (1ULL << g->nvlinks) - 1;
+    return (g->nvlink_inactive & all) != all;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,
+                                           nvmlGpuP2PStatus_t *p2pStatus) {
+    ENTER();
+    DEVICE(device1, NS_P2P);
+    struct fake_gpu *a = g;
+    struct fake_gpu *b = NULL;
+    {
+        nvmlReturn_t r = gpu_of(device2, NS_P2P, &b);
+        if (r != NVML_SUCCESS) LEAVE(r);
+    }
+    if (!p2pStatus || p2pIndex >= NVML_P2P_CAPS_INDEX_UNKNOWN) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (p2pIndex != NVML_P2P_CAPS_INDEX_NVLINK) {
+        *p2pStatus = NVML_P2P_STATUS_OK; /* PCIe P2P: the fake's GPUs share a switch */
+        LEAVE(NVML_SUCCESS);
+    }
+    int ia = (int)(device1 - handles), ib = (int)(device2 - handles);
+    int listed = a->nvlink_peers < 0 || (ib < 64 && ((unsigned long long)a->nvlink_peers >> ib) & 1);
+    int back = b->nvlink_peers < 0 || (ia < 64 && ((unsigned long long)b->nvlink_peers >> ia) & 1);
+    *p2pStatus = ia != ib && listed && back && nvlink_up(a) && nvlink_up(b) ? NVML_P2P_STATUS_OK
+                                                                            : NVML_P2P_STATUS_NOT_SUPPORTED;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *gpuFabricInfo) {
+    ENTER();
+    DEVICE(device, NS_FABRIC);
+    if (!gpuFabricInfo) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpuFabricInfo->version != FABRIC_INFO_V3) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster, sizeof(g->fabric_cluster));
+    gpuFabricInfo->status = (nvmlReturn_t)g->fabric_status;
+    gpuFabricInfo->cliqueId = g->fabric_clique;
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)g->fabric_state;
+    gpuFabricInfo->healthMask = g->fabric_mask;
+    gpuFabricInfo->healthSummary = (unsigned char)g->fabric_summary;
+    LEAVE(NVML_SUCCESS);
+}
+
+#define PCIE_QUERY(fn, member)                                                              \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *value) {                      \
+        ENTER();                                                                            \
+        DEVICE(device, NS_PCIE);                                                            \
+        if (!value) LEAVE(NVML_ERROR_INVALID_ARGUMENT);                                     \
+        *value = g->member;                                                                 \
+        LEAVE(NVML_SUCCESS);                                                                \
+    }
+
+PCIE_QUERY(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
+PCIE_QUERY(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+PCIE_QUERY(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
+PCIE_QUERY(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
+PCIE_QUERY(nvmlDeviceGetPcieReplayCounter, pcie_replays)
 
 /* ---- events -------------------------------------------------------------------------- */
 

@@ -22,6 +22,7 @@ typedef enum {
     O_(NVML_ERROR_TIMEOUT) = 10,
     O_(NVML_ERROR_FUNCTION_NOT_FOUND) = 13,
     O_(NVML_ERROR_GPU_IS_LOST) = 15,
+    O_(NVML_ERROR_ARGUMENT_VERSION_MISMATCH) = 25,
     O_(NVML_ERROR_UNKNOWN) = 999,
 } O_(nvmlReturn_t);
 
@@ -45,10 +46,47 @@ typedef enum {
     O_(NVML_VALUE_TYPE_SIGNED_LONG_LONG) = 4,
 } O_(nvmlValueType_t);
 
+typedef enum {
+    O_(NVML_NVLINK_CAP_P2P_SUPPORTED) = 0,
+    O_(NVML_NVLINK_CAP_SYSMEM_ACCESS) = 1,
+    O_(NVML_NVLINK_CAP_P2P_ATOMICS) = 2,
+    O_(NVML_NVLINK_CAP_SYSMEM_ATOMICS) = 3,
+    O_(NVML_NVLINK_CAP_SLI_BRIDGE) = 4,
+    O_(NVML_NVLINK_CAP_VALID) = 5,
+    O_(NVML_NVLINK_CAP_COUNT) = 6,
+} O_(nvmlNvLinkCapability_t);
+typedef enum {
+    O_(NVML_NVLINK_ERROR_DL_REPLAY) = 0,
+    O_(NVML_NVLINK_ERROR_DL_RECOVERY) = 1,
+    O_(NVML_NVLINK_ERROR_DL_CRC_FLIT) = 2,
+    O_(NVML_NVLINK_ERROR_DL_CRC_DATA) = 3,
+    O_(NVML_NVLINK_ERROR_DL_ECC_DATA) = 4,
+    O_(NVML_NVLINK_ERROR_COUNT) = 5,
+} O_(nvmlNvLinkErrorCounter_t);
+typedef enum {
+    O_(NVML_P2P_STATUS_OK) = 0,
+    O_(NVML_P2P_STATUS_NOT_SUPPORTED) = 5,
+    O_(NVML_P2P_STATUS_UNKNOWN) = 6,
+} O_(nvmlGpuP2PStatus_t);
+typedef enum {
+    O_(NVML_P2P_CAPS_INDEX_READ) = 0,
+    O_(NVML_P2P_CAPS_INDEX_NVLINK) = 2,
+    O_(NVML_P2P_CAPS_INDEX_UNKNOWN) = 5,
+} O_(nvmlGpuP2PCapsIndex_t);
+
 enum {
     O_(NVML_DEVICE_MIG_DISABLE) = 0,
     O_(NVML_DEVICE_MIG_ENABLE) = 1,
     O_(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) = 230,
+    O_(NVML_FI_DEV_NVLINK_GET_SPEED) = 164,
+    O_(NVML_FI_DEV_NVLINK_GET_VERSION) = 166,
+    O_(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS) = 213,
+    O_(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS) = 214,
+    O_(NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS) = 215,
+    O_(NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN) = 269,
+    O_(NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN) = 270,
+    O_(NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN) = 271,
+    O_(NVML_GPU_FABRIC_UUID_LEN) = 16,
     O_(nvmlEventTypeSingleBitEccError) = 0x1,
     O_(nvmlEventTypeDoubleBitEccError) = 0x2,
     O_(nvmlEventTypeXidCriticalError) = 0x8,
@@ -97,5 +135,18 @@ typedef struct {
     O_(nvmlReturn_t) nvmlReturn;
     O_(nvmlValue_t) value;
 } O_(nvmlFieldValue_t);
+
+/* GPU fabric info v3 (nvmlDeviceGetGpuFabricInfoV); the version word is sizeof | 3 << 24. */
+typedef unsigned char O_(nvmlGpuFabricState_t);
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    O_(nvmlReturn_t) status;
+    unsigned int cliqueId;
+    O_(nvmlGpuFabricState_t) state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} O_(nvmlGpuFabricInfo_v3_t);
+typedef O_(nvmlGpuFabricInfo_v3_t) O_(nvmlGpuFabricInfoV_t);
 
 #undef O_

@@ -29,15 +29,21 @@ from gpuhealth.agent import model as agent_model
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
+    FabricFacts,
     MigDeviceFacts,
+    NicPortFacts,
+    NvLinkFacts,
     NvmlStatus,
+    PcieFacts,
     RemappedRows,
     RetiredPages,
     Snapshot,
     Temperature,
+    ThrottleFacts,
     XidEvent,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
+from gpuhealth.api import fabric
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
@@ -82,8 +88,39 @@ def _every_fact(index: int) -> DeviceFacts:
             MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb"),
             MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
         ),
+        nvlink=NvLinkFacts(18, 17, (3,), 26562, 6, (1, 2, 3), 4, 1, 2, 5, 1, 6),
+        fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x11A9, 3),
+        pcie=PcieFacts(8, 16, 4, 5, 12),
+        throttle=ThrottleFacts(300, 10, 20, 40),
         unsupported=("nvmlDeviceGetPowerUsage",),
     )
+
+
+def _every_nic() -> NicPortFacts:
+    return NicPortFacts(
+        "mlx5_1", 1, "DOWN", "Disabled", "Ethernet", "ens1f0", "down", 1, 2, 3, 4, 1.5, 2.5, 3.5, ("symbol_error",)
+    )
+
+
+def test_the_fullest_nic_facts_set_every_field() -> None:
+    missing = unset_fields(_every_nic())
+    assert not missing, (
+        f"agent/model.py NicPortFacts fields {missing} are not set by tests/unit/test_contracts.py _every_nic"
+    )
+
+
+def test_each_nic_fact_reaches_its_report() -> None:
+    full = _every_nic()
+    builder = ReportBuilder("node-a", agent_model_info())
+    whole = builder.render(Snapshot(T, NvmlStatus(True), (), nics=(full,)), T)["nics"][0]
+    for f in dataclasses.fields(NicPortFacts):
+        if f.name in ("device", "port"):
+            continue
+        default: Any = f.default if f.default is not dataclasses.MISSING else None
+        less = builder.render(
+            Snapshot(T, NvmlStatus(True), (), nics=(dataclasses.replace(full, **{f.name: default}),)), T
+        )
+        assert less["nics"][0] != whole, f"agent/model.py NicPortFacts.{f.name} never reaches spec.nics[]"
 
 
 def test_the_fullest_agent_facts_set_every_field() -> None:
@@ -100,7 +137,9 @@ def _rendered_spec() -> dict[str, Any]:
     builder = ReportBuilder("node-a", agent_model_info())
     builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid, detail="fallen off the bus"))
     builder.add_xid(XidEvent(13, T, "nvml", gpu=1, detail="graphics engine", gpu_instance=1, compute_instance=0))
-    snap = Snapshot(T, NvmlStatus(True, "none", "580.65.06", "13.0"), (_every_fact(0), _every_fact(1)))
+    snap = Snapshot(
+        T, NvmlStatus(True, "none", "580.65.06", "13.0"), (_every_fact(0), _every_fact(1)), nics=(_every_nic(),)
+    )
     return builder.render(snap, T)
 
 
@@ -277,6 +316,8 @@ def _leaf_paths(value: Any, path: str) -> Iterator[str]:
     elif isinstance(value, list) and value and isinstance(value[0], Mapping):
         for v in value:
             yield from _leaf_paths(v, f"{path}[]")
+    elif isinstance(value, (list, tuple)):
+        yield f"{path}[]"  # a list of scalars is one leaf (the slim cache keeps it as a tuple)
     else:
         yield path
 
@@ -301,6 +342,15 @@ def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
         "crds/gpunodehealths.yaml allows: the fields they read are not declared there"
     )
     assert report.xids and report.xids[0].gpu is not None
+    for name in ("nvlink", "fabric", "pcie", "clocks"):
+        part = getattr(device, name)
+        missing = unset_fields(part)
+        assert not missing, (
+            f"api/report_fabric.py {type(part).__name__} fields {missing} are filled by no declared field"
+        )
+    assert report.nics, "spec.nics[] is not read"
+    missing = unset_fields(report.nics[0], skip=("device", "port"))
+    assert not missing, f"api/report_fabric.py NicPort fields {missing} are filled by no declared field"
 
 
 @pytest.mark.parametrize("flags", [True, False])
@@ -324,6 +374,11 @@ def test_report_vocabularies_are_the_agent_model() -> None:
     assert crd_enum(REPORT_CRD, "spec.devices[].recoveryAction") == set(RecoveryAction), (
         "spec.devices[].recoveryAction vs api/recovery.py RecoveryAction"
     )
+    assert crd_enum(REPORT_CRD, "spec.devices[].fabric.state") == set(fabric.FABRIC_STATES.values())
+    assert crd_enum(REPORT_CRD, "spec.devices[].fabric.healthSummary") == set(fabric.HEALTH_SUMMARIES.values())
+    assert crd_enum(REPORT_CRD, "spec.devices[].fabric.incorrectConfiguration") == set(
+        typing.get_args(fabric.IncorrectConfiguration)
+    ), "spec.devices[].fabric.incorrectConfiguration vs api/fabric.py"
     sources = set(typing.get_args(agent_model.SourceName))
     assert crd_enum(REPORT_CRD, "spec.xidEvents[].source") == sources, "xidEvents[].source vs agent/model.py SourceName"
     assert crd_enum(REPORT_CRD, "spec.agent.sources[]") == sources, "agent.sources vs agent/model.py SourceName"

@@ -69,6 +69,12 @@ env:
   # (an emptyDir lives as long as the pod; no hostPath, no privileges).
   - name: GPUHEALTH_STATE_DIR
     value: /var/lib/gpuhealth-agent
+  - name: GPUHEALTH_SYSFS_ROOT
+    value: {{ .root.Values.agent.nics.sysfsRoot | default "" | quote }}
+  {{- with .root.Values.agent.nics.exclude }}
+  - name: GPUHEALTH_NIC_EXCLUDE
+    value: {{ join "," . | quote }}
+  {{- end }}
   {{- with .dcgmUrl }}
   - name: GPUHEALTH_DCGM_URL
     value: {{ . | quote }}

@@ -22,6 +22,8 @@ from gpuhealth.agent.model import (
     UTC,
     DeviceFacts,
     EccCounts,
+    FabricFacts,
+    PcieFacts,
     RemappedRows,
     RetiredPages,
     Temperature,
@@ -49,7 +51,20 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("device", "clock_event_reasons"),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("device", "clock_event_reasons"),
     "DCGM_FI_DEV_POWER_USAGE": ("device", "power_w"),
+    # The fabric (DCGM fields 170, 173-175; PCIe 237/238): the same facts NVML gives, where the
+    # exporter is configured to export them.
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": ("fabric", "manager_status"),
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID": ("fabric", "clique_id"),
+    "DCGM_FI_DEV_FABRIC_HEALTH_MASK": ("fabric", "health_mask"),
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY": ("fabric", "health_summary"),
+    "DCGM_FI_DEV_PCIE_LINK_GEN": ("pcie", "generation"),
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("pcie", "width"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie", "replays"),
 }
+# DCGM_FI_DEV_FABRIC_MANAGER_STATUS -> (NVML fabric state, probe status): 0 NotSupported, 1 NotStarted,
+# 2 InProgress, 3 Success, 4 Failure (a completed probe with an error; DCGM gives no code, so NVML's
+# "unknown error" 999); 5 Unrecognized and 6 NvmlTooOld say nothing about the fabric.
+_MANAGER_STATUS: dict[int, tuple[int, int | None]] = {0: (0, None), 1: (1, None), 2: (2, None), 3: (3, 0), 4: (3, 999)}
 _BOOL_FIELDS = {"pending", "failure"}
 
 
@@ -78,6 +93,15 @@ class DcgmGpu:
         device = group("device")
         ecc, retired, remap, temp = group("ecc"), group("retired"), group("remap"), group("temp")
         power = self.values.get(("device", "power_w"))
+        fab, pcie = group("fabric"), group("pcie")
+        state = _MANAGER_STATUS.get(fab.pop("manager_status", -1))
+        fabric = (
+            None
+            if state is None
+            else FabricFacts(state[0], state[1], None, **fab)
+            if state[0]
+            else FabricFacts(state=0)
+        )
         return DeviceFacts(
             index=self.index,
             uuid=self.uuid,
@@ -89,6 +113,10 @@ class DcgmGpu:
             temperature=Temperature(**temp) if temp else None,
             clock_event_reasons=device.get("clock_event_reasons"),
             power_w=power,
+            fabric=fabric,
+            pcie=PcieFacts(pcie.get("width"), None, pcie.get("generation"), None, pcie.get("replays"))
+            if pcie
+            else None,
         )
 
 
@@ -191,6 +219,7 @@ class DcgmSource:
         self.timeout_s = timeout_s
         self._detector = XidChangeDetector()
         self._last_error: str | None = None
+        self._busy_gen: dict[int, int] = {}
 
     def fetch(self) -> str:
         request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
@@ -213,7 +242,18 @@ class DcgmSource:
             log.info("DCGM exporter %s reachable again", self.url)
         self._last_error = None
         xids = self._detector.update(gpus, datetime.now(UTC))
-        return DcgmSample(devices={i: g.facts() for i, g in gpus.items()}, xids=tuple(xids))
+        return DcgmSample(devices={i: self._busy_generation(i, g.facts()) for i, g in gpus.items()}, xids=tuple(xids))
+
+    def _busy_generation(self, index: int, facts: DeviceFacts) -> DeviceFacts:
+        """The PCIe generation as last seen while the GPU was busy (an idle link drops it: no fact)."""
+        pcie = facts.pcie
+        if pcie is None:
+            return facts
+        reasons = facts.clock_event_reasons
+        if pcie.generation is not None and reasons is not None and not reasons & 0x1:
+            self._busy_gen[index] = pcie.generation
+        gen = self._busy_gen.get(index)
+        return facts.replace(pcie=PcieFacts(pcie.width, None, gen, None, pcie.replays))
 
 
 def merge_dcgm(devices: tuple[DeviceFacts, ...], dcgm: Mapping[int, DeviceFacts]) -> tuple[DeviceFacts, ...]:
@@ -233,7 +273,7 @@ def merge_dcgm(devices: tuple[DeviceFacts, ...], dcgm: Mapping[int, DeviceFacts]
             merged.append(device)
             continue
         changes: dict[str, object] = {}
-        for name in ("ecc", "retired_pages", "remapped_rows", "clock_event_reasons", "power_w"):
+        for name in ("ecc", "retired_pages", "remapped_rows", "clock_event_reasons", "power_w", "fabric", "pcie"):
             if getattr(device, name) is None and getattr(other, name) is not None:
                 changes[name] = getattr(other, name)
         if other.temperature is not None and other.temperature.current_c is not None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from gpuhealth.agent.nic_source import ENV_NIC_EXCLUDE, ENV_SYSFS_ROOT, parse_exclude
 from gpuhealth.agent.nvml_source import ENV_LIBRARY
 from gpuhealth.agent.runner import MIN_HANG_AFTER_S, Agent, AgentConfig, agent_version, collect_once
 from gpuhealth.kube.credentials import api_client
@@ -102,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory of the local XID journal, which keeps XIDs across agent crashes (env "
         f"GPUHEALTH_STATE_DIR; default {DEFAULT_STATE_DIR} if it exists, else no journal)",
     )
+    p.add_argument(
+        "--sysfs-root",
+        default=os.environ.get(ENV_SYSFS_ROOT, "/sys"),
+        help=f"where sysfs is mounted, for NIC health from class/infiniband and class/net (env {ENV_SYSFS_ROOT}, "
+        "default /sys); empty: NICs are not watched",
+    )
+    p.add_argument(
+        "--nic-exclude",
+        default=_env(ENV_NIC_EXCLUDE, ""),
+        help=f"comma-separated InfiniBand device names never reported, e.g. a management NIC (env {ENV_NIC_EXCLUDE}); "
+        "NICs on a NUMA node without a GPU are excluded anyway",
+    )
     p.add_argument("--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds")
     p.add_argument("--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)")
     p.add_argument("--once", action="store_true", help="sample once, write (or print) the report once, exit")
@@ -130,6 +143,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         lease_namespace=args.lease_namespace or None,
         nvml_hang_after_s=args.nvml_hang_after,
         state_dir=None if args.once and args.dry_run else resolve_state_dir(args.state_dir),
+        sysfs_root=args.sysfs_root or None,
+        nic_exclude=parse_exclude(args.nic_exclude),
     )
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuhealth.agent.model import NvmlStatus, Snapshot
+from gpuhealth.agent.model import DeviceFacts, NicPortFacts, NvmlStatus, Snapshot
+from gpuhealth.api import fabric
 
 _GPU = ("gpu", "uuid")
+_PORT = ("device", "port")
 
 
 class AgentMetrics:
@@ -72,6 +74,53 @@ class AgentMetrics:
             "gpuhealth_agent_sample_duration_seconds", "How long the last sample took.", registry=r
         )
         self.dcgm_errors = Counter("gpuhealth_agent_dcgm_scrape_errors", "Failed DCGM exporter scrapes.", registry=r)
+        # The fabric between GPUs (live values; the report keeps only what changed meaningfully).
+        self.nvlink_links = Gauge(
+            "gpuhealth_agent_gpu_nvlink_links", "NVLinks the GPU has, by state.", (*_GPU, "state"), registry=r
+        )
+        self.nvlink_errors = Gauge(
+            "gpuhealth_agent_gpu_nvlink_errors",
+            "NVLink error counters summed over the links (replay, recovery, crc; Blackwell recovery_*).",
+            (*_GPU, "counter"),
+            registry=r,
+        )
+        self.fabric_state = Gauge(
+            "gpuhealth_agent_gpu_fabric_state",
+            "GPU fabric probe state (0 not supported, 1 not started, 2 in progress, 3 completed).",
+            _GPU,
+            registry=r,
+        )
+        self.fabric_fault = Gauge(
+            "gpuhealth_agent_gpu_fabric_fault",
+            "1 while a fabric health sub-field says so (degradedBandwidth, routeUnhealthy, ...).",
+            (*_GPU, "field"),
+            registry=r,
+        )
+        self.pcie_link = Gauge(
+            "gpuhealth_agent_gpu_pcie_link",
+            "PCIe link width and generation, now and max.",
+            (*_GPU, "kind"),
+            registry=r,
+        )
+        self.pcie_replays = Gauge("gpuhealth_agent_gpu_pcie_replays", "PCIe replay counter.", _GPU, registry=r)
+        self.throttle = Gauge(
+            "gpuhealth_agent_gpu_throttle_percent",
+            "Share of the last window the GPU was throttled, by cause.",
+            (*_GPU, "cause"),
+            registry=r,
+        )
+        self.nic_up = Gauge(
+            "gpuhealth_agent_nic_port_up", "1 while the port is ACTIVE (and its netdev up).", _PORT, registry=r
+        )
+        self.nic_increase = Gauge(
+            "gpuhealth_agent_nic_counter_increase",
+            "Increase since the agent started of the NIC counters fatal on increase.",
+            (*_PORT, "counter"),
+            registry=r,
+        )
+        self.nic_rate = Gauge(
+            "gpuhealth_agent_nic_errors_per_minute", "NIC error rates over the window.", (*_PORT, "counter"), registry=r
+        )
         self.journal_errors = Counter(
             "gpuhealth_agent_journal_errors",
             "XID journal problems: op=read (torn or invalid lines skipped), op=write (unwritable state dir).",
@@ -128,6 +177,69 @@ class AgentMetrics:
                 self.clock_event_reasons.labels(*gpu).set(d.clock_event_reasons)
             if d.power_w is not None:
                 self.power.labels(*gpu).set(d.power_w)
+            self._observe_fabric(gpu, d)
+        for nic in snapshot.nics:
+            self._observe_nic(nic)
+
+    def _observe_fabric(self, gpu: tuple[str, str], d: DeviceFacts) -> None:
+        if d.nvlink is not None:
+            n = d.nvlink
+            self.nvlink_links.labels(*gpu, "active").set(n.active)
+            self.nvlink_links.labels(*gpu, "inactive").set(n.links - n.active)
+            for counter, value in (
+                ("replay", n.replay_errors),
+                ("recovery", n.recovery_errors),
+                ("crc", n.crc_errors),
+                ("recovery_successful", n.recovery_successful),
+                ("recovery_failed", n.recovery_failed),
+            ):
+                if value is not None:
+                    self.nvlink_errors.labels(*gpu, counter).set(value)
+        if d.fabric is not None:
+            self.fabric_state.labels(*gpu).set(d.fabric.state)
+            if d.fabric.health_mask is not None:
+                faults = set(fabric.decode_health_mask(d.fabric.health_mask).faults)
+                for f in (*fabric.BOOLEAN_FIELDS, fabric.INCORRECT_CONFIGURATION):
+                    self.fabric_fault.labels(*gpu, f.report).set(1 if f.report in faults else 0)
+        if d.pcie is not None:
+            for kind, value in (
+                ("width", d.pcie.width),
+                ("max_width", d.pcie.max_width),
+                ("generation", d.pcie.generation),
+                ("max_generation", d.pcie.max_generation),
+            ):
+                if value is not None:
+                    self.pcie_link.labels(*gpu, kind).set(value)
+            if d.pcie.replays is not None:
+                self.pcie_replays.labels(*gpu).set(d.pcie.replays)
+        if d.throttle is not None:
+            for cause, pct in (
+                ("sw_thermal", d.throttle.sw_thermal_pct),
+                ("hw_thermal", d.throttle.hw_thermal_pct),
+                ("hw_power_brake", d.throttle.hw_power_brake_pct),
+            ):
+                if pct is not None:
+                    self.throttle.labels(*gpu, cause).set(pct)
+
+    def _observe_nic(self, n: NicPortFacts) -> None:
+        port = (n.device, str(n.port))
+        down = (n.state is not None and n.state != "ACTIVE") or (n.oper_state is not None and n.oper_state != "up")
+        self.nic_up.labels(*port).set(0 if down else 1)
+        for counter, value in (
+            ("link_downed", n.link_downed),
+            ("local_link_integrity_errors", n.local_link_integrity_errors),
+            ("excessive_buffer_overrun_errors", n.excessive_buffer_overrun_errors),
+            ("rnr_nak_retry_err", n.rnr_nak_retry_errors),
+        ):
+            if value is not None:
+                self.nic_increase.labels(*port, counter).set(value)
+        for counter, rate in (
+            ("symbol_error", n.symbol_errors_per_min),
+            ("link_error_recovery", n.link_error_recovery_per_min),
+            ("port_rcv_errors", n.port_rcv_errors_per_min),
+        ):
+            if rate is not None:
+                self.nic_rate.labels(*port, counter).set(rate)
 
     def _observe_status(self, status: NvmlStatus) -> None:
         self.nvml_available.set(1 if status.available else 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,30 @@ def error_name(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def field_int(value: Any) -> int:
+    """The integer an ``nvmlFieldValue_t`` holds, by its value type."""
+    value_type = int(value.valueType)
+    return (
+        int(value.value.ullVal)
+        if value_type == _VALUE_TYPE_ULL
+        else int(value.value.sllVal)
+        if value_type == _VALUE_TYPE_SLL
+        else int(value.value.uiVal)
+    )
+
+
+def field_ints(handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
+    """Field values by ``(fieldId, scopeId)`` in one call; None for each one NVML does not offer (drivers
+    that predate a field answer "invalid argument" or "not supported" for it). A lost GPU raises."""
+    out: list[int | None] = []
+    for value in pynvml.nvmlDeviceGetFieldValues(handle, ids):
+        ret = int(value.nvmlReturn)
+        if ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise pynvml.NVMLError(ret)
+        out.append(field_int(value) if ret == pynvml.NVML_SUCCESS else None)
+    return out
+
+
 def recovery_action(handle: Any) -> RecoveryAction | None:
     values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
     value = values[0]
@@ -70,14 +95,7 @@ def recovery_action(handle: Any) -> RecoveryAction | None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
     if ret != pynvml.NVML_SUCCESS:
         raise pynvml.NVMLError(ret)
-    value_type = int(value.valueType)
-    raw = (
-        int(value.value.ullVal)
-        if value_type == _VALUE_TYPE_ULL
-        else int(value.value.sllVal)
-        if value_type == _VALUE_TYPE_SLL
-        else int(value.value.uiVal)
-    )
+    raw = field_int(value)
     action = RecoveryAction.from_nvml(raw)
     if action is None:
         log.warning("GPU recovery action %d is newer than this agent knows; omitted (unknown)", raw)
@@ -99,3 +117,11 @@ class Device:
     # NVML's GpuUnavailableError event said so: the GPU reports lost for the rest of this NVML
     # session (a fresh nvmlInit rediscovers it), even if some queries still answer.
     unavailable: bool = False
+    # The fabric (nvml_fabric.py): the NVLinks this GPU has (found once per handle), the PCIe
+    # generation last read while it was busy, and the throttle counters of the last window.
+    links: tuple[int, ...] | None = None
+    # Parts of the fabric reads this GPU answered NOT_SUPPORTED for, not asked again on this handle
+    # (a refused call costs an exception per link and sample).
+    absent: set[str] = field(default_factory=set)
+    pcie_generation: int | None = None
+    throttle_history: deque[tuple[float, tuple[int | None, ...]]] = field(default_factory=deque)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,6 +39,7 @@ from gpuhealth.agent.nvml_calls import (
     recovery_action,
 )
 from gpuhealth.agent.nvml_events import NvmlEvents
+from gpuhealth.agent.nvml_fabric import read_fabric, read_nvlink, read_pcie, read_throttle
 from gpuhealth.agent.nvml_mig import read_mig_devices
 from gpuhealth.agent.source import DeviceSample
 
@@ -58,6 +60,10 @@ Q_POWER = "powerW"
 Q_RECOVERY = "recoveryAction"
 Q_MIG_DEVICES = "migDevices"
 Q_EVENTS = "xidEvents"
+Q_NVLINK = "nvlink"
+Q_FABRIC = "fabric"
+Q_PCIE = "pcie"
+Q_THROTTLE = "throttle"
 
 T = TypeVar("T")
 
@@ -65,7 +71,8 @@ T = TypeVar("T")
 class NvmlSource(NvmlEvents):
     """:class:`~gpuhealth.agent.source.DeviceSource` backed by the real pynvml."""
 
-    def __init__(self, library: str | None = None) -> None:
+    def __init__(self, library: str | None = None, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
         self._library = library if library is not None else (os.environ.get(ENV_LIBRARY) or None)
         self._lock = threading.RLock()
         self._initialized = False
@@ -182,6 +189,8 @@ class NvmlSource(NvmlEvents):
         dev.handle = handle
         dev.facts = dev.facts.replace(uuid=uuid or dev.facts.uuid, pci_bus_id=pci or None, model=name or None)
         dev.static_unsupported = set()
+        dev.links = None  # found again on the new handle
+        dev.absent = set()
         shutdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0))
         slowdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
         dev.thresholds = (slowdown, shutdown)
@@ -313,8 +322,17 @@ class NvmlSource(NvmlEvents):
             if mig == MIG_ENABLED
             else ()
         )
+        others = [(o.index, o.handle) for o in self._devices if o is not dev and o.handle is not None]
+        nvlink = self._query(dev, Q_NVLINK, unsupported, lambda: read_nvlink(dev, others))
+        fabric = self._query(dev, Q_FABRIC, unsupported, lambda: read_fabric(h))
+        pcie = self._query(dev, Q_PCIE, unsupported, lambda: read_pcie(dev, clock))
+        throttle = self._query(dev, Q_THROTTLE, unsupported, lambda: read_throttle(dev, self._monotonic()))
         return dev.facts.replace(
             lost=False,
+            nvlink=nvlink,
+            fabric=fabric,
+            pcie=pcie,
+            throttle=throttle,
             mig_mode=mig,
             ecc_mode=ecc_mode,
             ecc=ecc,

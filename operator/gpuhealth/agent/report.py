@@ -23,6 +23,7 @@ from gpuhealth.agent.model import (
     Temperature,
     XidEvent,
 )
+from gpuhealth.agent.report_fabric import device_fabric_spec, nics_changed, nics_spec, significant_fabric
 from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
 from gpuhealth.api.timeutil import parse_time
 
@@ -135,6 +136,7 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
         out["powerW"] = round(device.power_w, 1)
     if device.recovery_action is not None:
         out["recoveryAction"] = str(device.recovery_action)
+    out.update(device_fabric_spec(device))
     if device.mig_devices:
         out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]
     if device.unsupported:
@@ -188,7 +190,7 @@ def _significant(device: DeviceFacts) -> DeviceFacts:
     """The device with the noisy fields neutralised, for equality comparison."""
     clock = device.clock_event_reasons
     temp = device.temperature
-    return device.replace(
+    return significant_fabric(device).replace(
         power_w=None,
         clock_event_reasons=None if clock is None else clock & SIGNIFICANT_CLOCK_EVENT_REASONS,
         temperature=None if temp is None else Temperature(None, temp.slowdown_c, temp.shutdown_c),
@@ -200,12 +202,15 @@ def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int 
     """Whether ``cur`` carries facts the last written report (``prev``) does not.
 
     Power is excluded (it follows the workload; /metrics carries it live), temperature uses a
-    dead-band plus threshold crossings, and clock-event reasons only count the bits that say
-    the hardware is protecting itself.
+    dead-band plus threshold crossings, clock-event reasons only count the bits that say
+    the hardware is protecting itself, and the fabric's telemetry is left out or bucketed
+    (report_fabric.py).
     """
     if prev is None:
         return True
     if prev.nvml != cur.nvml or prev.sources != cur.sources:
+        return True
+    if nics_changed(prev.nics, cur.nics):
         return True
     if [d.index for d in prev.devices] != [d.index for d in cur.devices]:
         return True
@@ -316,7 +321,7 @@ class ReportBuilder:
         }
         if self.agent.boot_time is not None:
             agent["bootTime"] = rfc3339(self.agent.boot_time)
-        return {
+        spec: dict[str, Any] = {
             "nodeName": self.node_name,
             "agent": agent,
             "heartbeatTime": rfc3339(now),
@@ -325,6 +330,9 @@ class ReportBuilder:
             "devices": devices,
             "xidEvents": [xid_spec(e) for e in self.history.events],
         }
+        if snapshot.nics:
+            spec["nics"] = nics_spec(snapshot.nics)
+        return spec
 
     def commit(self, snapshot: Snapshot, spec: dict[str, Any]) -> None:
         """Record that ``spec`` (rendered from ``snapshot``) is now on the server."""

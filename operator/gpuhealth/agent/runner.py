@@ -29,6 +29,7 @@ from gpuhealth.agent.journal import XidJournal
 from gpuhealth.agent.lease import LeaseTransport, NodeLease, micro_time
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
+from gpuhealth.agent.nic_source import NicSource
 from gpuhealth.agent.nvml_source import NvmlSource
 from gpuhealth.agent.publisher import LatestSnapshot, Publisher
 from gpuhealth.agent.report import (
@@ -87,6 +88,11 @@ class AgentConfig:
             return self.nvml_hang_after_s
         return max(3 * self.interval_s, MIN_HANG_AFTER_S)
 
+    # Where sysfs is, for NIC health (nic_source.py); None: NICs are not watched.
+    sysfs_root: str | None = None
+    # NICs (InfiniBand device names) never reported: management NICs.
+    nic_exclude: tuple[str, ...] = ()
+
 
 class Agent:
     """One node's agent; ``start()`` spawns the threads, ``stop()`` joins them.
@@ -113,6 +119,7 @@ class Agent:
         if dcgm is None and config.dcgm_url:
             dcgm = DcgmSource(config.dcgm_url, config.node_name, config.dcgm_timeout_s)
         self.dcgm = dcgm
+        self.nics = NicSource(config.sysfs_root, config.nic_exclude) if config.sysfs_root else None
         sources: tuple[SourceName, ...] = ("nvml", "dcgm") if dcgm is not None else ("nvml",)
         self.sources = sources
         boot = config.boot_time if config.boot_time is not None else read_boot_time()
@@ -208,7 +215,8 @@ class Agent:
                 devices = merge_dcgm(devices, dcgm.devices)
             for event, baseline in dcgm.xids:
                 self.xids.put(event, baseline=baseline)
-        snapshot = Snapshot(time=now_utc(), nvml=device_sample.status, devices=devices, sources=self.sources)
+        nics = self.nics.sample(d.pci_bus_id for d in devices if d.pci_bus_id) if self.nics is not None else ()
+        snapshot = Snapshot(time=now_utc(), nvml=device_sample.status, devices=devices, sources=self.sources, nics=nics)
         self.metrics.observe(snapshot)
         self.metrics.sample_duration.set(time.monotonic() - started)
         return snapshot

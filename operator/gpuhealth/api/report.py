@@ -7,7 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from gpuhealth.api import fabric
 from gpuhealth.api.recovery import RecoveryAction
+from gpuhealth.api.report_fabric import (
+    Clocks,
+    Fabric,
+    FieldError,
+    NicPort,
+    NvLink,
+    Pcie,
+    parse_clocks,
+    parse_fabric,
+    parse_nics,
+    parse_nvlink,
+    parse_pcie,
+)
 from gpuhealth.api.timeutil import parse_time
 
 # Closed vocabularies of the report (the agent writes them; the CRD's enums are generated from them).
@@ -17,6 +31,21 @@ MIG_ENABLED = "Enabled"  # spec.devices[].migMode and eccMode
 MIG_DISABLED = "Disabled"
 MODE_UNSUPPORTED = "Unsupported"
 MODES = (MIG_ENABLED, MIG_DISABLED, MODE_UNSUPPORTED)
+
+
+__all__ = [
+    "Clocks",
+    "Device",
+    "Fabric",
+    "MigDevice",
+    "NicPort",
+    "NvLink",
+    "Pcie",
+    "Report",
+    "ReportError",
+    "XidEvent",
+    "parse_report",
+]
 
 
 class ReportError(ValueError):
@@ -56,11 +85,21 @@ class Device:
     recovery_action: RecoveryAction | None = None  # None: not read, or newer than api/recovery.py
     mig_mode: str = ""  # MODES; "" not read
     mig_devices: tuple[MigDevice, ...] = ()
+    # The fabric between GPUs (api/report_fabric.py); None: the agent did not report it.
+    nvlink: NvLink | None = None
+    fabric: Fabric | None = None
+    pcie: Pcie | None = None
+    clocks: Clocks | None = None
 
     @property
     def label(self) -> str:
         """How events name a GPU: index and UUID."""
         return f"GPU {self.index} ({self.uuid})" if self.uuid else f"GPU {self.index}"
+
+    @property
+    def clock_reasons(self) -> tuple[str, ...]:
+        """The clock-event reasons, one name per bit (0x8 HwSlowdown is its own: its cause is not given)."""
+        return fabric.clock_reasons(self.clock_event_reasons)
 
 
 @dataclass(frozen=True)
@@ -93,6 +132,7 @@ class Report:
     nvml_hang: NvmlHang | None = None  # the agent's NVML call that has not returned (agent/watchdog.py)
     devices: tuple[Device, ...] = ()
     xids: tuple[XidEvent, ...] = ()
+    nics: tuple[NicPort, ...] = ()
     resource_version: str = ""
     status: Mapping[str, Any] = field(default_factory=dict)
 
@@ -182,6 +222,13 @@ def _recovery(v: Any, where: str) -> RecoveryAction | None:
 
 def parse_report(obj: Mapping[str, Any]) -> Report:
     """Report from a GPUNodeHealth object; raises ReportError if the agent's facts are unusable."""
+    try:
+        return _parse_report(obj)
+    except FieldError as e:
+        raise ReportError(str(e)) from e
+
+
+def _parse_report(obj: Mapping[str, Any]) -> Report:
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
     spec = obj.get("spec") or {}
@@ -223,6 +270,10 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
                 recovery_action=_recovery(d.get("recoveryAction"), f"{where}.recoveryAction"),
                 mig_mode=_opt_str(d.get("migMode"), f"{where}.migMode") or "",
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
+                nvlink=parse_nvlink(d.get("nvlink"), f"{where}.nvlink"),
+                fabric=parse_fabric(d.get("fabric"), f"{where}.fabric"),
+                pcie=parse_pcie(d.get("pcie"), f"{where}.pcie"),
+                clocks=parse_clocks(d.get("clocks"), f"{where}.clocks"),
             )
         )
     xids = []
@@ -257,6 +308,7 @@ def parse_report(obj: Mapping[str, Any]) -> Report:
         nvml_hang=_hang(nvml.get("unresponsive")),
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         xids=tuple(sorted(xids, key=lambda e: e.time)),
+        nics=parse_nics(spec.get("nics"), "spec.nics"),
         resource_version=str(meta.get("resourceVersion", "")),
         status=obj.get("status") or {},
     )

@@ -45,12 +45,49 @@ READ: tuple[str, ...] = (
     "spec.devices[].migDevices[].gpuInstanceId",
     "spec.devices[].migDevices[].computeInstanceId",
     "spec.devices[].migDevices[].profile",
+    "spec.devices[].nvlink.links",
+    "spec.devices[].nvlink.active",
+    "spec.devices[].nvlink.speedMBps",
+    "spec.devices[].nvlink.peers[]",
+    "spec.devices[].nvlink.recoveryFailed",
+    "spec.devices[].fabric.state",
+    "spec.devices[].fabric.status",
+    "spec.devices[].fabric.clusterUuid",
+    "spec.devices[].fabric.cliqueId",
+    "spec.devices[].fabric.healthSummary",
+    "spec.devices[].fabric.degradedBandwidth",
+    "spec.devices[].fabric.routeRecovery",
+    "spec.devices[].fabric.routeUnhealthy",
+    "spec.devices[].fabric.accessTimeoutRecovery",
+    "spec.devices[].fabric.incorrectConfiguration",
+    "spec.devices[].pcie.width",
+    "spec.devices[].pcie.maxWidth",
+    "spec.devices[].pcie.generation",
+    "spec.devices[].pcie.maxGeneration",
+    "spec.devices[].clocks.throttleWindowS",
+    "spec.devices[].clocks.swThermalPercent",
+    "spec.devices[].clocks.hwThermalPercent",
+    "spec.devices[].clocks.hwPowerBrakePercent",
     "spec.xidEvents[].xid",
     "spec.xidEvents[].time",
     "spec.xidEvents[].gpu",
     "spec.xidEvents[].uuid",
     "spec.xidEvents[].gpuInstanceId",
     "spec.xidEvents[].computeInstanceId",
+    "spec.nics[].device",
+    "spec.nics[].port",
+    "spec.nics[].state",
+    "spec.nics[].physState",
+    "spec.nics[].linkLayer",
+    "spec.nics[].operState",
+    "spec.nics[].linkDowned",
+    "spec.nics[].localLinkIntegrityErrors",
+    "spec.nics[].excessiveBufferOverrunErrors",
+    "spec.nics[].rnrNakRetryErrors",
+    "spec.nics[].symbolErrorsPerMin",
+    "spec.nics[].linkErrorRecoveryPerMin",
+    "spec.nics[].portRcvErrorsPerMin",
+    "spec.nics[].saturated[]",
 )
 
 # Declared, written by the agent, read by nobody in the operator: the slim cache drops them, which
@@ -72,15 +109,31 @@ DROPPED: Mapping[str, str] = {
     "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
     "spec.devices[].powerW": "follows the workload; /metrics has it live",
     "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
+    "spec.devices[].nvlink.inactiveLinks[]": "for humans: links and active are what is judged",
+    "spec.devices[].nvlink.version": "for humans",
+    "spec.devices[].nvlink.replayErrors": "telemetry: climbs on healthy links",
+    "spec.devices[].nvlink.recoveryErrors": "telemetry: climbs on healthy links",
+    "spec.devices[].nvlink.crcErrors": "telemetry: climbs on healthy links",
+    "spec.devices[].nvlink.recoverySuccessful": "telemetry: a recovery that succeeded left the link up",
+    "spec.devices[].nvlink.recoveryTotal": "telemetry: recoveryFailed is the fault",
+    "spec.devices[].fabric.healthMask": "decoded into its sub-fields, which are read",
+    "spec.devices[].fabric.partitionAssigned": "informational: no fault either way",
+    "spec.devices[].pcie.replays": "telemetry: climbs on healthy links",
+    "spec.nics[].netdev": "for humans; operState is the netdev's state",
     "spec.xidEvents[].source": "for humans",
     "spec.xidEvents[].detail": "for humans",
 }
 
 
 def read_under(prefix: str) -> tuple[str, ...]:
-    """The READ fields directly under ``prefix`` (``spec.devices[]``), by name, in table order."""
+    """The READ fields directly under ``prefix`` (``spec.devices[]``), by name, in table order; a list of
+    scalars (``peers[]``) by its key."""
     start = prefix + "."
-    return tuple(p.removeprefix(start) for p in READ if p.startswith(start) and "." not in p.removeprefix(start))
+    return tuple(
+        p.removeprefix(start).removesuffix("[]")
+        for p in READ
+        if p.startswith(start) and "." not in p.removeprefix(start)
+    )
 
 
 def read_objects_under(prefix: str) -> dict[str, tuple[str, ...]]:

@@ -14,6 +14,7 @@ from typing import Any
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli.fabricview import fabric_lines
 from gpuhealth.cli.ladderview import step_text
 from gpuhealth.cli.miglayout import layout_lines
 from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, skew_text, table
@@ -314,6 +315,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         )
     else:
         lines.append("  (none reported)")
+    lines += fabric_lines(m.get("fabric"))
 
     verdicts = [v for v in m.get("gpuVerdicts") or [] if v.get("state") != "InService" or v.get("heldByBreaker")]
     lines += ["", "GPU verdicts (each GPU's own state; all others InService):"]

@@ -24,6 +24,7 @@ from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
+from gpuhealth.cli.fabricview import fabric_view
 from gpuhealth.cli.ladderview import ladder_view
 
 MAX_XIDS = 20
@@ -266,6 +267,7 @@ def describe_node(
         },
         "devices": [_device(d) for d in sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)],
         "xids": _xids(spec.get("xidEvents") or [], cleared, now),
+        "fabric": fabric_view(spec),
         "evidence": [dict(e) for e in status.evidence],
         "marks": _marks(node),
         "history": history,

@@ -179,3 +179,42 @@ def test_agent_reports_dcgm_xids_and_facts(make_agent: AgentFactory, scenario: S
     wait_for(lambda: api.spec.get("xidEvents"))
     (event,) = api.spec["xidEvents"]
     assert (event["xid"], event["gpu"], event["uuid"], event["source"]) == (79, 1, UUID1, "dcgm")
+
+
+def _fabric_page(manager_status: int, gen: int = 5, clock: int = 0) -> str:
+    labels = f'gpu="0",UUID="{UUID0}",Hostname="gpu-node-1"'
+    return "\n".join(
+        [
+            f"DCGM_FI_DEV_FABRIC_MANAGER_STATUS{{{labels}}} {manager_status}",
+            f"DCGM_FI_DEV_FABRIC_CLIQUE_ID{{{labels}}} 7",
+            f"DCGM_FI_DEV_FABRIC_HEALTH_MASK{{{labels}}} {0x1A9}",
+            f"DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY{{{labels}}} 3",
+            f"DCGM_FI_DEV_PCIE_LINK_GEN{{{labels}}} {gen}",
+            f"DCGM_FI_DEV_PCIE_LINK_WIDTH{{{labels}}} 8",
+            f"DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{labels}}} 4",
+            f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{labels}}} {clock}",
+            "",
+        ]
+    )
+
+
+@pytest.mark.parametrize(("status", "state", "probe"), [(3, 3, 0), (4, 3, 999), (1, 1, None), (0, 0, None)])
+def test_the_exporters_fabric_fields_are_the_nvml_facts(status: int, state: int, probe: int | None) -> None:
+    facts = parse_dcgm_metrics(_fabric_page(status), "gpu-node-1")[0].facts()
+    assert facts.fabric is not None and (facts.fabric.state, facts.fabric.status) == (state, probe)
+    if state:
+        assert (facts.fabric.clique_id, facts.fabric.health_mask, facts.fabric.health_summary) == (7, 0x1A9, 3)
+    assert facts.pcie is not None and (facts.pcie.width, facts.pcie.generation, facts.pcie.replays) == (8, 5, 4)
+    # Unrecognized / NVML too old say nothing about the fabric.
+    assert parse_dcgm_metrics(_fabric_page(6), "gpu-node-1")[0].facts().fabric is None
+
+
+def test_the_exporters_pcie_generation_is_the_busy_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = DcgmSource("http://unused", "gpu-node-1")
+    pages = iter([_fabric_page(3, gen=5, clock=0), _fabric_page(3, gen=1, clock=0x1)])
+    monkeypatch.setattr(source, "fetch", lambda: next(pages))
+    busy, idle = source.sample().devices[0], source.sample().devices[0]
+    assert busy.pcie is not None and busy.pcie.generation == 5
+    assert idle.pcie is not None and idle.pcie.generation == 5  # the idle gen1 is no fact
+    merged = merge_dcgm((DeviceFacts(index=0, uuid=UUID0),), {0: idle})[0]
+    assert merged.fabric == idle.fabric and merged.pcie == idle.pcie

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
@@ -235,3 +236,78 @@ def test_xid_range_bounds_are_inclusive(code: int) -> None:
 
 def test_report_error_is_a_value_error() -> None:
     assert issubclass(ReportError, ValueError)
+
+
+# ---- the fabric between GPUs (api/report_fabric.py) ------------------------------------------------
+
+
+def _fabric_report(device: dict[str, object], nics: list[dict[str, object]] | None = None) -> dict[str, object]:
+    spec: dict[str, object] = {"nodeName": "n1", "devices": [{"index": 0, **device}]}
+    if nics is not None:
+        spec["nics"] = nics
+    return {"metadata": {"name": "n1"}, "spec": spec}
+
+
+def test_fabric_facts_parse_into_typed_values() -> None:
+    report = parse_report(
+        _fabric_report(
+            {
+                "clockEventReasons": 0x88,
+                "nvlink": {"links": 18, "active": 17, "speedMBps": 26562, "peers": [3, 1, 2]},
+                "fabric": {
+                    "state": "Completed",
+                    "status": 0,
+                    "clusterUuid": "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e",
+                    "cliqueId": 7,
+                    "healthSummary": "Unhealthy",
+                    "degradedBandwidth": False,
+                    "routeUnhealthy": True,
+                    "incorrectConfiguration": "None",
+                },
+                "pcie": {"width": 8, "maxWidth": 16, "generation": 5, "maxGeneration": 5},
+                "clocks": {"throttleWindowS": 300, "hwPowerBrakePercent": 40},
+            },
+            [
+                {
+                    "device": "mlx5_0",
+                    "port": 1,
+                    "state": "DOWN",
+                    "symbolErrorsPerMin": 0.5,
+                    "saturated": ["symbol_error"],
+                }
+            ],
+        )
+    )
+    d = report.devices[0]
+    assert d.nvlink is not None and d.nvlink.inactive == 1 and d.nvlink.peers == (1, 2, 3)
+    assert d.fabric is not None and d.fabric.faults == ("routeUnhealthy",)
+    assert d.fabric.clique == "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e.7" and not d.fabric.probe_failed
+    assert d.pcie is not None and d.pcie.downtrained
+    assert d.clocks is not None and d.clocks.hw_power_brake_pct == 40
+    assert d.clock_reasons == ("HwSlowdown", "HwPowerBrakeSlowdown")
+    assert report.nics[0].down and report.nics[0].saturated == ("symbol_error",)
+
+
+def test_a_mask_of_false_sub_fields_parses_to_no_fault() -> None:
+    fab = {"state": "Completed", "status": 0, "degradedBandwidth": False, "routeRecovery": False}
+    report = parse_report(_fabric_report({"fabric": {**fab, "routeUnhealthy": False, "accessTimeoutRecovery": False}}))
+    assert report.devices[0].fabric is not None and report.devices[0].fabric.faults == ()
+
+
+@pytest.mark.parametrize(
+    ("device", "nics", "message"),
+    [
+        ({"nvlink": {"links": 40}}, None, "spec.devices[0].nvlink.links: expected 0..36"),
+        ({"nvlink": {"peers": "all"}}, None, "spec.devices[0].nvlink.peers: must be a list"),
+        ({"fabric": {"state": "Done"}}, None, "spec.devices[0].fabric.state: 'Done' is not one of"),
+        ({"fabric": {"routeUnhealthy": 1}}, None, "spec.devices[0].fabric.routeUnhealthy: expected a boolean"),
+        ({"clocks": {"hwThermalPercent": 140}}, None, "spec.devices[0].clocks.hwThermalPercent: expected 0..100"),
+        ({}, [{"device": "mlx5_0"}], "spec.nics[0]: device and port are required"),
+        ({}, [{"device": "mlx5_0", "port": 1, "symbolErrorsPerMin": -1}], "spec.nics[0].symbolErrorsPerMin"),
+    ],
+)
+def test_malformed_fabric_facts_are_refused_naming_the_field(
+    device: dict[str, object], nics: list[dict[str, object]] | None, message: str
+) -> None:
+    with pytest.raises(ReportError, match=re.escape(message)):
+        parse_report(_fabric_report(device, nics))

@@ -56,6 +56,7 @@ _NVML_KEYS = read_under("spec.nvml") + tuple(read_objects_under("spec.nvml"))  #
 _DEVICE_KEYS = read_under("spec.devices[]")
 _DEVICE_PARTS = read_objects_under("spec.devices[]")
 _XID_KEYS = read_under("spec.xidEvents[]")
+_NIC_KEYS = read_under("spec.nics[]")
 # A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it).
 _MIG_KEYS = read_under("spec.devices[].migDevices[]")
 _MIG_SLOTS = tuple(f"_{i}" for i in range(len(_MIG_KEYS)))  # MigEntry's: one per key, by position
@@ -234,6 +235,14 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": slim_meta, "spec": _pick(spec, ("taints", "unschedulable")), "status": slim_status}
 
 
+def _frozen_lists(m: dict[str, Any]) -> dict[str, Any]:
+    """Lists of scalars (a GPU's NVLink ``peers``) as tuples, so the object can be shared like any
+    other leaf (``parse_report`` reads either); a list holding anything else stays, to be refused."""
+    return {
+        k: tuple(v) if isinstance(v, list) and all(isinstance(x, (int, str)) for x in v) else v for k, v in m.items()
+    }
+
+
 def _slim_device(d: Any) -> Any:
     if not isinstance(d, Mapping):
         return d  # refused by parse_report as it stands
@@ -243,7 +252,7 @@ def _slim_device(d: Any) -> Any:
         if isinstance(sub, Mapping):
             picked = _pick_device(sub, keys)
             if picked:
-                out[part] = leaf(picked)
+                out[part] = leaf(_frozen_lists(picked))
         elif part in d:
             out[part] = compact(sub)  # not an object: kept, to be read (and refused) as before
     migs = d.get("migDevices")
@@ -277,6 +286,11 @@ def _slim_spec(spec: Any) -> Any:
         out["xidEvents"] = [_pick(e, _XID_KEYS) if isinstance(e, Mapping) else e for e in xids]
     elif "xidEvents" in spec:
         out["xidEvents"] = compact(xids)
+    nics = spec.get("nics")
+    if isinstance(nics, list):
+        out["nics"] = [leaf(_frozen_lists(_pick(n, _NIC_KEYS))) if isinstance(n, Mapping) else n for n in nics]
+    elif "nics" in spec:
+        out["nics"] = compact(nics)
     return out
 
 

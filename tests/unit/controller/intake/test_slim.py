@@ -254,3 +254,23 @@ def test_a_cached_mig_device_reads_like_its_dict_is_read_only_and_smaller() -> N
     assert copy.deepcopy(entry) == entry and pickle.loads(pickle.dumps(entry)) == entry
     full = slim["spec"]["devices"][0]["migDevices"][0]
     assert sys.getsizeof(full) < sys.getsizeof(dict(full)) / 2  # the point of it: 56 on a MIG node
+
+
+def test_gpus_with_the_same_fabric_facts_share_one_cached_copy() -> None:
+    """A fleet's GPUs mostly report the same links, peers and fabric: one copy each, not one per GPU."""
+
+    def device(index: int) -> dict[str, Any]:
+        return {
+            **gpu(index),
+            "nvlink": {"links": 18, "active": 18, "speedMBps": 26562, "peers": [0, 1, 2], "replayErrors": 9},
+            "fabric": {"state": "Completed", "status": 0, "cliqueId": 7, "healthMask": 426, "routeUnhealthy": False},
+        }
+
+    a = slim_report(report_obj(devices=[device(0)], name="n1"))
+    b = slim_report(report_obj(devices=[device(0)], name="n2"))
+    nvlink_a, nvlink_b = a["spec"]["devices"][0]["nvlink"], b["spec"]["devices"][0]["nvlink"]
+    assert nvlink_a is nvlink_b and "replayErrors" not in nvlink_a
+    assert a["spec"]["devices"][0]["fabric"] is b["spec"]["devices"][0]["fabric"]
+    parsed = parse_report(a).devices[0]
+    assert parsed.nvlink is not None and parsed.nvlink.peers == (0, 1, 2)
+    assert parse_report(a) == parse_report(report_obj(devices=[device(0)], name="n1"))

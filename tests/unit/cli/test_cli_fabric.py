@@ -1,0 +1,87 @@
+"""`kubectl gpuhealth describe` shows the fabric: NVLinks active/expected per GPU, peers, fabric state and
+decoded health, PCIe now/max, throttle reasons split, and the node's NICs; from what the agent writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhealth.agent.model import (
+    DeviceFacts,
+    FabricFacts,
+    NicPortFacts,
+    NvLinkFacts,
+    NvmlStatus,
+    PcieFacts,
+    Snapshot,
+    ThrottleFacts,
+)
+from gpuhealth.agent.report import AgentInfo, ReportBuilder
+from gpuhealth.cli.describe_text import render_describe
+from gpuhealth.cli.nodeview import describe_node
+from tests.unit.cli.objects import NOW, node
+
+
+def _report() -> dict[str, Any]:
+    """A report as the agent renders it: GPU 0 healthy, GPU 1 with two links down, a degraded fabric,
+    a PCIe link at x8 and a power brake; one IB port down."""
+    healthy = DeviceFacts(
+        index=0,
+        uuid="GPU-0",
+        model="NVIDIA GB200",
+        clock_event_reasons=0x1,
+        nvlink=NvLinkFacts(18, 18, (), 53125, 7, (1,)),
+        fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1AA, 1),
+        pcie=PcieFacts(16, 16, 5, 5, 0),
+    )
+    sick = DeviceFacts(
+        index=1,
+        uuid="GPU-1",
+        model="NVIDIA GB200",
+        clock_event_reasons=0x88,
+        nvlink=NvLinkFacts(18, 16, (4, 9), 53125, 7, (0,)),
+        fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1A9, 3),
+        pcie=PcieFacts(8, 16, 5, 5, 3),
+        throttle=ThrottleFacts(300, 0, 0, 40),
+    )
+    nics = (
+        NicPortFacts("mlx5_0", 1, "ACTIVE", "LinkUp", "InfiniBand", None, None, 0, 0, 0, 0, 0.0, 0.0, 0.0),
+        NicPortFacts(
+            "mlx5_1", 1, "DOWN", "Polling", "InfiniBand", None, None, 2, 0, 0, 0, None, 0.0, 0.0, ("symbol_error",)
+        ),
+    )
+    builder = ReportBuilder("gpu-a", AgentInfo("0.1.0", ("nvml",), None))
+    spec = builder.render(Snapshot(NOW, NvmlStatus(True), (healthy, sick), nics=nics), NOW)
+    return {"metadata": {"name": "gpu-a"}, "spec": spec, "status": {"state": "Healthy"}}
+
+
+def test_describe_model_has_each_gpus_fabric_and_the_nics() -> None:
+    model = describe_node("gpu-a", node("gpu-a"), _report(), None, [], NOW)
+    gpus = model["fabric"]["devices"]
+    assert gpus[1]["nvlink"]["active"] == 16 and gpus[1]["nvlinkExpected"] == 18
+    assert gpus[1]["fabricFaults"] == ["degradedBandwidth"] and gpus[0]["fabricFaults"] == []
+    assert gpus[1]["clockReasons"] == ["HwSlowdown", "HwPowerBrakeSlowdown"]
+    assert [n["state"] for n in model["fabric"]["nics"]] == ["ACTIVE", "DOWN"]
+
+
+def test_describe_text_shows_links_fabric_pcie_throttle_and_nics() -> None:
+    text = render_describe(describe_node("gpu-a", node("gpu-a"), _report(), None, [], NOW))
+    assert "Fabric (NVLink active/expected" in text
+    gpu1 = next(line for line in text.splitlines() if line.strip().startswith("1 ") and "active" in line)
+    assert "16/18 active (down: 4,9)" in gpu1
+    assert "Completed clique 1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e.7 LimitedCapacity [degradedBandwidth]" in gpu1
+    assert "x8/x16 gen5/5" in gpu1
+    assert "HwSlowdown,HwPowerBrakeSlowdown (power brake 40% of 300s)" in gpu1
+    gpu0 = next(line for line in text.splitlines() if line.strip().startswith("0 ") and "active" in line)
+    assert "18/18 active" in gpu0 and "Healthy" in gpu0 and "[" not in gpu0
+    nic = next(line for line in text.splitlines() if "mlx5_1/1" in line)
+    assert "DOWN (Polling)" in nic and "2/0/0/0" in nic and "symbol_error" in nic
+
+
+def test_describe_without_fabric_facts_adds_no_section() -> None:
+    rep = _report()
+    for d in rep["spec"]["devices"]:
+        for k in ("nvlink", "fabric", "pcie", "clocks"):
+            d.pop(k, None)
+    rep["spec"].pop("nics")
+    text = render_describe(describe_node("gpu-a", node("gpu-a"), rep, None, [], NOW))
+    assert "Fabric (" not in text and "NICs (" not in text
