@@ -85,6 +85,8 @@ class Signal(StrEnum):
     ROW_REMAP_FAILURE = "RowRemapFailure"
     PENDING_REMAP = "PendingRemap"
     THERMAL = "Thermal"
+    POWER_BRAKE = "PowerBrake"  # clock reason 0x80: slow, not broken (usually the rack's power shelf)
+    HW_SLOWDOWN = "HWSlowdown"  # clock reason 0x8 alone: slow, not broken, cause not given
     GPU_LOST = "GPULost"
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
@@ -96,7 +98,7 @@ class Signal(StrEnum):
 
 
 class Scope(StrEnum):
-    """How much of a node a finding takes out of service.
+    """How much a finding takes out of service.
 
     ``Device``: the fault is confined to one GPU; only that GPU is held out (through a DRA
     DeviceTaintRule), where a ResourceSlice publishes it. ``Node``: the whole node is quarantined.
@@ -104,6 +106,13 @@ class Scope(StrEnum):
 
     DEVICE = "Device"
     NODE = "Node"
+    # Above the node, never set by a policy: the operator correlates these across nodes.
+    DOMAIN = "Domain"  # every node of one NVLink (IMEX) domain, by its clique label (api/slow_policy.py)
+    RACK = "Rack"  # every node of one rack, by its topology label
+
+
+# The scopes a policy may set on a rule or an XID (the others come from correlation across nodes).
+SETTABLE_SCOPES = frozenset({Scope.DEVICE, Scope.NODE})
 
 
 # Key of the DeviceTaintRule taint gpuhealth writes on a bad GPU (the same key as the Node taint).

@@ -19,6 +19,14 @@ from gpuhealth.api.names import Action, Mode, Scope
 from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 from gpuhealth.api.selector import LabelSelector, parse_selector
+from gpuhealth.api.slow_policy import (
+    HW_SLOWDOWN_SUSTAINED,
+    POWER_BRAKE_SUSTAINED,
+    SlowRule,
+    Topology,
+    parse_slow_rule,
+    parse_topology,
+)
 
 # Read by many callers, which know a policy's error by this module's name.
 __all__ = [
@@ -62,6 +70,9 @@ class Policy:
     thermal_slowdown: bool = True
     thermal_sustained_s: float = 300.0
     thermal_action: Action = Action.CORDON
+    power_brake: SlowRule = field(default_factory=SlowRule)  # api/slow_policy.py: slow, not broken
+    hw_slowdown: SlowRule = field(default_factory=lambda: SlowRule(sustained_s=300.0))
+    topology: Topology = field(default_factory=Topology)  # the domain and rack labels
     gpu_lost_action: Action = Action.DRAIN
     gpu_count_expected: int | None = None
     gpu_count_action: Action = Action.CORDON
@@ -204,6 +215,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         thermal_slowdown=bool(get(thermal, "", "slowdown", True)),
         thermal_sustained_s=duration(get(thermal, "", "sustainedFor", "5m"), "spec.rules.thermal.sustainedFor"),
         thermal_action=action(get(thermal, "", "action", "cordon"), "spec.rules.thermal.action"),
+        power_brake=parse_slow_rule(rules, "powerBrake", POWER_BRAKE_SUSTAINED),
+        hw_slowdown=parse_slow_rule(rules, "hwSlowdown", HW_SLOWDOWN_SUSTAINED),
+        topology=parse_topology(spec),
         gpu_lost_action=action(
             get(section(rules, "gpuLost", "spec.rules"), "", "action", "drain"), "spec.rules.gpuLost.action"
         ),

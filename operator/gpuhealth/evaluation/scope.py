@@ -26,6 +26,8 @@ RULE_OF: dict[Signal, str] = {
     Signal.PENDING_REMAP: "pendingRemap",
     Signal.THERMAL: "thermal",
     Signal.GPU_LOST: "gpuLost",
+    Signal.POWER_BRAKE: "powerBrake",
+    Signal.HW_SLOWDOWN: "hwSlowdown",
 }
 RULE_SCOPE: dict[str, Scope] = {
     "applicationRepeat": Scope.DEVICE,  # an application XID repeating on one GPU: that GPU's hardware
@@ -34,6 +36,8 @@ RULE_SCOPE: dict[str, Scope] = {
     "pendingRemap": Scope.DEVICE,  # pending row remap or retired page: a reset of that GPU
     "thermal": Scope.DEVICE,  # heat or HW slowdown on one GPU (several hot GPUs escalate by count)
     "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
+    "powerBrake": Scope.DEVICE,  # slow, not broken: new work kept off that GPU (a NoSchedule rule)
+    "hwSlowdown": Scope.DEVICE,
 }
 # XID 154 carries the driver's own recovery action. A reset of the GPU itself (Reset, DrainAndReset:
 # drain its peer-to-peer traffic, then reset it) or of its PCIe bus (BusReset) touches that GPU
