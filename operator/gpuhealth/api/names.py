@@ -87,6 +87,8 @@ class Signal(StrEnum):
     THERMAL = "Thermal"
     POWER_BRAKE = "PowerBrake"  # clock reason 0x80: slow, not broken (usually the rack's power shelf)
     HW_SLOWDOWN = "HWSlowdown"  # clock reason 0x8 alone: slow, not broken, cause not given
+    IMEX_DOMAIN = "ImexDomain"  # a GPU of the node's NVLink domain asks for the domain's recovery
+    RACK_POWER_BRAKE = "RackPowerBrake"  # a power brake on several nodes of one rack: the facility's
     GPU_LOST = "GPULost"
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"

@@ -46,7 +46,14 @@ RULE_SCOPE: dict[str, Scope] = {
 # the peers' pods are in it too; RecoverImexDomain repairs the node's NVLink/IMEX domain (the IMEX
 # daemon and channels every GPU of the node shares for cross-node memory), and the node is the
 # smallest thing gpuhealth can take out that holds it.
-_RECOVERY_SCOPE = {"Reset": Scope.DEVICE, "DrainAndReset": Scope.DEVICE, "BusReset": Scope.DEVICE}
+# RecoverImexDomain is wider still: the node's whole multi-node NVLink domain, which
+# evaluation/domains.py takes out as one (every member gets the domain's finding).
+_RECOVERY_SCOPE = {
+    "Reset": Scope.DEVICE,
+    "DrainAndReset": Scope.DEVICE,
+    "BusReset": Scope.DEVICE,
+    "RecoverImexDomain": Scope.DOMAIN,
+}
 NVLINK_XIDS = frozenset({74})
 
 
@@ -69,6 +76,8 @@ def _canonical_recovery(recovery: str) -> str:
 
 def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> Scope:
     """The scope ``finding`` has under ``policy`` (see the module docstring for the order)."""
+    if finding.scope in (Scope.DOMAIN, Scope.RACK):
+        return finding.scope  # correlated across nodes by evaluation/domains.py: no policy narrows it
     if finding.gpu is None and not finding.uuid:
         return Scope.NODE
     if not policy.devices.enabled:
@@ -92,8 +101,8 @@ def device_findings(a: Assessment) -> tuple[Finding, ...]:
 
 
 def node_findings(a: Assessment) -> tuple[Finding, ...]:
-    """Quarantine-level findings that take the whole node out."""
-    return tuple(f for f in a.findings if f.scope == Scope.NODE and f.action.quarantines)
+    """Quarantine-level findings that take the whole node out (a domain's or rack's take each node)."""
+    return tuple(f for f in a.findings if f.scope != Scope.DEVICE and f.action.quarantines)
 
 
 def rule_of(finding: Finding) -> str:
@@ -105,4 +114,6 @@ def rule_of(finding: Finding) -> str:
         Signal.AGENT_SILENT: "agentSilence",
         Signal.NVML_UNAVAILABLE: "agentSilence",
         Signal.RESTART_LOOP: "restartLoop",
+        Signal.IMEX_DOMAIN: "topology",
+        Signal.RACK_POWER_BRAKE: "powerBrake",
     }.get(finding.signal, str(finding.signal))
