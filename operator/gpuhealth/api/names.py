@@ -99,6 +99,12 @@ class Signal(StrEnum):
     NODE_REBOOT_REQUESTED = "NodeRebootRequested"  # a GPU's repair ladder hands the node to its remediator
 
 
+# "Slow, not broken": the GPUs compute correctly, only slower. Nodes held out for these count against
+# a breaker budget of their own (spec.safety.maxSlow), apart from the broken ones (maxUnhealthy), so a
+# fleet-wide slowdown neither idles the fleet nor spends the budget meant for dead GPUs.
+SLOW_SIGNALS = frozenset({Signal.POWER_BRAKE, Signal.HW_SLOWDOWN, Signal.RACK_POWER_BRAKE})
+
+
 class Scope(StrEnum):
     """How much a finding takes out of service.
 

@@ -82,6 +82,7 @@ class Policy:
     cordon: bool = True
     drain: DrainSettings = field(default_factory=DrainSettings)
     max_unhealthy: int | str = "10%"
+    max_slow: int | str = "10%"  # the budget of nodes held out for a slow signal (SLOW_SIGNALS)
     max_concurrent_drains: int = 1
     probation_s: float = 600.0
     flapping_max: int = 3
@@ -116,6 +117,10 @@ class Policy:
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""
         return breaker_limit(self.max_unhealthy, total_nodes)
+
+    def slow_breaker_limit(self, total_nodes: int) -> int:
+        """Most nodes this policy may hold out at once for a slow, not broken, signal."""
+        return breaker_limit(self.max_slow, total_nodes, "spec.safety.maxSlow")
 
 
 _PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
@@ -177,6 +182,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
     max_unhealthy = get(safety, "spec.safety", "maxUnhealthy", "10%")
     breaker_limit(max_unhealthy, 100)  # validates
+    max_slow = get(safety, "spec.safety", "maxSlow", "10%")
+    breaker_limit(max_slow, 100, "spec.safety.maxSlow")  # validates
     max_unhealthy_gpus = get(safety, "spec.safety", "maxUnhealthyGPUs", None)
     if max_unhealthy_gpus is not None:
         breaker_limit(max_unhealthy_gpus, 100, "spec.safety.maxUnhealthyGPUs")  # validates
@@ -246,6 +253,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             system_namespaces=tuple(get(drain, "", "systemNamespaces", ["kube-system", "gpuhealth-system"])),
         ),
         max_unhealthy=max_unhealthy,
+        max_slow=max_slow,
         max_concurrent_drains=integer(
             get(safety, "", "maxConcurrentDrains", 1), "spec.safety.maxConcurrentDrains", 1, 1000
         ),

@@ -12,7 +12,7 @@ the scope per rule (``spec.rules.<rule>.scope``) and per XID
 
 from __future__ import annotations
 
-from gpuhealth.api.names import Scope, Signal
+from gpuhealth.api.names import SLOW_SIGNALS, Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report
 from gpuhealth.catalog import xid as catalog
@@ -103,6 +103,13 @@ def device_findings(a: Assessment) -> tuple[Finding, ...]:
 def node_findings(a: Assessment) -> tuple[Finding, ...]:
     """Quarantine-level findings that take the whole node out (a domain's or rack's take each node)."""
     return tuple(f for f in a.findings if f.scope != Scope.DEVICE and f.action.quarantines)
+
+
+def slow_only(a: Assessment) -> bool:
+    """Whether everything that takes the node out is slow, not broken (``SLOW_SIGNALS``): it then
+    leaves service under the breaker's budget for slow nodes (``spec.safety.maxSlow``)."""
+    taking = node_findings(a)
+    return bool(taking) and all(f.signal in SLOW_SIGNALS for f in taking)
 
 
 def rule_of(finding: Finding) -> str:

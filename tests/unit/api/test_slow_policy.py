@@ -52,3 +52,10 @@ def test_settings_are_read() -> None:
 def test_invalid_settings_name_the_field(spec: dict[str, object], field: str) -> None:
     with pytest.raises(PolicyError, match=field):
         make_policy(spec)
+
+
+def test_the_slow_budget_defaults_to_ten_percent_and_names_its_field() -> None:
+    assert make_policy().slow_breaker_limit(40) == 4
+    assert make_policy({"safety": {"maxSlow": 0}}).slow_breaker_limit(40) == 0
+    with pytest.raises(PolicyError, match=r"spec\.safety\.maxSlow"):
+        make_policy({"safety": {"maxSlow": "lots"}})

@@ -119,3 +119,15 @@ def test_with_rack_replaces_the_nodes_power_brake_findings_by_the_racks_one() ->
     assert domains.with_rack(a, None) is a
     clean = Assessment(findings=(ecc,), total_gpus=8, healthy_gpus=7)
     assert domains.with_rack(clean, rack) is clean  # not braked itself: the rack's finding is not its own
+
+
+def test_slow_only_when_everything_that_takes_the_node_is_slow() -> None:
+    from gpuhealth.evaluation.scope import slow_only
+
+    brake = Finding(Signal.POWER_BRAKE, Action.CORDON, "brake", gpu=1, scope=Scope.NODE)
+    xid = Finding(Signal.XID, Action.DRAIN, "xid", gpu=2, code=79, scope=Scope.NODE)
+    on_gpu = Finding(Signal.HW_SLOWDOWN, Action.CORDON, "slow", gpu=3, scope=Scope.DEVICE)
+    assert slow_only(Assessment(findings=(brake,)))
+    assert not slow_only(Assessment(findings=(brake, xid)))
+    assert not slow_only(Assessment(findings=(on_gpu,)))  # held out one GPU at a time: not the node's
+    assert not slow_only(Assessment())

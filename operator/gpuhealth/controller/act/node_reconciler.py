@@ -57,6 +57,7 @@ from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
 from gpuhealth.evaluation.freshness import heard_at
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
+from gpuhealth.evaluation.scope import slow_only
 from gpuhealth.evaluation.startup import acts_before_pods
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.aio import AsyncKube
@@ -261,7 +262,7 @@ class NodeReconciler:
         (all members or none), else this node's own slot."""
         if domain is not None and domain.finding is not None and domain.finding.action.quarantines:
             return await self.breaker.admit_domain(policy, name, domain.members, domain.decided)
-        return await self.breaker.admit(policy, name)
+        return await self.breaker.admit(policy, name, slow=slow_only(a))
 
     async def _remediate(
         self,

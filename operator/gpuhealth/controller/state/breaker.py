@@ -21,6 +21,7 @@ class Breaker:
         self._store = store
         self._locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, set[str]] = {}
+        self._reserved_slow: dict[str, set[str]] = {}  # slots of the slow budget (maxSlow)
         self._draining: dict[str, set[str]] = {}
         self._reserved_gpus: dict[str, dict[str, int]] = {}
         self._domain_slots: dict[str, dict[str, set[str]]] = {}  # policy -> asking node -> members reserved
@@ -28,16 +29,23 @@ class Breaker:
     def _lock(self, policy: Policy) -> asyncio.Lock:
         return self._locks.setdefault(policy.name, asyncio.Lock())
 
-    async def admit(self, policy: Policy, name: str) -> bool:
-        """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more."""
+    async def admit(self, policy: Policy, name: str, slow: bool = False) -> bool:
+        """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more.
+
+        ``slow``: it leaves for a slow, not broken, signal only; such nodes have a budget of their own
+        (``maxSlow``) and neither spend nor are held back by the one for broken nodes (``maxUnhealthy``).
+        """
         async with self._lock(policy):
             tally = self._store.tally(policy)
-            reserved = self._reserved.setdefault(policy.name, set())
+            mine = self._reserved_slow if slow else self._reserved
+            reserved = mine.setdefault(policy.name, set())
             # Nodes out of service by their records, plus slots reserved for nodes not counted so.
-            out = tally.out + sum(1 for n in reserved if not self._store.counted_out(policy, n))
+            counted = tally.slow if slow else tally.out - tally.slow
+            out = counted + sum(1 for n in reserved if not self._store.counted_out(policy, n))
             if name in reserved or self._store.counted_out(policy, name):
                 out -= 1  # the node itself is not one more
-            if out + 1 <= policy.breaker_limit(tally.nodes):
+            limit = policy.slow_breaker_limit(tally.nodes) if slow else policy.breaker_limit(tally.nodes)
+            if out + 1 <= limit:
                 reserved.add(name)
                 return True
             return False
@@ -57,7 +65,7 @@ class Breaker:
                 reserved.add(name)
                 return True
             tally = self._store.tally(policy)
-            out = tally.out + sum(1 for n in reserved if not self._store.counted_out(policy, n))
+            out = tally.out - tally.slow + sum(1 for n in reserved if not self._store.counted_out(policy, n))
             new = {n for n in (*nodes, name) if n not in reserved and not self._store.counted_out(policy, n)}
             if out + len(new) > policy.breaker_limit(tally.nodes):
                 return False
@@ -79,6 +87,7 @@ class Breaker:
     def release(self, policy: Policy, name: str) -> None:
         """The node's status is written (or the write failed): its record now counts, not the slot."""
         self._reserved.get(policy.name, set()).discard(name)
+        self._reserved_slow.get(policy.name, set()).discard(name)
         self._reserved_gpus.get(policy.name, {}).pop(name, None)
         for member in self._domain_slots.get(policy.name, {}).pop(name, set()):
             self._reserved.get(policy.name, set()).discard(member)
@@ -109,6 +118,7 @@ class Breaker:
     def clear(self) -> None:
         """After a pause: another replica may have moved things on; slots are re-earned from records."""
         self._reserved.clear()
+        self._reserved_slow.clear()
         self._reserved_gpus.clear()
         self._domain_slots.clear()
         self._draining.clear()

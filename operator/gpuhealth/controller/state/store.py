@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.api.names import GPU_RESOURCE
+from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
@@ -172,6 +172,7 @@ class Store:
                 if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
             ),
             node_gpus=node_gpus(node) or 0,
+            slow=rec is not None and rec.out_of_service and rec.reason in SLOW_SIGNALS,
         )
 
     def _recount(self, name: str) -> None:

@@ -70,3 +70,28 @@ def test_the_askers_release_frees_the_members_it_reserved() -> None:
         assert all([await breaker.admit(p, n) for n in ("n6", "n7", "n8", "n9")])
 
     asyncio.run(body())
+
+
+def test_slow_nodes_have_a_budget_of_their_own() -> None:
+    """A fleet-wide slowdown stops at maxSlow and leaves maxUnhealthy whole for broken nodes."""
+
+    async def body() -> None:
+        store = Store()
+        spec = {"safety": {"maxUnhealthy": 1, "maxSlow": 2}}
+        store.put_policy("p", {"metadata": {"name": "p"}, "spec": spec})
+        for i in range(10):
+            store.put_node(f"n{i}", {"metadata": {"name": f"n{i}"}, "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+        breaker, p = Breaker(store), store.policies["p"]
+        for n in ("n0", "n1"):
+            assert await breaker.admit(p, n, slow=True)
+            store.set_record(n, Record(state=State.QUARANTINED, reason=Signal.POWER_BRAKE))
+            breaker.release(p, n)
+        assert not await breaker.admit(p, "n2", slow=True)  # the slow budget is spent
+        assert await breaker.admit(p, "n3")  # the broken budget is untouched by it
+        store.set_record("n3", Record(state=State.DRAINING, reason="XID79"))
+        breaker.release(p, "n3")
+        assert not await breaker.admit(p, "n4")
+        tally = store.tally(p)
+        assert (tally.out, tally.slow, tally.gpus_slow) == (3, 2, 16)
+
+    asyncio.run(body())
