@@ -28,7 +28,6 @@ from typing import Any
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import Record
-from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.assess import HW_POWER_BRAKE
 from gpuhealth.evaluation.findings import Assessment, Finding
@@ -82,17 +81,12 @@ def imex_faults(node: str, report: Mapping[str, Any] | None) -> tuple[DomainFaul
     return tuple(out)
 
 
-def power_braked(report: Mapping[str, Any] | None, policy: Policy, now: dt.datetime) -> bool:
-    """Whether a GPU of the node has held a power brake for ``rules.powerBrake.sustainedFor``."""
-    if not policy.power_brake.enabled:
-        return False
-    for d in _devices(report):
-        reasons = d.get("clockEventReasons")
-        since = parse_time(d.get("clockEventsSince")) if isinstance(d.get("clockEventsSince"), str) else None
-        braked = isinstance(reasons, int) and reasons & HW_POWER_BRAKE and since is not None
-        if braked and since is not None and (now - since).total_seconds() >= policy.power_brake.sustained_s:
-            return True
-    return False
+def power_braked(report: Mapping[str, Any] | None, policy: Policy) -> bool:
+    """Whether a GPU of the node reports a power brake now. The asking node's own brake must have held
+    for ``sustainedFor`` (its finding); the others count as soon as they report it, so that a rack
+    whose nodes' brakes began a few polls apart is still one rack finding, and the node whose brake
+    held longest is not cordoned on its own for the moments before the others' hold as long."""
+    return policy.power_brake.enabled and any(_reasons(d) & HW_POWER_BRAKE for d in _devices(report))
 
 
 def _reasons(device: Mapping[str, Any]) -> int:

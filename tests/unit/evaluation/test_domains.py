@@ -80,14 +80,13 @@ def braking(held_s: float) -> dict[str, Any]:
     return report({"clockEventReasons": 0x80 | 0x8, "clockEventsSince": since})
 
 
-def test_power_braked_after_sustained_for_only() -> None:
+def test_a_rack_member_counts_as_braked_while_it_reports_the_brake() -> None:
     policy = make_policy()
-    assert domains.power_braked(braking(60), policy, NOW)
-    assert not domains.power_braked(braking(59), policy, NOW)
-    assert not domains.power_braked(
-        report({"clockEventReasons": 0x8, "clockEventsSince": "2026-01-01T00:00:00Z"}), policy, NOW
-    )
-    assert not domains.power_braked(braking(600), make_policy({"rules": {"powerBrake": {"enabled": False}}}), NOW)
+    assert domains.power_braked(braking(60), policy)
+    assert domains.power_braked(braking(1), policy)  # its brake began a poll after the asking node's
+    slowdown = report({"clockEventReasons": 0x8, "clockEventsSince": "2026-01-01T00:00:00Z"})
+    assert not domains.power_braked(slowdown, policy)
+    assert not domains.power_braked(braking(600), make_policy({"rules": {"powerBrake": {"enabled": False}}}))
 
 
 def test_correlation_facts_change_with_the_domains_and_the_racks_facts() -> None:

@@ -64,7 +64,7 @@ class Topology:
         if not value or not any(f.signal == Signal.POWER_BRAKE for f in a.findings):
             return a
         nodes = self._members(policy, key, value) or (name,)
-        braked = [n for n in nodes if domains.power_braked(self._store.reports.get(n), policy, now)]
+        braked = [n for n in nodes if domains.power_braked(self._store.reports.get(n), policy)]
         finding = domains.rack_finding(policy, key, value, braked, now)
         metrics.RACK_FINDINGS.labels(policy.name, value, "RackPowerBrake").set(len(braked) if finding else 0)
         return domains.with_rack(a, finding)
