@@ -52,11 +52,6 @@ def labels_of(node: Mapping[str, Any] | None) -> Mapping[str, str]:
     return ((node or {}).get("metadata") or {}).get("labels") or {}
 
 
-def members(nodes: Mapping[str, Mapping[str, Any]], key: str, value: str) -> tuple[str, ...]:
-    """The nodes whose label ``key`` is ``value``, sorted (one order for every member's pass)."""
-    return tuple(sorted(n for n, obj in nodes.items() if labels_of(obj).get(key) == value))
-
-
 def _devices(report: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     devices = ((report or {}).get("spec") or {}).get("devices") or []
     return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []

@@ -25,16 +25,6 @@ def report(*devices: dict[str, Any]) -> dict[str, Any]:
     return {"spec": {"devices": [{"index": i, "uuid": f"GPU-{i}", **d} for i, d in enumerate(devices)]}}
 
 
-def test_members_are_the_nodes_with_the_same_label_value_sorted() -> None:
-    nodes = {
-        "c": node("c", **{KEY: CLIQUE}),
-        "a": node("a", **{KEY: CLIQUE}),
-        "b": node("b", **{KEY: "other.1"}),
-        "d": node("d"),
-    }
-    assert domains.members(nodes, KEY, CLIQUE) == ("a", "c")
-
-
 def test_recover_imex_domain_in_any_spelling_is_the_domains_and_nothing_else_is() -> None:
     r = report({}, {"recoveryAction": "RecoverImexDomain"}, {"recoveryAction": "5"}, {"recoveryAction": "Reset"})
     assert domains.imex_faults("n1", r) == (

@@ -98,7 +98,7 @@ class Feeders:
         labels = domains.labels_of(self.store.nodes.get(name))
         for key in (policy.topology.domain_label, policy.topology.rack_label):
             if labels.get(key):
-                for n in domains.members(self.store.nodes, key, labels[key]):
+                for n in self.store.members(key, labels[key]):
                     self.queue.add(n, urgent=True)
 
     def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:

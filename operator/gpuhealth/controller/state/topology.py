@@ -36,8 +36,7 @@ class Topology:
         self._store = store
 
     def _members(self, policy: Policy, key: str, value: str) -> tuple[str, ...]:
-        nodes = domains.members(self._store.nodes, key, value)
-        return tuple(n for n in nodes if self._store.governing(n)[0] is policy)
+        return tuple(n for n in self._store.members(key, value) if self._store.governing(n)[0] is policy)
 
     def domain(self, name: str, policy: Policy, now: dt.datetime) -> DomainView | None:
         key = policy.topology.domain_label

@@ -95,3 +95,22 @@ def test_slow_nodes_have_a_budget_of_their_own() -> None:
         assert (tally.out, tally.slow, tally.gpus_slow) == (3, 2, 16)
 
     asyncio.run(body())
+
+
+def test_members_follow_the_nodes_labels() -> None:
+    store = Store()
+    key = "nvidia.com/gpu.clique"
+
+    def put(name: str, **labels: str) -> None:
+        store.put_node(name, {"metadata": {"name": name, "labels": labels}})
+
+    put("c", **{key: "x.1"})
+    put("a", **{key: "x.1"})
+    put("b", **{key: "y.1"})
+    assert store.members(key, "x.1") == ("a", "c")
+    put("b", **{key: "x.1"})  # relabelled into the domain
+    put("c")  # out of every domain
+    put("d", **{key: "x.1"})  # a new node after the index was built
+    assert store.members(key, "x.1") == ("a", "b", "d")
+    store.forget_node("a")
+    assert store.members(key, "x.1") == ("b", "d") and store.members(key, "y.1") == ()
