@@ -9,13 +9,14 @@ the per-device settings (``device_policy``) and the repair ladder (``remediation
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuhealth.api.device_policy import DeviceSettings, parse_devices
-from gpuhealth.api.names import Action, Mode, Scope
+from gpuhealth.api.names import Action, Mode, Scope, Signal
 from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 from gpuhealth.api.selector import LabelSelector, parse_selector
@@ -49,6 +50,12 @@ class DrainSettings:
     force_delete_after_s: float = 7200.0
     gang_survives_rank_loss: bool = False
     system_namespaces: tuple[str, ...] = ("kube-system", "gpuhealth-system")
+
+    def patient(self) -> DrainSettings:
+        """These settings as a drain at the next checkpoint runs them (``moveRunningWork:
+        AtNextCheckpoint``): ask, wait for the acknowledgement however long, never evict a pod without
+        one (nor one that cannot checkpoint), never force-delete."""
+        return replace(self, on_checkpoint_timeout="Wait", max_wait_s=math.inf, allow_force_delete=False)
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,12 @@ class Policy:
             return 0
         per_node = -(-total_gpus // total_nodes)
         return min(total_gpus, self.breaker_limit(total_nodes) * per_node)
+
+    def drain_for(self, reason: str) -> DrainSettings:
+        """The drain settings of a node held out for ``reason``: patient for a slow rule whose running
+        work moves at its next checkpoint, the policy's own otherwise."""
+        rule = {str(Signal.POWER_BRAKE): self.power_brake, str(Signal.HW_SLOWDOWN): self.hw_slowdown}.get(reason)
+        return self.drain.patient() if rule is not None and rule.at_next_checkpoint else self.drain
 
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""

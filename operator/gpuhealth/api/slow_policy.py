@@ -39,12 +39,24 @@ class RackSettings:
     action: Action = Action.OBSERVE  # what each of those nodes gets instead of its own finding
 
 
+MOVE_CHOICES = ("Never", "AtNextCheckpoint")
+
+
 @dataclass(frozen=True)
 class SlowRule:
     enabled: bool = True
     sustained_s: float = 60.0
     action: Action = Action.CORDON
     rack: RackSettings = field(default_factory=RackSettings)  # read for powerBrake only
+    # ``AtNextCheckpoint``: running work moves too, but only at its own next checkpoint: each pod is
+    # asked, the drain waits for its acknowledgement as long as it takes and never evicts a pod that
+    # has not acknowledged (nor one that cannot checkpoint): slow is not broken, so nothing is forced.
+    at_next_checkpoint: bool = False
+
+    @property
+    def finding_action(self) -> Action:
+        """The action of the rule's findings: a drain when running work moves at its next checkpoint."""
+        return Action.DRAIN if self.at_next_checkpoint and self.action.quarantines else self.action
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,11 @@ def parse_slow_rule(rules: Mapping[str, Any], name: str, sustained: str) -> Slow
     where = f"spec.rules.{name}"
     rule = section(rules, name, "spec.rules")
     rack = section(rule, "rack", where)
+    move = get(rule, "", "moveRunningWork", "Never")
+    if move not in MOVE_CHOICES:
+        raise PolicyError(f"{where}.moveRunningWork: invalid {move!r} (Never or AtNextCheckpoint)")
     return SlowRule(
+        at_next_checkpoint=move == "AtNextCheckpoint",
         enabled=bool(get(rule, "", "enabled", True)),
         sustained_s=duration(get(rule, "", "sustainedFor", sustained), f"{where}.sustainedFor"),
         action=action(get(rule, "", "action", "cordon"), f"{where}.action", SLOW_ACTIONS),

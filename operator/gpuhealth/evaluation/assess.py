@@ -175,12 +175,12 @@ def _clock_findings(policy: Policy, d: Device, now: dt.datetime) -> list[Finding
     brake = policy.power_brake
     if brake.enabled and reasons & HW_POWER_BRAKE and held >= dt.timedelta(seconds=brake.sustained_s):
         detail = f"hardware power brake (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
-        out.append(Finding(Signal.POWER_BRAKE, brake.action, detail, d.index, d.uuid, None, since))
+        out.append(Finding(Signal.POWER_BRAKE, brake.finding_action, detail, d.index, d.uuid, None, since))
     slow = policy.hw_slowdown
     unexplained = reasons & HW_SLOWDOWN and not reasons & (HW_THERMAL | HW_POWER_BRAKE)
     if slow.enabled and unexplained and held >= dt.timedelta(seconds=slow.sustained_s):
         detail = f"HW slowdown, cause not given (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
-        out.append(Finding(Signal.HW_SLOWDOWN, slow.action, detail, d.index, d.uuid, None, since))
+        out.append(Finding(Signal.HW_SLOWDOWN, slow.finding_action, detail, d.index, d.uuid, None, since))
     return out
 
 

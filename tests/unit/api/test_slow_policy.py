@@ -59,3 +59,17 @@ def test_the_slow_budget_defaults_to_ten_percent_and_names_its_field() -> None:
     assert make_policy({"safety": {"maxSlow": 0}}).slow_breaker_limit(40) == 0
     with pytest.raises(PolicyError, match=r"spec\.safety\.maxSlow"):
         make_policy({"safety": {"maxSlow": "lots"}})
+
+
+def test_move_running_work_at_the_next_checkpoint_drains_patiently() -> None:
+    p = make_policy({"rules": {"powerBrake": {"moveRunningWork": "AtNextCheckpoint"}}})
+    assert p.power_brake.at_next_checkpoint and p.power_brake.finding_action == Action.DRAIN
+    assert p.hw_slowdown.finding_action == Action.CORDON
+    patient = p.drain_for("PowerBrake")
+    assert patient.on_checkpoint_timeout == "Wait" and patient.max_wait_s == float("inf")
+    assert not patient.allow_force_delete
+    assert p.drain_for("HWSlowdown") == p.drain and p.drain_for("XID79") == p.drain
+    observe = make_policy({"rules": {"powerBrake": {"moveRunningWork": "AtNextCheckpoint", "action": "observe"}}})
+    assert observe.power_brake.finding_action == Action.OBSERVE  # nothing held out: nothing moves
+    with pytest.raises(PolicyError, match=r"spec\.rules\.hwSlowdown\.moveRunningWork"):
+        make_policy({"rules": {"hwSlowdown": {"moveRunningWork": "Now"}}})
