@@ -108,7 +108,9 @@ def test_a_power_brake_on_three_nodes_of_a_rack_is_one_rack_finding_not_three_re
 ) -> None:
     rack = f"{group}-r1"[:63]
     nodes = _nodes(cluster, group, 4, **{RACK_LABEL: rack})
-    kube.apply_policy(group, policy_spec(group, rules={"powerBrake": {"sustainedFor": "5s"}}))
+    # Long enough to cover writing the three reports on a loaded API server: the rack is seen whole
+    # before the first node's own brake has held for sustainedFor.
+    kube.apply_policy(group, policy_spec(group, rules={"powerBrake": {"sustainedFor": "15s"}}))
     for n in nodes:
         kube.put_report(n, healthy_spec())
     wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="4 Healthy nodes")
@@ -166,3 +168,32 @@ def test_a_single_nodes_power_brake_keeps_new_work_off_it_and_running_work_on(
         what="the rank on the braked node untouched",
     )
     assert kube.our_taint(nodes[1]) is None and kube.state(nodes[1]) == "Healthy"
+
+
+def test_a_power_brake_that_moves_work_at_the_next_checkpoint_asks_waits_and_never_forces(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    nodes = _nodes(cluster, group, 2)
+    ns = namespace(kube, f"patient-{group}"[:60])
+    rules = {"powerBrake": {"sustainedFor": "2s", "moveRunningWork": "AtNextCheckpoint"}}
+    drains = {"checkpointTimeout": "2s", "onCheckpointTimeout": "Evict", "maxWait": "2s"}
+    kube.apply_policy(group, policy_spec(group, rules=rules, actions={"drain": drains}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    job = indexed_training_job("ckpt", nodes[0], ranks=2, gpus=2, node_selector={"gpuhealth-test": group})
+    kube.batch.create_namespaced_job(ns, job)
+    pods = wait_for(lambda: running(kube, ns, "ckpt", 2), timeout=60, what="2 ranks running")
+    assert {p.spec.node_name for p in pods} == {nodes[0]}
+
+    kube.put_report(nodes[0], _braked(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
+    wait_for(lambda: kube.state(nodes[0]) == "Draining", timeout=60, what="the braked node draining")
+    asked = wait_for(lambda: requested(kube, ns, "ckpt", 2), what="both ranks asked to checkpoint")
+    # Past the policy's checkpoint timeout and maxWait: still asked, still running, never evicted.
+    holds(lambda: len(live_pods(kube, ns, "ckpt")) == 2, 6, what="no rank evicted without its acknowledgement")
+    acknowledge_all(kube, ns, asked)
+    wait_for(
+        lambda: (_status(kube, nodes[0]).get("drain") or {}).get("phase") == "Completed",
+        timeout=60,
+        what="the drain completed once both ranks acknowledged",
+    )
+    wait_for(lambda: len(_events(kube, [nodes[0]], "Evicted")) == 2, what="2 Evicted events, after the acks")
