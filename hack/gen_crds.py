@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gpuhealth.api import device_policy, names, policy, recovery, remediation, report, selector, status
+from gpuhealth.api import device_policy, names, policy, recovery, remediation, report, selector, slow_policy, status
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 
@@ -66,7 +66,7 @@ def _enum(values: type[enum.Enum] | Iterable[Any], allowed: Iterable[Any] | None
 def namespace() -> dict[str, Any]:
     """What a template's expressions may name: the API's vocabularies and the parsed defaults."""
     ns: dict[str, Any] = {}
-    for module in (names, recovery, remediation, report, selector, status, device_policy, policy):
+    for module in (names, recovery, remediation, report, selector, status, device_policy, slow_policy, policy):
         ns.update({k: v for k, v in vars(module).items() if not k.startswith("_")})
     defaults = policy.Policy(name="")
     ns.update(

@@ -76,11 +76,11 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   `api/recovery.py`, gives each action its verdict, scope and first repair step
   ([remediation.md](remediation.md#recovery-actions-and-their-ladders)). A reset of the GPU itself
   (`Reset`, `DrainAndReset`) or of its PCIe bus (`BusReset`) touches that GPU only: device scope.
-  The rest are the node's: `Reboot` and `SystemReboot` restart the host; `DrainP2P` stops
-  peer-to-peer traffic, which runs between this GPU and its peers, so their pods are in it too;
-  `RecoverImexDomain` repairs the NVLink/IMEX domain (the IMEX daemon and channels all GPUs of the
-  node share for cross-node memory), and the node is the smallest thing gpuhealth can take out
-  that holds it (the other nodes of the domain report their own).
+  `Reboot` and `SystemReboot` are the node's (they restart the host), and so is `DrainP2P` (it
+  stops peer-to-peer traffic between this GPU and its peers, so their pods are in it too).
+  `RecoverImexDomain` is wider still: it repairs the whole multi-node NVLink/IMEX domain: every node with the same
+  `nvidia.com/gpu.clique` label (`spec.topology.domainLabel`) leaves service as one decision and
+  returns as one (`evaluation/domains.py`, [devices.md](devices.md#topology-nvlink-domains-and-racks)).
 
 | Recovery action | NVML value | gpuhealth | Scope | First ladder step |
 |---|---:|---|---|---|

@@ -165,6 +165,13 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("xid-override-empty", {"rules": {"xid": {"overrides": [{"code": 48}]}}}, "spec.rules.xid.overrides[0]"),
     ("gpu-budget", {"safety": {"maxUnhealthyGPUs": "120%"}}, "spec.safety.maxUnhealthyGPUs"),
+    ("slow-budget", {"safety": {"maxSlow": "lots"}}, "spec.safety.maxSlow"),
+    ("power-brake-repair", {"rules": {"powerBrake": {"action": "repair"}}}, "spec.rules.powerBrake.action"),
+    ("power-brake-domain", {"rules": {"powerBrake": {"scope": "Domain"}}}, "spec.rules.powerBrake.scope"),
+    ("slowdown-move", {"rules": {"hwSlowdown": {"moveRunningWork": "Now"}}}, "spec.rules.hwSlowdown.moveRunningWork"),
+    ("rack-min-nodes", {"rules": {"powerBrake": {"rack": {"minNodes": 1}}}}, "spec.rules.powerBrake.rack.minNodes"),
+    ("rack-action", {"rules": {"powerBrake": {"rack": {"action": "drain"}}}}, "spec.rules.powerBrake.rack.action"),
+    ("domain-label", {"topology": {"domainLabel": "not a label"}}, "spec.topology.domainLabel"),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [

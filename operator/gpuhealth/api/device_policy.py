@@ -14,7 +14,16 @@ from gpuhealth.api.policy_fields import PolicyError, get, integer, scope, sectio
 
 # Rules whose findings can be confined to one GPU, by their name under spec.rules (the scope
 # override is spec.rules.<name>.scope). Restart loops, GPU count and agent silence are node facts.
-DEVICE_RULES = ("applicationRepeat", "ecc", "rowRemapFailure", "pendingRemap", "thermal", "gpuLost")
+DEVICE_RULES = (
+    "applicationRepeat",
+    "ecc",
+    "rowRemapFailure",
+    "pendingRemap",
+    "thermal",
+    "gpuLost",
+    "powerBrake",
+    "hwSlowdown",
+)
 FLAPPING_CHOICES = ("AwaitingRepair", "Node")
 
 

@@ -85,6 +85,10 @@ class Signal(StrEnum):
     ROW_REMAP_FAILURE = "RowRemapFailure"
     PENDING_REMAP = "PendingRemap"
     THERMAL = "Thermal"
+    POWER_BRAKE = "PowerBrake"  # clock reason 0x80: slow, not broken (usually the rack's power shelf)
+    HW_SLOWDOWN = "HWSlowdown"  # clock reason 0x8 alone: slow, not broken, cause not given
+    IMEX_DOMAIN = "ImexDomain"  # a GPU of the node's NVLink domain asks for the domain's recovery
+    RACK_POWER_BRAKE = "RackPowerBrake"  # a power brake on several nodes of one rack: the facility's
     GPU_LOST = "GPULost"
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
@@ -96,6 +100,12 @@ class Signal(StrEnum):
     NODE_REBOOT_REQUESTED = "NodeRebootRequested"  # a GPU's repair ladder hands the node to its remediator
 
 
+# "Slow, not broken": the GPUs compute correctly, only slower. Nodes held out for these count against
+# a breaker budget of their own (spec.safety.maxSlow), apart from the broken ones (maxUnhealthy), so a
+# fleet-wide slowdown neither idles the fleet nor spends the budget meant for dead GPUs.
+SLOW_SIGNALS = frozenset({Signal.POWER_BRAKE, Signal.HW_SLOWDOWN, Signal.RACK_POWER_BRAKE})
+
+
 class StepKind(StrEnum):
     """A step of the repair ladder (``api/remediation.py``)."""
 
@@ -105,7 +115,7 @@ class StepKind(StrEnum):
 
 
 class Scope(StrEnum):
-    """How much of a node a finding takes out of service.
+    """How much a finding takes out of service.
 
     ``Device``: the fault is confined to one GPU; only that GPU is held out (through a DRA
     DeviceTaintRule), where a ResourceSlice publishes it. ``Node``: the whole node is quarantined.
@@ -113,6 +123,13 @@ class Scope(StrEnum):
 
     DEVICE = "Device"
     NODE = "Node"
+    # Above the node, never set by a policy: the operator correlates these across nodes.
+    DOMAIN = "Domain"  # every node of one NVLink (IMEX) domain, by its clique label (api/slow_policy.py)
+    RACK = "Rack"  # every node of one rack, by its topology label
+
+
+# The scopes a policy may set on a rule or an XID (the others come from correlation across nodes).
+SETTABLE_SCOPES = frozenset({Scope.DEVICE, Scope.NODE})
 
 
 # Key of the DeviceTaintRule taint gpuhealth writes on a bad GPU (the same key as the Node taint).

@@ -9,16 +9,25 @@ the per-device settings (``device_policy``) and the repair ladder (``remediation
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuhealth.api.device_policy import DeviceSettings, parse_devices
-from gpuhealth.api.names import Action, Mode, Scope
+from gpuhealth.api.names import Action, Mode, Scope, Signal
 from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 from gpuhealth.api.selector import LabelSelector, parse_selector
+from gpuhealth.api.slow_policy import (
+    HW_SLOWDOWN_SUSTAINED,
+    POWER_BRAKE_SUSTAINED,
+    SlowRule,
+    Topology,
+    parse_slow_rule,
+    parse_topology,
+)
 
 # Read by many callers, which know a policy's error by this module's name.
 __all__ = [
@@ -53,6 +62,12 @@ class DrainSettings:
     gang_survives_rank_loss: bool = False
     system_namespaces: tuple[str, ...] = ("kube-system", "gpuhealth-system")
 
+    def patient(self) -> DrainSettings:
+        """These settings as a drain at the next checkpoint runs them (``moveRunningWork:
+        AtNextCheckpoint``): ask, wait for the acknowledgement however long, never evict a pod without
+        one (nor one that cannot checkpoint), never force-delete."""
+        return replace(self, on_checkpoint_timeout="Wait", max_wait_s=math.inf, allow_force_delete=False)
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -73,6 +88,9 @@ class Policy:
     thermal_slowdown: bool = True
     thermal_sustained_s: float = 300.0
     thermal_action: Action = Action.CORDON
+    power_brake: SlowRule = field(default_factory=SlowRule)  # api/slow_policy.py: slow, not broken
+    hw_slowdown: SlowRule = field(default_factory=lambda: SlowRule(sustained_s=300.0))
+    topology: Topology = field(default_factory=Topology)  # the domain and rack labels
     gpu_lost_action: Action = Action.DRAIN
     gpu_count_expected: int | None = None
     gpu_count_action: Action = Action.CORDON
@@ -83,6 +101,7 @@ class Policy:
     cordon: bool = True
     drain: DrainSettings = field(default_factory=DrainSettings)
     max_unhealthy: int | str = "10%"
+    max_slow: int | str = "10%"  # the budget of nodes held out for a slow signal (SLOW_SIGNALS)
     max_concurrent_drains: int = 1
     probation_s: float = 600.0
     flapping_max: int = 3
@@ -114,9 +133,19 @@ class Policy:
         per_node = -(-total_gpus // total_nodes)
         return min(total_gpus, self.breaker_limit(total_nodes) * per_node)
 
+    def drain_for(self, reason: str) -> DrainSettings:
+        """The drain settings of a node held out for ``reason``: patient for a slow rule whose running
+        work moves at its next checkpoint, the policy's own otherwise."""
+        rule = {str(Signal.POWER_BRAKE): self.power_brake, str(Signal.HW_SLOWDOWN): self.hw_slowdown}.get(reason)
+        return self.drain.patient() if rule is not None and rule.at_next_checkpoint else self.drain
+
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""
         return breaker_limit(self.max_unhealthy, total_nodes)
+
+    def slow_breaker_limit(self, total_nodes: int) -> int:
+        """Most nodes this policy may hold out at once for a slow, not broken, signal."""
+        return breaker_limit(self.max_slow, total_nodes, "spec.safety.maxSlow")
 
 
 _PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
@@ -179,6 +208,8 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"spec.actions.taintEffect: invalid {effect!r}")
     max_unhealthy = get(safety, "spec.safety", "maxUnhealthy", "10%")
     breaker_limit(max_unhealthy, 100)  # validates
+    max_slow = get(safety, "spec.safety", "maxSlow", "10%")
+    breaker_limit(max_slow, 100, "spec.safety.maxSlow")  # validates
     max_unhealthy_gpus = get(safety, "spec.safety", "maxUnhealthyGPUs", None)
     if max_unhealthy_gpus is not None:
         breaker_limit(max_unhealthy_gpus, 100, "spec.safety.maxUnhealthyGPUs")  # validates
@@ -217,6 +248,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         thermal_slowdown=bool(get(thermal, "", "slowdown", True)),
         thermal_sustained_s=duration(get(thermal, "", "sustainedFor", "5m"), "spec.rules.thermal.sustainedFor"),
         thermal_action=action(get(thermal, "", "action", "cordon"), "spec.rules.thermal.action"),
+        power_brake=parse_slow_rule(rules, "powerBrake", POWER_BRAKE_SUSTAINED),
+        hw_slowdown=parse_slow_rule(rules, "hwSlowdown", HW_SLOWDOWN_SUSTAINED),
+        topology=parse_topology(spec),
         gpu_lost_action=action(
             get(section(rules, "gpuLost", "spec.rules"), "", "action", "drain"), "spec.rules.gpuLost.action"
         ),
@@ -250,6 +284,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             system_namespaces=tuple(get(drain, "", "systemNamespaces", ["kube-system", "gpuhealth-system"])),
         ),
         max_unhealthy=max_unhealthy,
+        max_slow=max_slow,
         max_concurrent_drains=integer(
             get(safety, "", "maxConcurrentDrains", 1), "spec.safety.maxConcurrentDrains", 1, 1000
         ),

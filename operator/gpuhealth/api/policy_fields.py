@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth.api.durations import parse_duration
-from gpuhealth.api.names import Action, Scope
+from gpuhealth.api.names import SETTABLE_SCOPES, Action, Scope
 
 
 class PolicyError(ValueError):
@@ -59,6 +59,9 @@ def integer(v: Any, path: str, lo: int, hi: int) -> int:
 
 def scope(v: Any, path: str) -> Scope:
     try:
-        return Scope(v)
+        s = Scope(v)
     except ValueError:
-        raise PolicyError(f"{path}: unknown scope {v!r} (Device or Node)") from None
+        s = None
+    if s not in SETTABLE_SCOPES:
+        raise PolicyError(f"{path}: unknown scope {v!r} (Device or Node)")
+    return s

@@ -23,9 +23,11 @@ https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-respon
 * 4 DRAIN_AND_RESET: "Drain P2P and Reset Gpu": the peers must be idle, then the GPU is reset. The
   reset is this GPU's (Device scope), but reports carry no NVLink topology, so gpuhealth cannot idle
   the peers of a GPU held out alone: it skips ``GPUReset`` and starts at ``NodeReboot``.
-* 5 RECOVER_IMEX_DOMAIN: "Recover IMEX Domain", nothing more. The IMEX daemon and channels are the
-  node's (shared by all its GPUs), the smallest unit gpuhealth can hold out that holds them; NVIDIA
-  gives no procedure, so the conservative step is ``NodeReboot`` (it restarts the node's IMEX daemon).
+* 5 RECOVER_IMEX_DOMAIN: "Recover IMEX Domain", nothing more. The IMEX domain is the multi-node
+  NVLink domain every node with the same ``nvidia.com/gpu.clique`` label shares (up to 18 nodes of a
+  GB200 NVL72 rack), so the scope is ``Domain``: evaluation/domains.py takes every member out as one
+  decision. NVIDIA gives no procedure, so the conservative step is ``NodeReboot`` (it restarts each
+  node's IMEX daemon).
 * 6 BUS_RESET: "Reset the GPU's PCIe bus": a reset of that GPU's link, not of the host; confined to
   the GPU, and its ladder is the reset ladder (``GPUReset``, then ``NodeReboot`` if that did not clear
   it): ``nvidia-smi -r`` is NVIDIA's GPU-level reset path, and a reboot stays the fallback.
@@ -99,7 +101,8 @@ class Recovery:
     means: str  # NVIDIA's words, shortened
 
 
-_A, _DEV, _NODE, _RESET, _REBOOT = RecoveryAction, Scope.DEVICE, Scope.NODE, StepKind.GPU_RESET, StepKind.NODE_REBOOT
+_A, _DEV, _NODE, _DOM = RecoveryAction, Scope.DEVICE, Scope.NODE, Scope.DOMAIN
+_RESET, _REBOOT = StepKind.GPU_RESET, StepKind.NODE_REBOOT
 _OBSERVE, _DRAIN = Action.OBSERVE, Action.DRAIN
 # Every recovery action, in NVML's order (why each row says what it says: the module docstring).
 # fmt: off
@@ -110,7 +113,7 @@ RECOVERY: dict[RecoveryAction, Recovery] = {r.action: r for r in (
     Recovery(_A.NODE_REBOOT,         2,   _DRAIN,    _NODE, _REBOOT, False, "reboot the node"),
     Recovery(_A.DRAIN_P2P,           3,   _DRAIN,    _NODE, _REBOOT, True,  "drain P2P traffic, then read it again"),
     Recovery(_A.DRAIN_AND_RESET,     4,   _DRAIN,    _DEV,  _REBOOT, True,  "drain P2P traffic, then reset the GPU"),
-    Recovery(_A.RECOVER_IMEX_DOMAIN, 5,   _DRAIN,    _NODE, _REBOOT, False, "recover the IMEX domain"),
+    Recovery(_A.RECOVER_IMEX_DOMAIN, 5,   _DRAIN,    _DOM,  _REBOOT, False, "recover the IMEX domain"),
     Recovery(_A.BUS_RESET,           6,   _DRAIN,    _DEV,  _RESET,  False, "reset the GPU's PCIe bus"),
     Recovery(_A.SYSTEM_REBOOT,       7,   _DRAIN,    _NODE, _REBOOT, False, "reboot the system"),
 )}

@@ -264,6 +264,13 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         gpus += f", {g['inService']} in service"
     lines.append(_field("GPUs", gpus))
     lines.append(_field("Last XID", _v(m.get("lastXid"))))
+    t = m.get("topology") or {}
+    if t.get("domain") or t.get("rack"):
+        where = [
+            f"NVLink domain {t['domain']}" if t.get("domain") else "",
+            f"rack {t['rack']}" if t.get("rack") else "",
+        ]
+        lines.append(_field("Topology", ", ".join(w for w in where if w)))
     a = m.get("agent") or {}
     if m.get("hasReport"):
         agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"

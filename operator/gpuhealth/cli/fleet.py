@@ -22,9 +22,11 @@ from typing import Any
 from gpuhealth.api.names import OUT_OF_SERVICE, TAINT_KEY, Mode, State
 from gpuhealth.api.nodes import count_of, node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
+from gpuhealth.api.slow_policy import Topology
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.cli.ladderview import EXHAUSTED, HANDED_OFF, IN_FLIGHT, ladder_cell, ladder_view
+from gpuhealth.cli.topology import groups
 
 # Most urgent first: the order of the table and of the totals.
 STATE_ORDER: tuple[State, ...] = (
@@ -96,6 +98,8 @@ class Row:
     device_cost: float | None = None
     ladders: tuple[dict[str, Any], ...] = ()  # status.remediation as cli.ladderview rows
     clock_skew_s: int | None = None  # status.clockSkew: the agent's clock offset while it is skewed
+    domain: str = ""  # the NVLink domain label's value (the governing policy's spec.topology)
+    rack: str = ""  # the rack label's value
 
     @property
     def out_of_service(self) -> bool:
@@ -136,6 +140,8 @@ class Row:
                 {k: r.get(k) for k in ("gpu", "step", "attempt", "attempts", "phase", "standing", "reason", "job")}
                 for r in self.ladders
             ],
+            "domain": self.domain or None,
+            "rack": self.rack or None,
         }
 
 
@@ -196,6 +202,7 @@ class Fleet:
             "generatedAt": format_time(self.now),
             "nodes": [r.to_json() for r in self.rows],
             "totals": self.totals.to_json(),
+            "groups": [g.to_json() for g in groups(self.rows)],
         }
 
 
@@ -274,6 +281,8 @@ def build_row(
         reason, message, governing = _no_verdict(node, report is not None, parsed)
         policy_name = policy_name or (governing.name if governing else "")
     policy_obj = policy_objs.get(policy_name)
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    topology = next((p.topology for p in parsed if p.name == policy_name), Topology())
     mode = str(((policy_obj or {}).get("spec") or {}).get("mode") or ("Enforce" if policy_obj else ""))
     total = count_of(status.total_gpus)
     if not total:
@@ -325,6 +334,8 @@ def build_row(
         device_cost=device_cost,
         ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
         clock_skew_s=status.skew_seconds,
+        domain=str(labels.get(topology.domain_label) or ""),
+        rack=str(labels.get(topology.rack_label) or ""),
     )
 
 

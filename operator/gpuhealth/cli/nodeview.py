@@ -21,6 +21,7 @@ from gpuhealth.api.names import (
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.ownership import Ownership
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
+from gpuhealth.api.slow_policy import Topology
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
@@ -273,5 +274,18 @@ def describe_node(
         "history": history,
         "drain": dict(status.drain) if status.drain else None,
         "remediation": ladder_view(status.remediation, parsed, now),
+        "topology": _topology(node, parsed),
         "events": _events(events),
+    }
+
+
+def _topology(node: Mapping[str, Any] | None, policy: Policy | None) -> dict[str, Any]:
+    """The node's NVLink domain and rack, by the labels its policy names (spec.topology)."""
+    topo = policy.topology if policy is not None else Topology()
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return {
+        "domainLabel": topo.domain_label,
+        "domain": labels.get(topo.domain_label),
+        "rackLabel": topo.rack_label,
+        "rack": labels.get(topo.rack_label),
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuhealth.api.names import State
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli import topology
 from gpuhealth.cli.fleet import NO_VERDICT, Fleet, Row, Totals
 
 RESET = "\x1b[0m"
@@ -210,4 +211,4 @@ def render_status(fleet: Fleet, color: bool = False, wide: bool = False) -> str:
         return paint_state(cell, fleet.rows[n].state, color) if col == 1 else cell
 
     lines = table(headers, rows, style)
-    return "\n".join([*lines, "", *footer(fleet.totals)]) + "\n"
+    return "\n".join([*lines, "", *footer(fleet.totals), *topology.footer(fleet.rows)]) + "\n"

@@ -27,6 +27,30 @@ DETECTION_TO_ACTION = Histogram(
     buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
+SLOW_NODES = Gauge(
+    "gpuhealth_slow_nodes",
+    "Nodes held out for a slow, not broken, signal (power brake, HW slowdown): their own budget, maxSlow",
+    ["policy"],
+    registry=REGISTRY,
+)
+SLOW_GPUS = Gauge(
+    "gpuhealth_slow_gpus",
+    "GPUs of the nodes held out for a slow, not broken, signal: degraded capacity, apart from the broken",
+    ["policy"],
+    registry=REGISTRY,
+)
+DOMAIN_FINDINGS = Gauge(
+    "gpuhealth_domain_findings",
+    "Nodes of an NVLink domain held out as one for a domain-scope fault (0 when it cleared)",
+    ["policy", "domain"],
+    registry=REGISTRY,
+)
+RACK_FINDINGS = Gauge(
+    "gpuhealth_rack_findings",
+    "Nodes of a rack under a power brake counted as one rack finding (0 when below rack.minNodes)",
+    ["policy", "rack", "reason"],
+    registry=REGISTRY,
+)
 BREAKER_OPEN = Gauge(
     "gpuhealth_breaker_open",
     "1 when the policy's circuit breaker holds quarantines back",

@@ -20,10 +20,17 @@ from gpuhealth.evaluation.findings import Finding as Finding
 from gpuhealth.evaluation.repeats import repeated_app_xids
 from gpuhealth.evaluation.scope import scope_of
 
-# NVML clock-event reasons that mean the hardware is protecting itself from heat.
+# NVML clock-event reasons (nvml.h ``nvmlClocksEventReason*``), split by what they tell: HW thermal
+# (0x40) is heat; HW power brake (0x80) is an external power brake, usually the rack's power shelf,
+# which no reboot fixes; HW slowdown (0x8) is the hardware slowing down without saying why (heat, a
+# power brake or fast-trigger protection). The last two are "slow, not broken" signals of their own
+# (rules.powerBrake, rules.hwSlowdown); 0x8 alongside 0x40 or 0x80 is explained by the other bit.
 HW_SLOWDOWN = 0x8
 HW_THERMAL = 0x40
-THERMAL_REASONS = HW_SLOWDOWN | HW_THERMAL
+HW_POWER_BRAKE = 0x80
+THERMAL_REASONS = HW_THERMAL
+# Every clock reason a rule reads over time (evaluation/rules.py re-passes nodes that carry one).
+SLOW_REASONS = HW_SLOWDOWN | HW_THERMAL | HW_POWER_BRAKE
 
 
 @dataclass(frozen=True)
@@ -130,24 +137,7 @@ def _assess_device(
             )
         )
     sustained = dt.timedelta(seconds=policy.thermal_sustained_s)
-    if (
-        policy.thermal_slowdown
-        and d.clock_event_reasons & THERMAL_REASONS
-        and d.clock_events_since is not None
-        and now - d.clock_events_since >= sustained
-    ):
-        out.append(
-            Finding(
-                Signal.THERMAL,
-                policy.thermal_action,
-                f"hardware thermal slowdown (clock events 0x{d.clock_event_reasons:x}) "
-                f"for {int((now - d.clock_events_since).total_seconds())}s",
-                d.index,
-                d.uuid,
-                None,
-                d.clock_events_since,
-            )
-        )
+    out.extend(_clock_findings(policy, d, now))
     if d.temperature_c is not None and d.temperature_c >= policy.thermal_threshold_c:
         key = f"temp/{d.index}"
         first = parse_time(prior_pending.get(key)) or now
@@ -176,6 +166,30 @@ def _hang_detail(hang: NvmlHang) -> str:
         else "no GPU facts since the agent started"
     )
     return f"NVML unresponsive: {hang.call} has not returned since {format_time(hang.since)} ({newest})"
+
+
+def _clock_findings(policy: Policy, d: Device, now: dt.datetime) -> list[Finding]:
+    """Clock-event reasons held for their rule's ``sustainedFor`` (the agent reports when the bitmask
+    last changed): HW thermal is heat, HW power brake and an unexplained HW slowdown are slow, not broken."""
+    reasons, since = d.clock_event_reasons, d.clock_events_since
+    if not reasons or since is None:
+        return []
+    held = now - since
+    secs = int(held.total_seconds())
+    out: list[Finding] = []
+    if policy.thermal_slowdown and reasons & HW_THERMAL and held >= dt.timedelta(seconds=policy.thermal_sustained_s):
+        detail = f"hardware thermal slowdown (clock events 0x{reasons:x}) for {secs}s"
+        out.append(Finding(Signal.THERMAL, policy.thermal_action, detail, d.index, d.uuid, None, since))
+    brake = policy.power_brake
+    if brake.enabled and reasons & HW_POWER_BRAKE and held >= dt.timedelta(seconds=brake.sustained_s):
+        detail = f"hardware power brake (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
+        out.append(Finding(Signal.POWER_BRAKE, brake.finding_action, detail, d.index, d.uuid, None, since))
+    slow = policy.hw_slowdown
+    unexplained = reasons & HW_SLOWDOWN and not reasons & (HW_THERMAL | HW_POWER_BRAKE)
+    if slow.enabled and unexplained and held >= dt.timedelta(seconds=slow.sustained_s):
+        detail = f"HW slowdown, cause not given (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
+        out.append(Finding(Signal.HW_SLOWDOWN, slow.finding_action, detail, d.index, d.uuid, None, since))
+    return out
 
 
 def assess(

@@ -24,7 +24,7 @@ from gpuhealth.api.remediation import IN_FLIGHT, Phase
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
-from gpuhealth.evaluation.assess import THERMAL_REASONS, Assessment
+from gpuhealth.evaluation.assess import SLOW_REASONS, Assessment
 from gpuhealth.evaluation.freshness import Seen, heard_at
 
 
@@ -56,7 +56,7 @@ def time_dependent(
     silence = policy.silence_after_s if policy else 0.0
     if heartbeat is None or (now - heartbeat).total_seconds() > silence:
         return True  # the agent went silent
-    return any((d.get("clockEventReasons") or 0) & THERMAL_REASONS for d in spec.get("devices") or [])
+    return any((d.get("clockEventReasons") or 0) & SLOW_REASONS for d in spec.get("devices") or [])
 
 
 # GPU states that no clock moves: they change with the agent's facts, a release, or a ladder step.

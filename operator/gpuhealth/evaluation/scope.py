@@ -12,7 +12,7 @@ the scope per rule (``spec.rules.<rule>.scope``) and per XID
 
 from __future__ import annotations
 
-from gpuhealth.api.names import Scope, Signal
+from gpuhealth.api.names import SLOW_SIGNALS, Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import Report
@@ -27,6 +27,8 @@ RULE_OF: dict[Signal, str] = {
     Signal.PENDING_REMAP: "pendingRemap",
     Signal.THERMAL: "thermal",
     Signal.GPU_LOST: "gpuLost",
+    Signal.POWER_BRAKE: "powerBrake",
+    Signal.HW_SLOWDOWN: "hwSlowdown",
 }
 RULE_SCOPE: dict[str, Scope] = {
     "applicationRepeat": Scope.DEVICE,  # an application XID repeating on one GPU: that GPU's hardware
@@ -35,10 +37,13 @@ RULE_SCOPE: dict[str, Scope] = {
     "pendingRemap": Scope.DEVICE,  # pending row remap or retired page: a reset of that GPU
     "thermal": Scope.DEVICE,  # heat or HW slowdown on one GPU (several hot GPUs escalate by count)
     "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
+    "powerBrake": Scope.DEVICE,  # slow, not broken: new work kept off that GPU (a NoSchedule rule)
+    "hwSlowdown": Scope.DEVICE,
 }
 # XID 154 carries the driver's own recovery action: its scope is that action's row in
-# api/recovery.py (a reset of the GPU or of its PCIe bus is the GPU's; reboots, P2P drains and the
-# IMEX domain are the node's), and an unknown one is the node's.
+# api/recovery.py (a reset of the GPU or of its PCIe bus is the GPU's; reboots and P2P drains are the
+# node's; RecoverImexDomain is the node's whole multi-node NVLink domain, which evaluation/domains.py
+# takes out as one), and an unknown one is the node's.
 NVLINK_XIDS = frozenset({74})
 
 
@@ -53,6 +58,8 @@ def xid_scope(code: int, recovery_action: RecoveryAction | None = None) -> Scope
 
 def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> Scope:
     """The scope ``finding`` has under ``policy`` (see the module docstring for the order)."""
+    if finding.scope in (Scope.DOMAIN, Scope.RACK):
+        return finding.scope  # correlated across nodes by evaluation/domains.py: no policy narrows it
     if finding.gpu is None and not finding.uuid:
         return Scope.NODE
     if not policy.devices.enabled:
@@ -76,8 +83,15 @@ def device_findings(a: Assessment) -> tuple[Finding, ...]:
 
 
 def node_findings(a: Assessment) -> tuple[Finding, ...]:
-    """Quarantine-level findings that take the whole node out."""
-    return tuple(f for f in a.findings if f.scope == Scope.NODE and f.action.quarantines)
+    """Quarantine-level findings that take the whole node out (a domain's or rack's take each node)."""
+    return tuple(f for f in a.findings if f.scope != Scope.DEVICE and f.action.quarantines)
+
+
+def slow_only(a: Assessment) -> bool:
+    """Whether everything that takes the node out is slow, not broken (``SLOW_SIGNALS``): it then
+    leaves service under the breaker's budget for slow nodes (``spec.safety.maxSlow``)."""
+    taking = node_findings(a)
+    return bool(taking) and all(f.signal in SLOW_SIGNALS for f in taking)
 
 
 def rule_of(finding: Finding) -> str:
@@ -90,4 +104,6 @@ def rule_of(finding: Finding) -> str:
         Signal.NVML_UNAVAILABLE: "agentSilence",
         Signal.NVML_UNRESPONSIVE: "nvmlUnresponsive",
         Signal.RESTART_LOOP: "restartLoop",
+        Signal.IMEX_DOMAIN: "topology",
+        Signal.RACK_POWER_BRAKE: "powerBrake",
     }.get(finding.signal, str(finding.signal))

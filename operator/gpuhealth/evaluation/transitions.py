@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field, replace
 
-from gpuhealth.api.names import Action, Signal, State
+from gpuhealth.api.names import SLOW_SIGNALS, Action, Signal, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import Record
 from gpuhealth.evaluation.assess import Assessment, Finding
@@ -147,8 +147,8 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                         (
                             "Warning",
                             "QuarantineHeldBack",
-                            f"{detail}. The policy {policy.name!r} breaker is open (maxUnhealthy "
-                            f"{policy.max_unhealthy}): not quarantining; "
+                            f"{detail}. The policy {policy.name!r} breaker is open "
+                            f"({_budget(quarantine_findings, policy)}): not quarantining; "
                             "it will once the fleet is back under the limit",
                         )
                     )
@@ -331,3 +331,10 @@ def _enter_quarantine(
     verb = "Relapsed during probation" if relapse else "Quarantined"
     events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level)}"))
     return Decision(nrec, new_quarantine=True, events=tuple(events))
+
+
+def _budget(findings: tuple[Finding, ...], policy: Policy) -> str:
+    """The budget that held a quarantine back: maxSlow when all that takes the node is slow, not broken."""
+    if findings and all(f.signal in SLOW_SIGNALS for f in findings):
+        return f"maxSlow {policy.max_slow}"
+    return f"maxUnhealthy {policy.max_unhealthy}"

@@ -63,7 +63,7 @@ def test_the_crd_knows_every_report_value() -> None:
         ("DRAIN_P2P", Scope.NODE),
         ("NODE_REBOOT", Scope.NODE),
         ("SYSTEM_REBOOT", Scope.NODE),
-        ("RECOVER_IMEX_DOMAIN", Scope.NODE),
+        ("RECOVER_IMEX_DOMAIN", Scope.DOMAIN),  # every node of its NVLink domain (evaluation/domains.py)
     ],
 )
 def test_scope_of_each_nvml_action(name: str, scope: Scope) -> None:

@@ -265,3 +265,22 @@ def test_a_gang_member_asked_by_the_other_nodes_running_drain_is_not_asked_again
         other_drains={"gpu-a": T0},
     )
     assert kinds(evict) == [("evict", "r0"), ("evict", "r1")]
+
+
+def test_a_patient_drain_asks_waits_for_the_acknowledgement_and_never_forces() -> None:
+    """moveRunningWork: AtNextCheckpoint (a slow, not broken, fault): no eviction without an ack."""
+    s = DrainSettings(checkpoint_timeout_s=60, max_wait_s=300, allow_force_delete=True, force_delete_after_s=600)
+    patient = s.patient()
+    asked = pod("train", mode="annotation", annotations={CHECKPOINT_REQUESTED: format_time(T0)})
+    plain = pod("batch")
+    rec = plan_drain(NODE, [asked, plain], {}, patient, False, None, T0).record
+    day = T0 + dt.timedelta(days=1)
+    late = plan_drain(NODE, [asked, plain], {}, patient, False, rec, day)
+    assert kinds(late) == [] and not late.complete  # neither the unacknowledged nor the plain pod goes
+    assert [e[1] for e in late.events] == ["CheckpointOverdue"]
+    acked = pod(
+        "train",
+        mode="annotation",
+        annotations={CHECKPOINT_REQUESTED: format_time(T0), CHECKPOINT_COMPLETED: format_time(day)},
+    )
+    assert kinds(plan_drain(NODE, [acked, plain], {}, patient, False, late.record, day)) == [("evict", "train")]

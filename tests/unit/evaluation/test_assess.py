@@ -197,9 +197,51 @@ CASES = [
         [(Signal.THERMAL, COR, 1, None)],
     ),
     Case(
-        "hw-slowdown-0x8-sustained",
+        "hw-slowdown-0x8-alone-is-not-thermal",
         {"devices": eight_gpus(g1={"clockEventReasons": 0x8 | 0x1, "clockEventsSince": iso(-600)})},
+        [(Signal.HW_SLOWDOWN, COR, 1, None)],
+    ),
+    Case(
+        "hw-slowdown-0x8-not-yet-sustained",
+        {"devices": eight_gpus(g1={"clockEventReasons": 0x8, "clockEventsSince": iso(-239)})},
+        [],
+    ),
+    Case(
+        "hw-slowdown-0x8-with-0x40-is-thermal-only",
+        {"devices": eight_gpus(g1={"clockEventReasons": 0x8 | 0x40, "clockEventsSince": iso(-600)})},
         [(Signal.THERMAL, COR, 1, None)],
+    ),
+    Case(
+        "power-brake-0x80-sustained",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x80 | 0x8, "clockEventsSince": iso(-60)})},
+        [(Signal.POWER_BRAKE, COR, 4, None)],
+    ),
+    Case(
+        "power-brake-0x80-not-yet-sustained",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x80, "clockEventsSince": iso(1)})},
+        [],
+    ),
+    Case(
+        "power-brake-policy-action-and-duration",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x80, "clockEventsSince": iso(-10)})},
+        [(Signal.POWER_BRAKE, OBS, 4, None)],
+        policy={"rules": {"powerBrake": {"sustainedFor": "10s", "action": "observe"}}},
+    ),
+    Case(
+        "power-brake-disabled",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x80, "clockEventsSince": iso(-600)})},
+        [],
+        policy={"rules": {"powerBrake": {"enabled": False}}},
+    ),
+    Case(
+        "power-brake-and-hw-thermal-are-two-findings",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x80 | 0x40, "clockEventsSince": iso(-600)})},
+        [(Signal.POWER_BRAKE, COR, 4, None), (Signal.THERMAL, COR, 4, None)],
+    ),
+    Case(
+        "sw-thermal-0x20-alone-is-nothing-as-before",
+        {"devices": eight_gpus(g4={"clockEventReasons": 0x20, "clockEventsSince": iso(-600)})},
+        [],
     ),
     Case(
         "hw-thermal-not-yet-sustained",
@@ -214,7 +256,7 @@ CASES = [
     Case(
         "sw-thermal-0x20-and-power-brake-0x80-are-not-hw-thermal",
         {"devices": eight_gpus(g1={"clockEventReasons": 0x20 | 0x80, "clockEventsSince": iso(-3600)})},
-        [],
+        [(Signal.POWER_BRAKE, COR, 1, None)],
     ),
     Case(
         "hw-thermal-slowdown-rule-disabled",

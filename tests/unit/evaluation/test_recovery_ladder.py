@@ -22,7 +22,7 @@ CASES = [
     (2, "Reboot", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (3, "DrainP2P", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (4, "DrainAndReset", Action.DRAIN, Scope.DEVICE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
-    (5, "RecoverImexDomain", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    (5, "RecoverImexDomain", Action.DRAIN, Scope.DOMAIN, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (6, "BusReset", Action.DRAIN, Scope.DEVICE, StepKind.GPU_RESET, [StepKind.NODE_REBOOT, StepKind.REPLACE]),
     (7, "SystemReboot", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
 ]

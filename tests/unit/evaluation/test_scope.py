@@ -41,7 +41,7 @@ def test_node_reboot_nvlink_and_other_xids_are_node_scope(code: int) -> None:
         ("0x6", Scope.DEVICE),
         ("SystemReboot", Scope.NODE),
         ("System Reboot Required", Scope.NODE),
-        ("RecoverImexDomain", Scope.NODE),
+        ("RecoverImexDomain", Scope.DOMAIN),
         ("", Scope.NODE),
         ("gibberish", Scope.NODE),
     ],

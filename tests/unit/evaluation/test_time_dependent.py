@@ -90,3 +90,11 @@ def test_the_other_clock_states_are_unchanged() -> None:
     assert time_dependent(Record(state=State.HEALTHY, held_by_breaker=True), _report(), POLICY, NOW)
     assert not time_dependent(Record(state=State.HEALTHY), _report(), POLICY, NOW)
     assert time_dependent(None, _report(), POLICY, NOW)
+
+
+@pytest.mark.parametrize(("reasons", "timed"), [(0x80, True), (0x8, True), (0x40, True), (0x20, False), (0x1, False)])
+def test_a_healthy_node_under_a_clock_reason_a_rule_times_is_on_the_clock(reasons: int, timed: bool) -> None:
+    """Power brake, HW slowdown and HW thermal become findings once held for their sustainedFor."""
+    report = _report()
+    report["spec"]["devices"][2]["clockEventReasons"] = reasons
+    assert time_dependent(Record(state=State.HEALTHY), report, POLICY, NOW) is timed

@@ -84,6 +84,13 @@ def test_breaker_refusal_holds_back_as_degraded_with_one_event() -> None:
     assert d2.events == ()  # not repeated
 
 
+def test_a_held_back_slow_node_names_the_slow_budget() -> None:
+    slow = decide_at(Record(), faulty(Action.CORDON, Signal.POWER_BRAKE), 0, breaker_allows=False)
+    assert "(maxSlow 10%)" in slow.events[0][2]
+    broken = decide_at(Record(), faulty(Action.CORDON, Signal.XID), 0, breaker_allows=False)
+    assert "(maxUnhealthy 10%)" in broken.events[0][2]
+
+
 def test_held_node_quarantines_once_the_breaker_allows() -> None:
     held = decide_at(Record(), faulty(Action.CORDON), 0, breaker_allows=False).record
     d = decide_at(held, faulty(Action.CORDON), 60)

@@ -115,7 +115,8 @@ class DeviceDrainer:
             holding = pods_holding(rec.refs(), claims, pods)
             mine = [p for p in pods if P.key(p) in holding]
             gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
-            plan = plan_drain(name, mine, self.store.pods.gangs(), policy.drain, gpu_fatal, record, now)
+            settings = policy.drain_for(rec.reason)  # patient for a slow fault that moves at the next checkpoint
+            plan = plan_drain(name, mine, self.store.pods.gangs(), settings, gpu_fatal, record, now)
             if ahead is not None and not (plan.complete and not plan.steps):
                 # Recorded before the first request, so a restart resumes this drain (and its timeouts
                 # count from its start). A drain that is complete with nothing to ask or evict writes

@@ -89,7 +89,8 @@ class Drainer:
 
     async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> Again:
         """Drain while Draining; evict crash-looping pods from any quarantined node. Returns when the
-        node wants its next pass: soon after a completed drain, every second while one runs."""
+        node wants its next pass: soon after a completed drain, every second while one runs. The drain
+        runs under the settings for the node's reason (``Policy.drain_for``: patient for a slow one)."""
         status = (self.store.reports.get(name) or {}).get("status") or {}
         record = read_drain(status)
         if rec.state != State.DRAINING:
@@ -128,7 +129,7 @@ class Drainer:
         pods = self.store.pods.on(name)
         gangs = self.store.pods.gangs()
         plan = plan_drain(
-            name, pods, gangs, policy.drain, fatal, record, now, other_drains=self._gang_drains(name, pods, gangs)
+            name, pods, gangs, policy.drain_for(rec.reason), fatal, record, now, self._gang_drains(name, pods, gangs)
         )
         new_record = await self.execute(name, plan, now, f"{rec.reason}: {rec.message}")
         if plan.complete:

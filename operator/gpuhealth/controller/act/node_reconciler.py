@@ -61,10 +61,12 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
+from gpuhealth.controller.state.topology import DomainView, Topology
 from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
 from gpuhealth.evaluation.freshness import Skew, heard_at, skew_episode
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
+from gpuhealth.evaluation.scope import slow_only
 from gpuhealth.evaluation.startup import acts_before_pods
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.aio import AsyncKube
@@ -95,8 +97,10 @@ class NodeReconciler:
         devices: DeviceReconciler,
         device_drainer: DeviceDrainer,
         remediator: Remediator,
+        topology: Topology | None = None,
     ) -> None:
         self.remediator = remediator
+        self.topology = topology or Topology(store)
         self.devices = devices
         self.device_drainer = device_drainer
         self.kube = kube
@@ -194,9 +198,14 @@ class NodeReconciler:
         released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
         view = NodeView(name, node["metadata"].get("labels") or {}, gpu_capacity(node))
         loop = await self._restart_loop(name, policy, report, now)
+        # Scopes above the node (evaluation/domains.py): the NVLink domain's fault is every member's;
+        # a power brake on enough of the rack is the rack's one finding instead of this node's own.
+        domain = self.topology.domain(name, policy, now)
+        extra = tuple(f for f in (loop, domain.finding if domain else None) if f is not None)
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
-        a = assess(policy, report, view, now, status.get("pending") or {}, cleared, (loop,) if loop else ())
+        a = assess(policy, report, view, now, status.get("pending") or {}, cleared, extra)
+        a = self.topology.rack(name, policy, a, now)
         if self.devices.slices_pending(a):
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
@@ -206,7 +215,7 @@ class NodeReconciler:
         dev = self.devices.decide(name, policy, placed, status, now, gpus, budget, cleared)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
-        allows = not wants_quarantine(prior, node_a, policy) or await self.breaker.admit(policy, name)
+        allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)
         inputs = Inputs(breaker_allows=allows, drain_complete=drain_done(read_drain(status), prior), released=released)
         decision = decide(prior, node_a, policy, now, inputs)
         again: Again = None
@@ -259,6 +268,13 @@ class NodeReconciler:
         finally:
             self.breaker.release(policy, name)
         return again
+
+    async def _admit(self, policy: Policy, name: str, a: Assessment, domain: DomainView | None) -> bool:
+        """The breaker's answer: one for the whole NVLink domain when its fault takes this node out
+        (all members or none), else this node's own slot."""
+        if domain is not None and domain.finding is not None and domain.finding.action.quarantines:
+            return await self.breaker.admit_domain(policy, name, domain.members, domain.decided)
+        return await self.breaker.admit(policy, name, slow=slow_only(a))
 
     async def _remediate(
         self,

@@ -33,6 +33,8 @@ class PolicyView:
     gpus: int = 0
     gpus_out: int = 0
     gpus_held: int = 0  # GPUs whose own quarantine the GPU budget holds back
+    slow: int = 0  # nodes out for a slow, not broken, signal (their own budget: maxSlow)
+    gpus_slow: int = 0  # their GPUs: degraded capacity, apart from the broken
 
 
 def summarize(store: Store) -> dict[str, PolicyView]:
@@ -48,6 +50,8 @@ def summarize(store: Store) -> dict[str, PolicyView]:
             gpus=t.gpus,
             gpus_out=t.gpus_out,
             gpus_held=t.gpus_held,
+            slow=t.slow,
+            gpus_slow=t.gpus_slow,
         )
     return views
 
@@ -85,6 +89,7 @@ class PolicyStatus:
         for s in State:
             metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
         metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
+        capacity.export_slow(pname, v.slow, v.gpus_slow)
         obj = self.store.policy_objs.get(pname, {})
         uid = obj.get("metadata", {}).get("uid", pname)
         # What was last announced is what the policy's status says (it is written before the Event),
@@ -111,6 +116,9 @@ class PolicyStatus:
             "gpusOutOfService": v.gpus_out,
             "gpuBreakerLimit": policy.gpu_breaker_limit(v.gpus, v.nodes),
             "gpusHeldBack": v.gpus_held,
+            "slow": v.slow,
+            "slowBreakerLimit": policy.slow_breaker_limit(v.nodes),
+            "gpusSlow": v.gpus_slow,
             "overlaps": overlap_msg or None,
         }
         prev = self._written.get(pname)

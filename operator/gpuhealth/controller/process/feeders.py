@@ -18,7 +18,7 @@ from gpuhealth.controller.act.report_gc import ReportCollector
 from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
-from gpuhealth.evaluation import freshness
+from gpuhealth.evaluation import domains, freshness
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Feeders:
     def on_report(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]
         news = False
+        before = domains.correlation_facts(self.store.reports.get(name))
         if event == "DELETED":
             self.store.drop_report(name)
         else:
@@ -85,6 +86,20 @@ class Feeders:
             self.store.put_report(name, body)
         if enqueue:
             self.queue.add(name, urgent=news)  # the agent's new facts go ahead of the fleet's backlog
+            if domains.correlation_facts(self.store.reports.get(name)) != before:
+                self._neighbours(name)
+
+    def _neighbours(self, name: str) -> None:
+        """A domain's or a rack's fact changed on ``name``: every node of its NVLink domain and rack may
+        decide differently now (evaluation/domains.py), and is queued ahead of the backlog with it."""
+        policy, _ = self.store.governing(name)
+        if policy is None:
+            return
+        labels = domains.labels_of(self.store.nodes.get(name))
+        for key in (policy.topology.domain_label, policy.topology.rack_label):
+            if labels.get(key):
+                for n in self.store.members(key, labels[key]):
+                    self.queue.add(n, urgent=True)
 
     def _heard(self, name: str, body: Mapping[str, Any], live: bool) -> bool:
         """Note a sign of life from the agent (a new spec write), by our clock, with its clock skew (the

@@ -21,25 +21,57 @@ class Breaker:
         self._store = store
         self._locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, set[str]] = {}
+        self._reserved_slow: dict[str, set[str]] = {}  # slots of the slow budget (maxSlow)
         self._draining: dict[str, set[str]] = {}
         self._reserved_gpus: dict[str, dict[str, int]] = {}
+        self._domain_slots: dict[str, dict[str, set[str]]] = {}  # policy -> asking node -> members reserved
 
     def _lock(self, policy: Policy) -> asyncio.Lock:
         return self._locks.setdefault(policy.name, asyncio.Lock())
 
-    async def admit(self, policy: Policy, name: str) -> bool:
-        """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more."""
+    async def admit(self, policy: Policy, name: str, slow: bool = False) -> bool:
+        """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more.
+
+        ``slow``: it leaves for a slow, not broken, signal only; such nodes have a budget of their own
+        (``maxSlow``) and neither spend nor are held back by the one for broken nodes (``maxUnhealthy``).
+        """
         async with self._lock(policy):
             tally = self._store.tally(policy)
-            reserved = self._reserved.setdefault(policy.name, set())
+            mine = self._reserved_slow if slow else self._reserved
+            reserved = mine.setdefault(policy.name, set())
             # Nodes out of service by their records, plus slots reserved for nodes not counted so.
-            out = tally.out + sum(1 for n in reserved if not self._store.counted_out(policy, n))
+            counted = tally.slow if slow else tally.out - tally.slow
+            out = counted + sum(1 for n in reserved if not self._store.counted_out(policy, n))
             if name in reserved or self._store.counted_out(policy, name):
                 out -= 1  # the node itself is not one more
-            if out + 1 <= policy.breaker_limit(tally.nodes):
+            limit = policy.slow_breaker_limit(tally.nodes) if slow else policy.breaker_limit(tally.nodes)
+            if out + 1 <= limit:
                 reserved.add(name)
                 return True
             return False
+
+    async def admit_domain(self, policy: Policy, name: str, nodes: tuple[str, ...], decided: bool) -> bool:
+        """One decision for a whole NVLink domain: reserve a slot for every member of ``nodes`` not yet
+        out of service, or for none, so a domain never leaves service in part.
+
+        ``decided``: a member is already out for the domain by its persisted record (an earlier pass,
+        or an operator since restarted, took the decision): the rest follow, whatever the count is
+        now. The members' slots are held until ``name``'s status is written; by then its record says
+        the domain is decided, and the other members follow through ``decided``.
+        """
+        async with self._lock(policy):
+            reserved = self._reserved.setdefault(policy.name, set())
+            if decided or name in reserved:
+                reserved.add(name)
+                return True
+            tally = self._store.tally(policy)
+            out = tally.out - tally.slow + sum(1 for n in reserved if not self._store.counted_out(policy, n))
+            new = {n for n in (*nodes, name) if n not in reserved and not self._store.counted_out(policy, n)}
+            if out + len(new) > policy.breaker_limit(tally.nodes):
+                return False
+            reserved.update(new)
+            self._domain_slots.setdefault(policy.name, {})[name] = new
+            return True
 
     async def gpu_budget(self, policy: Policy, name: str, wanted: int) -> int:
         """Reserve up to ``wanted`` more GPUs of ``name`` to leave service one by one, within
@@ -55,7 +87,10 @@ class Breaker:
     def release(self, policy: Policy, name: str) -> None:
         """The node's status is written (or the write failed): its record now counts, not the slot."""
         self._reserved.get(policy.name, set()).discard(name)
+        self._reserved_slow.get(policy.name, set()).discard(name)
         self._reserved_gpus.get(policy.name, {}).pop(name, None)
+        for member in self._domain_slots.get(policy.name, {}).pop(name, set()):
+            self._reserved.get(policy.name, set()).discard(member)
 
     # -- drain slots -------------------------------------------------------------------------------
 
@@ -83,5 +118,7 @@ class Breaker:
     def clear(self) -> None:
         """After a pause: another replica may have moved things on; slots are re-earned from records."""
         self._reserved.clear()
+        self._reserved_slow.clear()
         self._reserved_gpus.clear()
+        self._domain_slots.clear()
         self._draining.clear()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.api.names import GPU_RESOURCE
+from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
@@ -62,6 +62,9 @@ class Store:
         self.pods = PodIndex()  # pods by node, gang and workload (``pods.py``)
         self._governing: dict[str, tuple[Policy | None, list[Policy]]] = {}
         self._tallies = Tallies()
+        # label key -> value -> nodes: the NVLink domains and racks (``topology.py``), built for a key
+        # the first time it is asked and kept as Nodes change, so a member's pass never walks the fleet.
+        self._by_label: dict[str, dict[str, set[str]]] = {}
 
     @property
     def nodes(self) -> Mapping[str, dict[str, Any]]:
@@ -93,7 +96,31 @@ class Store:
         self._nodes[name] = slim_node(body)
         if old is None or (old.get("metadata") or {}).get("labels") != (body.get("metadata") or {}).get("labels"):
             self._governing.pop(name, None)
+            self._index_labels(name, old, self._nodes[name])
         self._recount(name)
+
+    def members(self, key: str, value: str) -> tuple[str, ...]:
+        """The cached nodes whose label ``key`` is ``value``, sorted."""
+        index = self._by_label.get(key)
+        if index is None:
+            index = self._by_label[key] = {}
+            for n, obj in self._nodes.items():
+                v = _labels(obj).get(key)
+                if v:
+                    index.setdefault(v, set()).add(n)
+        return tuple(sorted(index.get(value, ())))
+
+    def _index_labels(self, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        for key, index in self._by_label.items():
+            before, after = _labels(old).get(key), _labels(new).get(key)
+            if before == after:
+                continue
+            if before and before in index:
+                index[before].discard(name)
+                if not index[before]:
+                    del index[before]
+            if after:
+                index.setdefault(after, set()).add(name)
 
     def reflect_node(self, name: str, body: Mapping[str, Any]) -> None:
         """Cache what one of our own Node writes (or a re-read) returned, so the next pass does not repeat
@@ -118,6 +145,7 @@ class Store:
 
     def forget_node(self, name: str) -> None:
         """A Node deleted: its cache, its record and its share go (its report stays until collected)."""
+        self._index_labels(name, self._nodes.get(name), None)
         self._nodes.pop(name, None)
         self._records.pop(name, None)
         self._governing.pop(name, None)
@@ -172,6 +200,7 @@ class Store:
                 if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
             ),
             node_gpus=node_gpus(node) or 0,
+            slow=rec is not None and rec.out_of_service and rec.reason in SLOW_SIGNALS,
         )
 
     def _recount(self, name: str) -> None:
@@ -339,3 +368,7 @@ def _behind(body: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
         return False
     rv = (body.get("metadata") or {}).get("resourceVersion")
     return older(rv, (cached.get("metadata") or {}).get("resourceVersion"))
+
+
+def _labels(node: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((node or {}).get("metadata") or {}).get("labels") or {}

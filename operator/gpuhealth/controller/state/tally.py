@@ -30,6 +30,7 @@ class Share:
     gpus_out: int  # GPUs gpuhealth holds out: all while the node is out, else those held one by one
     gpus_held: int  # GPUs whose own quarantine the GPU budget holds back
     node_gpus: int  # its GPU count label, else capacity (the capacity gauge's count)
+    slow: bool = False  # out of service for a slow, not broken, signal (api/names.py SLOW_SIGNALS)
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class Tally:
     gpus: int = 0
     gpus_out: int = 0
     gpus_held: int = 0
+    slow: int = 0  # of ``out``: held out for a slow signal, counted against maxSlow instead
+    gpus_slow: int = 0  # of ``gpus_out``: those nodes' GPUs (degraded capacity, apart from broken)
     counts: dict[str, int] = field(default_factory=dict)  # state -> nodes
     gpus_by_state: dict[str, int] = field(default_factory=dict)  # state -> node_gpus, out-of-service states
     overlaps: dict[str, int] = field(default_factory=dict)  # higher-priority policy -> nodes it took
@@ -53,6 +56,8 @@ class Tally:
         self.gpus += sign * s.gpus
         self.gpus_out += sign * s.gpus_out
         self.gpus_held += sign * s.gpus_held
+        self.slow += sign * s.slow
+        self.gpus_slow += sign * s.slow * s.gpus_out
         _bump(self.counts, s.state, sign)
         if s.out:
             _bump(self.gpus_by_state, s.state, sign * s.node_gpus)

@@ -1,0 +1,69 @@
+"""A node's domain and rack as the operator's caches see them: the members, their facts and records,
+handed to the pure correlation (``evaluation/domains.py``). Reads the store only; writes nothing.
+
+Membership is read off the cached Nodes' labels (the slim Node keeps every label), so it follows a
+relabelled node at its next watch event; every member of a domain is governed by the asking node's
+policy for the breaker's count (a member another policy governs is left to that policy).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from gpuhealth.api.names import Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.controller import metrics
+from gpuhealth.controller.state.store import Store
+from gpuhealth.evaluation import domains
+from gpuhealth.evaluation.findings import Assessment, Finding
+
+
+@dataclass(frozen=True)
+class DomainView:
+    """The asking node's NVLink domain: its members under the same policy, its finding (None while no
+    GPU of the domain asks for its recovery) and whether the decision is already recorded."""
+
+    key: str
+    value: str
+    members: tuple[str, ...]
+    finding: Finding | None
+    decided: bool
+
+
+class Topology:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def _members(self, policy: Policy, key: str, value: str) -> tuple[str, ...]:
+        return tuple(n for n in self._store.members(key, value) if self._store.governing(n)[0] is policy)
+
+    def domain(self, name: str, policy: Policy, now: dt.datetime) -> DomainView | None:
+        key = policy.topology.domain_label
+        value = domains.labels_of(self._store.nodes.get(name)).get(key)
+        if not value:
+            return None
+        nodes = self._members(policy, key, value) or (name,)
+        faults = [f for n in nodes for f in domains.imex_faults(n, self._store.reports.get(n))]
+        # Since the faulting agent's write was seen (the operator's clock): one time for every member.
+        since = min((self._first_seen(n) or now for n in {f.node for f in faults}), default=now)
+        finding = domains.domain_finding(key, value, nodes, faults, since)
+        metrics.DOMAIN_FINDINGS.labels(policy.name, value).set(len(nodes) if finding else 0)
+        return DomainView(key, value, nodes, finding, domains.domain_decided(self._store.records, nodes))
+
+    def _first_seen(self, node: str) -> dt.datetime | None:
+        seen = self._store.report_seen(node)
+        return None if seen is None else seen.at
+
+    def rack(self, name: str, policy: Policy, a: Assessment, now: dt.datetime) -> Assessment:
+        """``a`` with the node's power-brake findings replaced by its rack's one finding, when enough of
+        the rack is under a brake; the ``gpuhealth_rack_findings`` gauge follows the rack's count."""
+        key = policy.topology.rack_label
+        value = domains.labels_of(self._store.nodes.get(name)).get(key)
+        if not value or not any(f.signal == Signal.POWER_BRAKE for f in a.findings):
+            return a
+        nodes = self._members(policy, key, value) or (name,)
+        braked = [n for n in nodes if domains.power_braked(self._store.reports.get(n), policy)]
+        finding = domains.rack_finding(policy, key, value, braked, now)
+        metrics.RACK_FINDINGS.labels(policy.name, value, "RackPowerBrake").set(len(braked) if finding else 0)
+        return domains.with_rack(a, finding)

@@ -1,0 +1,153 @@
+"""Scopes above the node: an NVLink (IMEX) domain and a rack, correlated across nodes. Pure.
+
+The agent reports facts about its own node only; which nodes share a fault is the operator's call,
+made here from the Nodes' labels (``spec.topology``, ``api/slow_policy.py``) and the reports' facts:
+
+* **Domain.** Every node with the same value of the domain label (GPU Feature Discovery's
+  ``nvidia.com/gpu.clique=<clusterUuid>.<cliqueId>``) shares one multi-node NVLink domain. A GPU
+  whose recovery action is ``RecoverImexDomain`` on any of them is a fault of the whole domain:
+  every member gets the same :func:`domain_finding` (scope ``Domain``), so the members leave service
+  as one decision (``controller/state/breaker.py`` admits a domain whole or not at all) and return
+  together when the action clears, since the finding is computed from the same facts for each.
+* **Rack.** A power brake (clock reason 0x80) is usually the rack's power shelf. Seen on at least
+  ``rules.powerBrake.rack.minNodes`` nodes of one rack, each of those nodes' power-brake findings
+  becomes one :func:`rack_finding` (scope ``Rack``, ``rules.powerBrake.rack.action``) that names
+  the rack and points at the facility, instead of a repair per node.
+
+Everything here reads slim report objects as the operator caches them (``spec.devices[]``), so a
+member's facts are read without parsing its whole report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuhealth.api.names import Scope, Signal
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.recovery import RecoveryAction
+from gpuhealth.api.status import Record
+from gpuhealth.evaluation.assess import HW_POWER_BRAKE
+from gpuhealth.evaluation.findings import Assessment, Finding
+
+IMEX_RECOVERY = RecoveryAction.RECOVER_IMEX_DOMAIN
+
+
+@dataclass(frozen=True)
+class DomainFault:
+    """A GPU of a domain member whose recovery action is the domain's."""
+
+    node: str
+    gpu: int | None
+    uuid: str = ""
+
+    def words(self) -> str:
+        gpu = "a GPU" if self.gpu is None else f"GPU {self.gpu}"
+        return f"{gpu}{f' ({self.uuid})' if self.uuid else ''} of node {self.node}"
+
+
+def labels_of(node: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((node or {}).get("metadata") or {}).get("labels") or {}
+
+
+def _devices(report: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    devices = ((report or {}).get("spec") or {}).get("devices") or []
+    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
+
+
+def _is_imex(recovery: Any) -> bool:
+    if not isinstance(recovery, str) or not recovery:
+        return False
+    # A recovery action newer than api/recovery.py parses to None: not known to be the domain's.
+    return RecoveryAction.parse(recovery) is IMEX_RECOVERY
+
+
+def imex_faults(node: str, report: Mapping[str, Any] | None) -> tuple[DomainFault, ...]:
+    """The GPUs of ``node`` whose recovery action is ``RecoverImexDomain``."""
+    out = []
+    for d in _devices(report):
+        if _is_imex(d.get("recoveryAction")):
+            index = d.get("index")
+            out.append(DomainFault(node, index if isinstance(index, int) else None, str(d.get("uuid") or "")))
+    return tuple(out)
+
+
+def power_braked(report: Mapping[str, Any] | None, policy: Policy) -> bool:
+    """Whether a GPU of the node reports a power brake now. The asking node's own brake must have held
+    for ``sustainedFor`` (its finding); the others count as soon as they report it, so that a rack
+    whose nodes' brakes began a few polls apart is still one rack finding, and the node whose brake
+    held longest is not cordoned on its own for the moments before the others' hold as long."""
+    return policy.power_brake.enabled and any(_reasons(d) & HW_POWER_BRAKE for d in _devices(report))
+
+
+def _reasons(device: Mapping[str, Any]) -> int:
+    v = device.get("clockEventReasons")
+    return v if isinstance(v, int) else 0
+
+
+def correlation_facts(report: Mapping[str, Any] | None) -> tuple[bool, bool]:
+    """(any GPU asks for its domain's recovery, any GPU reports a power brake): what, when it changes
+    on one node, may change the verdict of its domain's or rack's other nodes (``feeders``)."""
+    devices = _devices(report)
+    imex = any(_is_imex(d.get("recoveryAction")) for d in devices)
+    brake = any(_reasons(d) & HW_POWER_BRAKE for d in devices)
+    return imex, brake
+
+
+def domain_finding(
+    key: str, domain: str, nodes: tuple[str, ...], faults: Iterable[DomainFault], since: dt.datetime | None = None
+) -> Finding | None:
+    """The one finding every member of ``domain`` gets while any of its GPUs asks for the domain's
+    recovery; None when none does. Its detail is the same on every member (the decision is one)."""
+    found = sorted(faults, key=lambda f: (f.node, -1 if f.gpu is None else f.gpu))
+    if not found:
+        return None
+    which = ", ".join(f.words() for f in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    detail = (
+        f"NVLink domain {key}={domain} ({len(nodes)} nodes): recovery action {IMEX_RECOVERY} on {which}; "
+        "the whole domain leaves service as one"
+    )
+    action = IMEX_RECOVERY.row.verdict
+    return Finding(Signal.IMEX_DOMAIN, action, detail, since=since, scope=Scope.DOMAIN)
+
+
+def rack_finding(
+    policy: Policy, key: str, rack: str, braked: Iterable[str], since: dt.datetime | None = None
+) -> Finding | None:
+    """The rack's finding while at least ``rack.minNodes`` of its nodes are under a power brake."""
+    nodes = sorted(braked)
+    if len(nodes) < policy.power_brake.rack.min_nodes:
+        return None
+    shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    detail = (
+        f"rack {key}={rack}: hardware power brake on {len(nodes)} nodes ({shown}): "
+        "the rack's power or the facility, not these nodes; see the runbook, RackPowerBrake"
+    )
+    return Finding(Signal.RACK_POWER_BRAKE, policy.power_brake.rack.action, detail, since=since, scope=Scope.RACK)
+
+
+def with_rack(a: Assessment, rack: Finding | None) -> Assessment:
+    """``a`` with its power-brake findings replaced by the rack's one finding (unchanged without one)."""
+    if rack is None:
+        return a
+    kept = tuple(f for f in a.findings if f.signal != Signal.POWER_BRAKE)
+    if len(kept) == len(a.findings):
+        return a  # this node is not under the brake itself: the rack's finding is not its own
+    findings = tuple(sorted((*kept, rack), key=lambda f: f.key))
+    braked = {f.gpu for f in a.findings if f.signal == Signal.POWER_BRAKE and f.action.quarantines}
+    still = {f.gpu for f in kept if f.gpu is not None and f.action.quarantines}
+    healthy = a.healthy_gpus + len({g for g in braked if g not in still})
+    return replace(a, findings=findings, healthy_gpus=min(a.total_gpus, healthy))
+
+
+def domain_decided(records: Mapping[str, Record], nodes: Iterable[str]) -> bool:
+    """Whether the domain's decision is already taken: a member is out of service for it (its
+    persisted record says so), so the others follow whatever the breaker's count is now. A killed
+    operator resumes here from the records it wrote, never leaving a partial domain."""
+    for n in nodes:
+        rec = records.get(n)
+        if rec is not None and rec.out_of_service and rec.reason == Signal.IMEX_DOMAIN:
+            return True
+    return False

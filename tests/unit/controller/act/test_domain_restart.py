@@ -1,0 +1,87 @@
+"""An NVLink domain leaves service as one decision through the node pipeline, and a restarted operator
+completes a domain its predecessor began: never a partial domain, never an announcement twice.
+Through the in-memory Kube port; on the real control plane in tests/integration/test_domains.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpuhealth.api.names import TAINT_KEY
+from gpuhealth.controller.process.runtime import Runtime
+from tests.unit.builders import gpu, report_obj
+from tests.unit.controller.act._device_support import Clock
+from tests.unit.fake_kube import FakeKube
+
+CLIQUE = "nvidia.com/gpu.clique"
+DOMAIN = ("d0", "d1", "d2", "d3")
+
+
+def _fleet(max_unhealthy: int) -> FakeKube:
+    kube = FakeKube()
+    kube.add_policy(
+        "p", {"safety": {"maxUnhealthy": max_unhealthy, "maxConcurrentDrains": 4}, "devices": {"scope": "Node"}}
+    )
+    for n in DOMAIN:
+        kube.add_node(n, {CLIQUE: "c0ffee.7"})
+        devices = [gpu(i, recoveryAction="RecoverImexDomain") if (n, i) == ("d2", 3) else gpu(i) for i in range(8)]
+        kube.add_report(report_obj(name=n, devices=devices))
+    for n in ("x0", "x1", "x2", "x3"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+    return kube
+
+
+async def _runtime(kube: FakeKube) -> Runtime:
+    rt = Runtime(kube, clock=Clock(), workers=1)
+    rt.slice_watch.cache.replace([])
+    await rt._load()
+    await rt._list_pods()
+    return rt
+
+
+def _status(kube: FakeKube, node: str) -> dict[str, Any]:
+    return kube.reports[node].get("status") or {}
+
+
+def _tainted(kube: FakeKube, node: str) -> bool:
+    return TAINT_KEY in {t["key"] for t in kube.nodes[node]["spec"].get("taints") or []}
+
+
+def test_the_whole_domain_leaves_or_none_of_it() -> None:
+    async def body() -> None:
+        kube = _fleet(max_unhealthy=3)  # 3 of 8 nodes: the domain of 4 does not fit
+        rt = await _runtime(kube)
+        for n in DOMAIN:
+            await rt.reconciler.reconcile(n)
+        assert all(_status(kube, n)["heldByBreaker"] and _status(kube, n)["reason"] == "ImexDomain" for n in DOMAIN)
+        assert not any(_tainted(kube, n) for n in DOMAIN)
+        await rt.events.flush()
+
+    asyncio.run(body())
+
+
+def test_a_restarted_operator_completes_the_domain_and_announces_nothing_twice() -> None:
+    async def body() -> None:
+        kube = _fleet(max_unhealthy=4)
+        first = await _runtime(kube)
+        await first.reconciler.reconcile("d1")  # the decision for the whole domain; d1's record written
+        await first.events.flush()
+        assert _status(kube, "d1")["state"] == "Draining" and _tainted(kube, "d1")
+        assert not any(_tainted(kube, n) for n in ("d0", "d2", "d3"))  # killed here
+        announced = kube.reasons("d1")
+        # Meanwhile the budget shrank: by the count alone, the rest of the domain would not fit.
+        kube.policies["p"]["spec"]["safety"]["maxUnhealthy"] = 1
+        second = await _runtime(kube)
+        for n in DOMAIN:
+            await second.reconciler.reconcile(n)
+        await second.events.flush()
+        assert all(_status(kube, n)["state"] == "Draining" and _tainted(kube, n) for n in DOMAIN)
+        assert all("c0ffee.7" in _status(kube, n)["message"] for n in DOMAIN)
+        assert announced and kube.reasons("d1")[: len(announced)] == announced
+        # d1's quarantine was announced once, by the first operator; each other member's once, by the second.
+        for n in DOMAIN:
+            assert all(kube.reasons(n).count(r) == 1 for r in announced), (n, kube.reasons(n))
+        assert not any(_tainted(kube, n) for n in ("x0", "x1", "x2", "x3"))
+
+    asyncio.run(body())
