@@ -197,3 +197,48 @@ def test_a_power_brake_that_moves_work_at_the_next_checkpoint_asks_waits_and_nev
         what="the drain completed once both ranks acknowledged",
     )
     wait_for(lambda: len(_events(kube, [nodes[0]], "Evicted")) == 2, what="2 Evicted events, after the acks")
+
+
+def _fabric(cluster_uuid: str, clique_id: int, **subfields: Any) -> dict[str, Any]:
+    """A GPU's fabric facts as the agent reports them: the mask decoded per sub-field (api/fabric.py)."""
+    return {
+        "state": "Completed",
+        "status": 0,
+        "clusterUuid": cluster_uuid,
+        "cliqueId": clique_id,
+        "healthSummary": "Unhealthy" if any(subfields.values()) else "Healthy",
+        **subfields,
+    }
+
+
+def test_unhealthy_fabric_routes_take_the_whole_clique_out_and_a_mask_of_false_sub_fields_nothing(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    cluster_uuid, clique_id = "5a4b3c2d-1e0f-4a1b-9c8d-7e6f5a4b3c2d", abs(hash(group)) % 32768
+    clique = f"{cluster_uuid}.{clique_id}"
+    nodes = _nodes(cluster, group, 4, **{CLIQUE_LABEL: clique})
+    kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthy": 4, "probation": "5s"}))
+    for n in nodes:
+        kube.put_report(n, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), what="4 Healthy nodes")
+
+    # A non-zero mask whose sub-fields are all "false" (2 per 2-bit field: 0xAA) is healthy: nothing happens.
+    false_mask = _fabric(cluster_uuid, clique_id, degradedBandwidth=False, routeRecovery=False, routeUnhealthy=False)
+    kube.put_report(nodes[1], _with(healthy_spec(), 0, fabric={**false_mask, "healthMask": 0xAA}))
+    holds(
+        lambda: all(kube.state(n) == "Healthy" and not kube.our_taint(n) for n in nodes),
+        3,
+        what="a mask of false sub-fields takes nothing out",
+    )
+
+    # ROUTE_UNHEALTHY = 1 on one GPU of one member: the whole domain leaves as one decision.
+    sick = _fabric(cluster_uuid, clique_id, routeUnhealthy=True)
+    kube.put_report(nodes[2], _with(healthy_spec(), 5, fabric={**sick, "healthMask": 0x1 << 4}))
+    wait_for(lambda: all(kube.our_taint(n) for n in nodes), what="all 4 members tainted")
+    assert all(_status(kube, n).get("reason") == "ImexDomain" for n in nodes)
+    assert all("fabric routes unhealthy" in (_status(kube, n).get("message") or "") for n in nodes)
+
+    # The routes heal: the domain returns together.
+    kube.put_report(nodes[2], healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=90, what="all 4 Healthy again")
+    assert not any(kube.our_taint(n) for n in nodes)

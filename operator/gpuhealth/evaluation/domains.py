@@ -5,7 +5,9 @@ made here from the Nodes' labels (``spec.topology``, ``api/slow_policy.py``) and
 
 * **Domain.** Every node with the same value of the domain label (GPU Feature Discovery's
   ``nvidia.com/gpu.clique=<clusterUuid>.<cliqueId>``) shares one multi-node NVLink domain. A GPU
-  whose recovery action is ``RecoverImexDomain`` on any of them is a fault of the whole domain:
+  whose recovery action is ``RecoverImexDomain``, or whose fabric health mask says its routes are
+  unhealthy (``ROUTE_UNHEALTHY`` = true, ``spec.devices[].fabric.routeUnhealthy``), on any of them is a
+  fault of the whole domain:
   every member gets the same :func:`domain_finding` (scope ``Domain``), so the members leave service
   as one decision (``controller/state/breaker.py`` admits a domain whole or not at all) and return
   together when the action clears, since the finding is computed from the same facts for each.
@@ -35,17 +37,21 @@ from gpuhealth.evaluation.findings import Assessment, Finding
 IMEX_RECOVERY = RecoveryAction.RECOVER_IMEX_DOMAIN
 
 
+ROUTE_UNHEALTHY = "fabric routes unhealthy"
+
+
 @dataclass(frozen=True)
 class DomainFault:
-    """A GPU of a domain member whose recovery action is the domain's."""
+    """A GPU of a domain member with a fault of the domain's: its recovery action, or its fabric routes."""
 
     node: str
     gpu: int | None
     uuid: str = ""
+    cause: str = f"recovery action {IMEX_RECOVERY}"
 
     def words(self) -> str:
         gpu = "a GPU" if self.gpu is None else f"GPU {self.gpu}"
-        return f"{gpu}{f' ({self.uuid})' if self.uuid else ''} of node {self.node}"
+        return f"{self.cause} on {gpu}{f' ({self.uuid})' if self.uuid else ''} of node {self.node}"
 
 
 def labels_of(node: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -64,13 +70,28 @@ def _is_imex(recovery: Any) -> bool:
     return RecoveryAction.parse(recovery) is IMEX_RECOVERY
 
 
+def _routes_unhealthy(device: Mapping[str, Any]) -> bool:
+    fabric = device.get("fabric")
+    return isinstance(fabric, Mapping) and fabric.get("routeUnhealthy") is True
+
+
+def _domain_cause(device: Mapping[str, Any]) -> str | None:
+    if _is_imex(device.get("recoveryAction")):
+        return f"recovery action {IMEX_RECOVERY}"
+    if _routes_unhealthy(device):
+        return ROUTE_UNHEALTHY
+    return None
+
+
 def imex_faults(node: str, report: Mapping[str, Any] | None) -> tuple[DomainFault, ...]:
-    """The GPUs of ``node`` whose recovery action is ``RecoverImexDomain``."""
+    """The GPUs of ``node`` with a fault of the whole domain: recovery action ``RecoverImexDomain``, or
+    a fabric health mask whose ``ROUTE_UNHEALTHY`` sub-field is true (``api/fabric.py`` decodes it; only
+    a sub-field equal to 1 is a fault, never a non-zero mask)."""
     out = []
     for d in _devices(report):
-        if _is_imex(d.get("recoveryAction")):
+        if cause := _domain_cause(d):
             index = d.get("index")
-            out.append(DomainFault(node, index if isinstance(index, int) else None, str(d.get("uuid") or "")))
+            out.append(DomainFault(node, index if isinstance(index, int) else None, str(d.get("uuid") or ""), cause))
     return tuple(out)
 
 
@@ -91,7 +112,7 @@ def correlation_facts(report: Mapping[str, Any] | None) -> tuple[bool, bool]:
     """(any GPU asks for its domain's recovery, any GPU reports a power brake): what, when it changes
     on one node, may change the verdict of its domain's or rack's other nodes (``feeders``)."""
     devices = _devices(report)
-    imex = any(_is_imex(d.get("recoveryAction")) for d in devices)
+    imex = any(_domain_cause(d) is not None for d in devices)
     brake = any(_reasons(d) & HW_POWER_BRAKE for d in devices)
     return imex, brake
 
@@ -105,10 +126,7 @@ def domain_finding(
     if not found:
         return None
     which = ", ".join(f.words() for f in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    detail = (
-        f"NVLink domain {key}={domain} ({len(nodes)} nodes): recovery action {IMEX_RECOVERY} on {which}; "
-        "the whole domain leaves service as one"
-    )
+    detail = f"NVLink domain {key}={domain} ({len(nodes)} nodes): {which}; the whole domain leaves service as one"
     action = IMEX_RECOVERY.row.verdict
     return Finding(Signal.IMEX_DOMAIN, action, detail, since=since, scope=Scope.DOMAIN)
 

@@ -121,3 +121,31 @@ def test_slow_only_when_everything_that_takes_the_node_is_slow() -> None:
     assert not slow_only(Assessment(findings=(brake, xid)))
     assert not slow_only(Assessment(findings=(on_gpu,)))  # held out one GPU at a time: not the node's
     assert not slow_only(Assessment())
+
+
+def _report_with(*devices: dict[str, object]) -> dict[str, object]:
+    return {"spec": {"devices": list(devices)}}
+
+
+def test_unhealthy_fabric_routes_are_the_domains_fault() -> None:
+    # ROUTE_UNHEALTHY = 1 in the GPU's fabric health mask, as the agent reports it decoded (api/fabric.py).
+    sick = _report_with({"index": 2, "uuid": "GPU-2", "fabric": {"state": "Completed", "routeUnhealthy": True}})
+    faults = domains.imex_faults("b", sick)
+    assert faults == (domains.DomainFault("b", 2, "GPU-2", domains.ROUTE_UNHEALTHY),)
+    assert domains.correlation_facts(sick) == (True, False)
+    f = domains.domain_finding(KEY, CLIQUE, ("a", "b", "c", "d"), faults, NOW)
+    assert f is not None and f.scope == Scope.DOMAIN
+    assert "fabric routes unhealthy on GPU 2 (GPU-2) of node b" in f.detail
+
+
+def test_a_fabric_mask_of_false_or_unsupported_sub_fields_is_no_fault() -> None:
+    # A non-zero health mask whose sub-fields are all "false" (2) or "not supported" (0) decodes to
+    # False or absent: nothing for the domain (EKS's agent learned that 0x80 is healthy).
+    for fabric in (
+        {"state": "Completed", "routeUnhealthy": False, "degradedBandwidth": False, "healthMask": 0xAA},
+        {"state": "NotStarted"},
+        {},
+    ):
+        report = _report_with({"index": 0, "uuid": "GPU-0", "fabric": fabric})
+        assert domains.imex_faults("a", report) == ()
+        assert domains.correlation_facts(report) == (False, False)
