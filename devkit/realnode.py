@@ -68,6 +68,8 @@ SYSCTLS = (
     "net/ipv4/ip_forward",
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Host directories containerd and the CNI plugins create (network namespaces, libcni's result cache).
+HOST_DIRS = ("/run/netns", "/var/lib/cni")
 
 
 class RealNodeError(ClusterError):
@@ -218,6 +220,7 @@ def record_host() -> dict[str, Any]:
         "netns": sorted(_netns()),
         "kubepods_existed": sorted(str(h) for h in _cgroup_hierarchies() if (h / "kubepods").exists()),
         "run_containerd_existed": Path("/run/containerd").exists(),
+        "dirs_existed": sorted(d for d in HOST_DIRS if Path(d).exists()),
     }
 
 
@@ -291,6 +294,15 @@ def teardown(state_path: Path = STATE) -> list[str]:
             done.append(f"restored {key.replace('/', '.')}={value}")
     if not state["host"]["run_containerd_existed"]:
         shutil.rmtree("/run/containerd", ignore_errors=True)
+    for d in HOST_DIRS:
+        if d not in state["host"].get("dirs_existed", HOST_DIRS) and Path(d).exists():
+            # The namespaces' directory only once empty (a mount point in it is not a file to remove).
+            if d == "/run/netns":
+                with contextlib.suppress(OSError):
+                    Path(d).rmdir()
+            else:
+                shutil.rmtree(d, ignore_errors=True)
+            done.append(f"removed {d}")
     state_path.unlink()
     return done
 

@@ -93,6 +93,6 @@ echo "$ref" > "$out/ref"
 "${PODMAN[@]}" image prune -f >/dev/null 2>&1 || true
 touch "$out/.ok"
 log "image $ref built in $(( $(date +%s) - t0 ))s ($(du -m "$out/image.tar" | cut -f1) MB)"
-# Older builds of the image are superseded: keep only this one.
-find "$IMAGES" -maxdepth 1 -name 'gpuhealth-*' ! -name "gpuhealth-$key" -exec rm -rf {} +
+# Keep the three newest builds (worktrees of one machine share the cache), drop older ones.
+ls -1dt "$IMAGES"/gpuhealth-* | tail -n +4 | xargs -r rm -rf
 echo "$out"

@@ -33,7 +33,7 @@ from kubernetes import client
 from devkit.chart import CHART, REPO
 from devkit.cluster import LocalCluster
 from devkit.fakenvml.build import build_fake_nvml
-from devkit.k8s import GROUP, VERSION, Kube, wait_for
+from devkit.k8s import GROUP, VERSION, Kube, refusals, wait_for
 from devkit.realnode import (
     BRIDGE,
     NFT_TABLE,
@@ -86,6 +86,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     assert not _link_exists(BRIDGE), f"bridge {BRIDGE} left behind"
     assert not _nft_table_exists(), f"nft table {NFT_TABLE} left behind"
     assert not [p for p in Path("/sys/fs/cgroup").glob("*/kubepods") if p.exists()], "kubepods cgroups left behind"
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _names(p, str(node.socket))], "processes left"
+
+
+def _names(cmdline: Path, needle: str) -> bool:
+    try:
+        return needle.encode() in cmdline.read_bytes()
+    except OSError:
+        return False
 
 
 def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -142,6 +150,16 @@ def agent_token(e: Env, pod: dict[str, Any]) -> str:
     assert len(tokens) == 1, f"one projected token expected under {root}: {tokens}"
     token: str = tokens[0].read_text().strip()
     return token
+
+
+def pod_log(e: Env, pod: dict[str, Any]) -> str:
+    """Every container log of ``pod`` on the node (each CRI line without its time/stream prefix)."""
+    meta = pod["metadata"]
+    d = e.node.workdir / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    lines = []
+    for f in sorted(d.glob("*/*.log")):
+        lines += [ln.split(" ", 3)[-1] for ln in f.read_text(errors="replace").splitlines()]
+    return "\n".join(lines)
 
 
 def audited_writes(e: Env, resource: str) -> list[dict[str, Any]]:
@@ -256,8 +274,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(env: Env, tmp_path: Path)
     assert taint["value"] == "XID79"
     assert kube.node(name)["spec"].get("unschedulable") is True
     wait_for(lambda: not pods(e, WORKLOADS, ""), timeout=180, what="the workload drained off the node")
-    verdict = kube.state(name)
-    assert verdict not in (None, "Healthy"), verdict
+    wait_for(lambda: kube.state(name) == "Quarantined", timeout=120, what="Quarantined after the drain")
 
     # -- the agent's container is killed: the kubelet restarts it in the same Pod (same emptyDir),
     #    and its report still carries the XID, from its journal: NVML delivered it only once.
@@ -297,7 +314,15 @@ def test_installed_chart_runs_the_story_on_a_real_node(env: Env, tmp_path: Path)
     (new_agent,) = wait_for(lambda: ready_pods(e, "gpuhealth-agent", new_ref), timeout=240, what="agent rolled")
     assert new_agent["metadata"]["uid"] != agent["metadata"]["uid"]
     assert kube.our_taint(name) is not None and kube.node(name)["spec"].get("unschedulable") is True
-    assert kube.state(name) == verdict
+    assert kube.state(name) == "Quarantined"
+
+    # -- RBAC enforced for real: nothing the installed operator or agent asked was refused.
+    # The rolled agent has started once its log says so (the pod is Ready when its container starts).
+    wait_for(lambda: "agent started for node" in pod_log(e, new_agent), timeout=120, what="the rolled agent started")
+    for p in pods(e, NS, ""):
+        log = pod_log(e, p)
+        assert log, f"no log of {p['metadata']['name']}"
+        assert refusals(log) == [], f"{p['metadata']['name']} was refused: {refusals(log)}"
 
     # -- uninstall as docs/install.md says: nothing of gpuhealth's is left, on the node or in it.
     env_ = {
