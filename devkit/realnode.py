@@ -14,19 +14,15 @@ What stands in for the rest of a node:
   the fake NVML library where the toolkit mounts the real one, for containers that ask for GPUs;
   the RuntimeClass ``nvidia`` selects it, as the chart's ``agent.runtimeClassName`` does.
 
-Everything the node changes on the host is recorded, before it is changed, in
-``/run/gpuhealth-realnode/state.json`` and undone by :meth:`RealNode.stop`, by :func:`teardown`
-(which ``make cluster-down`` runs) and by the next start if a run was killed: the processes (by pid
-and start time; containers' processes found by the run's own containerd socket), the kubelet's
-sysctls and ``net.ipv4.ip_forward`` (the bridge plugin sets it), the bridge, the nft table, the
-network namespaces, the cgroups under ``kubepods``, and the mounts under the run's directory. The
+Everything the node changes on the host is recorded before it is changed and undone by
+:meth:`RealNode.stop`, by the next start if a run was killed, and by ``make cluster-down``
+(devkit/realnode_host.py says what and how). The
 kubelet runs without ``/usr/sbin`` on its PATH so it finds no ``iptables`` and writes no chains
 (it needs none: there is no kube-proxy). One real node per machine at a time (a lock).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -37,39 +33,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from devkit import pidfile
 from devkit.cluster import ClusterError, LocalCluster, free_port
 from devkit.proc import Proc
+from devkit.realnode_host import BRIDGE, LOCK, NFT_TABLE, STATE, STATE_DIR, record_host, teardown
 
 REPO = Path(__file__).resolve().parents[1]
+POD_SUBNET = "10.250.0.0/24"
+SERVICE_IP = "10.96.0.1"  # the first address of devkit/cluster.py's --service-cluster-ip-range
+RUNTIME_CLASS = "nvidia"
 BUILD_NODE = REPO / "hack" / "build-node.sh"
 BUILD_IMAGE = REPO / "hack" / "build-image.sh"
 RUNC_WRAPPER = Path(__file__).with_name("nvidia_runc.py")
-
-STATE_DIR = Path("/run/gpuhealth-realnode")
-STATE = STATE_DIR / "state.json"
-LOCK = STATE_DIR / "lock"
-BRIDGE = "gh-realnode0"
-POD_SUBNET = "10.250.0.0/24"
-NFT_TABLE = "gpuhealth_realnode"
-SERVICE_IP = "10.96.0.1"  # the first address of devkit/cluster.py's --service-cluster-ip-range
-RUNTIME_CLASS = "nvidia"
-# What the kubelet writes under /proc/sys when protectKernelDefaults is off, and what the bridge
-# plugin (isGateway) switches on.
-SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-    "net/ipv4/ip_forward",
-)
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# Host directories containerd and the CNI plugins create (network namespaces, libcni's result cache).
-HOST_DIRS = ("/run/netns", "/var/lib/cni")
 
 
 class RealNodeError(ClusterError):
@@ -124,187 +101,6 @@ def node_address() -> str:
 def apiserver_args(address: str) -> list[str]:
     """What a LocalCluster needs so that pods reach its API server (given to ``apiserver_args``)."""
     return ["--bind-address=0.0.0.0", f"--advertise-address={address}"]
-
-
-# -- host state: recorded before it changes, undone from the record --------------------------------
-
-
-def _read_sysctl(key: str) -> str | None:
-    try:
-        return (Path("/proc/sys") / key).read_text().strip()
-    except OSError:
-        return None
-
-
-def _write_sysctl(key: str, value: str) -> None:
-    with contextlib.suppress(OSError):
-        (Path("/proc/sys") / key).write_text(value + "\n")
-
-
-def _cgroup_hierarchies() -> list[Path]:
-    return sorted(p for p in CGROUP_ROOT.iterdir() if p.is_dir() and (p / "cgroup.procs").exists())
-
-
-def _netns() -> set[str]:
-    d = Path("/run/netns")
-    return {p.name for p in d.iterdir()} if d.is_dir() else set()
-
-
-def _link_exists(name: str) -> bool:
-    return Path(f"/sys/class/net/{name}").exists()
-
-
-def _nft_table_exists() -> bool:
-    return subprocess.run(["nft", "list", "table", "ip", NFT_TABLE], capture_output=True).returncode == 0
-
-
-def _mounts_under(root: Path) -> list[str]:
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].encode().decode("unicode_escape")
-        if point == str(root) or point.startswith(str(root) + "/"):
-            out.append(point)
-    return out
-
-
-def _procs_using(needle: str) -> list[int]:
-    """Processes whose command line names ``needle`` (the run's own containerd socket)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if needle.encode() in (d / "cmdline").read_bytes():
-                found.append(int(d.name))
-        except OSError:
-            continue
-    return found
-
-
-def _kill_and_wait(pids: list[int], timeout: float = 10.0) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pidfile._alive(p) for p in pids):
-        time.sleep(0.05)
-
-
-def _cgroup_procs(top: Path) -> list[int]:
-    pids: list[int] = []
-    for procs in top.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError, ValueError):
-            pids += [int(x) for x in procs.read_text().split()]
-    return pids
-
-
-def _rmdir_tree(top: Path) -> None:
-    dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-    for d in [*dirs, top]:
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
-def record_host() -> dict[str, Any]:
-    """What the host looks like before the node starts (what teardown restores)."""
-    return {
-        "sysctls": {k: v for k in SYSCTLS if (v := _read_sysctl(k)) is not None},
-        "bridge_existed": _link_exists(BRIDGE),
-        "nft_existed": _nft_table_exists(),
-        "netns": sorted(_netns()),
-        "kubepods_existed": sorted(str(h) for h in _cgroup_hierarchies() if (h / "kubepods").exists()),
-        "run_containerd_existed": Path("/run/containerd").exists(),
-        "dirs_existed": sorted(d for d in HOST_DIRS if Path(d).exists()),
-    }
-
-
-def teardown(state_path: Path = STATE) -> list[str]:
-    """Undo everything a real node recorded in ``state_path``; returns what was undone.
-
-    Safe to run twice, and after a run that was killed at any line: every step acts only on what
-    the record names and what is still there.
-    """
-    if not state_path.exists():
-        return []
-    state: dict[str, Any] = json.loads(state_path.read_text())
-    done: list[str] = []
-    workdir = Path(state["workdir"])
-    sock = state.get("containerd_socket", "")
-    ctr = state.get("ctr", "")
-    # 1. The kubelet first (it would restart what is killed), then every container, while
-    #    containerd still answers; then containerd; then anything its socket still names (shims).
-    kubelet = pidfile.stop_recorded(workdir / "kubelet-pids") if (workdir / "kubelet-pids").exists() else []
-    done += [f"stopped {n} (pid {p})" for n, p in kubelet]
-    if sock and ctr and Path(sock).exists():
-        base = [ctr, f"--address={sock}", "--namespace=k8s.io"]
-        tasks = subprocess.run([*base, "tasks", "ls", "-q"], capture_output=True, text=True, timeout=30)
-        for cid in tasks.stdout.split():
-            subprocess.run([*base, "tasks", "kill", "--all", "--signal=SIGKILL", cid], capture_output=True, timeout=30)
-        for cid in tasks.stdout.split():
-            for _ in range(50):
-                if (
-                    subprocess.run(
-                        [*base, "tasks", "delete", "--force", cid], capture_output=True, timeout=30
-                    ).returncode
-                    == 0
-                ):
-                    break
-                time.sleep(0.1)
-        if tasks.stdout.split():
-            done.append(f"killed {len(tasks.stdout.split())} containers")
-    stopped = pidfile.stop_recorded(workdir / "containerd-pids") if (workdir / "containerd-pids").exists() else []
-    done += [f"stopped {n} (pid {p})" for n, p in stopped]
-    if sock:
-        leftovers = _procs_using(sock)
-        if leftovers:
-            _kill_and_wait(leftovers)
-            done.append(f"killed {len(leftovers)} shims")
-    # 2. cgroups the node created (with anything still in them, which can only be a container of its own).
-    existed = set(state["host"]["kubepods_existed"])
-    for h in _cgroup_hierarchies():
-        top = h / "kubepods"
-        if top.exists() and str(h) not in existed:
-            _kill_and_wait(_cgroup_procs(top))
-            _rmdir_tree(top)
-            done.append(f"removed cgroup {top}")
-    # 3. Mounts under the run's directory (the kubelet's volumes, containerd's rootfs and shm).
-    for point in sorted(_mounts_under(workdir), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", point], capture_output=True)
-    # 4. Network: the pods' namespaces, the bridge, the nft table.
-    for ns in sorted(_netns() - set(state["host"]["netns"])):
-        if ns.startswith("cni-"):
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
-            done.append(f"deleted netns {ns}")
-    if not state["host"]["bridge_existed"] and _link_exists(BRIDGE):
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
-        done.append(f"deleted bridge {BRIDGE}")
-    if not state["host"]["nft_existed"] and _nft_table_exists():
-        subprocess.run(["nft", "delete", "table", "ip", NFT_TABLE], capture_output=True)
-        done.append(f"deleted nft table ip {NFT_TABLE}")
-    # 5. sysctls back to what they were.
-    for key, value in state["host"]["sysctls"].items():
-        if _read_sysctl(key) != value:
-            _write_sysctl(key, value)
-            done.append(f"restored {key.replace('/', '.')}={value}")
-    if not state["host"]["run_containerd_existed"]:
-        shutil.rmtree("/run/containerd", ignore_errors=True)
-    for d in HOST_DIRS:
-        if d not in state["host"].get("dirs_existed", HOST_DIRS) and Path(d).exists():
-            # The namespaces' directory only once empty (a mount point in it is not a file to remove).
-            if d == "/run/netns":
-                with contextlib.suppress(OSError):
-                    Path(d).rmdir()
-            else:
-                shutil.rmtree(d, ignore_errors=True)
-            done.append(f"removed {d}")
-    state_path.unlink()
-    return done
 
 
 # -- the node ----------------------------------------------------------------------------------------
@@ -393,6 +189,7 @@ class RealNode:
             "workdir": str(self.workdir),
             "containerd_socket": str(self.socket),
             "ctr": str(self.bin_dir / "ctr"),
+            "cluster_workdir": str(self.cluster.workdir),
             "host": record_host(),
         }
         tmp = STATE.with_suffix(".tmp")
@@ -614,7 +411,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def stop(self) -> list[str]:
         """Stop everything and undo every host change; returns what was undone."""
         try:
-            done = teardown()
+            done = teardown(control_plane=False)
             for p in self.procs.values():
                 p.stop(signal.SIGKILL)
             return done

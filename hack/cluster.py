@@ -17,7 +17,7 @@ from pathlib import Path
 
 from devkit import pidfile
 from devkit.cluster import LocalCluster
-from devkit.realnode import teardown as real_node_teardown
+from devkit.realnode_host import teardown as real_node_teardown
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,18 +34,8 @@ from devkit.chart import CHART, REPO
 from devkit.cluster import LocalCluster
 from devkit.fakenvml.build import build_fake_nvml
 from devkit.k8s import GROUP, VERSION, Kube, refusals, wait_for
-from devkit.realnode import (
-    BRIDGE,
-    NFT_TABLE,
-    STATE,
-    Image,
-    RealNode,
-    _link_exists,
-    _nft_table_exists,
-    apiserver_args,
-    built_image,
-    node_address,
-)
+from devkit.realnode import Image, RealNode, apiserver_args, built_image, node_address
+from devkit.realnode_host import BRIDGE, NFT_TABLE, STATE, link_exists, nft_table_exists
 from devkit.tools import run, tools_bin_dir
 
 NS = "gpuhealth-system"
@@ -83,8 +73,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             cluster.stop()
     # Whatever the test did, the host is as it was.
     assert not STATE.exists(), "the real node's record of host changes is still there"
-    assert not _link_exists(BRIDGE), f"bridge {BRIDGE} left behind"
-    assert not _nft_table_exists(), f"nft table {NFT_TABLE} left behind"
+    assert not link_exists(BRIDGE), f"bridge {BRIDGE} left behind"
+    assert not nft_table_exists(), f"nft table {NFT_TABLE} left behind"
     assert not [p for p in Path("/sys/fs/cgroup").glob("*/kubepods") if p.exists()], "kubepods cgroups left behind"
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _names(p, str(node.socket))], "processes left"
 
