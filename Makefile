@@ -46,9 +46,13 @@ kueue:
 # runs: the Debian packages (runc, CNI plugins, nftables, podman, mmdebstrap), containerd, the kubelet,
 # the pause image, and gpuhealth's image from the Dockerfile on a Python base made from Debian
 # packages. Needs root, as the tier does; fails loudly.
+# The Go builds (containerd, kubelet) use the CPUs while the image build mostly waits on the
+# network (apt, mmdebstrap, pip): the two run side by side, and a failure of either stops make.
 real-node: control-plane
-	@bash hack/build-node.sh >/dev/null
-	@bash hack/build-image.sh >/dev/null
+	@bash hack/build-node.sh containerd kubelet >/dev/null & node=$$!; \
+	bash hack/build-image.sh >/dev/null; image=$$?; \
+	wait $$node; node_rc=$$?; test $$image -eq 0 -a $$node_rc -eq 0
+	@bash hack/build-node.sh pause >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator devkit tests hack

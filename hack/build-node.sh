@@ -6,7 +6,7 @@
 #   - the kubelet, from the same Kubernetes wrapper module as the control plane (same version);
 #   - registry.k8s.io/pause (containerd's default sandbox image), a FROM-scratch image holding a
 #     small static pause binary compiled here, saved as an archive for `ctr images import`.
-# runc, the CNI plugins, nftables/iptables and podman come from Debian (install-node-packages.sh).
+# runc, the CNI plugins, nftables and podman come from Debian (install-node-packages.sh).
 # Arguments name the pieces to build (containerd, pause, kubelet); none builds all.
 # Prints the bin directory on stdout's last line. A warm cache rebuilds nothing.
 set -euo pipefail
@@ -66,6 +66,7 @@ build_kubelet() {
 build_pause() {
   have pause.tar && return
   command -v gcc >/dev/null || die "gcc is required to build the pause binary"
+  bash "$HERE/install-node-packages.sh"
   command -v podman >/dev/null || die "podman is required (bash hack/install-node-packages.sh)"
   log "building $PAUSE_IMAGE (FROM scratch, a static pause binary)"
   local ctx; ctx="$(mktemp -d)"
@@ -96,7 +97,6 @@ C
 }
 
 start=$(date +%s)
-bash "$HERE/install-node-packages.sh"
 # Arguments name the pieces to build (containerd, pause, kubelet); none: all of them.
 for piece in "${@:-containerd pause kubelet}"; do
   for p in $piece; do timed "build_$p"; done
