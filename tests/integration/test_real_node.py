@@ -313,6 +313,8 @@ def test_installed_chart_runs_the_story_on_a_real_node(env: Env, tmp_path: Path)
         log = pod_log(e, p)
         assert log, f"no log of {p['metadata']['name']}"
         assert refusals(log) == [], f"{p['metadata']['name']} was refused: {refusals(log)}"
+        # Their probes held: the kubelet restarted nothing of the rolled release.
+        assert [c["restartCount"] for c in p["status"]["containerStatuses"]] == [0], p["metadata"]["name"]
 
     # -- uninstall as docs/install.md says: nothing of gpuhealth's is left, on the node or in it.
     env_ = {
@@ -338,6 +340,17 @@ def test_installed_chart_runs_the_story_on_a_real_node(env: Env, tmp_path: Path)
     ]
     assert not [c for c in n["status"].get("conditions") or [] if c["type"] == "GPUHealthy"]
     wait_for(lambda: not pods(e, NS, ""), timeout=120, what="no gpuhealth pod left")
+    for obj in (
+        "deploy/gpuhealth-operator",
+        "ds/gpuhealth-agent",
+        "validatingadmissionpolicy/gpuhealth-agent-own-node",
+        "clusterrole/gpuhealth-operator",
+        "clusterrole/gpuhealth-agent",
+        "clusterkopfpeering/gpuhealth",
+        "gpuhealthpolicy/default",
+    ):
+        left = e.cluster.kubectl("get", "-n", NS, obj, "--ignore-not-found", "-o", "name").stdout.strip()
+        assert left == "", f"{obj} left behind"
 
     def gpuhealth_containers() -> list[str]:
         out = node.ctr("containers", "ls").stdout.splitlines()[1:]
