@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv crds control-plane tools kueue lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
+.PHONY: help venv crds control-plane tools kueue real-node lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
@@ -20,6 +20,7 @@ help:
 	@echo "make soak          random faults, kills and node churn for SOAK_MINUTES (30); resource slopes"
 	@echo "make crds          regenerate crds/*.yaml from operator/gpuhealth/api/ (hack/gen_crds.py)"
 	@echo "make cluster-up    start a local control plane with fake GPU nodes (make cluster-down stops it)"
+	@echo "make cluster-down  stop it, and undo what a real node (tests/integration/test_real_node.py) left"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +46,18 @@ tools: kueue
 kueue:
 	@bash hack/build-kueue.sh >/dev/null
 
+# Builds (first time) or finds (cached) what the real-node tier (tests/integration/test_real_node.py)
+# runs: the Debian packages (runc, CNI plugins, nftables, podman, mmdebstrap), containerd, the kubelet,
+# the pause image, and gpuhealth's image from the Dockerfile on a Python base made from Debian
+# packages. Needs root, as the tier does; fails loudly.
+# The Go builds (containerd, kubelet) use the CPUs while the image build mostly waits on the
+# network (apt, mmdebstrap, pip): the two run side by side, and a failure of either stops make.
+real-node: control-plane
+	@bash hack/build-node.sh containerd kubelet >/dev/null & node=$$!; \
+	bash hack/build-image.sh >/dev/null; image=$$?; \
+	wait $$node; node_rc=$$?; test $$image -eq 0 -a $$node_rc -eq 0
+	@bash hack/build-node.sh pause >/dev/null
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator devkit tests hack
 	$(VENV)/bin/ruff format --check operator devkit tests hack
@@ -56,11 +69,11 @@ unit: $(STAMP)
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/unit -q --junitxml=$(BUILD)/junit-unit.xml
 
-integration: $(STAMP) control-plane tools
+integration: $(STAMP) control-plane tools real-node
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/integration -q --junitxml=$(BUILD)/junit-integration.xml
 
-test: $(STAMP) control-plane tools lint typecheck
+test: $(STAMP) control-plane tools real-node lint typecheck
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
 

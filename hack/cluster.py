@@ -3,7 +3,9 @@
 
 `down` also stops what `make demo DEMO_ARGS=--keep` left running (its operator and agents): both
 record every process they leave behind in build/cluster/pids.json, with its start time, and `down`
-stops exactly those, never anything by name.
+stops exactly those, never anything by name. It also undoes what a real node
+(devkit/realnode.py) recorded and could not undo itself (a killed test run): its processes, the
+bridge, the nft table, sysctls and cgroups.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from devkit import pidfile
 from devkit.cluster import LocalCluster
+from devkit.realnode_host import teardown as real_node_teardown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir: Path = args.workdir
     if args.cmd == "down":
+        # A real node (tests/integration/test_real_node.py) killed before it cleaned up: its own
+        # record says what it changed on the host, and this undoes exactly that.
+        undone = real_node_teardown()
+        if undone:
+            print("undid what a real node left on the host:")
+            print("\n".join(f"  {line}" for line in undone))
         stopped = pidfile.stop_recorded(workdir)
+        if not stopped and undone:
+            return 0
         if not stopped:
             print("nothing to stop: no local cluster or kept demo is running")
             return 0
