@@ -6,6 +6,8 @@ renders, after dropping only the bookkeeping labels Helm adds to every object.
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -14,11 +16,12 @@ from typing import Any
 
 import yaml
 
-from devkit.tools import run
+from devkit.tools import run, tools_bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuhealth"
 MANIFESTS = REPO / "manifests"
+INSTALL_DOC = REPO / "docs" / "install.md"
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 HELM_LABELS = (
     "app.kubernetes.io/managed-by",
@@ -68,3 +71,25 @@ def normalized(obj: dict[str, Any]) -> dict[str, Any]:
 
 def by_key(objs: Iterable[dict[str, Any]], skip_kinds: Sequence[str] = ()) -> dict[Key, dict[str, Any]]:
     return {key(o): normalized(o) for o in objs if o["kind"] not in skip_kinds}
+
+
+def uninstall_block() -> str:
+    """The shell block docs/install.md tells users to run to uninstall (between its uninstall markers)."""
+    text = INSTALL_DOC.read_text()
+    m = re.search(r"<!-- uninstall:begin[^>]*-->\s*```sh\n(.*?)```\s*<!-- uninstall:end -->", text, re.S)
+    assert m, "docs/install.md has no uninstall block"
+    return m.group(1)
+
+
+def run_uninstall(kubeconfig: Path, kubectl_bin: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the documented uninstall, as a user would, with helm and kubectl on the PATH."""
+    path = f"{tools_bin_dir()}:{Path(kubectl_bin).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": path}
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", uninstall_block()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )

@@ -10,21 +10,18 @@ execute); the uninstall runs the exact block from docs/install.md.
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devkit.chart import CHART, REPO
+from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for, xid_event
-from devkit.tools import run, tools_bin_dir
+from devkit.tools import run
 
 NS = "gpuhealth-system"
-DOC = REPO / "docs" / "install.md"
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +38,6 @@ def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     out = run("helm", f"--kubeconfig={cluster.kubeconfig}", *args)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
-
-
-def uninstall_block() -> str:
-    text = DOC.read_text()
-    m = re.search(r"<!-- uninstall:begin[^>]*-->\s*```sh\n(.*?)```\s*<!-- uninstall:end -->", text, re.S)
-    assert m, "docs/install.md has no uninstall block"
-    return m.group(1)
 
 
 def gpuhealth_marks(node: dict[str, object]) -> list[str]:
@@ -129,19 +119,7 @@ def test_helm_install_runs_then_uninstall_leaves_no_marks(own_cluster: LocalClus
         wait_for(lambda: gpuhealth_marks(kube.node(healthy)), what="the healthy node's label and condition")
         assert kube.node(broken)["spec"].get("unschedulable") is True
 
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "PATH": f"{tools_bin_dir()}:{Path(cluster.kubectl_bin).parent}:{os.environ['PATH']}",
-        }
-        proc = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", uninstall_block()],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
+        proc = run_uninstall(cluster.kubeconfig, cluster.kubectl_bin, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     finally:
         operator.stop()

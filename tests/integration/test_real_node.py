@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,18 +29,17 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from devkit.chart import CHART, REPO
+from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
 from devkit.fakenvml.build import build_fake_nvml
 from devkit.k8s import GROUP, VERSION, Kube, refusals, wait_for
 from devkit.realnode import Image, RealNode, apiserver_args, built_image, node_address
 from devkit.realnode_host import BRIDGE, NFT_TABLE, STATE, link_exists, nft_table_exists
-from devkit.tools import run, tools_bin_dir
+from devkit.tools import run
 
 NS = "gpuhealth-system"
 WORKLOADS = "workloads"
 AGENT_USER = f"system:serviceaccount:{NS}:gpuhealth-agent"
-DOC = REPO / "docs" / "install.md"
 PAUSE = "registry.k8s.io/pause:3.10.2"
 
 
@@ -90,13 +88,6 @@ def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     out = run("helm", f"--kubeconfig={cluster.kubeconfig}", *args, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
-
-
-def uninstall_block() -> str:
-    text = DOC.read_text()
-    m = re.search(r"<!-- uninstall:begin[^>]*-->\s*```sh\n(.*?)```\s*<!-- uninstall:end -->", text, re.S)
-    assert m, "docs/install.md has no uninstall block"
-    return m.group(1)
 
 
 def pods(e: Env, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -340,18 +331,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
         assert [c["restartCount"] for c in p["status"]["containerStatuses"]] == [0], p["metadata"]["name"]
 
     # -- uninstall as docs/install.md says: nothing of gpuhealth's is left, on the node or in it.
-    env_ = {
-        "KUBECONFIG": str(e.cluster.kubeconfig),
-        "PATH": f"{tools_bin_dir()}:{Path(e.cluster.kubectl_bin).parent}:/usr/bin:/bin",
-    }
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", uninstall_block()],
-        capture_output=True,
-        text=True,
-        env=env_,
-        timeout=600,
-        check=False,
-    )
+    proc = run_uninstall(e.cluster.kubeconfig, e.cluster.kubectl_bin, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     n = kube.node(name)
     assert not [t for t in n["spec"].get("taints") or [] if t["key"].startswith("gpuhealth.dev/")]

@@ -60,9 +60,16 @@ ROOMS: dict[str, set[str]] = {
 
 def module_imports(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
     """Each module of ``package`` under ``root`` -> the modules of ``package`` it imports."""
-    base = root / package
+    return package_imports(root, (package,))
+
+
+def package_imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module of ``packages`` under ``root`` -> the modules of those packages it imports (a package's
+    own ``__init__`` is no layer: importing it alone does not count)."""
     modules = {
-        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p for p in base.rglob("*.py")
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for package in packages
+        for p in (root / package).rglob("*.py")
     }
 
     def resolve(name: str) -> str | None:
@@ -80,10 +87,9 @@ def module_imports(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [f"{node.module}.{a.name}" for a in node.names]
             for n in names:
-                if n == package or n.startswith(package + "."):
-                    target = resolve(n)
-                    if target and target != mod and target != package:
-                        deps.add(target)
+                target = resolve(n) if n.split(".")[0] in packages else None
+                if target and target != mod and target not in packages:
+                    deps.add(target)
         graph[mod] = deps
     return graph
 
@@ -237,31 +243,7 @@ TOOLS: dict[str, set[str]] = {
 
 def tooling_imports(repo: Path, packages: tuple[str, ...] = TOOLING) -> dict[str, set[str]]:
     """Each module of ``packages`` under ``repo`` -> the modules of those packages it imports."""
-    modules = {
-        ".".join(p.relative_to(repo).with_suffix("").parts).removesuffix(".__init__"): p
-        for pkg in packages
-        for p in (repo / pkg).rglob("*.py")
-    }
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {}
-    for mod, path in modules.items():
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [f"{node.module}.{a.name}" for a in node.names]
-            for n in names:
-                if n.split(".")[0] in packages and (target := resolve(n)) and target != mod:
-                    deps.add(target)
-        graph[mod] = deps
-    return graph
+    return package_imports(repo, packages)
 
 
 def tooling_violations(graph: Mapping[str, set[str]], tools: Mapping[str, set[str]] = TOOLS) -> list[str]:
