@@ -19,6 +19,7 @@ from gpuhealth.api.names import Action, Mode, Scope
 from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 from gpuhealth.api.selector import LabelSelector, parse_selector
+from gpuhealth.api.validation import ValidationError, ValidationSettings, parse_validation
 
 # Read by many callers, which know a policy's error by this module's name.
 __all__ = [
@@ -95,6 +96,7 @@ class Policy:
     devices: DeviceSettings = field(default_factory=DeviceSettings)
     max_unhealthy_gpus: int | str | None = None  # unset: the node budget's worth of GPUs
     remediation: RemediationSettings = field(default_factory=RemediationSettings)  # api/remediation.py
+    validation: ValidationSettings = field(default_factory=ValidationSettings)  # api/validation.py
 
     def gpu_breaker_limit(self, total_gpus: int, total_nodes: int) -> int:
         """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs).
@@ -262,6 +264,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         devices=parse_devices(spec, xid_scopes),
         max_unhealthy_gpus=max_unhealthy_gpus,
         remediation=_remediation(spec),
+        validation=_validation(spec),
     )
     if policy.flapping_window_s <= policy.probation_s:
         raise PolicyError("spec.safety.flapping.window: must be longer than spec.safety.probation")
@@ -272,6 +275,13 @@ def _remediation(spec: Mapping[str, Any]) -> RemediationSettings:
     try:
         return parse_remediation(spec)
     except RemediationError as e:
+        raise PolicyError(str(e)) from None
+
+
+def _validation(spec: Mapping[str, Any]) -> ValidationSettings:
+    try:
+        return parse_validation(spec)
+    except ValidationError as e:
         raise PolicyError(str(e)) from None
 
 
