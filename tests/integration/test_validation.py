@@ -96,3 +96,52 @@ def test_a_failing_validation_takes_the_next_step_with_its_findings(
     msgs = [e.message for e in kube.node_events(node, "ValidationFailed")]
     assert any("DCGM error 46" in m for m in msgs), msgs
     assert 'gpuhealth_validations_total{result="Failed"} 1.0' in operator.metrics()
+
+
+def test_a_failed_validation_requarantines_the_gpu_for_the_next_reset(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    steps = [{"type": "GPUReset", "attempts": 2, "timeout": "1m"}, {"type": "Replace"}]
+    node = _validating(kube, cluster, group, fail=True, ladders=[{"reasons": ["EccUncorrected"], "steps": steps}])
+    # Attempt 1's validation fails: the GPU goes back to Quarantined and is reset again, then validated again.
+    wait_for(lambda: len(_resets(kube, node)) == 2, timeout=60, what="a second reset after the failed validation")
+    assert any(e.reason == "ValidationFailed" for e in kube.node_events(node))
+    wait_for(lambda: ladder(kube, node, 3).get("phase") == "AwaitingRepair", timeout=90, what="the ladder at Replace")
+    record = ladder(kube, node, 3)
+    assert [(h["step"], h["attempt"], h["result"]) for h in record["history"]] == [
+        ("GPUReset", 1, "ValidationFailed"),
+        ("GPUReset", 2, "ValidationFailed"),
+    ]
+    assert len(_validations(kube, node)) == 2 and len(_resets(kube, node)) == 2
+    assert list(rules_of(kube, node)) == [RULE.format(node=node)]
+
+
+def test_operator_killed_during_a_validation_resumes_without_a_second_job(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    node = start(kube, cluster, group)
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"probation": "2s", "maxUnhealthyGPUs": 8},
+            remediation={"enabled": True},
+            validation={"enabled": True, "jobTemplate": validation_job_template(3)},
+        ),
+    )
+    kube.put_report(node, ecc(3))
+    wait_for(lambda: _resets(kube, node) and job_done(_resets(kube, node)[0], "Complete"), timeout=60, what="reset")
+    wait_for(lambda: ladder(kube, node, 3).get("phase") == "Verifying", timeout=20, what="waiting for clean facts")
+    kube.put_report(node, healthy_spec())
+    wait_for(lambda: (ladder(kube, node, 3).get("validation") or {}).get("job"), timeout=30, what="the recorded name")
+    operator.kill()  # SIGKILL the instant the record names the validation Job
+    recorded = ladder(kube, node, 3)["validation"]["job"]
+    before = [(j.metadata.name, j.metadata.uid) for j in _validations(kube, node)]
+    assert len(before) <= 1
+    operator.start()
+    wait_for(lambda: RULE.format(node=node) not in rules_of(kube, node), timeout=60, what="GPU 3 back in service")
+    jobs = _validations(kube, node)
+    assert len(jobs) == 1 and f"{NS}/{jobs[0].metadata.name}" == recorded
+    if before:
+        assert before == [(jobs[0].metadata.name, jobs[0].metadata.uid)], "the same Job, found again by name"
+    assert device(kube, node, 3).get("state") == "InService"

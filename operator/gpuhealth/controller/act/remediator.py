@@ -76,14 +76,22 @@ def facts_clean(device: Device | None) -> bool:
     )
 
 
+def _exactly(new: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``new`` as a merge patch over ``old``: keys it dropped -> None, at every level (a merge patch
+    merges nested objects, so a fresh ``validation`` would otherwise keep the last one's Job name)."""
+    for k, v in (old or {}).items():
+        if k not in new:
+            new[k] = None
+        elif isinstance(new[k], dict) and isinstance(v, Mapping):
+            new[k] = _exactly(new[k], v)
+    return new
+
+
 def _entry(new: LadderRecord | None, old: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The merge-patch value that makes the stored entry exactly ``new`` (keys it dropped -> None)."""
     if new is None:
         return None
-    body: dict[str, Any] = new.to_status()
-    for k in old or {}:
-        body.setdefault(k, None)
-    return body
+    return _exactly(new.to_status(), old)
 
 
 class Remediator:
