@@ -165,6 +165,9 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("xid-override-empty", {"rules": {"xid": {"overrides": [{"code": 48}]}}}, "spec.rules.xid.overrides[0]"),
     ("gpu-budget", {"safety": {"maxUnhealthyGPUs": "120%"}}, "spec.safety.maxUnhealthyGPUs"),
+    ("validation-level", {"validation": {"level": 7}}, "spec.validation.level"),
+    ("validation-timeout", {"validation": {"timeout": "soon"}}, "spec.validation.timeout"),
+    ("validation-concurrency", {"validation": {"maxConcurrent": 0}}, "spec.validation.maxConcurrent"),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [
