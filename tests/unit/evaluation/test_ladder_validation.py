@@ -149,3 +149,9 @@ def test_the_device_gate_holds_a_gpu_on_probation_until_it_passes_and_requaranti
     out = failed.records[0]
     assert out.state == DeviceState.QUARANTINED and out.reason == "ValidationFailed" and out.drained
     assert any(e.reason == "ValidationFailed" for e in failed.events)
+
+
+def test_the_pass_that_finds_clean_facts_starts_the_validation_at_once() -> None:
+    m = advance(verifying(), gpu(), STEPS, Observed(may_validate=True), at(5), ON)
+    assert m.start_validation and m.record is not None and m.record.phase == Phase.VALIDATING
+    assert [e[1] for e in m.events] == ["ValidationPending", "ValidationStarted"]

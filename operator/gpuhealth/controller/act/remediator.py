@@ -196,8 +196,12 @@ class Remediator:
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
             if v is not None and v.outcome == Outcome.RUNNING and v.created and v.job:
                 verdict = await self._validation_verdict(name, v.job)
-            elif lad is not None and lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING):
-                may_validate = not dry and await self._may_validate(name, policy, dev)
+            elif lad is not None and (
+                (lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING))
+                # the pass that finds the reset's facts clean starts the validation at once
+                or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and gpu.facts_clean)
+            ):
+                may_validate = not dry and policy.validation.enabled and await self._may_validate(name, policy, dev)
             obs = Observed(
                 job, may_start, node_cleared, dev.index in released, dry, may_validate=may_validate, validation=verdict
             )
