@@ -145,3 +145,31 @@ def test_operator_killed_during_a_validation_resumes_without_a_second_job(
     if before:
         assert before == [(jobs[0].metadata.name, jobs[0].metadata.uid)], "the same Job, found again by name"
     assert device(kube, node, 3).get("state") == "InService"
+
+
+def test_the_default_dcgm_job_on_kwok(cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str) -> None:
+    """No template: the default Job (dcgmi through the sh wrapper, the hostengine by env) for GPU 3 only;
+    KWOK's default stage leaves a DCGM pass for that GPU."""
+    node = start(kube, cluster, group)
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group,
+            safety={"probation": "2s", "maxUnhealthyGPUs": 8},
+            remediation={"enabled": True},
+            validation={"enabled": True, "level": 1},
+        ),
+    )
+    kube.put_report(node, ecc(3))
+    wait_for(lambda: _resets(kube, node) and job_done(_resets(kube, node)[0], "Complete"), timeout=60, what="reset")
+    wait_for(lambda: ladder(kube, node, 3).get("phase") == "Verifying", timeout=20, what="waiting for clean facts")
+    kube.put_report(node, healthy_spec())
+    (job,) = wait_for(lambda: _validations(kube, node), timeout=30, what="one validation Job")
+    (container,) = job.spec.template.spec.containers
+    env = {e.name: e.value for e in container.env}
+    assert env["LEVEL"] == "1" and env["GPU"] == "3" and env["DCGM_HOSTENGINE"] == "nvidia-dcgm.gpu-operator.svc:5555"
+    assert container.command[:2] == ["/bin/sh", "-c"] and "dcgmi diag" in container.command[2]
+    assert container.termination_message_policy == "File"
+    wait_for(lambda: RULE.format(node=node) not in rules_of(kube, node), timeout=60, what="GPU 3 back in service")
+    reasons = [e.reason for e in kube.node_events(node)]
+    assert "ValidationPassed" in reasons and "ValidationFailed" not in reasons, reasons
