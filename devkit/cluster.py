@@ -43,8 +43,8 @@ KWOK_STAGES = (
     "pod/general/pod-ready.yaml",
     "pod/general/pod-delete.yaml",
 )
-# Stages of our own (devkit/kwok/): how gpuhealth's reset Jobs end on KWOK nodes.
-REPO_KWOK_STAGES = ("pod-remediation.yaml",)
+# Stages of our own (devkit/kwok/): how gpuhealth's reset and validation Jobs end on KWOK nodes.
+REPO_KWOK_STAGES = ("pod-remediation.yaml", "pod-validation.yaml")
 
 
 class ClusterError(RuntimeError):

@@ -8,6 +8,7 @@ and ``${GPU_UUID}`` is checked on the pods it creates.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 OUTCOME_LABEL = "gpuhealth-test/outcome"
@@ -28,6 +29,60 @@ def reset_job_template(fail: bool = False, image: str = "example.invalid/reset:t
                             "image": image,
                             "command": ["nvidia-smi", "-r", "-i", "${GPU_UUID}"],
                             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "${GPU_UUID}"}],
+                        }
+                    ],
+                },
+            }
+        }
+    }
+
+
+MESSAGE_ANNOTATION = "gpuhealth-test/termination-message"
+
+
+def dcgm_diag_json(gpu: int, fail: bool = False) -> str:
+    """What ``dcgmi diag -r 2 -i <gpu> --json`` prints (DCGM 4.x key names, NVIDIA/DCGM
+    ``nvvs/include/NvvsJsonStrings.h``): a pass, or the PCIe test failing on that GPU."""
+
+    def result(status: str, warning: str = "", error_id: int = 0) -> dict[str, Any]:
+        r: dict[str, Any] = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu, "status": status}
+        if warning:
+            r["warnings"] = [{"warning": warning, "error_id": error_id, "error_category": 4, "error_severity": 2}]
+        return r
+
+    pcie = result("Fail", f"GPU {gpu} PCIe link width x8, expected x16", 46) if fail else result("Pass")
+    return json.dumps(
+        {
+            "DCGM Diagnostic": {
+                "test_categories": [
+                    {"category": "Deployment", "tests": [{"name": "software", "results": [result("Pass")]}]},
+                    {"category": "Integration", "tests": [{"name": "pcie", "results": [pcie]}]},
+                    {"category": "Hardware", "tests": [{"name": "memory", "results": [result("Pass")]}]},
+                ]
+            },
+            "version": "4.6.0",
+            "Overall Result": "Fail" if fail else "Pass",
+        }
+    )
+
+
+def validation_job_template(gpu: int, fail: bool = False, image: str = "example.invalid/dcgm:test") -> dict[str, Any]:
+    """A ``spec.validation.jobTemplate`` whose pod KWOK ends with ``dcgm_diag_json`` as its termination
+    message (``devkit/kwok/pod-validation.yaml``), exiting 1 when ``fail``. Its command is the
+    default Job's shape, so the operator's substitution of ``${GPU_INDEX}`` and
+    ``${VALIDATION_LEVEL}`` is checked on the pods it creates."""
+    labels = {OUTCOME_LABEL: "fail"} if fail else {}
+    return {
+        "spec": {
+            "template": {
+                "metadata": {"labels": labels, "annotations": {MESSAGE_ANNOTATION: dcgm_diag_json(gpu, fail)}},
+                "spec": {
+                    "nodeName": "${NODE_NAME}",
+                    "containers": [
+                        {
+                            "name": "dcgm-diag",
+                            "image": image,
+                            "command": ["dcgmi", "diag", "-r", "${VALIDATION_LEVEL}", "-i", "${GPU_INDEX}", "--json"],
                         }
                     ],
                 },

@@ -33,7 +33,18 @@ from typing import Any
 
 import yaml
 
-from gpuhealth.api import device_policy, names, policy, recovery, remediation, report, selector, slow_policy, status
+from gpuhealth.api import (
+    device_policy,
+    names,
+    policy,
+    recovery,
+    remediation,
+    report,
+    selector,
+    slow_policy,
+    status,
+    validation,
+)
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 
@@ -75,6 +86,8 @@ def namespace() -> dict[str, Any]:
         D=defaults.drain,
         DEV=defaults.devices,
         R=defaults.remediation,
+        V=defaults.validation,
+        Outcome=validation.Outcome,
         enum=_enum,
         dur=format_duration,
     )

@@ -36,6 +36,9 @@ DEMO_POLICY: dict[str, Any] = {
     # The repair ladder: a fault a reset clears (the uncorrected ECC) gets a reset Job; faults with
     # no ladder in the catalog (heat, a failed row remap) are held and reported.
     "remediation": {"enabled": True},
+    # Proof before return: the reset GPU returns only after a validation Job (the default DCGM diag,
+    # ended by KWOK's stage with a DCGM pass, devkit/kwok/pod-validation.yaml) passed on it.
+    "validation": {"enabled": True, "level": 2},
 }
 
 

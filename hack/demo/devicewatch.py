@@ -113,10 +113,13 @@ class DeviceWatch:
                 continue
             labels = job.metadata.labels or {}
             where = f"{labels.get('gpuhealth.dev/node')}: GPU {labels.get('gpuhealth.dev/gpu')}"
+            kind = "validation Job" if "gpuhealth.dev/validation-level" in labels else "reset Job"
             if name not in self.jobs:
                 cmd = " ".join(job.spec.template.spec.containers[0].command or [])
-                self.timeline.add(f"{where}: reset Job {REMEDIATION_NS}/{name} created ({cmd})", now)
+                if kind == "validation Job":
+                    cmd = f"dcgmi diag -r {labels.get('gpuhealth.dev/validation-level')} --json"
+                self.timeline.add(f"{where}: {kind} {REMEDIATION_NS}/{name} created ({cmd})", now)
             if done:
                 result = "succeeded" if done == "Complete" else "failed"
-                self.timeline.add(f"{where}: reset Job {name} {result} (its pod ended by KWOK's stage)", now)
+                self.timeline.add(f"{where}: {kind} {name} {result} (its pod ended by KWOK's stage)", now)
             self.jobs[name] = done

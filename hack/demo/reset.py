@@ -4,7 +4,9 @@ two serving pods; an uncorrected ECC error on the GPU one of them holds. gpuheal
 node), then climbs the policy's repair ladder (``spec.remediation``): a reset Job pinned to the node
 for that GPU's UUID. KWOK ends the Job's pod as succeeded (devkit/kwok/pod-remediation.yaml);
 the demo then plays the GPU after ``nvidia-smi -r``: it rewrites the node's fake NVML scenario so the
-volatile counters are clean. After the policy's probation the rule is deleted and the GPU serves.
+volatile counters are clean. Then ONE validation Job (``spec.validation``: the default DCGM level-2
+diagnostic for that GPU; KWOK's stage leaves a DCGM pass in its termination message) must pass
+before the GPU returns. After the policy's probation the rule is deleted and the GPU serves.
 """
 
 from __future__ import annotations
@@ -82,8 +84,20 @@ def inject(agent: Agent, bad: int, timeline: Timeline) -> float:
     return at
 
 
+VALIDATION_LABEL = "gpuhealth.dev/validation-level"
+
+
 def reset_jobs(kube: Kube, node: str) -> list[Any]:
-    return list(kube.batch.list_namespaced_job(REMEDIATION_NS, label_selector=f"gpuhealth.dev/node={node}").items)
+    jobs = kube.batch.list_namespaced_job(REMEDIATION_NS, label_selector=f"gpuhealth.dev/node={node}").items
+    return [j for j in jobs if VALIDATION_LABEL not in (j.metadata.labels or {})]
+
+
+def validation_jobs(kube: Kube, node: str) -> list[Any]:
+    return list(
+        kube.batch.list_namespaced_job(
+            REMEDIATION_NS, label_selector=f"gpuhealth.dev/node={node},{VALIDATION_LABEL}"
+        ).items
+    )
 
 
 def succeeded(job: Any) -> bool:
@@ -128,6 +142,9 @@ def verify(
     assert rule in rules(), "a Job's success alone must not return the GPU: its facts must be clean"
     agent.set(f"gpu {bad} ecc_volatile_uncorrected 0")  # what nvidia-smi -r leaves: volatile counters cleared
     timeline.add(f"{node}: GPU {bad} reset: the fake NVML now reports clean volatile ECC counters (aggregate stays)")
+    (vjob,) = wait_for(lambda: validation_jobs(kube, node), timeout=60, what=f"one validation Job for GPU {bad}")
+    assert (vjob.metadata.labels or {}).get("gpuhealth.dev/gpu") == str(bad), "the validation is for another GPU"
+    assert rule in rules(), "clean facts alone must not return the GPU while validation is enabled"
     wait_for(
         lambda: devices_of(kube, node).get(bad, {}).get("state") == "InService" and rule not in rules(),
         timeout=90,
@@ -141,6 +158,21 @@ def verify(
     return {"mttr_s": round(back - injected, 1), "reset_ladder": record}
 
 
+def validations(kube: Kube) -> list[dict[str, Any]]:
+    """From the cluster: each validation Job, the GPU it was for and how it ended."""
+    jobs = kube.batch.list_namespaced_job(REMEDIATION_NS, label_selector=VALIDATION_LABEL)
+    return [
+        {
+            "node": (j.metadata.labels or {}).get("gpuhealth.dev/node"),
+            "gpu": int((j.metadata.labels or {}).get("gpuhealth.dev/gpu", -1)),
+            "level": int((j.metadata.labels or {}).get(VALIDATION_LABEL, 0)),
+            "job": f"{REMEDIATION_NS}/{j.metadata.name}",
+            "result": "Passed" if succeeded(j) else "NotPassed",
+        }
+        for j in jobs.items
+    ]
+
+
 def gpus_reset(kube: Kube) -> list[dict[str, Any]]:
     """From the cluster: the reset Jobs that succeeded, and the GPU each was for."""
     jobs = kube.batch.list_namespaced_job(REMEDIATION_NS, label_selector="app.kubernetes.io/managed-by=gpuhealth")
@@ -151,5 +183,5 @@ def gpus_reset(kube: Kube) -> list[dict[str, Any]]:
             "job": f"{REMEDIATION_NS}/{j.metadata.name}",
         }
         for j in jobs.items
-        if succeeded(j)
+        if succeeded(j) and VALIDATION_LABEL not in (j.metadata.labels or {})
     ]

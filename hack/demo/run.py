@@ -252,6 +252,7 @@ def main() -> int:
             "partitions_kept_in_service": kept,
             **mig_result,
             "gpus_reset": resets,
+            "validations": reset.validations(kube),
             "mttr_s": reset_result["mttr_s"],
             "reset_ladder": reset_result["reset_ladder"],
             **(
@@ -323,6 +324,9 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node
     history = [(h.get("step"), h.get("result")) for h in summary["reset_ladder"].get("history") or []]
     if history != [("GPUReset", "Succeeded")]:
         out.append(f"the GPU's ladder history (status.remediation) is {history}, expected one GPUReset Succeeded")
+    validated = [(v["node"], v["gpu"], v["result"]) for v in summary.get("validations") or []]
+    if validated != [(reset_node, reset_gpu, "Passed")]:
+        out.append(f"validations {validated}, expected one that passed for GPU {reset_gpu} of {reset_node}")
     return out + kueue.misses(summary)
 
 

@@ -172,6 +172,9 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ("rack-min-nodes", {"rules": {"powerBrake": {"rack": {"minNodes": 1}}}}, "spec.rules.powerBrake.rack.minNodes"),
     ("rack-action", {"rules": {"powerBrake": {"rack": {"action": "drain"}}}}, "spec.rules.powerBrake.rack.action"),
     ("domain-label", {"topology": {"domainLabel": "not a label"}}, "spec.topology.domainLabel"),
+    ("validation-level", {"validation": {"level": 7}}, "spec.validation.level"),
+    ("validation-timeout", {"validation": {"timeout": "soon"}}, "spec.validation.timeout"),
+    ("validation-concurrency", {"validation": {"maxConcurrent": 0}}, "spec.validation.maxConcurrent"),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [

@@ -15,6 +15,7 @@ from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
 from gpuhealth.api.status import Record, node_status
+from gpuhealth.api.validation import Outcome, Validation
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
 
 
@@ -95,6 +96,9 @@ def _every_ladder_record() -> LadderRecord:
         job="gpuhealth-remediation/gpuhealth-reset-node-a-2-1-abcdef12",
         message="m",
         history=(Attempt(StepKind.GPU_RESET, 1, T, T, Result.FAILED),),
+        validation=Validation(
+            2, Outcome.FAILED, "gpuhealth-remediation/gpuhealth-validate-node-a-2-1-ab", True, T, T, "f"
+        ),
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (

@@ -41,15 +41,17 @@ def good() -> dict[str, Any]:
         "partitions_kept_in_service": 14,
         "gpus_reset": [{"node": "r", "gpu": 1}],
         "reset_ladder": {"history": [{"step": "GPUReset", "result": "Succeeded"}]},
+        "validations": [{"node": "r", "gpu": 1, "result": "Passed"}],
     }
 
 
 def test_check_passes_a_complete_run_and_names_each_missing_story() -> None:
     assert run.check(good(), "x", "h", "m", "r", 1) == []
-    bad = good() | {"gpus_reset": [], "partitions_held_out": [], "reset_ladder": {}}
+    bad = good() | {"gpus_reset": [], "partitions_held_out": [], "reset_ladder": {}, "validations": []}
     misses = run.check(bad, "x", "h", "m", "r", 1)
-    assert len(misses) == 3
+    assert len(misses) == 4
     assert "reset Jobs" in misses[1] and "MIG devices held out" in misses[0] and "ladder history" in misses[2]
+    assert "validations" in misses[3]
 
 
 # -- make demo KUEUE=1 ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpuhealth.api.slow_policy import (
     parse_slow_rule,
     parse_topology,
 )
+from gpuhealth.api.validation import ValidationError, ValidationSettings, parse_validation
 
 # Read by many callers, which know a policy's error by this module's name.
 __all__ = [
@@ -116,6 +117,7 @@ class Policy:
     devices: DeviceSettings = field(default_factory=DeviceSettings)
     max_unhealthy_gpus: int | str | None = None  # unset: the node budget's worth of GPUs
     remediation: RemediationSettings = field(default_factory=RemediationSettings)  # api/remediation.py
+    validation: ValidationSettings = field(default_factory=ValidationSettings)  # api/validation.py
 
     def gpu_breaker_limit(self, total_gpus: int, total_nodes: int) -> int:
         """Most GPUs this policy may hold out at once (a node quarantine counts all its GPUs).
@@ -305,6 +307,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         devices=parse_devices(spec, xid_scopes),
         max_unhealthy_gpus=max_unhealthy_gpus,
         remediation=_remediation(spec),
+        validation=_validation(spec),
     )
     if policy.flapping_window_s <= policy.probation_s:
         raise PolicyError("spec.safety.flapping.window: must be longer than spec.safety.probation")
@@ -315,6 +318,13 @@ def _remediation(spec: Mapping[str, Any]) -> RemediationSettings:
     try:
         return parse_remediation(spec)
     except RemediationError as e:
+        raise PolicyError(str(e)) from None
+
+
+def _validation(spec: Mapping[str, Any]) -> ValidationSettings:
+    try:
+        return parse_validation(spec)
+    except ValidationError as e:
         raise PolicyError(str(e)) from None
 
 

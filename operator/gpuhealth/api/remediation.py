@@ -28,6 +28,7 @@ from gpuhealth.api.names import Signal
 from gpuhealth.api.names import StepKind as StepKind  # declared with the other vocabularies
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.api.validation import Validation
 
 DEFAULT_NAMESPACE = "gpuhealth-remediation"
 DEFAULT_SERVICE_ACCOUNT = "gpuhealth-remediation"
@@ -50,13 +51,14 @@ class Phase(StrEnum):
     PENDING = "Pending"  # write-ahead: the Job is being created under ``job``
     RUNNING = "Running"  # the Job exists
     VERIFYING = "Verifying"  # the Job succeeded; waiting for the agent's clean facts
+    VALIDATING = "Validating"  # clean facts; the validation Job (spec.validation) must pass first
     HANDED_OFF = "HandedOff"  # NodeReboot: the node waits for its remediator
     SUCCEEDED = "Succeeded"  # clean facts after the step: probation runs as usual
     AWAITING_REPAIR = "AwaitingRepair"  # Replace: the ladder is exhausted
     DRY_RUN = "DryRun"  # DryRun: what would be done was announced, nothing done
 
 
-IN_FLIGHT = frozenset({Phase.PENDING, Phase.RUNNING, Phase.VERIFYING})
+IN_FLIGHT = frozenset({Phase.PENDING, Phase.RUNNING, Phase.VERIFYING, Phase.VALIDATING})
 
 
 class Result(StrEnum):
@@ -67,6 +69,9 @@ class Result(StrEnum):
     LOST = "Lost"  # the Job vanished before its result was read
     RELAPSED = "Relapsed"  # clean after the step, then the fault came back
     HANDED_OFF = "HandedOff"
+    VALIDATION_FAILED = "ValidationFailed"  # clean facts, but the validation Job failed (api/validation.py)
+    VALIDATION_TIMED_OUT = "ValidationTimedOut"
+    VALIDATION_LOST = "ValidationLost"  # the validation Job or its pod vanished before a result
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,7 @@ class LadderRecord:
     job: str = ""  # namespace/name of this attempt's Job, recorded before it is created
     message: str = ""
     history: tuple[Attempt, ...] = field(default=())
+    validation: Validation | None = None  # this attempt's validation (Phase.VALIDATING and after)
 
     @property
     def in_flight(self) -> bool:
@@ -261,6 +267,7 @@ class LadderRecord:
             "job": self.job,
             "message": self.message,
             "history": [a.to_status() for a in self.history[-MAX_HISTORY:]],
+            "validation": self.validation.to_status() if self.validation else None,
         }
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -287,6 +294,7 @@ class LadderRecord:
             job=str(m.get("job") or ""),
             message=str(m.get("message") or ""),
             history=history[-MAX_HISTORY:],
+            validation=Validation.from_status(m.get("validation")),
         )
 
 

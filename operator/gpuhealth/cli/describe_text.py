@@ -217,6 +217,18 @@ def _ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
             out.append("    " + _field("Job", str(r["job"]), 10))
         if r.get("message"):
             out.append("    " + _field("Message", str(r["message"]), 10))
+        v = r.get("validation")
+        if isinstance(v, Mapping):
+            text = f"level {_v(v.get('level'))} {_v(v.get('result'))}"
+            if v.get("durationSeconds") is not None:
+                text += f" in {human_age(v['durationSeconds'])}"
+            elif v.get("startedAt"):
+                text += f" for {age_of(v['startedAt'], now)}"
+            if v.get("job"):
+                text += f", Job {v['job']}"
+            out.append("    " + _field("Validated", text, 10))
+            if v.get("findings"):
+                out.append("    " + _field("Findings", str(v["findings"]), 10))
         if r.get("faultSince"):
             out.append("    " + _field("Out since", f"{r['faultSince']} ({age_of(r['faultSince'], now)} ago)", 10))
         history = r.get("history") or []

@@ -17,7 +17,7 @@ from gpuhealth.api.timeutil import format_time
 from gpuhealth.catalog.xid import remedy_of
 
 # Fleet totals: a ladder's standing, most urgent last (the order of the footer).
-IN_FLIGHT = "inFlight"  # a reset Job being created, running or verified
+IN_FLIGHT = "inFlight"  # a reset Job being created, running, verified or validated
 HANDED_OFF = "handedOff"  # NodeReboot: waiting for the node remediator
 EXHAUSTED = "exhausted"  # Replace: a human must replace or RMA the GPU
 
@@ -33,7 +33,7 @@ def _secs(a: dt.datetime | None, b: dt.datetime | None) -> float | None:
 def standing(row: Mapping[str, Any]) -> str | None:
     """``inFlight``, ``handedOff``, ``exhausted`` or None (ready, succeeded, dry run)."""
     phase = row.get("phase")
-    if phase in (Phase.PENDING, Phase.RUNNING, Phase.VERIFYING):
+    if phase in (Phase.PENDING, Phase.RUNNING, Phase.VERIFYING, Phase.VALIDATING):
         return IN_FLIGHT
     if phase == Phase.HANDED_OFF:
         return HANDED_OFF
@@ -79,6 +79,7 @@ def ladder_view(
             "stepAgeSeconds": _secs(rec.started, now),
             "job": rec.job or None,
             "message": rec.message or None,
+            "validation": _validation(rec),
             "history": [
                 {
                     "step": str(a.step),
@@ -95,6 +96,22 @@ def ladder_view(
         rows.append(row)
     rows.sort(key=lambda r: int(r["gpu"]))
     return rows
+
+
+def _validation(rec: LadderRecord) -> dict[str, Any] | None:
+    """The attempt's validation (spec.validation): level, result, Job, when, findings."""
+    v = rec.validation
+    if v is None:
+        return None
+    return {
+        "level": v.level,
+        "result": str(v.outcome),
+        "job": v.job or None,
+        "startedAt": _t(v.started),
+        "finishedAt": _t(v.finished),
+        "durationSeconds": _secs(v.started, v.finished),
+        "findings": v.findings or None,
+    }
 
 
 def step_text(row: Mapping[str, Any]) -> str:

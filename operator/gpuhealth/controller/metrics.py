@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuhealth.api.remediation import Result, StepKind
+from gpuhealth.api.validation import DONE as VALIDATION_DONE
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -161,6 +162,20 @@ REMEDIATION_MTTR = Histogram(
     "From a GPU leaving service to its return after a repair, by the ladder step that repaired it",
     ["step"],
     buckets=(10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400),
+    registry=REGISTRY,
+)
+VALIDATIONS = Counter(
+    "gpuhealth_validations_total",
+    "Validations (spec.validation) of a repaired GPU ended, by result (Passed, Failed, TimedOut, Lost)",
+    ["result"],
+    registry=REGISTRY,
+)
+for _outcome in VALIDATION_DONE:
+    VALIDATIONS.labels(str(_outcome))
+VALIDATION_DURATION = Histogram(
+    "gpuhealth_validation_duration_seconds",
+    "From a validation Job's start to its verdict",
+    buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
     registry=REGISTRY,
 )
 GPU_TIME_BETWEEN_FAILURES = Histogram(

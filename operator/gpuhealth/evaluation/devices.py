@@ -10,7 +10,10 @@ Pure. It mirrors the node state machine (transitions.py) one GPU at a time:
   InService (its DeviceTaintRule is deleted); any fault during probation is a relapse;
 - the ``flapping.maxQuarantines``-th quarantine within ``flapping.window`` -> AwaitingRepair (reason
   ``Flapping``), and with ``devices.onFlapping: Node`` the node is escalated as well;
-- AwaitingRepair is left only through a human release -> Recovering.
+- AwaitingRepair is left only through a human release -> Recovering;
+- proof before return (``spec.validation``): a GPU whose repair must still be validated stays
+  Recovering past its probation until the validation passes; one whose validation failed goes back
+  to Quarantined (reason ``ValidationFailed``) for the ladder's next step.
 
 A GPU whose findings are all confined to MIG instances (``Finding.instance``, placed on their MIG
 devices) is held out by those instances alone (``DeviceRecord.instances``). While it is out that set
@@ -49,6 +52,10 @@ class DeviceInputs:
     # a step that worked acknowledges the GPU's XID evidence up to when it ended.
     replace: frozenset[int] = frozenset()
     acknowledged: Mapping[int, dt.datetime] = field(default_factory=dict)
+    # spec.validation (evaluation/ladder.py ``holds``): GPUs that may not return on probation alone,
+    # and those whose validation failed (back to Quarantined for the next step), with the findings.
+    validating: frozenset[int] = frozenset()
+    validation_failed: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -282,6 +289,20 @@ def _step(
         return _Step(rec, events=tuple(events))  # suspect hardware: finish the drain, then a human decides
     if not inputs.fresh:
         return _Step(replace(rec, healthy_since=None), events=tuple(events))  # stale facts never count
+    failed = inputs.validation_failed.get(rec.index)
+    if failed is not None:
+        if rec.state == DeviceState.RECOVERING:
+            msg = f"{_where(rec)}: its validation failed ({failed}); held out for the repair ladder's next step"
+            rec = replace(
+                rec,
+                state=DeviceState.QUARANTINED,
+                since=now,
+                healthy_since=None,
+                reason="ValidationFailed",
+                message=msg,
+            )
+            events.append(("Warning", "ValidationFailed", msg))
+        return _Step(rec, events=tuple(events))
     if rec.state != DeviceState.RECOVERING or rec.healthy_since is None:
         if rec.state != DeviceState.RECOVERING:
             events.append(
@@ -291,7 +312,7 @@ def _step(
             rec, state=DeviceState.RECOVERING, since=rec.since if rec.state == DeviceState.RECOVERING else now
         )
         return _Step(replace(rec, healthy_since=now), events=tuple(events))
-    if (now - rec.healthy_since).total_seconds() < policy.probation_s:
+    if (now - rec.healthy_since).total_seconds() < policy.probation_s or rec.index in inputs.validating:
         return _Step(rec, events=tuple(events))
     rec = replace(
         rec,

@@ -12,6 +12,15 @@ Job succeeded *and* the agent's facts for that GPU are clean (volatile uncorrect
 recovery action None, no pending remap or retirement); the GPU then goes through the usual
 probation. ``Replace`` ends the ladder: the GPU waits in AwaitingRepair with its history.
 
+Proof before return (``spec.validation``, ``api/validation.py``): with it enabled, a ``GPUReset``
+whose Job succeeded and whose facts are clean is not a success yet. The record goes to
+``Validating``; once the remediator says the GPU may be tested (still held out by its rule, no pod
+holds it, fewer than ``maxConcurrent`` validations in flight) ONE validation Job runs, under a name
+recorded first. Its pass is the step's success; a failure, a timeout, a Job or pod lost, or a fault
+during the run counts as the attempt failing (``ValidationFailed``, ``ValidationTimedOut``,
+``ValidationLost``, ``Relapsed``): the next attempt or step follows, and with none left the GPU waits
+in AwaitingRepair with the diagnostic's findings in its message.
+
 Which ladder a fault gets: the first of the policy's ``ladders`` that names its reason or XID,
 else the catalog's (:func:`default_steps`): faults a GPU reset clears (volatile ECC, pending remap
 or retirement, XIDs whose remedy is a reset) start at ``GPUReset``; XID 79 and other node-reboot
@@ -30,6 +39,7 @@ from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import (
+    IN_FLIGHT,
     REBOOT_STEPS,
     RESET_STEPS,
     Attempt,
@@ -40,6 +50,7 @@ from gpuhealth.api.remediation import (
     Step,
     StepKind,
 )
+from gpuhealth.api.validation import Outcome, Validation, ValidationSettings
 from gpuhealth.catalog import xid as catalog
 
 __all__ = ["REBOOT_STEPS", "RESET_STEPS", "default_steps", "steps_for"]
@@ -80,6 +91,8 @@ class Observed:
     node_cleared: dt.datetime | None = None  # the node's last release (its reboot was handled)
     released: bool = False  # a human released the GPU this pass
     dry_run: bool = False
+    may_validate: bool = False  # a validation's preconditions hold (held out, unheld, limits)
+    validation: tuple[Outcome, str] | None = None  # the running validation Job's verdict and findings
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class Move:
     events: tuple[tuple[str, str, str], ...] = ()
     finished: tuple[tuple[str, str], ...] = ()  # (step, result) for gpuhealth_remediations_total
     back_in_service: float | None = None  # seconds from fault to service, for the MTTR histogram
+    start_validation: bool = False  # create the validation Job recorded in ``record.validation``
+    validated: tuple[str, float | None] | None = None  # (result, seconds) for gpuhealth_validations_*
 
 
 def _where(gpu: GPU) -> str:
@@ -100,7 +115,26 @@ def _step(steps: tuple[Step, ...], kind: StepKind) -> Step:
     return next((s for s in steps if s.kind == kind), Step(kind))
 
 
-def advance(rec: LadderRecord | None, gpu: GPU, steps: tuple[Step, ...], obs: Observed, now: dt.datetime) -> Move:
+def holds(rec: LadderRecord, validation: ValidationSettings) -> bool:
+    """Whether the ladder keeps the GPU from returning on its probation alone: a reset in flight
+    that must still be validated, or a validation that failed and waits for the next step."""
+    if not validation.enabled:
+        return False
+    if rec.step == StepKind.GPU_RESET and rec.phase in IN_FLIGHT:
+        return True
+    last = rec.history[-1].result if rec.history else None
+    failed = last in (Result.VALIDATION_FAILED, Result.VALIDATION_TIMED_OUT, Result.VALIDATION_LOST)
+    return rec.phase == Phase.READY and failed
+
+
+def advance(
+    rec: LadderRecord | None,
+    gpu: GPU,
+    steps: tuple[Step, ...],
+    obs: Observed,
+    now: dt.datetime,
+    validation: ValidationSettings | None = None,
+) -> Move:
     """The next move for one GPU (see the module docstring)."""
     if gpu.state == DeviceState.IN_SERVICE or obs.released:
         if rec is None:
@@ -142,10 +176,20 @@ def advance(rec: LadderRecord | None, gpu: GPU, steps: tuple[Step, ...], obs: Ob
             return Move(rec)
     if rec.phase == Phase.VERIFYING:
         if gpu.facts_clean:
+            if validation is not None and validation.enabled and rec.step == StepKind.GPU_RESET:
+                msg = (
+                    f"{_where(gpu)}: {rec.step} worked and its facts are clean; a level-{validation.level} "
+                    "validation must pass before it returns"
+                )
+                v = Validation(level=validation.level)
+                rec = replace(rec, phase=Phase.VALIDATING, validation=v, message=msg)
+                return _validate(rec, gpu, steps, obs, now, validation, (("Normal", "ValidationPending", msg),))
             return _succeed(rec, gpu, now)
         if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
             return _fail(rec, gpu, steps, Result.NOT_CLEAN, now)
         return Move(rec)
+    if rec.phase == Phase.VALIDATING:
+        return _validate(rec, gpu, steps, obs, now, validation or ValidationSettings(enabled=True))
     if rec.phase == Phase.HANDED_OFF:
         if obs.node_cleared is not None and rec.started is not None and obs.node_cleared >= rec.started:
             if gpu.facts_clean:
@@ -203,8 +247,83 @@ def _fail(rec: LadderRecord, gpu: GPU, steps: tuple[Step, ...], result: Result, 
     return Move(nxt, events=events, finished=finished)
 
 
-def _succeed(rec: LadderRecord, gpu: GPU, at: dt.datetime) -> Move:
+def _validate(
+    rec: LadderRecord,
+    gpu: GPU,
+    steps: tuple[Step, ...],
+    obs: Observed,
+    now: dt.datetime,
+    settings: ValidationSettings,
+    events: tuple[tuple[str, str, str], ...] = (),
+) -> Move:
+    """One move of a GPU whose reset worked and that must pass its validation before it returns."""
+    v = rec.validation or Validation(level=settings.level)
+    if v.outcome == Outcome.PENDING:
+        if not obs.may_validate:
+            return Move(rec, events=events)
+        v = replace(v, outcome=Outcome.RUNNING, started=now, created=False)
+        msg = f"{_where(gpu)} ({gpu.reason}): level-{v.level} validation after {rec.step} attempt {rec.attempt}"
+        return Move(
+            replace(rec, validation=v), start_validation=True, events=(*events, ("Normal", "ValidationStarted", msg))
+        )
+    if v.outcome != Outcome.RUNNING:  # a finished validation on a Validating record: read as its result
+        return _validated(rec, gpu, steps, v, v.outcome, v.findings, now, "")
+    if not v.created:  # killed between the record and the create: create it now (409: it exists)
+        return Move(rec, start_validation=True, events=events)
+    relapsed = gpu.state in (DeviceState.QUARANTINED, DeviceState.DRAINING)
+    if relapsed and gpu.since is not None and v.started is not None and gpu.since > v.started:
+        return _validated(rec, gpu, steps, v, Outcome.FAILED, f"a fault during the run: {gpu.reason}", now, v.job, True)
+    outcome, findings = obs.validation or (Outcome.RUNNING, "")
+    overdue = v.started is not None and (now - v.started).total_seconds() > settings.timeout_s
+    if outcome == Outcome.RUNNING:
+        if not overdue:
+            return Move(rec, events=events)
+        outcome, findings = Outcome.TIMED_OUT, f"no result within {int(settings.timeout_s)}s (spec.validation.timeout)"
+    return _validated(rec, gpu, steps, v, outcome, findings, now, v.job if outcome == Outcome.TIMED_OUT else "")
+
+
+_RESULT_OF = {
+    Outcome.FAILED: Result.VALIDATION_FAILED,
+    Outcome.TIMED_OUT: Result.VALIDATION_TIMED_OUT,
+    Outcome.LOST: Result.VALIDATION_LOST,
+}
+
+
+def _validated(
+    rec: LadderRecord,
+    gpu: GPU,
+    steps: tuple[Step, ...],
+    v: Validation,
+    outcome: Outcome,
+    findings: str,
+    now: dt.datetime,
+    stop_job: str,
+    relapsed: bool = False,
+) -> Move:
+    v = replace(v, outcome=outcome, finished=now, findings=findings)
+    took = (now - v.started).total_seconds() if v.started else None
+    rec = replace(rec, validation=v)
+    if outcome == Outcome.PASSED:
+        msg = f"{_where(gpu)}: level-{v.level} validation passed after {rec.step}; back in service after probation"
+        move = _succeed(rec, gpu, now, msg)
+        return replace(move, events=(("Normal", "ValidationPassed", msg),), validated=(str(outcome), took))
+    result = Result.RELAPSED if relapsed else _RESULT_OF.get(outcome, Result.VALIDATION_FAILED)
+    msg = f"{_where(gpu)}: level-{v.level} validation {outcome}: {findings or 'no findings'}"
+    move = _fail(rec, gpu, steps, result, now)
+    nxt = move.record
+    if nxt is not None and nxt.phase == Phase.AWAITING_REPAIR:
+        nxt = replace(nxt, message=f"{nxt.message}. Last validation: {findings or outcome}")
+    return replace(
+        move,
+        record=nxt,
+        stop_job=stop_job,
+        events=(("Warning", "ValidationFailed", msg), *move.events),
+        validated=(str(outcome), took),
+    )
+
+
+def _succeed(rec: LadderRecord, gpu: GPU, at: dt.datetime, message: str = "") -> Move:
     history = (*rec.history, Attempt(rec.step, rec.attempt, rec.started, at, Result.SUCCEEDED))
-    msg = f"{_where(gpu)}: {rec.step} worked, its facts are clean; back in service after probation"
+    msg = message or f"{_where(gpu)}: {rec.step} worked, its facts are clean; back in service after probation"
     rec = replace(rec, phase=Phase.SUCCEEDED, finished=at, history=history, message=msg)
     return Move(rec, events=(("Normal", "RemediationSucceeded", msg),), finished=((str(rec.step), "Succeeded"),))

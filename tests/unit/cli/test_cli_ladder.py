@@ -124,3 +124,42 @@ def test_describe_shows_each_gpus_last_failure_and_the_interval_before_it() -> N
     text = render_describe(m)
     assert "GPU 3: last failure 10m ago, previous interval 2d23h" in text
     assert "GPU 5: last failure 120m ago, the first on record" in text
+
+
+VALIDATING = {
+    "step": "GPUReset",
+    "attempt": 1,
+    "phase": "AwaitingRepair",
+    "reason": "EccUncorrected",
+    "uuid": "GPU-4",
+    "validation": {
+        "level": 2,
+        "result": "Failed",
+        "job": "gpuhealth-remediation/gpuhealth-validate-a-4-1-abc",
+        "startedAt": ago(200),
+        "finishedAt": ago(80),
+        "findings": "GPU 4 pcie Fail (DCGM error 46): PCIe link width x8",
+    },
+    "history": [{"step": "GPUReset", "attempt": 1, "result": "ValidationFailed"}],
+}
+
+
+def test_describe_shows_the_validation_level_result_and_findings() -> None:
+    m = _describe({"4": VALIDATING})
+    (lad,) = m["remediation"]
+    v = lad["validation"]
+    assert v["level"] == 2 and v["result"] == "Failed" and v["durationSeconds"] == 120.0
+    assert "DCGM error 46" in v["findings"]
+    text = render_describe(m)
+    assert "Validated: level 2 Failed in 2m, Job gpuhealth-remediation/gpuhealth-validate-a-4-1-abc" in text
+    assert "Findings:  GPU 4 pcie Fail (DCGM error 46)" in text
+    assert "ValidationFailed" in text
+    running = {
+        **VALIDATING,
+        "phase": "Validating",
+        "validation": {"level": 2, "result": "Running", "startedAt": ago(30)},
+    }
+    m = _describe({"4": running})
+    assert m["remediation"][0]["standing"] == "inFlight"
+    assert "Validated: level 2 Running for 30s" in render_describe(m)
+    assert _describe({"3": RESETTING})["remediation"][0]["validation"] is None

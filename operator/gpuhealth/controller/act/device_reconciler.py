@@ -59,6 +59,7 @@ from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.device_view import node_view
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment, Finding
+from gpuhealth.evaluation.ladder import holds
 from gpuhealth.kube.aio import AsyncKube
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,14 @@ class DeviceReconciler(DeviceRules):
             uuids=uuids,
             replace=frozenset(i for i, r in ladders.items() if r.step == StepKind.REPLACE) - released,
             acknowledged={i: r.finished for i, r in ladders.items() if r.phase == Phase.SUCCEEDED and r.finished},
+            validating=frozenset(
+                i for i, r in ladders.items() if holds(r, policy.validation) and r.phase != Phase.READY
+            ),
+            validation_failed={
+                i: (r.validation.findings if r.validation else "") or "no result"
+                for i, r in ladders.items()
+                if holds(r, policy.validation) and r.phase == Phase.READY
+            },
         )
         verdict = decide_devices(prior, findings, policy, now, inputs)
         reported = frozenset(u for u in uuids.values() if u)

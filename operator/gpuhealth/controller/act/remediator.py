@@ -20,6 +20,14 @@ resets are in flight across the policy's nodes; gpuhealth's DeviceTaintRule for 
 effect NoSchedule; and no pod holds the device (ResourceClaims listed afresh, pods of the node
 listed from the API, not the cache). Otherwise the GPU waits, with one ``RemediationBlocked``
 Event per reason.
+
+Proof before return (``spec.validation``): a reset that worked puts the record in ``Validating``.
+The validation Job (``actions/validation_jobs.py``) starts under the same discipline: its
+preconditions re-read from the API (rule in place, no pod holds the device, fewer than
+``spec.validation.maxConcurrent`` validations running), its name recorded before it is created
+(``validation.job``, ``created: false``), then created (409: it exists), then ``created: true``.
+Killed in between, the restarted operator creates it once under the recorded name; a Job absent
+after ``created`` is ``Lost``. Its verdict is read by name: the Job, and its pod among the node's.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpuhealth.actions import validation_jobs
 from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_outcome
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
@@ -40,6 +49,7 @@ from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_fro
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
+from gpuhealth.api.validation import Outcome
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
@@ -66,14 +76,22 @@ def facts_clean(device: Device | None) -> bool:
     )
 
 
+def _exactly(new: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``new`` as a merge patch over ``old``: keys it dropped -> None, at every level (a merge patch
+    merges nested objects, so a fresh ``validation`` would otherwise keep the last one's Job name)."""
+    for k, v in (old or {}).items():
+        if k not in new:
+            new[k] = None
+        elif isinstance(new[k], dict) and isinstance(v, Mapping):
+            new[k] = _exactly(new[k], v)
+    return new
+
+
 def _entry(new: LadderRecord | None, old: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The merge-patch value that makes the stored entry exactly ``new`` (keys it dropped -> None)."""
     if new is None:
         return None
-    body: dict[str, Any] = new.to_status()
-    for k in old or {}:
-        body.setdefault(k, None)
-    return body
+    return _exactly(new.to_status(), old)
 
 
 class Remediator:
@@ -90,6 +108,7 @@ class Remediator:
         self._lock = asyncio.Lock()
         self._reserved: set[tuple[str, int]] = set()  # resets admitted, record not yet in the store
         self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
+        self._reserved_validations: set[tuple[str, int]] = set()
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -101,6 +120,19 @@ class Remediator:
             status = report.get("status") or {}
             if status.get("policy") == policy:
                 n += sum(1 for r in ladders_from_status(status).values() if r.in_flight)
+        return n
+
+    def validating(self, policy: str) -> int:
+        """Validation Jobs running across the policy's nodes, plus those being admitted."""
+        n = len(self._reserved_validations)
+        for report in self.store.reports.values():
+            status = report.get("status") or {}
+            if status.get("policy") == policy:
+                n += sum(
+                    1
+                    for r in ladders_from_status(status).values()
+                    if r.phase == Phase.VALIDATING and r.validation and r.validation.outcome == Outcome.RUNNING
+                )
         return n
 
     async def run(
@@ -159,12 +191,26 @@ class Remediator:
                 and dev.taint_rule
             ):
                 may_start = await self._may_start(name, policy, node, dev, ladders)
-            obs = Observed(job, may_start, node_cleared, dev.index in released, dry)
-            move = advance(lad, gpu, steps, obs, now)
+            verdict: tuple[Outcome, str] | None = None
+            may_validate = False
+            v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
+            if v is not None and v.outcome == Outcome.RUNNING and v.created and v.job:
+                verdict = await self._validation_verdict(name, v.job)
+            elif lad is not None and (
+                (lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING))
+                # the pass that finds the reset's facts clean starts the validation at once
+                or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and gpu.facts_clean)
+            ):
+                may_validate = not dry and policy.validation.enabled and await self._may_validate(name, policy, dev)
+            obs = Observed(
+                job, may_start, node_cleared, dev.index in released, dry, may_validate=may_validate, validation=verdict
+            )
+            move = advance(lad, gpu, steps, obs, now, policy.validation)
             try:
                 await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now)
             finally:
                 self._reserved.discard((name, dev.index))
+                self._reserved_validations.discard((name, dev.index))
             if move.record is not None and move.record.in_flight:
                 again = soonest(again, POLL_S)
             elif move.record is not None and move.record.phase == Phase.HANDED_OFF:
@@ -194,6 +240,19 @@ class Remediator:
                 self._block(name, dev.index, why)
                 return  # no record, no Job: the GPU stays held out and reported
             rec = rec if rec.job else replace(rec, job=f"{settings.namespace}/{jname}")
+        vbody: dict[str, Any] | None = None
+        if move.start_validation and rec is not None and rec.validation is not None:
+            v = rec.validation
+            vname = v.job.partition("/")[2] or validation_jobs.job_name(
+                name, dev.index, dev.uuid, format_time(rec.since or now), rec.attempt
+            )
+            vbody, why = validation_jobs.build_validation_job(
+                settings, policy.validation, name, dev.index, dev.uuid, vname
+            )
+            if vbody is None:
+                self._block(name, dev.index, why)
+                return  # the record stays where it was: the GPU stays held out, the next pass tries again
+            rec = replace(rec, validation=replace(v, job=f"{settings.namespace}/{vname}"))
         if rec != lad:
             await self._write(name, dev.index, _entry(rec, old))  # 1. the write-ahead record
             old = rec.to_status() if rec is not None else None
@@ -203,23 +262,33 @@ class Remediator:
             await self._create_job(name, dev.index, body)  # 2. the Job, under the recorded name
             running = replace(rec, phase=Phase.RUNNING)
             await self._write(name, dev.index, _entry(running, old))  # 3.
+        if vbody is not None and rec is not None and rec.validation is not None:
+            await self._create_job(name, dev.index, vbody)  # 2. the validation Job, under the recorded name
+            created = replace(rec, validation=replace(rec.validation, created=True))
+            await self._write(name, dev.index, _entry(created, old))  # 3.
         for type_, reason, message in move.events:
             if reason == "GPUReset" and rec is not None:
                 message += f", Job {rec.job}"
+            if reason == "ValidationStarted" and rec is not None and rec.validation is not None:
+                message += f", Job {rec.validation.job}"
             self._event(name, type_, reason, message)
+        if move.validated is not None:
+            metrics.VALIDATIONS.labels(move.validated[0]).inc()
+            if move.validated[1] is not None:
+                metrics.VALIDATION_DURATION.observe(move.validated[1])
         for kind, result in move.finished:
             metrics.REMEDIATIONS.labels(kind, result).inc()
         if move.back_in_service is not None and lad is not None:
             metrics.REMEDIATION_MTTR.labels(str(lad.step)).observe(move.back_in_service)
-        if move.start is not None:
+        if move.start is not None or move.start_validation:
             # Blocked once, announced once: a GPU waiting for its holder to leave is passed over on
             # every sweep, and only a new reason (or a reset that finally starts) is news.
             self._blocked.pop((name, dev.index), None)
 
-    def _block(self, name: str, index: int, why: str) -> None:
+    def _block(self, name: str, index: int, why: str, what: str = "reset") -> None:
         if self._blocked.get((name, index)) != why:
             self._blocked[(name, index)] = why
-            self._event(name, "Normal", "RemediationBlocked", f"GPU {index}: no reset yet: {why}")
+            self._event(name, "Normal", "RemediationBlocked", f"GPU {index}: no {what} yet: {why}")
 
     async def _may_start(
         self, name: str, policy: Policy, node: Record, dev: DeviceRecord, ladders: Mapping[int, LadderRecord]
@@ -245,6 +314,34 @@ class Remediator:
             self._block(name, dev.index, why)
             return False
         return True
+
+    async def _may_validate(self, name: str, policy: Policy, dev: DeviceRecord) -> bool:
+        """A validation's preconditions: under the policy's limit, the GPU held out and free."""
+        why = ""
+        async with self._lock:
+            if self.validating(policy.name) >= policy.validation.max_concurrent:
+                why = f"spec.validation.maxConcurrent ({policy.validation.max_concurrent}) validations are running"
+            else:
+                self._reserved_validations.add((name, dev.index))
+        if not why:
+            why = await self._held_and_free(dev)
+        if why:
+            self._reserved_validations.discard((name, dev.index))
+            self._block(name, dev.index, why, "validation")
+            return False
+        return True
+
+    async def _validation_verdict(self, node: str, job: str) -> tuple[Outcome, str]:
+        """The validation Job's verdict: the Job by name, its pod among the node's (it is pinned there)."""
+        ns, _, jname = job.partition("/")
+        try:
+            body: dict[str, Any] | None = await self.kube.get_job(ns, jname)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            body = None
+        pods = await self.kube.list_pods_on_node(node) if body is not None else []
+        return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
 
     async def _held_and_free(self, dev: DeviceRecord) -> str:
         """Re-read from the API: the GPU's rule holds it out, and no pod holds its device."""
