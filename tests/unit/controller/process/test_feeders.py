@@ -143,3 +143,28 @@ def test_shows_failure_reads_every_sign_restart_loops_count() -> None:
     died = {"name": "c", "restartCount": 0, "lastState": {"terminated": {"exitCode": 1}}}
     assert shows_failure({**ok, "status": {"containerStatuses": [died]}})
     assert shows_failure({"metadata": {"uid": "u"}})  # no status: cannot tell
+
+
+def test_the_sweep_pauses_for_the_loop_between_batches_and_skips_nodes_deleted_meanwhile() -> None:
+    """At 100,000 nodes one sweep would hold the event loop for most of a second every tick: it yields
+    every ``SWEEP_BATCH`` nodes, and a node deleted during a pause is not queued."""
+    from gpuhealth.controller.process.runtime import SWEEP_BATCH
+
+    async def body() -> None:
+        r = Runtime(FakeKube(), clock=lambda: T0, workers=1)
+        n = 2 * SWEEP_BATCH + 10
+        for i in range(n):
+            node = _node("10")
+            node["metadata"]["name"] = f"n{i}"
+            r.on_node("ADDED", slim_node(node), enqueue=False)  # no report, no record: time decides
+        steps = r._sweep_steps()
+        next(steps)  # paused after the first batch
+        assert len(_queued(r)) == SWEEP_BATCH - 1
+        r.on_node("DELETED", {"metadata": {"name": f"n{n - 1}"}}, enqueue=False)
+        assert list(steps) == [None]  # one more pause, then done
+        assert _queued(r) == {f"n{i}" for i in range(n - 1)}
+        r.queue._dirty.clear()
+        r.sweep()  # the synchronous form sweeps the same nodes
+        assert _queued(r) == {f"n{i}" for i in range(n - 1)}
+
+    asyncio.run(body())
