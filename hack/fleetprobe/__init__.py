@@ -157,6 +157,23 @@ def run(sizes: list[int], load_s: float) -> dict[str, Any]:
     return data
 
 
+def limits(data: dict[str, Any]) -> list[tuple[str, int]]:
+    """The fleet size at which one replica reaches each budget, from the measured per-object costs: what
+    it holds (2 GB), the event traffic's CPU (half a core, the pod churn included), and a restart's pass
+    over every node (60 s of CPU, the bench's start-up target)."""
+    x = data["extrapolated"]
+    big = max(data["results"], key=lambda r: r["nodes"])
+    per_node_bytes = x["bytes_per_node"] + fleet.PODS_PER_NODE * x["bytes_per_pod"]
+    pod_share = x["pod_core_share"]  # the pod churn's rate is the cluster's, not per node
+    per_node_share = (x["core_share"] - pod_share) / x["nodes"]
+    pass_s = big["settle"]["cpu_ms_per_pass"] / 1e3
+    return [
+        ("everything held reaches 2 GB", int(TARGETS["held_gb"] * 1e9 / per_node_bytes)),
+        ("the event traffic reaches half a core", int((0.5 - pod_share) / per_node_share) if per_node_share else 0),
+        ("a restart's pass over every node reaches 60 s of CPU", int(60 / pass_s) if pass_s else 0),
+    ]
+
+
 def _ms(v: float) -> str:
     return "miss" if v != v else f"{v:,.1f}"  # NaN: no fault was tainted
 
@@ -216,6 +233,16 @@ def render(data: dict[str, Any], source: str) -> str:
             f"| {t['target']} | {_ms(t['value'])} | {t['limit']:,} | {'yes' if t['met'] else '**miss**'} |"
             for t in data["targets"]
         ],
+        "",
+        "Where one replica reaches each budget, at these per-object costs (nodes with 8 pods each):",
+        "",
+        "| budget | nodes |",
+        "| --- | ---: |",
+        *[f"| {what} | {n:,} |" for what, n in limits(data)],
+        "",
+        f"At the Llama 3 run's rate a fleet of {x['nodes']:,} nodes (8 GPUs each) sees "
+        f"{fleet.fault_rate_per_s(x['nodes']) * 86_400:,.0f} interruptions a day, "
+        f"{fleet.fault_rate_per_s(x['nodes']) * 86_400 * fleet.LLAMA3_GPU_SHARE:,.0f} of them GPU faults.",
         END,
     ]
     return "\n".join(lines)

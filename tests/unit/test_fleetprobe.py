@@ -57,3 +57,22 @@ def test_extrapolation_and_verdicts_follow_the_results(small: dict[str, Any]) ->
         small["load"]["detection_ms"]["p99"] <= 100.0,
     ]
 
+
+def test_render_states_the_result_between_the_markers(small: dict[str, Any], tmp_path: Path) -> None:
+    data: dict[str, Any] = {
+        "commit": "abc1234",
+        "date": "2026-12-03T00:00:00Z",
+        "machine": {"python": "3.11.7", "nproc": 2, "load_average": [7.5, 8.0, 6.0]},
+        "results": [small, {**small, "nodes": 400, "pods": 3200}],
+    }
+    data["extrapolated"] = fleetprobe.extrapolate(data["results"])
+    data["targets"] = fleetprobe.verdicts(data)
+    block = fleetprobe.render(data, "results/bench/fleetprobe-x.json")
+    assert block.startswith(fleetprobe.BEGIN) and block.endswith(fleetprobe.END)
+    assert "`abc1234`" in block and "load average 7.50, 8.00, 6.00" in block
+    assert "| 200 | 1,600 |" in block and "| lease renewal |" in block
+    assert all(f"| {what} |" in block for what, _ in fleetprobe.limits(data))
+    doc = tmp_path / "scaling.md"
+    doc.write_text(f"before\n{fleetprobe.BEGIN}\nold\n{fleetprobe.END}\nafter\n")
+    fleetprobe.write_doc(block, doc)
+    assert doc.read_text() == f"before\n{block}\nafter\n"
