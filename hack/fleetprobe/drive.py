@@ -192,6 +192,8 @@ class Probe:
         """What the watch thread and the loop do with one streamed line."""
         msg = json.loads(e.line)
         watch = _WATCH[e.kind]
+        if watch == "report":  # the agent's write, now what the port answers with (kube.py ``observe``)
+            self.kube.observe("report", fleet.name(e.node), msg["object"])
         obj = self.slim[watch](msg["object"])
         if watch == "lease":
             self.rt.on_lease(msg["type"], obj)

@@ -49,7 +49,9 @@ class MemKube:
     writes: list[Write] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)  # (reason, object name)
     _written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    _rv: Any = field(default_factory=lambda: itertools.count(10_000_000))
+    # Above every resourceVersion the probe streams (``drive.py``): the operator adopts a write's answer
+    # only if it is newer than what it holds.
+    _rv: Any = field(default_factory=lambda: itertools.count(10**12))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _body(self, kind: str, name: str) -> dict[str, Any]:
@@ -73,6 +75,12 @@ class MemKube:
             merged["metadata"]["resourceVersion"] = str(next(self._rv))
             self._written[kind, name] = merged
             return merged
+
+    def observe(self, kind: str, name: str, body: dict[str, Any]) -> None:
+        """A watch event the probe delivered: the object as the API server now holds it (an agent's new
+        report), so that the answer to the operator's next write of it carries the same spec."""
+        with self._lock:
+            self._written[kind, name] = body
 
     def forget(self) -> None:
         """Drop what was written (between phases): the fleet is as generated again."""
