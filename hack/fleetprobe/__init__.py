@@ -61,6 +61,7 @@ async def probe(n: int, load_s: float, per_event: int = PER_EVENT) -> dict[str, 
     out: dict[str, Any] = {"nodes": n, "pods": n * fleet.PODS_PER_NODE, "memory": p.build()}
     await p.start()
     out["settle"] = await p.settle()
+    out["settle"]["full_collection_ms"] = p.full_collection_ms()
     count = min(per_event, n)
     out["per_event"] = {k: await p.per_event(k, count) for k in KINDS}
     p.clock.start()
@@ -180,15 +181,17 @@ def _ms(v: float) -> str:
 
 def table(data: dict[str, Any]) -> Iterator[str]:
     yield (
-        "| nodes | pods | held (MiB) | per node (KiB) | per pod (bytes) | RSS growth (MiB) | settled pass (ms CPU) "
+        "| nodes | pods | held (MiB) | per node (KiB) | per pod (bytes) | RSS growth (MiB) | full GC (ms) "
+        "| settled pass (ms CPU) "
         "| load: share of a core | load: fault to taint p50 / p99 (ms) | 1% storm: nodes, s, p99 (ms) |"
     )
-    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
     for r in data["results"]:
         m, ld, st = r["memory"], r["load"], r["storm"]
         yield (
             f"| {r['nodes']:,} | {r['pods']:,} | {m['held_bytes'] / 2**20:,.0f} | {m['bytes_per_node'] / 1024:,.1f} | "
-            f"{m['bytes_per_pod']:,} | {m['rss_growth_bytes'] / 2**20:,.0f} | {r['settle']['cpu_ms_per_pass']:.2f} | "
+            f"{m['bytes_per_pod']:,} | {m['rss_growth_bytes'] / 2**20:,.0f} | "
+            f"{r['settle'].get('full_collection_ms', float('nan')):,.0f} | {r['settle']['cpu_ms_per_pass']:.2f} | "
             f"{ld['core_share']:.2f} | {_ms(ld['detection_ms']['p50'])} / {_ms(ld['detection_ms']['p99'])} "
             f"({ld['tainted']} of {ld['faults']}) | {st['nodes']}, {st['seconds']:.2f}, "
             f"{_ms(st['detection_ms']['p99'])} |"

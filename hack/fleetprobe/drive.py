@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
-from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime, settle_heap
 from hack.fleetprobe import fleet
 from hack.fleetprobe.kube import MemKube
 from hack.memprobe import wire
@@ -117,6 +117,7 @@ class Probe:
         gc.collect()
         total = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
+        settle_heap()  # as the runtime does once its start-up pod list is in (``Runtime._list_pods``)
         pods = self.n * fleet.PODS_PER_NODE
         return {
             "held_bytes": total,
@@ -142,6 +143,12 @@ class Probe:
         q = self.rt.queue
         while q._dirty or q._processing:
             await asyncio.sleep(0.001)
+
+    def full_collection_ms(self) -> float:
+        """How long one full cyclic collection stops the process (the loop with it), at this size."""
+        started = time.perf_counter()
+        gc.collect()
+        return round((time.perf_counter() - started) * 1e3, 1)
 
     async def settle(self) -> dict[str, Any]:
         """Pass every node once, as start-up does: a settled fleet writes nothing."""
