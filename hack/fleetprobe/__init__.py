@@ -175,6 +175,10 @@ def limits(data: dict[str, Any]) -> list[tuple[str, int]]:
     ]
 
 
+def _num(v: float) -> str:
+    return "miss" if v != v else f"{v:,.2f}"
+
+
 def _ms(v: float) -> str:
     return "miss" if v != v else f"{v:,.1f}"  # NaN: no fault was tainted
 
@@ -233,7 +237,7 @@ def render(data: dict[str, Any], source: str) -> str:
         "| target | value | limit | met |",
         "| --- | ---: | ---: | --- |",
         *[
-            f"| {t['target']} | {_ms(t['value'])} | {t['limit']:,} | {'yes' if t['met'] else '**miss**'} |"
+            f"| {t['target']} | {_num(t['value'])} | {t['limit']:,} | {'yes' if t['met'] else '**miss**'} |"
             for t in data["targets"]
         ],
         "",

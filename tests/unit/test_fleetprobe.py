@@ -4,6 +4,7 @@ the docs block, which must say what the newest filed result says."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,15 @@ def test_render_states_the_result_between_the_markers(small: dict[str, Any], tmp
     doc.write_text(f"before\n{fleetprobe.BEGIN}\nold\n{fleetprobe.END}\nafter\n")
     fleetprobe.write_doc(block, doc)
     assert doc.read_text() == f"before\n{block}\nafter\n"
+
+
+def test_docs_block_is_rendered_from_the_newest_filed_result() -> None:
+    filed = sorted((REPO / "results" / "bench").glob("fleetprobe-*.json"))
+    assert filed, "no filed fleet probe result under results/bench/"
+
+    newest = filed[-1]
+    block = fleetprobe.render(json.loads(newest.read_text()), str(newest.relative_to(REPO)))
+    assert block in (REPO / "docs" / "scaling.md").read_text(), (
+        f"docs/scaling.md's fleet probe block drifted from {newest.name}: "
+        f"python -m hack.fleetprobe --render {newest.relative_to(REPO)}"
+    )
