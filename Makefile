@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv crds control-plane tools kueue real-node lint typecheck unit integration test demo bench chaos soak cluster-up cluster-down clean
+.PHONY: help venv crds control-plane tools kueue real-node lint typecheck unit integration test demo bench fleetprobe chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
 	@echo "make demo KUEUE=1  the same, its training job under Kueue with gpuhealth's AdmissionCheck"
 	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
+	@echo "make fleetprobe    the operator alone at 100,000 nodes, in process (docs/scaling.md)"
 	@echo "make chaos         fault-injection suite"
 	@echo "make soak          random faults, kills and node churn for SOAK_MINUTES (30); resource slopes"
 	@echo "make crds          regenerate crds/*.yaml from operator/gpuhealth/api/ (hack/gen_crds.py)"
@@ -84,6 +85,11 @@ demo: $(STAMP) control-plane $(if $(DEMO_KUEUE),kueue)
 
 bench: $(STAMP) control-plane
 	$(PY) -m hack.bench $(BENCH_ARGS)
+
+# The operator alone at fleet scale, in process (no control plane; docs/scaling.md). On request only.
+FLEETPROBE_ARGS ?= --sizes 2000,5000,10000
+fleetprobe: $(STAMP)
+	$(PY) -m hack.fleetprobe $(FLEETPROBE_ARGS)
 
 chaos: $(STAMP) control-plane
 	$(PY) -m hack.chaos $(CHAOS_ARGS)

@@ -235,6 +235,7 @@ TOOLS: dict[str, set[str]] = {
     "chaos": set(),
     "demo": set(),
     "memprobe": {"bench"},
+    "fleetprobe": {"memprobe"},
     "cluster": set(),
     "gen_xid_docs": set(),
     "gen_crds": set(),

@@ -63,6 +63,25 @@ def failure(pod: Mapping[str, Any], now: dt.datetime, window_s: float) -> tuple[
     return restarts, (last or now)
 
 
+def shows_failure(pod: Mapping[str, Any]) -> bool:
+    """Whether anything restart-loop detection reads of the pod could count, at any time: a restart, a
+    failed exit, a crash loop, a Failed phase; or no status to tell (a deletion known only by name).
+    A pod that shows none changes no node's restart-loop finding by arriving or leaving."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return True
+    if status.get("phase") == "Failed":
+        return True
+    for cs in status.get("containerStatuses") or []:
+        if int(cs.get("restartCount") or 0) > 0:
+            return True
+        for key in ("state", "lastState"):
+            state = cs.get(key) or {}
+            if (state.get("terminated") or {}).get("exitCode", 0) != 0 or state.get("waiting"):
+                return True
+    return False
+
+
 def restart_loop_finding(
     policy: Policy,
     node: str,

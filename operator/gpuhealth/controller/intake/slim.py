@@ -158,6 +158,20 @@ def compact(value: Any) -> Any:
     return share(value)
 
 
+def same_but_version(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Whether two slim copies of one object say the same apart from their resourceVersion: a watch
+    event that changed only what the slim copy leaves out (a pod's IP or conditions, a Node's other
+    conditions' heartbeats) changes nothing a pass reads (docs/scaling.md, the fleet probe)."""
+    if a is None or b is None:
+        return False
+    meta_a, meta_b = a.get("metadata") or {}, b.get("metadata") or {}
+    if {k: v for k, v in a.items() if k != "metadata"} != {k: v for k, v in b.items() if k != "metadata"}:
+        return False
+    return {k: v for k, v in meta_a.items() if k != "resourceVersion"} == {
+        k: v for k, v in meta_b.items() if k != "resourceVersion"
+    }
+
+
 def _pick(m: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: compact(m[k]) for k in keys if k in m}
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpuhealth.controller.intake.slim import slim_pod
+from gpuhealth.controller.intake.slim import same_but_version, slim_pod
 from gpuhealth.drain import pods as P
 from gpuhealth.kube.versions import newer
 
@@ -77,7 +77,10 @@ class PodIndex:
         self.put(body)
 
     def put(self, body: Mapping[str, Any], deleted: bool = False) -> tuple[str, str] | None:
-        """Index a pod by node, gang and workload; returns (its node, its previous node) or None."""
+        """Index a pod by node, gang and workload; returns (its node, its previous node), or None where
+        no pass needs to see it: no uid, or a new copy that differs from the cached one only in its
+        resourceVersion (most pod updates change what the slim copy drops: at 1,000 pod events/s the
+        passes they queued were most of the operator's CPU, docs/scaling.md)."""
         uid = body["metadata"].get("uid")
         if not uid:
             return None
@@ -104,6 +107,8 @@ class PodIndex:
             if gang:
                 self._by_gang.setdefault(gang, {})[uid] = pod
             self._by_workload.setdefault(workload, {})[uid] = pod
+            if old is not None and old[0] == node and same_but_version(cached, pod):
+                return None
         return node, old[0] if old else ""
 
     # -- reads -----------------------------------------------------------------------------------

@@ -331,8 +331,10 @@ def test_a_release_an_sre_asks_for_is_queued_ahead_of_the_backlog() -> None:
         assert [await rt.queue.get() for _ in range(3)] == ["whole", "gpus", "silent"]
         for k in ("whole", "gpus", "silent"):
             rt.queue.done(k)
-        rt.on_node("MODIFIED", copy.deepcopy(rt.store.nodes["whole"]))  # the same release seen again
-        assert rt.queue._dirty == {"whole": False}
+        again = copy.deepcopy(rt.store.nodes["whole"])
+        again["metadata"]["resourceVersion"] = "999"
+        rt.on_node("MODIFIED", again)  # the same release seen again: no news, and nothing a pass reads changed
+        assert rt.queue._dirty == {}
 
     run(body)
 

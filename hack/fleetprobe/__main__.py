@@ -1,0 +1,5 @@
+import sys
+
+from hack.fleetprobe import main
+
+sys.exit(main())
