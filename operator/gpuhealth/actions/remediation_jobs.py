@@ -113,8 +113,40 @@ def build_reset_job(
         DEVICE_GPU_LABEL: str(index),
         STEP_LABEL: "GPUReset",
     }
+    body = gpu_job(
+        name,
+        settings.namespace,
+        settings.service_account,
+        uuid,
+        template,
+        pod,
+        subs,
+        labels,
+        timeout_s,
+    )
+    return body, ""
+
+
+def gpu_job(
+    name: str,
+    namespace: str,
+    service_account: str,
+    uuid: str,
+    template: Mapping[str, Any],
+    pod: dict[str, Any],
+    subs: Mapping[str, str],
+    labels: Mapping[str, str],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """A Job that runs ``pod`` (rendered, pinned to the GPU's node) once for one GPU, as the reset and
+    the validation Jobs both are: never retried by the Job controller (a retry is the ladder's
+    decision), bounded by ``timeout_s``, tolerating gpuhealth's own taint, labelled so the operator
+    finds it again after a restart, kept a day for humans. The template's own Job and pod metadata
+    and Job spec fields are kept, gpuhealth's labels over them."""
+    spec = template.get("spec") or {}
+    pod_tmpl = spec.get("template") or {}
     pod.setdefault("restartPolicy", "Never")
-    pod.setdefault("serviceAccountName", settings.service_account)
+    pod.setdefault("serviceAccountName", service_account)
     pod.setdefault("automountServiceAccountToken", False)
     tolerations = list(pod.get("tolerations") or [])
     if not any(t.get("key") == TAINT_KEY for t in tolerations):
@@ -122,18 +154,18 @@ def build_reset_job(
     pod["tolerations"] = tolerations
     meta_t = _render(pod_tmpl.get("metadata") or {}, subs)
     job_meta = _render(template.get("metadata") or {}, subs)
-    body = {
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name,
-            "namespace": settings.namespace,
+            "namespace": namespace,
             "labels": {**(job_meta.get("labels") or {}), **labels},
             "annotations": {**(job_meta.get("annotations") or {}), "gpuhealth.dev/uuid": uuid},
         },
         "spec": {
             **{k: v for k, v in _render(spec, subs).items() if k != "template"},
-            "backoffLimit": 0,  # each attempt is its own Job: a retry is the ladder's decision
+            "backoffLimit": 0,
             "activeDeadlineSeconds": max(1, int(timeout_s)),
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
@@ -145,7 +177,6 @@ def build_reset_job(
             },
         },
     }
-    return body, ""
 
 
 def job_outcome(job: Mapping[str, Any] | None) -> str:

@@ -27,9 +27,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuhealth.actions.remediation_jobs import _UNSAFE, TTL_AFTER_FINISHED_S, _render, pinned_to
+from gpuhealth.actions.remediation_jobs import _UNSAFE, _render, gpu_job, pinned_to
 from gpuhealth.api.diag import SUMMARY_FORMAT, parse_termination_message
-from gpuhealth.api.names import DEVICE_GPU_LABEL, DEVICE_NODE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, TAINT_KEY
+from gpuhealth.api.names import DEVICE_GPU_LABEL, DEVICE_NODE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from gpuhealth.api.remediation import INDEX_PLACEHOLDER, NODE_PLACEHOLDER, UUID_PLACEHOLDER, RemediationSettings
 from gpuhealth.api.validation import LEVEL_PLACEHOLDER, Outcome, ValidationSettings
 
@@ -117,38 +117,17 @@ def build_validation_job(
         DEVICE_GPU_LABEL: str(index),
         LEVEL_LABEL: str(settings.level),
     }
-    pod.setdefault("restartPolicy", "Never")
-    pod.setdefault("serviceAccountName", remediation.service_account)
-    pod.setdefault("automountServiceAccountToken", False)
-    tolerations = list(pod.get("tolerations") or [])
-    if not any(t.get("key") == TAINT_KEY for t in tolerations):
-        tolerations.append({"key": TAINT_KEY, "operator": "Exists"})
-    pod["tolerations"] = tolerations
-    meta_t = _render(pod_tmpl.get("metadata") or {}, subs)
-    job_meta = _render(template.get("metadata") or {}, subs)
-    body = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": remediation.namespace,
-            "labels": {**(job_meta.get("labels") or {}), **labels},
-            "annotations": {**(job_meta.get("annotations") or {}), "gpuhealth.dev/uuid": uuid},
-        },
-        "spec": {
-            **{k: v for k, v in _render(spec, subs).items() if k != "template"},
-            "backoffLimit": 0,  # one validation per attempt: a retry is the ladder's decision
-            "activeDeadlineSeconds": max(1, int(settings.timeout_s)),
-            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
-            "template": {
-                "metadata": {
-                    "labels": {**(meta_t.get("labels") or {}), **labels},
-                    "annotations": dict(meta_t.get("annotations") or {}),
-                },
-                "spec": pod,
-            },
-        },
-    }
+    body = gpu_job(
+        name,
+        remediation.namespace,
+        remediation.service_account,
+        uuid,
+        template,
+        pod,
+        subs,
+        labels,
+        settings.timeout_s,
+    )
     return body, ""
 
 
