@@ -16,6 +16,8 @@ unknown fields still has every *declared* field checked).
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,15 @@ TIME = "2026-01-01T00:00:00Z"
 
 
 def crd(filename: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((CRDS / filename).read_text(encoding="utf-8"))
+    """The CRD in ``crds/<filename>``, a copy the caller may change (parsed once per file content)."""
+    return copy.deepcopy(_parsed((CRDS / filename).read_text(encoding="utf-8")))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> dict[str, Any]:
+    # The C loader where PyYAML has it: the contract tests read the report's CRD hundreds of times.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    doc: dict[str, Any] = yaml.load(text, Loader=loader)
     return doc
 
 
