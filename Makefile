@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BUILD := build
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv crds control-plane tools kueue real-node lint typecheck unit integration test demo bench fleetprobe chaos soak cluster-up cluster-down clean
+.PHONY: help venv crds control-plane tools kueue chart-tools real-node coldstart lint typecheck unit integration test demo bench fleetprobe chaos soak cluster-up cluster-down clean
 
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make fleetprobe    the operator alone at 100,000 nodes, in process (docs/scaling.md)"
 	@echo "make chaos         fault-injection suite"
+	@echo "make coldstart     time a cold make test (scratch clone, empty caches) into results/build/"
 	@echo "make soak          random faults, kills and node churn for SOAK_MINUTES (30); resource slopes"
 	@echo "make crds          regenerate crds/*.yaml from operator/gpuhealth/api/ (hack/gen_crds.py)"
 	@echo "make cluster-up    start a local control plane with fake GPU nodes (make cluster-down stops it)"
@@ -40,7 +41,9 @@ control-plane:
 
 # Builds (first time) or finds (cached) helm and promtool for the chart and alert tests, and Kueue's
 # manager, CRDs and webhooks for tests/integration/test_kueue.py; fails loudly.
-tools: kueue
+tools: kueue chart-tools
+
+chart-tools:
 	@bash hack/build-tools.sh >/dev/null
 
 # Builds (first time) or finds (cached) Kueue's manager, CRDs and webhooks; fails loudly.
@@ -53,7 +56,8 @@ kueue:
 # packages. Needs root, as the tier does; fails loudly.
 # The Go builds (containerd, kubelet) use the CPUs while the image build mostly waits on the
 # network (apt, mmdebstrap, pip): the two run side by side, and a failure of either stops make.
-real-node: control-plane
+# The kubelet's build runs hack/build-control-plane.sh first (it shares that build's Go cache).
+real-node:
 	@bash hack/build-node.sh containerd kubelet >/dev/null & node=$$!; \
 	bash hack/build-image.sh >/dev/null; image=$$?; \
 	wait $$node; node_rc=$$?; test $$image -eq 0 -a $$node_rc -eq 0
@@ -70,13 +74,20 @@ unit: $(STAMP)
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/unit -q --junitxml=$(BUILD)/junit-unit.xml
 
-integration: $(STAMP) control-plane tools real-node
+# What the tests need, built side by side on a fresh machine: the Go builds share the CPUs while the
+# network-bound steps (module downloads, apt, the image's base and pip) wait, and each build script
+# holds a lock of its own, so two never build the same thing. -O prints each target's log when it ends.
+SIDE_BY_SIDE := $(MAKE) --no-print-directory -j4 -O
+
+integration: $(STAMP)
+	@$(SIDE_BY_SIDE) control-plane tools real-node
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/integration -q --junitxml=$(BUILD)/junit-integration.xml
 
-test: $(STAMP) control-plane tools real-node lint typecheck
+test: $(STAMP)
+	@$(SIDE_BY_SIDE) control-plane tools real-node lint typecheck
 	@mkdir -p $(BUILD)
-	$(PY) -m pytest tests -q -p no:cacheprovider --junitxml=$(BUILD)/junit.xml
+	$(PY) -m pytest tests -q -p no:cacheprovider --durations=20 --junitxml=$(BUILD)/junit.xml
 
 # KUEUE=1: the training job runs under Kueue (hack/demo/kueue.py); only then is Kueue built or needed.
 DEMO_KUEUE := $(filter 1 yes true,$(KUEUE))
@@ -93,6 +104,10 @@ fleetprobe: $(STAMP)
 
 chaos: $(STAMP) control-plane
 	$(PY) -m hack.chaos $(CHAOS_ARGS)
+
+# A cold `make test` in a scratch clone with empty caches, timed and filed (results/build/); on request.
+coldstart: $(STAMP)
+	$(PY) -m hack.coldstart $(COLDSTART_ARGS)
 
 SOAK_MINUTES ?= 30
 soak: $(STAMP) control-plane

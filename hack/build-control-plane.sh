@@ -18,6 +18,9 @@ die() { printf '[hack/build] ERROR: %s\n' "$*" >&2; exit 1; }
 
 command -v go >/dev/null || die "the 'go' command is required to build the test control plane"
 mkdir -p "$BIN" "$WORK"
+# One build at a time: `make -j` runs this beside hack/build-node.sh, whose kubelet build calls it too.
+exec 9>"$BIN/.lock"
+flock 9
 
 have() { [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.ok" ]; }
 mark() { touch "$BIN/.$1.ok"; }

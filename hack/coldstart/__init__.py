@@ -1,0 +1,160 @@
+"""A cold ``make test``, timed: what a fresh machine pays before and while the tests run.
+
+``python -m hack.coldstart`` (``make coldstart``) clones the repository's HEAD into a scratch folder and
+runs ``make test`` there with every cache the build reads pointed at empty folders of its own: the
+tool cache (``GPUHEALTH_CACHE``: control plane, Kueue, helm, promtool, containerd, kubelet, the
+image and its podman storage), Go's module and build caches (``GOMODCACHE``, ``GOCACHE``) and pip's.
+Only what the host itself holds stays: the Go toolchain, and the Debian packages of the real-node
+tier if an earlier run installed them (the result says whether the run had to).
+
+The build scripts print how long each piece took (``hack/build-*.sh``); :func:`pieces` reads those
+lines from the log, the test phase comes from pytest's summary line, and the whole from the wall
+clock. The result is filed in ``results/build/`` and rendered into docs/development.md by
+``python -m hack.coldstart.docs``. Not a test: it takes most of an hour on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "results" / "build"
+TARGET_S = 45 * 60  # a cold `make test` on a fresh machine, all tool builds included
+
+# Each piece as its build script reports it: (name, pattern whose last group is seconds).
+PIECES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("control_plane", re.compile(r"^\[hack/build\] \S+ control plane binaries ready in .*\((\d+)s\)")),
+    ("kueue", re.compile(r"^\[hack/build-kueue\] \S+ Kueue \S+ ready in .*\((\d+)s\)")),
+    ("helm_promtool", re.compile(r"^\[hack/build-tools\] \S+ helm and promtool ready in .*\((\d+)s\)")),
+    ("node_packages", re.compile(r"^\[hack/install-node-packages\] \S+ installed in (\d+)s")),
+    ("containerd", re.compile(r"^\[hack/build-node\] \S+\s+build_containerd took (\d+)s")),
+    ("kubelet", re.compile(r"^\[hack/build-node\] \S+\s+build_kubelet took (\d+)s")),
+    ("pause_image", re.compile(r"^\[hack/build-node\] \S+\s+build_pause took (\d+)s")),
+    ("python_base", re.compile(r"^\[hack/build-image\] \S+\s+base image took (\d+)s")),
+    ("image", re.compile(r"^\[hack/build-image\] \S+ image \S+ built in (\d+)s")),
+)
+_SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<secs>[\d.]+)s")
+
+
+def pieces(lines: Iterable[str]) -> dict[str, int]:
+    """Seconds per piece, from the build scripts' own lines. A script that runs twice (the kubelet's
+    build runs the control plane's, which then finds everything built) counts its longest run."""
+    out: dict[str, int] = {}
+    for line in lines:
+        for name, pattern in PIECES:
+            m = pattern.match(line.strip())
+            if m:
+                out[name] = max(out.get(name, 0), int(m.group(1)))
+    return out
+
+
+def test_summary(lines: Iterable[str]) -> dict[str, Any]:
+    """pytest's last summary line: counts by outcome and its own seconds ({} if it never ran)."""
+    found: dict[str, Any] = {}
+    for line in lines:
+        m = _SUMMARY.match(line.strip())
+        if m:
+            counts = {w: int(n) for n, w in (c.split(" ", 1) for c in m.group("counts").split(", "))}
+            found = {"counts": counts, "pytest_s": round(float(m.group("secs")), 1)}
+    return found
+
+
+def machine() -> dict[str, Any]:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    mem_kb = next((int(line.split()[1]) for line in meminfo if line.startswith("MemTotal")), 0)
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), "")
+    return {"cpus": os.cpu_count(), "mem_gb": round(mem_kb / 2**20, 1), "cpu_model": model}
+
+
+def load() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run(scratch: Path, make_args: tuple[str, ...] = ("test",)) -> dict[str, Any]:
+    """Clone HEAD into ``scratch`` and run ``make test`` there with empty caches; the result record."""
+    clone, caches = scratch / "clone", scratch / "caches"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True)
+    env = {
+        **os.environ,
+        "GPUHEALTH_CACHE": str(caches / "gpuhealth"),
+        "GOMODCACHE": str(caches / "gomod"),
+        "GOCACHE": str(caches / "gobuild"),
+        "PIP_CACHE_DIR": str(caches / "pip"),
+    }
+    log_path = scratch / "make-test.log"
+    before = load()
+    t0 = time.monotonic()
+    with log_path.open("w") as log:
+        rc = subprocess.run(["make", *make_args], cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - t0
+    lines = log_path.read_text(errors="replace").splitlines()
+    got = pieces(lines)
+    tests = test_summary(lines)
+    return {
+        "kind": "coldstart",
+        "commit": _git("rev-parse", "--short", "HEAD", cwd=clone),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine(),
+        "load_before": before,
+        "load_after": load(),
+        "command": "make " + " ".join(make_args),
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "pieces_s": got,
+        "node_packages_installed": "node_packages" in got,
+        "tests": tests,
+        "target_s": TARGET_S,
+        "met": rc == 0 and wall <= TARGET_S,
+        "log_tail": lines[-40:],
+    }
+
+
+def file_result(result: dict[str, Any], out: Path = RESULTS) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"coldstart-{result['date'][:10]}-{result['commit']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def newest(out: Path = RESULTS) -> dict[str, Any] | None:
+    """The newest filed result, by its date (then its name)."""
+    runs = [(json.loads(p.read_text()), p.name) for p in out.glob("coldstart-*.json")]
+    return max(runs, key=lambda r: (r[0]["date"], r[1]))[0] if runs else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scratch", type=Path, help="where to clone and cache (default: a new temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder (clone, caches, log)")
+    ap.add_argument("--no-file", action="store_true", help="print the result, file nothing")
+    args = ap.parse_args(argv)
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        print("note: uncommitted changes are not part of the clone; the run times HEAD", file=sys.stderr)
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gpuhealth-coldstart-"))
+    try:
+        result = run(scratch)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "log_tail"}, indent=2))
+    if not args.no_file:
+        print(f"filed {file_result(result)}; render with: python -m hack.coldstart.docs", file=sys.stderr)
+    return 0 if result["rc"] == 0 else 1

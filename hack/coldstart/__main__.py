@@ -1,0 +1,5 @@
+import sys
+
+from hack.coldstart import main
+
+sys.exit(main())

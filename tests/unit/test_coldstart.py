@@ -1,0 +1,95 @@
+"""The cold-start timer's harness (``hack/coldstart``): it reads the build scripts' own timing lines and
+pytest's summary, and the docs block says what the newest filed run says (the run itself is on
+request: ``make coldstart``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hack import coldstart
+from hack.coldstart import docs
+
+LOG = """\
+[hack/build] 16:05:02 building kwok + kwokctl v0.8.0
+[hack/build] 16:40:10 control plane binaries ready in /c/bin/k8s (2108s)
+[hack/build-node] 16:41:00   build_containerd took 233s
+[hack/build] 16:42:00 control plane binaries ready in /c/bin/k8s (0s)
+[hack/build-node] 16:44:10   build_kubelet took 130s
+[hack/install-node-packages] 16:05:30 installed in 122s
+[hack/build-image] 16:07:30   base image took 108s
+[hack/build-image] 16:09:00 image localhost/gpuhealth:dev-abc built in 76s (409 MB)
+[hack/build-kueue] 16:50:00 Kueue v0.17.0 ready in /c/bin/kueue (377s)
+[hack/build-tools] 16:55:00 helm and promtool ready in /c/bin/tools (290s)
+........................................................................ [ 99%]
+FAILED tests/x.py::test_y - AssertionError
+1 failed, 1907 passed, 2 warnings in 1665.43s (0:27:45)
+"""
+
+
+def test_pieces_come_from_each_build_scripts_own_line_and_a_rerun_does_not_hide_the_build() -> None:
+    got = coldstart.pieces(LOG.splitlines())
+    assert got == {
+        "control_plane": 2108,  # not the 0 s of the kubelet build's second look
+        "containerd": 233,
+        "kubelet": 130,
+        "node_packages": 122,
+        "python_base": 108,
+        "image": 76,
+        "kueue": 377,
+        "helm_promtool": 290,
+    }
+    assert coldstart.pieces(["nothing here", "[hack/build] 1 building etcd"]) == {}
+
+
+def test_the_test_phase_comes_from_pytests_last_summary() -> None:
+    got = coldstart.test_summary(LOG.splitlines())
+    assert got == {"counts": {"failed": 1, "passed": 1907, "warnings": 2}, "pytest_s": 1665.4}
+    assert coldstart.test_summary(["make: *** [Makefile:77: test] Error 2"]) == {}
+
+
+def _result(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "kind": "coldstart",
+        "commit": "abc1234",
+        "date": "2026-12-03T18:00:00Z",
+        "machine": {"cpus": 2, "mem_gb": 23.4, "cpu_model": "x"},
+        "load_before": [0.2, 0.1, 0.1],
+        "load_after": [1.0, 1.0, 1.0],
+        "command": "make test",
+        "rc": 0,
+        "wall_s": 2950.0,
+        "pieces_s": coldstart.pieces(LOG.splitlines()),
+        "node_packages_installed": True,
+        "tests": coldstart.test_summary(LOG.splitlines()),
+        "target_s": coldstart.TARGET_S,
+        "met": False,
+        "log_tail": [],
+    }
+    return {**base, **over}
+
+
+def test_the_block_reports_a_miss_as_a_miss_and_names_every_piece() -> None:
+    text = docs.render(_result())
+    assert "**49 min 10 s**" in text and "**missed**" in text and "45-minute target" in text
+    assert "1907 passed" in text and "27 min 45 s of pytest" in text
+    for name in docs.NAMES.values():
+        if name != docs.NAMES["pause_image"]:
+            assert name in text
+    met = docs.render(_result(wall_s=2000.0, met=True, node_packages_installed=False))
+    assert ": met." in met and "already installed (apt not counted)" in met
+    assert "No cold run is filed yet" in docs.render(None)
+
+
+def test_the_newest_run_is_the_one_filed_last(tmp_path: Path) -> None:
+    assert coldstart.newest(tmp_path) is None
+    for date, commit in (("2026-12-03T10:00:00Z", "old1111"), ("2026-12-03T18:00:00Z", "new2222")):
+        coldstart.file_result(_result(date=date, commit=commit), tmp_path)
+    got = coldstart.newest(tmp_path)
+    assert got is not None and got["commit"] == "new2222"
+    assert json.loads((tmp_path / "coldstart-2026-12-03-old1111.json").read_text())["commit"] == "old1111"
+
+
+def test_the_development_page_shows_the_newest_filed_run() -> None:
+    assert docs.main(["--check"]) == 0, "docs/development.md is stale: run python -m hack.coldstart.docs"
