@@ -84,10 +84,14 @@ integration: $(STAMP)
 	@mkdir -p $(BUILD)
 	$(PY) -m pytest tests/integration -q --junitxml=$(BUILD)/junit-integration.xml
 
+# Tests run on TEST_WORKERS processes (pytest-xdist; tests/conftest.py keeps each module on one worker,
+# each worker with its own control plane): most of an integration test's time is waiting on the
+# operator and the control plane, so two overlap well even on two cores.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@$(SIDE_BY_SIDE) control-plane tools real-node lint typecheck
 	@mkdir -p $(BUILD)
-	$(PY) -m pytest tests -q -p no:cacheprovider --durations=20 --junitxml=$(BUILD)/junit.xml
+	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20 --junitxml=$(BUILD)/junit.xml
 
 # KUEUE=1: the training job runs under Kueue (hack/demo/kueue.py); only then is Kueue built or needed.
 DEMO_KUEUE := $(filter 1 yes true,$(KUEUE))

@@ -17,7 +17,7 @@ LOG = """\
 [hack/build-node] 16:41:00   build_containerd took 233s
 [hack/build] 16:42:00 control plane binaries ready in /c/bin/k8s (0s)
 [hack/build-node] 16:44:10   build_kubelet took 130s
-[hack/install-node-packages] 16:05:30 installed in 122s
+[hack/node-packages] 16:05:30 installed in 122s
 [hack/build-image] 16:07:30   base image took 108s
 [hack/build-image] 16:09:00 image localhost/gpuhealth:dev-abc built in 76s (409 MB)
 [hack/build-kueue] 16:50:00 Kueue v0.17.0 ready in /c/bin/kueue (377s)
