@@ -15,18 +15,16 @@ and its load average); ``--render FILE`` rewrites docs/scaling.md's block from a
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hack import memprobe
 from hack.fleetprobe import fleet
-from hack.memprobe import commit, fit
+from hack.memprobe import fit, header
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT = REPO / "build" / "fleetprobe" / "fleetprobe.json"
@@ -139,13 +137,7 @@ def run(sizes: list[int], load_s: float) -> dict[str, Any]:
         results.append(probe_alone(n, load_s))
         print(f"  {n:>7,} nodes done", file=sys.stderr)
     data: dict[str, Any] = {
-        "commit": commit(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "python": platform.python_version(),
-            "nproc": os.cpu_count(),
-            "load_average": [round(v, 2) for v in os.getloadavg()],
-        },
+        **header(),
         "fleet": {
             "gpus_per_node": fleet.GPUS,
             "pods_per_node": fleet.PODS_PER_NODE,
@@ -256,11 +248,7 @@ def render(data: dict[str, Any], source: str) -> str:
 
 
 def write_doc(block: str, doc: Path = DOC) -> None:
-    text = doc.read_text()
-    if BEGIN not in text:
-        raise SystemExit(f"{doc}: no {BEGIN!r} marker")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(head + block + rest.split(END, 1)[1])
+    memprobe.write_doc(block, doc)  # the block between its own first and last lines, the markers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,12 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", type=Path, help="only regenerate docs/scaling.md's block from this result file")
     a = ap.parse_args(argv)
     if a.render:
-        data = json.loads(a.render.read_text())
-        write_doc(render(data, str(a.render.resolve().relative_to(REPO))))
+        memprobe.render_file(a.render, render, DOC)
         return 0
     data = run([int(s) for s in a.sizes.split(",") if s], a.load_seconds)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(data, indent=2) + "\n")
+    memprobe.save(data, a.out)
     print("\n".join(table(data)))
     for t in data["targets"]:
         print(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['value']} (limit {t['limit']})")
