@@ -154,16 +154,30 @@ class Fixed(Mapping[str, Any]):
 
     __slots__ = ()
     KEYS: ClassVar[tuple[str, ...]] = ()
+    _SLOT: ClassVar[dict[str, Any]] = {}  # key -> its slot's descriptor: a pass reads pods a lot
+
+    def __init_subclass__(cls) -> None:
+        cls._SLOT = {k: cls.__dict__["_" + k] for k in cls.KEYS}
 
     def __init__(self, m: Mapping[str, Any]) -> None:
         for k in self.KEYS:
             object.__setattr__(self, "_" + k, m.get(k, _ABSENT))
 
     def __getitem__(self, key: str) -> Any:
-        value = getattr(self, "_" + key, _ABSENT) if key in self.KEYS else _ABSENT
+        slot = self._SLOT.get(key)
+        value = _ABSENT if slot is None else slot.__get__(self)
         if value is _ABSENT:
             raise KeyError(key)
         return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        slot = self._SLOT.get(key)
+        value = _ABSENT if slot is None else slot.__get__(self)
+        return default if value is _ABSENT else value
+
+    def __contains__(self, key: object) -> bool:
+        slot = self._SLOT.get(key) if isinstance(key, str) else None
+        return slot is not None and slot.__get__(self) is not _ABSENT
 
     def __iter__(self) -> Iterator[str]:
         return (k for k in self.KEYS if getattr(self, "_" + k) is not _ABSENT)
