@@ -175,20 +175,26 @@ def _ms(v: float) -> str:
     return "miss" if v != v else f"{v:,.1f}"  # NaN: no fault was tainted
 
 
+def _count(v: int | None) -> str:
+    return "not counted" if v is None else f"{v:,}"  # runs before the count was recorded
+
+
 def table(data: dict[str, Any]) -> Iterator[str]:
     yield (
         "| nodes | pods | held (MiB) | per node (KiB) | per pod (bytes) | RSS growth (MiB) | full GC (ms) "
         "| settled pass (ms CPU) "
-        "| load: share of a core | load: fault to taint p50 / p99 (ms) | 1% storm: nodes, s, p99 (ms) |"
+        "| load: share of a core | load: node passes | load: delivery lag p99 (ms) "
+        "| load: fault to taint p50 / p99 (ms) | 1% storm: nodes, s, p99 (ms) |"
     )
-    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
     for r in data["results"]:
         m, ld, st = r["memory"], r["load"], r["storm"]
         yield (
             f"| {r['nodes']:,} | {r['pods']:,} | {m['held_bytes'] / 2**20:,.0f} | {m['bytes_per_node'] / 1024:,.1f} | "
             f"{m['bytes_per_pod']:,} | {m['rss_growth_bytes'] / 2**20:,.0f} | "
             f"{r['settle'].get('full_collection_ms', float('nan')):,.0f} | {r['settle']['cpu_ms_per_pass']:.2f} | "
-            f"{ld['core_share']:.2f} | {_ms(ld['detection_ms']['p50'])} / {_ms(ld['detection_ms']['p99'])} "
+            f"{ld['core_share']:.2f} | {_count(ld.get('passes'))} | {_ms(ld['delivery_lag_p99_ms'])} | "
+            f"{_ms(ld['detection_ms']['p50'])} / {_ms(ld['detection_ms']['p99'])} "
             f"({ld['tainted']} of {ld['faults']}) | {st['nodes']}, {st['seconds']:.2f}, "
             f"{_ms(st['detection_ms']['p99'])} |"
         )
