@@ -15,18 +15,16 @@ and its load average); ``--render FILE`` rewrites docs/scaling.md's block from a
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hack import memprobe
 from hack.fleetprobe import fleet
-from hack.memprobe import commit, fit
+from hack.memprobe import fit, header
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT = REPO / "build" / "fleetprobe" / "fleetprobe.json"
@@ -139,13 +137,7 @@ def run(sizes: list[int], load_s: float) -> dict[str, Any]:
         results.append(probe_alone(n, load_s))
         print(f"  {n:>7,} nodes done", file=sys.stderr)
     data: dict[str, Any] = {
-        "commit": commit(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "python": platform.python_version(),
-            "nproc": os.cpu_count(),
-            "load_average": [round(v, 2) for v in os.getloadavg()],
-        },
+        **header(),
         "fleet": {
             "gpus_per_node": fleet.GPUS,
             "pods_per_node": fleet.PODS_PER_NODE,
@@ -183,20 +175,26 @@ def _ms(v: float) -> str:
     return "miss" if v != v else f"{v:,.1f}"  # NaN: no fault was tainted
 
 
+def _count(v: int | None) -> str:
+    return "not counted" if v is None else f"{v:,}"  # runs before the count was recorded
+
+
 def table(data: dict[str, Any]) -> Iterator[str]:
     yield (
         "| nodes | pods | held (MiB) | per node (KiB) | per pod (bytes) | RSS growth (MiB) | full GC (ms) "
         "| settled pass (ms CPU) "
-        "| load: share of a core | load: fault to taint p50 / p99 (ms) | 1% storm: nodes, s, p99 (ms) |"
+        "| load: share of a core | load: node passes | load: delivery lag p99 (ms) "
+        "| load: fault to taint p50 / p99 (ms) | 1% storm: nodes, s, p99 (ms) |"
     )
-    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+    yield "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
     for r in data["results"]:
         m, ld, st = r["memory"], r["load"], r["storm"]
         yield (
             f"| {r['nodes']:,} | {r['pods']:,} | {m['held_bytes'] / 2**20:,.0f} | {m['bytes_per_node'] / 1024:,.1f} | "
             f"{m['bytes_per_pod']:,} | {m['rss_growth_bytes'] / 2**20:,.0f} | "
             f"{r['settle'].get('full_collection_ms', float('nan')):,.0f} | {r['settle']['cpu_ms_per_pass']:.2f} | "
-            f"{ld['core_share']:.2f} | {_ms(ld['detection_ms']['p50'])} / {_ms(ld['detection_ms']['p99'])} "
+            f"{ld['core_share']:.2f} | {_count(ld.get('passes'))} | {_ms(ld['delivery_lag_p99_ms'])} | "
+            f"{_ms(ld['detection_ms']['p50'])} / {_ms(ld['detection_ms']['p99'])} "
             f"({ld['tainted']} of {ld['faults']}) | {st['nodes']}, {st['seconds']:.2f}, "
             f"{_ms(st['detection_ms']['p99'])} |"
         )
@@ -256,11 +254,7 @@ def render(data: dict[str, Any], source: str) -> str:
 
 
 def write_doc(block: str, doc: Path = DOC) -> None:
-    text = doc.read_text()
-    if BEGIN not in text:
-        raise SystemExit(f"{doc}: no {BEGIN!r} marker")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(head + block + rest.split(END, 1)[1])
+    memprobe.write_doc(block, doc)  # the block between its own first and last lines, the markers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,12 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", type=Path, help="only regenerate docs/scaling.md's block from this result file")
     a = ap.parse_args(argv)
     if a.render:
-        data = json.loads(a.render.read_text())
-        write_doc(render(data, str(a.render.resolve().relative_to(REPO))))
+        memprobe.render_file(a.render, render, DOC)
         return 0
     data = run([int(s) for s in a.sizes.split(",") if s], a.load_seconds)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(data, indent=2) + "\n")
+    memprobe.save(data, a.out)
     print("\n".join(table(data)))
     for t in data["targets"]:
         print(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['value']} (limit {t['limit']})")

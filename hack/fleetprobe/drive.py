@@ -256,6 +256,7 @@ class Probe:
         self.kube.writes.clear()
         sent: dict[int, float] = {}
         lag: list[float] = []
+        passes = self.passes
         cpu, t0 = time.process_time(), time.perf_counter()
         k = 0
         while k < len(plan):
@@ -277,6 +278,9 @@ class Probe:
             "events": len(plan),
             "cpu_s": round(used, 2),
             "core_share": round(used / wall, 3),
+            "passes": self.passes - passes,  # node passes the phase's events, faults and sweeps caused
+            # How late the driver delivered events (a stalled loop, or a process the machine did not run):
+            # a fault's detection cannot be faster than its report's delivery.
             "delivery_lag_p99_ms": round(pct(lag, 0.99) * 1e3, 1),
             **self._detections(sent),
         }

@@ -31,7 +31,7 @@ import re
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,35 @@ def commit() -> str:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+# -- what every probe's result file shares (this one's and the fleet probe's, hack/fleetprobe) --------
+
+
+def header() -> dict[str, Any]:
+    """The head of a probe's result file: the commit measured, when, and the machine with its load
+    average as the run ended (a shared machine: the figures are under that load)."""
+    return {
+        "commit": commit(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {
+            "python": platform.python_version(),
+            "nproc": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+
+
+def save(data: dict[str, Any], out: Path) -> None:
+    """Write a result file (to be filed under results/bench/ by hand, with its commit in the name)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def render_file(result: Path, render: Callable[[dict[str, Any], str], str], doc: Path) -> None:
+    """Regenerate ``doc``'s block from a filed result: ``render(data, the file's path in the repo)``."""
+    data = json.loads(result.read_text())
+    write_doc(render(data, str(result.resolve().relative_to(REPO))), doc)
+
+
 def run(sizes: list[int], mig: bool = False) -> dict[str, Any]:
     results = []
     for n in sizes:
@@ -166,13 +195,7 @@ def run(sizes: list[int], mig: bool = False) -> dict[str, Any]:
     n = min(sizes)
     _, top = probe(n, FRAMES, mig)
     return {
-        "commit": commit(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "python": platform.python_version(),
-            "nproc": os.cpu_count(),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-        },
+        **header(),
         "fleet": {
             "gpus_per_node": GPUS,
             "pods_per_node": PODS_PER_NODE,
@@ -243,13 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", type=Path, help="only regenerate docs/bench.md's block from this result file")
     a = ap.parse_args(argv)
     if a.render:
-        data = json.loads(a.render.read_text())
-        write_doc(render(data, str(a.render.resolve().relative_to(REPO))))
+        render_file(a.render, render, DOC)
         return 0
     data = run([int(s) for s in a.sizes.split(",") if s], a.mig)
-    a.out = a.out or (RESULT.with_name("memprobe-mig.json") if a.mig else RESULT)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(data, indent=2) + "\n")
+    save(data, a.out or (RESULT.with_name("memprobe-mig.json") if a.mig else RESULT))
     print("\n".join(table(data)))
     print(f"slope: {data['slope_bytes_per_node'] / 1024:.1f} KiB per node; top sites at {data['sites']['nodes']}:")
     for t in data["sites"]["top"]:

@@ -43,6 +43,8 @@ def test_a_small_probe_measures_a_settled_fleet_through_the_operators_intake(sma
         assert 0 < got["detection_ms"]["p50"] <= got["detection_ms"]["p99"], phase
         assert got["writes"]["patch_node"] >= got["faults"], phase
     assert small["load"]["events"] > 0 and small["load"]["core_share"] > 0
+    # Each fault of the load phase is passed at least once, and the passes are counted.
+    assert small["load"]["passes"] >= small["load"]["faults"]
 
 
 def test_extrapolation_and_verdicts_follow_the_results(small: dict[str, Any]) -> None:
@@ -72,7 +74,7 @@ def test_render_states_the_result_between_the_markers(small: dict[str, Any], tmp
     block = fleetprobe.render(data, "results/bench/fleetprobe-x.json")
     assert block.startswith(fleetprobe.BEGIN) and block.endswith(fleetprobe.END)
     assert "`abc1234`" in block and "load average 7.50, 8.00, 6.00" in block
-    assert "| 200 | 1,600 |" in block and "| lease renewal |" in block
+    assert "| 200 | 1,600 |" in block and "| lease renewal |" in block and "load: node passes" in block
     assert all(f"| {what} |" in block for what, _ in fleetprobe.limits(data))
     doc = tmp_path / "scaling.md"
     doc.write_text(f"before\n{fleetprobe.BEGIN}\nold\n{fleetprobe.END}\nafter\n")
@@ -84,7 +86,7 @@ def test_docs_block_is_rendered_from_the_newest_filed_result() -> None:
     filed = sorted((REPO / "results" / "bench").glob("fleetprobe-*.json"))
     assert filed, "no filed fleet probe result under results/bench/"
 
-    newest = filed[-1]
+    newest = max(filed, key=lambda f: json.loads(f.read_text())["date"])  # by when it ran: names sort by commit
     block = fleetprobe.render(json.loads(newest.read_text()), str(newest.relative_to(REPO)))
     assert block in (REPO / "docs" / "scaling.md").read_text(), (
         f"docs/scaling.md's fleet probe block drifted from {newest.name}: "

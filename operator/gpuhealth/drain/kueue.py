@@ -28,8 +28,7 @@ from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import Step
 
 HOSTNAME = "kubernetes.io/hostname"
-WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set by Kueue on the pods it starts (topology-aware)
-WORKLOAD_LABEL = "kueue.x-k8s.io/workload-name"
+WORKLOAD_ANNOTATION, WORKLOAD_LABEL = P.WORKLOAD_ANNOTATION, P.WORKLOAD_LABEL  # how a pod names its Workload
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 ADMISSION_REQUEUE_S = 30  # an admission refused for held-out capacity is tried again after this
 MAX_MESSAGE = 32768  # the CRD's limit on status.admissionChecks[].message

@@ -20,6 +20,25 @@ GANG_LABELS = (
     "job-name",
 )
 GANG_OWNER_KINDS = {"JobSet", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob"}
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an indexed Job's pod (label or annotation)
+TEMPLATE_HASH = "pod-template-hash"  # a ReplicaSet's pods: their Deployment (``workload_key``)
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set by Kueue on the pods it starts (topology-aware)
+WORKLOAD_LABEL = "kueue.x-k8s.io/workload-name"
+
+# Every label and annotation of a pod that drains, restart-loop detection and Kueue's mover read (this
+# module, drain/plan.py, drain/kueue.py): the pod cache keeps only these (controller/intake/slim.py).
+# Of the presence-only ones just whether they are there is read: their value (an indexed pod's rank,
+# a mirror pod's hash) would make every pod's labels its own, where a Job's pods otherwise share one.
+READ_LABELS = (*GANG_LABELS, TEMPLATE_HASH, COMPLETION_INDEX, WORKLOAD_LABEL)
+READ_ANNOTATIONS = (
+    CHECKPOINT_MODE,
+    CHECKPOINT_REQUESTED,
+    CHECKPOINT_COMPLETED,
+    MIRROR_ANNOTATION,
+    COMPLETION_INDEX,
+    WORKLOAD_ANNOTATION,
+)
+PRESENCE_ONLY = frozenset({COMPLETION_INDEX, MIRROR_ANNOTATION})
 
 
 def key(pod: Mapping[str, Any]) -> str:
@@ -60,9 +79,7 @@ def is_mirror(pod: Mapping[str, Any]) -> bool:
 
 
 def is_indexed_job_pod(pod: Mapping[str, Any]) -> bool:
-    return "batch.kubernetes.io/job-completion-index" in pod_annotations(pod) or (
-        "batch.kubernetes.io/job-completion-index" in pod_labels(pod)
-    )
+    return COMPLETION_INDEX in pod_annotations(pod) or COMPLETION_INDEX in pod_labels(pod)
 
 
 def gang_key(pod: Mapping[str, Any]) -> str | None:
@@ -99,7 +116,7 @@ def workload_key(pod: Mapping[str, Any]) -> str:
         return f"{ns}/Pod={pod['metadata']['name']}"
     name = ref["name"]
     if ref.get("kind") == "ReplicaSet":
-        hash_ = pod_labels(pod).get("pod-template-hash")
+        hash_ = pod_labels(pod).get(TEMPLATE_HASH)
         if hash_ and name.endswith("-" + hash_):
             return f"{ns}/Deployment={name[: -len(hash_) - 1]}"
     return f"{ns}/{ref.get('kind')}={name}"

@@ -18,7 +18,8 @@ What is read, and by whom:
   operator's own record), and name, uid, generation and resourceVersion (freshness, preconditions);
   of ``managedFields`` only the API server's time of the agent's last heartbeat write, as one
   derived ``metadata.writtenAt`` (``evaluation/freshness.py``: start-up freshness reads it).
-- Pod: what drains and restart-loop detection read.
+- Pod: what drains, restart-loop detection and Kueue's mover read (``slim_pod``; of its labels and
+  annotations the keys ``drain/pods.py`` lists as read).
 - Lease (the agents' heartbeats): name, uid, ``renewTime`` and the server's time of it.
 """
 
@@ -27,26 +28,19 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
 from gpuhealth.api.nodes import MIG_RESOURCE_PREFIX
 from gpuhealth.api.report_fields import read_objects_under, read_under
+from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
 
-_POD_META = (
-    "name",
-    "namespace",
-    "uid",
-    "labels",
-    "annotations",
-    "ownerReferences",
-    "deletionTimestamp",
-    "resourceVersion",
-)
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# A pod's own metadata strings: kept as decoded (see ``slim_pod``); its namespace, labels, annotations
+# and controller reference are read too, and shared.
+_POD_OWN = ("name", "uid", "resourceVersion", "deletionTimestamp")
 _OWN_PREFIX = f"{GROUP}/"
 
 # Report spec fields, and per-device fields and sub-fields: what parse_report reads, from the report
@@ -85,6 +79,9 @@ class Leaf(dict[str, Any]):
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
     __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return leaf, (dict(self),)  # a copy (deepcopy, pickle) is the shared copy again: it is read only
 
 
 _LEAVES: weakref.WeakValueDictionary[tuple[tuple[str, Any], ...], Leaf] = weakref.WeakValueDictionary()
@@ -147,6 +144,81 @@ class MigEntry(Mapping[str, Any]):
         return f"MigEntry({dict(self)!r})"
 
 
+class Fixed(Mapping[str, Any]):
+    """A read-only object of a fixed set of keys (``KEYS``), its values in slots: what the pod cache
+    holds for each pod instead of dicts (``cached_pod``).
+
+    800,000 cached pods at 100,000 nodes (docs/scaling.md, the fleet probe): a dict costs 184 bytes
+    with three keys and 272 with seven, these 56 and 96. It reads like the dict it replaces (every
+    reader takes a ``Mapping``); a key the body did not have is absent, not None."""
+
+    __slots__ = ()
+    KEYS: ClassVar[tuple[str, ...]] = ()
+    _SLOT: ClassVar[dict[str, Any]] = {}  # key -> its slot's descriptor: a pass reads pods a lot
+
+    def __init_subclass__(cls) -> None:
+        cls._SLOT = {k: cls.__dict__["_" + k] for k in cls.KEYS}
+
+    def __init__(self, m: Mapping[str, Any]) -> None:
+        for k in self.KEYS:
+            object.__setattr__(self, "_" + k, m.get(k, _ABSENT))
+
+    def __getitem__(self, key: str) -> Any:
+        slot = self._SLOT.get(key)
+        value = _ABSENT if slot is None else slot.__get__(self)
+        if value is _ABSENT:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        slot = self._SLOT.get(key)
+        value = _ABSENT if slot is None else slot.__get__(self)
+        return default if value is _ABSENT else value
+
+    def __contains__(self, key: object) -> bool:
+        slot = self._SLOT.get(key) if isinstance(key, str) else None
+        return slot is not None and slot.__get__(self) is not _ABSENT
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.KEYS if getattr(self, "_" + k) is not _ABSENT)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise TypeError("a cached pod is read only")
+
+    def __reduce__(self) -> tuple[type[Fixed], tuple[dict[str, Any]]]:
+        return type(self), (dict(self),)  # copy, deepcopy and pickle rebuild it from its items
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+
+class PodMeta(Fixed):
+    KEYS = (
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "deletionTimestamp",
+        "labels",
+        "annotations",
+        "ownerReferences",
+    )
+    __slots__ = tuple("_" + k for k in KEYS)
+
+
+class PodStatus(Fixed):
+    KEYS = ("phase", "startTime", "containerStatuses", "resourceClaimStatuses", "extendedResourceClaimStatus")
+    __slots__ = tuple("_" + k for k in KEYS)
+
+
+class CachedPod(Fixed):
+    KEYS = ("metadata", "spec", "status")
+    __slots__ = tuple("_" + k for k in KEYS)
+
+
 def compact(value: Any) -> Any:
     """A JSON tree rebuilt with interned keys and short strings (the same tree, shared parts)."""
     if isinstance(value, Leaf):
@@ -197,35 +269,64 @@ def _slim_container(cs: Mapping[str, Any]) -> Mapping[str, Any]:
     return leaf(out)  # shared when it is only a restart count (a running container's usual state)
 
 
+def _read_keys(m: Any, keys: tuple[str, ...]) -> Mapping[str, Any] | None:
+    """The labels or annotations of ``keys`` (what is read of a pod, ``drain/pods.py`` READ_*), one copy
+    shared by every pod that has the same (a Job's ranks, once a rank's index is kept as presence
+    only); None where the pod has none of them."""
+    if not isinstance(m, Mapping):
+        return None
+    kept = {k: "" if k in P.PRESENCE_ONLY else share(m[k]) for k in keys if k in m}
+    return leaf(kept) if kept else None
+
+
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Only what drains and restart-loop detection read: keeps memory flat with many pods."""
+    """Only what drains, restart-loop detection and Kueue's mover read: keeps memory flat with many pods.
+
+    Pods are most of what the operator holds at 100,000 nodes (800,000 of them, docs/scaling.md, the
+    fleet probe), so beyond leaving out what nothing reads, each pod's own strings (name, uid,
+    resourceVersion) are kept as decoded, not interned (no other object shares them: an entry in the
+    interpreter's table of interned strings would only add to each), and its labels, annotations,
+    controller reference, containers and ``nodeName`` are shared copies (``leaf``)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    slim_meta = {k: meta[k] for k in _POD_META if k in meta}
+    slim_meta: dict[str, Any] = {k: meta[k] for k in _POD_OWN if k in meta}
+    if "namespace" in meta:
+        slim_meta["namespace"] = share(meta["namespace"])
+    for key, read in (("labels", P.READ_LABELS), ("annotations", P.READ_ANNOTATIONS)):
+        kept = _read_keys(meta.get(key), read)
+        if kept is not None:
+            slim_meta[key] = kept
     if meta.get("ownerReferences"):
         # Only the controller's kind and name are read (DaemonSet pods, gangs, Jobs: drain/pods.py).
         refs = [r for r in meta["ownerReferences"] if isinstance(r, Mapping) and r.get("controller")]
-        slim_meta["ownerReferences"] = [
+        slim_meta["ownerReferences"] = tuple(
             leaf(compact({k: r[k] for k in ("kind", "name", "controller") if k in r})) for r in refs
-        ]
-    if _LAST_APPLIED in (meta.get("annotations") or {}):
-        slim_meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != _LAST_APPLIED}
-    slim_status = {k: status[k] for k in ("phase", "startTime") if k in status}
+        )
+    slim_status = {k: share(status[k]) for k in ("phase", "startTime") if k in status}
     if "containerStatuses" in status:
-        slim_status["containerStatuses"] = [_slim_container(cs) for cs in status["containerStatuses"] or []]
+        slim_status["containerStatuses"] = tuple(_slim_container(cs) for cs in status["containerStatuses"] or [])
     # The claims a pod uses: a device drain finds the pods that hold one GPU by them (drain/claims.py).
     for key in ("resourceClaimStatuses", "extendedResourceClaimStatus"):
         if status.get(key):
-            slim_status[key] = status[key]
-    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+            slim_status[key] = compact(status[key])
+    slim_spec: dict[str, Any] = {"nodeName": share(spec.get("nodeName"))}
     if spec.get("resourceClaims"):
         slim_spec["resourceClaims"] = [
-            {k: c[k] for k in ("name", "resourceClaimName") if k in c} for c in spec["resourceClaims"]
+            compact({k: c[k] for k in ("name", "resourceClaimName") if k in c}) for c in spec["resourceClaims"]
         ]
-    spec_out = leaf(compact(slim_spec)) if "resourceClaims" not in slim_spec else slim_spec
-    out: dict[str, Any] = compact({"metadata": slim_meta, "spec": spec_out, "status": slim_status})
-    return out
+    spec_out = leaf(slim_spec) if "resourceClaims" not in slim_spec else slim_spec
+    return {"metadata": slim_meta, "spec": spec_out, "status": slim_status}
+
+
+def cached_pod(body: Mapping[str, Any], deleted_at: Any = None) -> CachedPod:
+    """The pod as the pod cache holds it: ``slim_pod``'s copy in slots (``Fixed``); ``deleted_at``: the
+    deletionTimestamp it keeps if the body has none (a deletion is never undone, ``state/pods.py``)."""
+    slim = slim_pod(body)
+    meta = slim["metadata"]
+    if deleted_at and not meta.get("deletionTimestamp"):
+        meta["deletionTimestamp"] = deleted_at
+    return CachedPod({"metadata": PodMeta(meta), "spec": slim["spec"], "status": PodStatus(slim["status"])})
 
 
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -143,16 +143,24 @@ class Feeders:
             self.on_lease("MODIFIED", lease, live=False)
 
     def on_pod(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
-        """Pods by node, gang and workload: what drains and restart-loop detection need."""
-        nodes = self.store.pods.put(body, deleted=event == "DELETED")
-        if nodes is None or not enqueue:
+        """Pods by node, gang and workload: what drains and restart-loop detection need.
+
+        Queues the pod's node (and the node it left), unless settled and the pod quiet, and the draining
+        nodes that hold a member of its gang: a drain plans each gang whole (``drain/plan.py``), so a
+        member's change on another node (acknowledged, evicted, gone) moves it. Not every draining node
+        on every pod event: at 1,000 pod events/s those passes held the workers from the next fault's
+        (docs/scaling.md, the fleet probe); a running drain still passes itself every second."""
+        change = self.store.pods.put(body, deleted=event == "DELETED")
+        if change is None or not enqueue:
             return
         quiet = not shows_failure(body)
-        for n in set(nodes):
+        for n in {change.node, change.previous}:
             if n in self.store.nodes and not (quiet and self._settled(n)):
                 self.queue.add(n)
-        for n in self.breaker.drains():
-            self.queue.add(n)
+        draining = self.breaker.drains() if change.gangs else set()
+        for gang in change.gangs:
+            for n in self.store.pods.hosting(gang, draining):
+                self.queue.add(n)
 
     def _settled(self, name: str) -> bool:
         """Whether a pass of ``name`` reads its pods only for restart loops: Healthy, every GPU in

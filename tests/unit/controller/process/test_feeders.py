@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuhealth.api.names import State
+from gpuhealth.api.names import CHECKPOINT_COMPLETED, State
 from gpuhealth.api.status import Record
 from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.evaluation.restarts import shows_failure
-from tests.unit.builders import T0
+from tests.unit.builders import T0, make_policy
 from tests.unit.fake_kube import FakeKube
 
 
@@ -131,6 +131,75 @@ def test_a_quiet_pod_arriving_or_leaving_on_a_settled_node_queues_no_pass() -> N
             assert _queued(r) == {"n1"}, (state, gpu_state)
 
     asyncio.run(body())
+
+
+def _gang_pod(uid: str, node: str, rank: int, rv: str = "1", job: str = "train-a") -> dict[str, Any]:
+    """A rank of an indexed Job (a gang: drain/pods.py ``gang_key``), quiet (no restart, no failure)."""
+    return {
+        "metadata": {
+            "name": f"{job}-{rank}",
+            "namespace": "ns",
+            "uid": uid,
+            "resourceVersion": rv,
+            "labels": {"batch.kubernetes.io/job-name": job, "batch.kubernetes.io/job-completion-index": str(rank)},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "c", "restartCount": 0}]},
+    }
+
+
+def test_a_draining_node_is_queued_by_its_own_and_its_gangs_pods_only() -> None:
+    """A drain reads its own pods and their gangs' members elsewhere (drain/plan.py): a pod of an
+    unrelated workload anywhere in the fleet queues no draining node (at 1,000 pod events/s those passes
+    held the workers from the next fault's), its own pod's deletion does, and so does a change of a
+    gang member on another node."""
+
+    async def body() -> None:
+        r = Runtime(FakeKube(), clock=lambda: T0, workers=1)
+        for name in ("n1", "n2", "n3"):
+            node = _node("10")
+            node["metadata"]["name"] = name
+            r.on_node("ADDED", slim_node(node), enqueue=False)
+        r.store.set_record("n1", Record(state=State.DRAINING, since=T0))
+        for name in ("n2", "n3"):
+            r.store.put_report(name, {"metadata": {"name": name}, "spec": {}, "status": {"devices": []}})
+            r.store.set_record(name, Record(state=State.HEALTHY, since=T0))
+        assert await r.breaker.take_drain_slot(make_policy(), "n1")
+        r.on_pod("ADDED", _gang_pod("a0", "n1", 0), enqueue=False)
+        r.on_pod("ADDED", _gang_pod("a1", "n2", 1), enqueue=False)
+        r.on_pod("ADDED", _gang_pod("b0", "n3", 0, job="train-b"), enqueue=False)
+        r.on_pod("ADDED", _pod("1", "10.0.0.9") | {"spec": {"nodeName": "n3"}}, enqueue=False)
+        assert _queued(r) == set()
+
+        acked = _gang_pod("b0", "n3", 0, rv="2", job="train-b")
+        acked["metadata"]["annotations"] = {CHECKPOINT_COMPLETED: "2025-01-01T12:00:00Z"}
+        r.on_pod("MODIFIED", acked)  # a change a pass reads, of another gang on a settled node
+        r.on_pod("DELETED", _pod("2", "10.0.0.9") | {"spec": {"nodeName": "n3"}})  # no gang, elsewhere
+        r.on_pod("ADDED", _gang_pod("b1", "n2", 1, job="train-b"))  # another gang, on a settled node
+        assert _queued(r) == set()
+
+        r.on_pod("DELETED", _gang_pod("a1", "n2", 1, rv="3"))  # the draining node's gang member, elsewhere
+        assert _queued(r) == {"n1"}
+        r.queue._dirty.clear()
+        r.on_pod("DELETED", {"metadata": {"uid": "a0"}, "spec": {"nodeName": "n1"}})  # its own pod, gone
+        assert _queued(r) == {"n1"}
+
+    asyncio.run(body())
+
+
+def test_the_pod_index_names_the_nodes_of_a_gang_among_candidates_either_way() -> None:
+    """``hosting`` walks the smaller side: a gang's members or the candidate nodes' pods; both agree."""
+    r = Runtime(FakeKube(), clock=lambda: T0, workers=1)
+    pods = r.store.pods
+    for rank in range(6):
+        pods.put(_gang_pod(f"a{rank}", f"n{rank % 3}", rank))
+    pods.put(_gang_pod("b0", "n3", 0, job="train-b"))
+    gang = "ns/Job=train-a"
+    assert pods.hosting(gang, {"n0"}) == {"n0"}  # one candidate, six members: the candidates' pods
+    assert pods.hosting(gang, {"n0", "n1", "n3", "n4", "n5", "n6", "n7"}) == {"n0", "n1"}  # the members
+    assert pods.hosting(gang, {"n3"}) == set() and pods.hosting("ns/Job=none", {"n0"}) == set()
+    change = pods.put(_gang_pod("a0", "n0", 0, rv="2", job="train-b"))  # moved to another gang
+    assert change is not None and set(change.gangs) == {gang, "ns/Job=train-b"}
 
 
 def test_shows_failure_reads_every_sign_restart_loops_count() -> None:
