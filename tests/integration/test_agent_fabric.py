@@ -1,6 +1,6 @@
 """The fabric between GPUs end to end: a real agent on the fake NVML and a fake sysfs tree reports an
 inactive NVLink and a down InfiniBand port in its GPUNodeHealth; the API server keeps every field (the
-CRD's structural schema would prune undeclared ones), the operator parses the report, and
+CRD's structural schema would prune undeclared ones), the operator parses the report and judges it, and
 `kubectl gpuhealth describe` shows both."""
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def test_an_inactive_nvlink_and_a_down_ib_port_reach_the_report_and_describe(
     typed = report.device(3)
     assert typed is not None and typed.nvlink is not None and typed.nvlink.inactive == 1
     assert [n.label for n in report.nics if n.down] == ["mlx5_1/1"]
-    # No rule judges these facts yet: the report is read, not refused, and the node stays as it was.
-    assert kube.state(node) == "Healthy"
+    # The rules judge them (evaluation/fabric_rules.py; tests/integration/test_fabric_rules.py): the down
+    # port and the rise of its link_downed take the node out.
+    wait_for(lambda: kube.our_taint(node) is not None, timeout=30, what="the node out for its down port")
+    assert (kube.report(node).get("status") or {}).get("reason") == "NICDown"
 
     described = plugin(cluster, "describe", node)
     assert described.returncode == 0, described.stderr
