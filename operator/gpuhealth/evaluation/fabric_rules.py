@@ -3,7 +3,9 @@
 The agent reports facts (``api/report_fabric.py``); the rules of ``api/fabric_policy.py`` turn them into
 findings here, which ``assess`` adds to the node's:
 
-- ``NVLinkDegraded`` (GPU, slow): fewer active NVLinks than the GPU has, or its failed link recoveries
+- ``NVLinkDegraded`` (GPU, slow): fewer active NVLinks than the GPU has (its own count of links, or
+  more where its peers of the same model on the node have more: learned from peers, as the design notes
+  say the expected count is), or its failed link recoveries
   (Blackwell's field 214) rose since the last pass. The NVLink error counters and BER are telemetry and
   never a verdict (DCGM 4.7 dropped its BER checks because they failed healthy GPUs).
 - ``PCIeDowntrained`` (GPU, slow): the link narrower than its maximum (judged always), or a lower
@@ -89,7 +91,17 @@ def _gpu(d: Device, signal: Signal, action: Action, detail: str, since: dt.datet
     return Finding(signal, action, detail, d.index, d.uuid, None, since)
 
 
-def _nvlink(policy: Policy, d: Device, report: Report, counters: _Counters) -> list[Finding]:
+def most_links(report: Report) -> dict[str, int]:
+    """Per GPU model, the most NVLinks a GPU of that model on the node has: what each of them should have
+    (a link that vanished from a GPU's own count is still missed)."""
+    out: dict[str, int] = {}
+    for d in report.devices:
+        if d.nvlink is not None and d.nvlink.links is not None:
+            out[d.model] = max(out.get(d.model, 0), d.nvlink.links)
+    return out
+
+
+def _nvlink(policy: Policy, d: Device, report: Report, counters: _Counters, most: Mapping[str, int]) -> list[Finding]:
     rule = policy.fabric.nvlink
     n = d.nvlink
     if n is None:
@@ -98,8 +110,10 @@ def _nvlink(policy: Policy, d: Device, report: Report, counters: _Counters) -> l
     if not rule.enabled:
         return []
     why = []
-    if n.inactive:
-        why.append(f"{n.inactive} of {n.links} NVLinks inactive")
+    expected = max(n.links or 0, most.get(d.model, 0)) if n.links is not None else None
+    if n.active is not None and expected is not None and n.active < expected:
+        learned = "" if expected == n.links else " (as many as the node's other GPUs of its model have)"
+        why.append(f"{expected - n.active} of {expected} NVLinks inactive{learned}")
     if failed:
         why.append(f"{failed} failed NVLink recoveries since the last look ({n.recovery_failed} in all)")
     if not why:
@@ -226,11 +240,12 @@ def fabric_findings(
 ) -> list[Finding]:
     """Every finding the fabric rules make of ``report``; ``pending`` receives the counters' values."""
     counters = _Counters(prior_pending, pending)
+    most = most_links(report)
     out: list[Finding] = []
     for d in report.devices:
         if d.lost:
             continue  # a lost GPU is its own finding; its links and fabric say nothing more
-        out.extend(_nvlink(policy, d, report, counters))
+        out.extend(_nvlink(policy, d, report, counters, most))
         out.extend(_pcie(policy, d, report))
         out.extend(_fabric_degraded(policy, d, report))
     out.extend(_fabric_broken(policy, report))

@@ -191,3 +191,14 @@ def test_rules_follow_the_policy() -> None:
     assert signals(assess_at(report, off)) == [(PC, COR, 3, None)]
     observe = make_policy({"rules": {"nvlink": {"action": "observe"}}})
     assert (NV, OBS, 3, None) in signals(assess_at(report, observe))
+
+
+def test_the_links_a_gpu_should_have_are_learned_from_its_peers_of_the_same_model() -> None:
+    devices = eight_gpus(g3={"nvlink": {"links": 16, "active": 16}})
+    for i, d in enumerate(devices):
+        if i != 3:
+            d["nvlink"] = {"links": 18, "active": 18}
+    a = assess_at(make_report(devices=devices))
+    assert signals(a) == [(NV, COR, 3, None)] and "2 of 18 NVLinks inactive" in a.findings[0].detail
+    other_model = [{**d, "model": "NVIDIA B200"} if d["index"] == 3 else d for d in devices]
+    assert signals(assess_at(make_report(devices=other_model))) == []
