@@ -238,7 +238,7 @@ def assess(
     findings.extend(_assess_xids(policy, report, cleared_before))
     for d in report.devices:
         findings.extend(_assess_device(policy, d, report, now, prior_pending, pending))
-    findings.extend(fabric_findings(policy, report, prior_pending, pending))
+    findings.extend(fabric_findings(policy, report, prior_pending, pending, now, cleared_before))
     expected = node.expected_gpus(policy)
     if report.nvml_available and expected is not None and len(report.devices) < expected:
         findings.append(

@@ -26,11 +26,13 @@ findings here, which ``assess`` adds to the node's:
   its rate threshold. A counter named ``saturated`` has no rate (pinned at its maximum, its rate is
   unknown, not zero) and decides nothing.
 
-Counters are judged by their increase. The agent reports the NIC counters as the increase since it
-started watching and the NVLink failed recoveries as the raw count; the operator remembers the last
-value it judged in ``status.pending`` under ``count/...`` keys (a counter key is memory, not a wait:
-``evaluation/rules.py`` re-passes no node for it), so one increase is one finding, in the pass that sees
-it, and the node's or GPU's usual probation brings it back once the counter stays still.
+Counters are judged by their increase, remembered in ``status.pending`` under ``count/...`` keys (memory,
+not a wait: ``evaluation/rules.py`` re-passes no node for them). The NVLink failed recoveries are the raw
+count: a rise since the last pass is one finding, in the pass that sees it, and the GPU's probation brings
+it back once the count stays still (a GPU whose recoveries keep failing relapses, and flaps out). The
+NIC counters fatal on any increase are the agent's increase since it started watching: an increase is
+evidence, like an XID: it holds the node out (its drain runs to the end) until a human releases the node,
+which acknowledges the increase so far (``cleared_before``); a restarted agent starts from 0 again.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from gpuhealth.api.names import Action, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.report_fabric import NicPort
+from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.evaluation.findings import Finding
 
 COUNTER_PREFIX = "count/"  # status.pending keys that remember a counter's last judged value
@@ -68,10 +71,12 @@ def is_counter_key(key: str) -> bool:
 
 @dataclass
 class _Counters:
-    """Last judged counter values: read from the prior pass, written for the next (``pending``)."""
+    """Counter values remembered between passes: read from the prior pass, written for the next (``pending``)."""
 
     prior: Mapping[str, str]
     pending: dict[str, str]
+    now: dt.datetime
+    cleared_before: dt.datetime | None = None
 
     def rose(self, key: str, value: int | None, first: int | None) -> int:
         """By how much ``value`` rose since the last pass (``first``: the baseline when none was kept; None:
@@ -85,6 +90,28 @@ class _Counters:
         if value > 0:
             self.pending[key] = str(value)
         return 0 if last is None or value <= last else value - last
+
+    def above_acknowledged(self, key: str, value: int | None) -> int:
+        """By how much ``value`` (an increase the agent counts from 0) is above the value a human last
+        acknowledged by releasing the node: evidence, like an XID, that holds the node out until then.
+        Remembered as ``<value>@<time acknowledged>``; a lower value (a restarted agent) starts again."""
+        if value is None:
+            return 0
+        key = COUNTER_PREFIX + key
+        base, since = _acknowledged(self.prior.get(key))
+        if since is None or value < base:
+            base, since = 0, self.now  # first seen now (or the agent restarted): nothing acknowledged yet
+        if self.cleared_before is not None and self.cleared_before > since and value > base:
+            base, since = value, self.cleared_before  # released since: this much is acknowledged
+        if base > 0 or value > 0:
+            self.pending[key] = f"{base}@{format_time(since)}"
+        return max(0, value - base)
+
+
+def _acknowledged(raw: str | None) -> tuple[int, dt.datetime | None]:
+    """``<value>@<since>``: the value acknowledged and since when it is (or the counter was first seen)."""
+    value, _, at = (raw or "").partition("@")
+    return (int(value) if value.isdigit() else 0), parse_time(at)
 
 
 def _gpu(d: Device, signal: Signal, action: Action, detail: str, since: dt.datetime | None) -> Finding:
@@ -183,7 +210,7 @@ def _nic(policy: Policy, report: Report, counters: _Counters) -> list[Finding]:
     slow: list[str] = []
     for port in report.nics:
         rises = [
-            (name, counters.rose(f"nic/{port.label}/{name}", getattr(port, attr), 0))
+            (name, counters.above_acknowledged(f"nic/{port.label}/{name}", getattr(port, attr)))
             for attr, name in FATAL_COUNTERS
             if name not in port.saturated
         ]
@@ -236,10 +263,16 @@ def _per(per_min: float) -> str:
 
 
 def fabric_findings(
-    policy: Policy, report: Report, prior_pending: Mapping[str, str], pending: dict[str, str]
+    policy: Policy,
+    report: Report,
+    prior_pending: Mapping[str, str],
+    pending: dict[str, str],
+    now: dt.datetime,
+    cleared_before: dt.datetime | None = None,
 ) -> list[Finding]:
-    """Every finding the fabric rules make of ``report``; ``pending`` receives the counters' values."""
-    counters = _Counters(prior_pending, pending)
+    """Every finding the fabric rules make of ``report``; ``pending`` receives the counters' values.
+    ``cleared_before``: a human released the node then, acknowledging the NIC counters' increases so far."""
+    counters = _Counters(prior_pending, pending, now, cleared_before)
     most = most_links(report)
     out: list[Finding] = []
     for d in report.devices:

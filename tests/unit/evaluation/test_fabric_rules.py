@@ -161,13 +161,25 @@ def test_failed_nvlink_recoveries_count_when_they_rise_not_at_first_sight() -> N
     assert signals(still) == []
 
 
-def test_a_nic_counter_increase_is_one_finding_then_memory() -> None:
-    first = assess_at(make_report(nics=_nic(linkDowned=1)))
+def test_a_nic_counter_increase_holds_the_node_out_until_a_release_acknowledges_it() -> None:
+    report = make_report(nics=_nic(linkDowned=1))
+    first = assess_at(report, now_s=60)
     assert signals(first) == [(ND, DRN, None, None)]
-    again = assess_at(make_report(nics=_nic(linkDowned=1)), prior_pending=dict(first.pending))
-    assert signals(again) == []
-    more = assess_at(make_report(nics=_nic(linkDowned=2)), prior_pending=dict(again.pending))
-    assert signals(more) == [(ND, DRN, None, None)]
+    # Evidence, like an XID: it holds on every later pass, whatever the time.
+    later = assess_at(report, now_s=600, prior_pending=dict(first.pending))
+    assert signals(later) == [(ND, DRN, None, None)]
+    # A release acknowledges the increase so far; an older release does not.
+    old = assess_at(report, now_s=700, prior_pending=dict(later.pending), cleared_s=30)
+    assert signals(old) == [(ND, DRN, None, None)]
+    released = assess_at(report, now_s=800, prior_pending=dict(old.pending), cleared_s=800)
+    assert signals(released) == []
+    after = assess_at(report, now_s=900, prior_pending=dict(released.pending), cleared_s=800)
+    assert signals(after) == []
+    more = assess_at(make_report(nics=_nic(linkDowned=2)), now_s=960, prior_pending=dict(after.pending), cleared_s=800)
+    assert signals(more) == [(ND, DRN, None, None)] and "link_downed +1" in more.findings[0].detail
+    # A restarted agent counts from 0 again: nothing to hold.
+    restarted = assess_at(make_report(nics=_nic(linkDowned=0)), now_s=990, prior_pending=dict(more.pending))
+    assert signals(restarted) == []
 
 
 def test_rules_follow_the_policy() -> None:
