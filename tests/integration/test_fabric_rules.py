@@ -93,15 +93,21 @@ def test_an_inactive_nvlink_keeps_new_work_off_that_gpu_and_running_work_untouch
     # Once that work ends by itself, no new work lands on the GPU: the scheduler honours the rule.
     dra.wait_rule_seen(kube, rule)
     kube.core.delete_namespaced_pod("rank-0", ns, grace_period_seconds=0)
-    wait_for(lambda: "rank-0" not in {p.metadata.name for p in kube.core.list_namespaced_pod(ns).items}, what="gone")
+
+    def freed() -> bool:
+        claims = kube.custom.list_namespaced_custom_object(dra.G, dra.V, ns, "resourceclaims").get("items") or []
+        return not any((c.get("status") or {}).get("allocation") and held in dra.allocated_devices(c) for c in claims)
+
+    wait_for(freed, timeout=60, what="the rank's claim gone, its GPU free")
     dra.create_claim_template(kube, ns, "that-gpu", 1, cel=f"device.attributes['{dra.DRIVER}'].index == {bad}")
     kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, "pinned", "that-gpu", node))
     dra.wait_unschedulable(kube, ns, "pinned")
 
-    # The link comes back: the GPU returns after its probation.
+    # The link comes back: the GPU returns after its probation, and the waiting pod gets it.
     fleet[node].unset(f"gpu {bad} nvlink_inactive 0x1")
     wait_for(lambda: rule not in _rules(kube, node), timeout=60, what="the GPU back in service")
     assert _device(kube, node, bad).get("state", "InService") == "InService"
+    assert dra.wait_allocated(kube, ns, "pinned", timeout=90) == [held]
 
 
 def test_an_ib_port_going_down_takes_the_node_out(
