@@ -78,7 +78,7 @@ def test_an_inactive_nvlink_and_a_down_ib_port_reach_the_report_and_describe(
     text = described.stdout
     row = next(line for line in text.splitlines() if line.strip().startswith("3 ") and "active" in line)
     assert "17/18 active (down: 0)" in row and "x16/x16" in row
-    nic = next(line for line in text.splitlines() if "mlx5_1/1" in line)
+    nic = next(line for line in text.splitlines() if line.strip().startswith("mlx5_1/1"))  # the NICs row
     assert "DOWN (Polling)" in nic and "1/0/0/0" in nic
     model = json.loads(plugin(cluster, "describe", node, "-o", "json").stdout)
     assert model["fabric"]["devices"][3]["nvlinkExpected"] == 18
