@@ -35,6 +35,7 @@ import yaml
 
 from gpuhealth.api import (
     device_policy,
+    fabric_policy,
     names,
     policy,
     recovery,
@@ -77,7 +78,19 @@ def _enum(values: type[enum.Enum] | Iterable[Any], allowed: Iterable[Any] | None
 def namespace() -> dict[str, Any]:
     """What a template's expressions may name: the API's vocabularies and the parsed defaults."""
     ns: dict[str, Any] = {}
-    for module in (names, recovery, remediation, report, selector, status, device_policy, slow_policy, policy):
+    modules = (
+        names,
+        recovery,
+        remediation,
+        report,
+        selector,
+        status,
+        device_policy,
+        slow_policy,
+        fabric_policy,
+        policy,
+    )
+    for module in modules:
         ns.update({k: v for k, v in vars(module).items() if not k.startswith("_")})
     defaults = policy.Policy(name="")
     ns.update(

@@ -1,6 +1,6 @@
 """The fabric between GPUs end to end: a real agent on the fake NVML and a fake sysfs tree reports an
 inactive NVLink and a down InfiniBand port in its GPUNodeHealth; the API server keeps every field (the
-CRD's structural schema would prune undeclared ones), the operator parses the report, and
+CRD's structural schema would prune undeclared ones), the operator parses the report and judges it, and
 `kubectl gpuhealth describe` shows both."""
 
 from __future__ import annotations
@@ -68,15 +68,17 @@ def test_an_inactive_nvlink_and_a_down_ib_port_reach_the_report_and_describe(
     typed = report.device(3)
     assert typed is not None and typed.nvlink is not None and typed.nvlink.inactive == 1
     assert [n.label for n in report.nics if n.down] == ["mlx5_1/1"]
-    # No rule judges these facts yet: the report is read, not refused, and the node stays as it was.
-    assert kube.state(node) == "Healthy"
+    # The rules judge them (evaluation/fabric_rules.py; tests/integration/test_fabric_rules.py): the down
+    # port and the rise of its link_downed take the node out.
+    wait_for(lambda: kube.our_taint(node) is not None, timeout=30, what="the node out for its down port")
+    assert (kube.report(node).get("status") or {}).get("reason") == "NICDown"
 
     described = plugin(cluster, "describe", node)
     assert described.returncode == 0, described.stderr
     text = described.stdout
     row = next(line for line in text.splitlines() if line.strip().startswith("3 ") and "active" in line)
     assert "17/18 active (down: 0)" in row and "x16/x16" in row
-    nic = next(line for line in text.splitlines() if "mlx5_1/1" in line)
+    nic = next(line for line in text.splitlines() if line.strip().startswith("mlx5_1/1"))  # the NICs row
     assert "DOWN (Polling)" in nic and "1/0/0/0" in nic
     model = json.loads(plugin(cluster, "describe", node, "-o", "json").stdout)
     assert model["fabric"]["devices"][3]["nvlinkExpected"] == 18

@@ -23,6 +23,9 @@ DEVICE_RULES = (
     "gpuLost",
     "powerBrake",
     "hwSlowdown",
+    "nvlink",
+    "pcie",
+    "fabric",
 )
 FLAPPING_CHOICES = ("AwaitingRepair", "Node")
 

@@ -89,6 +89,13 @@ class Signal(StrEnum):
     HW_SLOWDOWN = "HWSlowdown"  # clock reason 0x8 alone: slow, not broken, cause not given
     IMEX_DOMAIN = "ImexDomain"  # a GPU of the node's NVLink domain asks for the domain's recovery
     RACK_POWER_BRAKE = "RackPowerBrake"  # a power brake on several nodes of one rack: the facility's
+    # The fabric between GPUs (evaluation/fabric_rules.py, rules nvlink / pcie / fabric / nic):
+    NVLINK_DEGRADED = "NVLinkDegraded"  # fewer active NVLinks than the GPU has, or failed link recoveries
+    PCIE_DOWNTRAINED = "PCIeDowntrained"  # the GPU's PCIe link narrower (or, busy, slower) than it can be
+    FABRIC_DEGRADED = "FabricDegraded"  # a fabric health sub-field says degraded bandwidth or a recovery
+    FABRIC_FAULT = "FabricFault"  # the fabric probe failed, or the GPU's fabric configuration is wrong
+    NIC_DOWN = "NICDown"  # an InfiniBand / RoCE port down, or a counter fatal on any increase rose
+    NIC_DEGRADED = "NICDegraded"  # a NIC error rate above its threshold (slow, not broken)
     GPU_LOST = "GPULost"
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
@@ -103,7 +110,17 @@ class Signal(StrEnum):
 # "Slow, not broken": the GPUs compute correctly, only slower. Nodes held out for these count against
 # a breaker budget of their own (spec.safety.maxSlow), apart from the broken ones (maxUnhealthy), so a
 # fleet-wide slowdown neither idles the fleet nor spends the budget meant for dead GPUs.
-SLOW_SIGNALS = frozenset({Signal.POWER_BRAKE, Signal.HW_SLOWDOWN, Signal.RACK_POWER_BRAKE})
+SLOW_SIGNALS = frozenset(
+    {
+        Signal.POWER_BRAKE,
+        Signal.HW_SLOWDOWN,
+        Signal.RACK_POWER_BRAKE,
+        Signal.NVLINK_DEGRADED,
+        Signal.PCIE_DOWNTRAINED,
+        Signal.FABRIC_DEGRADED,
+        Signal.NIC_DEGRADED,
+    }
+)
 
 
 class StepKind(StrEnum):

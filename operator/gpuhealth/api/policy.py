@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuhealth.api.device_policy import DeviceSettings, parse_devices
+from gpuhealth.api.fabric_policy import FabricRules, parse_fabric_rules
 from gpuhealth.api.names import Action, Mode, Scope, Signal
 from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
@@ -92,6 +93,7 @@ class Policy:
     power_brake: SlowRule = field(default_factory=SlowRule)  # api/slow_policy.py: slow, not broken
     hw_slowdown: SlowRule = field(default_factory=lambda: SlowRule(sustained_s=300.0))
     topology: Topology = field(default_factory=Topology)  # the domain and rack labels
+    fabric: FabricRules = field(default_factory=FabricRules)  # api/fabric_policy.py: nvlink, pcie, fabric, nic
     gpu_lost_action: Action = Action.DRAIN
     gpu_count_expected: int | None = None
     gpu_count_action: Action = Action.CORDON
@@ -135,11 +137,28 @@ class Policy:
         per_node = -(-total_gpus // total_nodes)
         return min(total_gpus, self.breaker_limit(total_nodes) * per_node)
 
+    def slow_gpu_breaker_limit(self, total_gpus: int, total_nodes: int) -> int:
+        """Most GPUs this policy may hold out at once for a slow, not broken, signal: ``maxSlow`` in nodes
+        counted in GPUs (as ``gpu_breaker_limit`` counts ``maxUnhealthy``). A slow GPU held out one by one
+        spends this budget, never the one meant for dead GPUs."""
+        if total_nodes <= 0 or total_gpus <= 0:
+            return 0
+        per_node = -(-total_gpus // total_nodes)
+        return min(total_gpus, self.slow_breaker_limit(total_nodes) * per_node)
+
     def drain_for(self, reason: str) -> DrainSettings:
         """The drain settings of a node held out for ``reason``: patient for a slow rule whose running
         work moves at its next checkpoint, the policy's own otherwise."""
-        rule = {str(Signal.POWER_BRAKE): self.power_brake, str(Signal.HW_SLOWDOWN): self.hw_slowdown}.get(reason)
-        return self.drain.patient() if rule is not None and rule.at_next_checkpoint else self.drain
+        fab = self.fabric
+        patient = {
+            str(Signal.POWER_BRAKE): self.power_brake.at_next_checkpoint,
+            str(Signal.HW_SLOWDOWN): self.hw_slowdown.at_next_checkpoint,
+            str(Signal.NVLINK_DEGRADED): fab.nvlink.degraded.at_next_checkpoint,
+            str(Signal.PCIE_DOWNTRAINED): fab.pcie.degraded.at_next_checkpoint,
+            str(Signal.FABRIC_DEGRADED): fab.fabric.degraded.at_next_checkpoint,
+            str(Signal.NIC_DEGRADED): fab.nic.degraded.at_next_checkpoint,
+        }.get(reason, False)
+        return self.drain.patient() if patient else self.drain
 
     def breaker_limit(self, total_nodes: int) -> int:
         """Most nodes this policy may hold out of service at once."""
@@ -253,6 +272,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         power_brake=parse_slow_rule(rules, "powerBrake", POWER_BRAKE_SUSTAINED),
         hw_slowdown=parse_slow_rule(rules, "hwSlowdown", HW_SLOWDOWN_SUSTAINED),
         topology=parse_topology(spec),
+        fabric=parse_fabric_rules(rules),
         gpu_lost_action=action(
             get(section(rules, "gpuLost", "spec.rules"), "", "action", "drain"), "spec.rules.gpuLost.action"
         ),

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.api.names import OUT_OF_SERVICE, TAINT_KEY, Mode, State
+from gpuhealth.api.names import OUT_OF_SERVICE, SLOW_SIGNALS, TAINT_KEY, Mode, State
 from gpuhealth.api.nodes import count_of, node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.slow_policy import Topology
@@ -94,6 +94,9 @@ class Row:
     currency: str = ""
     in_service_gpus: int | None = None  # GPUs the scheduler may allocate (status.inServiceGPUs)
     gpus_held: int = 0  # GPUs held out one by one while the node serves on
+    # Of the GPUs held out (the node's, or those held one by one): those for a slow, not broken, reason
+    # (api/names.py SLOW_SIGNALS): degraded capacity, counted apart from the broken
+    gpus_slow: int = 0
     device_gpu_hours: float = 0.0
     device_cost: float | None = None
     ladders: tuple[dict[str, Any], ...] = ()  # status.remediation as cli.ladderview rows
@@ -134,6 +137,7 @@ class Row:
             "currency": self.currency or None,
             "gpusInService": self.in_service_gpus,
             "gpusHeldOut": self.gpus_held,
+            "gpusSlow": self.gpus_slow,
             "deviceGpuHours": round(self.device_gpu_hours, 3),
             "deviceCost": None if self.device_cost is None else round(self.device_cost, 2),
             "remediation": [
@@ -156,6 +160,7 @@ class Totals:
     out_gpu_hours_by_state: dict[str, float] = field(default_factory=dict)
     out_cost: dict[str, float] = field(default_factory=dict)  # currency -> amount
     unpriced_nodes: int = 0  # out-of-service nodes whose policy sets no price
+    out_gpus_slow: int = 0  # of out_gpus: held out for a slow, not broken, reason (degraded, not broken)
     unknown_nodes: int = 0
     unknown_gpus: int = 0
     unknown_gpu_hours: float = 0.0
@@ -180,6 +185,8 @@ class Totals:
                 "gpuHoursByState": {k: round(v, 3) for k, v in self.out_gpu_hours_by_state.items()},
                 "cost": {k: round(v, 2) for k, v in self.out_cost.items()},
                 "unpricedNodes": self.unpriced_nodes,
+                "slowGpus": self.out_gpus_slow,
+                "brokenGpus": max(0, self.out_gpus - self.out_gpus_slow),
             },
             "unknown": {
                 "nodes": self.unknown_nodes,
@@ -330,6 +337,7 @@ def build_row(
         currency=currency,
         in_service_gpus=count_of(status.in_service_gpus),
         gpus_held=len(held) if state not in OUT_OF_SERVICE and not dry_run else 0,
+        gpus_slow=_slow_gpus(state, reason, total, held, dry_run),
         device_gpu_hours=device_hours,
         device_cost=device_cost,
         ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
@@ -339,10 +347,21 @@ def build_row(
     )
 
 
+def _slow_gpus(state: str, reason: str, total: int | None, held: Iterable[Mapping[str, Any]], dry_run: bool) -> int:
+    """GPUs held out for a slow, not broken, reason: all the node's while it is out for one, else those
+    held out one by one for one."""
+    if dry_run:
+        return 0
+    if state in OUT_OF_SERVICE:
+        return (total or 0) if reason in SLOW_SIGNALS else 0
+    return sum(1 for d in held if d.get("reason") in SLOW_SIGNALS)
+
+
 def totals(rows: Iterable[Row]) -> Totals:
     t = Totals()
     for r in rows:
         t.nodes += 1
+        t.out_gpus_slow += r.gpus_slow
         for lad in r.ladders:
             if lad.get("standing") in t.ladders:
                 t.ladders[lad["standing"]] += 1

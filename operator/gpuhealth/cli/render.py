@@ -182,6 +182,11 @@ def footer(t: Totals) -> list[str]:
         lines.append(line)
     else:
         lines.append("Held out of service: none")
+    if t.out_gpus_slow:
+        lines.append(
+            f"Of the GPUs held out: {t.out_gpus_slow} slow, not broken (maxSlow), "
+            f"{max(0, t.out_gpus - t.out_gpus_slow)} broken"
+        )
     if t.unknown_nodes:
         line = (
             f"Unknown (agent silent, not counted above): {t.unknown_nodes} node"

@@ -30,13 +30,22 @@ DETECTION_TO_ACTION = Histogram(
 )
 SLOW_NODES = Gauge(
     "gpuhealth_slow_nodes",
-    "Nodes held out for a slow, not broken, signal (power brake, HW slowdown): their own budget, maxSlow",
+    "Nodes held out for a slow, not broken, signal (power brake, HW slowdown, a degraded link or NIC): "
+    "their own budget, maxSlow",
     ["policy"],
     registry=REGISTRY,
 )
 SLOW_GPUS = Gauge(
     "gpuhealth_slow_gpus",
-    "GPUs of the nodes held out for a slow, not broken, signal: degraded capacity, apart from the broken",
+    "GPUs held out for a slow, not broken, signal (their nodes' and those held out one by one): "
+    "degraded capacity, apart from the broken",
+    ["policy"],
+    registry=REGISTRY,
+)
+BROKEN_GPUS = Gauge(
+    "gpuhealth_broken_gpus",
+    "GPUs held out for a fault that is not slow-only: broken capacity (gpuhealth_gpus_out_of_service less "
+    "gpuhealth_slow_gpus)",
     ["policy"],
     registry=REGISTRY,
 )

@@ -15,6 +15,7 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, NvmlHang, Report
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.catalog import xid as catalog
+from gpuhealth.evaluation.fabric_rules import fabric_findings
 from gpuhealth.evaluation.findings import Assessment as Assessment
 from gpuhealth.evaluation.findings import Finding as Finding
 from gpuhealth.evaluation.repeats import repeated_app_xids
@@ -237,6 +238,7 @@ def assess(
     findings.extend(_assess_xids(policy, report, cleared_before))
     for d in report.devices:
         findings.extend(_assess_device(policy, d, report, now, prior_pending, pending))
+    findings.extend(fabric_findings(policy, report, prior_pending, pending, now, cleared_before))
     expected = node.expected_gpus(policy)
     if report.nvml_available and expected is not None and len(report.devices) < expected:
         findings.append(

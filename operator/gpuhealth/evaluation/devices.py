@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuhealth.api.devices import MAX_DEVICE_HISTORY, DeviceRecord, DeviceState
-from gpuhealth.api.names import Action, Scope, Signal
+from gpuhealth.api.names import SLOW_SIGNALS, Action, Scope, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.evaluation.assess import Finding
 from gpuhealth.evaluation.scope import rule_of
@@ -45,6 +45,9 @@ class DeviceInputs:
 
     fresh: bool = True
     gpu_budget: int = 1_000_000
+    # GPUs whose every finding is slow, not broken (api/names.py SLOW_SIGNALS) leave under the slow
+    # budget (safety.maxSlow in GPUs), never the one meant for dead GPUs (maxUnhealthyGPUs).
+    slow_budget: int = 1_000_000
     drained: frozenset[int] = frozenset()
     released: frozenset[int] = frozenset()
     uuids: Mapping[int, str] = field(default_factory=dict)  # the GPUs the report lists
@@ -110,6 +113,20 @@ def held_instances(rec: DeviceRecord, mine: Iterable[Finding]) -> tuple[str, ...
     return tuple(sorted(uuids | (set(rec.instances) if rec.out_of_service else set())))
 
 
+def slow_gpu(findings: Iterable[Finding]) -> bool:
+    """Whether everything that takes a GPU out is slow, not broken: it leaves under the slow budget."""
+    taking = [f for f in findings if f.action.quarantines]
+    return bool(taking) and all(f.signal in SLOW_SIGNALS for f in taking)
+
+
+def _budget_words(policy: Policy, slow: bool) -> str:
+    if slow:
+        return f"slow GPU budget is spent (maxSlow {policy.max_slow}, in GPUs)"
+    return (
+        f"GPU budget is spent (maxUnhealthyGPUs {policy.max_unhealthy_gpus or 'unset: the maxUnhealthy nodes in GPUs'})"
+    )
+
+
 def _index_of(f: Finding, uuids: Mapping[int, str]) -> int | None:
     if f.gpu is not None:
         return f.gpu
@@ -140,6 +157,7 @@ def decide_devices(
             by_gpu.setdefault(index, []).append(f)
     indices = sorted(set(inputs.uuids) | set(by_gpu) | {i for i, r in prior.items() if r.out_of_service})
     budget = max(0, inputs.gpu_budget)
+    slow_budget = max(0, inputs.slow_budget)
     records: list[DeviceRecord] = []
     events: list[DeviceEvent] = []
     new: list[int] = []
@@ -158,9 +176,13 @@ def decide_devices(
             for f in by_gpu.get(index, [])
             if not (f.signal in _EVIDENCE_SIGNALS and rec.cleared_before and f.since and f.since <= rec.cleared_before)
         ]
-        step = _step(rec, mine, policy, now, inputs, index in inputs.drained, index in inputs.released, budget > 0)
+        slow = slow_gpu(mine)
+        left = (slow_budget if slow else budget) > 0
+        step = _step(rec, mine, policy, now, inputs, index in inputs.drained, index in inputs.released, left, slow)
         rec = step.record
-        if step.admitted:
+        if step.admitted and slow:
+            slow_budget -= 1
+        elif step.admitted:
             budget -= 1
         if step.new_quarantine:
             new.append(index)
@@ -220,6 +242,7 @@ def _step(
     drained: bool,
     released: bool,
     budget_left: bool,
+    slow: bool = False,
 ) -> _Step:
     events: list[tuple[str, str, str]] = []
     if released:
@@ -257,8 +280,7 @@ def _step(
                         (
                             "Warning",
                             "QuarantineHeldBack",
-                            f"{detail}. The policy {policy.name!r} GPU budget is spent (maxUnhealthyGPUs "
-                            f"{policy.max_unhealthy_gpus or 'unset: the maxUnhealthy nodes in GPUs'}): "
+                            f"{detail}. The policy {policy.name!r} {_budget_words(policy, slow)}: "
                             "not taking the GPU out yet",
                         )
                     )

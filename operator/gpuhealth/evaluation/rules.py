@@ -25,6 +25,7 @@ from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.assess import SLOW_REASONS, Assessment
+from gpuhealth.evaluation.fabric_rules import is_counter_key
 from gpuhealth.evaluation.freshness import Seen, heard_at
 
 
@@ -47,8 +48,9 @@ def time_dependent(
         return True  # probation, drain deadlines and retries, breaker admission
     if rec.state == State.DEGRADED and not _steady_hold_out(rec, status):
         return True  # app-XID and restart-loop windows; a GPU's probation, drain or budget wait
-    if status.get("pending"):
-        return True  # sustained heat
+    pending = status.get("pending") or {}
+    if isinstance(pending, Mapping) and any(not is_counter_key(str(k)) for k in pending):
+        return True  # sustained heat (a counter's remembered value is memory, not a wait)
     if rec.state == State.UNKNOWN:
         return False  # only a fresh report (an event) brings it back
     spec = report.get("spec") or {}

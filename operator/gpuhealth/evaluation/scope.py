@@ -29,6 +29,9 @@ RULE_OF: dict[Signal, str] = {
     Signal.GPU_LOST: "gpuLost",
     Signal.POWER_BRAKE: "powerBrake",
     Signal.HW_SLOWDOWN: "hwSlowdown",
+    Signal.NVLINK_DEGRADED: "nvlink",
+    Signal.PCIE_DOWNTRAINED: "pcie",
+    Signal.FABRIC_DEGRADED: "fabric",
 }
 RULE_SCOPE: dict[str, Scope] = {
     "applicationRepeat": Scope.DEVICE,  # an application XID repeating on one GPU: that GPU's hardware
@@ -39,6 +42,11 @@ RULE_SCOPE: dict[str, Scope] = {
     "gpuLost": Scope.NODE,  # a GPU off the bus usually needs the node rebooted
     "powerBrake": Scope.DEVICE,  # slow, not broken: new work kept off that GPU (a NoSchedule rule)
     "hwSlowdown": Scope.DEVICE,
+    # The fabric between GPUs (evaluation/fabric_rules.py): a slow link or fabric of one GPU is that GPU's.
+    # FabricFault and the NIC findings name no GPU: always the node's.
+    "nvlink": Scope.DEVICE,
+    "pcie": Scope.DEVICE,
+    "fabric": Scope.DEVICE,
 }
 # XID 154 carries the driver's own recovery action: its scope is that action's row in
 # api/recovery.py (a reset of the GPU or of its PCIe bus is the GPU's; reboots and P2P drains are the
@@ -106,4 +114,7 @@ def rule_of(finding: Finding) -> str:
         Signal.RESTART_LOOP: "restartLoop",
         Signal.IMEX_DOMAIN: "topology",
         Signal.RACK_POWER_BRAKE: "powerBrake",
+        Signal.FABRIC_FAULT: "fabric",
+        Signal.NIC_DOWN: "nic",
+        Signal.NIC_DEGRADED: "nic",
     }.get(finding.signal, str(finding.signal))

@@ -183,5 +183,7 @@ def test_json_is_complete_and_serializable() -> None:
         "gpuHoursByState": {"Draining": 16.0},
         "cost": {"USD": 40.0},
         "unpricedNodes": 0,
+        "slowGpus": 0,
+        "brokenGpus": 8,
     }
     assert data["totals"]["byState"] == {"Draining": 1}

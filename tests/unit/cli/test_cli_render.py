@@ -339,3 +339,17 @@ def test_describe_names_a_hung_nvml_call_and_the_age_of_the_newest_sample() -> N
     line = next(ln for ln in text.splitlines() if ln.startswith("Agent"))
     assert f"NVML UNRESPONSIVE: nvmlDeviceGetTotalEccErrors since {ago(90)}" in line
     assert "newest sample 1m40s ago" in line or "newest sample 100s ago" in line, line
+
+
+def test_status_counts_slow_gpus_apart_from_broken() -> None:
+    nodes = [node("gpu-a", taint="NICDown", cordoned=True), node("gpu-b"), node("gpu-c", taint="NICDegraded")]
+    slow_gpu = {"index": 3, "state": "Quarantined", "reason": "NVLinkDegraded", "since": ago(600)}
+    reports = [
+        report("gpu-a", "Draining", since_s=600, reason="NICDown", healthyGPUs=0),
+        report("gpu-b", "Degraded", since_s=600, reason="DeviceQuarantined", healthyGPUs=7, devices=[slow_gpu]),
+        report("gpu-c", "Quarantined", since_s=600, reason="NICDegraded", healthyGPUs=0),
+    ]
+    fleet = summarize(nodes, reports, [policy()], NOW)
+    out = fleet.to_json()["totals"]["outOfService"]
+    assert (out["gpus"], out["slowGpus"], out["brokenGpus"]) == (17, 9, 8)
+    assert "Of the GPUs held out: 9 slow, not broken (maxSlow), 8 broken" in render_status(fleet)

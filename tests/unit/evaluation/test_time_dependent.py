@@ -98,3 +98,13 @@ def test_a_healthy_node_under_a_clock_reason_a_rule_times_is_on_the_clock(reason
     report = _report()
     report["spec"]["devices"][2]["clockEventReasons"] = reasons
     assert time_dependent(Record(state=State.HEALTHY), report, POLICY, NOW) is timed
+
+
+def test_a_counter_remembered_in_pending_is_memory_not_a_wait() -> None:
+    """The fabric rules keep a counter's last value under ``count/...`` (evaluation/fabric_rules.py): no
+    tick re-passes the node for it."""
+    healthy = Record(state=State.HEALTHY)
+    assert not time_dependent(healthy, _report(pending={"count/nic/mlx5_0/1/link_downed": "2"}), POLICY, NOW)
+    assert time_dependent(
+        healthy, _report(pending={"count/nic/mlx5_0/1/link_downed": "2", "0/heat": FRESH}), POLICY, NOW
+    )

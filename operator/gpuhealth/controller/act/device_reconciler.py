@@ -57,7 +57,7 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.intake.slicewatch import SliceCache
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.device_view import node_view
-from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
+from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices, slow_gpu
 from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.evaluation.ladder import holds
 from gpuhealth.kube.aio import AsyncKube
@@ -99,6 +99,7 @@ class Placed:
     new: frozenset[int]  # GPUs that newly want holding out: what the breaker's GPU budget is asked for
     uuids: Mapping[int, str]  # GPU index -> UUID, as reported
     prior: Mapping[int, DeviceRecord]  # each GPU's record as the status holds it (read once per pass)
+    new_slow: frozenset[int] = frozenset()  # of ``new``: those only slow signals take out (maxSlow's budget)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,12 @@ class DeviceReconciler(DeviceRules):
             and f.gpu is not None
             and not (prior.get(f.gpu) and prior[f.gpu].out_of_service)
         )
-        return Placed(a, findings, placement, new, uuids, prior)
+        taking: dict[int, list[Finding]] = {}
+        for f in findings:
+            if f.gpu in new and f.scope == Scope.DEVICE:
+                taking.setdefault(f.gpu, []).append(f)
+        new_slow = frozenset(g for g, fs in taking.items() if slow_gpu(fs))
+        return Placed(a, findings, placement, new, uuids, prior, new_slow)
 
     def _slices_for(self, name: str, a: Assessment, uuids: Mapping[int, str]) -> list[SlimSlice]:
         """The slices the placement of ``name``'s findings reads: the node's pools and those publishing
@@ -217,6 +223,7 @@ class DeviceReconciler(DeviceRules):
         released: frozenset[int],
         gpu_budget: int,
         node_cleared: dt.datetime | None = None,
+        slow_budget: int = 0,
     ) -> DevicePlan:
         """Each GPU's next record (``decide_devices``, with the GPU budget the breaker gave), its
         devices and rule names, and the assessment the node state machine decides on. No side effect."""
@@ -230,6 +237,7 @@ class DeviceReconciler(DeviceRules):
         inputs = DeviceInputs(
             fresh=not a.unknown,
             gpu_budget=gpu_budget,
+            slow_budget=slow_budget,
             drained=drained,
             released=released,
             uuids=uuids,

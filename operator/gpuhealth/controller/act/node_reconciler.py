@@ -210,9 +210,13 @@ class NodeReconciler:
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
         placed = self.devices.place(name, policy, report, a, status, device_plugin_mig(node))
-        # The GPU budget is reserved here, until the status is written (``breaker.release`` below).
-        budget = await self.breaker.gpu_budget(policy, name, len(placed.new)) if placed.new else 0
-        dev = self.devices.decide(name, policy, placed, status, now, gpus, budget, cleared)
+        # The GPU budgets are reserved here, until the status is written (``breaker.release`` below):
+        # GPUs only slow signals take out spend maxSlow's, the others the one meant for dead GPUs.
+        broken = len(placed.new - placed.new_slow)
+        budget = await self.breaker.gpu_budget(policy, name, broken) if broken else 0
+        slow = len(placed.new_slow)
+        slow_budget = await self.breaker.gpu_budget(policy, name, slow, slow=True) if slow else 0
+        dev = self.devices.decide(name, policy, placed, status, now, gpus, budget, cleared, slow_budget)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)

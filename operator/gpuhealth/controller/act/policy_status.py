@@ -34,7 +34,7 @@ class PolicyView:
     gpus_out: int = 0
     gpus_held: int = 0  # GPUs whose own quarantine the GPU budget holds back
     slow: int = 0  # nodes out for a slow, not broken, signal (their own budget: maxSlow)
-    gpus_slow: int = 0  # their GPUs: degraded capacity, apart from the broken
+    gpus_slow: int = 0  # GPUs held out for a slow signal, by node or one by one: degraded, apart from broken
 
 
 def summarize(store: Store) -> dict[str, PolicyView]:
@@ -89,7 +89,7 @@ class PolicyStatus:
         for s in State:
             metrics.NODES.labels(pname, str(s)).set(v.counts.get(str(s), 0))
         metrics.BREAKER_OPEN.labels(pname).set(1 if is_open else 0)
-        capacity.export_slow(pname, v.slow, v.gpus_slow)
+        capacity.export_slow(pname, v.slow, v.gpus_slow, max(0, v.gpus_out - v.gpus_slow))
         obj = self.store.policy_objs.get(pname, {})
         uid = obj.get("metadata", {}).get("uid", pname)
         # What was last announced is what the policy's status says (it is written before the Event),
@@ -119,6 +119,8 @@ class PolicyStatus:
             "slow": v.slow,
             "slowBreakerLimit": policy.slow_breaker_limit(v.nodes),
             "gpusSlow": v.gpus_slow,
+            "slowGPUBreakerLimit": policy.slow_gpu_breaker_limit(v.gpus, v.nodes),
+            "gpusBroken": max(0, v.gpus_out - v.gpus_slow),
             "overlaps": overlap_msg or None,
         }
         prev = self._written.get(pname)

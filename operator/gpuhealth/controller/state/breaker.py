@@ -24,6 +24,7 @@ class Breaker:
         self._reserved_slow: dict[str, set[str]] = {}  # slots of the slow budget (maxSlow)
         self._draining: dict[str, set[str]] = {}
         self._reserved_gpus: dict[str, dict[str, int]] = {}
+        self._reserved_slow_gpus: dict[str, dict[str, int]] = {}  # GPUs of the slow budget (maxSlow)
         self._domain_slots: dict[str, dict[str, set[str]]] = {}  # policy -> asking node -> members reserved
 
     def _lock(self, policy: Policy) -> asyncio.Lock:
@@ -73,14 +74,24 @@ class Breaker:
             self._domain_slots.setdefault(policy.name, {})[name] = new
             return True
 
-    async def gpu_budget(self, policy: Policy, name: str, wanted: int) -> int:
+    async def gpu_budget(self, policy: Policy, name: str, wanted: int, slow: bool = False) -> int:
         """Reserve up to ``wanted`` more GPUs of ``name`` to leave service one by one, within
-        ``maxUnhealthyGPUs`` of the policy's GPUs; a node out of service counts all its GPUs."""
+        ``maxUnhealthyGPUs`` of the policy's GPUs; a node out of service counts all its GPUs.
+
+        ``slow``: GPUs leaving for a slow, not broken, signal only; they have a budget of their own
+        (``maxSlow`` in GPUs) and neither spend nor are held back by the one for dead GPUs."""
         async with self._lock(policy):
             tally = self._store.tally(policy)
-            reserved = self._reserved_gpus.setdefault(policy.name, {})
-            out = tally.gpus_out + sum(v for n, v in reserved.items() if n != name)
-            grant = max(0, min(wanted, policy.gpu_breaker_limit(tally.gpus, tally.nodes) - out))
+            mine = self._reserved_slow_gpus if slow else self._reserved_gpus
+            reserved = mine.setdefault(policy.name, {})
+            counted = tally.gpus_slow if slow else tally.gpus_out - tally.gpus_slow
+            out = counted + sum(v for n, v in reserved.items() if n != name)
+            limit = (
+                policy.slow_gpu_breaker_limit(tally.gpus, tally.nodes)
+                if slow
+                else policy.gpu_breaker_limit(tally.gpus, tally.nodes)
+            )
+            grant = max(0, min(wanted, limit - out))
             reserved[name] = grant
             return grant
 
@@ -89,6 +100,7 @@ class Breaker:
         self._reserved.get(policy.name, set()).discard(name)
         self._reserved_slow.get(policy.name, set()).discard(name)
         self._reserved_gpus.get(policy.name, {}).pop(name, None)
+        self._reserved_slow_gpus.get(policy.name, {}).pop(name, None)
         for member in self._domain_slots.get(policy.name, {}).pop(name, set()):
             self._reserved.get(policy.name, set()).discard(member)
 
@@ -120,5 +132,6 @@ class Breaker:
         self._reserved.clear()
         self._reserved_slow.clear()
         self._reserved_gpus.clear()
+        self._reserved_slow_gpus.clear()
         self._domain_slots.clear()
         self._draining.clear()

@@ -18,9 +18,11 @@ def export_counts(counts: Mapping[tuple[str, str], int]) -> None:
         metrics.GPUS_OUT_OF_SERVICE.labels(policy, state).set(gpus)
 
 
-def export_slow(policy: str, nodes: int, gpus: int) -> None:
+def export_slow(policy: str, nodes: int, gpus: int, broken: int = 0) -> None:
     """Degraded capacity apart from broken: ``gpuhealth_slow_nodes`` / ``gpuhealth_slow_gpus{policy}``,
     the nodes (and their GPUs) held out for a slow, not broken, signal (api/names.py SLOW_SIGNALS);
-    they are also in ``gpuhealth_gpus_out_of_service``, which counts every GPU held out."""
+    they are also in ``gpuhealth_gpus_out_of_service``, which counts every GPU held out. ``broken``: the
+    GPUs held out for anything else (``gpuhealth_broken_gpus``)."""
     metrics.SLOW_NODES.labels(policy).set(nodes)
     metrics.SLOW_GPUS.labels(policy).set(gpus)
+    metrics.BROKEN_GPUS.labels(policy).set(broken)

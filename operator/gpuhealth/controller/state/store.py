@@ -186,6 +186,7 @@ class Store:
         rec = self._records.get(name)
         state = rec.state if rec is not None else Record().state
         devices = ((self._reports.get(name) or {}).get("status") or {}).get("devices") or []
+        slow_node = rec is not None and rec.out_of_service and rec.reason in SLOW_SIGNALS
         return Share(
             policy=winner.name,
             overridden=tuple(o.name for o in others),
@@ -200,7 +201,16 @@ class Store:
                 if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
             ),
             node_gpus=node_gpus(node) or 0,
-            slow=rec is not None and rec.out_of_service and rec.reason in SLOW_SIGNALS,
+            slow=slow_node,
+            gpus_slow=self.gpus_out(name)
+            if slow_node
+            else sum(
+                1
+                for d in devices
+                if isinstance(d, Mapping)
+                and d.get("state") not in (None, "InService")
+                and d.get("reason") in SLOW_SIGNALS
+            ),
         )
 
     def _recount(self, name: str) -> None:

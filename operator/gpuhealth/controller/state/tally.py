@@ -31,6 +31,9 @@ class Share:
     gpus_held: int  # GPUs whose own quarantine the GPU budget holds back
     node_gpus: int  # its GPU count label, else capacity (the capacity gauge's count)
     slow: bool = False  # out of service for a slow, not broken, signal (api/names.py SLOW_SIGNALS)
+    # GPUs held out for a slow signal: all of ``gpus_out`` while the node is out for one, else those
+    # held out one by one for one (they spend maxSlow in GPUs, not maxUnhealthyGPUs)
+    gpus_slow: int = 0
 
 
 @dataclass(slots=True)
@@ -44,7 +47,7 @@ class Tally:
     gpus_out: int = 0
     gpus_held: int = 0
     slow: int = 0  # of ``out``: held out for a slow signal, counted against maxSlow instead
-    gpus_slow: int = 0  # of ``gpus_out``: those nodes' GPUs (degraded capacity, apart from broken)
+    gpus_slow: int = 0  # of ``gpus_out``: held out for a slow signal (degraded capacity, apart from broken)
     counts: dict[str, int] = field(default_factory=dict)  # state -> nodes
     gpus_by_state: dict[str, int] = field(default_factory=dict)  # state -> node_gpus, out-of-service states
     overlaps: dict[str, int] = field(default_factory=dict)  # higher-priority policy -> nodes it took
@@ -57,7 +60,7 @@ class Tally:
         self.gpus_out += sign * s.gpus_out
         self.gpus_held += sign * s.gpus_held
         self.slow += sign * s.slow
-        self.gpus_slow += sign * s.slow * s.gpus_out
+        self.gpus_slow += sign * s.gpus_slow
         _bump(self.counts, s.state, sign)
         if s.out:
             _bump(self.gpus_by_state, s.state, sign * s.node_gpus)
