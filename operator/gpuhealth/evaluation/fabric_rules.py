@@ -5,7 +5,8 @@ findings here, which ``assess`` adds to the node's:
 
 - ``NVLinkDegraded`` (GPU, slow): fewer active NVLinks than the GPU has (its own count of links, or
   more where its peers of the same model on the node have more: learned from peers, as the design notes
-  say the expected count is), or its failed link recoveries
+  say the expected count is) on a node that uses NVLink (some GPU of the model has an active link: a
+  PCIe card without a bridge reports links and none active, by design), or its failed link recoveries
   (Blackwell's field 214) rose since the last pass. The NVLink error counters and BER are telemetry and
   never a verdict (DCGM 4.7 dropped its BER checks because they failed healthy GPUs).
 - ``PCIeDowntrained`` (GPU, slow): the link narrower than its maximum (judged always), or a lower
@@ -118,17 +119,25 @@ def _gpu(d: Device, signal: Signal, action: Action, detail: str, since: dt.datet
     return Finding(signal, action, detail, d.index, d.uuid, None, since)
 
 
-def most_links(report: Report) -> dict[str, int]:
-    """Per GPU model, the most NVLinks a GPU of that model on the node has: what each of them should have
-    (a link that vanished from a GPU's own count is still missed)."""
-    out: dict[str, int] = {}
+def most_links(report: Report) -> dict[str, tuple[int, int]]:
+    """Per GPU model, the most NVLinks a GPU of that model on the node has, and the most it has active.
+
+    The first is what each of them should have (a link that vanished from a GPU's own count is still
+    missed). The second says whether the node uses NVLink at all: a PCIe card without a bridge, or a
+    GPU whose NVLinks are off by design, reports links that exist and none active, which is how it is
+    built, not a degraded link; only where some GPU of the model has an active link is one missed."""
+    out: dict[str, tuple[int, int]] = {}
     for d in report.devices:
-        if d.nvlink is not None and d.nvlink.links is not None:
-            out[d.model] = max(out.get(d.model, 0), d.nvlink.links)
+        n = d.nvlink
+        if n is not None and n.links is not None:
+            links, active = out.get(d.model, (0, 0))
+            out[d.model] = (max(links, n.links), max(active, n.active or 0))
     return out
 
 
-def _nvlink(policy: Policy, d: Device, report: Report, counters: _Counters, most: Mapping[str, int]) -> list[Finding]:
+def _nvlink(
+    policy: Policy, d: Device, report: Report, counters: _Counters, most: Mapping[str, tuple[int, int]]
+) -> list[Finding]:
     rule = policy.fabric.nvlink
     n = d.nvlink
     if n is None:
@@ -137,8 +146,10 @@ def _nvlink(policy: Policy, d: Device, report: Report, counters: _Counters, most
     if not rule.enabled:
         return []
     why = []
-    expected = max(n.links or 0, most.get(d.model, 0)) if n.links is not None else None
-    if n.active is not None and expected is not None and n.active < expected:
+    most_links_of_model, most_active_of_model = most.get(d.model, (0, 0))
+    expected = max(n.links or 0, most_links_of_model) if n.links is not None else None
+    in_use = most_active_of_model > 0  # some GPU of the model has an active link: the node uses NVLink
+    if n.active is not None and expected is not None and in_use and n.active < expected:
         learned = "" if expected == n.links else " (as many as the node's other GPUs of its model have)"
         why.append(f"{expected - n.active} of {expected} NVLinks inactive{learned}")
     if failed:

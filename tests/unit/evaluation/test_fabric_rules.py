@@ -37,6 +37,18 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[Signal, Action, int | None, in
     ("all-links-active", {"devices": _devices(nvlink={"links": 18, "active": 18})}, []),
     ("an-inactive-nvlink", {"devices": _devices(nvlink={"links": 18, "active": 17})}, [(NV, COR, 3, None)]),
     ("no-nvlink-at-all", {"devices": _devices(nvlink={"links": 0, "active": 0})}, []),
+    # A PCIe card without a bridge (or NVLink off by design): links exist, none is active on any GPU.
+    ("links-but-none-active-anywhere", {"devices": _devices(nvlink={"links": 18, "active": 0})}, []),
+    # On a node that uses NVLink (its other GPUs' links are up), a GPU with every link down is degraded.
+    (
+        "every-link-down-where-the-peers-are-up",
+        {
+            "devices": eight_gpus(
+                **{f"g{i}": {"nvlink": {"links": 18, "active": 0 if i == 3 else 18}} for i in range(8)}
+            )
+        },
+        [(NV, COR, 3, None)],
+    ),
     ("pcie-full", {"devices": _devices(pcie={"width": 16, "maxWidth": 16, "generation": 5, "maxGeneration": 5})}, []),
     (
         "pcie-narrow-even-idle",
