@@ -21,6 +21,13 @@ effect NoSchedule; and no pod holds the device (ResourceClaims listed afresh, po
 listed from the API, not the cache). Otherwise the GPU waits, with one ``RemediationBlocked``
 Event per reason.
 
+P2P-aware repair: a GPU whose recovery action needs its NVLink peers idle (``DrainAndReset``) and
+whose report names them resets only once every peer is held out by gpuhealth too (``NVLinkPeer``,
+``evaluation/peers.py``), Quarantined with its drain complete, its rule NoSchedule and no pod
+holding its devices, all re-read like the GPU's own. ONE reset Job, for the faulted GPU alone: a
+reset on an NVSwitch system is of the GPU NVIDIA names, with its peers idle. With the peers not
+known, the ladder starts at ``NodeReboot`` and a ``PeersUnknown`` Event says why, once per ladder.
+
 Proof before return (``spec.validation``): a reset that worked puts the record in ``Validating``.
 The validation Job (``actions/validation_jobs.py``) starts under the same discipline: its
 preconditions re-read from the API (rule in place, no pod holds the device, fewer than
@@ -56,6 +63,7 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
+from gpuhealth.evaluation.peers import needs_peers_idle, peers_of
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_not_found, status_of
 
@@ -165,7 +173,9 @@ class Remediator:
                 self._blocked.pop((name, dev.index), None)
                 continue
             facts = report.device(dev.index) if report is not None else None
-            steps = steps_for(settings, lad.reason if lad else dev.reason, facts.recovery_action if facts else None)
+            peers = peers_of(facts) if needs_peers_idle(facts) else None
+            reason = lad.reason if lad else dev.reason
+            steps = steps_for(settings, reason, facts.recovery_action if facts else None, peers is not None)
             gpu = GPU(
                 index=dev.index,
                 uuid=dev.uuid,
@@ -190,7 +200,7 @@ class Remediator:
                 and dev.drained
                 and dev.taint_rule
             ):
-                may_start = await self._may_start(name, policy, node, dev, ladders)
+                may_start = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
@@ -206,6 +216,8 @@ class Remediator:
                 job, may_start, node_cleared, dev.index in released, dry, may_validate=may_validate, validation=verdict
             )
             move = advance(lad, gpu, steps, obs, now, policy.validation)
+            if lad is None and move.record is not None and needs_peers_idle(facts) and peers is None:
+                move = replace(move, events=(*move.events, self._peers_unknown(dev, facts)))
             try:
                 await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now)
             finally:
@@ -290,15 +302,44 @@ class Remediator:
             self._blocked[(name, index)] = why
             self._event(name, "Normal", "RemediationBlocked", f"GPU {index}: no {what} yet: {why}")
 
+    @staticmethod
+    def _peers_unknown(dev: DeviceRecord, facts: Device | None) -> tuple[str, str, str]:
+        action = facts.recovery_action if facts is not None else None
+        return (
+            "Warning",
+            "PeersUnknown",
+            f"GPU {dev.index}: its recovery action {action} needs its NVLink peers idle before a reset, and the "
+            "report does not name them (spec.devices[].nvlink.peers): no GPU reset, the ladder starts at NodeReboot",
+        )
+
     async def _may_start(
-        self, name: str, policy: Policy, node: Record, dev: DeviceRecord, ladders: Mapping[int, LadderRecord]
+        self,
+        name: str,
+        policy: Policy,
+        node: Record,
+        dev: DeviceRecord,
+        ladders: Mapping[int, LadderRecord],
+        peers: Sequence[int] = (),
+        records: Sequence[DeviceRecord] = (),
     ) -> bool:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not."""
         why = ""
+        by_index = {r.index: r for r in records}
+        waiting = [
+            p
+            for p in peers
+            if (r := by_index.get(p)) is None
+            or r.state != DeviceState.QUARANTINED
+            or not r.drained
+            or not r.taint_rule
+            or not r.out_of_service
+        ]
         if node.state in OUT_OF_SERVICE:
             why = f"the node itself is {node.state}"
         elif any(r.in_flight for i, r in ladders.items() if i != dev.index):
             why = "another GPU of this node is being reset (one at a time per node)"
+        elif waiting:
+            why = f"its NVLink peers {', '.join(map(str, waiting))} are not held out and drained yet"
         if why:
             self._block(name, dev.index, why)
             return False
@@ -309,6 +350,11 @@ class Remediator:
                 self._reserved.add((name, dev.index))
         if not why:
             why = await self._held_and_free(dev)
+        for p in peers:
+            if not why:
+                peer = by_index[p]
+                why = await self._held_and_free(peer)
+                why = why and f"its NVLink peer GPU {p}: {why}"
         if why:
             self._reserved.discard((name, dev.index))
             self._block(name, dev.index, why)

@@ -1,0 +1,124 @@
+"""P2P-aware repair: a GPU whose recovery action needs its NVLink peers idle holds them out with it.
+
+NVIDIA's recovery actions ``DRAIN_AND_RESET`` (4) and ``DRAIN_P2P`` (3) ask that every process doing
+peer-to-peer traffic with the faulted GPU end first (``api/recovery.py``). The agent reports, per GPU,
+the GPUs of the node it reaches over NVLink (``spec.devices[].nvlink.peers``; None: not known). With
+them known, the faulted GPU and its peers are one *group*:
+
+- each peer gets a drain-level, device-scoped :data:`PEER` finding, so it goes the way of any GPU
+  held out: its DeviceTaintRule (NoSchedule: nothing new lands on it), the drain of the pods holding
+  it (with the checkpoint handshake, never a forced kill), its record in ``status.devices[]``. Where
+  no ResourceSlice publishes the GPUs (no DRA), placement falls the findings back to node scope: the
+  node is drained, which is what such a node's topology requires (a peer cannot be held out alone);
+- the group leaves service as one breaker decision (``decide_devices`` admits all of it or none),
+  and its peers do not count as bad GPUs (``devices.maxBadGPUsPerNode``): they are not faulty;
+- the peers stay held while the GPU still asks for the drain, and while its reset Job is in flight
+  (a GPU reset on an NVSwitch system must not meet peer traffic); once neither holds, they return at
+  once, without probation: their own facts were judged all along, and a peer with a fault of its own
+  carries that finding and follows its own path.
+
+Peers unknown (None): nothing is added; the ladder skips ``GPUReset`` (``api/remediation.py``
+``steps_for``) and the remediator says why in an Event.
+
+Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from gpuhealth.api.devices import DeviceRecord
+from gpuhealth.api.names import Action, Scope, Signal
+from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.report import Device, Report
+from gpuhealth.evaluation.findings import Assessment, Finding
+
+PEER = Signal.NVLINK_PEER
+_RESET_IN_FLIGHT = frozenset({Phase.PENDING, Phase.RUNNING})
+
+
+def peers_of(device: Device | None) -> tuple[int, ...] | None:
+    """The GPUs ``device`` reaches over NVLink (itself left out); None when the agent does not know."""
+    if device is None or device.nvlink is None or device.nvlink.peers is None:
+        return None
+    return tuple(sorted({p for p in device.nvlink.peers if p != device.index}))
+
+
+def needs_peers_idle(device: Device | None) -> bool:
+    """The GPU's recovery action now asks for its NVLink peers to be idle (``Recovery.drain_peers``)."""
+    return device is not None and device.recovery_action is not None and device.recovery_action.row.drain_peers
+
+
+@dataclass(frozen=True)
+class Group:
+    """A faulted GPU and the NVLink peers held out with it."""
+
+    gpu: int
+    peers: tuple[int, ...]
+    why: str  # the GPU's recovery action, or its reset in flight
+
+    @property
+    def members(self) -> frozenset[int]:
+        return frozenset((self.gpu, *self.peers))
+
+
+def groups(
+    report: Report | None,
+    findings: Iterable[Finding],
+    ladders: Mapping[int, LadderRecord],
+    prior: Mapping[int, DeviceRecord],
+) -> tuple[Group, ...]:
+    """The groups this pass holds out (see the module docstring).
+
+    A GPU heads a group while it has a quarantine-level device finding and its recovery action asks
+    for idle peers, with peers known; or while its GPUReset Job is in flight and its peers were held
+    for it (the record's reason says so): the reset never meets a returning peer."""
+    if report is None:
+        return ()
+    faulted = {f.gpu for f in findings if f.gpu is not None and f.scope == Scope.DEVICE and f.action.quarantines}
+    out: list[Group] = []
+    for d in report.devices:
+        peers = peers_of(d)
+        if not peers:
+            continue
+        if d.index in faulted and needs_peers_idle(d):
+            action = d.recovery_action
+            out.append(Group(d.index, peers, f"its recovery action {action} needs its NVLink peers idle"))
+            continue
+        lad = ladders.get(d.index)
+        held = [p for p in peers if (r := prior.get(p)) is not None and r.out_of_service and r.reason == PEER]
+        if lad is not None and lad.step == StepKind.GPU_RESET and lad.phase in _RESET_IN_FLIGHT and held:
+            out.append(Group(d.index, peers, "its GPU reset is in flight"))
+    return tuple(out)
+
+
+def peer_findings(report: Report, group: Group, since_of: Mapping[int, Finding]) -> tuple[Finding, ...]:
+    """A drain-level, device-scoped finding on each peer of ``group``."""
+    head = since_of.get(group.gpu)
+    out: list[Finding] = []
+    for p in group.peers:
+        dev = report.device(p)
+        detail = f"NVLink peer of GPU {group.gpu}, which is being repaired: {group.why}; held out until it is done"
+        out.append(
+            Finding(
+                PEER,
+                Action.DRAIN,
+                detail,
+                gpu=p,
+                uuid=dev.uuid if dev is not None else "",
+                since=head.since if head is not None else None,
+                scope=Scope.DEVICE,
+            )
+        )
+    return tuple(out)
+
+
+def with_peers(a: Assessment, report: Report | None, gs: Iterable[Group]) -> Assessment:
+    """``a`` with each group's peer findings added (none when there is no group)."""
+    gs = tuple(gs)
+    if report is None or not gs:
+        return a
+    heads = {f.gpu: f for f in a.findings if f.gpu is not None and f.scope == Scope.DEVICE and f.action.quarantines}
+    extra = [f for g in gs for f in peer_findings(report, g, heads)]
+    return replace(a, findings=(*a.findings, *extra))
