@@ -18,8 +18,11 @@ https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-respon
 * 2 NODE_REBOOT: the fault "may have left the OS in an inconsistent state": reboot the OS.
 * 3 DRAIN_P2P: terminate every process doing peer-to-peer traffic (and disable UVM persistence),
   then read the field again, which then names another action. P2P runs between this GPU and its
-  peers, so the drain is the node's; NVIDIA names no reset or reboot, and gpuhealth has no step that
-  waits for the re-read, so the conservative step is ``NodeReboot`` (which also quiesces the peers).
+  peers. With the peers known (``spec.devices[].nvlink.peers``) and ``spec.remediation`` on, the
+  finding is the GPU's and evaluation/peers.py drains the peers with it, then waits for the agent's
+  next reading and follows the action it names; a reading still ``DrainP2P`` after
+  ``REREAD_TIMEOUT_S`` gets the row's conservative step, ``NodeReboot``. Without the peers the drain
+  is the node's (the row's ``Node`` scope) and the step ``NodeReboot`` (which also quiesces them).
 * 4 DRAIN_AND_RESET: "Drain P2P and Reset Gpu": the peers must be idle, then the GPU is reset. The
   reset is this GPU's (Device scope) and its ladder starts at ``GPUReset``. The agent reports each
   GPU's NVLink peers (``spec.devices[].nvlink.peers``): with them known, evaluation/peers.py holds

@@ -17,24 +17,39 @@ them known, the faulted GPU and its peers are one *group*:
   once, without probation: their own facts were judged all along, and a peer with a fault of its own
   carries that finding and follows its own path.
 
+``DRAIN_P2P`` names no repair: "drain P2P, then read the field again, which then names another
+action". With the peers known (and ``spec.remediation`` on) its finding is the GPU's (``scope.py``),
+the group is drained the same way, and no step starts (:func:`awaiting_reread`): the agent's next
+reading names the next action, which the GPU then follows like any other (``Reset`` or ``BusReset``:
+a reset, the peers returned since it needs them no more; ``DrainAndReset``: the reset with the peers
+still held; ``None``: probation; a reboot: the node's). If the reading still says ``DrainP2P``
+:data:`REREAD_TIMEOUT_S` after the GPU's drain completed, the ladder's conservative ``NodeReboot``
+applies.
+
 Peers unknown (None): nothing is added; the ladder skips ``GPUReset`` (``api/remediation.py``
-``steps_for``) and the remediator says why in an Event.
+``steps_for``), ``DrainP2P`` stays the node's, and the remediator says why in an Event.
 
 Pure.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuhealth.api.devices import DeviceRecord
+from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Action, Scope, Signal
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
 from gpuhealth.api.report import Device, Report
 from gpuhealth.evaluation.findings import Assessment, Finding
 
 PEER = Signal.NVLINK_PEER
+# How long a DrainP2P GPU whose group is drained waits for the agent's next reading of its recovery
+# action before the conservative NodeReboot: the agent reads it every few seconds, so ten minutes is
+# a reading that will not change, not one not yet taken.
+REREAD_TIMEOUT_S = 600.0
 _RESET_IN_FLIGHT = frozenset({Phase.PENDING, Phase.RUNNING})
 
 
@@ -48,6 +63,20 @@ def peers_of(device: Device | None) -> tuple[int, ...] | None:
 def needs_peers_idle(device: Device | None) -> bool:
     """The GPU's recovery action now asks for its NVLink peers to be idle (``Recovery.drain_peers``)."""
     return device is not None and device.recovery_action is not None and device.recovery_action.row.drain_peers
+
+
+def p2p_drain(device: Device | None) -> bool:
+    """``DrainP2P`` with the GPU's peers known: the peers are drained, then the field is read again."""
+    return device is not None and device.recovery_action == RecoveryAction.DRAIN_P2P and peers_of(device) is not None
+
+
+def awaiting_reread(rec: DeviceRecord, now: dt.datetime) -> float | None:
+    """Seconds a DrainP2P GPU (group drained or draining) still waits for the next reading; None when
+    the wait is over (the conservative NodeReboot applies). Measured from the end of its drain."""
+    if rec.state != DeviceState.QUARANTINED or not rec.drained or rec.since is None:
+        return REREAD_TIMEOUT_S
+    left = REREAD_TIMEOUT_S - (now - rec.since).total_seconds()
+    return left if left > 0 else None
 
 
 @dataclass(frozen=True)

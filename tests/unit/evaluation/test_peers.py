@@ -14,7 +14,7 @@ from gpuhealth.evaluation.assess import NodeView, assess
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices
 from gpuhealth.evaluation.findings import Assessment
 from gpuhealth.evaluation.ladder import GPU, Observed, advance, steps_for
-from gpuhealth.evaluation.peers import PEER, groups, peers_of, with_peers
+from gpuhealth.evaluation.peers import PEER, REREAD_TIMEOUT_S, awaiting_reread, groups, peers_of, with_peers
 from tests.unit.builders import at, gpu, make_policy, make_report, xid_event
 
 UUIDS = {i: f"GPU-{i:04d}" for i in range(8)}
@@ -179,3 +179,24 @@ def test_peer_findings_are_device_scoped_drains() -> None:
     peers = [f for f in added.findings if f.signal == PEER]
     assert sorted(f.gpu for f in peers if f.gpu is not None) == [0, 1, 2, 4, 5, 6, 7]
     assert all(f.scope == Scope.DEVICE and f.action == Action.DRAIN for f in peers)
+
+
+def test_drain_p2p_is_the_gpus_only_with_its_peers_known_and_remediation_on() -> None:
+    def scope(report: Report, policy: Any = POLICY) -> Scope:
+        a = assess(policy, report, NodeView("n", gpu_capacity=8), at(0))
+        (f,) = [f for f in a.findings if f.code == 154]
+        return f.scope
+
+    assert scope(nvswitch_report("DrainP2P")) == Scope.DEVICE
+    assert scope(nvswitch_report("DrainP2P", peers=False)) == Scope.NODE
+    assert scope(nvswitch_report("DrainP2P"), make_policy({})) == Scope.NODE
+    v = decide(nvswitch_report("DrainP2P"), {}, 0)
+    assert {r.index for r in v.records if r.out_of_service} == set(ALL)
+
+
+def test_the_reread_is_waited_for_from_the_end_of_the_drain_up_to_the_timeout() -> None:
+    draining = DeviceRecord(3, state=DeviceState.DRAINING, since=at(0))
+    assert awaiting_reread(draining, at(10_000)) == REREAD_TIMEOUT_S, "the clock starts once it is drained"
+    drained = DeviceRecord(3, state=DeviceState.QUARANTINED, since=at(0), drained=True)
+    assert awaiting_reread(drained, at(100)) == REREAD_TIMEOUT_S - 100
+    assert awaiting_reread(drained, at(REREAD_TIMEOUT_S + 1)) is None

@@ -63,13 +63,17 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
-from gpuhealth.evaluation.peers import needs_peers_idle, peers_of
+from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S, awaiting_reread, needs_peers_idle, p2p_drain, peers_of
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_not_found, status_of
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)
 HANDOFF_POLL_S = 30.0
+P2P_WAIT = (
+    "recovery action DrainP2P: its NVLink peers are drained with it; waiting for the agent's next reading, which "
+    f"names the next action (a NodeReboot if it still says DrainP2P {int(REREAD_TIMEOUT_S)}s after the drain)"
+)
 
 
 def facts_clean(device: Device | None) -> bool:
@@ -176,6 +180,14 @@ class Remediator:
             peers = peers_of(facts) if needs_peers_idle(facts) else None
             reason = lad.reason if lad else dev.reason
             steps = steps_for(settings, reason, facts.recovery_action if facts else None, peers is not None)
+            if lad is None and p2p_drain(facts) and dev.out_of_service:
+                # DrainP2P: the group is drained, then the agent reads the field again (evaluation/peers.py).
+                wait = awaiting_reread(dev, now)
+                if wait is not None:
+                    self._block(name, dev.index, P2P_WAIT, "step")
+                    again = soonest(again, wait if dev.drained else None)
+                    continue
+                steps = steps_for(settings, reason, facts.recovery_action if facts else None)  # NodeReboot
             gpu = GPU(
                 index=dev.index,
                 uuid=dev.uuid,

@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S
 from tests.unit.builders import gpu, report_obj, xid_event
 from tests.unit.controller.act._device_support import Clock, claim, runtime
 from tests.unit.fake_kube import FakeKube
@@ -183,3 +184,50 @@ def test_peers_unknown_take_the_node_to_a_reboot_and_say_why() -> None:
     assert ladder(kube)["step"] == "NodeReboot"
     unknown = [e["message"] for e in kube.events if e["reason"] == "PeersUnknown"]
     assert len(unknown) == 1 and "nvlink.peers" in unknown[0]
+
+
+def test_drain_p2p_drains_the_group_then_follows_the_next_reading() -> None:
+    kube = setup()
+    kube.reports["n1"]["spec"] = nvswitch(action="DrainP2P")["spec"]
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await passes(rt, clock, 4)
+        assert {i for i, d in devices(kube).items() if d["state"] == "Quarantined"} == set(ALL)
+        assert not kube.jobs and not ladder(kube), "DrainP2P names no repair: nothing starts"
+        assert (kube.reports["n1"]["status"].get("state")) == "Degraded", "the GPU's, not the node's"
+        # The agent reads the field again: it now names a GPU reset, which needs no idle peers.
+        then = nvswitch(action="Reset", seconds=(clock.t - Clock().t).total_seconds())
+        kube.reports["n1"]["spec"] = then["spec"]
+        rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
+        await passes(rt, clock, 3)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert len(kube.jobs) == 1 and ladder(kube)["step"] == "GPUReset"
+    assert {i for i, d in devices(kube).items() if d["state"] != "InService"} == {3}, "the peers are back"
+    waits = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+    assert len(waits) == 1 and "DrainP2P" in waits[0] and "next reading" in waits[0]
+
+
+def test_drain_p2p_still_unchanged_after_the_timeout_takes_the_conservative_reboot() -> None:
+    kube = setup()
+    kube.reports["n1"]["spec"] = nvswitch(action="DrainP2P")["spec"]
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await passes(rt, clock, 4)
+        assert not ladder(kube)
+        clock.t += dt.timedelta(seconds=REREAD_TIMEOUT_S + 1)
+        still = nvswitch(action="DrainP2P", seconds=(clock.t - Clock().t).total_seconds())
+        kube.reports["n1"]["spec"] = still["spec"]
+        rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
+        await passes(rt, clock, 2)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert not kube.jobs
+    assert (ladder(kube)["step"], ladder(kube)["phase"]) == ("NodeReboot", "HandedOff")
+    assert "NodeRebootRequested" in kube.reasons("n1")
