@@ -13,9 +13,11 @@ them known, the faulted GPU and its peers are one *group*:
 - the group leaves service as one breaker decision (``decide_devices`` admits all of it or none),
   and its peers do not count as bad GPUs (``devices.maxBadGPUsPerNode``): they are not faulty;
 - the peers stay held while the GPU still asks for the drain, and while its reset Job is in flight
-  (a GPU reset on an NVSwitch system must not meet peer traffic); once neither holds, they return at
-  once, without probation: their own facts were judged all along, and a peer with a fault of its own
-  carries that finding and follows its own path.
+  (a GPU reset on an NVSwitch system must not meet peer traffic), but not once the GPU waits for a
+  human (AwaitingRepair: its ladder is exhausted, no reset by gpuhealth is coming, and 7 healthy GPUs
+  are not kept idle for one that waits for an RMA); then they return at once, without probation:
+  their own facts were judged all along, and a peer with a fault of its own carries that finding
+  and follows its own path.
 
 ``DRAIN_P2P`` names no repair: "drain P2P, then read the field again, which then names another
 action". With the peers known (and ``spec.remediation`` on) its finding is the GPU's (``scope.py``),
@@ -109,13 +111,14 @@ def groups(
     out: list[Group] = []
     for d in report.devices:
         peers = peers_of(d)
-        if not peers:
-            continue
+        own = prior.get(d.index)
+        lad = ladders.get(d.index)
+        if not peers or (own is not None and own.state == DeviceState.AWAITING_REPAIR):
+            continue  # no peers to hold, or no reset by gpuhealth is coming: a human has the GPU
         if d.index in faulted and needs_peers_idle(d):
             action = d.recovery_action
             out.append(Group(d.index, peers, f"its recovery action {action} needs its NVLink peers idle"))
             continue
-        lad = ladders.get(d.index)
         held = [p for p in peers if (r := prior.get(p)) is not None and r.out_of_service and r.reason == PEER]
         if lad is not None and lad.step == StepKind.GPU_RESET and lad.phase in _RESET_IN_FLIGHT and held:
             out.append(Group(d.index, peers, "its GPU reset is in flight"))

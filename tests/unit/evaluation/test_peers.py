@@ -200,3 +200,13 @@ def test_the_reread_is_waited_for_from_the_end_of_the_drain_up_to_the_timeout() 
     drained = DeviceRecord(3, state=DeviceState.QUARANTINED, since=at(0), drained=True)
     assert awaiting_reread(drained, at(100)) == REREAD_TIMEOUT_S - 100
     assert awaiting_reread(drained, at(REREAD_TIMEOUT_S + 1)) is None
+
+
+def test_peers_are_let_go_once_the_gpu_waits_for_a_human() -> None:
+    first = decide(nvswitch_report(), {}, 0)
+    prior = {r.index: r for r in first.records}
+    prior[3] = DeviceRecord(3, uuid="GPU-0003", state=DeviceState.AWAITING_REPAIR, reason="XID154", since=at(5))
+    v = decide(
+        nvswitch_report(), prior, 30, ladders={3: LadderRecord(3, StepKind.REPLACE, phase=Phase.AWAITING_REPAIR)}
+    )
+    assert {r.index for r in v.records if r.out_of_service} == {3}
