@@ -22,9 +22,10 @@ from tests.integration.test_remediation_ladder import job_done, jobs_of, ladder,
 GPUS = range(8)
 
 
-def nvswitch(action: str | None = None) -> dict[str, Any]:
-    """n's report: every GPU reaches the 7 others over NVLink; GPU 3 asks for ``action`` after XID 154."""
-    spec = healthy_spec(xids=[{"xid": 154, "time": utcnow(), "gpu": 3, "source": "nvml"}])
+def nvswitch(xid_time: str, action: str | None = None) -> dict[str, Any]:
+    """The node's report: every GPU reaches the 7 others over NVLink; GPU 3 asks for ``action`` after
+    the XID 154 of ``xid_time`` (the agent keeps it in its history after the reset)."""
+    spec = healthy_spec(xids=[{"xid": 154, "time": xid_time, "gpu": 3, "source": "nvml"}])
     for d in spec["devices"]:
         d["nvlink"] = {"links": 18, "active": 18, "peers": [p for p in GPUS if p != d["index"]]}
     if action is not None:
@@ -57,7 +58,8 @@ def test_drain_and_reset_drains_the_peers_runs_one_reset_and_returns_every_gpu(
         pod = "rank-0"
     peer = int(held.removeprefix("gpu-"))
 
-    kube.put_report(node, nvswitch("DrainAndReset"))
+    fault = utcnow()
+    kube.put_report(node, nvswitch(fault, "DrainAndReset"))
     every = {f"gpuhealth-{node}-gpu-{i}" for i in GPUS}
     wait_for(lambda: every <= set(rules_of(kube, node)), timeout=40, what="a DeviceTaintRule for GPU 3 and each peer")
     assert {i: device(kube, node, i).get("reason") for i in GPUS if i != 3} == dict.fromkeys(
@@ -78,7 +80,7 @@ def test_drain_and_reset_drains_the_peers_runs_one_reset_and_returns_every_gpu(
     assert device(kube, node, peer).get("reason") == "NVLinkPeer"
 
     wait_for(lambda: job_done(jobs_of(kube, node)[0], "Complete"), timeout=60, what="the reset Job succeeded (KWOK)")
-    kube.put_report(node, nvswitch("None"))  # the agent's next reading: no recovery action any more
+    kube.put_report(node, nvswitch(fault, "None"))  # the agent's next reading: no recovery action any more
     peers = every - {f"gpuhealth-{node}-gpu-3"}
     wait_for(lambda: not (peers & set(rules_of(kube, node))), timeout=40, what="the peers' rules lifted")
     wait_for(lambda: not (every & set(rules_of(kube, node))), timeout=40, what="GPU 3's rule lifted after probation")
