@@ -361,12 +361,7 @@ class Remediator:
             else:
                 self._reserved.add((name, dev.index))
         if not why:
-            why = await self._held_and_free(dev)
-        for p in peers:
-            if not why:
-                peer = by_index[p]
-                why = await self._held_and_free(peer)
-                why = why and f"its NVLink peer GPU {p}: {why}"
+            why = await self._held_and_free(dev, [by_index[p] for p in peers])
         if why:
             self._reserved.discard((name, dev.index))
             self._block(name, dev.index, why)
@@ -401,25 +396,30 @@ class Remediator:
         pods = await self.kube.list_pods_on_node(node) if body is not None else []
         return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
 
-    async def _held_and_free(self, dev: DeviceRecord) -> str:
-        """Re-read from the API: the GPU's rule holds it out, and no pod holds its device."""
-        rules = await self.kube.list_device_taint_rules()
-        rule = next((r for r in rules if r["metadata"]["name"] == dev.taint_rule), None)
-        if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
-            return f"its DeviceTaintRule {dev.taint_rule} (NoSchedule) is not in place"
-        ref = DeviceRef.parse(dev.device)
-        if ref is None:
-            return "its DRA device is unknown"
-        node = ref.pool
+    async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> str:
+        """Re-read from the API: the GPU's rule holds it out, and no pod holds its device; the same of
+        each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods."""
+        rules = {r["metadata"]["name"]: r for r in await self.kube.list_device_taint_rules()}
+        refs: list[tuple[str, DeviceRef]] = []
+        for d, whose in ((dev, ""), *((p, f"its NVLink peer GPU {p.index}: ") for p in peers)):
+            rule = rules.get(d.taint_rule)
+            if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
+                return f"{whose}its DeviceTaintRule {d.taint_rule} (NoSchedule) is not in place"
+            ref = DeviceRef.parse(d.device)
+            if ref is None:
+                return f"{whose}its DRA device is unknown"
+            refs.append((whose, ref))
+        node = refs[0][1].pool
         claims, pods = await asyncio.gather(self.kube.list_resource_claims(), self.kube.list_pods_on_node(node))
         ended = {
             f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
             for p in pods
             if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         }
-        holding = sorted(pods_holding([ref], claims, pods) - ended)
-        if holding:
-            return f"pod {', '.join(holding)} holds its device {ref}"
+        for whose, ref in refs:
+            holding = sorted(pods_holding([ref], claims, pods) - ended)
+            if holding:
+                return f"{whose}pod {', '.join(holding)} holds its device {ref}"
         return ""
 
     async def _job_outcome(self, job: str) -> str:
