@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuhealth.api.recovery import RECOVERY
+from gpuhealth.api.names import StepKind
+from gpuhealth.api.recovery import RECOVERY, Recovery
 from gpuhealth.catalog import xid
 from gpuhealth.evaluation import repeats
 
@@ -75,7 +76,8 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) into the GPU's `recoveryAction`. One table,
   `api/recovery.py`, gives each action its verdict, scope and first repair step
   ([remediation.md](remediation.md#recovery-actions-and-their-ladders)). A reset of the GPU itself
-  (`Reset`, `DrainAndReset`) or of its PCIe bus (`BusReset`) touches that GPU only: device scope.
+  (`Reset`, `DrainAndReset`) or of its PCIe bus (`BusReset`) touches that GPU only: device scope;
+  for `DrainAndReset` its NVLink peers are drained first (`evaluation/peers.py`).
   `Reboot` and `SystemReboot` are the node's (they restart the host), and so is `DrainP2P` (it
   stops peer-to-peer traffic between this GPU and its peers, so their pods are in it too).
   `RecoverImexDomain` is wider still: it repairs the whole multi-node NVLink/IMEX domain: every node with the same
@@ -91,6 +93,13 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
 | XID | Name (driver mnemonic) | Description | Immediate action | App | Instance | gpuhealth | What to do |
 |---:|---|---|---|:-:|:-:|---|---|
 """
+
+
+def _first(r: Recovery) -> str:
+    """The ladder's first step; for an action that needs the NVLink peers idle, on what condition."""
+    if r.drain_peers and r.first_step == StepKind.GPU_RESET:
+        return f"{r.first_step} (its NVLink peers drained first; {StepKind.NODE_REBOOT} when they are not known)"
+    return str(r.first_step or "none")
 
 
 def _cell(text: str) -> str:
@@ -110,8 +119,7 @@ def render() -> str:
         default_actions=", ".join(f"`{a}`" for a in xid.DEFAULT_ACTIONS),
         instance_codes=", ".join(str(e.code) for e in entries if repeats.instance_scoped(e.code)),
         recovery_rows="\n".join(
-            f"| `{r.action}` | {r.nvml} | `{r.verdict}` | `{r.scope}` | {r.first_step or 'none'} |"
-            for r in RECOVERY.values()
+            f"| `{r.action}` | {r.nvml} | `{r.verdict}` | `{r.scope}` | {_first(r)} |" for r in RECOVERY.values()
         ),
     )
     rows = []

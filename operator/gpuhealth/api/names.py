@@ -105,6 +105,7 @@ class Signal(StrEnum):
     FLAPPING = "Flapping"
     DEVICE_QUARANTINED = "DeviceQuarantined"  # the node serves on while some of its GPUs are held out
     NODE_REBOOT_REQUESTED = "NodeRebootRequested"  # a GPU's repair ladder hands the node to its remediator
+    NVLINK_PEER = "NVLinkPeer"  # held out while an NVLink peer is repaired (evaluation/peers.py): not faulty
 
 
 # "Slow, not broken": the GPUs compute correctly, only slower. Nodes held out for these count against

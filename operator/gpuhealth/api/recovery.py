@@ -18,11 +18,18 @@ https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-respon
 * 2 NODE_REBOOT: the fault "may have left the OS in an inconsistent state": reboot the OS.
 * 3 DRAIN_P2P: terminate every process doing peer-to-peer traffic (and disable UVM persistence),
   then read the field again, which then names another action. P2P runs between this GPU and its
-  peers, so the drain is the node's; NVIDIA names no reset or reboot, and gpuhealth has no step that
-  waits for the re-read, so the conservative step is ``NodeReboot`` (which also quiesces the peers).
+  peers. With the peers known (``spec.devices[].nvlink.peers``) and ``spec.remediation`` on, the
+  finding is the GPU's and evaluation/peers.py drains the peers with it, then waits for the agent's
+  next reading and follows the action it names; a reading still ``DrainP2P`` after
+  ``REREAD_TIMEOUT_S`` gets the row's conservative step, ``NodeReboot``. Without the peers the drain
+  is the node's (the row's ``Node`` scope) and the step ``NodeReboot`` (which also quiesces them).
 * 4 DRAIN_AND_RESET: "Drain P2P and Reset Gpu": the peers must be idle, then the GPU is reset. The
-  reset is this GPU's (Device scope), but reports carry no NVLink topology, so gpuhealth cannot idle
-  the peers of a GPU held out alone: it skips ``GPUReset`` and starts at ``NodeReboot``.
+  reset is this GPU's (Device scope) and its ladder starts at ``GPUReset``. The agent reports each
+  GPU's NVLink peers (``spec.devices[].nvlink.peers``): with them known, evaluation/peers.py holds
+  the peers out with the GPU (drained, one breaker decision for the group) and the reset starts
+  only once they are idle, as NVIDIA documents for NVSwitch systems. With the peers not known
+  (``peers: None``) gpuhealth cannot idle them, so the ladder skips ``GPUReset`` and starts at
+  ``NodeReboot`` (``api/remediation.py`` ``steps_for``; the remediator says so in an Event).
 * 5 RECOVER_IMEX_DOMAIN: "Recover IMEX Domain", nothing more. The IMEX domain is the multi-node
   NVLink domain every node with the same ``nvidia.com/gpu.clique`` label shares (up to 18 nodes of a
   GB200 NVL72 rack), so the scope is ``Domain``: evaluation/domains.py takes every member out as one
@@ -97,7 +104,7 @@ class Recovery:
     verdict: Action  # the verdict of an XID 154 that carries it
     scope: Scope  # the built-in scope of that finding
     first_step: StepKind | None  # where the default ladder starts; None: no ladder
-    drain_peers: bool  # the GPU's NVLink peers must be idle before it is reset (GPUReset is skipped)
+    drain_peers: bool  # the GPU's NVLink peers must be idle before it is reset (unknown peers: GPUReset skipped)
     means: str  # NVIDIA's words, shortened
 
 
@@ -112,7 +119,7 @@ RECOVERY: dict[RecoveryAction, Recovery] = {r.action: r for r in (
     Recovery(_A.GPU_RESET,           1,   _DRAIN,    _DEV,  _RESET,  False, "reset the GPU"),
     Recovery(_A.NODE_REBOOT,         2,   _DRAIN,    _NODE, _REBOOT, False, "reboot the node"),
     Recovery(_A.DRAIN_P2P,           3,   _DRAIN,    _NODE, _REBOOT, True,  "drain P2P traffic, then read it again"),
-    Recovery(_A.DRAIN_AND_RESET,     4,   _DRAIN,    _DEV,  _REBOOT, True,  "drain P2P traffic, then reset the GPU"),
+    Recovery(_A.DRAIN_AND_RESET,     4,   _DRAIN,    _DEV,  _RESET,  True,  "drain P2P traffic, then reset the GPU"),
     Recovery(_A.RECOVER_IMEX_DOMAIN, 5,   _DRAIN,    _DOM,  _REBOOT, False, "recover the IMEX domain"),
     Recovery(_A.BUS_RESET,           6,   _DRAIN,    _DEV,  _RESET,  False, "reset the GPU's PCIe bus"),
     Recovery(_A.SYSTEM_REBOOT,       7,   _DRAIN,    _NODE, _REBOOT, False, "reboot the system"),

@@ -349,12 +349,14 @@ def steps_for(
     reason: str,
     recovery_action: RecoveryAction | None = None,
     remedy: str | None = None,
+    peers_known: bool = False,
 ) -> tuple[Step, ...]:
     """The steps a fault climbs under ``settings``; a recovery action that needs the GPU's NVLink
-    peers idle first (``Recovery.drain_peers``) skips the reset."""
+    peers idle first (``Recovery.drain_peers``) skips the reset unless the report names the peers
+    (``peers_known``: ``evaluation/peers.py`` then holds them out, idle, before the reset starts)."""
     steps = next((lad.steps for lad in settings.ladders if lad.matches(reason)), None)
     if steps is None:
         steps = default_steps(reason, recovery_action, remedy)
-    if recovery_action is not None and recovery_action.row.drain_peers:
+    if recovery_action is not None and recovery_action.row.drain_peers and not peers_known:
         steps = tuple(s for s in steps if s.kind != StepKind.GPU_RESET)
     return steps

@@ -22,6 +22,11 @@ the whole GPU until it is back in service (protection never narrows during a qua
 
 It also says whether the node must be quarantined instead: more GPUs out than
 ``devices.maxBadGPUsPerNode``, or a flapping GPU under ``onFlapping: Node``.
+
+P2P-aware repair (``evaluation/peers.py``): a faulted GPU and the NVLink peers it holds out with it
+(``DeviceInputs.groups``) leave service as one breaker decision, all of the group or none of it; the
+peers (reason ``NVLinkPeer``) are not bad GPUs, so they do not count against ``maxBadGPUsPerNode``,
+and once their hold ends they return at once, without probation.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class DeviceInputs:
     # and those whose validation failed (back to Quarantined for the next step), with the findings.
     validating: frozenset[int] = frozenset()
     validation_failed: Mapping[int, str] = field(default_factory=dict)
+    # P2P-aware repair (evaluation/peers.py): a faulted GPU with its NVLink peers, admitted as one.
+    groups: tuple[frozenset[int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,13 @@ def decide_devices(
     indices = sorted(set(inputs.uuids) | set(by_gpu) | {i for i, r in prior.items() if r.out_of_service})
     budget = max(0, inputs.gpu_budget)
     slow_budget = max(0, inputs.slow_budget)
+    # A group leaves service whole or not at all: one breaker decision for the GPUs of it that want out.
+    grouped: dict[int, bool] = {}
+    for group in inputs.groups:
+        wanting = {i for i in group if by_gpu.get(i) and not (prior.get(i) and prior[i].out_of_service)} - set(grouped)
+        admit = len(wanting) <= budget
+        budget -= len(wanting) if admit else 0
+        grouped.update(dict.fromkeys(wanting, admit))
     records: list[DeviceRecord] = []
     events: list[DeviceEvent] = []
     new: list[int] = []
@@ -177,22 +191,25 @@ def decide_devices(
             if not (f.signal in _EVIDENCE_SIGNALS and rec.cleared_before and f.since and f.since <= rec.cleared_before)
         ]
         slow = slow_gpu(mine)
-        left = (slow_budget if slow else budget) > 0
+        # A grouped GPU was decided with its group (above); any other spends the budget of its kind.
+        left = grouped.get(index, (slow_budget if slow else budget) > 0)
         step = _step(rec, mine, policy, now, inputs, index in inputs.drained, index in inputs.released, left, slow)
         rec = step.record
-        if step.admitted and slow:
+        if step.admitted and index in grouped:
+            pass
+        elif step.admitted and slow:
             slow_budget -= 1
         elif step.admitted:
             budget -= 1
         if step.new_quarantine:
             new.append(index)
-            if was_in_service and len(rec.last_failures) == 2:
+            if was_in_service and len(rec.last_failures) == 2 and rec.reason != Signal.NVLINK_PEER:
                 intervals.append((index, max(0.0, (rec.last_failures[1] - rec.last_failures[0]).total_seconds())))
         if step.lift:
             lifted.append(index)
         events.extend(DeviceEvent(t, r, m, index) for t, r, m in step.events)
         records.append(rec)
-    out = [r for r in records if r.out_of_service]
+    out = [r for r in records if r.out_of_service and r.reason != Signal.NVLINK_PEER]  # peers are not bad GPUs
     flapped_to_node = [
         r
         for r in out
@@ -273,6 +290,8 @@ def _step(
         detail = "; ".join(f.describe() for f in sorted(mine, key=lambda f: f.key))
         if rec.out_of_service:
             rec = replace(rec, instances=held_instances(rec, mine))
+            if rec.reason == Signal.NVLINK_PEER and top.signal != Signal.NVLINK_PEER:
+                rec = replace(rec, reason=top.reason, rule=rule_of(top))  # a fault of its own: its own path
         if not rec.out_of_service:
             if not budget_left:
                 if not rec.held_by_breaker:
@@ -311,6 +330,22 @@ def _step(
         return _Step(rec, events=tuple(events))  # suspect hardware: finish the drain, then a human decides
     if not inputs.fresh:
         return _Step(replace(rec, healthy_since=None), events=tuple(events))  # stale facts never count
+    if rec.reason == Signal.NVLINK_PEER and rec.state != DeviceState.AWAITING_REPAIR:
+        # Held only for a peer's repair, which no longer needs it: back at once (evaluation/peers.py).
+        rec = replace(
+            rec,
+            state=DeviceState.IN_SERVICE,
+            since=now,
+            reason="",
+            rule="",
+            message="",
+            healthy_since=None,
+            drain_action="",
+            drained=False,
+            instances=(),
+        )
+        events.append(("Normal", "PeerReturned", f"{_where(rec)}: its NVLink peer's repair is done; back in service"))
+        return _Step(rec, lift=True, events=tuple(events))
     failed = inputs.validation_failed.get(rec.index)
     if failed is not None:
         if rec.state == DeviceState.RECOVERING:
@@ -366,6 +401,8 @@ def _enter(
     quarantines = (*rec.quarantines, now)[-MAX_DEVICE_HISTORY:]
     # A record written before lastFailures existed: its newest quarantine still in the window.
     failures = (*(rec.last_failures or rec.quarantines[-1:]), now)[-2:]
+    if top.signal == Signal.NVLINK_PEER:  # held for a peer's repair: not a failure of its own, never flapping
+        quarantines, failures = rec.quarantines, rec.last_failures
     base = replace(
         rec,
         since=now,
@@ -376,7 +413,7 @@ def _enter(
         drained=False,
         rule=rule_of(top),
     )
-    if len(quarantines) >= policy.flapping_max:
+    if len(quarantines) >= policy.flapping_max and top.signal != Signal.NVLINK_PEER:
         nrec = replace(
             base,
             state=DeviceState.AWAITING_REPAIR,

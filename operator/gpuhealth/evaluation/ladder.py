@@ -27,7 +27,8 @@ or retirement, XIDs whose remedy is a reset) start at ``GPUReset``; XID 79 and o
 faults at ``NodeReboot``; XID 154 where its recovery action's row in ``api/recovery.py`` says
 (``Reset`` and ``BusReset`` at ``GPUReset``, the others at ``NodeReboot``, ``None`` nowhere). A GPU
 whose recovery action needs its NVLink peers idle first (``DrainAndReset``, ``DrainP2P``) skips
-``GPUReset``.
+``GPUReset`` unless the report names its peers: then ``evaluation/peers.py`` holds them out with it,
+and the reset starts only once they are drained too (``controller/act/remediator.py``).
 """
 
 from __future__ import annotations
@@ -62,10 +63,13 @@ def default_steps(reason: str, recovery_action: RecoveryAction | None = None) ->
 
 
 def steps_for(
-    settings: RemediationSettings, reason: str, recovery_action: RecoveryAction | None = None
+    settings: RemediationSettings,
+    reason: str,
+    recovery_action: RecoveryAction | None = None,
+    peers_known: bool = False,
 ) -> tuple[Step, ...]:
     """The steps a fault climbs under ``settings`` (``api.remediation.steps_for`` with NVIDIA's remedy)."""
-    return remediation.steps_for(settings, reason, recovery_action, catalog.remedy_of(reason))
+    return remediation.steps_for(settings, reason, recovery_action, catalog.remedy_of(reason), peers_known)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import Report
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.findings import Assessment, Finding
+from gpuhealth.evaluation.peers import p2p_drain
 
 # The rule (its name under spec.rules) each GPU-confinable signal comes from, and its built-in scope.
 RULE_OF: dict[Signal, str] = {
@@ -51,7 +52,8 @@ RULE_SCOPE: dict[str, Scope] = {
 # XID 154 carries the driver's own recovery action: its scope is that action's row in
 # api/recovery.py (a reset of the GPU or of its PCIe bus is the GPU's; reboots and P2P drains are the
 # node's; RecoverImexDomain is the node's whole multi-node NVLink domain, which evaluation/domains.py
-# takes out as one), and an unknown one is the node's.
+# takes out as one), and an unknown one is the node's. DrainP2P with the GPU's NVLink peers known and
+# spec.remediation on is the GPU's: evaluation/peers.py holds its peers out with it.
 NVLINK_XIDS = frozenset({74})
 
 
@@ -76,6 +78,8 @@ def scope_of(finding: Finding, policy: Policy, report: Report | None = None) -> 
         if finding.code in policy.devices.xid_scopes:
             return policy.devices.xid_scopes[finding.code]
         device = report.device(finding.gpu) if report is not None else None
+        if finding.code == 154 and policy.remediation.enabled and p2p_drain(device):
+            return Scope.DEVICE  # DrainP2P with its NVLink peers known: the GPU's, its peers held with it
         return xid_scope(finding.code, device.recovery_action if device else None)
     if finding.signal == Signal.RESTART_LOOP:
         return Scope.DEVICE  # named a GPU only where every failing pod holds it (restarts.py)

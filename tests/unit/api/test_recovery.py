@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.api.names import StepKind
+from gpuhealth.api.names import Scope, StepKind
 from gpuhealth.api.recovery import RECOVERY, RecoveryAction
 
 
@@ -15,9 +15,12 @@ def test_one_row_per_action_in_nvml_order() -> None:
     assert all(RECOVERY[a].action is a and a.row is RECOVERY[a] for a in RecoveryAction)
 
 
-def test_a_peer_draining_action_never_starts_with_a_reset() -> None:
-    for row in RECOVERY.values():
-        assert not (row.drain_peers and row.first_step == StepKind.GPU_RESET), row
+def test_a_peer_draining_action_starts_with_a_reset_only_when_it_is_the_gpus() -> None:
+    """A reset with the peers drained first is one GPU's repair (Device scope, evaluation/peers.py);
+    DrainP2P is the node's and names no reset."""
+    resets = [r.action for r in RECOVERY.values() if r.drain_peers and r.first_step == StepKind.GPU_RESET]
+    assert resets == [RecoveryAction.DRAIN_AND_RESET]
+    assert all(RECOVERY[a].scope == Scope.DEVICE for a in resets)
 
 
 @pytest.mark.parametrize(

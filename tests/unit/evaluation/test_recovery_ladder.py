@@ -21,6 +21,7 @@ CASES = [
     (1, "Reset", Action.DRAIN, Scope.DEVICE, StepKind.GPU_RESET, [StepKind.NODE_REBOOT, StepKind.REPLACE]),
     (2, "Reboot", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (3, "DrainP2P", Action.DRAIN, Scope.NODE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
+    # its NVLink peers not reported (this report has none): no reset (tests/unit/evaluation/test_peers.py)
     (4, "DrainAndReset", Action.DRAIN, Scope.DEVICE, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (5, "RecoverImexDomain", Action.DRAIN, Scope.DOMAIN, StepKind.NODE_REBOOT, [StepKind.REPLACE]),
     (6, "BusReset", Action.DRAIN, Scope.DEVICE, StepKind.GPU_RESET, [StepKind.NODE_REBOOT, StepKind.REPLACE]),

@@ -60,6 +60,7 @@ from gpuhealth.evaluation.device_view import node_view
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices, slow_gpu
 from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.evaluation.ladder import holds
+from gpuhealth.evaluation.peers import Group, groups, with_peers
 from gpuhealth.kube.aio import AsyncKube
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class Placed:
     uuids: Mapping[int, str]  # GPU index -> UUID, as reported
     prior: Mapping[int, DeviceRecord]  # each GPU's record as the status holds it (read once per pass)
     new_slow: frozenset[int] = frozenset()  # of ``new``: those only slow signals take out (maxSlow's budget)
+    groups: tuple[Group, ...] = ()  # faulted GPUs with the NVLink peers held out with them (evaluation/peers.py)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,13 @@ class DeviceReconciler(DeviceRules):
         GPU budget is asked for them by the caller, before :meth:`decide`). No side effect."""
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
         prior = devices_from_status(status)
+        # P2P-aware repair: the NVLink peers of a GPU about to be reset are held out with it, for the
+        # reset gpuhealth runs (without spec.remediation nobody resets it: the GPU is held alone).
+        if policy.remediation.enabled:
+            gs = groups(report, a.findings, ladders_from_status(status), prior)
+            a = with_peers(a, report, gs)
+        else:
+            gs = ()
         # Most reconciles have no device-scoped finding: skip reading the slice cache for them.
         wanted = any(f.scope == Scope.DEVICE for f in a.findings)
         placement = place(
@@ -203,7 +212,7 @@ class DeviceReconciler(DeviceRules):
             if f.gpu in new and f.scope == Scope.DEVICE:
                 taking.setdefault(f.gpu, []).append(f)
         new_slow = frozenset(g for g, fs in taking.items() if slow_gpu(fs))
-        return Placed(a, findings, placement, new, uuids, prior, new_slow)
+        return Placed(a, findings, placement, new, uuids, prior, new_slow=new_slow, groups=gs)
 
     def _slices_for(self, name: str, a: Assessment, uuids: Mapping[int, str]) -> list[SlimSlice]:
         """The slices the placement of ``name``'s findings reads: the node's pools and those publishing
@@ -251,6 +260,7 @@ class DeviceReconciler(DeviceRules):
                 for i, r in ladders.items()
                 if holds(r, policy.validation) and r.phase == Phase.READY
             },
+            groups=tuple(g.members for g in placed.groups),
         )
         verdict = decide_devices(prior, findings, policy, now, inputs)
         reported = frozenset(u for u in uuids.values() if u)

@@ -21,6 +21,13 @@ effect NoSchedule; and no pod holds the device (ResourceClaims listed afresh, po
 listed from the API, not the cache). Otherwise the GPU waits, with one ``RemediationBlocked``
 Event per reason.
 
+P2P-aware repair: a GPU whose recovery action needs its NVLink peers idle (``DrainAndReset``) and
+whose report names them resets only once every peer is held out by gpuhealth too (``NVLinkPeer``,
+``evaluation/peers.py``), Quarantined with its drain complete, its rule NoSchedule and no pod
+holding its devices, all re-read like the GPU's own. ONE reset Job, for the faulted GPU alone: a
+reset on an NVSwitch system is of the GPU NVIDIA names, with its peers idle. With the peers not
+known, the ladder starts at ``NodeReboot`` and a ``PeersUnknown`` Event says why, once per ladder.
+
 Proof before return (``spec.validation``): a reset that worked puts the record in ``Validating``.
 The validation Job (``actions/validation_jobs.py``) starts under the same discipline: its
 preconditions re-read from the API (rule in place, no pod holds the device, fewer than
@@ -56,12 +63,17 @@ from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
+from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S, awaiting_reread, needs_peers_idle, p2p_drain, peers_of
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_not_found, status_of
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)
 HANDOFF_POLL_S = 30.0
+P2P_WAIT = (
+    "recovery action DrainP2P: its NVLink peers are drained with it; waiting for the agent's next reading, which "
+    f"names the next action (a NodeReboot if it still says DrainP2P {int(REREAD_TIMEOUT_S)}s after the drain)"
+)
 
 
 def facts_clean(device: Device | None) -> bool:
@@ -165,7 +177,17 @@ class Remediator:
                 self._blocked.pop((name, dev.index), None)
                 continue
             facts = report.device(dev.index) if report is not None else None
-            steps = steps_for(settings, lad.reason if lad else dev.reason, facts.recovery_action if facts else None)
+            peers = peers_of(facts) if needs_peers_idle(facts) else None
+            reason = lad.reason if lad else dev.reason
+            steps = steps_for(settings, reason, facts.recovery_action if facts else None, peers is not None)
+            if lad is None and p2p_drain(facts) and dev.out_of_service:
+                # DrainP2P: the group is drained, then the agent reads the field again (evaluation/peers.py).
+                wait = awaiting_reread(dev, now)
+                if wait is not None:
+                    self._block(name, dev.index, P2P_WAIT, "step")
+                    again = soonest(again, wait if dev.drained else None)
+                    continue
+                steps = steps_for(settings, reason, facts.recovery_action if facts else None)  # NodeReboot
             gpu = GPU(
                 index=dev.index,
                 uuid=dev.uuid,
@@ -190,7 +212,7 @@ class Remediator:
                 and dev.drained
                 and dev.taint_rule
             ):
-                may_start = await self._may_start(name, policy, node, dev, ladders)
+                may_start = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
@@ -206,6 +228,8 @@ class Remediator:
                 job, may_start, node_cleared, dev.index in released, dry, may_validate=may_validate, validation=verdict
             )
             move = advance(lad, gpu, steps, obs, now, policy.validation)
+            if lad is None and move.record is not None and needs_peers_idle(facts) and peers is None:
+                move = replace(move, events=(*move.events, self._peers_unknown(dev, facts)))
             try:
                 await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now)
             finally:
@@ -290,15 +314,44 @@ class Remediator:
             self._blocked[(name, index)] = why
             self._event(name, "Normal", "RemediationBlocked", f"GPU {index}: no {what} yet: {why}")
 
+    @staticmethod
+    def _peers_unknown(dev: DeviceRecord, facts: Device | None) -> tuple[str, str, str]:
+        action = facts.recovery_action if facts is not None else None
+        return (
+            "Warning",
+            "PeersUnknown",
+            f"GPU {dev.index}: its recovery action {action} needs its NVLink peers idle before a reset, and the "
+            "report does not name them (spec.devices[].nvlink.peers): no GPU reset, the ladder starts at NodeReboot",
+        )
+
     async def _may_start(
-        self, name: str, policy: Policy, node: Record, dev: DeviceRecord, ladders: Mapping[int, LadderRecord]
+        self,
+        name: str,
+        policy: Policy,
+        node: Record,
+        dev: DeviceRecord,
+        ladders: Mapping[int, LadderRecord],
+        peers: Sequence[int] = (),
+        records: Sequence[DeviceRecord] = (),
     ) -> bool:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not."""
         why = ""
+        by_index = {r.index: r for r in records}
+        waiting = [
+            p
+            for p in peers
+            if (r := by_index.get(p)) is None
+            or r.state != DeviceState.QUARANTINED
+            or not r.drained
+            or not r.taint_rule
+            or not r.out_of_service
+        ]
         if node.state in OUT_OF_SERVICE:
             why = f"the node itself is {node.state}"
         elif any(r.in_flight for i, r in ladders.items() if i != dev.index):
             why = "another GPU of this node is being reset (one at a time per node)"
+        elif waiting:
+            why = f"its NVLink peers {', '.join(map(str, waiting))} are not held out and drained yet"
         if why:
             self._block(name, dev.index, why)
             return False
@@ -308,7 +361,7 @@ class Remediator:
             else:
                 self._reserved.add((name, dev.index))
         if not why:
-            why = await self._held_and_free(dev)
+            why = await self._held_and_free(dev, [by_index[p] for p in peers])
         if why:
             self._reserved.discard((name, dev.index))
             self._block(name, dev.index, why)
@@ -343,25 +396,30 @@ class Remediator:
         pods = await self.kube.list_pods_on_node(node) if body is not None else []
         return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
 
-    async def _held_and_free(self, dev: DeviceRecord) -> str:
-        """Re-read from the API: the GPU's rule holds it out, and no pod holds its device."""
-        rules = await self.kube.list_device_taint_rules()
-        rule = next((r for r in rules if r["metadata"]["name"] == dev.taint_rule), None)
-        if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
-            return f"its DeviceTaintRule {dev.taint_rule} (NoSchedule) is not in place"
-        ref = DeviceRef.parse(dev.device)
-        if ref is None:
-            return "its DRA device is unknown"
-        node = ref.pool
+    async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> str:
+        """Re-read from the API: the GPU's rule holds it out, and no pod holds its device; the same of
+        each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods."""
+        rules = {r["metadata"]["name"]: r for r in await self.kube.list_device_taint_rules()}
+        refs: list[tuple[str, DeviceRef]] = []
+        for d, whose in ((dev, ""), *((p, f"its NVLink peer GPU {p.index}: ") for p in peers)):
+            rule = rules.get(d.taint_rule)
+            if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
+                return f"{whose}its DeviceTaintRule {d.taint_rule} (NoSchedule) is not in place"
+            ref = DeviceRef.parse(d.device)
+            if ref is None:
+                return f"{whose}its DRA device is unknown"
+            refs.append((whose, ref))
+        node = refs[0][1].pool
         claims, pods = await asyncio.gather(self.kube.list_resource_claims(), self.kube.list_pods_on_node(node))
         ended = {
             f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
             for p in pods
             if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         }
-        holding = sorted(pods_holding([ref], claims, pods) - ended)
-        if holding:
-            return f"pod {', '.join(holding)} holds its device {ref}"
+        for whose, ref in refs:
+            holding = sorted(pods_holding([ref], claims, pods) - ended)
+            if holding:
+                return f"{whose}pod {', '.join(holding)} holds its device {ref}"
         return ""
 
     async def _job_outcome(self, job: str) -> str:
