@@ -88,7 +88,7 @@ def node_move(
             fresh = NodeValidation(Trigger.RELEASE, now, Validation(level=settings.level))
             msg = f"Released after {prior.reason or 'repair'}: a {_what(fresh)} must pass before the node returns"
             return NodeMove(fresh, hold=True, stop_job=_running_job(nv), events=(("Normal", "ValidationPending", msg),))
-    if nv is None or (nv.done and nv.trigger == Trigger.RELEASE and obs.new_node):
+    if nv is None or (nv.done and not nv.held and obs.new_node):
         if not obs.new_node or not settings.new_nodes.enabled:
             return NodeMove(nv)
         fresh = NodeValidation(Trigger.BURN_IN, now, Validation(level=settings.level), dry_run=obs.dry_run)
