@@ -84,7 +84,10 @@ def node_move(
                 v = replace(nv.validation, outcome=Outcome.FAILED, finished=now, findings="released by a human")
                 lifted = replace(lifted, validation=v)
             return NodeMove(lifted, taint=False, stop_job=_running_job(nv), events=(("Normal", "BurnInReleased", msg),))
-        if wants_release_validation(prior) and not obs.dry_run:
+        # A second release of a node whose validation is under way (or the same release seen again
+        # before the watch brought its acknowledgement) changes nothing: one Job per episode.
+        again = nv is not None and nv.trigger == Trigger.RELEASE and not nv.done and prior.state == State.RECOVERING
+        if wants_release_validation(prior) and not obs.dry_run and not again:
             fresh = NodeValidation(Trigger.RELEASE, now, Validation(level=settings.level))
             msg = f"Released after {prior.reason or 'repair'}: a {_what(fresh)} must pass before the node returns"
             return NodeMove(fresh, hold=True, stop_job=_running_job(nv), events=(("Normal", "ValidationPending", msg),))

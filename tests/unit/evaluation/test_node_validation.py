@@ -195,3 +195,9 @@ def test_the_record_round_trips_through_status() -> None:
 def test_the_state_machine_quarantines_a_faulty_recovering_node_even_while_validating() -> None:
     d = decide_at(RECOVERING, faulty(Action.DRAIN), 30, validating=True)
     assert d.record.state == State.DRAINING
+
+
+def test_a_release_seen_again_while_the_validation_runs_changes_nothing() -> None:
+    run = _running()
+    m = node_move(RECOVERING, run, NodeObserved(released=True, verdict=(Outcome.RUNNING, "")), at(30), ON)
+    assert m.record == run and m.hold and not m.stop_job and m.events == ()

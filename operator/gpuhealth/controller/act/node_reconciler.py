@@ -276,7 +276,8 @@ class NodeReconciler:
                     )
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
-                    await self.kube.patch_node(name, {"metadata": {"annotations": ack}})
+                    # Reflected at once, so a pass before the watch brings it does not see the release again.
+                    self.store.reflect_node(name, await self.kube.patch_node(name, {"metadata": {"annotations": ack}}))
             elif policy.mode == Mode.DRY_RUN:
                 again = await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
         finally:
