@@ -101,8 +101,8 @@ def node_move(
         fresh = replace(fresh, held=True)
         msg = f"A new GPU node: held (NoSchedule taint gpuhealth.dev/burn-in) until its {_what(fresh)} passes"
         return NodeMove(fresh, taint=True, events=(("Normal", "BurnInHeld", msg),))
-    if nv.dry_run:
-        return NodeMove(nv)
+    if nv.dry_run:  # what DryRun announced is forgotten once the policy enforces: the node has served since
+        return NodeMove(nv if obs.dry_run else None)
     if nv.trigger == Trigger.RELEASE:
         return _release(prior, nv, obs, now, settings)
     return _burn_in(nv, obs, now, settings)

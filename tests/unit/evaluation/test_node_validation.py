@@ -175,6 +175,8 @@ def test_burn_in_off_by_default_and_dry_run_announces_only() -> None:
     assert _names(m) == ["BurnInDryRun"]
     again = node_move(Record(), m.record, NodeObserved(new_node=True, dry_run=True, may_validate=True), at(5), ON)
     assert again.record == m.record and not again.start and again.events == ()
+    enforced = node_move(Record(), m.record, NodeObserved(), at(10), ON)
+    assert enforced == NodeMove(None), "a DryRun record is forgotten once the policy enforces"
 
 
 def test_validation_switched_off_lifts_gpuhealths_hold() -> None:

@@ -45,7 +45,7 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
+from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
@@ -116,8 +116,10 @@ class NodeValidator:
     ) -> NodeMove | None:
         """The node validation's next move (None: not under this policy), its API reads done."""
         nv = NodeValidation.from_status(status.get("nodeValidation"))
-        if not active(policy):
-            return None if nv is None or not nv.held else node_move(prior, nv, NodeObserved(), now, policy.validation)
+        if not active(policy):  # off (or no remediation namespace): gpuhealth's hold goes with it
+            return (
+                None if nv is None or not nv.held else node_move(prior, nv, NodeObserved(), now, ValidationSettings())
+            )
         labels = (node.get("metadata") or {}).get("labels") or {}
         requested = labels.get(BURN_IN_LABEL) == BURN_IN_REQUESTED
         new_node = policy.validation.new_nodes.enabled and (

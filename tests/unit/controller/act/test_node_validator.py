@@ -229,3 +229,13 @@ def test_a_released_node_returns_once_its_validation_passes_under_the_shared_lim
     assert kube.reports[first]["status"]["state"] == "Healthy" and nv(kube, first)["result"] == "Passed"
     assert len(kube.jobs) == 2
     assert "ReturnedToService" in kube.reasons(first)
+
+
+def test_remediation_switched_off_lifts_gpuhealths_burn_in_hold() -> None:
+    kube = fleet(BURN_IN)
+    clock = Clock()
+    asyncio.run(passes(kube, clock, n=1))
+    assert BURN_IN_TAINT_KEY in taints(kube)
+    kube.policies["p"]["spec"] = {**BURN_IN, "remediation": {"enabled": False}}
+    asyncio.run(passes(kube, clock, n=2))
+    assert BURN_IN_TAINT_KEY not in taints(kube) and not nv(kube).get("held")
