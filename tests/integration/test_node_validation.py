@@ -44,9 +44,17 @@ def _state(kube: Kube, node: str) -> str:
     return str((kube.report(node).get("status") or {}).get("state") or "")
 
 
+def _validations_total(operator: OperatorProcess, result: str) -> float:
+    return operator.metric("gpuhealth_validations_total", {"result": result}) or 0.0
+
+
 def _unhold(kube: Kube, job: Any) -> None:
     """Let a held validation pod end with its pass (KWOK's pass stage matches it once the label is gone)."""
-    pods = kube.core.list_namespaced_pod(NS, label_selector=f"job-name={job.metadata.name}").items
+    pods = wait_for(
+        lambda: kube.core.list_namespaced_pod(NS, label_selector=f"job-name={job.metadata.name}").items,
+        timeout=30,
+        what=f"the pod of {job.metadata.name}",
+    )
     for p in pods:
         kube.core.patch_namespaced_pod(p.metadata.name, NS, {"metadata": {"labels": {OUTCOME_LABEL: None}}})
 
@@ -83,6 +91,7 @@ def _released_after_reboot(kube: Kube, cluster: LocalCluster, group: str, **temp
 def test_a_node_released_after_a_reboot_returns_only_after_its_validation_passes(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
+    passed = _validations_total(operator, "Passed")
     node = _released_after_reboot(kube, cluster, group, hold=True)
     (job,) = wait_for(lambda: _node_validations(kube, node), timeout=40, what="one node validation Job")
     pod = job.spec.template.spec
@@ -110,12 +119,13 @@ def test_a_node_released_after_a_reboot_returns_only_after_its_validation_passes
     reasons = [e.reason for e in kube.node_events(node)]
     for r in ("Released", "ValidationPending", "ValidationStarted", "ValidationPassed", "ReturnedToService"):
         assert r in reasons, (r, reasons)
-    assert 'gpuhealth_validations_total{result="Passed"} 1.0' in operator.metrics()
+    assert _validations_total(operator, "Passed") == passed + 1
 
 
 def test_a_node_failing_its_validation_after_release_awaits_repair_with_the_findings(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
 ) -> None:
+    failed = _validations_total(operator, "Failed")
     node = _released_after_reboot(kube, cluster, group, fail=True)
     wait_for(lambda: _nv(kube, node).get("result") == "Failed", timeout=60, what="the node validation failed")
     wait_for(lambda: _state(kube, node) == "AwaitingRepair", timeout=30, what="the node awaits a human again")
@@ -125,7 +135,7 @@ def test_a_node_failing_its_validation_after_release_awaits_repair_with_the_find
     assert len(_node_validations(kube, node)) == 1
     msgs = [e.message for e in kube.node_events(node, "ValidationFailed")]
     assert any("DCGM error 46" in m for m in msgs), msgs
-    assert 'gpuhealth_validations_total{result="Failed"} 1.0' in operator.metrics()
+    assert _validations_total(operator, "Failed") == failed + 1
 
 
 def _burn_in_policy(kube: Kube, group: str, batch: int, **template: Any) -> None:
