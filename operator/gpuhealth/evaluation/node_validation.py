@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, replace
 
-from gpuhealth.api.names import State
+from gpuhealth.api.names import Action, State
 from gpuhealth.api.status import Record
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, Validation, ValidationSettings
 
@@ -54,8 +54,10 @@ class NodeMove:
 
 
 def wants_release_validation(prior: Record) -> bool:
-    """A release of this node is a repair's release: it was drained (or draining) for it."""
-    return prior.state in (State.AWAITING_REPAIR, State.DRAINING) or (prior.out_of_service and prior.drained)
+    """A release of this node is a repair's release: it waits for a human, or was drained (or is being
+    drained) for a repair. A drain-level quarantine released mid-drain keeps its remaining pods: no."""
+    repair_drain = prior.state == State.DRAINING and prior.drain_action == Action.REPAIR
+    return prior.state == State.AWAITING_REPAIR or repair_drain or (prior.out_of_service and prior.drained)
 
 
 def _what(nv: NodeValidation) -> str:

@@ -43,6 +43,8 @@ def test_a_release_of_a_drained_node_asks_for_a_node_validation_and_holds_its_re
     assert wants_release_validation(Record(state=State.DRAINING, drain_action=str(Action.REPAIR)))
     # a cordon-only quarantine was never drained: its workloads still run, a diagnostic would fail them
     assert not wants_release_validation(Record(state=State.QUARANTINED))
+    assert not wants_release_validation(Record(state=State.DRAINING, drain_action=str(Action.DRAIN)))
+    assert wants_release_validation(Record(state=State.QUARANTINED, drained=True))
     rec = _released()
     assert rec.episode == at(10)
 
