@@ -66,12 +66,18 @@ def dcgm_diag_json(gpu: int, fail: bool = False) -> str:
     )
 
 
-def validation_job_template(gpu: int, fail: bool = False, image: str = "example.invalid/dcgm:test") -> dict[str, Any]:
+HOLD = "hold"  # a pod with this outcome matches no KWOK stage: it runs until the test removes the label
+
+
+def validation_job_template(
+    gpu: int, fail: bool = False, image: str = "example.invalid/dcgm:test", hold: bool = False
+) -> dict[str, Any]:
     """A ``spec.validation.jobTemplate`` whose pod KWOK ends with ``dcgm_diag_json`` as its termination
-    message (``devkit/kwok/pod-validation.yaml``), exiting 1 when ``fail``. Its command is the
-    default Job's shape, so the operator's substitution of ``${GPU_INDEX}`` and
+    message (``devkit/kwok/pod-validation.yaml``), exiting 1 when ``fail``; with ``hold`` its pod
+    runs until the test removes its ``gpuhealth-test/outcome`` label (then it passes). Its command is
+    the default Job's shape, so the operator's substitution of ``${GPU_INDEX}`` and
     ``${VALIDATION_LEVEL}`` is checked on the pods it creates."""
-    labels = {OUTCOME_LABEL: "fail"} if fail else {}
+    labels = {OUTCOME_LABEL: "fail"} if fail else {OUTCOME_LABEL: HOLD} if hold else {}
     return {
         "spec": {
             "template": {

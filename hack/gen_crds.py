@@ -101,6 +101,7 @@ def namespace() -> dict[str, Any]:
         R=defaults.remediation,
         V=defaults.validation,
         Outcome=validation.Outcome,
+        Trigger=validation.Trigger,
         enum=_enum,
         dur=format_duration,
     )

@@ -182,6 +182,7 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ("validation-level", {"validation": {"level": 7}}, "spec.validation.level"),
     ("validation-timeout", {"validation": {"timeout": "soon"}}, "spec.validation.timeout"),
     ("validation-concurrency", {"validation": {"maxConcurrent": 0}}, "spec.validation.maxConcurrent"),
+    ("validation-batch", {"validation": {"newNodes": {"batchSize": 0}}}, "spec.validation.newNodes.batchSize"),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [

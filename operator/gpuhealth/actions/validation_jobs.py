@@ -15,6 +15,11 @@ that vanished, or a pod that ended without a result (deleted, or its node lost),
 stopped by its deadline is ``TimedOut``; anything else that is not a clean pass is ``Failed`` with
 the diagnostic's findings or the reason the result could not be read.
 
+A node's validation (after a release, or a new node's burn-in) is the same Job for all the GPUs of
+the agent's report: ``${GPU_INDEX}`` and ``${GPU_UUID}`` are their comma-separated lists (``dcgmi
+diag -i 0,1,...`` takes the list as is), labelled ``gpuhealth.dev/validation-scope=node`` instead of
+a GPU, and tolerating gpuhealth's burn-in taint as well.
+
 The pods carry ``gpuhealth.dev/validation-level`` (not the reset Job's step label), so a KWOK stage
 can end them with a DCGM result of its own (``devkit/kwok/pod-validation.yaml``).
 """
@@ -29,11 +34,18 @@ from typing import Any
 
 from gpuhealth.actions.remediation_jobs import _UNSAFE, _render, gpu_job, pinned_to
 from gpuhealth.api.diag import SUMMARY_FORMAT, parse_termination_message
-from gpuhealth.api.names import DEVICE_GPU_LABEL, DEVICE_NODE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from gpuhealth.api.names import (
+    BURN_IN_TAINT_KEY,
+    DEVICE_GPU_LABEL,
+    DEVICE_NODE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+)
 from gpuhealth.api.remediation import INDEX_PLACEHOLDER, NODE_PLACEHOLDER, UUID_PLACEHOLDER, RemediationSettings
 from gpuhealth.api.validation import LEVEL_PLACEHOLDER, Outcome, ValidationSettings
 
 LEVEL_LABEL = "gpuhealth.dev/validation-level"
+SCOPE_LABEL = "gpuhealth.dev/validation-scope"  # "node" on a node's validation Job
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 HOSTENGINE_ENV = "DCGM_HOSTENGINE"
 
@@ -59,6 +71,14 @@ def job_name(node: str, index: int, uuid: str, episode: str, attempt: int) -> st
     """``gpuhealth-validate-<node>-<index>-<attempt>-<hash>``: one per ladder attempt, at most 63 characters."""
     digest = hashlib.sha256(f"validate|{node}|{index}|{uuid}|{episode}|{attempt}".encode()).hexdigest()[:8]
     tail = f"-{index}-{attempt}-{digest}"
+    head = _UNSAFE.sub("-", f"gpuhealth-validate-{node}".lower())[: 63 - len(tail)].rstrip("-")
+    return head + tail
+
+
+def node_job_name(node: str, trigger: str, episode: str) -> str:
+    """``gpuhealth-validate-<node>-node-<hash>``: one per node validation episode, at most 63 characters."""
+    digest = hashlib.sha256(f"validate-node|{node}|{trigger}|{episode}".encode()).hexdigest()[:8]
+    tail = f"-node-{digest}"
     head = _UNSAFE.sub("-", f"gpuhealth-validate-{node}".lower())[: 63 - len(tail)].rstrip("-")
     return head + tail
 
@@ -127,6 +147,48 @@ def build_validation_job(
         subs,
         labels,
         settings.timeout_s,
+    )
+    return body, ""
+
+
+def build_node_validation_job(
+    remediation: RemediationSettings,
+    settings: ValidationSettings,
+    node: str,
+    gpus: Sequence[tuple[int, str]],
+    name: str,
+) -> tuple[dict[str, Any] | None, str]:
+    """The validation Job for all of a node's GPUs (``(index, uuid)`` from the report), or None and why not."""
+    if not gpus:
+        return None, "the agent's report lists no GPU: a node validation would test nothing"
+    if any(not uuid for _, uuid in gpus):
+        return None, "a GPU has no UUID in the agent's report"
+    indices = ",".join(str(i) for i, _ in sorted(gpus))
+    uuids = ",".join(u for _, u in sorted(gpus))
+    template = copy.deepcopy(dict(settings.job_template or {}))
+    pod_tmpl = (template.get("spec") or {}).get("template") or {}
+    pod = pod_tmpl.get("spec") or default_pod(settings)
+    subs = {
+        NODE_PLACEHOLDER: node,
+        UUID_PLACEHOLDER: uuids,
+        INDEX_PLACEHOLDER: indices,
+        LEVEL_PLACEHOLDER: str(settings.level),
+    }
+    pod = _render(pod, subs)
+    if not pinned_to(pod, node):
+        return None, f"the validation Job template is not pinned to node {node} (nodeName or hostname affinity)"
+    tolerations = list(pod.get("tolerations") or [])
+    if not any(t.get("key") == BURN_IN_TAINT_KEY for t in tolerations):
+        tolerations.append({"key": BURN_IN_TAINT_KEY, "operator": "Exists"})
+    pod["tolerations"] = tolerations
+    labels = {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        DEVICE_NODE_LABEL: node[:63],
+        SCOPE_LABEL: "node",
+        LEVEL_LABEL: str(settings.level),
+    }
+    body = gpu_job(
+        name, remediation.namespace, remediation.service_account, uuids, template, pod, subs, labels, settings.timeout_s
     )
     return body, ""
 

@@ -21,6 +21,13 @@ QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
 # A human (or `kubectl gpuhealth release`) sets this on the Node to return an AwaitingRepair node.
 RELEASE_ANNOTATION = f"{GROUP}/release"
 RELEASE_GPU_ANNOTATION = f"{GROUP}/release-gpu"  # GPU indices, comma-separated: release those GPUs only
+# New-node burn-in (spec.validation.newNodes, api/validation.py): gpuhealth's own NoSchedule taint holds a
+# joining node until its validation passes; the label asks for a burn-in of a node that already has a
+# verdict ("requested"), and gpuhealth answers it ("accepted") when it takes the request.
+BURN_IN_TAINT_KEY = f"{GROUP}/burn-in"
+BURN_IN_LABEL = f"{GROUP}/burn-in"
+BURN_IN_REQUESTED = "requested"
+BURN_IN_ACCEPTED = "accepted"
 
 # The checkpoint handshake on a pod (see docs/workloads.md).
 CHECKPOINT_MODE = f"{GROUP}/checkpoint"

@@ -11,6 +11,15 @@ on the node), so it requests no GPU; its verdict is read from the pod's terminat
 (``api/diag.py``). A policy's ``jobTemplate`` may run anything else under the reset Job's rules
 (pinned to ``${NODE_NAME}``, naming ``${GPU_UUID}`` or ``${GPU_INDEX}``), and leaves the same result.
 
+Node scope: after a human's release of a drained node (a ``NodeReboot`` hand-off, or any repair
+release) the node does not return on its probation alone either: ONE validation Job runs for all its
+GPUs (``${GPU_INDEX}`` and ``${GPU_UUID}`` are then the comma-separated lists of the report's GPUs,
+which ``dcgmi diag -i`` takes as is) while it is still tainted and cordoned. With
+``spec.validation.newNodes.enabled`` a GPU node that joins (no verdict yet, or labelled
+``gpuhealth.dev/burn-in=requested``) is held by gpuhealth's own NoSchedule taint until the same node
+validation passes, at most ``batchSize`` such burn-ins at once. Its record is
+:class:`NodeValidation` (``status.nodeValidation``).
+
 The record lives inside the GPU's ladder record (``status.remediation["<index>"].validation``,
 :class:`LadderRecord` in ``api/remediation.py``), written before the Job is created, so a restarted
 operator finds the Job's name and never starts a second one. Pure.
@@ -54,6 +63,24 @@ class Outcome(StrEnum):
 DONE = frozenset({Outcome.PASSED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LOST})
 
 
+class Trigger(StrEnum):
+    """Why a node (all its GPUs) is validated."""
+
+    RELEASE = "Release"  # a human released the drained node after a repair (a NodeReboot hand-off)
+    BURN_IN = "BurnIn"  # a new node, held by gpuhealth's burn-in taint until it passes
+
+
+DEFAULT_BATCH_SIZE = 4
+
+
+@dataclass(frozen=True)
+class NewNodes:
+    """``spec.validation.newNodes``: burn-in of joining GPU nodes, off by default."""
+
+    enabled: bool = False
+    batch_size: int = DEFAULT_BATCH_SIZE  # burn-ins running at once across the policy's nodes
+
+
 @dataclass(frozen=True)
 class ValidationSettings:
     enabled: bool = False
@@ -63,6 +90,18 @@ class ValidationSettings:
     image: str = DEFAULT_IMAGE
     hostengine: str = DEFAULT_HOSTENGINE
     job_template: Mapping[str, Any] | None = None
+    new_nodes: NewNodes = NewNodes()
+
+
+def _new_nodes(raw: Any) -> NewNodes:
+    if raw is None:
+        return NewNodes()
+    if not isinstance(raw, Mapping):
+        raise ValidationError("spec.validation.newNodes: must be an object")
+    size = raw.get("batchSize", DEFAULT_BATCH_SIZE)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1000:
+        raise ValidationError(f"spec.validation.newNodes.batchSize: must be an integer in [1, 1000], got {size!r}")
+    return NewNodes(enabled=bool(raw.get("enabled", False)), batch_size=size)
 
 
 def _validate_template(t: Any, path: str) -> Mapping[str, Any]:
@@ -114,6 +153,7 @@ def parse_validation(spec: Mapping[str, Any]) -> ValidationSettings:
         image=str(raw.get("image") or DEFAULT_IMAGE),
         hostengine=str(raw.get("hostengine") or DEFAULT_HOSTENGINE),
         job_template=None if template is None else _validate_template(template, "spec.validation.jobTemplate"),
+        new_nodes=_new_nodes(raw.get("newNodes")),
     )
 
 
@@ -161,3 +201,46 @@ class Validation:
             )
         except (ValueError, TypeError):
             return None
+
+
+@dataclass(frozen=True)
+class NodeValidation:
+    """One validation of a whole node (``status.nodeValidation``): after a release, or a burn-in.
+
+    ``episode`` is when it was asked for (the release, or the node's first sight): part of the Job's
+    name, so each episode runs one Job. ``held``: gpuhealth placed its burn-in taint for it (and so
+    may lift it); a taint of that key someone else placed is never recorded as gpuhealth's.
+    ``dry_run``: DryRun announced what it would run; nothing runs.
+    """
+
+    trigger: Trigger
+    episode: dt.datetime
+    validation: Validation
+    held: bool = False
+    dry_run: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.validation.done
+
+    def to_status(self) -> dict[str, Any]:
+        out = {"trigger": str(self.trigger), "episode": format_time(self.episode), **self.validation.to_status()}
+        if self.held:
+            out["held"] = True
+        if self.dry_run:
+            out["dryRun"] = True
+        return out
+
+    @staticmethod
+    def from_status(m: Any) -> NodeValidation | None:
+        v = Validation.from_status(m)
+        if v is None or not isinstance(m, Mapping):
+            return None
+        episode = parse_time(m.get("episode"))
+        try:
+            trigger = Trigger(str(m.get("trigger")))
+        except ValueError:
+            return None
+        if episode is None:
+            return None
+        return NodeValidation(trigger, episode, v, held=bool(m.get("held")), dry_run=bool(m.get("dryRun")))

@@ -202,6 +202,25 @@ def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
     return out
 
 
+def _node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
+    """A release's or a burn-in's validation of all the node's GPUs: result, Job, findings, the hold."""
+    text = f"{_v(v.get('trigger'))}: level {_v(v.get('level'))} {_v(v.get('result'))}"
+    if v.get("durationSeconds") is not None:
+        text += f" in {human_age(v['durationSeconds'])}"
+    elif v.get("startedAt"):
+        text += f" for {age_of(v['startedAt'], now)}"
+    out = ["  " + _field("Validation", text, 12)]
+    if v.get("job"):
+        out.append("  " + _field("Job", str(v["job"]), 12))
+    if v.get("findings"):
+        out.append("  " + _field("Findings", str(v["findings"]), 12))
+    if v.get("held"):
+        out.append("  " + _field("Held", "gpuhealth's NoSchedule taint gpuhealth.dev/burn-in until it passes", 12))
+    if v.get("dryRun"):
+        out.append("  " + _field("DryRun", "would hold the node and run this validation; nothing runs", 12))
+    return out
+
+
 def _ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
     """Each GPU's repair ladder: where it stands, its Job, then every attempt so far with its result."""
     out = []
@@ -402,6 +421,10 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     ladders = m.get("remediation") or []
     if ladders:
         lines += ["", "Repair ladder (status.remediation):", *_ladder_lines(ladders, now)]
+
+    nv = m.get("nodeValidation")
+    if isinstance(nv, Mapping):
+        lines += ["", "Node validation (status.nodeValidation):", *_node_validation_lines(nv, now)]
 
     drain = m.get("drain")
     if drain:

@@ -25,7 +25,15 @@ from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_polic
 from gpuhealth.api.slow_policy import Topology
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
-from gpuhealth.cli.ladderview import EXHAUSTED, HANDED_OFF, IN_FLIGHT, ladder_cell, ladder_view
+from gpuhealth.cli.ladderview import (
+    EXHAUSTED,
+    HANDED_OFF,
+    IN_FLIGHT,
+    ladder_cell,
+    ladder_view,
+    node_validation_cell,
+    node_validation_view,
+)
 from gpuhealth.cli.topology import groups
 
 # Most urgent first: the order of the table and of the totals.
@@ -100,6 +108,7 @@ class Row:
     device_gpu_hours: float = 0.0
     device_cost: float | None = None
     ladders: tuple[dict[str, Any], ...] = ()  # status.remediation as cli.ladderview rows
+    node_validation: dict[str, Any] | None = None  # status.nodeValidation as cli.ladderview's view
     clock_skew_s: int | None = None  # status.clockSkew: the agent's clock offset while it is skewed
     domain: str = ""  # the NVLink domain label's value (the governing policy's spec.topology)
     rack: str = ""  # the rack label's value
@@ -110,8 +119,16 @@ class Row:
 
     @property
     def ladder(self) -> str:
-        """The LADDER cell: ``GPUReset 1/2 Running (GPU 3)``, ``+N`` for more GPUs on a ladder."""
+        """The LADDER cell: ``GPUReset 1/2 Running (GPU 3)``, ``+N`` for more GPUs on a ladder; else the
+        node's validation while it is not passed (``BurnIn Running (held)``)."""
+        if not self.ladders and self.validating:
+            return node_validation_cell(self.node_validation)
         return ladder_cell(self.ladders)
+
+    @property
+    def validating(self) -> bool:
+        """The node's validation has not passed (pending, running, or failed and holding it)."""
+        return self.node_validation is not None and self.node_validation.get("result") != "Passed"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +161,9 @@ class Row:
                 {k: r.get(k) for k in ("gpu", "step", "attempt", "attempts", "phase", "standing", "reason", "job")}
                 for r in self.ladders
             ],
+            "nodeValidation": None
+            if self.node_validation is None
+            else {k: self.node_validation.get(k) for k in ("trigger", "level", "result", "job", "held", "findings")},
             "domain": self.domain or None,
             "rack": self.rack or None,
         }
@@ -341,6 +361,7 @@ def build_row(
         device_gpu_hours=device_hours,
         device_cost=device_cost,
         ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
+        node_validation=node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now),
         clock_skew_s=status.skew_seconds,
         domain=str(labels.get(topology.domain_label) or ""),
         rack=str(labels.get(topology.rack_label) or ""),

@@ -14,6 +14,7 @@ from typing import Any
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, steps_for
 from gpuhealth.api.timeutil import format_time
+from gpuhealth.api.validation import NodeValidation
 from gpuhealth.catalog.xid import remedy_of
 
 # Fleet totals: a ladder's standing, most urgent last (the order of the footer).
@@ -112,6 +113,35 @@ def _validation(rec: LadderRecord) -> dict[str, Any] | None:
         "durationSeconds": _secs(v.started, v.finished),
         "findings": v.findings or None,
     }
+
+
+def node_validation_view(raw: Any, now: dt.datetime) -> dict[str, Any] | None:
+    """``status.nodeValidation`` (a release's or a burn-in's validation of all the node's GPUs), or None."""
+    nv = NodeValidation.from_status(raw)
+    if nv is None:
+        return None
+    v = nv.validation
+    return {
+        "trigger": str(nv.trigger),
+        "episode": _t(nv.episode),
+        "level": v.level,
+        "result": str(v.outcome),
+        "job": v.job or None,
+        "startedAt": _t(v.started),
+        "finishedAt": _t(v.finished),
+        "durationSeconds": _secs(v.started, v.finished),
+        "ageSeconds": None if v.finished is not None else _secs(v.started, now),
+        "findings": v.findings or None,
+        "held": nv.held,
+        "dryRun": nv.dry_run,
+    }
+
+
+def node_validation_cell(view: Mapping[str, Any] | None) -> str:
+    """The fleet table's short form: ``BurnIn Running`` (held), ``Release Failed``; empty when none."""
+    if not view:
+        return ""
+    return f"{view['trigger']} {view['result']}" + (" (held)" if view.get("held") else "")
 
 
 def step_text(row: Mapping[str, Any]) -> str:

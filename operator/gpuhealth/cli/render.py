@@ -135,7 +135,7 @@ def skew_text(offset_s: int) -> str:
 
 def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[str]]]:
     headers = ["NODE", "STATE", "REASON", "GPUS", "SINCE", "POLICY"]
-    ladder = any(r.ladders for r in fleet.rows)
+    ladder = any(r.ladders or r.validating for r in fleet.rows)
     if ladder:
         headers.append("LADDER")
     skew = any(r.clock_skew_s is not None for r in fleet.rows)

@@ -7,7 +7,9 @@ Rules that the property tests hold it to:
 - a node enters quarantine from service only if the breaker admits it;
 - Unknown (stale or missing facts) never leads to Healthy or advances probation;
 - AwaitingRepair is left only through a human release;
-- a node returns to service only after ``probation`` of fresh, clean facts.
+- a node returns to service only after ``probation`` of fresh, clean facts;
+- a node whose validation has not passed (``node_validation.py``) does not return; one whose
+  validation failed goes to AwaitingRepair.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Inputs:
     breaker_allows: bool = True
     drain_complete: bool = False
     released: bool = False
+    validating: bool = False  # the node's validation (node_validation.py) has not passed: no return yet
+    validation_failed: str = ""  # the node's validation failed: these findings send it to AwaitingRepair
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,18 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
     level, top, quarantine_findings = _effective(a, policy)
 
     if rec.state == State.AWAITING_REPAIR:
+        return Decision(rec, events=tuple(events))
+
+    if rec.state == State.RECOVERING and inputs.validation_failed:
+        rec = replace(
+            rec,
+            state=State.AWAITING_REPAIR,
+            since=now,
+            healthy_since=None,
+            drain_action=str(Action.REPAIR),
+            message=inputs.validation_failed,
+        )
+        events.append(("Warning", "AwaitingRepair", f"{inputs.validation_failed}. The node waits for a human repair"))
         return Decision(rec, events=tuple(events))
 
     if rec.state == State.DRAINING and inputs.drain_complete:
@@ -212,7 +228,7 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
             return Decision(rec, events=tuple(events))
         healthy_since = rec.healthy_since or now
         rec = replace(rec, healthy_since=healthy_since)
-        if (now - healthy_since).total_seconds() >= policy.probation_s:
+        if (now - healthy_since).total_seconds() >= policy.probation_s and not inputs.validating:
             rec = replace(
                 rec,
                 state=State.HEALTHY,

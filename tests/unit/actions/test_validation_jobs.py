@@ -11,14 +11,17 @@ import pytest
 
 from gpuhealth.actions.validation_jobs import (
     LEVEL_LABEL,
+    SCOPE_LABEL,
     WRAPPER,
+    build_node_validation_job,
     build_validation_job,
     job_name,
+    node_job_name,
     pods_of,
     verdict,
 )
 from gpuhealth.api.diag import parse_termination_message
-from gpuhealth.api.names import TAINT_KEY
+from gpuhealth.api.names import BURN_IN_TAINT_KEY, DEVICE_GPU_LABEL, TAINT_KEY
 from gpuhealth.api.remediation import RemediationSettings
 from gpuhealth.api.validation import Outcome, ValidationSettings
 
@@ -137,3 +140,50 @@ def test_the_wrapper_leaves_a_result_the_parser_reads(tmp_path: Path, doc: str) 
     assert rc == 226 and len(msg.encode()) <= 4096
     r = parse_termination_message(msg)
     assert not r.passed and "DCGM error 46" in r.findings()
+
+
+# --- a node's validation: all its GPUs in one Job ----------------------------------------------
+
+GPUS = [(1, "GPU-b"), (0, "GPU-a"), (2, "GPU-c")]
+
+
+def test_a_node_validation_tests_all_the_reports_gpus_in_one_job() -> None:
+    name = node_job_name("node-a", "Release", "2026-01-01T00:00:00Z")
+    assert name == node_job_name("node-a", "Release", "2026-01-01T00:00:00Z") and len(name) <= 63
+    assert name != node_job_name("node-a", "Release", "2026-01-01T00:05:00Z"), "one Job per episode"
+    assert len(node_job_name("n" * 200, "BurnIn", "x")) <= 63
+    body, why = build_node_validation_job(RemediationSettings(), ValidationSettings(level=1), "node-a", GPUS, name)
+    assert body is not None and not why
+    pod = body["spec"]["template"]["spec"]
+    assert pod["nodeName"] == "node-a"
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["GPU"] == "0,1,2" and env["GPU_UUID"] == "GPU-a,GPU-b,GPU-c" and env["LEVEL"] == "1"
+    labels = body["spec"]["template"]["metadata"]["labels"]
+    assert labels[SCOPE_LABEL] == "node" and labels[LEVEL_LABEL] == "1" and DEVICE_GPU_LABEL not in labels
+    keys = {t["key"] for t in pod["tolerations"]}
+    assert {TAINT_KEY, BURN_IN_TAINT_KEY} <= keys, "it runs while the node is held by either taint"
+    assert not (pod["containers"][0].get("resources") or {}).get("limits"), "it requests no GPU"
+
+
+def test_a_node_validation_template_gets_the_lists() -> None:
+    template = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeName": "${NODE_NAME}",
+                    "containers": [{"name": "d", "image": "i", "command": ["dcgmi", "diag", "-i", "${GPU_INDEX}"]}],
+                }
+            }
+        }
+    }
+    settings = ValidationSettings(job_template=template)
+    body, _ = build_node_validation_job(RemediationSettings(), settings, "node-a", GPUS, "j")
+    assert body is not None
+    assert body["spec"]["template"]["spec"]["containers"][0]["command"] == ["dcgmi", "diag", "-i", "0,1,2"]
+
+
+def test_no_gpus_or_a_gpu_without_uuid_runs_nothing() -> None:
+    body, why = build_node_validation_job(RemediationSettings(), ValidationSettings(), "node-a", [], "j")
+    assert body is None and "lists no GPU" in why
+    body, why = build_node_validation_job(RemediationSettings(), ValidationSettings(), "node-a", [(0, "")], "j")
+    assert body is None and "UUID" in why

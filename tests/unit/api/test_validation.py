@@ -22,6 +22,9 @@ def test_defaults_are_off_level_2() -> None:
     assert "dcgm" in v.image and v.hostengine.endswith(":5555")
     on = _policy({"enabled": True, "level": 3, "timeout": "30m", "maxConcurrent": 4}).validation
     assert on.enabled and on.level == 3 and on.timeout_s == 1800 and on.max_concurrent == 4
+    assert not v.new_nodes.enabled and v.new_nodes.batch_size == 4
+    burn = _policy({"enabled": True, "newNodes": {"enabled": True, "batchSize": 10}}).validation.new_nodes
+    assert burn.enabled and burn.batch_size == 10
 
 
 @pytest.mark.parametrize(
@@ -32,6 +35,8 @@ def test_defaults_are_off_level_2() -> None:
         ({"maxConcurrent": 0}, "spec.validation.maxConcurrent"),
         ({"timeout": "soon"}, "spec.validation.timeout"),
         ({"timeout": "5s"}, "spec.validation.timeout"),
+        ({"newNodes": {"batchSize": 0}}, "spec.validation.newNodes.batchSize"),
+        ({"newNodes": "yes"}, "spec.validation.newNodes"),
         ({"jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "x"}]}}}}}, "jobTemplate.spec"),
         (
             {

@@ -163,3 +163,28 @@ def test_describe_shows_the_validation_level_result_and_findings() -> None:
     assert m["remediation"][0]["standing"] == "inFlight"
     assert "Validated: level 2 Running for 30s" in render_describe(m)
     assert _describe({"3": RESETTING})["remediation"][0]["validation"] is None
+
+
+def test_status_and_describe_show_a_nodes_validation() -> None:
+    nv = {
+        "trigger": "BurnIn",
+        "episode": "2026-01-01T00:00:00Z",
+        "level": 2,
+        "result": "Failed",
+        "job": "gpuhealth-remediation/gpuhealth-validate-c-node-1234abcd",
+        "startedAt": "2026-01-01T00:00:10Z",
+        "finishedAt": "2026-01-01T00:02:10Z",
+        "findings": "GPU 5 pcie Fail (DCGM error 46)",
+        "held": True,
+    }
+    rep = report("c", "Healthy")
+    rep["status"]["nodeValidation"] = nv
+    fleet = summarize([node("c")], [rep], [policy()], NOW)
+    text = render_status(fleet)
+    assert "LADDER" in text and "BurnIn Failed (held)" in text
+    assert fleet.to_json()["nodes"][0]["nodeValidation"]["findings"] == nv["findings"]
+    model = describe_node("c", node("c"), rep, None, [], NOW)
+    assert model["nodeValidation"]["durationSeconds"] == 120.0
+    out = render_describe(model)
+    assert "Node validation (status.nodeValidation):" in out and "DCGM error 46" in out
+    assert "gpuhealth.dev/burn-in" in out

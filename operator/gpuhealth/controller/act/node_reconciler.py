@@ -58,6 +58,7 @@ from gpuhealth.controller.act.device_drainer import DeviceDrainer
 from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.node_validator import NodeValidator
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
@@ -98,8 +99,10 @@ class NodeReconciler:
         device_drainer: DeviceDrainer,
         remediator: Remediator,
         topology: Topology | None = None,
+        validator: NodeValidator | None = None,
     ) -> None:
         self.remediator = remediator
+        self.validator = validator or NodeValidator(kube=kube, store=store, events=events, remediator=remediator)
         self.topology = topology or Topology(store)
         self.devices = devices
         self.device_drainer = device_drainer
@@ -220,9 +223,18 @@ class NodeReconciler:
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)
-        inputs = Inputs(breaker_allows=allows, drain_complete=drain_done(read_drain(status), prior), released=released)
+        # A node's validation (after a repair's release, or a burn-in) holds its return or fails it.
+        nmove = await self.validator.observe(name, policy, prior, status, node, report, released, now)
+        inputs = Inputs(
+            breaker_allows=allows,
+            drain_complete=drain_done(read_drain(status), prior),
+            released=released,
+            validating=nmove is not None and nmove.hold,
+            validation_failed=nmove.failed if nmove is not None else "",
+        )
         decision = decide(prior, node_a, policy, now, inputs)
         again: Again = None
+        validation_again: Again = None
         try:
             if store.pods.pending and not acts_before_pods(
                 prior,
@@ -238,6 +250,8 @@ class NodeReconciler:
             self._announce(name, policy, decision, a)
             if new_skew is not None:
                 self._announce_skew(name, new_skew)
+            if nmove is not None:
+                validation_again = await self.validator.act(name, policy, status, report, nmove)
             escalated = dev.verdict.escalate and decision.new_quarantine
             fallback = decision.new_quarantine and any(
                 f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
@@ -266,12 +280,14 @@ class NodeReconciler:
                     )
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if released or gpus:
-                    await self.kube.patch_node(name, {"metadata": {"annotations": ack}})
+                    # Reflected at once, so a pass before the watch brings it does not see the release again.
+                    self.store.reflect_node(name, await self.kube.patch_node(name, {"metadata": {"annotations": ack}}))
             elif policy.mode == Mode.DRY_RUN:
                 again = await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
         finally:
             self.breaker.release(policy, name)
-        return again
+            self.validator.end(name)
+        return soonest(again, validation_again)
 
     async def _admit(self, policy: Policy, name: str, a: Assessment, domain: DomainView | None) -> bool:
         """The breaker's answer: one for the whole NVLink domain when its fault takes this node out

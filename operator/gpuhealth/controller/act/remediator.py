@@ -56,7 +56,7 @@ from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_fro
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.api.validation import Outcome
+from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
@@ -74,6 +74,7 @@ P2P_WAIT = (
     "recovery action DrainP2P: its NVLink peers are drained with it; waiting for the agent's next reading, which "
     f"names the next action (a NodeReboot if it still says DrainP2P {int(REREAD_TIMEOUT_S)}s after the drain)"
 )
+NODE_SCOPE = -1  # the reservation key's index of a node's validation (all its GPUs)
 
 
 def facts_clean(device: Device | None) -> bool:
@@ -135,7 +136,8 @@ class Remediator:
         return n
 
     def validating(self, policy: str) -> int:
-        """Validation Jobs running across the policy's nodes, plus those being admitted."""
+        """Validation Jobs running across the policy's nodes, plus those being admitted: a GPU's, and a
+        node's after a release (``node_validator.py``; burn-ins have a batch size of their own)."""
         n = len(self._reserved_validations)
         for report in self.store.reports.values():
             status = report.get("status") or {}
@@ -145,7 +147,21 @@ class Remediator:
                     for r in ladders_from_status(status).values()
                     if r.phase == Phase.VALIDATING and r.validation and r.validation.outcome == Outcome.RUNNING
                 )
+                nv = NodeValidation.from_status(status.get("nodeValidation"))
+                n += nv is not None and nv.trigger == Trigger.RELEASE and nv.validation.outcome == Outcome.RUNNING
         return n
+
+    async def admit_node_validation(self, policy: Policy, name: str) -> str:
+        """Reserve a place under ``spec.validation.maxConcurrent`` for a node's validation; why not, if not.
+        The reservation ends with :meth:`end_admission` once the record is written."""
+        async with self._lock:
+            if self.validating(policy.name) >= policy.validation.max_concurrent:
+                return f"spec.validation.maxConcurrent ({policy.validation.max_concurrent}) validations are running"
+            self._reserved_validations.add((name, NODE_SCOPE))
+        return ""
+
+    def end_admission(self, name: str) -> None:
+        self._reserved_validations.discard((name, NODE_SCOPE))
 
     async def run(
         self,

@@ -1,0 +1,291 @@
+"""Proof before return for a whole node: after a repair's release, and a new node's burn-in.
+
+The node reconciler calls :meth:`NodeValidator.observe` before the state machine decides (its
+``hold`` keeps a Recovering node from returning, its ``failed`` sends it to AwaitingRepair) and
+:meth:`NodeValidator.act` once the node's status is written. The decision is pure
+(``evaluation/node_validation.py``); here are the API reads it needs and the writes, in the order
+the GPU's validation uses (``remediator.py``), which survives a kill at any line:
+
+1. ``status.nodeValidation`` first (the write-ahead record: the Job's name, ``created: false``);
+2. gpuhealth's burn-in taint, placed or lifted (only one it placed: ``held`` in the record); then
+   the Job deleted (timed out or superseded) or created under the recorded name (409: it exists);
+3. the record again (``created: true``), Events and metrics.
+
+A node's validation starts only when: the policy enables ``spec.validation`` (and
+``spec.remediation``, whose namespace and service account the Job runs under); the mode is
+Enforce (DryRun records and announces what it would run; Paused never gets here); for a release,
+the node is Recovering (tainted, cordoned, drained) and fewer than ``spec.validation.maxConcurrent``
+validations run across the policy's nodes (GPUs' and nodes' together); for a burn-in, fewer than
+``newNodes.batchSize`` burn-ins run; and, re-read from the API right before, no pod that uses a GPU
+runs on the node (the Job requests no GPU, so the scheduler would not keep a workload off it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpuhealth.actions import validation_jobs
+from gpuhealth.api.names import (
+    BURN_IN_ACCEPTED,
+    BURN_IN_LABEL,
+    BURN_IN_REQUESTED,
+    BURN_IN_TAINT_KEY,
+    GPU_RESOURCE,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    Mode,
+    State,
+)
+from gpuhealth.api.policy import Policy
+from gpuhealth.api.report import Report
+from gpuhealth.api.status import Record
+from gpuhealth.api.timeutil import format_time
+from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
+from gpuhealth.controller import metrics
+from gpuhealth.controller.act.again import Again
+from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.remediator import Remediator
+from gpuhealth.controller.state.store import Store
+from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
+from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.client import is_not_found, status_of
+
+log = logging.getLogger(__name__)
+POLL_S = 2.0  # a node validation waiting or running is looked at again this often
+
+
+def _uses_gpu(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    if spec.get("resourceClaims"):
+        return True
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        if any(GPU_RESOURCE in (res.get(k) or {}) for k in ("limits", "requests")):
+            return True
+    return False
+
+
+def active(policy: Policy) -> bool:
+    """Whether node validations act under this policy at all."""
+    return policy.validation.enabled and policy.remediation.enabled and policy.mode != Mode.PAUSED
+
+
+class NodeValidator:
+    def __init__(self, *, kube: AsyncKube, store: Store, events: EventSink, remediator: Remediator) -> None:
+        self.kube = kube
+        self.store = store
+        self.events = events
+        self.remediator = remediator
+        self._lock = asyncio.Lock()
+        self._reserved_burn_ins: set[str] = set()
+        self._blocked: dict[str, str] = {}
+
+    def _event(self, node: str, type_: str, reason: str, message: str) -> None:
+        self.events("Node", node, node, type_, reason, message)
+
+    def _block(self, node: str, why: str) -> None:
+        if self._blocked.get(node) != why:
+            self._blocked[node] = why
+            self._event(node, "Normal", "RemediationBlocked", f"The node's validation waits: {why}")
+
+    def burn_ins(self, policy: str) -> int:
+        """Burn-in Jobs running across the policy's nodes, plus those being admitted."""
+        n = len(self._reserved_burn_ins)
+        for report in self.store.reports.values():
+            status = report.get("status") or {}
+            if status.get("policy") == policy:
+                nv = NodeValidation.from_status(status.get("nodeValidation"))
+                n += nv is not None and nv.trigger == Trigger.BURN_IN and nv.validation.outcome == Outcome.RUNNING
+        return n
+
+    async def observe(
+        self,
+        name: str,
+        policy: Policy,
+        prior: Record,
+        status: Mapping[str, Any],
+        node: Mapping[str, Any],
+        report: Report | None,
+        released: bool,
+        now: dt.datetime,
+    ) -> NodeMove | None:
+        """The node validation's next move (None: not under this policy), its API reads done."""
+        nv = NodeValidation.from_status(status.get("nodeValidation"))
+        if not active(policy):  # off (or no remediation namespace): gpuhealth's hold goes with it
+            return (
+                None if nv is None or not nv.held else node_move(prior, nv, NodeObserved(), now, ValidationSettings())
+            )
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        requested = labels.get(BURN_IN_LABEL) == BURN_IN_REQUESTED
+        new_node = policy.validation.new_nodes.enabled and (
+            requested or (not status.get("state") and name not in self.store.records)
+        )
+        dry = policy.mode == Mode.DRY_RUN
+        verdict: tuple[Outcome, str] | None = None
+        may = False
+        v = nv.validation if nv is not None else None
+        if nv is not None and v is not None and not nv.dry_run and not dry:
+            if v.outcome == Outcome.RUNNING and v.created and v.job:
+                verdict = await self._verdict(name, v.job)
+            elif v.outcome == Outcome.PENDING and (nv.trigger == Trigger.BURN_IN or prior.state == State.RECOVERING):
+                may = await self._may_validate(name, policy, nv, report)
+        obs = NodeObserved(released=released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
+        return node_move(prior, nv, obs, now, policy.validation)
+
+    async def _may_validate(self, name: str, policy: Policy, nv: NodeValidation, report: Report | None) -> bool:
+        if report is None or not report.devices:
+            self._block(name, "the agent's report lists no GPU yet")
+            return False
+        if nv.trigger == Trigger.BURN_IN:
+            async with self._lock:
+                size = policy.validation.new_nodes.batch_size
+                if self.burn_ins(policy.name) >= size:
+                    why = f"spec.validation.newNodes.batchSize ({size}) burn-ins are running"
+                else:
+                    why = ""
+                    self._reserved_burn_ins.add(name)
+        else:
+            why = await self.remediator.admit_node_validation(policy, name)
+        if not why:
+            pods = await self.kube.list_pods_on_node(name)
+            holding = sorted(
+                f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+                for p in pods
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and ((p.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY_VALUE
+                and _uses_gpu(p)
+            )
+            if holding:
+                why = f"pod {', '.join(holding[:5])} uses the node's GPUs"
+        if why:
+            self.end(name)
+            self._block(name, why)
+            return False
+        return True
+
+    def end(self, name: str) -> None:
+        """End the admission :meth:`observe` reserved (once the record is written, or the pass failed)."""
+        self._reserved_burn_ins.discard(name)
+        self.remediator.end_admission(name)
+
+    async def _verdict(self, node: str, job: str) -> tuple[Outcome, str]:
+        ns, _, jname = job.partition("/")
+        try:
+            body: dict[str, Any] | None = await self.kube.get_job(ns, jname)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            body = None
+        pods = await self.kube.list_pods_on_node(node) if body is not None else []
+        return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
+
+    async def act(
+        self,
+        name: str,
+        policy: Policy,
+        status: Mapping[str, Any],
+        report: Report | None,
+        move: NodeMove,
+    ) -> Again:
+        """Carry out ``move`` in the write-ahead order of the module docstring."""
+        try:
+            return await self._act(name, policy, status, report, move)
+        finally:
+            self.end(name)
+
+    async def _act(
+        self, name: str, policy: Policy, status: Mapping[str, Any], report: Report | None, move: NodeMove
+    ) -> Again:
+        rec = move.record
+        node = self.store.nodes.get(name) or {}
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        ours = any(t.get("key") == BURN_IN_TAINT_KEY for t in taints)
+        old = NodeValidation.from_status(status.get("nodeValidation"))
+        if move.taint and rec is not None and ours and (old is None or not old.held):
+            rec = replace(rec, held=False)  # a taint of that key someone else placed is not gpuhealth's
+        body: dict[str, Any] | None = None
+        if move.start and rec is not None:
+            v = rec.validation
+            jname = v.job.partition("/")[2] or validation_jobs.node_job_name(
+                name, str(rec.trigger), format_time(rec.episode)
+            )
+            gpus = [(d.index, d.uuid) for d in (report.devices if report is not None else ())]
+            body, why = validation_jobs.build_node_validation_job(
+                policy.remediation, policy.validation, name, gpus, jname
+            )
+            if body is None:
+                self._block(name, why)
+                return POLL_S  # the record stays where it was: the next pass tries again
+            if not v.job:
+                rec = replace(rec, validation=replace(v, job=f"{policy.remediation.namespace}/{jname}"))
+        if rec != old:
+            await self._write(name, rec)  # 1. the write-ahead record
+        held = rec is not None and rec.held
+        if held and not ours:
+            await self._taint(name, node, True)  # 2. gpuhealth's hold (again, if a restart came in between)
+        elif move.taint is False and old is not None and old.held and ours:
+            await self._taint(name, node, False)
+        if move.stop_job:
+            await self._delete_job(move.stop_job)
+        if body is not None and rec is not None:
+            await self._create_job(name, body)  # 2. the Job, under the recorded name
+            done = replace(rec, validation=replace(rec.validation, created=True))
+            await self._write(name, done)  # 3.
+            self._blocked.pop(name, None)
+        for type_, reason, message in move.events:
+            if reason == "ValidationStarted" and rec is not None and rec.validation.job:
+                message += f", Job {rec.validation.job}"
+            self._event(name, type_, reason, message)
+        if move.validated is not None:
+            metrics.VALIDATIONS.labels(move.validated[0]).inc()
+            if move.validated[1] is not None:
+                metrics.VALIDATION_DURATION.observe(move.validated[1])
+        if rec is not None and not rec.done and not rec.dry_run:
+            return POLL_S
+        return None
+
+    async def _taint(self, name: str, node: Mapping[str, Any], on: bool) -> None:
+        """Place or lift gpuhealth's burn-in taint; taints have no merge key, so the whole list is
+        written under the Node's resourceVersion (a 409 re-reads and decides again)."""
+        meta = node.get("metadata") or {}
+        taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != BURN_IN_TAINT_KEY]
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+        if on:
+            taints.append({"key": BURN_IN_TAINT_KEY, "value": "validating", "effect": "NoSchedule"})
+            if (meta.get("labels") or {}).get(BURN_IN_LABEL) == BURN_IN_REQUESTED:
+                patch["metadata"]["labels"] = {BURN_IN_LABEL: BURN_IN_ACCEPTED}
+        patch["spec"] = {"taints": taints or None}
+        updated = await self.kube.patch_node(name, patch)
+        self.store.reflect_node(name, updated)
+
+    async def _write(self, name: str, rec: NodeValidation | None) -> None:
+        entry = rec.to_status() if rec is not None else None
+        if entry is not None:  # a merge patch merges objects: the keys a new record drops go
+            for k in ("job", "created", "startedAt", "finishedAt", "findings", "held", "dryRun"):
+                entry.setdefault(k, None)
+        result = await self.kube.patch_report_status(name, {"status": {"nodeValidation": entry}})
+        self.store.wrote(name, result)
+
+    async def _create_job(self, name: str, body: Mapping[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            await self.kube.create_job(ns, body)
+        except Exception as e:
+            if status_of(e) == 409:
+                log.info("validation Job %s/%s exists already (created before a restart)", ns, body["metadata"]["name"])
+                return
+            self._block(name, f"the validation Job could not be created in {ns}: {status_of(e) or e}")
+            raise
+
+    async def _delete_job(self, job: str) -> None:
+        ns, _, jname = job.partition("/")
+        try:
+            await self.kube.delete_job(ns, jname)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
