@@ -14,6 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
 	@echo "make demo KUEUE=1  the same, its training job under Kueue with gpuhealth's AdmissionCheck"
+	@echo "make demo REAL_NODE=1  the same, its XID 79 story on a real kubelet node through the installed chart (root)"
 	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make fleetprobe    the operator alone at 100,000 nodes, in process (docs/scaling.md)"
@@ -94,9 +95,12 @@ test: $(STAMP)
 	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20 --junitxml=$(BUILD)/junit.xml
 
 # KUEUE=1: the training job runs under Kueue (hack/demo/kueue.py); only then is Kueue built or needed.
+# REAL_NODE=1: the XID 79 story runs on a real kubelet node through the installed chart
+# (hack/demo/realnode.py); only then are the node and the image built or needed (root, as the tier).
 DEMO_KUEUE := $(filter 1 yes true,$(KUEUE))
-demo: $(STAMP) control-plane $(if $(DEMO_KUEUE),kueue)
-	$(PY) -m hack.demo $(if $(DEMO_KUEUE),--kueue) $(DEMO_ARGS)
+DEMO_REAL_NODE := $(filter 1 yes true,$(REAL_NODE))
+demo: $(STAMP) control-plane $(if $(DEMO_KUEUE),kueue) $(if $(DEMO_REAL_NODE),real-node)
+	$(PY) -m hack.demo $(if $(DEMO_KUEUE),--kueue) $(if $(DEMO_REAL_NODE),--real-node) $(DEMO_ARGS)
 
 bench: $(STAMP) control-plane
 	$(PY) -m hack.bench $(BENCH_ARGS)

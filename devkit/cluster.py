@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit import pidfile
+from devkit.buildscript import built
 from devkit.gpunodes import gpu_node_manifest
 from devkit.pki import kubeconfig_for, write_pki
 from devkit.proc import Proc
@@ -55,11 +56,7 @@ def control_plane_bin_dir() -> Path:
     """Build (first time) or locate (cached) the control-plane binaries."""
     if env := os.environ.get("GPUHEALTH_BIN_DIR"):
         return Path(env)
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise ClusterError(f"hack/build-control-plane.sh failed with exit code {proc.returncode}")
-    return Path(lines[-1])
+    return built(BUILD_SCRIPT, ClusterError)
 
 
 def free_port() -> int:

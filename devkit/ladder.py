@@ -1,4 +1,4 @@
-"""The reset Job template the remediation tests and chaos give a policy's ladder.
+"""The reset Job templates the remediation tests, chaos and the real-node tier give a policy's ladder.
 
 KWOK runs its pod through the stage in ``devkit/kwok/pod-remediation.yaml``: the "reset"
 completes, or exits 1 when the pod carries ``gpuhealth-test/outcome=fail``. The command and the
@@ -28,6 +28,47 @@ def reset_job_template(fail: bool = False, image: str = "example.invalid/reset:t
                             "name": "reset",
                             "image": image,
                             "command": ["nvidia-smi", "-r", "-i", "${GPU_UUID}"],
+                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "${GPU_UUID}"}],
+                        }
+                    ],
+                },
+            }
+        }
+    }
+
+
+# The real node's stand-in for ``nvidia-smi -r -i <UUID>`` (devkit/realnode.py): in gpuhealth's own
+# image, under the RuntimeClass ``nvidia`` that mounts the fake NVML where the toolkit mounts the
+# driver's, it finds the GPU by its UUID through NVML and exits 0, or 1 when NVML does not show it.
+NVML_RESET = """\
+import sys
+import pynvml as nvml
+nvml.nvmlInit()
+want = sys.argv[1]
+for i in range(nvml.nvmlDeviceGetCount()):
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+    if (uuid.decode() if isinstance(uuid, bytes) else uuid) == want:
+        print(f"GPU {i} {want}: reset (a stand-in for nvidia-smi -r)")
+        sys.exit(0)
+sys.exit(f"GPU {want} not visible through NVML")
+"""
+
+
+def nvml_reset_job_template(image: str, runtime_class: str) -> dict[str, Any]:
+    """A ``spec.remediation.jobTemplate`` whose pod runs :data:`NVML_RESET` in ``image`` (pull policy
+    Never: it is on the node already) on a real node, with the GPU's UUID as NVIDIA's toolkit reads it."""
+    return {
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeName": "${NODE_NAME}",
+                    "runtimeClassName": runtime_class,
+                    "containers": [
+                        {
+                            "name": "reset",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", NVML_RESET, "${GPU_UUID}"],
                             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "${GPU_UUID}"}],
                         }
                     ],

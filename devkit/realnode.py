@@ -14,6 +14,10 @@ What stands in for the rest of a node:
   the fake NVML library where the toolkit mounts the real one, for containers that ask for GPUs;
   the RuntimeClass ``nvidia`` selects it, as the chart's ``agent.runtimeClassName`` does.
 
+:class:`Installed` is the one bring-up the real-node test and ``make demo REAL_NODE=1`` share: the
+image, the control plane (with or without KWOK nodes beside), the node, and ``helm install`` of
+charts/gpuhealth with that image, as a user installs it.
+
 Everything the node changes on the host is recorded before it is changed and undone by
 :meth:`RealNode.stop`, by the next start if a run was killed, and by ``make cluster-down``
 (devkit/realnode_host.py says what and how). The
@@ -30,15 +34,20 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from devkit import pidfile
+from devkit.buildscript import built
+from devkit.chart import CHART
 from devkit.cluster import ClusterError, LocalCluster, free_port
+from devkit.fakenvml.build import build_fake_nvml
+from devkit.k8s import wait_for
 from devkit.proc import Proc
 from devkit.realnode_host import BRIDGE, LOCK, NFT_TABLE, STATE, STATE_DIR, record_host, teardown
+from devkit.tools import run
 
 REPO = Path(__file__).resolve().parents[1]
 POD_SUBNET = "10.250.0.0/24"
@@ -53,17 +62,13 @@ class RealNodeError(ClusterError):
     """The real node could not be built, started or cleaned up; the tier fails, never skips."""
 
 
-def _built(script: Path) -> Path:
-    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RealNodeError(f"{script.relative_to(REPO)} failed with exit code {proc.returncode}")
-    return Path(lines[-1])
-
-
 def node_bin_dir() -> Path:
     """containerd, ctr, the shim, the kubelet and pause.tar (built once, then cached)."""
-    return Path(os.environ["GPUHEALTH_NODE_BIN_DIR"]) if "GPUHEALTH_NODE_BIN_DIR" in os.environ else _built(BUILD_NODE)
+    return (
+        Path(os.environ["GPUHEALTH_NODE_BIN_DIR"])
+        if "GPUHEALTH_NODE_BIN_DIR" in os.environ
+        else built(BUILD_NODE, RealNodeError)
+    )
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class Image:
 
 
 def built_image() -> Image:
-    out = _built(BUILD_IMAGE)
+    out = built(BUILD_IMAGE, RealNodeError)
     image_id = (out / "id").read_text().strip()
     return Image(out / "image.tar", (out / "ref").read_text().strip(), f"sha256:{image_id.removeprefix('sha256:')}")
 
@@ -419,3 +424,114 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if self._lock is not None:
                 self._lock.close()
                 self._lock = None
+
+
+# -- the chart installed on the node -------------------------------------------------------------------
+
+NAMESPACE = "gpuhealth-system"
+RELEASE = "gpuhealth"
+# The real node is also where the operator runs (a real cluster runs it off its GPU nodes, which the
+# chart's default affinity prefers): it tolerates its own node's quarantine and cordon.
+OPERATOR_TOLERATIONS = [
+    {"key": "gpuhealth.dev/unhealthy", "operator": "Exists"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+]
+
+
+def pods(cluster: LocalCluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return pod["metadata"].get("deletionTimestamp") is None and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conds
+    )
+
+
+@dataclass
+class Installed:
+    """The control plane, the real node with gpuhealth's image imported, and the chart's release on it."""
+
+    cluster: LocalCluster
+    node: RealNode
+    image: Image
+
+    @classmethod
+    def start(
+        cls, workdir: Path, *, kwok_nodes: int = 0, audit_users: Sequence[str] = (), name: str = "real-gpu-node"
+    ) -> Installed:
+        """Build (or take from the cache) the image and the node's pieces; start the cluster and the node."""
+        image = built_image()
+        library = build_fake_nvml(workdir / "lib")
+        cluster = LocalCluster(
+            workdir / "cluster",
+            nodes=kwok_nodes,
+            apiserver_args=apiserver_args(node_address()),
+            audit_users=audit_users,
+        )
+        cluster.start()
+        node = RealNode(cluster, workdir / "node", name=name)
+        try:
+            node.start(library, [image.archive])
+        except BaseException:
+            cluster.stop()
+            raise
+        return cls(cluster, node, image)
+
+    def stop(self) -> None:
+        try:
+            self.node.stop()
+        finally:
+            self.cluster.stop()
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        out = run("helm", f"--kubeconfig={self.cluster.kubeconfig}", *args, timeout=600)
+        if out.returncode != 0:
+            raise RealNodeError(f"helm {args[0]}: {out.stdout}{out.stderr}")
+        return out
+
+    def install(self, policy: Mapping[str, Any] | None, values: Sequence[str] = ()) -> None:
+        """``helm install`` of charts/gpuhealth with the built image (pull policy Never), one operator
+        replica on the real node and the agent under the RuntimeClass ``nvidia``, into a namespace
+        labelled for Pod Security "restricted" (docs/install.md); ``policy``: the chart's first
+        policy's spec (merged over the chart's), None for no policy of the chart's; ``values``:
+        further ``--set`` style arguments. Returns once every pod of the release is Ready."""
+        self.cluster.kubectl("create", "namespace", NAMESPACE)
+        self.cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+        chosen = (
+            [f"--set-json=policy.spec={json.dumps(policy)}"] if policy is not None else ["--set=policy.create=false"]
+        )
+        self.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            f"--namespace={NAMESPACE}",
+            f"--set=image.repository={self.image.repository}",
+            f"--set=image.tag={self.image.tag}",
+            "--set=image.pullPolicy=Never",
+            f"--set=agent.runtimeClassName={RUNTIME_CLASS}",
+            "--set=operator.replicas=1",
+            f"--set-json=operator.tolerations={json.dumps(OPERATOR_TOLERATIONS)}",
+            *chosen,
+            *values,
+            "--wait",
+            "--timeout=300s",
+        )
+
+    def ready_pods(self, name: str, image: str | None = None) -> list[dict[str, Any]]:
+        """The release's Ready pods of app ``name`` that run ``image`` (default: the built one), once
+        no other pod of it is left; [] until then."""
+        found = pods(self.cluster, NAMESPACE, f"app.kubernetes.io/name={name}")
+        want = image or self.image.ref
+        if not found or any(p["spec"]["containers"][0]["image"] != want or not ready(p) for p in found):
+            return []
+        return found
+
+    def operator_pod(self, timeout: float = 180) -> dict[str, Any]:
+        """The release's one operator Pod, Ready, on the real node."""
+        (op,) = wait_for(lambda: self.ready_pods("gpuhealth-operator"), timeout=timeout, what="operator Ready")
+        if op["spec"]["nodeName"] != self.node.name:
+            raise RealNodeError(f"the operator Pod runs on {op['spec']['nodeName']}, not on {self.node.name}")
+        return op

@@ -11,6 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from devkit.buildscript import built
+
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-tools.sh"
 
@@ -23,11 +25,7 @@ class ToolError(RuntimeError):
 def tools_bin_dir() -> Path:
     if env := os.environ.get("GPUHEALTH_TOOLS_DIR"):
         return Path(env)
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise ToolError(f"hack/build-tools.sh failed with exit code {proc.returncode}")
-    return Path(lines[-1])
+    return built(BUILD_SCRIPT, ToolError)
 
 
 def tool(name: str) -> Path:

@@ -18,6 +18,10 @@ Faults are injected into the fake NVML:
   drain, a reset Job (KWOK completes its pod), the demo rewrites the GPU's counters clean as
   ``nvidia-smi -r`` would, probation, the rule deleted, the GPU back in service.
 
+With ``--real-node`` (``make demo REAL_NODE=1``, ``realnode.py``) the XID 79 story runs on a real
+kubelet node through the installed chart: the chart's operator Pod is the demo's operator and the
+training ranks run in real containers there.
+
 Prints a timeline, `kubectl get gpuhealth`, `kubectl get gpunodes` and the Node events, and writes
 build/demo/summary.json (read from the cluster); exits 1, naming what is missing, unless every story
 happened. `--keep` leaves everything running for exploring.
@@ -25,5 +29,5 @@ happened. `--keep` leaves everything running for exploring.
 Modules: ``run`` (the driver and the summary), ``common`` (policy, timeline, Node watch, the pods'
 checkpoint sidecar), ``workloads`` (the training job, inference and DRA serving pods),
 ``devicewatch`` (timeline rows from DeviceTaintRules, GPU records, ladders and reset Jobs), ``mig``
-and ``reset`` (one story each).
+and ``reset`` (one story each), ``realnode`` (the first story on a real node).
 """

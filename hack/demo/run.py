@@ -18,7 +18,8 @@ from devkit.agents import AgentFleet
 from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, wait_for
 from devkit.kueue import workload
-from hack.demo import kueue, mig, reset
+from devkit.realnode import Installed
+from hack.demo import kueue, mig, realnode, reset
 from hack.demo.common import (
     DEMO_POLICY,
     NS,
@@ -74,7 +75,14 @@ def main() -> int:
         action="store_true",
         help="run the training job under Kueue, with gpuhealth's AdmissionCheck (make demo KUEUE=1)",
     )
+    ap.add_argument(
+        "--real-node",
+        action="store_true",
+        help="the XID 79 story on a real kubelet node, through the installed chart (make demo REAL_NODE=1; root)",
+    )
     args = ap.parse_args()
+    if args.real_node and args.kueue:
+        ap.error("--real-node and --kueue: one at a time")
     if args.nodes < 5:
         ap.error("--nodes: at least 5 (XID 79, thermal DRA, application XID, MIG and reset nodes)")
 
@@ -83,11 +91,20 @@ def main() -> int:
         return 1
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
-    print(f"== Starting a local control plane with {args.nodes} fake GPU nodes (logs in {OUT}) ==")
-    cluster = LocalCluster(OUT / "cluster", nodes=args.nodes).start()
+    installed: Installed | None = None
+    if args.real_node:
+        print(f"== Starting a local control plane with {args.nodes} fake GPU nodes and a real node (logs in {OUT}) ==")
+        installed = realnode.start(OUT, args.nodes)
+        cluster = installed.cluster
+    else:
+        print(f"== Starting a local control plane with {args.nodes} fake GPU nodes (logs in {OUT}) ==")
+        cluster = LocalCluster(OUT / "cluster", nodes=args.nodes).start()
     kube = Kube(cluster.kubeconfig)
     nodes = sorted(n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items)
+    # The real node is the XID 79 story's; the KWOK nodes tell the others.
+    fake_nodes = [n for n in nodes if installed is None or n != installed.node.name]
     operator = agents = queues = None
+    operator_pod: dict[str, Any] = {}
     stop = threading.Event()
     try:
         kube.apply_policy("demo-fleet", DEMO_POLICY)
@@ -95,22 +112,34 @@ def main() -> int:
             print("== Starting Kueue (its manager beside the control plane; logs in build/demo/cluster/kueue) ==")
             queues = kueue.start(cluster)
         flags = ["--kueue=on"] if args.kueue else []
-        operator = OperatorProcess(cluster, OUT / "operator.log", extra_args=flags).start()
+        if installed:
+            print(f"== helm install of charts/gpuhealth ({installed.image.ref}) on real node {installed.node.name} ==")
+            operator_pod = realnode.install(installed, kube)
+        else:
+            operator = OperatorProcess(cluster, OUT / "operator.log", extra_args=flags).start()
         print("== Operator running; starting one real agent per node (fake NVML) ==")
         t0 = time.time()
         timeline = Timeline(t0)
+        if installed:
+            timeline.add(
+                f"operator: installed chart, Pod {operator_pod['metadata']['name']} on real node "
+                f"{installed.node.name} (image {installed.image.ref}, {installed.image.id})"
+            )
         threading.Thread(target=watch_nodes, args=(kube, timeline, stop), daemon=True).start()
         if args.kueue:  # from before the Workload exists: its admission is on the timeline too
             wlwatch = kueue.WorkloadWatch(kube, timeline, "llm-pretrain")
             threading.Thread(target=wlwatch.run, args=(stop,), daemon=True).start()
-        agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(nodes)
-        xid_node, hot_node, app_node, mig_node, reset_node = nodes[:5]
+        agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(fake_nodes)
+        if installed:
+            xid_node, (hot_node, app_node, mig_node, reset_node) = installed.node.name, fake_nodes[:4]
+        else:
+            xid_node, hot_node, app_node, mig_node, reset_node = nodes[:5]
         mig.configure_agent(agents[mig_node])
         reset.configure_agent(agents[reset_node])
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
         timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
         print("== Running GPU workloads ==")
-        run_workloads(cluster, kube, xid_node, queued=args.kueue)
+        run_workloads(cluster, kube, xid_node, queued=args.kueue, image=realnode.TRAINER_IMAGE if installed else None)
         dra.publish_device_classes(kube)
         dra.publish_slices(kube, [hot_node])  # a DRA driver publishes its GPUs (the fake NVML's UUIDs)
         cluster.apply_objects(dra_serving(hot_node))
@@ -125,10 +154,14 @@ def main() -> int:
             if args.kueue
             else ""
         )
+        in_containers = " (real containers on the real node)" if installed else ""
         timeline.add(
-            f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}, checkpoint mode: annotation{queued_in}"
+            f"training job llm-pretrain: 4 ranks (2 GPUs each) on {xid_node}{in_containers}, "
+            f"checkpoint mode: annotation{queued_in}"
         )
         timeline.add("8 inference pods running (4 GPUs each)")
+        # The ranks' containers on the real node, before the fault takes them off it.
+        real_ranks = realnode.containers(kube, NS, "llm-pretrain", xid_node) if installed else {}
         acked: set[str] = set()
         threading.Thread(target=act_as_trainer, args=(kube, timeline, stop, acked), daemon=True).start()
         devwatch = DeviceWatch(kube, timeline, [mig_node, reset_node])
@@ -141,7 +174,10 @@ def main() -> int:
         )
         injected: dict[str, float] = {}
         injected[xid_node] = time.time()
-        agents[xid_node].inject_xid(gpu=3, code=79)
+        if installed:
+            realnode.inject_xid(installed, gpu=3, code=79)
+        else:
+            agents[xid_node].inject_xid(gpu=3, code=79)
         timeline.add(f"{xid_node}: fault injected: XID 79 on GPU 3 (fallen off the bus)", injected[xid_node])
         injected[app_node] = time.time()
         agents[app_node].inject_xid(gpu=1, code=13)
@@ -264,6 +300,7 @@ def main() -> int:
                 if args.kueue
                 else {"kueue": False}
             ),
+            **(realnode.summary(installed, operator_pod, real_ranks) if installed else {"real_node": False}),
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
             "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s); mttr_s is from the "
             "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included",
@@ -290,7 +327,10 @@ def main() -> int:
                 operator.stop()
             if queues:
                 queues.stop()
-            cluster.stop()
+            if installed:
+                installed.stop()
+            else:
+                cluster.stop()
 
 
 def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node: str, reset_gpu: int) -> list[str]:
@@ -327,7 +367,7 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node
     validated = [(v["node"], v["gpu"], v["result"]) for v in summary.get("validations") or []]
     if validated != [(reset_node, reset_gpu, "Passed")]:
         out.append(f"validations {validated}, expected one that passed for GPU {reset_gpu} of {reset_node}")
-    return out + kueue.misses(summary)
+    return out + kueue.misses(summary) + realnode.misses(summary)
 
 
 if __name__ == "__main__":

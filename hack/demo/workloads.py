@@ -20,14 +20,17 @@ def dra_serving(node: str) -> list[dict[str, Any]]:
     return [dra.claim_template(NS, "one-gpu", 1), claim_deployment("dra-serving", "one-gpu", node, 8)]
 
 
-def run_workloads(cluster: LocalCluster, kube: Kube, training_node: str, queued: bool = False) -> None:
+def run_workloads(
+    cluster: LocalCluster, kube: Kube, training_node: str, queued: bool = False, image: str | None = None
+) -> None:
     """GPU work: a checkpointing training job (4 ranks) on one node, an inference Deployment on the rest.
 
     ``queued``: the training job runs under Kueue (``hack/demo/kueue.py``), through a queue with
-    gpuhealth's AdmissionCheck whose flavor stands for the GPU nodes."""
+    gpuhealth's AdmissionCheck whose flavor stands for the GPU nodes. ``image``: the ranks' image when
+    they run in real containers (a real node's), instead of KWOK's name-only one."""
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}])
     wait_for(lambda: kube.core.read_namespaced_service_account("default", NS), what="namespace ready")
-    job = indexed_training_job("llm-pretrain", training_node, image="llm-trainer:1.4", namespace=NS)
+    job = indexed_training_job("llm-pretrain", training_node, image=image or "llm-trainer:1.4", namespace=NS)
     if queued:
         kueue.create_queue(cluster, {GPU_PRESENT: "true"})
         job = kueue.queued(job)

@@ -6,9 +6,13 @@ of charts/gpuhealth runs the operator Deployment and the agent DaemonSet in cont
 65532 with read-only root filesystems and their ServiceAccounts' tokens. The agent finds the fake
 NVML library where NVIDIA's container toolkit would mount the driver's (the RuntimeClass
 ``nvidia``), and the story runs through the installed product with the policy in Enforce: an XID
-79 -> the operator Pod taints, cordons and drains the node; the agent's container is killed and
-comes back with its journaled XID; ``helm upgrade`` to another image tag rolls both without
-losing the verdict; the uninstall leaves nothing behind, in the cluster or on the host.
+79 -> the operator Pod taints, cordons and drains the node. Before that, an uncorrected ECC error
+on one GPU (published by a DRA ResourceSlice) -> the operator Pod holds that GPU out and climbs its
+repair ladder: the reset Job's pod runs in a real container on the node (gpuhealth's own image
+stands in for ``nvidia-smi -r``, finding the GPU through the fake NVML) and exits 0, and the GPU
+comes back through probation. After the XID, the agent's container is killed and comes back with
+its journaled XID; ``helm upgrade`` to another image tag rolls both without losing the verdict; the
+uninstall leaves nothing behind, in the cluster or on the host.
 
 The one real node is the cluster's only node: it plays the GPU node and the node the operator runs
 on, so the operator is given tolerations for the node's own quarantine (a real cluster runs the
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,15 +32,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devkit import dra, realnode
 from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
-from devkit.fakenvml.build import build_fake_nvml
 from devkit.k8s import GROUP, VERSION, Kube, refusals, wait_for
-from devkit.realnode import Image, RealNode, apiserver_args, built_image, node_address
+from devkit.ladder import nvml_reset_job_template
+from devkit.realnode import NAMESPACE as NS
+from devkit.realnode import RUNTIME_CLASS, Image, Installed, RealNode, ready
 from devkit.realnode_host import BRIDGE, NFT_TABLE, STATE, link_exists, nft_table_exists
-from devkit.tools import run
 
-NS = "gpuhealth-system"
+REMEDIATION_NS = "gpuhealth-remediation"  # the chart's remediation.namespace
 WORKLOADS = "workloads"
 AGENT_USER = f"system:serviceaccount:{NS}:gpuhealth-agent"
 PAUSE = "registry.k8s.io/pause:3.10.2"
@@ -45,6 +49,7 @@ PAUSE = "registry.k8s.io/pause:3.10.2"
 
 @dataclass
 class Env:
+    installed: Installed
     cluster: LocalCluster
     node: RealNode
     image: Image
@@ -53,22 +58,12 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    image = built_image()
-    workdir = tmp_path_factory.mktemp("real-node")
-    library = build_fake_nvml(workdir / "lib")
-    cluster = LocalCluster(
-        workdir / "cluster", nodes=0, apiserver_args=apiserver_args(node_address()), audit_users=[AGENT_USER]
-    )
-    cluster.start()
-    node = RealNode(cluster, workdir / "node")
+    installed = Installed.start(tmp_path_factory.mktemp("real-node"), audit_users=[AGENT_USER])
+    node = installed.node
     try:
-        node.start(library, [image.archive])
-        yield Env(cluster, node, image, Kube(cluster.kubeconfig))
+        yield Env(installed, installed.cluster, node, installed.image, Kube(installed.cluster.kubeconfig))
     finally:
-        try:
-            node.stop()
-        finally:
-            cluster.stop()
+        installed.stop()
     # Whatever the test did, the host is as it was.
     assert not STATE.exists(), "the real node's record of host changes is still there"
     assert not link_exists(BRIDGE), f"bridge {BRIDGE} left behind"
@@ -84,30 +79,8 @@ def _names(cmdline: Path, needle: str) -> bool:
         return False
 
 
-def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    out = run("helm", f"--kubeconfig={cluster.kubeconfig}", *args, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out
-
-
 def pods(e: Env, namespace: str, selector: str) -> list[dict[str, Any]]:
-    out = e.cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
-    return list(json.loads(out)["items"])
-
-
-def ready(pod: dict[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return pod["metadata"].get("deletionTimestamp") is None and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in conds
-    )
-
-
-def ready_pods(e: Env, selector: str, image: str) -> list[dict[str, Any]]:
-    """The release's Ready pods of ``selector`` that run ``image``, once no other pod of it is left."""
-    found = pods(e, NS, f"app.kubernetes.io/name={selector}")
-    if not found or any(p["spec"]["containers"][0]["image"] != image or not ready(p) for p in found):
-        return []
-    return found
+    return realnode.pods(e.cluster, namespace, selector)
 
 
 def get(url: str) -> str:
@@ -160,6 +133,27 @@ def audited_writes(e: Env, resource: str) -> list[dict[str, Any]]:
     ]
 
 
+def gpu_rules(kube: Kube) -> set[str]:
+    got = kube.custom.list_cluster_custom_object(
+        dra.G, dra.V, "devicetaintrules", label_selector="app.kubernetes.io/managed-by=gpuhealth"
+    )
+    return {r["metadata"]["name"] for r in got.get("items") or []}
+
+
+def reset_jobs(kube: Kube, node: str) -> list[Any]:
+    return list(kube.batch.list_namespaced_job(REMEDIATION_NS, label_selector=f"gpuhealth.dev/node={node}").items)
+
+
+def job_ended(kube: Kube, job: str) -> str:
+    """How the Job ended ("Complete" or "Failed"), or "" while it runs."""
+    conds = kube.batch.read_namespaced_job(job, REMEDIATION_NS).status.conditions or []
+    return next((c.type for c in conds if c.type in ("Complete", "Failed") and c.status == "True"), "")
+
+
+def ladder(kube: Kube, node: str, index: int) -> dict[str, Any]:
+    return dict(((kube.report(node).get("status") or {}).get("remediation") or {}).get(str(index)) or {})
+
+
 # The module's setup (the image, when its inputs changed, a control plane and the node) counts too.
 @pytest.mark.timeout(1200)
 def test_installed_chart_runs_the_story_on_a_real_node(
@@ -167,39 +161,34 @@ def test_installed_chart_runs_the_story_on_a_real_node(
 ) -> None:
     e = env
     node, kube, name = e.node, e.kube, e.node.name
-    e.cluster.kubectl("create", "namespace", NS)
-    e.cluster.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=restricted")
-    tolerations = [
-        {"key": "gpuhealth.dev/unhealthy", "operator": "Exists"},
-        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
-    ]
     print(f"image under test: {e.image.ref} ({e.image.id})")
-    helm(
-        e.cluster,
-        "install",
-        "gpuhealth",
-        str(CHART),
-        f"--namespace={NS}",
-        f"--set=image.repository={e.image.repository}",
-        f"--set=image.tag={e.image.tag}",
-        "--set=image.pullPolicy=Never",
-        "--set=policy.spec.mode=Enforce",
-        "--set=agent.runtimeClassName=nvidia",
-        "--set=operator.replicas=1",
-        f"--set-json=operator.tolerations={json.dumps(tolerations)}",
-        "--wait",
-        "--timeout=300s",
+    e.installed.install(
+        {
+            "mode": "Enforce",
+            "safety": {"probation": "10s", "maxUnhealthyGPUs": 8},
+            # The repair ladder for an uncorrected ECC error: one reset, whose Job's pod runs gpuhealth's
+            # own image on the node as the stand-in for the GPU tool, else the GPU waits for a human.
+            "remediation": {
+                "enabled": True,
+                "ladders": [
+                    {
+                        "reasons": ["EccUncorrected"],
+                        "steps": [{"type": "GPUReset", "timeout": "5m", "attempts": 1}, {"type": "Replace"}],
+                    }
+                ],
+                "jobTemplate": nvml_reset_job_template(e.image.ref, RUNTIME_CLASS),
+            },
+        }
     )
 
     # -- the operator Pod: Ready, its liveness endpoint and metrics answer on the Pod's address.
-    (op,) = wait_for(lambda: ready_pods(e, "gpuhealth-operator", e.image.ref), timeout=180, what="operator Ready")
+    op = e.installed.operator_pod()
     op_ip = op["status"]["podIP"]
     wait_for(lambda: get(f"http://{op_ip}:8081/healthz"), timeout=60, what="operator liveness endpoint")
     wait_for(lambda: "gpuhealth_" in get(f"http://{op_ip}:8080/metrics"), timeout=60, what="operator metrics")
-    assert op["spec"]["nodeName"] == name
 
     # -- the agent Pod on the real node, the fake NVML where the toolkit would mount it.
-    (agent,) = wait_for(lambda: ready_pods(e, "gpuhealth-agent", e.image.ref), timeout=180, what="agent Ready")
+    (agent,) = wait_for(lambda: e.installed.ready_pods("gpuhealth-agent"), timeout=180, what="agent Ready")
     assert agent["spec"]["nodeName"] == name and agent["spec"]["runtimeClassName"] == "nvidia"
     assert {e.image.id} == image_ids(op) | image_ids(agent), f"ran {image_ids(op) | image_ids(agent)}"
     print(f"ran image {e.image.ref} with digest {e.image.id} on {name}")
@@ -251,6 +240,42 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     assert refused.value.status == 403, refused.value.body
     assert f"it runs on {name}, not on another-gpu-node" in str(refused.value.body)
 
+    # -- an uncorrected ECC error on GPU 5, which a DRA driver publishes: the operator Pod holds that GPU
+    #    out (a DeviceTaintRule, the node stays in service), then its reset Job's pod runs in a real
+    #    container on the node, finds the GPU through the fake NVML and exits 0; the test plays the
+    #    GPU after the reset (clean volatile counters) and it returns after probation.
+    dra.publish_device_classes(kube)
+    dra.publish_slices(kube, [name])  # the fake NVML's UUIDs, as NVIDIA's DRA driver would publish them
+    bad, rule = 5, f"gpuhealth-{name}-gpu-5"
+    ecc = [f"gpu {bad} ecc_volatile_uncorrected 1", f"gpu {bad} ecc_aggregate_uncorrected 1"]
+    node.write_scenario(ecc)
+    wait_for(lambda: rule in gpu_rules(kube), timeout=120, what=f"GPU {bad} held out by {rule}")
+    assert kube.our_taint(name) is None, "one GPU's fault must not take the node"
+    (job,) = wait_for(lambda: reset_jobs(kube, name), timeout=120, what=f"the reset Job for GPU {bad}")
+    job_name = job.metadata.name
+    wait_for(lambda: job_ended(kube, job_name) == "Complete", timeout=240, what="the reset Job succeeded")
+    (reset_pod,) = kube.core.list_namespaced_pod(REMEDIATION_NS, label_selector=f"job-name={job_name}").items
+    assert reset_pod.spec.node_name == name and reset_pod.spec.runtime_class_name == RUNTIME_CLASS
+    (cs,) = reset_pod.status.container_statuses
+    assert cs.container_id.startswith("containerd://") and cs.image_id == e.image.id, (cs.container_id, cs.image_id)
+    assert cs.state.terminated.exit_code == 0, cs.state.terminated
+    # The container ran under containerd on this node, and saw the GPU through the (fake) NVML.
+    info = node.ctr("containers", "info", cs.container_id.split("://", 1)[1], check=False)
+    assert info.returncode == 0, f"containerd does not know the reset container: {info.stderr}"
+    meta = reset_pod.metadata
+    reset_log = pod_log(e, {"metadata": {"namespace": REMEDIATION_NS, "name": meta.name, "uid": meta.uid}})
+    assert f"GPU {bad} {dra.fake_nvml_uuid(bad)}: reset" in reset_log, reset_log
+    print(f"reset Job {REMEDIATION_NS}/{job_name}: pod {reset_pod.metadata.name} ran container {cs.container_id}")
+    wait_for(lambda: ladder(kube, name, bad).get("phase") == "Verifying", timeout=60, what="waiting for clean facts")
+    assert rule in gpu_rules(kube), "a Job's success alone returns nothing: the facts must be clean"
+    clean = [f"gpu {bad} ecc_volatile_uncorrected 0", f"gpu {bad} ecc_aggregate_uncorrected 1"]
+    node.write_scenario(clean)  # what nvidia-smi -r leaves: volatile counters cleared
+    wait_for(lambda: rule not in gpu_rules(kube), timeout=120, what=f"GPU {bad} back after probation")
+    wait_for(lambda: kube.state(name) == "Healthy", timeout=60, what="the node Healthy again")
+    reasons = [ev.reason for ev in kube.node_events(name)]
+    assert "GPUReset" in reasons and "RemediationSucceeded" in reasons and "ReturnedToService" in reasons, reasons
+    assert len(reset_jobs(kube, name)) == 1, "one reset, one Job"
+
     # -- a workload on the node, then an XID 79 from the fake NVML: the operator Pod taints,
     #    cordons and drains the node.
     e.cluster.kubectl("create", "namespace", WORKLOADS)
@@ -273,7 +298,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
         timeout=120,
         what="the workload Running",
     )
-    node.write_scenario(["xid 1 gpu 3 code 79"])
+    node.write_scenario([*clean, "xid 1 gpu 3 code 79"])
     taint = wait_for(lambda: kube.our_taint(name), timeout=120, what="the operator Pod's taint")
     assert taint["value"] == "XID79"
     assert kube.node(name)["spec"].get("unschedulable") is True
@@ -303,8 +328,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     # -- helm upgrade to another tag of the image: both roll, the verdict stays.
     new_ref = f"{e.image.repository}:{e.image.tag}-upgrade"
     node.ctr("images", "tag", "--force", e.image.ref, new_ref)
-    helm(
-        e.cluster,
+    e.installed.helm(
         "upgrade",
         "gpuhealth",
         str(CHART),
@@ -314,8 +338,10 @@ def test_installed_chart_runs_the_story_on_a_real_node(
         "--wait",
         "--timeout=300s",
     )
-    wait_for(lambda: ready_pods(e, "gpuhealth-operator", new_ref), timeout=240, what="operator rolled")
-    (new_agent,) = wait_for(lambda: ready_pods(e, "gpuhealth-agent", new_ref), timeout=240, what="agent rolled")
+    wait_for(lambda: e.installed.ready_pods("gpuhealth-operator", new_ref), timeout=240, what="operator rolled")
+    (new_agent,) = wait_for(
+        lambda: e.installed.ready_pods("gpuhealth-agent", new_ref), timeout=240, what="agent rolled"
+    )
     assert new_agent["metadata"]["uid"] != agent["metadata"]["uid"]
     assert kube.our_taint(name) is not None and kube.node(name)["spec"].get("unschedulable") is True
     assert kube.state(name) == "Quarantined"

@@ -1,12 +1,13 @@
 """`make demo`'s pure parts: the MIG node's two views agree, the pass/fail check names misses, and
-`make demo KUEUE=1`'s timeline rows and summary fields read from the Workload."""
+`make demo KUEUE=1`'s timeline rows and summary fields read from the Workload, and what
+`make demo REAL_NODE=1` must show."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from devkit import dra_shapes as S
-from hack.demo import kueue, mig, run
+from hack.demo import kueue, mig, realnode, run
 
 NODE = "gpu-node-0003"
 
@@ -52,6 +53,29 @@ def test_check_passes_a_complete_run_and_names_each_missing_story() -> None:
     assert len(misses) == 4
     assert "reset Jobs" in misses[1] and "MIG devices held out" in misses[0] and "ladder history" in misses[2]
     assert "validations" in misses[3]
+
+
+# -- make demo REAL_NODE=1 -------------------------------------------------------------------------------
+
+
+def real() -> dict[str, Any]:
+    ranks = {f"llm-pretrain-{i}-x": f"containerd://{i:064x}" for i in range(4)}
+    return good() | {
+        "real_node": True,
+        "real_node_name": "x",
+        "image_digest": "sha256:" + "a" * 64,
+        "real_node_ranks": ranks,
+    }
+
+
+def test_a_real_node_run_must_quarantine_the_real_node_whose_ranks_ran_in_containers() -> None:
+    assert run.check(real(), "x", "h", "m", "r", 1) == []
+    assert run.check(good() | {"real_node": False}, "x", "h", "m", "r", 1) == []  # nothing more without it
+    misses = realnode.misses(real() | {"real_node_name": "other", "image_digest": "", "real_node_ranks": {}})
+    assert len(misses) == 3
+    assert "real node other" in misses[0] and "image digest" in misses[1] and "containerd" in misses[2]
+    kwok_ranks = {f"p{i}": "" for i in range(4)}
+    assert realnode.misses(real() | {"real_node_ranks": kwok_ranks}) != []
 
 
 # -- make demo KUEUE=1 ---------------------------------------------------------------------------------
