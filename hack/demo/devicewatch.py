@@ -8,7 +8,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from devkit.k8s import Kube
 from hack.demo.common import REMEDIATION_NS, Timeline, gpuhealth_rules
@@ -19,8 +18,7 @@ POLL_S = 0.3
 class DeviceWatch:
     """Polls the cluster every ``POLL_S`` and adds a timeline row for each change it sees on ``nodes``.
 
-    Also keeps what the summary needs after the fact: the last ladder record of each GPU (gpuhealth
-    forgets it once the GPU is back in service) and when each GPU was first seen back in service.
+    Also keeps what the summary needs after the fact: when each GPU was first seen back in service.
     """
 
     def __init__(self, kube: Kube, timeline: Timeline, nodes: Sequence[str]) -> None:
@@ -30,7 +28,6 @@ class DeviceWatch:
         self.rules: dict[str, tuple[str, str, str]] = {}  # name -> (node, gpu, device)
         self.states: dict[tuple[str, int], str] = {}
         self.ladders: dict[tuple[str, int], tuple[str, str]] = {}
-        self.last_ladder: dict[tuple[str, int], dict[str, Any]] = {}
         self.in_service_at: dict[tuple[str, int], float] = {}
         self.jobs: dict[str, str] = {}
         self.lock = threading.Lock()
@@ -90,8 +87,6 @@ class DeviceWatch:
         for index, rec in (status.get("remediation") or {}).items():
             key = (node, int(index))
             step = (str(rec.get("step", "")), str(rec.get("phase", "")))
-            with self.lock:
-                self.last_ladder[key] = dict(rec)
             if self.ladders.get(key) != step:
                 self.timeline.add(
                     f"{node}: GPU {index} repair ladder: {step[0]} attempt {rec.get('attempt')}, {step[1]}", now

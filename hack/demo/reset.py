@@ -145,6 +145,19 @@ def verify(
     (vjob,) = wait_for(lambda: validation_jobs(kube, node), timeout=60, what=f"one validation Job for GPU {bad}")
     assert (vjob.metadata.labels or {}).get("gpuhealth.dev/gpu") == str(bad), "the validation is for another GPU"
     assert rule in rules(), "clean facts alone must not return the GPU while validation is enabled"
+
+    def ladder() -> dict[str, Any]:
+        return dict(((kube.report(node).get("status") or {}).get("remediation") or {}).get(str(bad)) or {})
+
+    # The ladder's history is written when the validation passes, and the record goes when the GPU
+    # returns, one probation later: read it in that window from this node's report alone (the timeline's
+    # poller reads every node and, on a loaded machine, can miss a 10 s window).
+    done = wait_for(
+        lambda: (r := ladder()).get("phase") == "Succeeded" and r,
+        timeout=90,
+        interval=0.1,
+        what=f"GPU {bad}'s ladder Succeeded (validation passed), before its probation ends",
+    )
     wait_for(
         lambda: devices_of(kube, node).get(bad, {}).get("state") == "InService" and rule not in rules(),
         timeout=90,
@@ -153,9 +166,7 @@ def verify(
     wait_for(lambda: (node, bad) in watch.in_service_at, timeout=5, what="the timeline seeing it back")
     back = watch.in_service_at[(node, bad)]
     timeline.add(f"{node}: GPU {bad} back in service, without a human: {back - injected:.1f}s after the fault", back)
-    with watch.lock:
-        record = dict(watch.last_ladder.get((node, bad)) or {})
-    return {"mttr_s": round(back - injected, 1), "reset_ladder": record}
+    return {"mttr_s": round(back - injected, 1), "reset_ladder": done}
 
 
 def validations(kube: Kube) -> list[dict[str, Any]]:
