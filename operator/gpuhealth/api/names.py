@@ -21,6 +21,13 @@ QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
 # A human (or `kubectl gpuhealth release`) sets this on the Node to return an AwaitingRepair node.
 RELEASE_ANNOTATION = f"{GROUP}/release"
 RELEASE_GPU_ANNOTATION = f"{GROUP}/release-gpu"  # GPU indices, comma-separated: release those GPUs only
+# Under spec.remediation.approval: Manual, a human (or `kubectl gpuhealth approve|reject`, or an external
+# system) sets these on the Node: the steps waiting in PendingApproval on the node, or on the GPUs named
+# (indices, comma-separated), run (approve) or go to AwaitingRepair (reject). Removed once acted on.
+APPROVE_ANNOTATION = f"{GROUP}/approve"
+APPROVE_GPU_ANNOTATION = f"{GROUP}/approve-gpu"
+REJECT_ANNOTATION = f"{GROUP}/reject"
+REJECT_GPU_ANNOTATION = f"{GROUP}/reject-gpu"
 
 # The checkpoint handshake on a pod (see docs/workloads.md).
 CHECKPOINT_MODE = f"{GROUP}/checkpoint"
