@@ -255,7 +255,12 @@ def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime) ->
         f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) waits for a human's approval "
         f"(spec.remediation.approval: Manual): kubectl gpuhealth approve NODE --gpu {gpu.index}, or reject"
     )
-    rec = replace(rec, phase=Phase.PENDING_APPROVAL, started=now, finished=None, job="", approved=False, message=msg)
+    if rec.validation is not None:  # the reset's attempt stays as it was (started, finished, Job)
+        rec = replace(rec, phase=Phase.PENDING_APPROVAL, approved=False, message=msg)
+    else:
+        rec = replace(
+            rec, phase=Phase.PENDING_APPROVAL, started=now, finished=None, job="", approved=False, message=msg
+        )
     return Move(rec, events=(("Normal", "ApprovalRequired", msg),))
 
 

@@ -220,6 +220,7 @@ def test_manual_the_validation_and_the_reboot_wait_too() -> None:
     assert not asked.start_validation and asked.record is not None
     assert asked.record.phase == Phase.PENDING_APPROVAL and asked.record.validation is not None
     assert holds(asked.record, ON), "a validation waiting for approval keeps the GPU from returning"
+    assert (asked.record.started, asked.record.finished) == (T, T), "the reset's attempt keeps its times"
     go = advance(asked.record, clean, STEPS, Observed(manual=True, approved=True, may_validate=True), at(9), ON)
     assert go.start_validation and go.record is not None and go.record.phase == Phase.VALIDATING
     assert [e[1] for e in go.events] == ["StepApproved", "ValidationStarted"]
