@@ -232,7 +232,8 @@ class Remediator:
                 or (approved and lad.validation is not None)
             ):
                 may_validate = not dry and policy.validation.enabled and await self._may_validate(name, policy, dev)
-            earlier = tuple(r.attempt for r in repairs.get(dev.uuid, ())) if dev.uuid else ()
+            uuid = (lad.uuid if lad is not None else "") or dev.uuid  # the GPU the ladder is for
+            earlier = tuple(r.attempt for r in repairs.get(uuid, ())) if uuid else ()
             obs = Observed(
                 job,
                 may_start,
@@ -453,17 +454,18 @@ def _repairs_patch(
 ) -> dict[str, Any] | None:
     """The merge patch of ``status.repairs`` for the attempts ``new`` adds to ``old``'s history (kept by
     the GPU's UUID, bounded); updates ``repairs`` to match. None: nothing to add."""
-    if repairs is None or new is None or not dev.uuid:
+    uuid = (new.uuid if new is not None else "") or dev.uuid  # the GPU the ladder is for, whatever its index now
+    if repairs is None or new is None or not uuid:
         return None
     before = set(old.history) if old is not None else set()
-    added = [Repair(a, new.reason, dev.index) for a in new.history if a not in before]
+    added = [Repair(a, new.reason, new.index) for a in new.history if a not in before]
     if not added:
         return None
-    kept = (*repairs.get(dev.uuid, ()), *added)[-MAX_REPAIRS:]
-    repairs[dev.uuid] = kept
-    patch: dict[str, Any] = {dev.uuid: [r.to_status() for r in kept]}
+    kept = (*repairs.get(uuid, ()), *added)[-MAX_REPAIRS:]
+    repairs[uuid] = kept
+    patch: dict[str, Any] = {uuid: [r.to_status() for r in kept]}
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-    others = sorted((u for u in repairs if u != dev.uuid), key=lambda u: repairs[u][-1].attempt.finished or epoch)
+    others = sorted((u for u in repairs if u != uuid), key=lambda u: repairs[u][-1].attempt.finished or epoch)
     for u in others[: max(0, len(repairs) - MAX_REPAIR_GPUS)]:  # the GPUs repaired longest ago go first
         patch[u] = None
         del repairs[u]

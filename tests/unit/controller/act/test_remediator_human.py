@@ -53,6 +53,9 @@ def test_only_the_attempts_a_move_adds_are_appended_with_reason_and_index() -> N
     assert _repairs_patch(repairs, DEV, new, new) is None  # nothing added: nothing written
     assert _repairs_patch(repairs, replace(DEV, uuid=""), old, new) is None  # no UUID: no key to keep it by
     assert _repairs_patch(repairs, DEV, old, None) is None
+    # After a reboot that renumbered the GPUs, the attempt is the GPU's the ladder was for (its UUID).
+    moved = _repairs_patch({}, DEV, old, replace(new, uuid="GPU-A"))
+    assert moved is not None and list(moved) == ["GPU-A"]
 
 
 def test_bounded_per_gpu_and_the_gpus_repaired_longest_ago_go_first() -> None:
