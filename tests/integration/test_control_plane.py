@@ -183,6 +183,22 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
     ("validation-timeout", {"validation": {"timeout": "soon"}}, "spec.validation.timeout"),
     ("validation-concurrency", {"validation": {"maxConcurrent": 0}}, "spec.validation.maxConcurrent"),
     ("validation-batch", {"validation": {"newNodes": {"batchSize": 0}}}, "spec.validation.newNodes.batchSize"),
+    ("approval", {"remediation": {"approval": "Sometimes"}}, "spec.remediation.approval"),
+    (
+        "repeat-repairs",
+        {"remediation": {"repeatOffenders": {"maxRepairs": 0}}},
+        "spec.remediation.repeatOffenders.maxRepairs",
+    ),
+    (
+        "repeat-window",
+        {"remediation": {"repeatOffenders": {"window": "soon"}}},
+        "spec.remediation.repeatOffenders.window",
+    ),
+    (
+        "repeat-window-zero",
+        {"remediation": {"repeatOffenders": {"window": "0s"}}},
+        "spec.remediation.repeatOffenders.window",
+    ),
 ]
 
 INVALID_REPORTS: list[tuple[str, dict[str, Any], str]] = [

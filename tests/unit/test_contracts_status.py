@@ -13,7 +13,7 @@ from devkit import crdschema
 from devkit.crdschema import at, violations
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
-from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Result, StepKind
+from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Repair, Result, StepKind
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.api.validation import Outcome, Validation
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
@@ -77,6 +77,9 @@ def _node_status() -> dict[str, Any]:
     body["drain"] = {"phase": "Running", "startedAt": "2026-01-01T00:00:00Z", "pods": {}}
     body["deviceDrains"] = {"2": {"phase": "Completed"}}
     body["remediation"] = {"2": _every_ladder_record().to_status()}
+    body["repairs"] = {
+        "GPU-2": [Repair(Attempt(StepKind.GPU_RESET, 1, T, T, Result.SUCCEEDED), "EccUncorrected", 2).to_status()]
+    }
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -99,6 +102,7 @@ def _every_ladder_record() -> LadderRecord:
         validation=Validation(
             2, Outcome.FAILED, "gpuhealth-remediation/gpuhealth-validate-node-a-2-1-ab", True, T, T, "f"
         ),
+        approved=True,
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (

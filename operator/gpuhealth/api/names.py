@@ -28,6 +28,13 @@ BURN_IN_TAINT_KEY = f"{GROUP}/burn-in"
 BURN_IN_LABEL = f"{GROUP}/burn-in"
 BURN_IN_REQUESTED = "requested"
 BURN_IN_ACCEPTED = "accepted"
+# Under spec.remediation.approval: Manual, a human (or `kubectl gpuhealth approve|reject`, or an external
+# system) sets these on the Node: the steps waiting in PendingApproval on the node, or on the GPUs named
+# (indices, comma-separated), run (approve) or go to AwaitingRepair (reject). Removed once acted on.
+APPROVE_ANNOTATION = f"{GROUP}/approve"
+APPROVE_GPU_ANNOTATION = f"{GROUP}/approve-gpu"
+REJECT_ANNOTATION = f"{GROUP}/reject"
+REJECT_GPU_ANNOTATION = f"{GROUP}/reject-gpu"
 
 # The checkpoint handshake on a pod (see docs/workloads.md).
 CHECKPOINT_MODE = f"{GROUP}/checkpoint"

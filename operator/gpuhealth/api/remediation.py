@@ -24,7 +24,13 @@ from enum import StrEnum
 from typing import Any
 
 from gpuhealth.api.durations import parse_duration
-from gpuhealth.api.names import Signal
+from gpuhealth.api.names import (
+    APPROVE_ANNOTATION,
+    APPROVE_GPU_ANNOTATION,
+    REJECT_ANNOTATION,
+    REJECT_GPU_ANNOTATION,
+    Signal,
+)
 from gpuhealth.api.names import StepKind as StepKind  # declared with the other vocabularies
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.timeutil import format_time, parse_time
@@ -40,14 +46,28 @@ NODE_PLACEHOLDER = "${NODE_NAME}"
 UUID_PLACEHOLDER = "${GPU_UUID}"
 INDEX_PLACEHOLDER = "${GPU_INDEX}"
 MAX_HISTORY = 10
+MAX_REPAIRS = 10  # attempts kept per GPU UUID in status.repairs (the repeat offenders' history)
+MAX_REPAIR_GPUS = 32  # GPU UUIDs kept in status.repairs (a node's GPUs and those replaced lately)
+# NVIDIA's NVSentinel holds a node for a human after more than one remediation within 7 days: one
+# repair per GPU in 7 days, and the next failure goes straight to Replace.
+REPEAT_MAX_REPAIRS = 1
+REPEAT_WINDOW_S = 7 * 24 * 3600.0
 
 
 class RemediationError(ValueError):
     """A ``spec.remediation`` the operator refuses; the message names the field."""
 
 
+class Approval(StrEnum):
+    """Who lets a repair or validation step run (``spec.remediation.approval``)."""
+
+    AUTOMATIC = "Automatic"  # gpuhealth, once the step's preconditions hold
+    MANUAL = "Manual"  # a human: each step waits in PendingApproval for gpuhealth.dev/approve
+
+
 class Phase(StrEnum):
     READY = "Ready"  # the step is next; it starts once its preconditions hold
+    PENDING_APPROVAL = "PendingApproval"  # approval: Manual; the step (or validation) waits for a human
     PENDING = "Pending"  # write-ahead: the Job is being created under ``job``
     RUNNING = "Running"  # the Job exists
     VERIFYING = "Verifying"  # the Job succeeded; waiting for the agent's clean facts
@@ -72,6 +92,7 @@ class Result(StrEnum):
     VALIDATION_FAILED = "ValidationFailed"  # clean facts, but the validation Job failed (api/validation.py)
     VALIDATION_TIMED_OUT = "ValidationTimedOut"
     VALIDATION_LOST = "ValidationLost"  # the validation Job or its pod vanished before a result
+    REJECTED = "Rejected"  # approval: Manual; a human rejected the step (gpuhealth.dev/reject)
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,16 @@ class Ladder:
 
 
 @dataclass(frozen=True)
+class RepeatSettings:
+    """Repeat offenders across repairs (``spec.remediation.repeatOffenders``): a GPU that repairs
+    fixed ``max_repairs`` times within ``window_s`` and fails again skips its ladder for Replace."""
+
+    enabled: bool = True
+    max_repairs: int = REPEAT_MAX_REPAIRS
+    window_s: float = REPEAT_WINDOW_S
+
+
+@dataclass(frozen=True)
 class RemediationSettings:
     enabled: bool = False
     ladders: tuple[Ladder, ...] = ()  # empty: the catalog's defaults (default_steps below)
@@ -104,6 +135,8 @@ class RemediationSettings:
     service_account: str = DEFAULT_SERVICE_ACCOUNT
     image: str = DEFAULT_IMAGE
     job_template: Mapping[str, Any] | None = None  # a batch/v1 Job (metadata + spec) with placeholders
+    approval: Approval = Approval.AUTOMATIC
+    repeat: RepeatSettings = field(default_factory=RepeatSettings)
 
 
 def _dur(v: Any, path: str) -> float:
@@ -191,6 +224,12 @@ def parse_remediation(spec: Mapping[str, Any]) -> RemediationSettings:
             Ladder(parse_steps(lad.get("steps"), f"{p}.steps"), frozenset(map(str, reasons)), frozenset(xids))
         )
     template = raw.get("jobTemplate")
+    try:
+        approval = Approval(str(raw.get("approval") or Approval.AUTOMATIC))
+    except ValueError:
+        raise RemediationError(
+            f"spec.remediation.approval: must be Automatic or Manual, got {raw.get('approval')!r}"
+        ) from None
     return RemediationSettings(
         enabled=bool(raw.get("enabled", False)),
         ladders=tuple(ladders),
@@ -199,6 +238,24 @@ def parse_remediation(spec: Mapping[str, Any]) -> RemediationSettings:
         service_account=str(raw.get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT),
         image=str(raw.get("image") or DEFAULT_IMAGE),
         job_template=None if template is None else _validate_template(template, "spec.remediation.jobTemplate"),
+        approval=approval,
+        repeat=_parse_repeat(raw.get("repeatOffenders")),
+    )
+
+
+def _parse_repeat(raw: Any) -> RepeatSettings:
+    if raw is None:
+        return RepeatSettings()
+    if not isinstance(raw, Mapping):
+        raise RemediationError("spec.remediation.repeatOffenders: must be an object")
+    p = "spec.remediation.repeatOffenders"
+    window = _dur(raw["window"], f"{p}.window") if raw.get("window") else REPEAT_WINDOW_S
+    if window <= 0:
+        raise RemediationError(f"{p}.window: must be positive")
+    return RepeatSettings(
+        enabled=bool(raw.get("enabled", True)),
+        max_repairs=_int(raw.get("maxRepairs", REPEAT_MAX_REPAIRS), f"{p}.maxRepairs", 1, 10),
+        window_s=window,
     )
 
 
@@ -250,6 +307,7 @@ class LadderRecord:
     message: str = ""
     history: tuple[Attempt, ...] = field(default=())
     validation: Validation | None = None  # this attempt's validation (Phase.VALIDATING and after)
+    approved: bool = False  # approval: Manual; a human approved this step, it starts once it may
 
     @property
     def in_flight(self) -> bool:
@@ -268,6 +326,7 @@ class LadderRecord:
             "message": self.message,
             "history": [a.to_status() for a in self.history[-MAX_HISTORY:]],
             "validation": self.validation.to_status() if self.validation else None,
+            "approved": self.approved,
         }
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -295,6 +354,7 @@ class LadderRecord:
             message=str(m.get("message") or ""),
             history=history[-MAX_HISTORY:],
             validation=Validation.from_status(m.get("validation")),
+            approved=m.get("approved") is True,
         )
 
 
@@ -309,6 +369,115 @@ def ladders_from_status(status: Mapping[str, Any] | None) -> dict[int, LadderRec
                 if rec is not None:
                     out[rec.index] = rec
     return out
+
+
+# -- human approval: the Node's annotations -------------------------------------------------------
+
+
+def _indices(raw: Any) -> frozenset[int]:
+    return frozenset(int(p) for p in str(raw or "").replace(" ", "").split(",") if p.isdigit())
+
+
+@dataclass(frozen=True)
+class Approvals:
+    """What a human (``kubectl gpuhealth approve|reject``, or any system) asked of the Node's waiting
+    steps: ``gpuhealth.dev/approve`` (all of them) or ``approve-gpu`` (``"3"``, ``"3,5"``), and the
+    same for ``reject``. A rejection wins over an approval of the same GPU."""
+
+    approve_all: bool = False
+    approve: frozenset[int] = frozenset()
+    reject_all: bool = False
+    reject: frozenset[int] = frozenset()
+
+    @staticmethod
+    def from_annotations(annotations: Mapping[str, Any]) -> Approvals:
+        return Approvals(
+            approve_all=APPROVE_ANNOTATION in annotations,
+            approve=_indices(annotations.get(APPROVE_GPU_ANNOTATION)),
+            reject_all=REJECT_ANNOTATION in annotations,
+            reject=_indices(annotations.get(REJECT_GPU_ANNOTATION)),
+        )
+
+    @property
+    def any(self) -> bool:
+        return self.approve_all or self.reject_all or bool(self.approve or self.reject)
+
+    def rejects(self, index: int) -> bool:
+        return self.reject_all or index in self.reject
+
+    def approves(self, index: int) -> bool:
+        return not self.rejects(index) and (self.approve_all or index in self.approve)
+
+
+APPROVAL_ANNOTATIONS = (APPROVE_ANNOTATION, APPROVE_GPU_ANNOTATION, REJECT_ANNOTATION, REJECT_GPU_ANNOTATION)
+
+
+# -- repeat offenders: each GPU's repairs by UUID ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One finished attempt on a GPU, kept by its UUID (``status.repairs["<uuid>"][]``): the index may
+    change across a reboot, the UUID does not. What it was for (``reason``) and on which index."""
+
+    attempt: Attempt
+    reason: str = ""
+    index: int | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        out = self.attempt.to_status()
+        if self.reason:
+            out["reason"] = self.reason
+        if self.index is not None:
+            out["gpu"] = self.index
+        return out
+
+    @staticmethod
+    def from_status(m: Mapping[str, Any]) -> Repair | None:
+        a = Attempt.from_status(m)
+        if a is None:
+            return None
+        gpu = m.get("gpu")
+        index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
+        return Repair(a, str(m.get("reason") or ""), index)
+
+
+def repairs_from_status(status: Mapping[str, Any] | None) -> dict[str, tuple[Repair, ...]]:
+    """``status.repairs`` by GPU UUID, oldest first; unreadable entries are dropped."""
+    raw = (status or {}).get("repairs") or {}
+    out: dict[str, tuple[Repair, ...]] = {}
+    if isinstance(raw, Mapping):
+        for uuid, items in raw.items():
+            if isinstance(items, list):
+                rs = tuple(r for r in (Repair.from_status(x) for x in items if isinstance(x, Mapping)) if r)
+                if rs:
+                    out[str(uuid)] = rs[-MAX_REPAIRS:]
+    return out
+
+
+def repaired_within(history: tuple[Attempt, ...], now: dt.datetime, window_s: float) -> tuple[Attempt, ...]:
+    """The repairs that fixed the GPU (a GPUReset or NodeReboot that succeeded) within ``window_s``
+    before ``now``: what makes it a repeat offender. Each attempt once, however often it is listed."""
+    seen: set[tuple[str, int, dt.datetime | None]] = set()
+    out: list[Attempt] = []
+    for a in history:
+        key = (str(a.step), a.attempt, a.finished)
+        if key in seen or a.result != Result.SUCCEEDED or a.step not in (StepKind.GPU_RESET, StepKind.NODE_REBOOT):
+            continue
+        seen.add(key)
+        if a.finished is not None and 0 <= (now - a.finished).total_seconds() <= window_s:
+            out.append(a)
+    return tuple(out)
+
+
+def repeat_offence(
+    settings: RepeatSettings | None, history: tuple[Attempt, ...], now: dt.datetime
+) -> tuple[Attempt, ...]:
+    """The repairs that make a GPU failing now a repeat offender (empty: it is not one)."""
+    if settings is None or not settings.enabled:
+        return ()
+    fixed = repaired_within(history, now, settings.window_s)
+    return fixed if len(fixed) >= settings.max_repairs else ()
 
 
 # -- the default ladders ---------------------------------------------------------------------------

@@ -153,6 +153,7 @@ class NodeStatus:
     devices: tuple[dict[str, Any], ...] = ()
     device_drains: Mapping[str, DrainRecord] | None = None
     remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation.py)
+    repairs: Mapping[str, list[dict[str, Any]]] | None = None  # GPU UUID -> finished attempts (api/remediation.py)
     clock_skew: ClockSkewRecord | None = None
 
     @property
@@ -188,8 +189,22 @@ class NodeStatus:
             remediation={str(k): dict(v) for k, v in s["remediation"].items() if isinstance(v, Mapping)}
             if isinstance(s.get("remediation"), Mapping) and s["remediation"]
             else None,
+            repairs={
+                str(k): [dict(a) for a in v if isinstance(a, Mapping)]
+                for k, v in s["repairs"].items()
+                if isinstance(v, list)
+            }
+            if isinstance(s.get("repairs"), Mapping) and s["repairs"]
+            else None,
             clock_skew=cast(ClockSkewRecord, dict(s["clockSkew"])) if isinstance(s.get("clockSkew"), Mapping) else None,
         )
+
+
+def _repairs(raw: Any) -> dict[str, list[dict[str, Any]]] | None:
+    """``status.repairs`` as written (GPU UUID -> attempts); None when there are none."""
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    return {str(k): [dict(a) for a in v if isinstance(a, Mapping)] for k, v in raw.items() if isinstance(v, list)}
 
 
 def read_report_status(report: Mapping[str, Any] | None) -> NodeStatus:

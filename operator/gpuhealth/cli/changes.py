@@ -1,4 +1,4 @@
-"""Pure planning of the writes `release`, `pause` and `resume` make, and of when they refuse.
+"""Pure planning of the writes `release`, `approve`, `reject`, `pause` and `resume` make, and of when they refuse.
 
 Each planner takes the objects as read from the API and returns the merge patch to send (or None when
 there is nothing to do) and what to tell the human. A refusal raises
@@ -16,8 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.durations import format_duration
-from gpuhealth.api.names import GROUP, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, Mode, State
+from gpuhealth.api.names import (
+    APPROVE_ANNOTATION,
+    APPROVE_GPU_ANNOTATION,
+    GROUP,
+    REJECT_ANNOTATION,
+    REJECT_GPU_ANNOTATION,
+    RELEASE_ANNOTATION,
+    RELEASE_GPU_ANNOTATION,
+    Mode,
+    State,
+)
 from gpuhealth.api.policy import PolicyError, parse_policy
+from gpuhealth.api.remediation import Phase, ladders_from_status
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.cli.errors import Refused
 
@@ -205,3 +216,42 @@ def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, forc
             + " once its facts stay clean, and removes the annotation when it has acted on it."
         )
     return Plan(patch, tuple(lines))
+
+
+def plan_approval(
+    node: str, report: Mapping[str, Any] | None, gpu: int | None, now: dt.datetime, reject: bool = False
+) -> Plan:
+    """Approve (or reject) the repair or validation steps waiting in PendingApproval on ``node``
+    (``spec.remediation.approval: Manual``), or GPU ``gpu``'s only: one annotation on the Node,
+    ``gpuhealth.dev/approve`` (``reject``) with the time, or ``approve-gpu`` (``reject-gpu``) with the
+    index. The operator records what it approved before it acts and removes the annotation once done.
+    Refused when nothing waits: an approval is for a step a human has seen."""
+    ladders = ladders_from_status((report or {}).get("status"))
+    waiting = sorted(i for i, r in ladders.items() if r.phase == Phase.PENDING_APPROVAL)
+    verb = "reject" if reject else "approve"
+    if gpu is not None and gpu not in waiting:
+        rec = ladders.get(gpu)
+        where = f"GPU {gpu} of node {node}"
+        why = f"its ladder is at {rec.step} {rec.phase}" if rec is not None else "it has no repair ladder"
+        raise Refused(f"{where} has no step waiting for approval ({why}): nothing to {verb}")
+    if not waiting:
+        raise Refused(f"node {node} has no repair or validation step waiting for approval: nothing to {verb}")
+    if gpu is not None:
+        key = REJECT_GPU_ANNOTATION if reject else APPROVE_GPU_ANNOTATION
+        value = str(gpu)
+        targets = [gpu]
+    else:
+        key = REJECT_ANNOTATION if reject else APPROVE_ANNOTATION
+        value = format_time(now)
+        targets = waiting
+    what = []
+    for i in targets:
+        rec = ladders[i]
+        step = f"level-{rec.validation.level} validation" if rec.validation is not None else str(rec.step)
+        what.append(f"GPU {i}: {step} (attempt {rec.attempt}, for {rec.reason or 'its fault'})")
+    lines = [f"node/{node} annotated {key}={value}.", *what]
+    if reject:
+        lines.append("Those GPUs go to AwaitingRepair (replace or repair them, then release them).")
+    else:
+        lines.append("gpuhealth runs each step once its preconditions hold, and removes the annotation.")
+    return Plan({"metadata": {"annotations": {key: value}}}, tuple(lines))

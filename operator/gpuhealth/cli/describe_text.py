@@ -221,6 +221,23 @@ def _node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
     return out
 
 
+def _repair_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Each GPU's finished attempts by UUID, oldest first (the index it had then, which may change)."""
+    table_rows = [
+        [
+            str(r.get("uuid")),
+            _v(a.get("gpu")),
+            f"{_v(a.get('step'))} {_v(a.get('attempt'))}",
+            _v(a.get("result")),
+            _v(a.get("reason")),
+            _v(a.get("finishedAt")),
+        ]
+        for r in rows
+        for a in r.get("attempts") or []
+    ]
+    return table(["GPU UUID", "GPU", "ATTEMPT", "RESULT", "FOR", "FINISHED"], table_rows, indent="  ")
+
+
 def _ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
     """Each GPU's repair ladder: where it stands, its Job, then every attempt so far with its result."""
     out = []
@@ -425,6 +442,9 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     nv = m.get("nodeValidation")
     if isinstance(nv, Mapping):
         lines += ["", "Node validation (status.nodeValidation):", *_node_validation_lines(nv, now)]
+    repairs = m.get("repairs") or []
+    if repairs:
+        lines += ["", "Repairs by GPU UUID (status.repairs, what makes a repeat offender):", *_repair_lines(repairs)]
 
     drain = m.get("drain")
     if drain:

@@ -26,6 +26,7 @@ from gpuhealth.api.slow_policy import Topology
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.cli.ladderview import (
+    AWAITING_APPROVAL,
     EXHAUSTED,
     HANDED_OFF,
     IN_FLIGHT,
@@ -186,7 +187,9 @@ class Totals:
     unknown_gpu_hours: float = 0.0
     unknown_cost: dict[str, float] = field(default_factory=dict)
     dry_run_nodes: int = 0
-    ladders: dict[str, int] = field(default_factory=lambda: {IN_FLIGHT: 0, HANDED_OFF: 0, EXHAUSTED: 0})
+    ladders: dict[str, int] = field(
+        default_factory=lambda: {IN_FLIGHT: 0, HANDED_OFF: 0, AWAITING_APPROVAL: 0, EXHAUSTED: 0}
+    )
 
     @property
     def out_gpu_hours(self) -> float:

@@ -3,6 +3,8 @@
 ``ladder_view`` turns each GPU's :class:`~gpuhealth.api.remediation.LadderRecord` into a JSON-able
 row, with the number of attempts its step allows under the governing policy (``None`` when the
 policy is unknown); ``ladder_cell`` is the short form for the fleet table ("GPUReset 1/2").
+``repairs_view`` lists each GPU's finished attempts by UUID (``status.repairs``): the history that
+makes a repeat offender, kept after the ladder record is gone and across a reboot.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, steps_for
+from gpuhealth.api.remediation import LadderRecord, Phase, Repair, StepKind, steps_for
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation
 from gpuhealth.catalog.xid import remedy_of
@@ -21,6 +23,7 @@ from gpuhealth.catalog.xid import remedy_of
 IN_FLIGHT = "inFlight"  # a reset Job being created, running, verified or validated
 HANDED_OFF = "handedOff"  # NodeReboot: waiting for the node remediator
 EXHAUSTED = "exhausted"  # Replace: a human must replace or RMA the GPU
+AWAITING_APPROVAL = "awaitingApproval"  # approval: Manual; a step waits for kubectl gpuhealth approve
 
 
 def _t(t: dt.datetime | None) -> str | None:
@@ -38,6 +41,8 @@ def standing(row: Mapping[str, Any]) -> str | None:
         return IN_FLIGHT
     if phase == Phase.HANDED_OFF:
         return HANDED_OFF
+    if phase == Phase.PENDING_APPROVAL:
+        return AWAITING_APPROVAL
     if phase == Phase.AWAITING_REPAIR or (row.get("step") == StepKind.REPLACE and phase != Phase.DRY_RUN):
         return EXHAUSTED
     return None
@@ -81,6 +86,7 @@ def ladder_view(
             "job": rec.job or None,
             "message": rec.message or None,
             "validation": _validation(rec),
+            "approved": rec.approved or None,
             "history": [
                 {
                     "step": str(a.step),
@@ -152,7 +158,7 @@ def step_text(row: Mapping[str, Any]) -> str:
     return f"{row.get('step')} {row.get('attempt')}" + (f"/{allowed}" if allowed else "")
 
 
-_RANK = {EXHAUSTED: 0, HANDED_OFF: 1, IN_FLIGHT: 2, None: 3}
+_RANK = {EXHAUSTED: 0, AWAITING_APPROVAL: 1, HANDED_OFF: 2, IN_FLIGHT: 3, None: 4}
 
 
 def ladder_cell(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -163,3 +169,32 @@ def ladder_cell(rows: Iterable[Mapping[str, Any]]) -> str:
     first = ladders[0]
     text = f"{step_text(first)} {first.get('phase')} (GPU {first.get('gpu')})"
     return text + (f" +{len(ladders) - 1}" if len(ladders) > 1 else "")
+
+
+def repairs_view(repairs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per GPU UUID in ``status.repairs``: its attempts, oldest first (unreadable ones left out)."""
+    rows = []
+    for uuid, raw in (repairs or {}).items():
+        items = [r for r in (Repair.from_status(x) for x in raw or () if isinstance(x, Mapping)) if r]
+        if not items:
+            continue
+        rows.append(
+            {
+                "uuid": str(uuid),
+                "gpu": next((r.index for r in reversed(items) if r.index is not None), None),
+                "attempts": [
+                    {
+                        "step": str(r.attempt.step),
+                        "attempt": r.attempt.attempt,
+                        "result": str(r.attempt.result),
+                        "reason": r.reason or None,
+                        "gpu": r.index,
+                        "startedAt": _t(r.attempt.started),
+                        "finishedAt": _t(r.attempt.finished),
+                    }
+                    for r in items
+                ],
+            }
+        )
+    rows.sort(key=lambda r: (r["gpu"] is None, r["gpu"] or 0, r["uuid"]))
+    return rows

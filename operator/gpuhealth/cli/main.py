@@ -1,6 +1,7 @@
 """`kubectl gpuhealth`: the on-call view of gpuhealth.
 
-Commands: status, describe NODE, explain XID, release NODE, pause POLICY, resume POLICY.
+Commands: status, describe NODE, explain XID, release NODE, approve NODE, reject NODE, pause POLICY,
+resume POLICY.
 Exit codes: 0 ok, 1 API error, 2 usage error or refused. Errors are one line on stderr.
 """
 
@@ -32,6 +33,8 @@ examples:
   kubectl gpuhealth explain 79                  what an XID means and what gpuhealth does (no cluster needed)
   kubectl gpuhealth release gpu-node-0042       return a repaired AwaitingRepair node (probation follows)
   kubectl gpuhealth release gpu-node-0042 --gpu 3   return one repaired GPU (its DeviceTaintRule goes after probation)
+  kubectl gpuhealth approve gpu-node-0042 --gpu 3   let GPU 3's waiting reset or validation run (approval: Manual)
+  kubectl gpuhealth reject gpu-node-0042 --gpu 3    send GPU 3 to AwaitingRepair instead
   kubectl gpuhealth pause training              stop a policy from acting (resume restores its mode)
 
 exit codes: 0 ok, 1 API error, 2 usage error or refused
@@ -133,6 +136,16 @@ def build_parser() -> Parser:
         help="release only GPU N (held out on its own by a DeviceTaintRule); the node is left as it is",
     )
     p.set_defaults(func=cmd_release)
+
+    for verb, text in (
+        ("approve", "let the repair or validation steps waiting in PendingApproval run (approval: Manual)"),
+        ("reject", "send the GPUs whose steps wait in PendingApproval to AwaitingRepair instead"),
+    ):
+        p = sub.add_parser(verb, help=text)
+        _connection_flags(p)
+        p.add_argument("node", metavar="NODE")
+        p.add_argument("--gpu", type=int, metavar="N", help=f"{verb} GPU N's waiting step only")
+        p.set_defaults(func=cmd_approve if verb == "approve" else cmd_reject)
 
     p = sub.add_parser("pause", help="set a GPUHealthPolicy's mode to Paused (remembers the previous mode)")
     _connection_flags(p)
@@ -312,6 +325,25 @@ def cmd_release(ctx: Context) -> int:
     for w in plan.warnings:
         ctx.warn(w)
     return EXIT_OK
+
+
+def _approval(ctx: Context, reject: bool) -> int:
+    a = ctx.args
+    if ctx.client.get_node(a.node) is None:
+        raise ApiError(f'node "{a.node}" not found')
+    plan = changes.plan_approval(a.node, ctx.client.get_report(a.node), a.gpu, ctx.clock(), reject=reject)
+    assert plan.patch is not None
+    ctx.client.patch_node(a.node, plan.patch)  # the annotation only: the operator does the rest
+    ctx.print("\n".join(plan.lines))
+    return EXIT_OK
+
+
+def cmd_approve(ctx: Context) -> int:
+    return _approval(ctx, reject=False)
+
+
+def cmd_reject(ctx: Context) -> int:
+    return _approval(ctx, reject=True)
 
 
 def _change_policy(ctx: Context, name: str, planner: Callable[[Mapping[str, Any]], changes.Plan]) -> int:

@@ -26,7 +26,7 @@ from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.cli.fabricview import fabric_view
-from gpuhealth.cli.ladderview import ladder_view, node_validation_view
+from gpuhealth.cli.ladderview import ladder_view, node_validation_view, repairs_view
 
 MAX_XIDS = 20
 MAX_EVENTS = 10
@@ -275,6 +275,7 @@ def describe_node(
         "drain": dict(status.drain) if status.drain else None,
         "remediation": ladder_view(status.remediation, parsed, now),
         "nodeValidation": node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now),
+        "repairs": repairs_view(status.repairs),
         "topology": _topology(node, parsed),
         "events": _events(events),
     }

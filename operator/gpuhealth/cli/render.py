@@ -200,6 +200,7 @@ def footer(t: Totals) -> list[str]:
         lines.append(
             f"Repair ladders: {t.ladders.get('inFlight', 0)} GPU resets in flight, "
             f"{t.ladders.get('handedOff', 0)} handed off to the node remediator, "
+            f"{t.ladders.get('awaitingApproval', 0)} waiting for approval, "
             f"{t.ladders.get('exhausted', 0)} exhausted (replace the GPU)"
         )
     if t.dry_run_nodes:

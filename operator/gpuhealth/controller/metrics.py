@@ -187,6 +187,12 @@ VALIDATION_DURATION = Histogram(
     buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
     registry=REGISTRY,
 )
+REPEAT_OFFENDERS = Counter(
+    "gpuhealth_repeat_offenders_total",
+    "GPUs that repairs fixed (spec.remediation.repeatOffenders.maxRepairs times within its window) and that "
+    "failed again: sent straight to Replace",
+    registry=REGISTRY,
+)
 GPU_TIME_BETWEEN_FAILURES = Histogram(
     "gpuhealth_gpu_time_between_failures_seconds",
     "From a GPU's previous quarantine to its next, observed when a GPU back in service (after a repair "

@@ -21,6 +21,17 @@ during the run counts as the attempt failing (``ValidationFailed``, ``Validation
 ``ValidationLost``, ``Relapsed``): the next attempt or step follows, and with none left the GPU waits
 in AwaitingRepair with the diagnostic's findings in its message.
 
+Repeat offenders (``spec.remediation.repeatOffenders``): every finished attempt is also kept by the
+GPU's UUID (``status.repairs``, which outlives the ladder record and a reboot that renumbers the GPUs).
+A GPU that a ``GPUReset`` or ``NodeReboot`` fixed ``maxRepairs`` times within ``window`` and that fails
+again (a new fault, a relapse in probation, a failed validation) skips the cheap steps: straight to
+``Replace`` (``RepeatOffender``), with its history in the message.
+
+Human approval (``spec.remediation.approval: Manual``): a ``GPUReset``, a ``NodeReboot`` hand-off or a
+validation about to start waits in ``PendingApproval`` (one ``ApprovalRequired`` Event) until the
+remediator observes a human's approval (``approved``: it starts once it may; the approval is recorded
+in the record before anything runs) or rejection (Replace: AwaitingRepair).
+
 Which ladder a fault gets: the first of the policy's ``ladders`` that names its reason or XID,
 else the catalog's (:func:`default_steps`): faults a GPU reset clears (volatile ECC, pending remap
 or retirement, XIDs whose remedy is a reset) start at ``GPUReset``; XID 79 and other node-reboot
@@ -38,6 +49,7 @@ from dataclasses import dataclass, replace
 
 from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
+from gpuhealth.api.durations import format_duration
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import (
     IN_FLIGHT,
@@ -47,10 +59,13 @@ from gpuhealth.api.remediation import (
     LadderRecord,
     Phase,
     RemediationSettings,
+    RepeatSettings,
     Result,
     Step,
     StepKind,
+    repeat_offence,
 )
+from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import Outcome, Validation, ValidationSettings
 from gpuhealth.catalog import xid as catalog
 
@@ -97,6 +112,11 @@ class Observed:
     dry_run: bool = False
     may_validate: bool = False  # a validation's preconditions hold (held out, unheld, limits)
     validation: tuple[Outcome, str] | None = None  # the running validation Job's verdict and findings
+    manual: bool = False  # spec.remediation.approval: Manual; each step waits for a human's approval
+    approved: bool = False  # a human approved this GPU's waiting step (gpuhealth.dev/approve[-gpu])
+    rejected: bool = False  # a human rejected it (gpuhealth.dev/reject[-gpu])
+    repairs: tuple[Attempt, ...] = ()  # the GPU's earlier attempts, by its UUID (status.repairs)
+    repeat: RepeatSettings | None = None  # spec.remediation.repeatOffenders (None: not counted)
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,7 @@ class Move:
     back_in_service: float | None = None  # seconds from fault to service, for the MTTR histogram
     start_validation: bool = False  # create the validation Job recorded in ``record.validation``
     validated: tuple[str, float | None] | None = None  # (result, seconds) for gpuhealth_validations_*
+    repeat_offender: bool = False  # the GPU went straight to Replace (gpuhealth_repeat_offenders_total)
 
 
 def _where(gpu: GPU) -> str:
@@ -126,6 +147,8 @@ def holds(rec: LadderRecord, validation: ValidationSettings) -> bool:
         return False
     if rec.step == StepKind.GPU_RESET and rec.phase in IN_FLIGHT:
         return True
+    if rec.phase == Phase.PENDING_APPROVAL and rec.validation is not None:
+        return True  # the reset worked; its validation waits for a human's approval
     last = rec.history[-1].result if rec.history else None
     failed = last in (Result.VALIDATION_FAILED, Result.VALIDATION_TIMED_OUT, Result.VALIDATION_LOST)
     return rec.phase == Phase.READY and failed
@@ -154,12 +177,31 @@ def advance(
         rec = LadderRecord(
             index=gpu.index, step=first.kind, reason=gpu.reason, uuid=gpu.uuid, since=now, fault_since=gpu.since
         )
+        offence = repeat_offence(obs.repeat, obs.repairs, now)
         if obs.dry_run:
-            msg = f"{_where(gpu)} ({gpu.reason}): would start the repair ladder at {first.kind}; no Job was created"
+            at = f"{StepKind.REPLACE} (a repeat offender)" if offence else str(first.kind)
+            msg = f"{_where(gpu)} ({gpu.reason}): would start the repair ladder at {at}; no Job was created"
             return Move(replace(rec, phase=Phase.DRY_RUN, message=msg), events=(("Normal", "RemediationDryRun", msg),))
+        if offence:
+            if gpu.state == DeviceState.DRAINING:
+                return Move(None)  # its pods leave first; then it waits for a human
+            return _offender(rec, gpu, offence, obs, now)
     if rec.phase == Phase.DRY_RUN:
         return Move(None) if not obs.dry_run else Move(rec)
     step = _step(steps, rec.step)
+    if rec.phase == Phase.PENDING_APPROVAL:
+        if obs.rejected:
+            return _rejected(rec, gpu, now)
+        if not obs.approved:
+            return Move(rec)
+        what = f"level-{rec.validation.level} validation" if rec.validation is not None else f"{rec.step}"
+        approved = ("Normal", "StepApproved", f"{_where(gpu)}: {what} (attempt {rec.attempt}) approved by a human")
+        if rec.validation is not None:
+            rec = replace(rec, phase=Phase.VALIDATING, message=f"{_where(gpu)}: {what} approved; it runs once it may")
+            return _validate(rec, gpu, steps, obs, now, validation or ValidationSettings(enabled=True), (approved,))
+        rec = replace(rec, phase=Phase.READY, approved=True)
+        move = _start(rec, gpu, step, obs, now)
+        return replace(move, record=move.record or rec, events=(approved, *move.events))
     if rec.phase == Phase.READY:
         return _start(rec, gpu, step, obs, now)
     if rec.phase == Phase.PENDING:
@@ -171,11 +213,11 @@ def advance(
         if obs.job == "Succeeded":
             rec = replace(rec, phase=Phase.VERIFYING, finished=now)
         elif obs.job == "Failed":
-            return _fail(rec, gpu, steps, Result.FAILED, now)
+            return _fail(rec, gpu, steps, Result.FAILED, now, obs)
         elif obs.job == "Absent":
-            return _fail(rec, gpu, steps, Result.LOST, now)
+            return _fail(rec, gpu, steps, Result.LOST, now, obs)
         elif overdue:
-            return replace(_fail(rec, gpu, steps, Result.TIMED_OUT, now), stop_job=rec.job)
+            return replace(_fail(rec, gpu, steps, Result.TIMED_OUT, now, obs), stop_job=rec.job)
         else:
             return Move(rec)
     if rec.phase == Phase.VERIFYING:
@@ -186,11 +228,13 @@ def advance(
                     "validation must pass before it returns"
                 )
                 v = Validation(level=validation.level)
+                if obs.manual:
+                    return _await_approval(replace(rec, validation=v), gpu, f"level-{v.level} validation", now)
                 rec = replace(rec, phase=Phase.VALIDATING, validation=v, message=msg)
                 return _validate(rec, gpu, steps, obs, now, validation, (("Normal", "ValidationPending", msg),))
             return _succeed(rec, gpu, now)
         if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
-            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now)
+            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now, obs)
         return Move(rec)
     if rec.phase == Phase.VALIDATING:
         return _validate(rec, gpu, steps, obs, now, validation or ValidationSettings(enabled=True))
@@ -198,23 +242,88 @@ def advance(
         if obs.node_cleared is not None and rec.started is not None and obs.node_cleared >= rec.started:
             if gpu.facts_clean:
                 return _succeed(rec, gpu, obs.node_cleared)
-            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now)
+            return _fail(rec, gpu, steps, Result.NOT_CLEAN, now, obs)
         if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
-            return _fail(rec, gpu, steps, Result.TIMED_OUT, now)
+            return _fail(rec, gpu, steps, Result.TIMED_OUT, now, obs)
         return Move(rec)
     if rec.phase == Phase.SUCCEEDED:
         relapsed = gpu.state in (DeviceState.QUARANTINED, DeviceState.DRAINING)
         if relapsed and gpu.since is not None and rec.finished is not None and gpu.since > rec.finished:
-            return _fail(rec, gpu, steps, Result.RELAPSED, now)
+            return _fail(rec, gpu, steps, Result.RELAPSED, now, obs)
     return Move(rec)
+
+
+def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime) -> Move:
+    """approval: Manual: the step (or the validation) waits in PendingApproval; one Event says so."""
+    msg = (
+        f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) waits for a human's approval "
+        f"(spec.remediation.approval: Manual): kubectl gpuhealth approve NODE --gpu {gpu.index}, or reject"
+    )
+    if rec.validation is not None:  # the reset's attempt stays as it was (started, finished, Job)
+        rec = replace(rec, phase=Phase.PENDING_APPROVAL, approved=False, message=msg)
+    else:
+        rec = replace(
+            rec, phase=Phase.PENDING_APPROVAL, started=now, finished=None, job="", approved=False, message=msg
+        )
+    return Move(rec, events=(("Normal", "ApprovalRequired", msg),))
+
+
+def _rejected(rec: LadderRecord, gpu: GPU, now: dt.datetime) -> Move:
+    """A human rejected the waiting step: the GPU waits for repair (Replace), with its history."""
+    what = f"level-{rec.validation.level} validation" if rec.validation is not None else f"{rec.step}"
+    done = Attempt(rec.step, rec.attempt, rec.started, now, Result.REJECTED)
+    msg = f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) rejected by a human; the GPU waits for repair"
+    rec = replace(
+        rec,
+        step=StepKind.REPLACE,
+        attempt=1,
+        phase=Phase.AWAITING_REPAIR,
+        started=now,
+        finished=now,
+        job="",
+        approved=False,
+        history=(*rec.history, done),
+        message=msg,
+    )
+    return Move(rec, events=(("Warning", "StepRejected", msg),), finished=((str(done.step), str(Result.REJECTED)),))
+
+
+def _offender(rec: LadderRecord, gpu: GPU, fixed: tuple[Attempt, ...], obs: Observed, now: dt.datetime) -> Move:
+    """A GPU that repairs fixed within the window fails again: straight to Replace, with its history."""
+    window = obs.repeat.window_s if obs.repeat is not None else 0.0
+    when = ", ".join(f"{a.step} at {format_time(a.finished)}" for a in fixed if a.finished)
+    msg = (
+        f"{_where(gpu)} ({gpu.reason}): a repeat offender: repaired {len(fixed)} time(s) within "
+        f"{format_duration(window)} ({when}) and failing again; straight to Replace, it waits for a human"
+    )
+    rec = replace(
+        rec,
+        step=StepKind.REPLACE,
+        attempt=1,
+        phase=Phase.AWAITING_REPAIR,
+        started=now,
+        finished=now,
+        job="",
+        approved=False,
+        message=msg,
+    )
+    return Move(
+        rec,
+        events=(("Warning", "RepeatOffender", msg),),
+        finished=((str(StepKind.REPLACE), "HandedOff"),),
+        repeat_offender=True,
+    )
 
 
 def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datetime) -> Move:
     n = f"{rec.attempt} of {step.attempts}"
+    if obs.manual and not rec.approved and step.kind in (StepKind.GPU_RESET, StepKind.NODE_REBOOT):
+        return _await_approval(rec, gpu, f"{step.kind}", now)
     if step.kind == StepKind.GPU_RESET:
         if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and gpu.taint_rule and obs.may_start):
-            return Move(rec if rec.history else None)  # nothing to record before the first step runs
-        rec = replace(rec, phase=Phase.PENDING, started=now, finished=None)
+            # Nothing to record before the first step runs, unless a human approved it already.
+            return Move(rec if rec.history or rec.approved else None)
+        rec = replace(rec, phase=Phase.PENDING, started=now, finished=None, approved=False)
         msg = f"{_where(gpu)} ({gpu.reason}): GPU reset, attempt {n}"
         return Move(rec, start=StepKind.GPU_RESET, events=(("Normal", "GPUReset", msg),))
     if step.kind == StepKind.NODE_REBOOT:
@@ -223,7 +332,7 @@ def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datet
             "node remediator (label gpuhealth.dev/state=AwaitingRepair, condition reason NodeRebootRequested); "
             "release the node once it is rebooted"
         )
-        rec = replace(rec, phase=Phase.HANDED_OFF, started=now, finished=None, message=msg)
+        rec = replace(rec, phase=Phase.HANDED_OFF, started=now, finished=None, message=msg, approved=False)
         return Move(rec, events=(("Warning", "NodeRebootRequested", msg),), finished=((str(step.kind), "Started"),))
     tried = ", ".join(f"{a.step} #{a.attempt}: {a.result}" for a in rec.history) or "no step"
     msg = f"{_where(gpu)} ({gpu.reason}): the repair ladder is exhausted ({tried}); the GPU waits for a human"
@@ -231,7 +340,9 @@ def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datet
     return Move(rec, events=(("Warning", "LadderExhausted", msg),), finished=((str(StepKind.REPLACE), "HandedOff"),))
 
 
-def _fail(rec: LadderRecord, gpu: GPU, steps: tuple[Step, ...], result: Result, now: dt.datetime) -> Move:
+def _fail(
+    rec: LadderRecord, gpu: GPU, steps: tuple[Step, ...], result: Result, now: dt.datetime, obs: Observed
+) -> Move:
     done = Attempt(rec.step, rec.attempt, rec.started, now, result)
     history = (*rec.history, done)
     step = _step(steps, rec.step)
@@ -242,10 +353,18 @@ def _fail(rec: LadderRecord, gpu: GPU, steps: tuple[Step, ...], result: Result, 
         later = kinds[kinds.index(rec.step) + 1 :] if rec.step in kinds else []
         nxt = replace(rec, step=later[0] if later else StepKind.REPLACE, attempt=1)
     nxt = replace(nxt, phase=Phase.READY, started=None, finished=None, job="", history=history)
-    msg = f"{_where(gpu)}: {rec.step} attempt {rec.attempt} {result}; next: {nxt.step} attempt {nxt.attempt}"
-    move = _start(nxt, gpu, _step(steps, nxt.step), Observed(), now) if nxt.step != StepKind.GPU_RESET else None
-    events = (("Warning", "RemediationFailed", msg),)
+    events: tuple[tuple[str, str, str], ...]
     finished = ((str(rec.step), str(result)),)
+    fixed = repeat_offence(obs.repeat, (*obs.repairs, *history), now)
+    if fixed:  # a GPU that repairs fixed fails again within the window: no cheap step is left to try
+        msg = f"{_where(gpu)}: {rec.step} attempt {rec.attempt} {result}; next: {StepKind.REPLACE} (a repeat offender)"
+        held = _offender(replace(nxt, history=history), gpu, fixed, obs, now)
+        events = (("Warning", "RemediationFailed", msg), *held.events)
+        return replace(held, events=events, finished=finished + held.finished)
+    msg = f"{_where(gpu)}: {rec.step} attempt {rec.attempt} {result}; next: {nxt.step} attempt {nxt.attempt}"
+    blank = Observed(manual=obs.manual)  # nothing read for the next step yet: it may not start a Job
+    move = _start(nxt, gpu, _step(steps, nxt.step), blank, now) if nxt.step != StepKind.GPU_RESET else None
+    events = (("Warning", "RemediationFailed", msg),)
     if move is not None and move.record is not None:
         return Move(move.record, events=events + move.events, finished=finished + move.finished)
     return Move(nxt, events=events, finished=finished)
@@ -271,19 +390,20 @@ def _validate(
             replace(rec, validation=v), start_validation=True, events=(*events, ("Normal", "ValidationStarted", msg))
         )
     if v.outcome != Outcome.RUNNING:  # a finished validation on a Validating record: read as its result
-        return _validated(rec, gpu, steps, v, v.outcome, v.findings, now, "")
+        return _validated(rec, gpu, steps, v, v.outcome, v.findings, now, "", obs)
     if not v.created:  # killed between the record and the create: create it now (409: it exists)
         return Move(rec, start_validation=True, events=events)
     relapsed = gpu.state in (DeviceState.QUARANTINED, DeviceState.DRAINING)
     if relapsed and gpu.since is not None and v.started is not None and gpu.since > v.started:
-        return _validated(rec, gpu, steps, v, Outcome.FAILED, f"a fault during the run: {gpu.reason}", now, v.job, True)
+        fault = f"a fault during the run: {gpu.reason}"
+        return _validated(rec, gpu, steps, v, Outcome.FAILED, fault, now, v.job, obs, True)
     outcome, findings = obs.validation or (Outcome.RUNNING, "")
     overdue = v.started is not None and (now - v.started).total_seconds() > settings.timeout_s
     if outcome == Outcome.RUNNING:
         if not overdue:
             return Move(rec, events=events)
         outcome, findings = Outcome.TIMED_OUT, f"no result within {int(settings.timeout_s)}s (spec.validation.timeout)"
-    return _validated(rec, gpu, steps, v, outcome, findings, now, v.job if outcome == Outcome.TIMED_OUT else "")
+    return _validated(rec, gpu, steps, v, outcome, findings, now, v.job if outcome == Outcome.TIMED_OUT else "", obs)
 
 
 _RESULT_OF = {
@@ -302,6 +422,7 @@ def _validated(
     findings: str,
     now: dt.datetime,
     stop_job: str,
+    obs: Observed,
     relapsed: bool = False,
 ) -> Move:
     v = replace(v, outcome=outcome, finished=now, findings=findings)
@@ -313,9 +434,9 @@ def _validated(
         return replace(move, events=(("Normal", "ValidationPassed", msg),), validated=(str(outcome), took))
     result = Result.RELAPSED if relapsed else _RESULT_OF.get(outcome, Result.VALIDATION_FAILED)
     msg = f"{_where(gpu)}: level-{v.level} validation {outcome}: {findings or 'no findings'}"
-    move = _fail(rec, gpu, steps, result, now)
+    move = _fail(rec, gpu, steps, result, now, obs)
     nxt = move.record
-    if nxt is not None and nxt.phase == Phase.AWAITING_REPAIR:
+    if nxt is not None and nxt.phase == Phase.AWAITING_REPAIR and not move.repeat_offender:
         nxt = replace(nxt, message=f"{nxt.message}. Last validation: {findings or outcome}")
     return replace(
         move,

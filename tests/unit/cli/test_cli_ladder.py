@@ -89,7 +89,7 @@ def test_status_shows_a_ladder_column_and_fleet_totals() -> None:
         report("c", "Healthy"),
     ]
     fleet = summarize([node("a"), node("b"), node("c")], reports, [policy(remediation=REMEDIATION)], NOW)
-    assert fleet.totals.ladders == {"inFlight": 1, "handedOff": 1, "exhausted": 1}
+    assert fleet.totals.ladders == {"inFlight": 1, "handedOff": 1, "awaitingApproval": 0, "exhausted": 1}
     text = render_status(fleet)
     header, *rows = text.splitlines()
     assert "LADDER" in header
@@ -97,9 +97,12 @@ def test_status_shows_a_ladder_column_and_fleet_totals() -> None:
     assert row["a"].endswith("GPUReset 2/2 Running (GPU 3)")
     assert row["b"].endswith("Replace AwaitingRepair (GPU 5) +1")  # the most urgent first
     assert row["c"].endswith("-")
-    assert "Repair ladders: 1 GPU resets in flight, 1 handed off to the node remediator, 1 exhausted" in text
+    assert (
+        "Repair ladders: 1 GPU resets in flight, 1 handed off to the node remediator, 0 waiting for approval, "
+        "1 exhausted" in text
+    )
     out = fleet.to_json()
-    assert out["totals"]["remediation"] == {"inFlight": 1, "handedOff": 1, "exhausted": 1}
+    assert out["totals"]["remediation"] == {"inFlight": 1, "handedOff": 1, "awaitingApproval": 0, "exhausted": 1}
     by_node = {n["node"]: n for n in out["nodes"]}
     assert by_node["a"]["remediation"][0]["step"] == "GPUReset"
 

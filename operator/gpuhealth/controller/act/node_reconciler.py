@@ -41,6 +41,7 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.remediation import APPROVAL_ANNOTATIONS, Approvals
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import (
     ClockSkewRecord,
@@ -212,6 +213,8 @@ class NodeReconciler:
         if self.devices.slices_pending(a):
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
+        calls = Approvals.from_annotations(annotations) if policy.mode == Mode.ENFORCE else Approvals()
+        consumed = False
         placed = self.devices.place(name, policy, report, a, status, device_plugin_mig(node))
         # The GPU budgets are reserved here, until the status is written (``breaker.release`` below):
         # GPUs only slow signals take out spend maxSlow's, the others the one meant for dead GPUs.
@@ -276,10 +279,15 @@ class NodeReconciler:
                     again = soonest(
                         await self.drainer.run(name, policy, decision.record, fatal(node_a), now),
                         await self.device_drainer.run(name, policy, decision.record, dev.records, a, now),
-                        await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now),
+                        await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now, calls),
                     )
+                    # A human's approve/reject is acknowledged once the remediator has seen it: the
+                    # waiting records wrote themselves past PendingApproval first (remediator.py).
+                    consumed = calls.any
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
-                if released or gpus:
+                if consumed:
+                    ack.update({k: None for k in APPROVAL_ANNOTATIONS if k in annotations})
+                if released or gpus or consumed:
                     # Reflected at once, so a pass before the watch brings it does not see the release again.
                     self.store.reflect_node(name, await self.kube.patch_node(name, {"metadata": {"annotations": ack}}))
             elif policy.mode == Mode.DRY_RUN:
@@ -307,10 +315,14 @@ class NodeReconciler:
         gpus: frozenset[int],
         cleared: dt.datetime | None,
         now: dt.datetime,
+        calls: Approvals | None = None,
     ) -> Again:
-        """The repair ladder of each held-out GPU (controller/act/remediator.py), before a release is acknowledged."""
+        """The repair ladder of each held-out GPU (controller/act/remediator.py), before a release (or a
+        human's approve or reject) is acknowledged."""
         fresh = not a.unknown
-        return await self.remediator.run(name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now)
+        return await self.remediator.run(
+            name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now, calls
+        )
 
     async def _persist(
         self,

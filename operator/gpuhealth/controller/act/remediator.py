@@ -35,6 +35,16 @@ preconditions re-read from the API (rule in place, no pod holds the device, fewe
 (``validation.job``, ``created: false``), then created (409: it exists), then ``created: true``.
 Killed in between, the restarted operator creates it once under the recorded name; a Job absent
 after ``created`` is ``Lost``. Its verdict is read by name: the Job, and its pod among the node's.
+
+Repeat offenders: each attempt a record adds to its history is also appended, in the same write-ahead
+patch, to ``status.repairs["<GPU UUID>"]`` (bounded: ``MAX_REPAIRS`` per GPU, ``MAX_REPAIR_GPUS``
+GPUs), which the ladder reads back as the GPU's earlier repairs whatever its index.
+
+Human approval (``approval: Manual``): a record in ``PendingApproval`` consumes the Node's approve or
+reject annotation (``api/remediation.py`` ``Approvals``) only by writing itself past that phase
+(``approved`` recorded, or the Job's name); the node reconciler removes the annotation only after
+this pass, so a SIGKILL in between neither loses the approval (still on the Node) nor uses it twice
+(the record no longer waits).
 """
 
 from __future__ import annotations
@@ -52,7 +62,18 @@ from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_from_status
+from gpuhealth.api.remediation import (
+    MAX_REPAIR_GPUS,
+    MAX_REPAIRS,
+    Approval,
+    Approvals,
+    LadderRecord,
+    Phase,
+    Repair,
+    StepKind,
+    ladders_from_status,
+    repairs_from_status,
+)
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
@@ -174,6 +195,7 @@ class Remediator:
         released: frozenset[int],
         node_cleared: dt.datetime | None,
         now: dt.datetime,
+        approvals: Approvals | None = None,
     ) -> Again:
         """Advance each held-out GPU's ladder one move; returns when the node wants its next pass
         (a step in flight is polled, a hand-off checked less often)."""
@@ -184,7 +206,10 @@ class Remediator:
         status = (self.store.reports.get(name) or {}).get("status") or {}
         ladders = ladders_from_status(status)
         raw = status.get("remediation") or {}
+        repairs = repairs_from_status(status)
         dry = policy.mode == Mode.DRY_RUN
+        manual = settings.approval == Approval.MANUAL
+        calls = approvals if approvals is not None and not dry else Approvals()
         for dev in sorted(records, key=lambda r: r.index):
             lad = ladders.get(dev.index)
             if lad is None and (not dev.out_of_service or dev.instances):
@@ -219,9 +244,13 @@ class Remediator:
                 job = await self._job_outcome(lad.job)
             may_start = False
             next_kind = lad.step if lad is not None else (steps[0].kind if steps else None)
-            ready = lad is None or lad.phase == Phase.READY
+            waiting = lad is not None and lad.phase == Phase.PENDING_APPROVAL
+            approved, rejected = waiting and calls.approves(dev.index), waiting and calls.rejects(dev.index)
+            ready = lad is None or lad.phase == Phase.READY or (approved and lad.validation is None)
+            may_approve = not manual or approved or (lad is not None and lad.approved)
             if (
                 ready
+                and may_approve
                 and not dry
                 and next_kind == StepKind.GPU_RESET
                 and dev.state == DeviceState.QUARANTINED
@@ -237,17 +266,31 @@ class Remediator:
             elif lad is not None and (
                 (lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING))
                 # the pass that finds the reset's facts clean starts the validation at once
-                or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and gpu.facts_clean)
+                or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and gpu.facts_clean and not manual)
+                or (approved and lad.validation is not None)
             ):
                 may_validate = not dry and policy.validation.enabled and await self._may_validate(name, policy, dev)
+            uuid = (lad.uuid if lad is not None else "") or dev.uuid  # the GPU the ladder is for
+            earlier = tuple(r.attempt for r in repairs.get(uuid, ())) if uuid else ()
             obs = Observed(
-                job, may_start, node_cleared, dev.index in released, dry, may_validate=may_validate, validation=verdict
+                job,
+                may_start,
+                node_cleared,
+                dev.index in released,
+                dry,
+                may_validate=may_validate,
+                validation=verdict,
+                manual=manual,
+                approved=approved,
+                rejected=rejected,
+                repairs=earlier,
+                repeat=settings.repeat,
             )
             move = advance(lad, gpu, steps, obs, now, policy.validation)
             if lad is None and move.record is not None and needs_peers_idle(facts) and peers is None:
                 move = replace(move, events=(*move.events, self._peers_unknown(dev, facts)))
             try:
-                await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now)
+                await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now, repairs)
             finally:
                 self._reserved.discard((name, dev.index))
                 self._reserved_validations.discard((name, dev.index))
@@ -266,6 +309,7 @@ class Remediator:
         old: Mapping[str, Any] | None,
         move: Move,
         now: dt.datetime,
+        repairs: dict[str, tuple[Repair, ...]] | None = None,
     ) -> None:
         settings = policy.remediation
         rec = move.record
@@ -294,7 +338,8 @@ class Remediator:
                 return  # the record stays where it was: the GPU stays held out, the next pass tries again
             rec = replace(rec, validation=replace(v, job=f"{settings.namespace}/{vname}"))
         if rec != lad:
-            await self._write(name, dev.index, _entry(rec, old))  # 1. the write-ahead record
+            # 1. the write-ahead record, and the attempts it adds in the GPU's history by UUID
+            await self._write(name, dev.index, _entry(rec, old), _repairs_patch(repairs, dev, lad, rec))
             old = rec.to_status() if rec is not None else None
         if move.stop_job:
             await self._delete_job(move.stop_job)
@@ -312,6 +357,8 @@ class Remediator:
             if reason == "ValidationStarted" and rec is not None and rec.validation is not None:
                 message += f", Job {rec.validation.job}"
             self._event(name, type_, reason, message)
+        if move.repeat_offender:
+            metrics.REPEAT_OFFENDERS.inc()
         if move.validated is not None:
             metrics.VALIDATIONS.labels(move.validated[0]).inc()
             if move.validated[1] is not None:
@@ -466,6 +513,34 @@ class Remediator:
             if not is_not_found(e):
                 raise
 
-    async def _write(self, name: str, index: int, entry: Mapping[str, Any] | None) -> None:
-        result = await self.kube.patch_report_status(name, {"status": {"remediation": {str(index): entry}}})
+    async def _write(
+        self, name: str, index: int, entry: Mapping[str, Any] | None, repairs: Mapping[str, Any] | None = None
+    ) -> None:
+        status: dict[str, Any] = {"remediation": {str(index): entry}}
+        if repairs:
+            status["repairs"] = repairs
+        result = await self.kube.patch_report_status(name, {"status": status})
         self.store.wrote(name, result)
+
+
+def _repairs_patch(
+    repairs: dict[str, tuple[Repair, ...]] | None, dev: DeviceRecord, old: LadderRecord | None, new: LadderRecord | None
+) -> dict[str, Any] | None:
+    """The merge patch of ``status.repairs`` for the attempts ``new`` adds to ``old``'s history (kept by
+    the GPU's UUID, bounded); updates ``repairs`` to match. None: nothing to add."""
+    uuid = (new.uuid if new is not None else "") or dev.uuid  # the GPU the ladder is for, whatever its index now
+    if repairs is None or new is None or not uuid:
+        return None
+    before = set(old.history) if old is not None else set()
+    added = [Repair(a, new.reason, new.index) for a in new.history if a not in before]
+    if not added:
+        return None
+    kept = (*repairs.get(uuid, ()), *added)[-MAX_REPAIRS:]
+    repairs[uuid] = kept
+    patch: dict[str, Any] = {uuid: [r.to_status() for r in kept]}
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    others = sorted((u for u in repairs if u != uuid), key=lambda u: repairs[u][-1].attempt.finished or epoch)
+    for u in others[: max(0, len(repairs) - MAX_REPAIR_GPUS)]:  # the GPUs repaired longest ago go first
+        patch[u] = None
+        del repairs[u]
+    return patch

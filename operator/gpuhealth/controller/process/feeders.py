@@ -12,7 +12,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuhealth.api.devices import DeviceState
-from gpuhealth.api.names import API_VERSION, POLICY_KIND, RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION, State
+from gpuhealth.api.names import (
+    API_VERSION,
+    APPROVE_ANNOTATION,
+    APPROVE_GPU_ANNOTATION,
+    POLICY_KIND,
+    REJECT_ANNOTATION,
+    REJECT_GPU_ANNOTATION,
+    RELEASE_ANNOTATION,
+    RELEASE_GPU_ANNOTATION,
+    State,
+)
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.report_gc import ReportCollector
@@ -25,7 +35,15 @@ from gpuhealth.evaluation.restarts import shows_failure
 
 log = logging.getLogger(__name__)
 
-COMMANDS = (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION)  # what an SRE asks of a Node (kubectl gpuhealth release)
+# What an SRE asks of a Node (kubectl gpuhealth release, approve, reject): a change queues a pass.
+COMMANDS = (
+    RELEASE_ANNOTATION,
+    RELEASE_GPU_ANNOTATION,
+    APPROVE_ANNOTATION,
+    APPROVE_GPU_ANNOTATION,
+    REJECT_ANNOTATION,
+    REJECT_GPU_ANNOTATION,
+)
 
 
 def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
