@@ -27,8 +27,19 @@ from typing import Any
 from kubernetes import client
 
 from gpuhealth.agent.model import FabricFacts, Snapshot
+from hack.bench.context import POLICY
 from hack.bench.fleet import SimNode, healthy_snapshot
-from hack.bench.support import FAULT_TIMEOUT_S, TAINT, PhaseClock, latency_summary, log, percentile, publish_all
+from hack.bench.support import (
+    FAULT_TIMEOUT_S,
+    GROUP,
+    TAINT,
+    VERSION,
+    PhaseClock,
+    latency_summary,
+    log,
+    percentile,
+    publish_all,
+)
 from hack.bench.watch import NodeWatch, ReportWatch
 
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -112,6 +123,15 @@ def remove_pods(core: client.CoreV1Api, apps: client.AppsV1Api, nodes: Sequence[
     return False
 
 
+def set_drains(custom: client.CustomObjectsApi, slots: int | None) -> int | None:
+    """Set the fleet policy's ``maxConcurrentDrains`` (None: unset it); the value it had."""
+    spec = custom.get_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY).get("spec") or {}
+    was = (spec.get("safety") or {}).get("maxConcurrentDrains")
+    body = {"spec": {"safety": {"maxConcurrentDrains": slots}}}
+    custom.patch_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", POLICY, body)
+    return was if isinstance(was, int) else None
+
+
 def measure_domain(
     sims: Mapping[str, SimNode],
     spare: Sequence[str],
@@ -119,6 +139,7 @@ def measure_domain(
     size: int,
     core: client.CoreV1Api,
     apps: client.AppsV1Api,
+    custom: client.CustomObjectsApi,
     node_watch: NodeWatch,
     report_watch: ReportWatch,
     pool: ThreadPoolExecutor,
@@ -135,6 +156,9 @@ def measure_domain(
     members = [n for d in faulted for n in d]
     phase(f"domain storm: {len(domains)} NVLink domains of {size} nodes; {faults} clique faults, one at a time")
     t = time.monotonic()
+    # A fleet of NVLink domains drains a whole domain at once (one drain slot a member, as an NVL
+    # fleet's policy would set); restored after the phase.
+    drains_were = set_drains(custom, size)
     pods_gone = remove_pods(core, apps, members)
     failed = label_domains(core, pool, domains)
     took = time.monotonic() - t
@@ -176,6 +200,7 @@ def measure_domain(
     healed = {d[i % size]: i for i, d in enumerate(faulted)}
     publish_all(pool, lambda s: s.sample(fabric_snapshot(s.index, healed[s.name])), [sims[n] for n in healed])
     back = node_watch.wait_all(members, TAINT, timeout=SETTLE_TIMEOUT_S, present=False)
+    set_drains(custom, drains_were)
     return {
         "shape": {"nodes": len(domains) * size, "domains": len(domains), "domain_size": size, "faulted": faults},
         "fault_to_last_taint_ms": latency,

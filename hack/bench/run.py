@@ -222,6 +222,7 @@ def beyond_core(b: Bench) -> None:
             args.domain_size,
             b.core,
             client.AppsV1Api(b.admin),
+            b.custom,
             b.node_watch,
             b.report_watch,
             b.pool,
