@@ -11,9 +11,9 @@ figure is the taint, and the drain storm is its own phase.
 Measured, one domain at a time: from the member's report write (its simulated agent publishing a
 fabric health mask with ``ROUTE_UNHEALTHY`` = 1 on one GPU, through the agent's own publisher) to the
 LAST member's taint seen by the independent Node watch, and to the first; then every domain's fault
-heals and the seconds to every member untainted. A domain is whole when every member was tainted and
-no node outside the faulted domains was. The pure parts (domains, the snapshot, the times) are
-unit-tested (tests/unit/bench/test_domain.py).
+heals and the seconds to every member untainted. A domain is whole when every member was tainted
+(by the time its members settled, a timed-out one too) and no node outside the faulted domains was.
+The pure parts (domains, the snapshot, the times) are unit-tested (tests/unit/bench/test_domain.py).
 """
 
 from __future__ import annotations
@@ -179,11 +179,12 @@ def measure_domain(
             first.append((span[0] - t0) * 1000)
             last.append((span[1] - t0) * 1000)
             spread.append((span[1] - span[0]) * 1000)
-            whole += 1
         else:
             timeouts += 1
-        # The members' drains (no pods left) and status writes settle before the next domain's fault.
+        # The members' drains (no pods left) and status writes settle before the next domain's fault;
+        # a domain that timed out is still whole if every member is tainted by then.
         report_watch.wait_states(domain, "Quarantined", timeout=FAULT_TIMEOUT_S)
+        whole += taint_span(node_watch.seen_at, domain) is not None
         result = f"{last[-1]:.0f} ms" if span is not None else "timed out"
         log(f"  domain {i + 1}/{faults} ({sick}): fault to the last of {size} members' taints {result}")
     tainted_now = {n for (n, key) in node_watch.seen_at if key == TAINT}

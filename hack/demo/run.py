@@ -111,7 +111,7 @@ def main() -> int:
         reset.configure_agent(agents[reset_node])
         for n in nvl:
             fabric.configure_agent(agents[n])
-        wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes + nvl), timeout=60, what="all nodes Healthy")
+        wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes + nvl), timeout=120, what="all nodes Healthy")
         timeline.add(f"all {len(nodes) + len(nvl)} nodes reported by their agents and Healthy")
         domain = {n: agents[n] for n in nvl}
         fabric.setup(kube, domain, timeline)  # first: the gang fills the domain's GPUs before other work lands
