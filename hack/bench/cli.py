@@ -17,9 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "bench"
 
 # The phases a run may select; "core" is every phase the bench had before (detection, storm, devices, ...).
-PHASES = ("core", "mig", "restart", "failover", "drain")
+PHASES = ("core", "mig", "domain", "restart", "failover", "drain")
 # "all": what it meant before the MIG fleet. The mig phase publishes every governed node as a MIG node,
-# which the core phases' DRA nodes and fact traffic do not expect, so it runs without core, only when named.
+# which the core phases' DRA nodes and fact traffic do not expect, so it runs without core, only when named;
+# the domain storm (issue #35) labels the fleet into NVLink domains and runs only when named too.
 ALL_PHASES = ("core", "restart", "failover", "drain")
 
 
@@ -96,6 +97,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mig-faults", type=int, default=100, help="mig phase: single MIG GPU faults on distinct nodes")
     ap.add_argument("--mig-storm", type=int, default=100, help="mig phase: MIG GPUs on distinct nodes faulting at once")
     ap.add_argument(
+        "--domain-faults",
+        type=int,
+        default=None,
+        help="domain phase: NVLink domains faulted one at a time (default 20; quick 4)",
+    )
+    ap.add_argument(
+        "--domain-size", type=int, default=18, help="domain phase: nodes per NVLink domain (18: an NVL72 rack)"
+    )
+    ap.add_argument(
         "--real-agents", type=int, default=None, help="real agents, each on its own governed node (default 5; quick 2)"
     )
     ap.add_argument(
@@ -164,6 +174,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.idle = 20.0 if args.quick else 60.0
     if args.real_agents is None:
         args.real_agents = 2 if args.quick else 5
+    if args.domain_faults is None:
+        args.domain_faults = 4 if args.quick else 20
+    if args.domain_faults < 1 or args.domain_size < 2:
+        ap.error("--domain-faults must be >= 1 and --domain-size >= 2")
     if args.e2e_faults is None:
         args.e2e_faults = 6 if args.quick else 20
     if args.traffic is None:
@@ -193,6 +207,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     wanted += ("drain" in args.phases) * (args.drain_nodes + 1)
     if wanted and core_nodes + wanted > args.nodes:
         ap.error(f"--nodes must leave {wanted} nodes for the restart, failover and drain phases beyond the others")
+    domain_nodes = ("domain" in args.phases) * args.domain_faults * args.domain_size
+    if domain_nodes and core_nodes + wanted + domain_nodes > args.nodes:
+        ap.error(
+            f"--nodes must leave {domain_nodes} nodes ({args.domain_faults} domains of {args.domain_size}) for the "
+            "domain phase beyond the others"
+        )
     if "mig" in args.phases and args.mig_faults + args.mig_storm > args.nodes:
         ap.error("--nodes must cover mig-faults + mig-storm distinct nodes")
     # The DRA nodes are the last governed ones; the node faults, storm and breaker take the first.

@@ -31,6 +31,7 @@ from hack.bench.details import (
     restart_line,
     traffic_line,
 )
+from hack.bench.domain_report import no_domain_run, render_domain
 from hack.bench.mig_report import no_mig_run, render_mig
 from hack.bench.report import tally
 from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_targets_for, targets_for, verdict
@@ -279,7 +280,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
     block the newest run below 10,000 nodes and the newest of 10,000 or more with the drain storm, failover
     or warm restart phase; its MIG block
-    the newest run of any size with the mig phase.
+    the newest run of any size with the mig phase; its domain block the newest with the domain storm.
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
@@ -297,6 +298,8 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     )
     migs = [r for r in runs if "mig" in r[1]]
     mig_block = render_mig(_rel(migs[-1][0]), migs[-1][1]) if migs else no_mig_run()
+    domains = [r for r in runs if "domain_storm" in r[1]]
+    domain_block = render_domain(_rel(domains[-1][0]), domains[-1][1]) if domains else no_domain_run()
     latest = render(*small[-1]) if small else ""
     big = (
         render(*large[-1], begin=LARGE_BEGIN, end=LARGE_END)
@@ -309,7 +312,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     restarts = render_restart_alone(runs)
     return {
         DOCS[0]: [latest, summary],
-        DOCS[1]: [latest, big, res_block, alone, mig_block, render_ab(directory), restarts],
+        DOCS[1]: [latest, big, res_block, alone, mig_block, render_ab(directory), restarts, domain_block],
     }
 
 

@@ -245,6 +245,12 @@ class SimNode:
             self.latest.set(healthy_snapshot(self.index, mig=self.mig))
             return self.publisher.publish()
 
+    def sample(self, snapshot: Snapshot) -> str | None:
+        """The source took ``snapshot`` (any facts a phase sets up): the publisher writes it at once."""
+        with self.lock:
+            self.latest.set(snapshot)
+            return self.publisher.publish()
+
     def fact_change(self, event: int) -> str | None:
         """Background health traffic, not a fault: the sampler sees a fact move and the publisher writes it.
 

@@ -1,5 +1,5 @@
 """Outputs of `make bench`: results.json (figures, targets, pass/fail), series.json, summary.md and
-report.png (hack/bench/plot.py). The targets are in ``targets`` and ``mig_report``, the summary's
+report.png (hack/bench/plot.py). The targets are in ``targets``, ``mig_report`` and ``domain_report``, the summary's
 detail sentences in ``details``.
 """
 
@@ -22,15 +22,19 @@ from hack.bench.details import (
     restart_line,
     traffic_line,
 )
+from hack.bench.domain_report import domain_md, domain_targets_for
 from hack.bench.mig_report import mig_md, mig_targets_for
 from hack.bench.plot import plot
 from hack.bench.targets import Target, _rows, measured, resilience_targets_for, targets_for
+
+RESILIENCE_PHASES = frozenset({"restart", "failover", "drain"})
 
 
 def evaluate(res: dict[str, Any]) -> dict[str, Any]:
     """Each target's value and verdict; a figure whose block the run lacks is "not measured", not a miss."""
     out: dict[str, Any] = {}
-    for t in [*targets_for(res["nodes"]), *resilience_targets_for(res["nodes"]), *mig_targets_for(res["nodes"])]:
+    n = res["nodes"]
+    for t in [*targets_for(n), *resilience_targets_for(n), *mig_targets_for(n), *domain_targets_for(n)]:
         try:
             v = t.value(res)
         except KeyError:
@@ -72,8 +76,8 @@ def resilience_md(res: dict[str, Any]) -> list[str]:
 
 def summary_md(res: dict[str, Any]) -> str:
     targets = res["targets"]
-    if "storm" not in res:  # a run of the issue #26 phases or the MIG fleet only (--phases without core)
-        resilient = set(res["config"].get("phases") or []) & {"restart", "failover", "drain"}
+    if "storm" not in res:  # a run of the issue #26 phases, the MIG fleet or the domain storm (--phases without core)
+        resilient = set(res["config"].get("phases") or []) & RESILIENCE_PHASES
         return "\n".join(
             [
                 f"# gpuhealth bench: {res['nodes']} nodes{' (quick)' if res.get('quick') else ''}, "
@@ -83,6 +87,7 @@ def summary_md(res: dict[str, Any]) -> str:
                 "",
                 *(resilience_md(res) if resilient else []),
                 *(mig_md(res) if "mig" in res else []),
+                *(domain_md(res) if "domain_storm" in res else []),
             ]
         )
     rows = [
@@ -150,7 +155,8 @@ def summary_md(res: dict[str, Any]) -> str:
         f"once started ({a['writes']} writes over {a['window_s']} s, {a.get('startup_writes')} of them its "
         "start-up: report create, Lease patch 404 and create).",
         "",
-        *(resilience_md(res) if set(res["config"].get("phases") or ["core"]) - {"core"} else []),
+        *(resilience_md(res) if set(res["config"].get("phases") or ["core"]) & RESILIENCE_PHASES else []),
+        *(domain_md(res) if "domain_storm" in res else []),
     ]
     return "\n".join(lines)
 

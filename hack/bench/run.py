@@ -23,6 +23,7 @@ from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKE
 from hack.bench.cpu import STACK_PROFILE_ENV, run_processes
 from hack.bench.detection import Floor, fault_nodes, measure_detection
 from hack.bench.devices import measure_devices
+from hack.bench.domain import measure_domain
 from hack.bench.drain import measure_drain
 from hack.bench.e2e import measure_e2e
 from hack.bench.failover import measure_failover
@@ -76,6 +77,8 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             "failover_samples": args.failover_samples,
             "mig_faults": args.mig_faults,
             "mig_storm": args.mig_storm,
+            "domain_faults": args.domain_faults,
+            "domain_size": args.domain_size,
         },
     }
 
@@ -179,7 +182,8 @@ def traffic(b: Bench, floor: Floor) -> None:
 
 
 def beyond_core(b: Bench) -> None:
-    """The MIG fleet, then the restart, failover and drain phases, on nodes no phase has faulted yet."""
+    """The MIG fleet, the domain storm, then the restart, failover and drain phases, on nodes no phase has
+    faulted yet."""
     args, res, custom = b.args, b.res, b.custom
     if "core" in args.phases:
         # The breaker phase left maxUnhealthy at 5% with its limit spent: the new phases' faults
@@ -209,6 +213,24 @@ def beyond_core(b: Bench) -> None:
             b.phase,
             cpu_pids=run_processes(b.cluster, [b.operator]),
         )
+    if "domain" in args.phases:
+        fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
+        res["domain_storm"] = measure_domain(
+            b.sims,
+            fresh,
+            args.domain_faults,
+            args.domain_size,
+            b.core,
+            client.AppsV1Api(b.admin),
+            b.custom,
+            b.node_watch,
+            b.report_watch,
+            b.pool,
+            b.series,
+            b.phase,
+            settle_s=2 * args.tick,
+        )
+        b.used |= set(fresh[: args.domain_faults * args.domain_size])
     # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
     spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
     rctx = ResilienceContext(

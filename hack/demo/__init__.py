@@ -16,7 +16,12 @@ Faults are injected into the fake NVML:
   serve on;
 - a GPU back by itself (``reset.py``, issue #24): an uncorrected ECC error on a full DRA GPU: rule,
   drain, a reset Job (KWOK completes its pod), the demo rewrites the GPU's counters clean as
-  ``nvidia-smi -r`` would, probation, the rule deleted, the GPU back in service.
+  ``nvidia-smi -r`` would, probation, the rule deleted, the GPU back in service;
+- the fabric between GPUs (``fabric.py``, issue #35): 4 more nodes labelled as one NVLink clique
+  (and one rack) under a policy of their own, a gang spanning them; a fabric health mask with
+  ROUTE_UNHEALTHY = 1 on one GPU of one node takes every node of the clique out as one decision,
+  the gang checkpoints once, the domain returns together when the mask heals; then a power brake
+  on 3 nodes of the rack is one rack finding, no node repair.
 
 With ``--real-node`` (``make demo REAL_NODE=1``, ``realnode.py``) the XID 79 story runs on a real
 kubelet node through the installed chart: the chart's operator Pod is the demo's operator and the
@@ -28,6 +33,6 @@ happened. `--keep` leaves everything running for exploring.
 
 Modules: ``run`` (the driver and the summary), ``common`` (policy, timeline, Node watch, the pods'
 checkpoint sidecar), ``workloads`` (the training job, inference and DRA serving pods),
-``devicewatch`` (timeline rows from DeviceTaintRules, GPU records, ladders and reset Jobs), ``mig``
-and ``reset`` (one story each), ``realnode`` (the first story on a real node).
+``devicewatch`` (timeline rows from DeviceTaintRules, GPU records, ladders and reset Jobs), ``mig``,
+``reset`` and ``fabric`` (one story each), ``realnode`` (the first story on a real node).
 """

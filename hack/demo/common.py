@@ -23,7 +23,11 @@ MANAGED = "app.kubernetes.io/managed-by=gpuhealth"
 CHECKPOINTING_APPS = ("llm-pretrain", "dra-serving", "mig-serving", "reset-serving")
 
 DEMO_POLICY: dict[str, Any] = {
-    "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}},
+    # The NVLink domain's nodes (hack/demo/fabric.py) have a policy of their own.
+    "nodeSelector": {
+        "matchLabels": {"nvidia.com/gpu.present": "true"},
+        "matchExpressions": [{"key": "nvidia.com/gpu.clique", "operator": "DoesNotExist"}],
+    },
     "mode": "Enforce",
     "rules": {
         "thermal": {"sustainedFor": "8s", "temperatureThresholdC": 90, "action": "drain"},
@@ -98,15 +102,18 @@ def running(kube: Kube, app: str) -> list[Any]:
     return [p for p in pods_of(kube, app) if p.status.phase == "Running"]
 
 
-def act_as_trainer(kube: Kube, timeline: Timeline, stop: threading.Event, acked: set[str]) -> None:
-    """Each pod's sidecar: see the request (downward-API file), save a checkpoint, acknowledge."""
+def act_as_trainer(
+    kube: Kube, timeline: Timeline, stop: threading.Event, acked: set[str], apps: tuple[str, ...] = CHECKPOINTING_APPS
+) -> None:
+    """Each pod's sidecar: see the request (downward-API file), save a checkpoint, acknowledge.
+    ``apps``: whose pods (a story with its own gang counts its acknowledgements apart)."""
     from gpuhealth.workload import CheckpointRequest, acknowledge
 
     files = OUT / "podinfo"
     files.mkdir(exist_ok=True)
     while not stop.is_set():
         try:
-            pods = [p for app in CHECKPOINTING_APPS for p in pods_of(kube, app)]
+            pods = [p for app in apps for p in pods_of(kube, app)]
         except Exception:
             time.sleep(0.5)
             continue

@@ -19,7 +19,7 @@ from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, wait_for
 from devkit.kueue import workload
 from devkit.realnode import Installed
-from hack.demo import kueue, mig, realnode, reset
+from hack.demo import fabric, kueue, mig, realnode, reset
 from hack.demo.common import (
     DEMO_POLICY,
     NS,
@@ -103,11 +103,13 @@ def main() -> int:
     nodes = sorted(n.metadata.name for n in kube.core.list_node(label_selector="nvidia.com/gpu.present=true").items)
     # The real node is the XID 79 story's; the KWOK nodes tell the others.
     fake_nodes = [n for n in nodes if installed is None or n != installed.node.name]
+    nvl = fabric.add_nodes(cluster)  # the NVLink domain's nodes, beside the fleet's
     operator = agents = queues = None
     operator_pod: dict[str, Any] = {}
     stop = threading.Event()
     try:
         kube.apply_policy("demo-fleet", DEMO_POLICY)
+        kube.apply_policy("demo-nvl", fabric.FABRIC_POLICY)
         if args.kueue:
             print("== Starting Kueue (its manager beside the control plane; logs in build/demo/cluster/kueue) ==")
             queues = kueue.start(cluster)
@@ -129,15 +131,19 @@ def main() -> int:
         if args.kueue:  # from before the Workload exists: its admission is on the timeline too
             wlwatch = kueue.WorkloadWatch(kube, timeline, "llm-pretrain")
             threading.Thread(target=wlwatch.run, args=(stop,), daemon=True).start()
-        agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(fake_nodes)
+        agents = AgentFleet(cluster.kubeconfig, OUT / "agents").start(fake_nodes + nvl)
         if installed:
             xid_node, (hot_node, app_node, mig_node, reset_node) = installed.node.name, fake_nodes[:4]
         else:
             xid_node, hot_node, app_node, mig_node, reset_node = nodes[:5]
         mig.configure_agent(agents[mig_node])
         reset.configure_agent(agents[reset_node])
-        wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="all nodes Healthy")
-        timeline.add(f"all {len(nodes)} nodes reported by their agents and Healthy")
+        for n in nvl:
+            fabric.configure_agent(agents[n])
+        wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes + nvl), timeout=120, what="all nodes Healthy")
+        timeline.add(f"all {len(nodes) + len(nvl)} nodes reported by their agents and Healthy")
+        domain = {n: agents[n] for n in nvl}
+        fabric.setup(kube, domain, timeline)  # first: the gang fills the domain's GPUs before other work lands
         print("== Running GPU workloads ==")
         run_workloads(cluster, kube, xid_node, queued=args.kueue, image=realnode.TRAINER_IMAGE if installed else None)
         dra.publish_device_classes(kube)
@@ -170,7 +176,8 @@ def main() -> int:
         print(
             f"== Injecting faults: XID 79 on {xid_node}, thermal slowdown on {hot_node}, "
             f"application XID 13 on {app_node}, row remap failure on MIG GPU {mig.BAD_GPU} of {mig_node}, "
-            f"uncorrected ECC on GPU {reset_gpu} of {reset_node} =="
+            f"uncorrected ECC on GPU {reset_gpu} of {reset_node}, unhealthy fabric routes on GPU "
+            f"{fabric.SICK_GPU} of {nvl[fabric.SICK_NODE]} =="
         )
         injected: dict[str, float] = {}
         injected[xid_node] = time.time()
@@ -191,11 +198,13 @@ def main() -> int:
         )
         injected[mig_node] = mig.inject(agents[mig_node], timeline)
         injected[reset_node] = reset.inject(agents[reset_node], reset_gpu, timeline)
+        fabric_at = fabric.inject(agents[nvl[fabric.SICK_NODE]], timeline)
         # The per-GPU stories run beside the node story, each at its own pace (the reset's MTTR must
         # not wait for the training job's ranks to come back).
         mig_story = Story(lambda: mig.verify(kube, mig_node, mig_held, timeline))
         reset_agent, reset_at = agents[reset_node], injected[reset_node]
         reset_story = Story(lambda: reset.verify(kube, reset_agent, reset_pod, reset_gpu, reset_at, devwatch, timeline))
+        fabric_story = Story(lambda: fabric.verify(kube, domain, fabric_at, timeline))
 
         rule = f"gpuhealth-{hot_node}-gpu-2"
 
@@ -211,7 +220,7 @@ def main() -> int:
             lambda: (
                 (r := [p for p in running(kube, "llm-pretrain") if p.spec.node_name != xid_node]) and len(r) == 4 and r
             ),
-            timeout=120 if args.kueue else 90,
+            timeout=180,  # the Job recreates evicted ranks with a backoff; slow on a loaded machine
             what="training ranks running again on healthy nodes",
         )
         timeline.add("training job: 4 ranks running again on " + ", ".join(sorted({p.spec.node_name for p in moved})))
@@ -229,6 +238,7 @@ def main() -> int:
         )
         mig_result = mig_story.result()
         reset_result = reset_story.result()
+        fabric_result = fabric_story.result()
         app_taint = kube.our_taint(app_node)
         app_report = kube.report(app_node)
         timeline.add(
@@ -291,6 +301,7 @@ def main() -> int:
             "validations": reset.validations(kube),
             "mttr_s": reset_result["mttr_s"],
             "reset_ladder": reset_result["reset_ladder"],
+            **fabric_result,
             **(
                 kueue.summary_fields(
                     workload(kube, NS, "llm-pretrain"),
@@ -303,7 +314,9 @@ def main() -> int:
             **(realnode.summary(installed, operator_pod, real_ranks) if installed else {"real_node": False}),
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
             "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s); mttr_s is from the "
-            "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included",
+            "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included; "
+            "fabric.decision_s is from the injected fabric mask to the last member's taint seen by a Node watch, "
+            "returned_s from the healed mask to the last member seen Healthy and untainted (probation 5s)",
         }
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"\n== Summary (build/demo/summary.json) ==\n{json.dumps(summary, indent=2)}")
@@ -367,7 +380,7 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node
     validated = [(v["node"], v["gpu"], v["result"]) for v in summary.get("validations") or []]
     if validated != [(reset_node, reset_gpu, "Passed")]:
         out.append(f"validations {validated}, expected one that passed for GPU {reset_gpu} of {reset_node}")
-    return out + kueue.misses(summary) + realnode.misses(summary)
+    return out + fabric.misses(summary) + kueue.misses(summary) + realnode.misses(summary)
 
 
 if __name__ == "__main__":

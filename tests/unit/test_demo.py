@@ -1,13 +1,19 @@
-"""`make demo`'s pure parts: the MIG node's two views agree, the pass/fail check names misses, and
+"""`make demo`'s pure parts: the MIG node's two views agree, the fabric story's fake NVML masks decode
+as the operator reads them, the pass/fail check names misses, the summary keys are documented,
 `make demo KUEUE=1`'s timeline rows and summary fields read from the Workload, and what
 `make demo REAL_NODE=1` must show."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from devkit import dra_shapes as S
-from hack.demo import kueue, mig, realnode, run
+from gpuhealth.api import fabric as api_fabric
+from hack.demo import fabric, kueue, mig, realnode, run
+
+DEVELOPMENT = Path(__file__).resolve().parents[2] / "docs" / "development.md"
 
 NODE = "gpu-node-0003"
 
@@ -43,6 +49,8 @@ def good() -> dict[str, Any]:
         "gpus_reset": [{"node": "r", "gpu": 1}],
         "reset_ladder": {"history": [{"step": "GPUReset", "result": "Succeeded"}]},
         "validations": [{"node": "r", "gpu": 1, "result": "Passed"}],
+        "fabric": fabric.fabric_summary(["n0", "n1", "n2", "n3"], ["ImexDomain"], 0.8, 4, 4, 6.1, [1.0, 1.2]),
+        "rack": fabric.rack_summary(["n0", "n1", "n2"], 2.0, ["Degraded"] * 3, []),
     }
 
 
@@ -76,6 +84,37 @@ def test_a_real_node_run_must_quarantine_the_real_node_whose_ranks_ran_in_contai
     assert "real node other" in misses[0] and "image digest" in misses[1] and "containerd" in misses[2]
     kwok_ranks = {f"p{i}": "" for i in range(4)}
     assert realnode.misses(real() | {"real_node_ranks": kwok_ranks}) != []
+
+
+def test_the_fabric_storys_masks_are_what_the_operator_reads_as_healthy_and_as_the_domains_fault() -> None:
+    assert api_fabric.decode_health_mask(fabric.HEALTHY_MASK).faults == ()
+    assert api_fabric.decode_health_mask(fabric.HEALTHY_MASK).route_unhealthy is False
+    sick = api_fabric.decode_health_mask(fabric.ROUTE_UNHEALTHY_MASK)
+    assert sick.faults == ("routeUnhealthy",) and sick.degraded_bandwidth is False
+    lines = fabric.scenario()
+    assert "gpu * fabric_state 3" in lines and f"gpu * fabric_clique {fabric.CLIQUE_ID}" in lines
+    assert f"{fabric.CLUSTER_UUID}.{fabric.CLIQUE_ID}" == fabric.DOMAIN  # GFD's <clusterUuid>.<cliqueId>
+    assert fabric.fault_lines(sick=True)[0] == f"gpu {fabric.SICK_GPU} fabric_mask {fabric.ROUTE_UNHEALTHY_MASK:#x}"
+
+
+def test_check_names_each_miss_of_the_fabric_and_rack_stories() -> None:
+    partial = good() | {
+        "fabric": fabric.fabric_summary(["n0", "n1", "n2"], ["ImexDomain", "Healthy"], 0.8, 5, 4, 6.1, [1.0]),
+        "rack": fabric.rack_summary(["n0", "n1", "n2"], 2.0, ["Quarantined"], ["n0"]),
+    }
+    misses = run.check(partial, "x", "h", "m", "r", 1)
+    assert len(misses) == 5, misses
+    assert "ImexDomain on every one" in misses[0] and "expected 4" in misses[1] and "5 checkpoint" in misses[2]
+    assert "RackPowerBrake" in misses[3] and "tainted ['n0']" in misses[4]
+
+
+def test_the_fabric_and_rack_summary_keys_are_documented() -> None:
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    documented = set(re.findall(r"`([a-z_]+)`", text))
+    entry = good()
+    for key in ("fabric", "rack"):
+        missing = {key, *entry[key]} - documented
+        assert not missing, f"docs/development.md does not name the demo summary's {sorted(missing)}"
 
 
 # -- make demo KUEUE=1 ---------------------------------------------------------------------------------

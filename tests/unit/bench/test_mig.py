@@ -171,12 +171,13 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
     mig.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(mig), encoding="utf-8")
     assert not docs.core_run(mig)
-    readme, summary, latest, _, resilience, _, mig_block, _, _ = [
+    readme, summary, latest, _, resilience, _, mig_block, _, _, domain_block = [
         *docs.blocks(tmp_path)[docs.DOCS[0]],
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]
     assert readme == latest and f"`{core['commit']}`" in latest and "abcdef0" not in resilience + summary
     assert mig_block == render_mig(str(tmp_path / "bench-1000-2026-12-31-abcdef0.json"), mig)
+    assert "No run of the domain storm is filed yet." in domain_block
     assert mig_block.startswith(MIG_BEGIN) and "**5 of 6 targets met**" in mig_block
     assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | <= 200 ms | **missed** |" in mig_block
 

@@ -1,0 +1,105 @@
+"""The domain storm's targets, its summary section and its docs block (``--phases domain``,
+hack/bench/domain.py).
+
+Pure. A run without the phase (every run filed before it) leaves its targets "not measured".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hack.bench.targets import Target, _num, _rows
+
+DOMAIN_KEY = "domain_storm"
+
+
+def domain_targets_for(nodes: int) -> list[Target]:
+    """Issue #35's target: a clique fault to the LAST member's taint of its 18-node domain, p99 <= 1 s (no
+    timeouts); and every faulted domain out whole, no node outside them tainted. The same at every size."""
+    del nodes  # one target for every fleet size
+    return [
+        Target(
+            "domain_p99",
+            "Clique fault to the last member's taint of its NVLink domain, p99",
+            "<= 1000 ms",
+            lambda r: r[DOMAIN_KEY]["fault_to_last_taint_ms"]["p99"],
+            lambda v, r: _num(v) and v <= 1000 and r[DOMAIN_KEY]["fault_to_last_taint_ms"]["timeouts"] == 0,
+            " ms",
+        ),
+        Target(
+            "domain_whole",
+            "Faulted domains out whole (every member tainted), nodes outside them tainted",
+            "all, 0",
+            lambda r: (
+                f"{r[DOMAIN_KEY]['domains_whole']}/{r[DOMAIN_KEY]['shape']['faulted']}, "
+                f"{r[DOMAIN_KEY]['tainted_outside']}"
+            ),
+            lambda v, r: (
+                r[DOMAIN_KEY]["domains_whole"] == r[DOMAIN_KEY]["shape"]["faulted"]
+                and r[DOMAIN_KEY]["tainted_outside"] == 0
+            ),
+        ),
+    ]
+
+
+def domain_line(res: dict[str, Any]) -> str:
+    """The phase's detail, or "not measured" for runs without it."""
+    d = res.get(DOMAIN_KEY)
+    if not d:
+        return "Domain storm: not measured in this run."
+    sh, lat = d["shape"], d["fault_to_last_taint_ms"]
+    back = d["recovery_s"]
+    return (
+        f"Domain storm: {sh['nodes']:,} nodes labelled into {sh['domains']} NVLink domains of {sh['domain_size']} "
+        f"(`nvidia.com/gpu.clique`); {sh['faulted']} clique faults one at a time (a fabric health mask with "
+        f"ROUTE_UNHEALTHY = 1 on one GPU of one member, written by the agent's publisher). Fault to the last "
+        f"member's taint p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, max {lat['max']} ms over "
+        f"{lat['samples']} domains ({lat['timeouts']} timed out); to the first member's taint p50 "
+        f"{lat['first_taint_p50']} ms, first to last p50 {lat['spread_p50']} ms; {d['domains_whole']} domains out "
+        f"whole, {d['tainted_outside']} nodes outside them tainted; the routes healed, every member untainted "
+        f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} (probation 2 s)."
+    )
+
+
+def domain_md(res: dict[str, Any]) -> list[str]:
+    """The summary's section for the domain phase."""
+    return [
+        "## Domain storm (`--phases domain`)",
+        "",
+        "| figure | value | target | result |",
+        "| --- | --- | --- | --- |",
+        *_rows(res, domain_targets_for(res["nodes"]), "pass", "**MISS**"),
+        "",
+        f"- {domain_line(res)}",
+        "",
+    ]
+
+
+DOMAIN_BEGIN = "<!-- bench-domain:begin (python -m hack.bench.docs) -->"
+DOMAIN_END = "<!-- bench-domain:end -->"
+
+
+def render_domain(rel: str, res: dict[str, Any]) -> str:
+    """The docs block of the newest filed run with the domain phase; misses stay misses."""
+    entries = [res["targets"].get(t.key) for t in domain_targets_for(res["nodes"])]
+    met = sum(1 for e in entries if e and e.get("measured", True) and e["pass"])
+    counted = sum(1 for e in entries if e and e.get("measured", True))
+    return "\n".join(
+        [
+            DOMAIN_BEGIN,
+            f"Latest filed run of the domain storm: {res['nodes']:,} nodes; commit `{res['commit']}`, {res['date']}, "
+            f"{res['machine']}; load average {res['load']} during the run. **{met} of {counted} targets met** "
+            f"(`{rel}`).",
+            "",
+            "| figure | result | target | |",
+            "| --- | --- | --- | --- |",
+            *_rows(res, domain_targets_for(res["nodes"]), "met", "**missed**"),
+            "",
+            domain_line(res),
+            DOMAIN_END,
+        ]
+    )
+
+
+def no_domain_run() -> str:
+    return f"{DOMAIN_BEGIN}\nNo run of the domain storm is filed yet.\n{DOMAIN_END}"

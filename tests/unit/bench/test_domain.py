@@ -1,0 +1,140 @@
+"""The domain storm's pure parts (hack/bench/domain.py, hack/bench/domain_report.py): the fleet in whole
+domains, the clique fault the simulated agent publishes is the one the operator's own correlation reads
+as the domain's (and the healed sample is none), the taint span, the phase's arguments, and how its
+targets are judged, summarised and filed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
+from gpuhealth.evaluation import domains
+from hack.bench import docs
+from hack.bench.cli import parse_args, parse_phases
+from hack.bench.domain import SICK_GPU, clique, domains_of, fabric_snapshot, taint_span
+from hack.bench.domain_report import DOMAIN_BEGIN, DOMAIN_END, domain_targets_for, render_domain
+from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.support import TAINT
+
+NODE = "gpu-node-0042"
+
+
+def test_the_fleet_is_cut_into_whole_domains_in_order() -> None:
+    nodes = [f"n{i}" for i in range(40)]
+    got = domains_of(nodes, 18)
+    assert [len(d) for d in got] == [18, 18] and got[0][0] == "n0" and got[1][-1] == "n35"
+    assert domains_of(nodes[:17], 18) == []
+    assert clique(3).endswith(".3") and clique(3).split(".")[0] == clique(4).split(".")[0]  # one NVLink cluster
+
+
+def _spec(sick: int | None) -> dict[str, Any]:
+    builder = ReportBuilder(NODE, AgentInfo(version="0", sources=("simulated",), boot_time=now_utc()))
+    return {"spec": builder.render(fabric_snapshot(42, 7, sick), now_utc())}
+
+
+def test_the_published_clique_fault_is_the_domains_fault_to_the_operator_and_the_healed_sample_none() -> None:
+    sick = _spec(SICK_GPU)
+    faults = domains.imex_faults(NODE, sick)
+    assert [(f.node, f.gpu, f.cause) for f in faults] == [(NODE, SICK_GPU, domains.ROUTE_UNHEALTHY)]
+    fabric = sick["spec"]["devices"][SICK_GPU]["fabric"]
+    assert fabric["routeUnhealthy"] is True and fabric["cliqueId"] == 7 and fabric["state"] == "Completed"
+    # The other GPUs: a non-zero mask of "false" sub-fields, which is no fault.
+    other = sick["spec"]["devices"][0]["fabric"]
+    assert other["healthMask"] != 0 and other["routeUnhealthy"] is False
+    assert domains.imex_faults(NODE, _spec(None)) == ()
+    assert domains.correlation_facts(sick) == (True, False)
+
+
+def test_the_span_is_first_and_last_member_taint_and_none_while_one_is_missing() -> None:
+    members = ["a", "b", "c"]
+    seen = {("a", TAINT): 10.0, ("b", TAINT): 10.4, ("c", TAINT): 10.2, ("c", "other"): 9.0}
+    assert taint_span(seen, members) == (10.0, 10.4)
+    del seen[("b", TAINT)]
+    assert taint_span(seen, members) is None
+    assert taint_span(seen, []) is None
+
+
+def test_domain_is_a_phase_of_its_own_sized_by_its_domains() -> None:
+    assert parse_phases("domain") == ["domain"]
+    assert parse_phases("drain,domain,core") == ["core", "domain", "drain"]
+    assert "domain" not in parse_phases("all")
+    quick = parse_args(["--quick", "--phases", "domain"])
+    assert (quick.nodes, quick.domain_faults, quick.domain_size) == (100, 4, 18)
+    full = parse_args(["--phases", "domain"])
+    assert (full.nodes, full.domain_faults) == (1000, 20)
+    with pytest.raises(SystemExit):
+        parse_args(["--nodes", "100", "--pods", "100", "--phases", "domain", "--domain-faults", "6"])  # 108 > 100
+    with pytest.raises(SystemExit):
+        parse_args(["--phases", "domain", "--domain-faults", "0"])
+
+
+def _domain_run(p99: float = 600.0, whole: int = 20, outside: int = 0, timeouts: int = 0) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "nodes": 1000,
+        "quick": False,
+        "machine": "2 cores",
+        "config": {"phases": ["domain"]},
+        "phases": [["domain storm", 60.0, 1.2]],
+        "domain_storm": {
+            "shape": {"nodes": 990, "domains": 55, "domain_size": 18, "faulted": 20},
+            "fault_to_last_taint_ms": {
+                "p50": 300.0,
+                "p90": p99,
+                "p99": p99,
+                "max": p99,
+                "samples": 20,
+                "timeouts": timeouts,
+                "first_taint_p50": 120.0,
+                "spread_p50": 180.0,
+            },
+            "domains_whole": whole,
+            "tainted_outside": outside,
+            "tainted_outside_examples": [],
+            "label_failures": 0,
+            "pods_removed": True,
+            "recovery_s": 12.5,
+        },
+    }
+    res["targets"] = evaluate(res)
+    return res
+
+
+def test_the_domain_targets_are_judged_and_a_miss_stays_a_miss() -> None:
+    res = _domain_run()
+    assert tally(res["targets"], 1000, domain_targets_for) == (2, 2, 0)
+    assert res["targets"]["domain_whole"]["value"] == "20/20, 0"
+    assert not _domain_run(p99=1200.0)["targets"]["domain_p99"]["pass"]
+    assert not _domain_run(timeouts=1)["targets"]["domain_p99"]["pass"]
+    assert not _domain_run(whole=19)["targets"]["domain_whole"]["pass"]
+    assert not _domain_run(outside=3)["targets"]["domain_whole"]["pass"]
+    filed = sorted(Path(docs.RESULTS).glob("bench-1000-*.json"))[0]
+    old = json.loads(filed.read_text(encoding="utf-8"))
+    assert tally(evaluate(old), old["nodes"], domain_targets_for) == (0, 0, 2)  # filed before: not measured
+
+
+def test_a_domain_only_run_has_a_summary_of_its_own() -> None:
+    md = summary_md(_domain_run())
+    assert "phases domain" in md and "## Domain storm (`--phases domain`)" in md and "never blind" not in md
+    assert "| Clique fault to the last member's taint of its NVLink domain, p99 | 600.0 ms | <= 1000 ms | pass |" in md
+    assert "990 nodes labelled into 55 NVLink domains of 18" in md and "after 12.5 s" in md
+
+
+def test_a_filed_domain_run_feeds_only_the_domain_block(tmp_path: Path) -> None:
+    run = _domain_run(p99=1500.0)
+    run.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
+    path = tmp_path / "bench-1000-2026-12-31-abcdef0.json"
+    path.write_text(json.dumps(run), encoding="utf-8")
+    assert not docs.core_run(run)
+    block = docs.blocks(tmp_path)[docs.DOCS[1]][-1]
+    assert block == render_domain(str(path), run)
+    assert block.startswith(DOMAIN_BEGIN) and block.endswith(DOMAIN_END) and "**1 of 2 targets met**" in block
+    assert "| 1,500.0 ms | <= 1000 ms | **missed** |" in block
+    quiet = copy.deepcopy(run)
+    del quiet["domain_storm"]
+    path.write_text(json.dumps(quiet), encoding="utf-8")
+    assert "No run of the domain storm is filed yet." in docs.blocks(tmp_path)[docs.DOCS[1]][-1]
