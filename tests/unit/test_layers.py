@@ -239,6 +239,7 @@ TOOLS: dict[str, set[str]] = {
     "cluster": set(),
     "gen_xid_docs": set(),
     "gen_crds": set(),
+    "latency": set(),
 }
 
 
