@@ -1,12 +1,13 @@
 """How long a repair waits on gpuhealth itself, on the real control plane with KWOK.
 
 A pod holds one GPU of an 8-GPU DRA node; the GPU reports an uncorrected ECC error. gpuhealth holds
-it out, evicts the pod, resets the GPU (KWOK ends the reset pod), and, once the agent (the test)
-reports clean counters, validates it (KWOK ends the DCGM pod with a pass) and returns it. The test
-polls the API and notes when it first sees each step (``hack/latency.py`` names them), writes the
-run to ``build/latency/latency.json`` (``python -m hack.latency --add`` files it and renders the
-table in docs/remediation.md), then asserts that the two waits that are gpuhealth's own, from the
-GPU's last pod gone to its reset Job and from the reset's success to the validation Job, are short.
+it out, asks the pod to checkpoint (the test acknowledges at once) and evicts it, resets the GPU
+(KWOK ends the reset pod), and, once the agent (the test) reports clean counters, validates it
+(KWOK ends the DCGM pod with a pass) and returns it. The test polls the API and notes when it first
+sees each step (``hack/latency.py`` names them), writes the run to ``build/latency/latency.json``
+(``python -m hack.latency --add`` files it and renders the table in docs/remediation.md), then
+asserts that the two waits that are gpuhealth's own, from the GPU's last pod gone to its reset Job
+and from the reset's success to the validation Job, are short.
 
 The operator runs at its production sweep tick (5 s, not the suite's 1 s): a step that waits for
 the sweeper, or for an unrelated event, shows as what it costs in a cluster.
@@ -22,10 +23,11 @@ import pytest
 
 from devkit import dra
 from devkit.cluster import LocalCluster
-from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec
+from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow
 from devkit.ladder import validation_job_template
 from gpuhealth.actions.remediation_jobs import STEP_LABEL
 from gpuhealth.actions.validation_jobs import LEVEL_LABEL
+from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from hack import latency
 from tests.integration.conftest import policy_spec
 from tests.integration.test_device_quarantine import ecc, rules_of
@@ -57,10 +59,6 @@ def production_operator(
         operator.start()
 
 
-def _names(items: list[Any]) -> set[str]:
-    return {i.metadata.name for i in items}
-
-
 def _succeeded(pods: list[Any], label: str) -> bool:
     return any(label in (p.metadata.labels or {}) and p.status.phase == "Succeeded" for p in pods)
 
@@ -90,6 +88,7 @@ def test_a_drained_gpu_is_reset_and_a_reset_gpu_validated_without_waiting(
         policy_spec(
             group,
             safety={"probation": "2s", "maxUnhealthyGPUs": 8},
+            actions={"drain": {"checkpointMode": "annotation"}},
             remediation={"enabled": True},
             validation={"enabled": True, "level": 2, "jobTemplate": validation_job_template(bad)},
         ),
@@ -106,8 +105,15 @@ def test_a_drained_gpu_is_reset_and_a_reset_gpu_validated_without_waiting(
             marks["rule"] = now
         if "rule" in marks and "back" not in marks and rule not in rules:
             marks["back"] = now
-        if "pod_gone" not in marks and "trainer" not in _names(kube.core.list_namespaced_pod(ns).items):
-            marks["pod_gone"] = now
+        if "pod_gone" not in marks:
+            pods = {p.metadata.name: p for p in kube.core.list_namespaced_pod(ns).items}
+            if "trainer" not in pods:
+                marks["pod_gone"] = now
+            elif "checkpointed" not in marks and CHECKPOINT_REQUESTED in (pods["trainer"].metadata.annotations or {}):
+                # the trainer saves its state at once and says so; the drain then evicts it
+                done = {"metadata": {"annotations": {CHECKPOINT_COMPLETED: utcnow()}}}
+                kube.core.patch_namespaced_pod("trainer", ns, done)
+                marks["checkpointed"] = time.time()
         if "claim_released" not in marks:
             claims = kube.custom.list_namespaced_custom_object(dra.G, dra.V, ns, "resourceclaims")["items"]
             if not any(
