@@ -240,6 +240,7 @@ TOOLS: dict[str, set[str]] = {
     "gen_xid_docs": set(),
     "gen_crds": set(),
     "coldstart": set(),
+    "latency": set(),
 }
 
 

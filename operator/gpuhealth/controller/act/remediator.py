@@ -19,7 +19,11 @@ itself is in service; no other step is in flight on this node; fewer than ``maxC
 resets are in flight across the policy's nodes; gpuhealth's DeviceTaintRule for it exists with
 effect NoSchedule; and no pod holds the device (ResourceClaims listed afresh, pods of the node
 listed from the API, not the cache). Otherwise the GPU waits, with one ``RemediationBlocked``
-Event per reason.
+Event per reason. A pod on the node that holds it queues the node when it leaves (the pod watch). A
+claim still reserved for a pod that is not on the node (gone, and the claim controller has yet to
+clear ``reservedFor``; or not bound yet) changes with no event gpuhealth watches: the node is looked
+at again after ``HANDOVER_S``, growing while the wait lasts. Waiting for an unrelated event instead
+left a drained GPU unreset for tens of seconds (docs/remediation.md, the measured repair).
 
 P2P-aware repair: a GPU whose recovery action needs its NVLink peers idle (``DrainAndReset``) and
 whose report names them resets only once every peer is held out by gpuhealth too (``NVLinkPeer``,
@@ -81,6 +85,7 @@ from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
@@ -96,6 +101,7 @@ P2P_WAIT = (
     f"names the next action (a NodeReboot if it still says DrainP2P {int(REREAD_TIMEOUT_S)}s after the drain)"
 )
 NODE_SCOPE = -1  # the reservation key's index of a node's validation (all its GPUs)
+HANDOVER_S, HANDOVER_MAX_S = 0.5, 30.0  # a claim reserved for a pod not on the node: looked at again
 
 
 def facts_clean(device: Device | None) -> bool:
@@ -143,6 +149,7 @@ class Remediator:
         self._reserved: set[tuple[str, int]] = set()  # resets admitted, record not yet in the store
         self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
         self._reserved_validations: set[tuple[str, int]] = set()
+        self._handover: dict[tuple[str, int], int] = {}  # looks at a GPU held by a stale reservation
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -242,7 +249,7 @@ class Remediator:
             job = ""
             if lad is not None and lad.job and lad.phase in (Phase.PENDING, Phase.RUNNING):
                 job = await self._job_outcome(lad.job)
-            may_start = False
+            may_start = handover = False
             next_kind = lad.step if lad is not None else (steps[0].kind if steps else None)
             waiting = lad is not None and lad.phase == Phase.PENDING_APPROVAL
             approved, rejected = waiting and calls.approves(dev.index), waiting and calls.rejects(dev.index)
@@ -257,19 +264,25 @@ class Remediator:
                 and dev.drained
                 and dev.taint_rule
             ):
-                may_start = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
+                may_start, handover = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
+            clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
             if v is not None and v.outcome == Outcome.RUNNING and v.created and v.job:
                 verdict = await self._validation_verdict(name, v.job)
-            elif lad is not None and (
-                (lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING))
-                # the pass that finds the reset's facts clean starts the validation at once
-                or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and gpu.facts_clean and not manual)
-                or (approved and lad.validation is not None)
+            elif (
+                lad is not None
+                and not dry
+                and policy.validation.enabled
+                and (
+                    (lad.phase == Phase.VALIDATING and (v is None or v.outcome == Outcome.PENDING))
+                    # the pass that finds the reset's facts clean starts the validation at once
+                    or (lad.phase == Phase.VERIFYING and lad.step == StepKind.GPU_RESET and clean_unattended)
+                    or (approved and lad.validation is not None)
+                )
             ):
-                may_validate = not dry and policy.validation.enabled and await self._may_validate(name, policy, dev)
+                may_validate, handover = await self._may_validate(name, policy, dev)
             uuid = (lad.uuid if lad is not None else "") or dev.uuid  # the GPU the ladder is for
             earlier = tuple(r.attempt for r in repairs.get(uuid, ())) if uuid else ()
             obs = Observed(
@@ -289,6 +302,11 @@ class Remediator:
             move = advance(lad, gpu, steps, obs, now, policy.validation)
             if lad is None and move.record is not None and needs_peers_idle(facts) and peers is None:
                 move = replace(move, events=(*move.events, self._peers_unknown(dev, facts)))
+            if handover:  # no event comes when the claim controller clears the reservation: look again
+                looks = self._handover[(name, dev.index)] = self._handover.get((name, dev.index), 0) + 1
+                again = soonest(again, growing_delay(looks, HANDOVER_S, HANDOVER_MAX_S))
+            else:
+                self._handover.pop((name, dev.index), None)
             try:
                 await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now, repairs)
             finally:
@@ -396,8 +414,9 @@ class Remediator:
         ladders: Mapping[int, LadderRecord],
         peers: Sequence[int] = (),
         records: Sequence[DeviceRecord] = (),
-    ) -> bool:
-        """A GPUReset's preconditions (see the module docstring); the reason in an Event if not."""
+    ) -> tuple[bool, bool]:
+        """A GPUReset's preconditions (see the module docstring); the reason in an Event if not. Also
+        whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``)."""
         why = ""
         by_index = {r.index: r for r in records}
         waiting = [
@@ -417,35 +436,38 @@ class Remediator:
             why = f"its NVLink peers {', '.join(map(str, waiting))} are not held out and drained yet"
         if why:
             self._block(name, dev.index, why)
-            return False
+            return False, False
+        handover = False
         async with self._lock:
             if self.in_flight(policy.name) >= policy.remediation.max_concurrent:
                 why = f"spec.remediation.maxConcurrent ({policy.remediation.max_concurrent}) resets are in flight"
             else:
                 self._reserved.add((name, dev.index))
         if not why:
-            why = await self._held_and_free(dev, [by_index[p] for p in peers])
+            why, handover = await self._held_and_free(dev, [by_index[p] for p in peers])
         if why:
             self._reserved.discard((name, dev.index))
             self._block(name, dev.index, why)
-            return False
-        return True
+            return False, handover
+        return True, False
 
-    async def _may_validate(self, name: str, policy: Policy, dev: DeviceRecord) -> bool:
-        """A validation's preconditions: under the policy's limit, the GPU held out and free."""
+    async def _may_validate(self, name: str, policy: Policy, dev: DeviceRecord) -> tuple[bool, bool]:
+        """A validation's preconditions: under the policy's limit, the GPU held out and free (and, as
+        for a reset, whether only a stale reservation blocks it)."""
         why = ""
+        handover = False
         async with self._lock:
             if self.validating(policy.name) >= policy.validation.max_concurrent:
                 why = f"spec.validation.maxConcurrent ({policy.validation.max_concurrent}) validations are running"
             else:
                 self._reserved_validations.add((name, dev.index))
         if not why:
-            why = await self._held_and_free(dev)
+            why, handover = await self._held_and_free(dev)
         if why:
             self._reserved_validations.discard((name, dev.index))
             self._block(name, dev.index, why, "validation")
-            return False
-        return True
+            return False, handover
+        return True, False
 
     async def _validation_verdict(self, node: str, job: str) -> tuple[Outcome, str]:
         """The validation Job's verdict: the Job by name, its pod among the node's (it is pinned there)."""
@@ -459,18 +481,20 @@ class Remediator:
         pods = await self.kube.list_pods_on_node(node) if body is not None else []
         return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
 
-    async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> str:
+    async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> tuple[str, bool]:
         """Re-read from the API: the GPU's rule holds it out, and no pod holds its device; the same of
-        each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods."""
+        each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods. Returns
+        why not (``""``: it may go ahead), and whether only claims reserved for pods not on the node hold
+        them: a pod that left with its claim not yet released, or one the scheduler has yet to bind."""
         rules = {r["metadata"]["name"]: r for r in await self.kube.list_device_taint_rules()}
         refs: list[tuple[str, DeviceRef]] = []
         for d, whose in ((dev, ""), *((p, f"its NVLink peer GPU {p.index}: ") for p in peers)):
             rule = rules.get(d.taint_rule)
             if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
-                return f"{whose}its DeviceTaintRule {d.taint_rule} (NoSchedule) is not in place"
+                return f"{whose}its DeviceTaintRule {d.taint_rule} (NoSchedule) is not in place", False
             ref = DeviceRef.parse(d.device)
             if ref is None:
-                return f"{whose}its DRA device is unknown"
+                return f"{whose}its DRA device is unknown", False
             refs.append((whose, ref))
         node = refs[0][1].pool
         claims, pods = await asyncio.gather(self.kube.list_resource_claims(), self.kube.list_pods_on_node(node))
@@ -479,11 +503,12 @@ class Remediator:
             for p in pods
             if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         }
+        on_node = {f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}" for p in pods}
         for whose, ref in refs:
             holding = sorted(pods_holding([ref], claims, pods) - ended)
             if holding:
-                return f"{whose}pod {', '.join(holding)} holds its device {ref}"
-        return ""
+                return f"{whose}pod {', '.join(holding)} holds its device {ref}", not on_node.intersection(holding)
+        return "", False
 
     async def _job_outcome(self, job: str) -> str:
         ns, _, jname = job.partition("/")

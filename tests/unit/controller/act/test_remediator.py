@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from gpuhealth.actions.slices import slim_slice
 from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
 from gpuhealth.api.validation import Outcome, Validation
-from gpuhealth.controller.act.remediator import _entry
+from gpuhealth.controller.act.remediator import HANDOVER_S, POLL_S, _entry
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import gpu, report_obj
 from tests.unit.controller.act._device_support import Clock, claim, ecc_on, runtime, slice_of
@@ -230,3 +230,32 @@ def test_the_record_patch_replaces_a_finished_validation_whole() -> None:
     patch = _entry(new, old.to_status())
     assert patch is not None
     assert merge(old.to_status(), patch) == new.to_status()
+
+
+def test_a_claim_still_reserved_for_a_pod_that_left_is_looked_at_again_until_it_is_released() -> None:
+    """The pod left and the claim controller has yet to clear ``reservedFor``: that change brings no
+    event gpuhealth watches, so the pass asks for the node again (sooner than any sweep, later while
+    it lasts), and the pass after the release starts the reset. A holder on the node asks nothing:
+    its leaving is a pod event."""
+    kube = setup()
+    kube.add_pod("kube-system", "holder", "n1")
+    kube.claims = [claim("c3", "gpu-3", "holder", namespace="kube-system")]
+    clock = Clock()
+    agains: list[float | None] = []
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await passes(rt, clock, 4)
+        assert await rt.reconciler.reconcile("n1") is None, "a holder on the node: its pod event is enough"
+        kube.pods.pop(("kube-system", "holder"))  # it left; its claim is still reserved for it
+        for _ in range(3):
+            agains.append(await rt.reconciler.reconcile("n1"))
+        assert not kube.jobs
+        kube.claims = []  # the claim controller released it
+        agains.append(await rt.reconciler.reconcile("n1"))
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert agains[:3] == [HANDOVER_S, 2 * HANDOVER_S, 4 * HANDOVER_S]
+    assert len(kube.jobs) == 1 and ladder(kube)["phase"] == "Running"
+    assert agains[3] == POLL_S, "the reset in flight is polled as before; the look-again is over"
