@@ -149,6 +149,13 @@ DEVICE_RULES = Gauge(
     ["policy", "kind"],
     registry=REGISTRY,
 )
+PEER_HOLDS = Gauge(
+    "gpuhealth_peer_holds",
+    "GPUs held out only as the NVLink peer of a GPU under P2P-aware repair (reason NVLinkPeer): idle "
+    "capacity that returns with the repair, not broken GPUs",
+    ["policy"],
+    registry=REGISTRY,
+)
 DEVICE_ACTIONS = Counter(
     "gpuhealth_device_actions_total",
     "Actions on single GPUs (DeviceTaintRules created and deleted, device drains), by kind and reason",

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
-from gpuhealth.api.devices import DeviceRecord, devices_from_status
-from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode
+from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status
+from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
@@ -194,14 +194,22 @@ class DeviceRules:
 
     def _count(self) -> None:
         counts: dict[tuple[str, str], int] = {}
+        peers: dict[str, int] = {}  # each policy with a report, at zero when none of its GPUs is a peer held
         for report in self.store.reports.values():
             status = report.get("status") or {}
+            policy = str(status.get("policy") or "")
+            peers.setdefault(policy, 0)
             for d in status.get("devices") or []:
-                key = (str(status.get("policy") or ""), str(d.get("state") or "InService"))
-                counts[key] = counts.get(key, 0) + 1
+                state = str(d.get("state") or DeviceState.IN_SERVICE)
+                counts[(policy, state)] = counts.get((policy, state), 0) + 1
+                if state != DeviceState.IN_SERVICE and d.get("reason") == Signal.NVLINK_PEER:
+                    peers[policy] += 1
         metrics.DEVICES.clear()
         for (p, s), n in counts.items():
             metrics.DEVICES.labels(p, s).set(n)
+        metrics.PEER_HOLDS.clear()
+        for p, n in peers.items():
+            metrics.PEER_HOLDS.labels(p).set(n)
         rules: dict[tuple[str, str], int] = {}
         for rule in self.rules.values():
             node = _rule_node(rule)

@@ -2,7 +2,7 @@
 a DrainAndReset GPU holds its 7 NVLink peers out with it, ONE reset Job runs once they are drained and
 free, the peers come back at once and the GPU after its probation; a pod on a peer blocks the reset;
 the group is one breaker decision; a restart neither creates a second Job nor loses a peer's hold;
-peers unknown -> NodeReboot, said in an Event."""
+peers unknown -> NodeReboot, said in an Event; gpuhealth_peer_holds counts the peers held."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import copy
 import datetime as dt
 from typing import Any
 
+from gpuhealth.controller import metrics
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S
 from tests.unit.builders import gpu, report_obj, xid_event
@@ -231,3 +232,27 @@ def test_drain_p2p_still_unchanged_after_the_timeout_takes_the_conservative_rebo
     assert not kube.jobs
     assert (ladder(kube)["step"], ladder(kube)["phase"]) == ("NodeReboot", "HandedOff")
     assert "NodeRebootRequested" in kube.reasons("n1")
+
+
+def test_the_peer_holds_gauge_counts_the_peers_held_and_drops_to_zero_when_they_return() -> None:
+    kube = setup()
+    kube.reports["n1"]["spec"] = nvswitch(action="DrainP2P")["spec"]
+    clock = Clock()
+    seen: list[float | None] = []
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await passes(rt, clock, 4)
+        await rt.devices.sweep()
+        seen.append(metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}))
+        then = nvswitch(action="Reset", seconds=(clock.t - Clock().t).total_seconds())
+        kube.reports["n1"]["spec"] = then["spec"]
+        rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
+        await passes(rt, clock, 3)
+        await rt.devices.sweep()
+        seen.append(metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}))
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert seen == [7.0, 0.0], "the 7 peers of GPU 3 while DrainP2P holds them, none once a reset needs them no more"
+    assert {i for i, d in devices(kube).items() if d["state"] != "InService"} == {3}
