@@ -332,18 +332,7 @@ def _step(
         return _Step(replace(rec, healthy_since=None), events=tuple(events))  # stale facts never count
     if rec.reason == Signal.NVLINK_PEER and rec.state != DeviceState.AWAITING_REPAIR:
         # Held only for a peer's repair, which no longer needs it: back at once (evaluation/peers.py).
-        rec = replace(
-            rec,
-            state=DeviceState.IN_SERVICE,
-            since=now,
-            reason="",
-            rule="",
-            message="",
-            healthy_since=None,
-            drain_action="",
-            drained=False,
-            instances=(),
-        )
+        rec = _back_in_service(rec, now)
         events.append(("Normal", "PeerReturned", f"{_where(rec)}: its NVLink peer's repair is done; back in service"))
         return _Step(rec, lift=True, events=tuple(events))
     failed = inputs.validation_failed.get(rec.index)
@@ -371,7 +360,14 @@ def _step(
         return _Step(replace(rec, healthy_since=now), events=tuple(events))
     if (now - rec.healthy_since).total_seconds() < policy.probation_s or rec.index in inputs.validating:
         return _Step(rec, events=tuple(events))
-    rec = replace(
+    rec = _back_in_service(rec, now)
+    events.append(("Normal", "ReturnedToService", f"{_where(rec)} clean for the whole probation: taint removed"))
+    return _Step(rec, lift=True, events=tuple(events))
+
+
+def _back_in_service(rec: DeviceRecord, now: dt.datetime) -> DeviceRecord:
+    """The record of a GPU that serves again: every trace of its hold and drain gone (its history stays)."""
+    return replace(
         rec,
         state=DeviceState.IN_SERVICE,
         since=now,
@@ -383,8 +379,6 @@ def _step(
         drained=False,
         instances=(),
     )
-    events.append(("Normal", "ReturnedToService", f"{_where(rec)} clean for the whole probation: taint removed"))
-    return _Step(rec, lift=True, events=tuple(events))
 
 
 def _enter(

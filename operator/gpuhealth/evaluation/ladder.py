@@ -268,12 +268,9 @@ def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime) ->
     return Move(rec, events=(("Normal", "ApprovalRequired", msg),))
 
 
-def _rejected(rec: LadderRecord, gpu: GPU, now: dt.datetime) -> Move:
-    """A human rejected the waiting step: the GPU waits for repair (Replace), with its history."""
-    what = f"level-{rec.validation.level} validation" if rec.validation is not None else f"{rec.step}"
-    done = Attempt(rec.step, rec.attempt, rec.started, now, Result.REJECTED)
-    msg = f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) rejected by a human; the GPU waits for repair"
-    rec = replace(
+def _to_replace(rec: LadderRecord, now: dt.datetime, msg: str) -> LadderRecord:
+    """The ladder ends at ``Replace`` now: the GPU waits in AwaitingRepair for a human, nothing runs."""
+    return replace(
         rec,
         step=StepKind.REPLACE,
         attempt=1,
@@ -282,9 +279,16 @@ def _rejected(rec: LadderRecord, gpu: GPU, now: dt.datetime) -> Move:
         finished=now,
         job="",
         approved=False,
-        history=(*rec.history, done),
         message=msg,
     )
+
+
+def _rejected(rec: LadderRecord, gpu: GPU, now: dt.datetime) -> Move:
+    """A human rejected the waiting step: the GPU waits for repair (Replace), with its history."""
+    what = f"level-{rec.validation.level} validation" if rec.validation is not None else f"{rec.step}"
+    done = Attempt(rec.step, rec.attempt, rec.started, now, Result.REJECTED)
+    msg = f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) rejected by a human; the GPU waits for repair"
+    rec = _to_replace(replace(rec, history=(*rec.history, done)), now, msg)
     return Move(rec, events=(("Warning", "StepRejected", msg),), finished=((str(done.step), str(Result.REJECTED)),))
 
 
@@ -296,17 +300,7 @@ def _offender(rec: LadderRecord, gpu: GPU, fixed: tuple[Attempt, ...], obs: Obse
         f"{_where(gpu)} ({gpu.reason}): a repeat offender: repaired {len(fixed)} time(s) within "
         f"{format_duration(window)} ({when}) and failing again; straight to Replace, it waits for a human"
     )
-    rec = replace(
-        rec,
-        step=StepKind.REPLACE,
-        attempt=1,
-        phase=Phase.AWAITING_REPAIR,
-        started=now,
-        finished=now,
-        job="",
-        approved=False,
-        message=msg,
-    )
+    rec = _to_replace(rec, now, msg)
     return Move(
         rec,
         events=(("Warning", "RepeatOffender", msg),),

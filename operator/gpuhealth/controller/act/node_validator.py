@@ -131,7 +131,7 @@ class NodeValidator:
         v = nv.validation if nv is not None else None
         if nv is not None and v is not None and not nv.dry_run and not dry:
             if v.outcome == Outcome.RUNNING and v.created and v.job:
-                verdict = await self._verdict(name, v.job)
+                verdict = await self.remediator.validation_verdict(name, v.job)
             elif v.outcome == Outcome.PENDING and (nv.trigger == Trigger.BURN_IN or prior.state == State.RECOVERING):
                 may = await self._may_validate(name, policy, nv, report)
         obs = NodeObserved(released=released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
@@ -172,17 +172,6 @@ class NodeValidator:
         """End the admission :meth:`observe` reserved (once the record is written, or the pass failed)."""
         self._reserved_burn_ins.discard(name)
         self.remediator.end_admission(name)
-
-    async def _verdict(self, node: str, job: str) -> tuple[Outcome, str]:
-        ns, _, jname = job.partition("/")
-        try:
-            body: dict[str, Any] | None = await self.kube.get_job(ns, jname)
-        except Exception as e:
-            if not is_not_found(e):
-                raise
-            body = None
-        pods = await self.kube.list_pods_on_node(node) if body is not None else []
-        return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
 
     async def act(
         self,

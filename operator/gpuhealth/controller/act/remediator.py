@@ -270,7 +270,7 @@ class Remediator:
             clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
             if v is not None and v.outcome == Outcome.RUNNING and v.created and v.job:
-                verdict = await self._validation_verdict(name, v.job)
+                verdict = await self.validation_verdict(name, v.job)
             elif (
                 lad is not None
                 and not dry
@@ -469,8 +469,9 @@ class Remediator:
             return False, handover
         return True, False
 
-    async def _validation_verdict(self, node: str, job: str) -> tuple[Outcome, str]:
-        """The validation Job's verdict: the Job by name, its pod among the node's (it is pinned there)."""
+    async def validation_verdict(self, node: str, job: str) -> tuple[Outcome, str]:
+        """A validation Job's verdict, a GPU's or a whole node's (node_validator.py): the Job by name, its
+        pod among the node's (it is pinned there)."""
         ns, _, jname = job.partition("/")
         try:
             body: dict[str, Any] | None = await self.kube.get_job(ns, jname)
