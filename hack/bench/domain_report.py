@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.targets import Target, _num, _rows
+from hack.bench.targets import Target, _num, phase_block, phase_md
 
 DOMAIN_KEY = "domain_storm"
 
@@ -63,16 +63,7 @@ def domain_line(res: dict[str, Any]) -> str:
 
 def domain_md(res: dict[str, Any]) -> list[str]:
     """The summary's section for the domain phase."""
-    return [
-        "## Domain storm (`--phases domain`)",
-        "",
-        "| figure | value | target | result |",
-        "| --- | --- | --- | --- |",
-        *_rows(res, domain_targets_for(res["nodes"]), "pass", "**MISS**"),
-        "",
-        f"- {domain_line(res)}",
-        "",
-    ]
+    return phase_md("Domain storm (`--phases domain`)", res, domain_targets_for(res["nodes"]), domain_line(res))
 
 
 DOMAIN_BEGIN = "<!-- bench-domain:begin (python -m hack.bench.docs) -->"
@@ -81,23 +72,8 @@ DOMAIN_END = "<!-- bench-domain:end -->"
 
 def render_domain(rel: str, res: dict[str, Any]) -> str:
     """The docs block of the newest filed run with the domain phase; misses stay misses."""
-    entries = [res["targets"].get(t.key) for t in domain_targets_for(res["nodes"])]
-    met = sum(1 for e in entries if e and e.get("measured", True) and e["pass"])
-    counted = sum(1 for e in entries if e and e.get("measured", True))
-    return "\n".join(
-        [
-            DOMAIN_BEGIN,
-            f"Latest filed run of the domain storm: {res['nodes']:,} nodes; commit `{res['commit']}`, {res['date']}, "
-            f"{res['machine']}; load average {res['load']} during the run. **{met} of {counted} targets met** "
-            f"(`{rel}`).",
-            "",
-            "| figure | result | target | |",
-            "| --- | --- | --- | --- |",
-            *_rows(res, domain_targets_for(res["nodes"]), "met", "**missed**"),
-            "",
-            domain_line(res),
-            DOMAIN_END,
-        ]
+    return phase_block(
+        DOMAIN_BEGIN, DOMAIN_END, "the domain storm", rel, res, domain_targets_for(res["nodes"]), domain_line(res)
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hack.bench.details import storm_cpu
-from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, _rows, latency, path
+from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, latency, path, phase_block, phase_md
 
 MIG_KEY = "mig"
 
@@ -81,16 +81,7 @@ def mig_line(res: dict[str, Any]) -> str:
 
 def mig_md(res: dict[str, Any]) -> list[str]:
     """The summary's section for the mig phase."""
-    return [
-        "## MIG fleet (`--phases mig`)",
-        "",
-        "| figure | value | target | result |",
-        "| --- | --- | --- | --- |",
-        *_rows(res, mig_targets_for(res["nodes"]), "pass", "**MISS**"),
-        "",
-        f"- {mig_line(res)}",
-        "",
-    ]
+    return phase_md("MIG fleet (`--phases mig`)", res, mig_targets_for(res["nodes"]), mig_line(res))
 
 
 MIG_BEGIN = "<!-- bench-mig:begin (python -m hack.bench.docs) -->"
@@ -99,24 +90,7 @@ MIG_END = "<!-- bench-mig:end -->"
 
 def render_mig(rel: str, res: dict[str, Any]) -> str:
     """The docs block of the newest filed run with the mig phase; misses stay misses."""
-    entries = [res["targets"].get(t.key) for t in mig_targets_for(res["nodes"])]
-    met = sum(1 for e in entries if e and e.get("measured", True) and e["pass"])
-    counted = sum(1 for e in entries if e and e.get("measured", True))
-    return "\n".join(
-        [
-            MIG_BEGIN,
-            f"Latest filed run of the MIG fleet: {res['nodes']:,} nodes; commit `{res['commit']}`, {res['date']}, "
-            f"{res['machine']}; load average {res['load']} during the run. **{met} of {counted} targets met** "
-            f"(`{rel}`).",
-            "",
-            "| figure | result | target | |",
-            "| --- | --- | --- | --- |",
-            *_rows(res, mig_targets_for(res["nodes"]), "met", "**missed**"),
-            "",
-            mig_line(res),
-            MIG_END,
-        ]
-    )
+    return phase_block(MIG_BEGIN, MIG_END, "the MIG fleet", rel, res, mig_targets_for(res["nodes"]), mig_line(res))
 
 
 def no_mig_run() -> str:

@@ -94,6 +94,45 @@ def _rows(res: dict[str, Any], targets: list[Target], met: str, missed: str) -> 
     return rows
 
 
+def phase_md(title: str, res: dict[str, Any], targets: list[Target], line: str) -> list[str]:
+    """A phase's section of the run's summary: its targets and its one-line account."""
+    return [
+        f"## {title}",
+        "",
+        "| figure | value | target | result |",
+        "| --- | --- | --- | --- |",
+        *_rows(res, targets, "pass", "**MISS**"),
+        "",
+        f"- {line}",
+        "",
+    ]
+
+
+def phase_block(
+    begin: str, end: str, what: str, rel: str, res: dict[str, Any], targets: list[Target], line: str
+) -> str:
+    """A phase's docs block from the newest filed run with it (``what``: the phase's name in prose);
+    misses stay misses."""
+    entries = [res["targets"].get(t.key) for t in targets]
+    met = sum(1 for e in entries if e and e.get("measured", True) and e["pass"])
+    counted = sum(1 for e in entries if e and e.get("measured", True))
+    return "\n".join(
+        [
+            begin,
+            f"Latest filed run of {what}: {res['nodes']:,} nodes; commit `{res['commit']}`, {res['date']}, "
+            f"{res['machine']}; load average {res['load']} during the run. **{met} of {counted} targets met** "
+            f"(`{rel}`).",
+            "",
+            "| figure | result | target | |",
+            "| --- | --- | --- | --- |",
+            *_rows(res, targets, "met", "**missed**"),
+            "",
+            line,
+            end,
+        ]
+    )
+
+
 HEARTBEAT_S = 30.0
 
 
