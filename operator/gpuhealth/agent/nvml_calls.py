@@ -15,6 +15,7 @@ from typing import Any
 import pynvml
 
 from gpuhealth.agent.model import DeviceFacts
+from gpuhealth.agent.nvml_port import Handle, Nvml
 from gpuhealth.api.recovery import RecoveryAction
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
@@ -74,11 +75,11 @@ def field_int(value: Any) -> int:
     )
 
 
-def field_ints(handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
+def field_ints(nvml: Nvml, handle: Handle, ids: list[tuple[int, int]]) -> list[int | None]:
     """Field values by ``(fieldId, scopeId)`` in one call; None for each one NVML does not offer (drivers
     that predate a field answer "invalid argument" or "not supported" for it). A lost GPU raises."""
     out: list[int | None] = []
-    for value in pynvml.nvmlDeviceGetFieldValues(handle, ids):
+    for value in nvml.nvmlDeviceGetFieldValues(handle, ids):
         ret = int(value.nvmlReturn)
         if ret == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise pynvml.NVMLError(ret)
@@ -86,8 +87,8 @@ def field_ints(handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
     return out
 
 
-def recovery_action(handle: Any) -> RecoveryAction | None:
-    values = pynvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
+def recovery_action(nvml: Nvml, handle: Handle) -> RecoveryAction | None:
+    values = nvml.nvmlDeviceGetFieldValues(handle, [_FI_RECOVERY_ACTION])
     value = values[0]
     ret = int(value.nvmlReturn)
     if ret in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED):

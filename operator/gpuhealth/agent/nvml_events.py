@@ -30,6 +30,7 @@ from gpuhealth.agent.nvml_calls import (
     handle_address,
     recovery_action,
 )
+from gpuhealth.agent.nvml_port import Nvml
 from gpuhealth.agent.source import SourceEvents
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
@@ -48,6 +49,7 @@ def _instance(value: object) -> int | None:
 class NvmlEvents:
     """Set up by :class:`NvmlSource`'s constructor and ``open``."""
 
+    _nvml: Nvml
     _lock: threading.RLock
     _initialized: bool
     _devices: list[Device]
@@ -72,7 +74,7 @@ class NvmlEvents:
             time.sleep(max(0.0, timeout_s))
             return SourceEvents()
         try:
-            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
+            data = self._nvml.nvmlEventSetWait(event_set, max(0, int(timeout_s * 1000)))
         except pynvml.NVMLError_Timeout:
             return SourceEvents()
         except pynvml.NVMLError_GpuIsLost:
@@ -126,7 +128,7 @@ class NvmlEvents:
             if dev.handle is None:
                 return
             try:
-                action = recovery_action(dev.handle)
+                action = recovery_action(self._nvml, dev.handle)
             except pynvml.NVMLError as exc:
                 log.warning("GPU %d: recovery action changed but cannot be read: %s", dev.index, exc)
                 return
@@ -136,7 +138,7 @@ class NvmlEvents:
     def _setup_events_locked(self) -> None:
         if self._event_set is not None:
             try:
-                pynvml.nvmlEventSetFree(self._event_set)
+                self._nvml.nvmlEventSetFree(self._event_set)
             except pynvml.NVMLError as exc:
                 log.debug("nvmlEventSetFree: %s", exc)
             self._event_set = None
@@ -145,7 +147,7 @@ class NvmlEvents:
         unsupported = self._events_unsupported
         unsupported.clear()
         try:
-            event_set = pynvml.nvmlEventSetCreate()
+            event_set = self._nvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
             log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
             unsupported.update(d.index for d in self._devices)
@@ -156,7 +158,7 @@ class NvmlEvents:
             if dev.handle is None:
                 continue
             try:
-                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle))
+                supported = int(self._nvml.nvmlDeviceGetSupportedEventTypes(dev.handle))
             except pynvml.NVMLError as exc:
                 log.debug("GPU %d: nvmlDeviceGetSupportedEventTypes: %s", dev.index, exc)
                 supported = EVENT_XID
@@ -176,10 +178,9 @@ class NvmlEvents:
                 self._event_devices[address] = dev
         self._event_set = event_set
 
-    @staticmethod
-    def _register(dev: Device, mask: int, event_set: Any) -> bool:
+    def _register(self, dev: Device, mask: int, event_set: Any) -> bool:
         try:
-            pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
+            self._nvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
         except pynvml.NVMLError as exc:
             log.warning("GPU %d: cannot register for NVML events 0x%x: %s", dev.index, mask, exc)
             return False

@@ -20,6 +20,7 @@ import pynvml
 
 from gpuhealth.agent.model import FabricFacts, NvLinkFacts, PcieFacts, ThrottleFacts
 from gpuhealth.agent.nvml_calls import Device, field_ints
+from gpuhealth.agent.nvml_port import Handle, Nvml
 from gpuhealth.api import fabric
 
 T = TypeVar("T")
@@ -41,12 +42,12 @@ def maybe(fn: Callable[[], T]) -> T | None:
         return None
 
 
-def _links(handle: Any) -> tuple[int, ...]:
+def _links(nvml: Nvml, handle: Handle) -> tuple[int, ...]:
     """The NVLinks this GPU has (NVML_NVLINK_CAP_VALID); a link id past them answers "invalid argument"."""
     found = []
     for link in range(fabric.NVLINK_MAX_LINKS):
         try:
-            valid = pynvml.nvmlDeviceGetNvLinkCapability(handle, link, fabric.NVLINK_CAP_VALID)
+            valid = nvml.nvmlDeviceGetNvLinkCapability(handle, link, fabric.NVLINK_CAP_VALID)
         except (pynvml.NVMLError_InvalidArgument, pynvml.NVMLError_NotSupported):
             continue
         if valid:
@@ -56,7 +57,7 @@ def _links(handle: Any) -> tuple[int, ...]:
     return tuple(found)
 
 
-def _error_counters(dev: Device, links: Sequence[int]) -> tuple[int | None, int | None, int | None]:
+def _error_counters(nvml: Nvml, dev: Device, links: Sequence[int]) -> tuple[int | None, int | None, int | None]:
     """Replay, recovery and CRC (flit + data) errors summed over the links; None where the generation
     has no such counter (Blackwell has the link-recovery fields instead). A counter the first link
     refuses is not asked of the others, nor again on this handle."""
@@ -74,7 +75,7 @@ def _error_counters(dev: Device, links: Sequence[int]) -> tuple[int | None, int 
                 continue
             for link in links:
                 try:
-                    value = int(pynvml.nvmlDeviceGetNvLinkErrorCounter(dev.handle, link, counter))
+                    value = int(nvml.nvmlDeviceGetNvLinkErrorCounter(dev.handle, link, counter))
                 except ABSENT:
                     if link == links[0]:
                         dev.absent.add(key)
@@ -99,13 +100,13 @@ _PER_LINK = (
 )
 
 
-def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
+def read_nvlink(nvml: Nvml, dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
     """Per-link state, speed and counters of one GPU, and which of ``others`` (index, handle) it
     reaches over NVLink."""
     handle = dev.handle
     if dev.links is None:
         try:
-            dev.links = _links(handle)
+            dev.links = _links(nvml, handle)
         except ABSENT:
             dev.links = ()  # no NVLink: not asked again on this handle
             raise
@@ -113,10 +114,10 @@ def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
     if not links:
         raise _not_supported()
     inactive = tuple(
-        link for link in links if int(pynvml.nvmlDeviceGetNvLinkState(handle, link)) != pynvml.NVML_FEATURE_ENABLED
+        link for link in links if int(nvml.nvmlDeviceGetNvLinkState(handle, link)) != pynvml.NVML_FEATURE_ENABLED
     )
     fields = [f for f in _PER_LINK if f"field{f}" not in dev.absent]
-    values = field_ints(handle, [(f, link) for link in links for f in fields]) if fields else []
+    values = field_ints(nvml, handle, [(f, link) for link in links for f in fields]) if fields else []
     by_field: dict[int, list[int | None]] = {f: values[i :: len(fields)] for i, f in enumerate(fields)}
     for f in fields:
         if all(v is None for v in by_field[f]):
@@ -125,14 +126,14 @@ def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
     speed = by_field.get(fabric.FI_NVLINK_GET_SPEED, none)
     speeds = [v for link, v in zip(links, speed, strict=True) if link not in inactive and v]
     versions = [v for v in by_field.get(fabric.FI_NVLINK_GET_VERSION, none) if v]
-    replay, recovery, crc = _error_counters(dev, links)
+    replay, recovery, crc = _error_counters(nvml, dev, links)
     return NvLinkFacts(
         links=len(links),
         active=len(links) - len(inactive),
         inactive=inactive,
         speed_mbps=min(speeds) if speeds else None,
         version=versions[0] if versions else None,
-        peers=_peers(handle, others),
+        peers=_peers(nvml, handle, others),
         replay_errors=replay,
         recovery_errors=recovery,
         crc_errors=crc,
@@ -142,13 +143,13 @@ def read_nvlink(dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
     )
 
 
-def _peers(handle: Any, others: Sequence[tuple[int, Any]]) -> tuple[int, ...] | None:
+def _peers(nvml: Nvml, handle: Handle, others: Sequence[tuple[int, Any]]) -> tuple[int, ...] | None:
     """The GPUs this one has NVLink P2P with; None when the driver does not say. A peer that does not
     answer (lost, gone) is left out: its own sample reports it."""
     out = []
     for index, other in others:
         try:
-            status = int(pynvml.nvmlDeviceGetP2PStatus(handle, other, fabric.P2P_CAPS_INDEX_NVLINK))
+            status = int(nvml.nvmlDeviceGetP2PStatus(handle, other, fabric.P2P_CAPS_INDEX_NVLINK))
         except ABSENT:
             return None
         except pynvml.NVMLError:
@@ -158,13 +159,13 @@ def _peers(handle: Any, others: Sequence[tuple[int, Any]]) -> tuple[int, ...] | 
     return tuple(out)
 
 
-def read_fabric(handle: Any) -> FabricFacts:
+def read_fabric(nvml: Nvml, handle: Handle) -> FabricFacts:
     """GPU fabric info v3: the probe's state (its status only once COMPLETED), the clique, the health."""
     cls = getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None)
     if cls is None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
     info = cls()  # sets version = nvmlGpuFabricInfo_v3
-    pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
     state = int(info.state)
     if state == 0:
         return FabricFacts(state=state)
@@ -179,15 +180,15 @@ def read_fabric(handle: Any) -> FabricFacts:
     )
 
 
-def read_pcie(dev: Device, clock_reasons: int | None) -> PcieFacts:
+def read_pcie(nvml: Nvml, dev: Device, clock_reasons: int | None) -> PcieFacts:
     """Current and maximum PCIe width and generation, and the replay counter. The generation is kept
     from the last sample the GPU was busy in (clock reason GpuIdle clear): an idle link drops it."""
     h = dev.handle
-    width = maybe(lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)))
-    max_width = maybe(lambda: int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)))
-    generation = maybe(lambda: int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)))
-    max_generation = maybe(lambda: int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)))
-    replays = maybe(lambda: int(pynvml.nvmlDeviceGetPcieReplayCounter(h)))
+    width = maybe(lambda: int(nvml.nvmlDeviceGetCurrPcieLinkWidth(h)))
+    max_width = maybe(lambda: int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h)))
+    generation = maybe(lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)))
+    max_generation = maybe(lambda: int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)))
+    replays = maybe(lambda: int(nvml.nvmlDeviceGetPcieReplayCounter(h)))
     if all(v is None for v in (width, max_width, generation, max_generation, replays)):
         raise _not_supported()
     idle = clock_reasons is not None and bool(clock_reasons & fabric.GPU_IDLE)
@@ -203,10 +204,10 @@ _THROTTLE_FIELDS = (
 )
 
 
-def read_throttle(dev: Device, now: float, window_s: float = THROTTLE_WINDOW_S) -> ThrottleFacts:
+def read_throttle(nvml: Nvml, dev: Device, now: float, window_s: float = THROTTLE_WINDOW_S) -> ThrottleFacts:
     """The share of the last ``window_s`` seconds spent throttled per cause, from the accumulated
     nanoseconds NVML keeps (fields 269-271); unknown (None) shares until two samples span some time."""
-    values = tuple(field_ints(dev.handle, [(f, 0) for f in _THROTTLE_FIELDS]))
+    values = tuple(field_ints(nvml, dev.handle, [(f, 0) for f in _THROTTLE_FIELDS]))
     if all(v is None for v in values):
         raise _not_supported()
     history = dev.throttle_history

@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pynvml
 
 from gpuhealth.agent.model import MigDeviceFacts
 from gpuhealth.agent.nvml_calls import nvml_text
+from gpuhealth.agent.nvml_port import Handle, Nvml
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
 
@@ -48,11 +49,11 @@ def _attribute(fn: Callable[[], T], what: str, parent: int, index: int) -> T | N
         return None
 
 
-def _read_one(mig: Any, parent: int, index: int) -> MigDeviceFacts:
-    uuid = _attribute(lambda: nvml_text(pynvml.nvmlDeviceGetUUID(mig)), "uuid", parent, index)
-    gi = _attribute(lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(mig)), "GPU instance", parent, index)
-    ci = _attribute(lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(mig)), "compute instance", parent, index)
-    name = _attribute(lambda: nvml_text(pynvml.nvmlDeviceGetName(mig)), "name", parent, index)
+def _read_one(nvml: Nvml, mig: Handle, parent: int, index: int) -> MigDeviceFacts:
+    uuid = _attribute(lambda: nvml_text(nvml.nvmlDeviceGetUUID(mig)), "uuid", parent, index)
+    gi = _attribute(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig)), "GPU instance", parent, index)
+    ci = _attribute(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig)), "compute instance", parent, index)
+    name = _attribute(lambda: nvml_text(nvml.nvmlDeviceGetName(mig)), "name", parent, index)
     return MigDeviceFacts(
         index=index,
         uuid=uuid if uuid and len(uuid) <= 128 else None,
@@ -62,13 +63,13 @@ def _read_one(mig: Any, parent: int, index: int) -> MigDeviceFacts:
     )
 
 
-def read_mig_devices(handle: Any, parent: int) -> tuple[MigDeviceFacts, ...]:
+def read_mig_devices(nvml: Nvml, handle: Handle, parent: int) -> tuple[MigDeviceFacts, ...]:
     """Every MIG device NVML lists under the GPU ``handle`` (index ``parent``), by MIG index."""
-    count = min(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)), MAX_MIG_DEVICES)
+    count = min(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)), MAX_MIG_DEVICES)
     out: list[MigDeviceFacts] = []
     for index in range(max(0, count)):
         try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
         except pynvml.NVMLError_NotFound:
             continue  # an empty slot
         except pynvml.NVMLError_GpuIsLost:
@@ -76,5 +77,5 @@ def read_mig_devices(handle: Any, parent: int) -> tuple[MigDeviceFacts, ...]:
         except pynvml.NVMLError as exc:
             log.debug("GPU %d MIG device %d: handle: %s", parent, index, exc)
             continue
-        out.append(_read_one(mig, parent, index))
+        out.append(_read_one(nvml, mig, parent, index))
     return tuple(out)

@@ -41,6 +41,7 @@ from gpuhealth.agent.nvml_calls import (
 from gpuhealth.agent.nvml_events import NvmlEvents
 from gpuhealth.agent.nvml_fabric import read_fabric, read_nvlink, read_pcie, read_throttle
 from gpuhealth.agent.nvml_mig import read_mig_devices
+from gpuhealth.agent.nvml_port import PYNVML, Handle, Nvml
 from gpuhealth.agent.source import DeviceSample
 
 __all__ = ["ENV_LIBRARY", "NvmlSource", "load_nvml_library"]
@@ -69,9 +70,17 @@ T = TypeVar("T")
 
 
 class NvmlSource(NvmlEvents):
-    """:class:`~gpuhealth.agent.source.DeviceSource` backed by the real pynvml."""
+    """:class:`~gpuhealth.agent.source.DeviceSource` backed by NVML through ``nvml`` (the real pynvml
+    unless a unit test scripts one, see nvml_port.py)."""
 
-    def __init__(self, library: str | None = None, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        library: str | None = None,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        nvml: Nvml = PYNVML,
+    ) -> None:
+        self._nvml = nvml
         self._monotonic = monotonic
         self._library = library if library is not None else (os.environ.get(ENV_LIBRARY) or None)
         self._lock = threading.RLock()
@@ -79,7 +88,7 @@ class NvmlSource(NvmlEvents):
         self._status = NvmlStatus(available=False, error="NVML not initialised yet")
         self._devices: list[Device] = []
         self._generation = 0
-        self._clock_fn: Callable[[Any], int] | None = None
+        self._clock_fn: Callable[[Handle], int] | None = None
         # Event-thread state (only the thread calling wait_events touches these).
         self._event_set: Any = None
         self._event_generation = -1
@@ -103,13 +112,13 @@ class NvmlSource(NvmlEvents):
         with self._lock:
             if self._event_set is not None:
                 try:
-                    pynvml.nvmlEventSetFree(self._event_set)
+                    self._nvml.nvmlEventSetFree(self._event_set)
                 except pynvml.NVMLError as exc:
                     log.debug("nvmlEventSetFree: %s", exc)
                 self._event_set = None
             if self._initialized:
                 try:
-                    pynvml.nvmlShutdown()
+                    self._nvml.nvmlShutdown()
                 except pynvml.NVMLError as exc:
                     log.debug("nvmlShutdown: %s", exc)
             self._initialized = False
@@ -123,24 +132,22 @@ class NvmlSource(NvmlEvents):
                 self._fail(f"cannot load NVML library {self._library}: {exc}")
                 return
         try:
-            pynvml.nvmlInit()
+            self._nvml.nvmlInit()
         except pynvml.NVMLError as exc:
             self._fail(f"nvmlInit failed: {exc}")
             return
         self._initialized = True
-        driver = self._optional(pynvml.nvmlSystemGetDriverVersion)
+        driver = self._optional(self._nvml.nvmlSystemGetDriverVersion)
         cuda_raw: int | None = None
         for name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
-            fn = getattr(pynvml, name, None)
-            if fn is not None:
-                cuda_raw = self._optional(fn)
-                if cuda_raw is not None:
-                    break
+            cuda_raw = self._optional(getattr(self._nvml, name))
+            if cuda_raw is not None:
+                break
         cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}" if cuda_raw else None
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
+            count = int(self._nvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as exc:
-            pynvml.nvmlShutdown()
+            self._nvml.nvmlShutdown()
             self._initialized = False
             self._fail(f"nvmlDeviceGetCount failed: {exc}")
             return
@@ -177,10 +184,10 @@ class NvmlSource(NvmlEvents):
     def _acquire_handle(self, dev: Device) -> bool:
         """Get the device's handle and identity; False (and ``lost``) when NVML cannot."""
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(dev.index)
-            uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
-            pci = nvml_text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
-            name = nvml_text(pynvml.nvmlDeviceGetName(handle))
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(dev.index)
+            uuid = nvml_text(self._nvml.nvmlDeviceGetUUID(handle))
+            pci = nvml_text(self._nvml.nvmlDeviceGetPciInfo(handle).busId)
+            name = nvml_text(self._nvml.nvmlDeviceGetName(handle))
         except pynvml.NVMLError as exc:
             self._warn_once(dev, "handle", f"GPU {dev.index}: cannot get handle/identity: {exc}")
             dev.handle = None
@@ -198,7 +205,7 @@ class NvmlSource(NvmlEvents):
 
     def _threshold(self, dev: Device, which: int) -> int | None:
         try:
-            return int(pynvml.nvmlDeviceGetTemperatureThreshold(dev.handle, which))
+            return int(self._nvml.nvmlDeviceGetTemperatureThreshold(dev.handle, which))
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
             dev.static_unsupported.add(Q_THRESHOLDS)
         except pynvml.NVMLError as exc:
@@ -258,11 +265,12 @@ class NvmlSource(NvmlEvents):
 
     def _read(self, dev: Device, unsupported: set[str]) -> DeviceFacts:
         h = dev.handle
-        mig = self._mode(dev, lambda: pynvml.nvmlDeviceGetMigMode(h)[0])
-        ecc_mode = self._mode(dev, lambda: pynvml.nvmlDeviceGetEccMode(h)[0])
+        nvml = self._nvml
+        mig = self._mode(dev, lambda: nvml.nvmlDeviceGetMigMode(h)[0])
+        ecc_mode = self._mode(dev, lambda: nvml.nvmlDeviceGetEccMode(h)[0])
 
         def ecc_count(error_type: int, counter: int) -> Callable[[], int]:
-            return lambda: int(pynvml.nvmlDeviceGetTotalEccErrors(h, error_type, counter))
+            return lambda: int(nvml.nvmlDeviceGetTotalEccErrors(h, error_type, counter))
 
         counters = [
             self._query(dev, Q_ECC, unsupported, ecc_count(error_type, counter))
@@ -280,7 +288,7 @@ class NvmlSource(NvmlEvents):
             Q_RETIRED,
             unsupported,
             lambda: len(
-                pynvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+                nvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
             ),
         )
         retired = None
@@ -289,23 +297,21 @@ class NvmlSource(NvmlEvents):
                 dev,
                 Q_RETIRED,
                 unsupported,
-                lambda: len(
-                    pynvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-                ),
+                lambda: len(nvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
             )
             pending = self._query(
-                dev, Q_RETIRED, unsupported, lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h))
+                dev, Q_RETIRED, unsupported, lambda: bool(nvml.nvmlDeviceGetRetiredPagesPendingStatus(h))
             )
             retired = RetiredPages(sbe, dbe, pending)
 
-        rows = self._query(dev, Q_REMAP, unsupported, lambda: pynvml.nvmlDeviceGetRemappedRows(h))
+        rows = self._query(dev, Q_REMAP, unsupported, lambda: nvml.nvmlDeviceGetRemappedRows(h))
         remapped = None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
 
         current = self._query(
             dev,
             Q_TEMP,
             unsupported,
-            lambda: int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+            lambda: int(nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
         )
         slowdown, shutdown = dev.thresholds
         temperature = (
@@ -315,18 +321,18 @@ class NvmlSource(NvmlEvents):
         )
 
         clock = self._query(dev, Q_CLOCK, unsupported, lambda: self._clock_reasons(h))
-        power_mw = self._query(dev, Q_POWER, unsupported, lambda: int(pynvml.nvmlDeviceGetPowerUsage(h)))
-        recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: recovery_action(h))
+        power_mw = self._query(dev, Q_POWER, unsupported, lambda: int(nvml.nvmlDeviceGetPowerUsage(h)))
+        recovery = self._query(dev, Q_RECOVERY, unsupported, lambda: recovery_action(nvml, h))
         migs = (
-            self._query(dev, Q_MIG_DEVICES, unsupported, lambda: read_mig_devices(h, dev.index))
+            self._query(dev, Q_MIG_DEVICES, unsupported, lambda: read_mig_devices(nvml, h, dev.index))
             if mig == MIG_ENABLED
             else ()
         )
         others = [(o.index, o.handle) for o in self._devices if o is not dev and o.handle is not None]
-        nvlink = self._query(dev, Q_NVLINK, unsupported, lambda: read_nvlink(dev, others))
-        fabric = self._query(dev, Q_FABRIC, unsupported, lambda: read_fabric(h))
-        pcie = self._query(dev, Q_PCIE, unsupported, lambda: read_pcie(dev, clock))
-        throttle = self._query(dev, Q_THROTTLE, unsupported, lambda: read_throttle(dev, self._monotonic()))
+        nvlink = self._query(dev, Q_NVLINK, unsupported, lambda: read_nvlink(nvml, dev, others))
+        fabric = self._query(dev, Q_FABRIC, unsupported, lambda: read_fabric(nvml, h))
+        pcie = self._query(dev, Q_PCIE, unsupported, lambda: read_pcie(nvml, dev, clock))
+        throttle = self._query(dev, Q_THROTTLE, unsupported, lambda: read_throttle(nvml, dev, self._monotonic()))
         return dev.facts.replace(
             lost=False,
             nvlink=nvlink,
@@ -357,21 +363,16 @@ class NvmlSource(NvmlEvents):
             return None
         return MIG_ENABLED if int(value) == 1 else MIG_DISABLED
 
-    def _clock_reasons(self, handle: Any) -> int:
+    def _clock_reasons(self, handle: Handle) -> int:
         """Current clock-event reasons, via the newer name when the driver has it."""
         if self._clock_fn is not None:
             return int(self._clock_fn(handle))
         candidates = [
-            getattr(pynvml, name, None)
-            for name in (
-                "nvmlDeviceGetCurrentClocksEventReasons",
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-            )
+            self._nvml.nvmlDeviceGetCurrentClocksEventReasons,
+            self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
         ]
         last: Exception = pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         for fn in candidates:
-            if fn is None:
-                continue
             try:
                 value = int(fn(handle))
             except pynvml.NVMLError_FunctionNotFound as exc:

@@ -1,0 +1,90 @@
+"""NvmlSource on a scripted NVML (scripted_nvml.py, behind the agent's NVML port): the cases the C fake
+reaches only with a new scenario verb, each scripted at the one call that matters."""
+
+from __future__ import annotations
+
+import logging
+
+import pynvml
+import pytest
+
+from gpuhealth.agent.nvml_source import Q_CLOCK, Q_POWER, Q_RECOVERY, NvmlSource
+from gpuhealth.api.recovery import RecoveryAction
+from tests.unit.agent.scripted_nvml import FI_RECOVERY_ACTION, ScriptedNvml, nvml_error
+
+
+def _source(nvml: ScriptedNvml) -> NvmlSource:
+    return NvmlSource(nvml=nvml)
+
+
+def test_a_gpu_lost_mid_sample_is_reported_lost_with_its_last_facts_and_returns() -> None:
+    nvml = ScriptedNvml(gpus=2)
+    src = _source(nvml)
+    healthy = src.sample().devices[1]
+    assert not healthy.lost and healthy.power_w == 120.0
+    # GPU 1 answers its temperature, then falls off the bus at the power reading.
+    nvml.script("nvmlDeviceGetTemperature", 71, gpu=1)
+    nvml.script("nvmlDeviceGetPowerUsage", nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST), gpu=1)
+    calls_before = len(nvml.calls)
+    first, lost = src.sample().devices
+    assert not first.lost
+    assert lost.lost and lost.uuid == "GPU-scripted-1" and lost.pci_bus_id == healthy.pci_bus_id
+    # The half-read sample is abandoned: the facts are the last whole ones, not the new temperature.
+    assert lost.temperature == healthy.temperature
+    # Nothing after the lost call is asked of GPU 1 in that sample (GPU 0 was sampled first).
+    assert nvml.calls[calls_before:][-1] == "nvmlDeviceGetPowerUsage"
+    nvml.unscript("nvmlDeviceGetPowerUsage", gpu=1)
+    back = src.sample().devices[1]
+    assert not back.lost and back.temperature is not None and back.temperature.current_c == 71
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED])
+def test_a_driver_without_the_recovery_action_field_marks_it_unsupported_not_a_fault(code: int) -> None:
+    nvml = ScriptedNvml(gpus=1)
+    nvml.field_fails(0, FI_RECOVERY_ACTION, code)
+    device = _source(nvml).sample().devices[0]
+    assert not device.lost
+    assert device.recovery_action is None
+    assert Q_RECOVERY in device.unsupported
+    assert device.power_w == 120.0  # the rest of the sample is read
+
+
+def test_a_recovery_action_newer_than_the_table_is_omitted_as_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    newest = max(action.row.nvml for action in RecoveryAction)
+    nvml = ScriptedNvml(gpus=1)
+    nvml.fields[(0, FI_RECOVERY_ACTION)] = newest + 1
+    src = _source(nvml)
+    with caplog.at_level(logging.WARNING, logger="gpuhealth.agent.nvml_source"):
+        device = src.sample().devices[0]
+    assert device.recovery_action is None
+    assert Q_RECOVERY not in device.unsupported and not device.lost
+    assert f"GPU recovery action {newest + 1} is newer than this agent knows" in caplog.text
+    nvml.fields[(0, FI_RECOVERY_ACTION)] = newest
+    assert src.sample().devices[0].recovery_action is RecoveryAction.from_nvml(newest)
+
+
+def test_a_binding_without_the_newer_names_falls_back_to_the_older_ones() -> None:
+    """pynvml before the renames: no ``_v2`` CUDA version, no ``ClocksEventReasons`` (both answer
+    FunctionNotFound); the older names are used, the clock one remembered, and neither
+    query is unsupported."""
+    nvml = ScriptedNvml(gpus=1)
+    not_found = nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    nvml.script("nvmlSystemGetCudaDriverVersion_v2", not_found)
+    nvml.script("nvmlSystemGetCudaDriverVersion", 12040)
+    nvml.script("nvmlDeviceGetCurrentClocksEventReasons", not_found)
+    nvml.script("nvmlDeviceGetCurrentClocksThrottleReasons", 0x4)
+    src = _source(nvml)
+    sample = src.sample()
+    assert sample.status.cuda_version == "12.4"
+    device = sample.devices[0]
+    assert device.clock_event_reasons == 0x4 and Q_CLOCK not in device.unsupported
+    src.sample()
+    assert nvml.calls.count("nvmlDeviceGetCurrentClocksEventReasons") == 1
+    assert nvml.calls.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 2
+
+
+def test_a_power_reading_the_gpu_refuses_is_unsupported_and_the_gpu_stays_in_service() -> None:
+    nvml = ScriptedNvml(gpus=1)
+    nvml.script("nvmlDeviceGetPowerUsage", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    device = _source(nvml).sample().devices[0]
+    assert device.power_w is None and Q_POWER in device.unsupported and not device.lost
