@@ -24,6 +24,8 @@ def _sleep(stop: threading.Event, running: threading.Event) -> None:
 
 def test_a_busy_thread_is_busy_and_a_waiting_one_waits() -> None:
     stop, spinning, sleeping = threading.Event(), threading.Event(), threading.Event()
+    # Idle pool threads other tests of this process left behind are sampled too (they wait as ours does).
+    idle_drains = sum(1 for t in threading.enumerate() if t.name.startswith("drain_"))
     busy = threading.Thread(target=_spin, args=(stop, spinning), name="kube_0", daemon=True)
     idle = threading.Thread(target=_sleep, args=(stop, sleeping), name="drain_3", daemon=True)
     busy.start()
@@ -40,7 +42,7 @@ def test_a_busy_thread_is_busy_and_a_waiting_one_waits() -> None:
     finally:
         stop.set()
     assert window.samples == 20
-    assert window.busy["kube-pool"] >= 15 and window.waiting["drain-pool"] == 20
+    assert window.busy["kube-pool"] >= 15 and window.waiting["drain-pool"] == 20 * (1 + idle_drains)
     spin = [k for k in window.stacks if k.startswith("kube-pool;")]
     assert spin and all(
         k.split(";")[1:4] == ["threading.py:_bootstrap", "threading.py:_bootstrap_inner", "threading.py:run"]
