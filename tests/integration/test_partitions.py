@@ -1,5 +1,6 @@
 """A bad GPU is all of its partitions: static MIG and partitionable (DynamicMIG) GPUs end to end, on
-the real API server (which validates the driver's slice shapes) and its real scheduler.
+the real API server (which validates the driver's slice shapes) and its real scheduler; a MIG GPU's
+repair and validation once all its instances are drained.
 
 Slices are published for KWOK nodes exactly as NVIDIA's DRA driver shapes them
 (devkit/dra_shapes.py). Judged by Kubernetes objects: DeviceTaintRules, the Node, pods, the

@@ -1,6 +1,7 @@
 """A GPU held out is all of its DRA devices, through the node pipeline with the in-memory fake API:
 static MIG, partitionable placements, re-partitioning while held out, a kill between two rule writes,
-the record's round trip, the drain's selection, device-plugin MIG."""
+the record's round trip, the drain's selection, device-plugin MIG, a MIG GPU's validation waiting
+for every instance."""
 
 from __future__ import annotations
 
