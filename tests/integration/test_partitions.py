@@ -1,5 +1,6 @@
 """A bad GPU is all of its partitions: static MIG and partitionable (DynamicMIG) GPUs end to end, on
-the real API server (which validates the driver's slice shapes) and its real scheduler.
+the real API server (which validates the driver's slice shapes) and its real scheduler; a MIG GPU's
+repair and validation once all its instances are drained.
 
 Slices are published for KWOK nodes exactly as NVIDIA's DRA driver shapes them
 (devkit/dra_shapes.py). Judged by Kubernetes objects: DeviceTaintRules, the Node, pods, the
@@ -18,10 +19,12 @@ from devkit import dra_shapes as S
 from devkit.cluster import LocalCluster
 from devkit.gpunodes import gpu_node_manifest
 from devkit.k8s import Kube, OperatorProcess, ensure_namespace, healthy_spec, utcnow, wait_for
+from devkit.ladder import validation_job_template
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_REQUESTED
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.integration.test_cli import ok, plugin
 from tests.integration.test_device_quarantine import device, gone_or_deleting, pod_annotations, rules_of
+from tests.integration.test_remediation_ladder import job_done, jobs_of, ladder, setup_namespace
 
 MIG2 = ("gpu-2-mig-3g40gb-9-0", "gpu-2-mig-3g40gb-9-4")
 
@@ -368,3 +371,59 @@ def test_device_plugin_mig_takes_the_node_and_says_why(
     assert "GPU 2:" in msgs[0] and "published through the device plugin (nvidia.com/mig-3g.40gb)" in msgs[0]
     assert "no per-device API" in msgs[0] and "whole node is quarantined" in msgs[0]
     assert not rules_of(kube, node)
+
+
+def test_a_mig_gpu_is_reset_and_validated_alone_once_all_its_instances_are_drained(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str
+) -> None:
+    """ECC on MIG-enabled GPU 2: both its instances held out and drained, ONE reset, then ONE validation
+    Job for GPU 2 alone (DCGM diagnoses a MIG GPU only with every instance idle), a pass, both back."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.put_report(node, healthy(node))
+    setup_namespace(kube)
+    ns = setup(
+        kube,
+        group,
+        "pv",
+        actions={"drain": {"checkpointMode": "annotation"}},
+        remediation={"enabled": True},
+        validation={"enabled": True, "level": 2, "jobTemplate": validation_job_template(2)},
+    )
+    dra.publish(kube, static_mig_node(node))
+    for name, template in (("mig-a", "mig"), ("mig-b", "mig"), ("full", "full")):
+        kube.core.create_namespaced_pod(ns, dra.claim_pod(ns, name, template, node))
+        dra.wait_allocated(kube, ns, name)
+
+    def validations() -> list[Any]:
+        return [j for j in jobs_of(kube, node) if "gpuhealth.dev/validation-level" in (j.metadata.labels or {})]
+
+    def resets() -> list[Any]:
+        return [j for j in jobs_of(kube, node) if "gpuhealth.dev/validation-level" not in (j.metadata.labels or {})]
+
+    kube.put_report(node, ecc(node, 2))
+    want = {f"gpuhealth-{node}-{d}": d for d in MIG2}
+    wait_for(lambda: ours(kube, node) == want, timeout=30, what="rules for both of GPU 2's MIG devices")
+    wait_for(
+        lambda: all(CHECKPOINT_REQUESTED in pod_annotations(kube, ns, p) for p in ("mig-a", "mig-b")),
+        timeout=30,
+        what="both MIG pods asked to checkpoint",
+    )
+    assert not jobs_of(kube, node), "nothing runs on the GPU while its instances' pods run"
+    for pod in ("mig-a", "mig-b"):
+        kube.core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {CHECKPOINT_COMPLETED: utcnow()}}})
+    (reset,) = wait_for(resets, timeout=60, what="one reset Job for GPU 2, once both instances are drained")
+    assert gone_or_deleting(kube, ns, "mig-a") and gone_or_deleting(kube, ns, "mig-b")
+    assert reset.metadata.labels["gpuhealth.dev/gpu"] == "2"
+    wait_for(lambda: job_done(resets()[0], "Complete"), timeout=60, what="the reset Job succeeded (KWOK)")
+    wait_for(lambda: ladder(kube, node, 2).get("phase") == "Verifying", timeout=30, what="waiting for clean facts")
+    kube.put_report(node, healthy(node))
+    (job,) = wait_for(validations, timeout=30, what="one validation Job")
+    assert job.metadata.labels["gpuhealth.dev/gpu"] == "2"
+    (container,) = job.spec.template.spec.containers
+    assert container.command == ["dcgmi", "diag", "-r", "2", "-i", "2", "--json"], "GPU 2 alone"
+    assert ours(kube, node) == want, "every instance still held out while it is validated"
+    wait_for(lambda: ours(kube, node) == {}, timeout=60, what="GPU 2's instances back after the pass")
+    wait_for(lambda: device(kube, node, 2).get("state") == "InService", timeout=20, what="GPU 2 in service")
+    assert len(validations()) == 1 and len(resets()) == 1
+    assert not gone_or_deleting(kube, ns, "full"), "the other GPUs served throughout"
+    assert "ValidationPassed" in [e.reason for e in kube.node_events(node)]

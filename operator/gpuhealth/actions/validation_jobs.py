@@ -18,7 +18,10 @@ the diagnostic's findings or the reason the result could not be read.
 A node's validation (after a release, or a new node's burn-in) is the same Job for all the GPUs of
 the agent's report: ``${GPU_INDEX}`` and ``${GPU_UUID}`` are their comma-separated lists (``dcgmi
 diag -i 0,1,...`` takes the list as is), labelled ``gpuhealth.dev/validation-scope=node`` instead of
-a GPU, and tolerating gpuhealth's burn-in taint as well.
+a GPU, and tolerating gpuhealth's burn-in taint as well. A node whose GPUs mix MIG-enabled and
+disabled ones gets no node Job (DCGM refuses the mix in one run): the validation waits, saying which
+GPUs are in which mode, until the node's GPUs share one mode. A GPU's own Job names only that GPU,
+so a MIG-enabled GPU is diagnosed alone, once the remediator found every instance of it free.
 
 The pods carry ``gpuhealth.dev/validation-level`` (not the reset Job's step label), so a KWOK stage
 can end them with a DCGM result of its own (``devkit/kwok/pod-validation.yaml``).
@@ -29,7 +32,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpuhealth.actions.remediation_jobs import _UNSAFE, _render, gpu_job, pinned_to
@@ -157,12 +160,25 @@ def build_node_validation_job(
     node: str,
     gpus: Sequence[tuple[int, str]],
     name: str,
+    mig_enabled: Collection[int] = (),
 ) -> tuple[dict[str, Any] | None, str]:
-    """The validation Job for all of a node's GPUs (``(index, uuid)`` from the report), or None and why not."""
+    """The validation Job for all of a node's GPUs (``(index, uuid)`` from the report), or None and why not.
+
+    ``mig_enabled``: the indices the report says have MIG enabled. DCGM's diagnostic refuses a mix of
+    MIG-enabled and disabled GPUs in one run, so a node with both gets no Job (why not says which are
+    which) rather than one that would fail for a reason that is not the GPUs' health."""
     if not gpus:
         return None, "the agent's report lists no GPU: a node validation would test nothing"
     if any(not uuid for _, uuid in gpus):
         return None, "a GPU has no UUID in the agent's report"
+    mig = sorted(i for i, _ in gpus if i in mig_enabled)
+    if mig and len(mig) < len(gpus):
+        whole = sorted(i for i, _ in gpus if i not in mig_enabled)
+        return None, (
+            f"MIG is enabled on GPU {', '.join(map(str, mig))} and not on GPU {', '.join(map(str, whole))}: "
+            "DCGM's diagnostic refuses a mix of MIG modes in one run; set one MIG mode on all of the "
+            "node's GPUs, or validate them one by one after a GPU repair (device scope)"
+        )
     indices = ",".join(str(i) for i, _ in sorted(gpus))
     uuids = ",".join(u for _, u in sorted(gpus))
     template = copy.deepcopy(dict(settings.job_template or {}))

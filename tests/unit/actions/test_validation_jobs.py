@@ -187,3 +187,14 @@ def test_no_gpus_or_a_gpu_without_uuid_runs_nothing() -> None:
     assert body is None and "lists no GPU" in why
     body, why = build_node_validation_job(RemediationSettings(), ValidationSettings(), "node-a", [(0, "")], "j")
     assert body is None and "UUID" in why
+
+
+def test_a_node_mixing_mig_modes_gets_no_job_and_says_which_gpus_are_which() -> None:
+    """DCGM refuses a mix of MIG-enabled and disabled GPUs in one run: no Job that would fail for that."""
+    r, s = RemediationSettings(), ValidationSettings()
+    body, why = build_node_validation_job(r, s, "node-a", GPUS, "j", mig_enabled={1})
+    assert body is None
+    assert "MIG is enabled on GPU 1 and not on GPU 0, 2" in why and "mix of MIG modes" in why
+    for same in ({0, 1, 2}, set()):  # one mode on all of them: one Job for all
+        body, why = build_node_validation_job(r, s, "node-a", GPUS, "j", mig_enabled=same)
+        assert body is not None and not why

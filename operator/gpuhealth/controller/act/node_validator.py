@@ -42,7 +42,7 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.report import Report
+from gpuhealth.api.report import MIG_ENABLED, Report
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
@@ -203,9 +203,11 @@ class NodeValidator:
             jname = v.job.partition("/")[2] or validation_jobs.node_job_name(
                 name, str(rec.trigger), format_time(rec.episode)
             )
-            gpus = [(d.index, d.uuid) for d in (report.devices if report is not None else ())]
+            devices = report.devices if report is not None else ()
+            gpus = [(d.index, d.uuid) for d in devices]
+            mig = {d.index for d in devices if d.mig_mode == MIG_ENABLED}
             body, why = validation_jobs.build_node_validation_job(
-                policy.remediation, policy.validation, name, gpus, jname
+                policy.remediation, policy.validation, name, gpus, jname, mig
             )
             if body is None:
                 self._block(name, why)

@@ -25,6 +25,11 @@ clear ``reservedFor``; or not bound yet) changes with no event gpuhealth watches
 at again after ``HANDOVER_S``, growing while the wait lasts. Waiting for an unrelated event instead
 left a drained GPU unreset for tens of seconds (docs/remediation.md, the measured repair).
 
+"The device" is every DRA device of the GPU (``DeviceRecord.devices``), each with its own rule: a
+MIG-enabled GPU is published only as its MIG devices, and a reset or a DCGM diagnostic takes all of
+its instances at once (DCGM diagnoses a MIG GPU only with every instance idle), so neither starts
+while a pod still holds any instance of it. A GPU with only some instances held out climbs no ladder.
+
 P2P-aware repair: a GPU whose recovery action needs its NVLink peers idle (``DrainAndReset``) and
 whose report names them resets only once every peer is held out by gpuhealth too (``NVLinkPeer``,
 ``evaluation/peers.py``), Quarantined with its drain complete, its rule NoSchedule and no pod
@@ -490,13 +495,16 @@ class Remediator:
         rules = {r["metadata"]["name"]: r for r in await self.kube.list_device_taint_rules()}
         refs: list[tuple[str, DeviceRef]] = []
         for d, whose in ((dev, ""), *((p, f"its NVLink peer GPU {p.index}: ") for p in peers)):
-            rule = rules.get(d.taint_rule)
-            if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
-                return f"{whose}its DeviceTaintRule {d.taint_rule} (NoSchedule) is not in place", False
-            ref = DeviceRef.parse(d.device)
-            if ref is None:
+            # Every device of the GPU: a MIG-enabled GPU is published only as its MIG devices, and a
+            # reset or a diagnostic takes all of its instances, so each must be held out and free.
+            for name in d.taint_rules or ("",):
+                rule = rules.get(name)
+                if rule is None or ((rule.get("spec") or {}).get("taint") or {}).get("effect") != "NoSchedule":
+                    return f"{whose}its DeviceTaintRule {name} (NoSchedule) is not in place", False
+            held = d.refs()
+            if not held:
                 return f"{whose}its DRA device is unknown", False
-            refs.append((whose, ref))
+            refs.extend((whose, ref) for ref in held)
         node = refs[0][1].pool
         claims, pods = await asyncio.gather(self.kube.list_resource_claims(), self.kube.list_pods_on_node(node))
         ended = {

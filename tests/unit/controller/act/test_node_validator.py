@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from gpuhealth.api.names import BURN_IN_TAINT_KEY
-from tests.unit.builders import report_obj
+from tests.unit.builders import gpu, report_obj
 from tests.unit.controller.act._device_support import Clock, runtime
 from tests.unit.fake_kube import FakeKube
 
@@ -239,3 +239,17 @@ def test_remediation_switched_off_lifts_gpuhealths_burn_in_hold() -> None:
     kube.policies["p"]["spec"] = {**BURN_IN, "remediation": {"enabled": False}}
     asyncio.run(passes(kube, clock, n=2))
     assert BURN_IN_TAINT_KEY not in taints(kube) and not nv(kube).get("held")
+
+
+def test_a_node_mixing_mig_modes_runs_no_job_and_says_which_gpus_are_which() -> None:
+    """DCGM refuses MIG-enabled and disabled GPUs in one run: the burn-in holds and waits, once said."""
+    kube = FakeKube()
+    kube.add_policy("p", BURN_IN)
+    kube.add_node("n1")
+    mixed = [gpu(i, migMode="Enabled" if i == 1 else "Disabled") for i in range(8)]
+    kube.add_report(report_obj(name="n1", devices=mixed))
+    clock = Clock()
+    asyncio.run(passes(kube, clock, n=4))
+    assert not kube.jobs and taints(kube) == [BURN_IN_TAINT_KEY]
+    waits = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+    assert len(waits) == 1 and "MIG is enabled on GPU 1 and not on GPU 0, 2, 3, 4, 5, 6, 7" in waits[0]

@@ -1,6 +1,7 @@
 """A GPU held out is all of its DRA devices, through the node pipeline with the in-memory fake API:
 static MIG, partitionable placements, re-partitioning while held out, a kill between two rule writes,
-the record's round trip, the drain's selection, device-plugin MIG."""
+the record's round trip, the drain's selection, device-plugin MIG, a MIG GPU's validation waiting
+for every instance."""
 
 from __future__ import annotations
 
@@ -310,3 +311,59 @@ def test_device_plugin_mig_is_node_scope_and_says_why() -> None:
     assert p.findings[0].scope == Scope.NODE and p.refs == {}
     assert "published through the device plugin (nvidia.com/mig-3g.40gb)" in p.fallbacks[2]
     assert "no per-device API" in p.fallbacks[2] and "whole node is quarantined" in p.fallbacks[2]
+
+
+def test_a_mig_gpu_is_validated_only_once_every_instance_is_free_and_alone() -> None:
+    """A MIG-enabled GPU held out whole climbs the ladder; its validation (like its reset) waits while
+    a pod holds ANY of its instances (the cache missed it: the API is re-read), not only the first, and
+    then runs ONE Job for that GPU alone (DCGM diagnoses a MIG GPU only with every instance idle)."""
+    kube = FakeKube()
+    kube.add_policy(
+        "p",
+        {
+            "safety": {"maxUnhealthyGPUs": 4, "probation": "2s"},
+            "remediation": {"enabled": True},
+            "validation": {"enabled": True},
+        },
+    )
+    kube.add_node("n1")
+    kube.add_report(ecc_on(2))
+    kube.slices = static_mig().slices
+    clock = Clock()
+
+    def validations() -> list[dict[str, Any]]:
+        return [j for (_, n), j in kube.jobs.items() if n.startswith("gpuhealth-validate-")]
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        for _ in range(4):
+            await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=1)
+        assert record(kube, 2).taint_rules == tuple(f"gpuhealth-n1-{d}" for d in MIG2)
+        ((ns, reset),) = kube.jobs
+        kube.finish_job(ns, reset, "Complete")
+        kube.add_pod("ml", "late", "n1")  # on the GPU's second instance: in the API, not in the cache
+        kube.claims = [claim("c-late", MIG2[1], "late")]
+        clean = report_obj(
+            name="n1", devices=[gpu(i) for i in range(8)], heartbeat=(clock.t - Clock().t).total_seconds()
+        )
+        kube.reports["n1"]["spec"] = clean["spec"]
+        rt.on_report("MODIFIED", dict(kube.reports["n1"]), enqueue=False)
+        for _ in range(5):
+            await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=1)
+        assert not validations(), "no diagnostic while a pod holds one of the GPU's instances"
+        await rt.events.flush()
+        blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+        assert any("ml/late" in m and MIG2[1] in m for m in blocked)
+        kube.claims = []
+        del kube.pods[("ml", "late")]
+        for _ in range(3):
+            await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=1)
+
+    asyncio.run(body())
+    (job,) = validations()
+    assert job["metadata"]["labels"]["gpuhealth.dev/gpu"] == "2"
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPU"] == "2" and env["GPU_UUID"] == uuid(2)
