@@ -78,7 +78,7 @@ def make_dra_node(cluster: LocalCluster, group: str, name: str) -> str:
     """One node of the group without device-plugin GPUs (a DRA node: the test publishes its slices),
     waited for by its own hostname label, so nodes the group already has do not stand in for it."""
     manifest = gpu_node_manifest(name, labels={"gpuhealth-test": group}, device_plugin=False)
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    cluster.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(manifest))  # as add_gpu_nodes
     cluster.wait_nodes_ready(1, selector=f"kubernetes.io/hostname={name}")
     return name
 

@@ -359,7 +359,7 @@ def test_device_plugin_mig_takes_the_node_and_says_why(
     for key in ("capacity", "allocatable"):
         manifest["status"][key]["nvidia.com/gpu"] = "7"
         manifest["status"][key]["nvidia.com/mig-3g.40gb"] = "2"
-    cluster.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    cluster.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(manifest))  # as add_gpu_nodes
     cluster.wait_nodes_ready(1, selector=f"gpuhealth-test={group}")
     kube.put_report(node, healthy(node))
     kube.apply_policy(group, policy_spec(group, safety={"maxUnhealthyGPUs": 8}))
