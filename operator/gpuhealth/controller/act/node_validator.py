@@ -53,7 +53,7 @@ from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
 from gpuhealth.kube.aio import AsyncKube
-from gpuhealth.kube.client import is_not_found, status_of
+from gpuhealth.kube.client import status_of
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0  # a node validation waiting or running is looked at again this often
@@ -222,7 +222,7 @@ class NodeValidator:
         elif move.taint is False and old is not None and old.held and ours:
             await self._taint(name, node, False)
         if move.stop_job:
-            await self._delete_job(move.stop_job)
+            await self.remediator.delete_job(move.stop_job)
         if body is not None and rec is not None:
             await self._create_job(name, body)  # 2. the Job, under the recorded name
             done = replace(rec, validation=replace(rec.validation, created=True))
@@ -272,11 +272,3 @@ class NodeValidator:
                 return
             self._block(name, f"the validation Job could not be created in {ns}: {status_of(e) or e}")
             raise
-
-    async def _delete_job(self, job: str) -> None:
-        ns, _, jname = job.partition("/")
-        try:
-            await self.kube.delete_job(ns, jname)
-        except Exception as e:
-            if not is_not_found(e):
-                raise

@@ -365,7 +365,7 @@ class Remediator:
             await self._write(name, dev.index, _entry(rec, old), _repairs_patch(repairs, dev, lad, rec))
             old = rec.to_status() if rec is not None else None
         if move.stop_job:
-            await self._delete_job(move.stop_job)
+            await self.delete_job(move.stop_job)
         if body is not None and rec is not None:
             await self._create_job(name, dev.index, body)  # 2. the Job, under the recorded name
             running = replace(rec, phase=Phase.RUNNING)
@@ -539,7 +539,8 @@ class Remediator:
             self._block(name, index, f"the reset Job could not be created in {ns}: {status_of(e) or e}")
             raise
 
-    async def _delete_job(self, job: str) -> None:
+    async def delete_job(self, job: str) -> None:
+        """Delete a reset or validation Job (``namespace/name``; node_validator.py's too); gone already is fine."""
         ns, _, jname = job.partition("/")
         try:
             await self.kube.delete_job(ns, jname)
