@@ -4,7 +4,8 @@
 #   1. discover + sample once through the system libnvidia-ml.so.1 and print the report spec
 #      (gpuhealth-agent --once --dry-run), then sanity-check it;
 #   2. register for XID events on every GPU and wait once (the event path must not error);
-#   3. run the agent's threads for a few seconds with the print transport and scrape /metrics.
+#   3. run the agent's threads for a few seconds with the print transport and scrape /metrics;
+#   4. say whether the validation tools (dcgmi, a DCGM hostengine) would be found; never run them.
 #
 # It only reads: it never changes a GPU setting (no persistence, clocks, ECC or MIG mode) and
 # never resets a GPU; the agent it runs uses NVML's query and event calls only.
@@ -185,5 +186,17 @@ PY
 kill -INT "$AGENT"
 wait "$AGENT" || { echo "FAIL: agent did not stop cleanly" >&2; exit 1; }
 echo "writes: $(grep -c '"op": "create"' "$OUT/writes.jsonl") create, $(grep -c '"op": "patch"' "$OUT/writes.jsonl") patch"
+
+say "validation tools (found or not; a diagnostic is never run here, docs/remediation.md)"
+# A validation Job (spec.validation) runs `dcgmi diag` against the node-local DCGM hostengine; this
+# only says whether this host would have them: the binaries on PATH and a hostengine on port 5555.
+for tool in dcgmi nv-hostengine; do
+    if command -v "$tool" >/dev/null 2>&1; then echo "$tool: $(command -v "$tool")"; else echo "$tool: not found"; fi
+done
+if timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5555' 2>/dev/null; then
+    echo "DCGM hostengine: listening on 127.0.0.1:5555"
+else
+    echo "DCGM hostengine: nothing on 127.0.0.1:5555"
+fi
 
 say "PASS (artifacts in $OUT)"
