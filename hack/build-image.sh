@@ -21,7 +21,10 @@ source "$HERE/versions.env"
 
 CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
 IMAGES="$CACHE/images"
-PODMAN=(podman --root "$CACHE/podman/storage" --runroot "$CACHE/podman/run")
+# By its physical path: podman records its storage path and refuses the same storage reached
+# another way (a symlinked cache, or GPUHEALTH_CACHE naming it through a link).
+STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
+PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 BASE_REF=docker.io/library/python:3.11-slim
 

@@ -19,7 +19,10 @@ CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
 BIN="$CACHE/bin/node_k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}"
 WORK="$CACHE/work"
 # Podman keeps its storage under the cache too (never the host's /var/lib/containers).
-PODMAN=(podman --root "$CACHE/podman/storage" --runroot "$CACHE/podman/run")
+# By its physical path: podman records its storage path and refuses the same storage reached
+# another way (a symlinked cache, or GPUHEALTH_CACHE naming it through a link).
+STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
+PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 log() { printf '[hack/build-node] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
