@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,12 @@ def recovery_action(nvml: Nvml, handle: Handle) -> RecoveryAction | None:
     if action is None:
         log.warning("GPU recovery action %d is newer than this agent knows; omitted (unknown)", raw)
     return action
+
+
+# How the agent reads each fact of api/device_facts.py GpuFacts, by attribute: nvml_source.py asks each
+# through its usual NotSupported / lost handling (a fact NVML refuses is named by its report key in
+# ``unsupported``). tests/unit/agent/test_agent_nvml_scripted.py holds this to GpuFacts.
+GPU_FACT_READS: dict[str, Callable[[Nvml, Handle], object]] = {}
 
 
 class Lost(Exception):

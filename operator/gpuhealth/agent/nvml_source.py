@@ -11,11 +11,13 @@ Rules that matter to the operator downstream:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import pynvml
@@ -32,6 +34,7 @@ from gpuhealth.agent.model import (
     Temperature,
 )
 from gpuhealth.agent.nvml_calls import (
+    GPU_FACT_READS,
     Device,
     Lost,
     load_nvml_library,
@@ -43,6 +46,7 @@ from gpuhealth.agent.nvml_fabric import read_fabric, read_nvlink, read_pcie, rea
 from gpuhealth.agent.nvml_mig import read_mig_devices
 from gpuhealth.agent.nvml_port import PYNVML, Handle, Nvml
 from gpuhealth.agent.source import DeviceSample
+from gpuhealth.api.device_facts import GpuFacts
 
 __all__ = ["ENV_LIBRARY", "NvmlSource", "load_nvml_library"]
 
@@ -333,7 +337,12 @@ class NvmlSource(NvmlEvents):
         fabric = self._query(dev, Q_FABRIC, unsupported, lambda: read_fabric(nvml, h))
         pcie = self._query(dev, Q_PCIE, unsupported, lambda: read_pcie(nvml, dev, clock))
         throttle = self._query(dev, Q_THROTTLE, unsupported, lambda: read_throttle(nvml, dev, self._monotonic()))
+        declared = {
+            f.name: self._query(dev, f.metadata["fact"].key, unsupported, partial(GPU_FACT_READS[f.name], nvml, h))
+            for f in dataclasses.fields(GpuFacts)
+        }
         return dev.facts.replace(
+            **declared,
             lost=False,
             nvlink=nvlink,
             fabric=fabric,

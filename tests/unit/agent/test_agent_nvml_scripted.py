@@ -3,12 +3,15 @@ reaches only with a new scenario verb, each scripted at the one call that matter
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pynvml
 import pytest
 
+from gpuhealth.agent.nvml_calls import GPU_FACT_READS
 from gpuhealth.agent.nvml_source import Q_CLOCK, Q_POWER, Q_RECOVERY, NvmlSource
+from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
 from tests.unit.agent.scripted_nvml import FI_RECOVERY_ACTION, ScriptedNvml, nvml_error
 
@@ -88,3 +91,9 @@ def test_a_power_reading_the_gpu_refuses_is_unsupported_and_the_gpu_stays_in_ser
     nvml.script("nvmlDeviceGetPowerUsage", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED))
     device = _source(nvml).sample().devices[0]
     assert device.power_w is None and Q_POWER in device.unsupported and not device.lost
+
+
+def test_each_declared_gpu_fact_has_its_nvml_read() -> None:
+    """A field of api/device_facts.py GpuFacts is read through agent/nvml_calls.py GPU_FACT_READS."""
+    declared = {f.name for f in dataclasses.fields(GpuFacts)}
+    assert set(GPU_FACT_READS) == declared, "GPU_FACT_READS and GpuFacts name different facts"
