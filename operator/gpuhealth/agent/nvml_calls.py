@@ -107,7 +107,17 @@ def recovery_action(nvml: Nvml, handle: Handle) -> RecoveryAction | None:
 # How the agent reads each fact of api/device_facts.py GpuFacts, by attribute: nvml_source.py asks each
 # through its usual NotSupported / lost handling (a fact NVML refuses is named by its report key in
 # ``unsupported``). tests/unit/agent/test_agent_nvml_scripted.py holds this to GpuFacts.
-GPU_FACT_READS: dict[str, Callable[[Nvml, Handle], object]] = {}
+def inforom_corrupt(nvml: Nvml, handle: Handle) -> bool:
+    """nvmlDeviceValidateInforom: the InfoROM's checksums read back from flash; corrupt on
+    NVML_ERROR_CORRUPTED_INFOROM (any other error is the query's: unsupported, lost, or failed)."""
+    try:
+        nvml.nvmlDeviceValidateInforom(handle)
+    except pynvml.NVMLError_CorruptedInforom:
+        return True
+    return False
+
+
+GPU_FACT_READS: dict[str, Callable[[Nvml, Handle], object]] = {"inforom_corrupt": inforom_corrupt}
 
 
 class Lost(Exception):

@@ -123,6 +123,22 @@ class GpuFacts:
     """The facts added since this table: each one field here, on the agent's ``DeviceFacts`` and the
     operator's ``Device`` alike (both extend this class). None means "not known"."""
 
+    inforom_corrupt: bool | None = fact(
+        Fact(
+            "inforomCorrupt",
+            {"type": "boolean"},
+            "nvmlDeviceValidateInforom: true when NVML answers NVML_ERROR_CORRUPTED_INFOROM (the InfoROM's "
+            "checksums do not match; flash it), false when it is valid, absent when not supported.",
+            label="INFOROM",
+            flag=("CORRUPT", "ok"),
+            fault=Fault(
+                Signal.INFOROM_CORRUPT,
+                Action.OBSERVE,
+                "InfoROM corrupt (NVML_ERROR_CORRUPTED_INFOROM): flash the InfoROM (DCGM_FR_CORRUPT_INFOROM)",
+            ),
+        )
+    )
+
 
 _SCALARS: tuple[Fact, ...] = (
     Fact("uuid", {"type": "string", "maxLength": 128}, describe=True),

@@ -97,3 +97,13 @@ def test_each_declared_gpu_fact_has_its_nvml_read() -> None:
     """A field of api/device_facts.py GpuFacts is read through agent/nvml_calls.py GPU_FACT_READS."""
     declared = {f.name for f in dataclasses.fields(GpuFacts)}
     assert set(GPU_FACT_READS) == declared, "GPU_FACT_READS and GpuFacts name different facts"
+
+
+def test_a_corrupt_inforom_is_a_fact_and_a_refused_check_is_unsupported() -> None:
+    nvml = ScriptedNvml(gpus=3)
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_CORRUPTED_INFOROM), gpu=1)
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=2)
+    valid, corrupt, refused = _source(nvml).sample().devices
+    assert valid.inforom_corrupt is False and "inforomCorrupt" not in valid.unsupported
+    assert corrupt.inforom_corrupt is True and not corrupt.lost and corrupt.power_w == 120.0
+    assert refused.inforom_corrupt is None and "inforomCorrupt" in refused.unsupported

@@ -41,6 +41,7 @@ def test_creates_report_with_eight_gpus(make_agent: AgentFactory) -> None:
     assert spec["nvml"]["available"] is True
     assert [d["index"] for d in spec["devices"]] == list(range(8))
     assert all(d["model"] == "NVIDIA H100 80GB HBM3" and d["lost"] is False for d in spec["devices"])
+    assert all(d["inforomCorrupt"] is False for d in spec["devices"])  # nvmlDeviceValidateInforom: valid
     assert spec["agent"]["bootTime"] == rfc3339(BOOT_TIME)
     assert spec["agent"]["sources"] == ["nvml"]
     assert "status" not in body
@@ -73,6 +74,8 @@ def test_injected_xid_published_within_one_event_wait(make_agent: AgentFactory, 
         ("gpu 1 clock_reasons 0x40", lambda d: d["clockEventReasons"] == 0x40),
         ("gpu 1 recovery_action 1", lambda d: d["recoveryAction"] == "Reset"),
         ("gpu 1 lost 1", lambda d: d["lost"] is True),
+        ("gpu 1 inforom_corrupt 1", lambda d: d["inforomCorrupt"] is True),
+        ("gpu 1 notsupported inforom", lambda d: "inforomCorrupt" not in d and "inforomCorrupt" in d["unsupported"]),
     ],
 )
 def test_fact_changes_appear_after_one_sample(
