@@ -11,7 +11,11 @@ for a fact whose true value is a fault, the finding it makes. Everything else ta
   (:meth:`Fact.dump`);
 * ``cli/nodeview.py`` and ``cli/describe_text.py`` show the facts with a ``label`` (a column of the
   Devices table) or ``describe`` (``describe -o json``);
-* ``evaluation/assess.py`` makes each :class:`Fault` fact's finding when the GPU reports it true.
+* ``evaluation/assess.py`` makes each :class:`Fault` fact's finding when the GPU reports it true (the
+  action is the declaration's: a fact whose action a policy should choose needs a rule of its own in
+  ``api/policy.py``);
+* the agent reads each :class:`GpuFacts` field through ``agent/nvml_calls.py`` ``GPU_FACT_READS`` (the
+  NVML call itself is declared in ``agent/nvml_port.py``), as often as that says.
 
 The facts that existed before this table keep their own typed attributes on both sides (the
 operator's :class:`~gpuhealth.api.report.Device` reads ``uuid`` as ``""`` and ``clockEventReasons``
