@@ -29,6 +29,8 @@
  *                                    ecc_aggregate_uncorrected ecc_aggregate_corrected
  *                                    retired_sbe retired_dbe retired_pending
  *                                    remap_corrected remap_uncorrected remap_pending remap_failure
+ *                                    inforom_corrupt (1: nvmlDeviceValidateInforom answers
+ *                                    NVML_ERROR_CORRUPTED_INFOROM; default 0, valid)
  *   gpu <i|*> <fabric key> <value>   the fabric between GPUs (defaults: an HGX H100 on NVSwitch):
  *                                    nvlinks (links that exist, default 18; 0: no NVLink)
  *                                    nvlink_inactive (bit mask of inactive links, default 0)
@@ -50,7 +52,7 @@
  *   gpu <i|*> notsupported <query>   that query answers NOT_SUPPORTED; queries: ecc ecc_mode mig
  *                                    retired_pages remapped_rows temperature thresholds
  *                                    clock_reasons power recovery_action events all
- *                                    nvlink nvlink_errors p2p fabric pcie throttle_ns
+ *                                    nvlink nvlink_errors p2p fabric pcie throttle_ns inforom
  *                                    recovery_events unavailable_events (the GPU does not offer
  *                                    those event types, as drivers before NVML 13)
  *                                    (case, '_' and '-' are ignored)
@@ -135,6 +137,7 @@ enum {
     NS_FABRIC = 1u << 16,
     NS_PCIE = 1u << 17,
     NS_THROTTLE_NS = 1u << 18,
+    NS_INFOROM = 1u << 19,
 };
 
 #define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
@@ -163,6 +166,7 @@ struct fake_gpu {
     unsigned int retired_sbe, retired_dbe, retired_pending;
     unsigned int remap_corrected, remap_uncorrected, remap_pending, remap_failure;
     unsigned int recovery_action;
+    unsigned int inforom_corrupt;
     int lost;
     unsigned int notsupported;
     unsigned int max_mig;
@@ -295,6 +299,7 @@ static unsigned int notsupported_bit(const char *name) {
         {"fabric", NS_FABRIC},
         {"pcie", NS_PCIE},
         {"throttlens", NS_THROTTLE_NS},
+        {"inforom", NS_INFOROM},
         {"all", 0xffffffffu},
     };
     char key[64];
@@ -316,6 +321,7 @@ static int set_gpu_value(struct fake_gpu *g, int index, const char *key, const c
     else if (strcmp(key, "power_mw") == 0) g->power_mw = u;
     else if (strcmp(key, "clock_reasons") == 0) g->clock_reasons = v;
     else if (strcmp(key, "ecc_mode") == 0) g->ecc_mode = u;
+    else if (strcmp(key, "inforom_corrupt") == 0) g->inforom_corrupt = u;
     else if (strcmp(key, "mig") == 0) g->mig_mode = u;
     else if (strcmp(key, "max_mig") == 0) g->max_mig = u > MAX_MIG ? MAX_MIG : u;
     else if (strcmp(key, "mig_device") == 0) {
@@ -863,6 +869,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
     *isPending = g->remap_pending ? 1 : 0;
     *failureOccurred = g->remap_failure ? 1 : 0;
     LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device) {
+    ENTER();
+    DEVICE(device, NS_INFOROM);
+    LEAVE(g->inforom_corrupt ? NVML_ERROR_CORRUPTED_INFOROM : NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor, unsigned int *temp) {

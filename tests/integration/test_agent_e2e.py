@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,27 @@ def test_xid_held_by_an_agent_killed_before_its_report_write_is_published_after_
     xids = kube.report(node)["spec"]["xidEvents"]
     assert [(e["xid"], e["gpu"]) for e in xids] == [(79, 5)]
     assert list(agent.emitted()) == [1], "the restarted agent got the XID from its journal, not from NVML"
+
+
+def test_a_corrupt_inforom_reaches_the_report_and_degrades_the_node_without_quarantine(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, fleet: AgentFleet
+) -> None:
+    """The fact declared once (api/device_facts.py), end to end: the fake driver answers
+    NVML_ERROR_CORRUPTED_INFOROM for GPU 3, the agent (which validates the InfoROM at start, then hourly)
+    writes inforomCorrupt, the API server keeps it (the generated CRD declares it), and the operator
+    observes it: Degraded for InfoROMCorrupt, no taint, no cordon."""
+    (node,) = make_nodes(cluster, group, 1)
+    kube.apply_policy(group, policy_spec(group))
+    fleet.start([node])
+    wait_for(lambda: kube.state(node) == "Healthy", timeout=60, what="agent reports, node Healthy")
+    assert all(d["inforomCorrupt"] is False for d in kube.report(node)["spec"]["devices"])
+    agent = fleet[node]
+    agent.set("gpu 3 inforom_corrupt 1")
+    agent.kill(signal.SIGTERM)
+    fleet.launch(agent)  # a restarted agent validates the InfoROM at once
+    wait_for(lambda: kube.state(node) == "Degraded", timeout=30, what="Degraded from the corrupt InfoROM")
+    report = kube.report(node)
+    gpu3 = next(d for d in report["spec"]["devices"] if d["index"] == 3)
+    assert gpu3["inforomCorrupt"] is True
+    assert report["status"]["reason"] == "InfoROMCorrupt"
+    assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")

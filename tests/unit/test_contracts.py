@@ -93,6 +93,7 @@ def _every_fact(index: int) -> DeviceFacts:
         pcie=PcieFacts(8, 16, 4, 5, 12),
         throttle=ThrottleFacts(300, 10, 20, 40),
         unsupported=("nvmlDeviceGetPowerUsage",),
+        inforom_corrupt=True,
     )
 
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC as UTC  # re-exported: the agent's modules take the zone from here
 from datetime import datetime
 
-from gpuhealth.api.recovery import RecoveryAction
-
 # The report's vocabularies, declared with the report's types (the CRD is generated from them).
-from gpuhealth.api.report import MIG_DISABLED as MIG_DISABLED
-from gpuhealth.api.report import MIG_ENABLED as MIG_ENABLED
-from gpuhealth.api.report import MODE_UNSUPPORTED as MODE_UNSUPPORTED
+from gpuhealth.api.device_facts import MIG_DISABLED as MIG_DISABLED
+from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
+from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
+from gpuhealth.api.device_facts import GpuFacts
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import SourceName as SourceName
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
@@ -133,8 +133,9 @@ class ThrottleFacts:
 
 
 @dataclass(frozen=True)
-class DeviceFacts:
-    """What one GPU looked like at one sample."""
+class DeviceFacts(GpuFacts):
+    """What one GPU looked like at one sample. Its scalar facts are declared in api/device_facts.py
+    (newer ones as fields of GpuFacts, which this class extends); agent/report.py writes them by type."""
 
     index: int
     uuid: str | None = None

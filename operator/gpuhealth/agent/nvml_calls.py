@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,32 @@ def recovery_action(nvml: Nvml, handle: Handle) -> RecoveryAction | None:
     return action
 
 
+@dataclass(frozen=True)
+class FactRead:
+    """How the agent reads one fact of api/device_facts.py GpuFacts: the call, and how often. nvml_source.py
+    asks it through its usual NotSupported / lost handling (a fact NVML refuses is named by its report key
+    in ``unsupported``); between reads the last answer stands."""
+
+    read: Callable[[Nvml, Handle], object]
+    every_s: float = 0.0  # 0: every sample
+
+
+def inforom_corrupt(nvml: Nvml, handle: Handle) -> bool:
+    """nvmlDeviceValidateInforom: the InfoROM read back from flash and its checksums verified; corrupt on
+    NVML_ERROR_CORRUPTED_INFOROM (any other error is the query's: unsupported, lost, or failed)."""
+    try:
+        nvml.nvmlDeviceValidateInforom(handle)
+    except pynvml.NVMLError_CorruptedInforom:
+        return True
+    return False
+
+
+# Each GpuFacts field's read, by attribute (tests/unit/agent/test_agent_nvml_scripted.py holds the two to
+# each other). The InfoROM is read from flash: at most hourly, as DCGM's InfoROM health watch does
+# (github.com/NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp SetInforom: an update interval of at least 1 h).
+GPU_FACT_READS: dict[str, FactRead] = {"inforom_corrupt": FactRead(inforom_corrupt, every_s=3600.0)}
+
+
 class Lost(Exception):
     """NVML said GPU_IS_LOST for this device; abandon the rest of its sample."""
 
@@ -125,4 +152,7 @@ class Device:
     # (a refused call costs an exception per link and sample).
     absent: set[str] = field(default_factory=set)
     pcie_generation: int | None = None
+    # GpuFacts read less often than every sample (nvml_calls.GPU_FACT_READS): attribute -> when it was
+    # read (monotonic), its value, whether NVML refused it. Emptied with a new handle.
+    fact_reads: dict[str, tuple[float, object, bool]] = field(default_factory=dict)
     throttle_history: deque[tuple[float, tuple[int | None, ...]]] = field(default_factory=deque)

@@ -124,6 +124,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Handle, index: int) -> Handle: ...
     def nvmlDeviceGetGpuInstanceId(self, handle: Handle) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, handle: Handle) -> int: ...
+    def nvmlDeviceValidateInforom(self, handle: Handle) -> None: ...
 
 
 def _fn(name: str) -> Callable[..., Any]:
@@ -298,6 +299,9 @@ class PynvmlNvml:
     def nvmlDeviceGetComputeInstanceId(self, handle: Handle) -> int:
         result: int = _fn("nvmlDeviceGetComputeInstanceId")(handle)
         return result
+
+    def nvmlDeviceValidateInforom(self, handle: Handle) -> None:
+        _fn("nvmlDeviceValidateInforom")(handle)
 
 
 PYNVML: Nvml = PynvmlNvml()

@@ -11,11 +11,13 @@ Rules that matter to the operator downstream:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import pynvml
@@ -32,6 +34,7 @@ from gpuhealth.agent.model import (
     Temperature,
 )
 from gpuhealth.agent.nvml_calls import (
+    GPU_FACT_READS,
     Device,
     Lost,
     load_nvml_library,
@@ -43,6 +46,7 @@ from gpuhealth.agent.nvml_fabric import read_fabric, read_nvlink, read_pcie, rea
 from gpuhealth.agent.nvml_mig import read_mig_devices
 from gpuhealth.agent.nvml_port import PYNVML, Handle, Nvml
 from gpuhealth.agent.source import DeviceSample
+from gpuhealth.api.device_facts import GpuFacts
 
 __all__ = ["ENV_LIBRARY", "NvmlSource", "load_nvml_library"]
 
@@ -197,6 +201,7 @@ class NvmlSource(NvmlEvents):
         dev.facts = dev.facts.replace(uuid=uuid or dev.facts.uuid, pci_bus_id=pci or None, model=name or None)
         dev.static_unsupported = set()
         dev.links = None  # found again on the new handle
+        dev.fact_reads = {}
         dev.absent = set()
         shutdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0))
         slowdown = self._threshold(dev, getattr(pynvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
@@ -333,7 +338,11 @@ class NvmlSource(NvmlEvents):
         fabric = self._query(dev, Q_FABRIC, unsupported, lambda: read_fabric(nvml, h))
         pcie = self._query(dev, Q_PCIE, unsupported, lambda: read_pcie(nvml, dev, clock))
         throttle = self._query(dev, Q_THROTTLE, unsupported, lambda: read_throttle(nvml, dev, self._monotonic()))
+        declared = {
+            f.name: self._fact(dev, f.name, f.metadata["fact"].key, unsupported) for f in dataclasses.fields(GpuFacts)
+        }
         return dev.facts.replace(
+            **declared,
             lost=False,
             nvlink=nvlink,
             fabric=fabric,
@@ -350,6 +359,23 @@ class NvmlSource(NvmlEvents):
             recovery_action=recovery,
             mig_devices=migs or (),
         )
+
+    def _fact(self, dev: Device, name: str, key: str, unsupported: set[str]) -> object:
+        """A GpuFacts field (api/device_facts.py) by its read (nvml_calls.GPU_FACT_READS): asked again once
+        its period has passed, the last answer standing in between (a failed read is asked next sample)."""
+        how = GPU_FACT_READS[name]
+        now = self._monotonic()
+        last = dev.fact_reads.get(name)
+        if last is not None and now - last[0] < how.every_s:
+            if last[2]:
+                unsupported.add(key)
+            return last[1]
+        refused_before = key in unsupported
+        value = self._query(dev, key, unsupported, partial(how.read, self._nvml, dev.handle))
+        refused = key in unsupported and not refused_before
+        if value is not None or refused:
+            dev.fact_reads[name] = (now, value, refused)
+        return value
 
     def _mode(self, dev: Device, fn: Callable[[], int]) -> str | None:
         try:

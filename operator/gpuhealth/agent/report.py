@@ -25,6 +25,7 @@ from gpuhealth.agent.model import (
 )
 from gpuhealth.agent.report_fabric import device_fabric_spec, nics_changed, nics_spec, significant_fabric
 from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
+from gpuhealth.api.device_facts import DEVICE_FACTS
 from gpuhealth.api.timeutil import parse_time
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE_BAND_C = 5
+_SAMPLED = tuple(f for f in DEVICE_FACTS if f.sampled)
 _MAX_DEVICES = 64
 _MAX_MIG_DEVICES = 16
 _MAX_UNSUPPORTED = 32
@@ -74,18 +76,15 @@ def device_key(device: DeviceFacts) -> str:
 
 
 def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dict[str, Any]:
-    """One ``spec.devices[]`` entry; unknown values are omitted, never reported as zero."""
-    out: dict[str, Any] = {"index": device.index, "lost": device.lost}
-    if device.uuid:
-        out["uuid"] = _truncate(device.uuid, 128)
-    if device.pci_bus_id:
-        out["pciBusId"] = _truncate(device.pci_bus_id, 64)
-    if device.model:
-        out["model"] = _truncate(device.model, 128)
-    if device.mig_mode:
-        out["migMode"] = device.mig_mode
-    if device.ecc_mode:
-        out["eccMode"] = device.ecc_mode
+    """One ``spec.devices[]`` entry; unknown values are omitted, never reported as zero. The scalar
+    facts are api/device_facts.py's, each written by its type (Fact.dump)."""
+    out: dict[str, Any] = {"index": device.index}
+    for f in _SAMPLED:
+        value = f.dump(getattr(device, f.attr))
+        if value is not None:
+            out[f.key] = value
+    if device.clock_event_reasons is not None and clock_events_since is not None:
+        out["clockEventsSince"] = rfc3339(clock_events_since)
     if device.ecc is not None:
         ecc = _compact(
             {
@@ -128,14 +127,6 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
         )
         if temp:
             out["temperature"] = temp
-    if device.clock_event_reasons is not None:
-        out["clockEventReasons"] = device.clock_event_reasons
-        if clock_events_since is not None:
-            out["clockEventsSince"] = rfc3339(clock_events_since)
-    if device.power_w is not None:
-        out["powerW"] = round(device.power_w, 1)
-    if device.recovery_action is not None:
-        out["recoveryAction"] = str(device.recovery_action)
     out.update(device_fabric_spec(device))
     if device.mig_devices:
         out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]

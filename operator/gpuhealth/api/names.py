@@ -111,6 +111,7 @@ class Signal(StrEnum):
     NIC_DOWN = "NICDown"  # an InfiniBand / RoCE port down, or a counter fatal on any increase rose
     NIC_DEGRADED = "NICDegraded"  # a NIC error rate above its threshold (slow, not broken)
     GPU_LOST = "GPULost"
+    INFOROM_CORRUPT = "InfoROMCorrupt"  # NVML_ERROR_CORRUPTED_INFOROM (api/device_facts.py): observed, flash it
     GPU_COUNT = "GPUCountMismatch"
     NVML_UNAVAILABLE = "NVMLUnavailable"
     AGENT_SILENT = "AgentSilent"

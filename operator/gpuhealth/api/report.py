@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from gpuhealth.api import fabric
+from gpuhealth.api.device_facts import DEVICE_FACTS, GpuFacts
+from gpuhealth.api.device_facts import MIG_DISABLED as MIG_DISABLED
+from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
+from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
+from gpuhealth.api.device_facts import MODES as MODES
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report_fabric import (
     Clocks,
@@ -27,10 +32,7 @@ from gpuhealth.api.timeutil import parse_time
 # Closed vocabularies of the report (the agent writes them; the CRD's enums are generated from them).
 SourceName = Literal["nvml", "dcgm", "simulated"]  # spec.agent.sources[], spec.xidEvents[].source
 SOURCES: tuple[str, ...] = get_args(SourceName)
-MIG_ENABLED = "Enabled"  # spec.devices[].migMode and eccMode
-MIG_DISABLED = "Disabled"
-MODE_UNSUPPORTED = "Unsupported"
-MODES = (MIG_ENABLED, MIG_DISABLED, MODE_UNSUPPORTED)
+# migMode's and eccMode's (spec.devices[]) are declared with the device's facts (api/device_facts.py).
 
 
 __all__ = [
@@ -68,7 +70,10 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
-class Device:
+class Device(GpuFacts):
+    """One GPU as the operator reads it. Its scalar facts are declared in api/device_facts.py (the READ
+    ones are attributes here, or of :class:`~gpuhealth.api.device_facts.GpuFacts`) and parsed by type."""
+
     index: int
     uuid: str = ""
     model: str = ""
@@ -213,11 +218,18 @@ def _opt_str(v: Any, where: str) -> str | None:
     return v
 
 
-def _recovery(v: Any, where: str) -> RecoveryAction | None:
-    """The GPU's recovery action (``api/recovery.py``): a value this table does not know is unknown
-    (None), like one the agent could not name, never guessed; a value that is no string is malformed."""
-    text = _opt_str(v, where)
-    return RecoveryAction.parse(text) if text is not None else None
+def _scalar_facts(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The device's READ scalar facts (api/device_facts.py) by attribute; one absent (or decoded to
+    unknown, such as a recovery action newer than api/recovery.py) keeps :class:`Device`'s default."""
+    out: dict[str, Any] = {}
+    for f in _READ_FACTS:
+        value = f.parse(d.get(f.key), f"{where}.{f.key}")
+        if value is not None:
+            out[f.attr] = value
+    return out
+
+
+_READ_FACTS = tuple(f for f in DEVICE_FACTS if f.read)
 
 
 def parse_report(obj: Mapping[str, Any]) -> Report:
@@ -255,9 +267,7 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
         devices.append(
             Device(
                 index=idx,
-                uuid=str(d.get("uuid") or ""),
-                model=str(d.get("model") or ""),
-                lost=bool(d.get("lost", False)),
+                **_scalar_facts(d, where),
                 ecc_volatile_uncorrected=_int(ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"),
                 ecc_aggregate_uncorrected=_int(ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"),
                 retired_pending=bool(pages.get("pending", False)),
@@ -265,10 +275,6 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
                 remap_failure=bool(rows.get("failure", False)),
                 temperature_c=temp.get("currentC"),
                 slowdown_c=temp.get("slowdownC"),
-                clock_event_reasons=_int(d.get("clockEventReasons"), f"{where}.clockEventReasons"),
-                clock_events_since=parse_time(d.get("clockEventsSince")),
-                recovery_action=_recovery(d.get("recoveryAction"), f"{where}.recoveryAction"),
-                mig_mode=_opt_str(d.get("migMode"), f"{where}.migMode") or "",
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
                 nvlink=parse_nvlink(d.get("nvlink"), f"{where}.nvlink"),
                 fabric=parse_fabric(d.get("fabric"), f"{where}.fabric"),

@@ -9,12 +9,17 @@ of the two lists), to the parser (dropping a READ field changes what ``parse_rep
 dropping a DROPPED one never does) and to the cache (it keeps exactly the READ fields). A field
 added to the CRD fails the build until it is listed here.
 
+A device's scalar facts are declared in ``api/device_facts.py`` (each with whether it is read, or
+why not) and listed here from there.
+
 Paths are spelled as the tests' schema walker spells them: dotted, a list's items as ``[]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from gpuhealth.api.device_facts import DEVICE_FACTS
 
 READ: tuple[str, ...] = (
     "spec.nodeName",  # must be the report's name (a report about another node is refused)
@@ -26,12 +31,7 @@ READ: tuple[str, ...] = (
     "spec.nvml.unresponsive.since",
     "spec.nvml.unresponsive.lastSampleTime",
     "spec.devices[].index",
-    "spec.devices[].uuid",
-    "spec.devices[].model",
-    "spec.devices[].lost",
-    "spec.devices[].clockEventReasons",
-    "spec.devices[].clockEventsSince",
-    "spec.devices[].recoveryAction",
+    *(f"spec.devices[].{f.key}" for f in DEVICE_FACTS if f.read),  # the scalar facts: api/device_facts.py
     "spec.devices[].ecc.volatileUncorrected",
     "spec.devices[].ecc.aggregateUncorrected",
     "spec.devices[].retiredPages.pending",
@@ -39,7 +39,6 @@ READ: tuple[str, ...] = (
     "spec.devices[].remappedRows.failure",
     "spec.devices[].temperature.currentC",
     "spec.devices[].temperature.slowdownC",
-    "spec.devices[].migMode",  # typed for the MIG layout of kubectl gpuhealth describe (cli/miglayout.py)
     "spec.devices[].migDevices[].index",
     "spec.devices[].migDevices[].uuid",
     "spec.devices[].migDevices[].gpuInstanceId",
@@ -98,8 +97,7 @@ DROPPED: Mapping[str, str] = {
     "spec.agent.bootTime": "the agent's own XID history boundary",
     "spec.nvml.driverVersion": "for humans",
     "spec.nvml.cudaVersion": "for humans",
-    "spec.devices[].pciBusId": "for humans",
-    "spec.devices[].eccMode": "for humans",
+    **{f"spec.devices[].{f.key}": f.dropped for f in DEVICE_FACTS if not f.read},
     "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
     "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",
     "spec.devices[].retiredPages.singleBitEcc": "history; pending retirement is the fault",
@@ -107,7 +105,6 @@ DROPPED: Mapping[str, str] = {
     "spec.devices[].remappedRows.corrected": "history; a pending remap or a failure is the fault",
     "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
     "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
-    "spec.devices[].powerW": "follows the workload; /metrics has it live",
     "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
     "spec.devices[].nvlink.inactiveLinks[]": "for humans: links and active are what is judged",
     "spec.devices[].nvlink.version": "for humans",

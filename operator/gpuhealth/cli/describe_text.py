@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
@@ -67,6 +68,17 @@ def _remap(d: Mapping[str, Any]) -> str:
     if pages.get("pending"):
         flags.append("page-retire pending")
     return text + (f" {','.join(flags)}" if flags else "")
+
+
+_COLUMNS = tuple(f for f in DEVICE_FACTS if f.label)
+
+
+def _fact_cell(fact: Fact, value: Any) -> str:
+    """A fact's cell in the Devices table: a boolean by its flag texts, a number with its unit."""
+    if isinstance(value, bool) and fact.flag != ("", ""):
+        return fact.flag[0] if value else fact.flag[1]
+    text = _v(value)
+    return text + fact.unit if fact.unit and text != "-" else text
 
 
 def _words(key: str) -> str:
@@ -357,15 +369,31 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
                 _temp(d),
                 _ecc(d),
                 _remap(d),
-                "LOST" if d.get("lost") else "no",
+                *(_fact_cell(f, d.get(f.key)) for f in _COLUMNS),
                 ",".join(d.get("unsupported") or []) or "-",
             ]
             for d in devices
         ]
+        first = 6  # the facts' columns (api/device_facts.py, those with a label) follow the six above
+        alarms = {first + i: f.flag[0] for i, f in enumerate(_COLUMNS) if f.flag[0]}
+
+        def alarm(n: int, col: int, cell: str) -> str:
+            on = color and col in alarms and cell.rstrip() == alarms[col]
+            return paint(cell, STATE_COLORS[State.AWAITING_REPAIR], on)
+
         lines += table(
-            ["IDX", "UUID", "MODEL", "TEMP", "ECC-UNC(VOL/AGG)", "REMAP(C/U)", "LOST", "UNSUPPORTED"],
+            [
+                "IDX",
+                "UUID",
+                "MODEL",
+                "TEMP",
+                "ECC-UNC(VOL/AGG)",
+                "REMAP(C/U)",
+                *(f.label for f in _COLUMNS),
+                "UNSUPPORTED",
+            ],
             rows,
-            lambda n, col, cell: paint(cell, STATE_COLORS[State.AWAITING_REPAIR], color and cell.startswith("LOST")),
+            alarm,
             indent="  ",
         )
     else:

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuhealth.api.device_facts import DEVICE_FACTS
 from gpuhealth.api.names import (
     CONDITION_TYPE,
     LEASE_SAMPLED_AT_ANNOTATION,
@@ -37,19 +38,15 @@ def _age(t: dt.datetime | None, now: dt.datetime) -> float | None:
 
 
 def _device(d: Mapping[str, Any]) -> dict[str, Any]:
+    """One GPU: the scalar facts describe shows (api/device_facts.py), then the structured ones."""
     temp = d.get("temperature") or {}
     return {
         "index": d.get("index"),
-        "uuid": d.get("uuid"),
-        "model": d.get("model"),
-        "pciBusId": d.get("pciBusId"),
+        **{f.key: d.get(f.key, f.default) for f in DEVICE_FACTS if f.shown},
         "temperature": {"currentC": temp.get("currentC"), "slowdownC": temp.get("slowdownC")},
         "ecc": dict(d.get("ecc") or {}) or None,
         "remappedRows": dict(d.get("remappedRows") or {}) or None,
         "retiredPages": dict(d.get("retiredPages") or {}) or None,
-        "clockEventReasons": d.get("clockEventReasons"),
-        "recoveryAction": d.get("recoveryAction"),
-        "lost": bool(d.get("lost", False)),
         "unsupported": list(d.get("unsupported") or []),
     }
 

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpuhealth.api.device_facts import FAULT_FACTS
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, NvmlHang, Report
@@ -100,6 +101,10 @@ def _assess_device(
             )
         )
         return out
+    for fact in FAULT_FACTS:  # a boolean fact true is its own finding (api/device_facts.py Fault)
+        fault = fact.fault
+        if fault is not None and getattr(d, fact.attr) is True:
+            out.append(Finding(fault.signal, fault.action, fault.detail, d.index, d.uuid, None, seen))
     if d.ecc_volatile_uncorrected >= policy.ecc_threshold:
         out.append(
             Finding(

@@ -250,6 +250,9 @@ class ScriptedNvml:
     def nvmlDeviceGetComputeInstanceId(self, handle: Handle) -> int:
         return int(self._answer("nvmlDeviceGetComputeInstanceId", handle, self._absent))
 
+    def nvmlDeviceValidateInforom(self, handle: Handle) -> None:
+        self._answer("nvmlDeviceValidateInforom", handle, lambda: None)  # valid unless scripted to raise
+
     # ---- helpers ---------------------------------------------------------------------------
 
     @staticmethod

@@ -3,12 +3,15 @@ reaches only with a new scenario verb, each scripted at the one call that matter
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pynvml
 import pytest
 
+from gpuhealth.agent.nvml_calls import GPU_FACT_READS
 from gpuhealth.agent.nvml_source import Q_CLOCK, Q_POWER, Q_RECOVERY, NvmlSource
+from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
 from tests.unit.agent.scripted_nvml import FI_RECOVERY_ACTION, ScriptedNvml, nvml_error
 
@@ -88,3 +91,47 @@ def test_a_power_reading_the_gpu_refuses_is_unsupported_and_the_gpu_stays_in_ser
     nvml.script("nvmlDeviceGetPowerUsage", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED))
     device = _source(nvml).sample().devices[0]
     assert device.power_w is None and Q_POWER in device.unsupported and not device.lost
+
+
+def test_each_declared_gpu_fact_has_its_nvml_read() -> None:
+    """A field of api/device_facts.py GpuFacts is read through agent/nvml_calls.py GPU_FACT_READS."""
+    declared = {f.name for f in dataclasses.fields(GpuFacts)}
+    assert set(GPU_FACT_READS) == declared, "GPU_FACT_READS and GpuFacts name different facts"
+
+
+def test_a_corrupt_inforom_is_a_fact_and_a_refused_check_is_unsupported() -> None:
+    nvml = ScriptedNvml(gpus=3)
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_CORRUPTED_INFOROM), gpu=1)
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=2)
+    valid, corrupt, refused = _source(nvml).sample().devices
+    assert valid.inforom_corrupt is False and "inforomCorrupt" not in valid.unsupported
+    assert corrupt.inforom_corrupt is True and not corrupt.lost and corrupt.power_w == 120.0
+    assert refused.inforom_corrupt is None and "inforomCorrupt" in refused.unsupported
+
+
+def test_the_inforom_is_read_again_only_after_its_period() -> None:
+    """It is read back from flash: at start, then once its period (an hour, as DCGM) has passed; a failed
+    read is asked again at the next sample."""
+    clock = [0.0]
+    nvml = ScriptedNvml(gpus=1)
+    src = NvmlSource(nvml=nvml, monotonic=lambda: clock[0])
+
+    def reads() -> int:
+        return nvml.calls.count("nvmlDeviceValidateInforom")
+
+    assert src.sample().devices[0].inforom_corrupt is False and reads() == 1
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_CORRUPTED_INFOROM))
+    clock[0] = 3599.0
+    assert src.sample().devices[0].inforom_corrupt is False and reads() == 1  # the last answer stands
+    clock[0] = 3600.0
+    assert src.sample().devices[0].inforom_corrupt is True and reads() == 2
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_UNKNOWN))
+    clock[0] = 7200.0
+    assert src.sample().devices[0].inforom_corrupt is None and reads() == 3  # failed: unknown, not cached
+    nvml.script("nvmlDeviceValidateInforom", nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    clock[0] = 7201.0
+    refused = src.sample().devices[0]
+    assert refused.inforom_corrupt is None and "inforomCorrupt" in refused.unsupported and reads() == 4
+    clock[0] = 7300.0
+    again = src.sample().devices[0]
+    assert "inforomCorrupt" in again.unsupported and reads() == 4  # the refusal stands too

@@ -41,6 +41,7 @@ def test_creates_report_with_eight_gpus(make_agent: AgentFactory) -> None:
     assert spec["nvml"]["available"] is True
     assert [d["index"] for d in spec["devices"]] == list(range(8))
     assert all(d["model"] == "NVIDIA H100 80GB HBM3" and d["lost"] is False for d in spec["devices"])
+    assert all(d["inforomCorrupt"] is False for d in spec["devices"])  # nvmlDeviceValidateInforom: valid
     assert spec["agent"]["bootTime"] == rfc3339(BOOT_TIME)
     assert spec["agent"]["sources"] == ["nvml"]
     assert "status" not in body
@@ -84,6 +85,17 @@ def test_fact_changes_appear_after_one_sample(
     scenario.write(line)
     took = wait_for(lambda: check(device(api.spec, 1)))  # type: ignore[operator]
     assert took < 2 * interval + 0.5
+
+
+def test_the_inforom_check_of_the_fake_driver_reaches_the_report(make_agent: AgentFactory, scenario: Scenario) -> None:
+    """Read at start (then hourly, agent/nvml_calls.py): corrupt, refused (unsupported), valid."""
+    scenario.write("gpu 1 inforom_corrupt 1", "gpu 2 notsupported inforom")
+    _agent, api = make_agent()
+    first_write(api)
+    assert device(api.spec, 1)["inforomCorrupt"] is True
+    refused = device(api.spec, 2)
+    assert "inforomCorrupt" not in refused and "inforomCorrupt" in refused["unsupported"]
+    assert device(api.spec, 0)["inforomCorrupt"] is False
 
 
 def test_clock_events_since_moves_with_significant_bits(make_agent: AgentFactory, scenario: Scenario) -> None:

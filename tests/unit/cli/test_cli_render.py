@@ -353,3 +353,37 @@ def test_status_counts_slow_gpus_apart_from_broken() -> None:
     out = fleet.to_json()["totals"]["outOfService"]
     assert (out["gpus"], out["slowGpus"], out["brokenGpus"]) == (17, 9, 8)
     assert "Of the GPUs held out: 9 slow, not broken (maxSlow), 8 broken" in render_status(fleet)
+
+
+def test_describe_shows_a_declared_fact_in_its_own_column_and_in_json() -> None:
+    """A fact with a label in api/device_facts.py (InfoROM) is a column of the Devices table and a key of
+    describe -o json, with no CLI code of its own: corrupt, valid, and unknown (not supported)."""
+    spec = {
+        "heartbeatTime": ago(5),
+        "devices": [
+            {"index": 0, "uuid": "GPU-0000", "inforomCorrupt": True},
+            {"index": 1, "uuid": "GPU-0001", "inforomCorrupt": False},
+            {"index": 2, "uuid": "GPU-0002", "unsupported": ["inforomCorrupt"]},
+        ],
+    }
+    model = describe_node("n", node("n"), report("n", "Degraded", spec=spec), policy(), [], NOW)
+    assert [d["inforomCorrupt"] for d in model["devices"]] == [True, False, None]
+    lines = render_describe(model).splitlines()
+    header = next(line for line in lines if line.strip().startswith("IDX"))
+    assert header.split() == [
+        "IDX",
+        "UUID",
+        "MODEL",
+        "TEMP",
+        "ECC-UNC(VOL/AGG)",
+        "REMAP(C/U)",
+        "LOST",
+        "INFOROM",
+        "UNSUPPORTED",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines if line.strip().startswith(("0 ", "1 ", "2 "))}
+    assert (
+        rows["0"][-2:] == ["CORRUPT", "-"]
+        and rows["1"][-2:] == ["ok", "-"]
+        and rows["2"][-2:] == ["-", "inforomCorrupt"]
+    )

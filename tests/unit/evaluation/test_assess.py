@@ -294,6 +294,11 @@ CASES = [
         capacity=4,
     ),
     Case("gpu-count-unknown-expectation", {"devices": [gpu(0)]}, [], labels={GPU_COUNT_LABEL: "eight"}),
+    Case(
+        "inforom-corrupt-observed-not-quarantined",
+        {"devices": [gpu(0, inforomCorrupt=True), gpu(1, inforomCorrupt=False), *(gpu(i) for i in range(2, 8))]},
+        [(Signal.INFOROM_CORRUPT, OBS, 0, None)],
+    ),
     Case("gpu-count-more-than-label-is-fine", {"devices": [gpu(i) for i in range(9)]}, []),
 ]
 
