@@ -2,8 +2,9 @@
 
 ``Record`` is the part the state machine owns (it resumes from it after a restart); ``node_status``
 adds what the operator reports beside it (policy, GPU counts, evidence). ``status.drain`` holds a
-drain's progress; ``drain_is_current`` and ``drain_done`` say whether it belongs to the node's
-current Draining episode.
+drain's progress, ``status.deviceDrains`` each GPU's; ``drain_is_current`` is the one rule that says
+whether a drain record belongs to the current Draining episode of its node or GPU, and ``drain_done``
+whether the node's has completed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from typing import Any, Protocol, TypedDict, cast
 
 from gpuhealth.api.names import OUT_OF_SERVICE, Action, State
 from gpuhealth.api.timeutil import format_time, parse_time
@@ -281,10 +282,19 @@ def status_changes(prev: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
 
 
-def drain_is_current(drain: DrainRecord, rec: Record) -> bool:
-    """The drain record belongs to the current Draining episode (started at or after it began)."""
+class Episode(Protocol):
+    """A record whose state began at ``since``: a node's ``Record``, a GPU's ``api.devices.DeviceRecord``."""
+
+    @property
+    def since(self) -> dt.datetime | None: ...
+
+
+def drain_is_current(drain: Mapping[str, Any], episode: Episode) -> bool:
+    """The drain record (the node's ``status.drain``, or a GPU's ``status.deviceDrains`` entry) belongs
+    to the episode's current Draining episode: it started at or after the episode began (a second's
+    slack, times are written to the second), or one of the two times is unknown."""
     started = parse_time(drain.get("startedAt"))
-    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
+    return started is None or episode.since is None or started >= episode.since - dt.timedelta(seconds=1)
 
 
 def drain_done(drain: DrainRecord, rec: Record) -> bool:
@@ -295,3 +305,14 @@ def drain_done(drain: DrainRecord, rec: Record) -> bool:
 def read_drain(status: Mapping[str, Any] | None) -> DrainRecord:
     """``status.drain`` (a copy), empty when there is none."""
     return cast(DrainRecord, dict((status or {}).get("drain") or {}))
+
+
+def read_device_drains(status: Mapping[str, Any] | None) -> dict[int, DrainRecord]:
+    """``status.deviceDrains`` by GPU index (each a copy): each device drain's progress."""
+    raw = (status or {}).get("deviceDrains") or {}
+    out: dict[int, DrainRecord] = {}
+    if isinstance(raw, Mapping):
+        for k, v in raw.items():
+            if str(k).isdigit() and isinstance(v, Mapping):
+                out[int(k)] = DrainRecord(**v)  # type: ignore[typeddict-item]
+    return out

@@ -27,11 +27,10 @@ from typing import Any
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import DrainRecord, Record
+from gpuhealth.api.status import DrainRecord, Record, drain_is_current, read_device_drains
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
-from gpuhealth.controller.act.device_reconciler import device_drains, drain_current
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
@@ -47,7 +46,7 @@ CLAIMS_TTL_S = 1.0
 
 def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
     """The GPU's drain record if it belongs to its current Draining episode, else a blank one."""
-    if record and drain_current(record, rec):
+    if record and drain_is_current(record, rec):
         return record
     return DrainRecord()
 
@@ -91,7 +90,7 @@ class DeviceDrainer:
     ) -> Again:
         """Drain the pods that hold each Draining GPU; returns when the node wants its next pass."""
         status = (self.store.reports.get(name) or {}).get("status") or {}
-        drains = device_drains(status)
+        drains = read_device_drains(status)
         draining = {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
         stale = {str(i): None for i in drains if i not in draining}
         if stale:

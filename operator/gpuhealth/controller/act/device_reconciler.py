@@ -49,8 +49,7 @@ from gpuhealth.api.names import (
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation import Phase, StepKind, ladders_from_status
 from gpuhealth.api.report import Report
-from gpuhealth.api.status import DrainRecord
-from gpuhealth.api.timeutil import parse_time
+from gpuhealth.api.status import drain_is_current, read_device_drains
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules
 from gpuhealth.controller.act.events import EventSink
@@ -71,23 +70,6 @@ def released_gpus(annotations: Mapping[str, str]) -> frozenset[int]:
     """GPU indices named by the ``gpuhealth.dev/release-gpu`` annotation (``"3"`` or ``"3,5"``)."""
     raw = str(annotations.get(RELEASE_GPU_ANNOTATION) or "")
     return frozenset(int(p) for p in raw.replace(" ", "").split(",") if p.isdigit())
-
-
-def device_drains(status: Mapping[str, Any]) -> dict[int, DrainRecord]:
-    """``status.deviceDrains`` by GPU index: each device drain's progress."""
-    raw = status.get("deviceDrains") or {}
-    out: dict[int, DrainRecord] = {}
-    if isinstance(raw, Mapping):
-        for k, v in raw.items():
-            if str(k).isdigit() and isinstance(v, Mapping):
-                out[int(k)] = DrainRecord(**v)  # type: ignore[typeddict-item]
-    return out
-
-
-def drain_current(record: Mapping[str, Any], rec: DeviceRecord) -> bool:
-    """The drain belongs to the GPU's current Draining episode."""
-    started = parse_time(record.get("startedAt"))
-    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -238,9 +220,11 @@ class DeviceReconciler(DeviceRules):
         devices and rule names, and the assessment the node state machine decides on. No side effect."""
         a, findings, placement, uuids = placed.assessment, list(placed.findings), placed.placement, placed.uuids
         prior = placed.prior
-        drains = device_drains(status)
+        drains = read_device_drains(status)
         drained = frozenset(
-            i for i, d in drains.items() if d.get("phase") == "Completed" and i in prior and drain_current(d, prior[i])
+            i
+            for i, d in drains.items()
+            if d.get("phase") == "Completed" and i in prior and drain_is_current(d, prior[i])
         )
         ladders = ladders_from_status(status) if policy.remediation.enabled else {}
         inputs = DeviceInputs(
