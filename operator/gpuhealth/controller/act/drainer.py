@@ -42,8 +42,7 @@ from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import pods as P
-from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
-from gpuhealth.evaluation.restarts import crashloop_evictions
+from gpuhealth.drain.plan import DrainPlan, Step, crashloop_evictions, plan_drain
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
 

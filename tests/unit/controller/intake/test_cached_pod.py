@@ -19,7 +19,7 @@ from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.drain import kueue as K
 from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import plan_drain
-from gpuhealth.evaluation.restarts import failure, shows_failure
+from gpuhealth.drain.pods import failure, shows_failure
 from tests.unit.builders import T0
 
 GANG = f"ml/{K.WORKLOAD_LABEL}=job-train"  # Kueue's workload label names the gang (drain/pods.py GANG_LABELS)

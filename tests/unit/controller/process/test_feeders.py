@@ -9,7 +9,7 @@ from gpuhealth.api.names import CHECKPOINT_COMPLETED, State
 from gpuhealth.api.status import Record
 from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
-from gpuhealth.evaluation.restarts import shows_failure
+from gpuhealth.drain.pods import shows_failure
 from tests.unit.builders import T0, make_policy
 from tests.unit.fake_kube import FakeKube
 
