@@ -311,7 +311,8 @@ class DeviceReconciler(DeviceRules):
 
     # -- announcing --------------------------------------------------------------------------------
 
-    def announce(self, name: str, policy: Policy, plan: DevicePlan, escalated: bool, fallback_new: bool) -> None:
+    def announce(self, p: NodePass, plan: DevicePlan, escalated: bool, fallback_new: bool) -> None:
+        name, policy = p.name, p.policy
         dry = policy.mode == Mode.DRY_RUN
         by_index = {r.index: r for r in plan.records}
         for _, seconds in plan.verdict.intervals:

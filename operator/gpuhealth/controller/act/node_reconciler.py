@@ -274,7 +274,7 @@ class NodeReconciler:
             fallback = decision.new_quarantine and any(
                 f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
             )
-            self.devices.announce(name, policy, dev, escalated, fallback)
+            self.devices.announce(p, dev, escalated, fallback)
             created = await self.devices.converge_rules(name, policy, dev.records)
             # Protection first, for GPUs as for nodes: in a storm of device faults every DeviceTaintRule
             # is written before a worker spends two more requests on a Node's state label and condition
@@ -284,7 +284,7 @@ class NodeReconciler:
                 again = 0.05
             elif policy.mode == Mode.ENFORCE:
                 # A new quarantine's condition waits for the next pass too: the taint is the protection.
-                await self._converge_node(name, policy, decision.record, node_a, now, not decision.new_quarantine)
+                await self._converge_node(p, decision.record, node_a, not decision.new_quarantine)
                 if decision.new_quarantine or created:
                     # Protection first: the drain, which takes several requests, starts on this node's
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
@@ -371,9 +371,9 @@ class NodeReconciler:
         self.store.created(name, obj)
         return obj
 
-    async def _converge_node(
-        self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime, condition: bool = True
-    ) -> None:
+    async def _converge_node(self, p: NodePass, rec: Record, a: Assessment, condition: bool = True) -> None:
+        """The Node to ``rec`` (``a``: what the node's state machine decided on), and its condition."""
+        name, policy, now = p.name, p.policy, p.now
         node = self.store.nodes[name]
         top = a.top
         reason = rec.reason or (top.reason if top else "")

@@ -192,7 +192,6 @@ class Remediator:
             return None
         again: Again = None
         ladders = p.stored.ladders
-        raw = p.stored.ladder_entries
         repairs = dict(p.stored.repairs)  # a copy: _repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.approval == Approval.MANUAL
@@ -244,7 +243,7 @@ class Remediator:
                 and dev.drained
                 and dev.taint_rule
             ):
-                may_start, handover = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
+                may_start, handover = await self._may_start(p, node, dev, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
             clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
@@ -288,7 +287,7 @@ class Remediator:
             else:
                 self._handover.pop((name, dev.index), None)
             try:
-                await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now, repairs)
+                await self._act(p, dev, lad, move, repairs)
             finally:
                 self._reserved.discard((name, dev.index))
                 self._reserved_validations.discard((name, dev.index))
@@ -300,15 +299,14 @@ class Remediator:
 
     async def _act(
         self,
-        name: str,
-        policy: Policy,
+        p: NodePass,
         dev: DeviceRecord,
         lad: LadderRecord | None,
-        old: Mapping[str, Any] | None,
         move: Move,
-        now: dt.datetime,
         repairs: dict[str, tuple[Repair, ...]] | None = None,
     ) -> None:
+        name, policy, now = p.name, p.policy, p.now
+        old: Mapping[str, Any] | None = p.stored.ladder_entries.get(str(dev.index))  # the entry as written
         settings = policy.remediation
         rec = move.record
         body: dict[str, Any] | None = None
@@ -387,16 +385,15 @@ class Remediator:
 
     async def _may_start(
         self,
-        name: str,
-        policy: Policy,
+        p: NodePass,
         node: Record,
         dev: DeviceRecord,
-        ladders: Mapping[int, LadderRecord],
         peers: Sequence[int] = (),
         records: Sequence[DeviceRecord] = (),
     ) -> tuple[bool, bool]:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not. Also
         whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``)."""
+        name, policy, ladders = p.name, p.policy, p.stored.ladders
         why = ""
         by_index = {r.index: r for r in records}
         waiting = [
