@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, TypedDict, cast
 
 from gpuhealth.api.devices import DeviceRecord, devices_from_status
@@ -334,7 +335,6 @@ class StoredStatus:
     resume from. Read only: a room copies what it edits."""
 
     written: Mapping[str, Any]  # the status as written: what the next status write is diffed against
-    record: Record
     devices: Mapping[int, DeviceRecord]  # the per-GPU records (``status.devices``) by index
     drain: DrainRecord  # ``status.drain``, empty when none
     device_drains: Mapping[int, DrainRecord]  # ``status.deviceDrains`` by GPU index
@@ -344,6 +344,11 @@ class StoredStatus:
     node_validation: NodeValidation | None
     pending: Mapping[str, Any]  # first-seen times of duration-based signals
     clock_skew: Mapping[str, Any] | None  # ``status.clockSkew`` as written
+
+    @cached_property
+    def record(self) -> Record:
+        """The state machine's record as written; parsed when asked for (a pass mostly has the store's)."""
+        return Record.from_status(self.written)
 
     @property
     def decided(self) -> bool:
@@ -357,7 +362,6 @@ class StoredStatus:
         skew = s.get("clockSkew")
         return StoredStatus(
             written=s,
-            record=Record.from_status(s),
             devices=devices_from_status(s),
             drain=read_drain(s),
             device_drains=read_device_drains(s),
