@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.policy import DrainSettings, Policy
 from gpuhealth.api.status import DrainRecord, PodDrain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
-from gpuhealth.drain import pods as P
 
 MODES = ("annotation", "signal", "none")
 

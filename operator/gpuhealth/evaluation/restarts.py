@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import Signal
+from gpuhealth.api.pods import failure
 from gpuhealth.api.policy import Policy
-from gpuhealth.drain import pods as P
-from gpuhealth.drain.pods import failure
 from gpuhealth.evaluation.assess import Finding
 from gpuhealth.evaluation.findings import Instance
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.status import DrainRecord, Record, drain_is_current
@@ -33,7 +34,6 @@ from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.state.store import Store
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.drain.plan import plan_drain
 from gpuhealth.evaluation.findings import Assessment

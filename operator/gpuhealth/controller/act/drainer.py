@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import (
@@ -41,7 +42,6 @@ from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import DrainPlan, Step, crashloop_evictions, plan_drain
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
