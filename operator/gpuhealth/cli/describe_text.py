@@ -70,6 +70,7 @@ def _remap(d: Mapping[str, Any]) -> str:
     return text + (f" {','.join(flags)}" if flags else "")
 
 
+_FIXED = ("IDX", "UUID", "MODEL", "TEMP", "ECC-UNC(VOL/AGG)", "REMAP(C/U)")  # the Devices table's own columns
 _COLUMNS = tuple(f for f in DEVICE_FACTS if f.label)
 
 
@@ -374,24 +375,15 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
             ]
             for d in devices
         ]
-        first = 6  # the facts' columns (api/device_facts.py, those with a label) follow the six above
-        alarms = {first + i: f.flag[0] for i, f in enumerate(_COLUMNS) if f.flag[0]}
+        # The facts' columns (api/device_facts.py, those with a label) follow the fixed ones.
+        alarms = {len(_FIXED) + i: f.flag[0] for i, f in enumerate(_COLUMNS) if f.flag[0]}
 
         def alarm(n: int, col: int, cell: str) -> str:
             on = color and col in alarms and cell.rstrip() == alarms[col]
             return paint(cell, STATE_COLORS[State.AWAITING_REPAIR], on)
 
         lines += table(
-            [
-                "IDX",
-                "UUID",
-                "MODEL",
-                "TEMP",
-                "ECC-UNC(VOL/AGG)",
-                "REMAP(C/U)",
-                *(f.label for f in _COLUMNS),
-                "UNSUPPORTED",
-            ],
+            [*_FIXED, *(f.label for f in _COLUMNS), "UNSUPPORTED"],
             rows,
             alarm,
             indent="  ",
