@@ -248,7 +248,9 @@ class NodeReconciler:
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
             skew, new_skew = skew_episode(store.report_seen(name), status.get("clockSkew"), now)
-            await self._persist(name, policy, overridden, report_obj, decision, a, dev, skew)
+            # A validation's move that creates no Job lands in this same write (node_validator.py).
+            folded = self.validator.fold(name, status, nmove)
+            await self._persist(name, policy, overridden, report_obj, decision, a, dev, skew, folded)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
             if new_skew is not None:
@@ -334,7 +336,10 @@ class NodeReconciler:
         a: Assessment,
         dev: DevicePlan,
         clock_skew: ClockSkewRecord | None = None,
+        folded: Mapping[str, Any] | None = None,
     ) -> None:
+        """Write the node's status; ``folded`` (other rooms' keys, already a merge patch's values)
+        goes in the same patch."""
         prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
         body = node_status(
             decision.record,
@@ -354,10 +359,10 @@ class NodeReconciler:
             else dev.in_service(decision.record.out_of_service, a.total_gpus),
             clock_skew=clock_skew,
         )
-        changed = status_changes(prev, body)
+        changed = {**status_changes(prev, body), **(folded or {})}
         if report_obj is None:
             report_obj = await self._create_stub(name)
-            changed = body
+            changed = {**body, **(folded or {})}
         if not changed:
             self.store.set_record(name, decision.record)
             return

@@ -6,7 +6,12 @@ The node reconciler calls :meth:`NodeValidator.observe` before the state machine
 (``evaluation/node_validation.py``); here are the API reads it needs and the writes, in the order
 the GPU's validation uses (``remediator.py``), which survives a kill at any line:
 
-1. ``status.nodeValidation`` first (the write-ahead record: the Job's name, ``created: false``);
+1. ``status.nodeValidation`` first (the write-ahead record: the Job's name, ``created: false``).
+   A move that creates no Job (a verdict, a timeout, a release) is written in the node's own status
+   patch instead (:meth:`NodeValidator.fold`): the state it decides and the record that decides it
+   land together, so no reader sees a node Healthy beside a validation still Running, and no kill
+   between two writes leaves the record behind the state (which the next pass would read as a fault
+   during the run);
 2. gpuhealth's burn-in taint, placed or lifted (only one it placed: ``held`` in the record); then
    the Job deleted (timed out or superseded) or created under the recorded name (409: it exists);
 3. the record again (``created: true``), Events and metrics.
@@ -187,16 +192,35 @@ class NodeValidator:
         finally:
             self.end(name)
 
+    def _record(self, name: str, status: Mapping[str, Any], move: NodeMove) -> NodeValidation | None:
+        """The record ``move`` leaves, less a hold on a taint of that key someone else placed."""
+        rec = move.record
+        old = NodeValidation.from_status(status.get("nodeValidation"))
+        if move.taint and rec is not None and self._tainted(name) and (old is None or not old.held):
+            rec = replace(rec, held=False)  # a taint of that key someone else placed is not gpuhealth's
+        return rec
+
+    def _tainted(self, name: str) -> bool:
+        taints = ((self.store.nodes.get(name) or {}).get("spec") or {}).get("taints") or []
+        return any(t.get("key") == BURN_IN_TAINT_KEY for t in taints)
+
+    def fold(self, name: str, status: Mapping[str, Any], move: NodeMove | None) -> dict[str, Any]:
+        """``status.nodeValidation`` to write in the node's own status patch: a move that creates no
+        Job, when its record changes (see the module docstring); empty otherwise."""
+        if move is None or move.start:
+            return {}
+        rec = self._record(name, status, move)
+        if rec == NodeValidation.from_status(status.get("nodeValidation")):
+            return {}
+        return {"nodeValidation": _entry(rec)}
+
     async def _act(
         self, name: str, policy: Policy, status: Mapping[str, Any], report: Report | None, move: NodeMove
     ) -> Again:
-        rec = move.record
+        rec = self._record(name, status, move)
         node = self.store.nodes.get(name) or {}
-        taints = list((node.get("spec") or {}).get("taints") or [])
-        ours = any(t.get("key") == BURN_IN_TAINT_KEY for t in taints)
+        ours = self._tainted(name)
         old = NodeValidation.from_status(status.get("nodeValidation"))
-        if move.taint and rec is not None and ours and (old is None or not old.held):
-            rec = replace(rec, held=False)  # a taint of that key someone else placed is not gpuhealth's
         body: dict[str, Any] | None = None
         if move.start and rec is not None:
             v = rec.validation
@@ -214,7 +238,7 @@ class NodeValidator:
                 return POLL_S  # the record stays where it was: the next pass tries again
             if not v.job:
                 rec = replace(rec, validation=replace(v, job=f"{policy.remediation.namespace}/{jname}"))
-        if rec != old:
+        if rec != old and move.start:  # (a move without a Job came with the node's status: fold)
             await self._write(name, rec)  # 1. the write-ahead record
         held = rec is not None and rec.held
         if held and not ours:
@@ -255,11 +279,7 @@ class NodeValidator:
         self.store.reflect_node(name, updated)
 
     async def _write(self, name: str, rec: NodeValidation | None) -> None:
-        entry = rec.to_status() if rec is not None else None
-        if entry is not None:  # a merge patch merges objects: the keys a new record drops go
-            for k in ("job", "created", "startedAt", "finishedAt", "findings", "held", "dryRun"):
-                entry.setdefault(k, None)
-        result = await self.kube.patch_report_status(name, {"status": {"nodeValidation": entry}})
+        result = await self.kube.patch_report_status(name, {"status": {"nodeValidation": _entry(rec)}})
         self.store.wrote(name, result)
 
     async def _create_job(self, name: str, body: Mapping[str, Any]) -> None:
@@ -272,3 +292,13 @@ class NodeValidator:
                 return
             self._block(name, f"the validation Job could not be created in {ns}: {status_of(e) or e}")
             raise
+
+
+def _entry(rec: NodeValidation | None) -> dict[str, Any] | None:
+    """The record as a merge patch's value: the keys a new record drops are nulled (a merge patch
+    merges objects), and None removes the record."""
+    entry = rec.to_status() if rec is not None else None
+    if entry is not None:
+        for k in ("job", "created", "startedAt", "finishedAt", "findings", "held", "dryRun"):
+            entry.setdefault(k, None)
+    return entry

@@ -180,8 +180,8 @@ FAIL = json.dumps(
 )
 
 
-def awaiting_repair(nodes: tuple[str, ...] = ("n1",)) -> FakeKube:
-    kube = fleet(RELEASE, nodes)
+def awaiting_repair(nodes: tuple[str, ...] = ("n1",), kube: FakeKube | None = None) -> FakeKube:
+    kube = fleet(RELEASE, nodes, kube)
     for n in nodes:
         kube.reports[n]["status"] = {
             "policy": "p",
@@ -253,3 +253,35 @@ def test_a_node_mixing_mig_modes_runs_no_job_and_says_which_gpus_are_which() -> 
     assert not kube.jobs and taints(kube) == [BURN_IN_TAINT_KEY]
     waits = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
     assert len(waits) == 1 and "MIG is enabled on GPU 1 and not on GPU 0, 2, 3, 4, 5, 6, 7" in waits[0]
+
+
+class Snapshots(FakeKube):
+    """Every state of the node's status a reader could have seen, one per status write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def patch_report_status(self, name: str, body: Any) -> dict[str, Any]:
+        out = super().patch_report_status(name, body)
+        status = self.reports[name].get("status") or {}
+        self.seen.append((str(status.get("state")), str((status.get("nodeValidation") or {}).get("result"))))
+        return out
+
+
+def test_a_verdict_lands_in_the_same_write_as_the_state_it_decides() -> None:
+    """No reader sees a node Healthy beside its validation still Running (CI caught that window on
+    the real control plane), nor AwaitingRepair beside it: the two are one status patch."""
+    for diagnostic, code, state, result in ((PASS, 0, "Healthy", "Passed"), (FAIL, 1, "AwaitingRepair", "Failed")):
+        snap = Snapshots()
+        awaiting_repair(kube=snap)
+        clock = Clock()
+        asyncio.run(passes(snap, clock, n=4))
+        ((_, job),) = snap.jobs
+        assert nv(snap)["result"] == "Running"
+        end_pod(snap, job, "n1", diagnostic, code)
+        asyncio.run(passes(snap, clock, n=4))
+        assert snap.reports["n1"]["status"]["state"] == state and nv(snap)["result"] == result
+        after = snap.seen[snap.seen.index(("Recovering", "Running")) :]
+        assert (state, "Running") not in after, after
+        assert after[after.index((state, result)) - 1] == ("Recovering", "Running"), after
