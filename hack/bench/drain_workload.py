@@ -18,7 +18,7 @@ DRAIN_XID = 74  # NVLink error: a node-scope fault the bench's policy answers wi
 CHECKPOINT = "gpuhealth.dev/checkpoint"
 REQUESTED = "gpuhealth.dev/checkpoint-requested"
 COMPLETED = "gpuhealth.dev/checkpoint-completed"
-GANG_LABEL = "jobset.sigs.k8s.io/jobset-name"  # a gang: checkpointed and evicted together (drain/pods.py)
+GANG_LABEL = "jobset.sigs.k8s.io/jobset-name"  # a gang: checkpointed and evicted together (api/pods.py)
 PDB_APP, PDB_REPLICAS = "pdb-app", 3
 
 

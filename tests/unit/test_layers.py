@@ -1,14 +1,14 @@
 """The package layering as a checked contract (run by ``make test``): no import cycle between
 gpuhealth's modules, and no layer importing one above it.
 
-Layers, low to high: ``api`` and ``catalog`` (the contract and NVIDIA's data), ``drain`` (pod facts
-and the drain planner), ``evaluation`` (assess, decide), ``kube`` and ``actions`` (the API door, Node
-patch planning), ``controller``. The ``agent`` stays self-contained (the agent image stays small): it
-may use only the contract (``api``: names, time format) and the ``kube`` credential chain and error
-taxonomy, never the operator's layers; so does the workload helper (``api`` only). The ``cli`` reads
-the contract, talks through ``kube`` and shows what the operator acts on through the same pure
-mappings (``drain`` for the pods of a device, ``actions`` for the devices of a GPU). Imports under
-``TYPE_CHECKING`` count: a cycle for the type checker is a knot for the reader too.
+Layers, low to high: ``api`` and ``catalog`` (the contract, facts about pods, NVIDIA's data), ``drain``
+(the drain planner, which pods hold a device, Kueue), ``evaluation`` (assess, decide), ``kube`` and
+``actions`` (the API door, Node patch planning), ``controller``. The ``agent`` stays self-contained (the
+agent image stays small): it may use only the contract (``api``: names, time format) and the ``kube``
+credential chain and error taxonomy, never the operator's layers; so does the workload helper (``api``
+only). The ``cli`` reads the contract, talks through ``kube`` and shows what the operator acts on
+through the same pure mappings (``drain`` for the pods of a device, ``actions`` for the devices of a
+GPU). Imports under ``TYPE_CHECKING`` count: a cycle for the type checker is a knot for the reader too.
 
 Inside ``controller`` the rooms follow the data: ``intake`` (watches, slim shapes, queue) <
 ``state`` (store, tallies, breaker) < ``act`` (the writes) < ``process`` (Kopf, runtime, feeders);

@@ -2,8 +2,10 @@
 
 ``Record`` is the part the state machine owns (it resumes from it after a restart); ``node_status``
 adds what the operator reports beside it (policy, GPU counts, evidence). ``status.drain`` holds a
-drain's progress; ``drain_is_current`` and ``drain_done`` say whether it belongs to the node's
-current Draining episode.
+drain's progress, ``status.deviceDrains`` each GPU's; ``drain_is_current`` is the one rule that says
+whether a drain record belongs to the current Draining episode of its node or GPU, and ``drain_done``
+whether the node's has completed. ``StoredStatus`` is a node's whole status as the operator reads it
+back, parsed once per pass; ``Running`` what one says runs now, counted across a policy's nodes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from functools import cached_property
+from typing import Any, Protocol, TypedDict, cast
 
+from gpuhealth.api.devices import DeviceRecord, devices_from_status
 from gpuhealth.api.names import OUT_OF_SERVICE, Action, State
+from gpuhealth.api.remediation import LadderRecord, Phase, Repair, ladders_from_status, repairs_from_status
 from gpuhealth.api.timeutil import format_time, parse_time
+from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
 
 MAX_EVIDENCE = 16
 
@@ -281,10 +287,19 @@ def status_changes(prev: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in body.items() if prev.get(k) != v and not (v is None and k not in prev)}
 
 
-def drain_is_current(drain: DrainRecord, rec: Record) -> bool:
-    """The drain record belongs to the current Draining episode (started at or after it began)."""
+class Episode(Protocol):
+    """A record whose state began at ``since``: a node's ``Record``, a GPU's ``api.devices.DeviceRecord``."""
+
+    @property
+    def since(self) -> dt.datetime | None: ...
+
+
+def drain_is_current(drain: Mapping[str, Any], episode: Episode) -> bool:
+    """The drain record (the node's ``status.drain``, or a GPU's ``status.deviceDrains`` entry) belongs
+    to the episode's current Draining episode: it started at or after the episode began (a second's
+    slack, times are written to the second), or one of the two times is unknown."""
     started = parse_time(drain.get("startedAt"))
-    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
+    return started is None or episode.since is None or started >= episode.since - dt.timedelta(seconds=1)
 
 
 def drain_done(drain: DrainRecord, rec: Record) -> bool:
@@ -295,3 +310,96 @@ def drain_done(drain: DrainRecord, rec: Record) -> bool:
 def read_drain(status: Mapping[str, Any] | None) -> DrainRecord:
     """``status.drain`` (a copy), empty when there is none."""
     return cast(DrainRecord, dict((status or {}).get("drain") or {}))
+
+
+def read_device_drains(status: Mapping[str, Any] | None) -> dict[int, DrainRecord]:
+    """``status.deviceDrains`` by GPU index (each a copy): each device drain's progress."""
+    raw = (status or {}).get("deviceDrains") or {}
+    out: dict[int, DrainRecord] = {}
+    if isinstance(raw, Mapping):
+        for k, v in raw.items():
+            if str(k).isdigit() and isinstance(v, Mapping):
+                out[int(k)] = DrainRecord(**v)  # type: ignore[typeddict-item]
+    return out
+
+
+def written_status(report: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The status of a GPUNodeHealth object (or of none) as written, empty when it has none."""
+    return (report or {}).get("status") or {}
+
+
+@dataclass(frozen=True)
+class StoredStatus:
+    """A node's GPUNodeHealth status as the operator reads it back, parsed once per pass: what the
+    state machine, the GPUs' verdicts, the drains, the repair ladders and the node's validation each
+    resume from. Read only: a room copies what it edits."""
+
+    written: Mapping[str, Any]  # the status as written: what the next status write is diffed against
+    devices: Mapping[int, DeviceRecord]  # the per-GPU records (``status.devices``) by index
+    drain: DrainRecord  # ``status.drain``, empty when none
+    device_drains: Mapping[int, DrainRecord]  # ``status.deviceDrains`` by GPU index
+    ladders: Mapping[int, LadderRecord]  # ``status.remediation`` by GPU index
+    ladder_entries: Mapping[str, Mapping[str, Any]]  # ``status.remediation`` as written (a merge patch's base)
+    repairs: Mapping[str, tuple[Repair, ...]]  # ``status.repairs`` by GPU UUID
+    node_validation: NodeValidation | None
+    pending: Mapping[str, Any]  # first-seen times of duration-based signals
+    clock_skew: Mapping[str, Any] | None  # ``status.clockSkew`` as written
+
+    @cached_property
+    def record(self) -> Record:
+        """The state machine's record as written; parsed when asked for (a pass mostly has the store's)."""
+        return Record.from_status(self.written)
+
+    @property
+    def decided(self) -> bool:
+        """A verdict has been written (the operator has decided on this node before)."""
+        return bool(self.written.get("state"))
+
+    @staticmethod
+    def read(status: Mapping[str, Any] | None) -> StoredStatus:
+        s = status or {}
+        entries = s.get("remediation") or {}
+        skew = s.get("clockSkew")
+        return StoredStatus(
+            written=s,
+            devices=devices_from_status(s),
+            drain=read_drain(s),
+            device_drains=read_device_drains(s),
+            ladders=ladders_from_status(s),
+            ladder_entries=entries if isinstance(entries, Mapping) else {},
+            repairs=repairs_from_status(s),
+            node_validation=NodeValidation.from_status(s.get("nodeValidation")),
+            pending=s.get("pending") or {},
+            clock_skew=skew if isinstance(skew, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """What a node's status says runs now, counted across a policy's nodes against its limits:
+    ``spec.remediation.maxConcurrent`` (ladder steps in flight), ``spec.validation.maxConcurrent``
+    (the GPUs' validation Jobs and the node's after a release) and ``newNodes.batchSize`` (burn-ins)."""
+
+    policy: str | None  # the governing policy the status names
+    steps: int = 0
+    validations: int = 0
+    burn_ins: int = 0
+
+    @staticmethod
+    def read(status: Mapping[str, Any] | None) -> Running:
+        s = status or {}
+        policy = s.get("policy")
+        ladders = ladders_from_status(s).values()
+        nv = NodeValidation.from_status(s.get("nodeValidation"))
+        node_running = nv is not None and nv.validation.outcome == Outcome.RUNNING
+        return Running(
+            policy=policy if isinstance(policy, str) else None,
+            steps=sum(1 for r in ladders if r.in_flight),
+            validations=sum(
+                1
+                for r in ladders
+                if r.phase == Phase.VALIDATING and r.validation and r.validation.outcome == Outcome.RUNNING
+            )
+            + (node_running and nv is not None and nv.trigger == Trigger.RELEASE),
+            burn_ins=int(node_running and nv is not None and nv.trigger == Trigger.BURN_IN),
+        )

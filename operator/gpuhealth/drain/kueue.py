@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import GPU_RESOURCE, KUEUE_API_VERSION
 from gpuhealth.api.nodes import count_of
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import Step
 
 HOSTNAME = "kubernetes.io/hostname"

@@ -1,4 +1,5 @@
-"""Pure drain planning: (node's pods, gangs, policy, fault, progress record, time) -> steps.
+"""Pure drain planning: (node's pods, gangs, policy, fault, progress record, time) -> steps; and the
+evictions of pods that keep failing on a quarantined node (``crashloop_evictions``), steps outside a drain.
 
 The progress record lives in GPUNodeHealth ``status.drain``; the checkpoint request itself lives on
 the pod (annotation), and an eviction is visible on the pod (deletionTimestamp, then gone). So a
@@ -12,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.api.policy import DrainSettings
+from gpuhealth.api import pods as P
+from gpuhealth.api.policy import DrainSettings, Policy
 from gpuhealth.api.status import DrainRecord, PodDrain
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
-from gpuhealth.drain import pods as P
 
 MODES = ("annotation", "signal", "none")
 
@@ -217,3 +218,22 @@ def plan_drain(
 
 def _node_of(pod: Mapping[str, Any]) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def crashloop_evictions(policy: Policy, node_pods: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[Step]:
+    """Evictions for pods that keep failing on a quarantined node, so their controllers place them
+    elsewhere; they go through the drain's one eviction path (Eviction API, budgets respected)."""
+    steps = []
+    for pod in node_pods:
+        if P.is_deleting(pod) or P.is_terminal(pod) or P.is_daemonset(pod):
+            continue
+        if pod["metadata"].get("namespace") in policy.drain.system_namespaces:
+            continue
+        f = P.failure(pod, now, policy.restart_loop_window_s)
+        if f is None or f[0] < policy.restart_loop_min_restarts:
+            continue
+        message = (
+            f"Evicted {P.key(pod)} (restarted {f[0]}x on this quarantined node) so its controller places it elsewhere"
+        )
+        steps.append(Step("evict", pod, "crash-looping", reason="EvictedCrashLooping", message=message))
+    return steps

@@ -18,11 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import Signal
+from gpuhealth.api.pods import failure
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.timeutil import parse_time
-from gpuhealth.drain import pods as P
-from gpuhealth.drain.plan import Step
 from gpuhealth.evaluation.assess import Finding
 from gpuhealth.evaluation.findings import Instance
 
@@ -36,50 +35,6 @@ class Site:
     uuid: str = ""
     device: str = ""
     instance: Instance | None = None
-
-
-def failure(pod: Mapping[str, Any], now: dt.datetime, window_s: float) -> tuple[int, dt.datetime] | None:
-    """(restarts, since) if the pod is failing within the window, else None."""
-    status = pod.get("status") or {}
-    window = dt.timedelta(seconds=window_s)
-    restarts = 0
-    last: dt.datetime | None = None
-    crashloop = False
-    for cs in status.get("containerStatuses") or []:
-        restarts = max(restarts, int(cs.get("restartCount") or 0))
-        term = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated") or {}
-        finished = parse_time(term.get("finishedAt"))
-        if finished is not None and term.get("exitCode", 0) != 0:
-            last = max(last, finished) if last else finished
-        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
-            crashloop = True
-    if status.get("phase") == "Failed":
-        restarts = max(restarts, 1)
-        last = last or parse_time(status.get("startTime"))
-    if last is None and not crashloop:
-        return None
-    if last is not None and now - last > window:
-        return None
-    return restarts, (last or now)
-
-
-def shows_failure(pod: Mapping[str, Any]) -> bool:
-    """Whether anything restart-loop detection reads of the pod could count, at any time: a restart, a
-    failed exit, a crash loop, a Failed phase; or no status to tell (a deletion known only by name).
-    A pod that shows none changes no node's restart-loop finding by arriving or leaving."""
-    status = pod.get("status")
-    if not isinstance(status, Mapping):
-        return True
-    if status.get("phase") == "Failed":
-        return True
-    for cs in status.get("containerStatuses") or []:
-        if int(cs.get("restartCount") or 0) > 0:
-            return True
-        for key in ("state", "lastState"):
-            state = cs.get(key) or {}
-            if (state.get("terminated") or {}).get("exitCode", 0) != 0 or state.get("waiting"):
-                return True
-    return False
 
 
 def restart_loop_finding(
@@ -152,22 +107,3 @@ def shared_site(pods: Sequence[str], sites: Mapping[str, frozenset[Site]]) -> Si
         return next(iter(union))
     first = min(union, key=lambda s: s.device)
     return Site(first.gpu, first.uuid)
-
-
-def crashloop_evictions(policy: Policy, node_pods: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[Step]:
-    """Evictions for pods that keep failing on a quarantined node, so their controllers place them
-    elsewhere; they go through the drain's one eviction path (Eviction API, budgets respected)."""
-    steps = []
-    for pod in node_pods:
-        if P.is_deleting(pod) or P.is_terminal(pod) or P.is_daemonset(pod):
-            continue
-        if pod["metadata"].get("namespace") in policy.drain.system_namespaces:
-            continue
-        f = failure(pod, now, policy.restart_loop_window_s)
-        if f is None or f[0] < policy.restart_loop_min_restarts:
-            continue
-        message = (
-            f"Evicted {P.key(pod)} (restarted {f[0]}x on this quarantined node) so its controller places it elsewhere"
-        )
-        steps.append(Step("evict", pod, "crash-looping", reason="EvictedCrashLooping", message=message))
-    return steps

@@ -14,9 +14,9 @@ import pytest
 
 from devkit.audit import AuditEntry
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
+from gpuhealth.api.pods import controller_ref
 from gpuhealth.api.policy import parse_policy
 from gpuhealth.api.report import parse_report
-from gpuhealth.drain.pods import controller_ref
 from gpuhealth.evaluation.assess import NodeView, assess
 from hack.bench import docs
 from hack.bench.cli import parse_args

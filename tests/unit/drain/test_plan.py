@@ -6,11 +6,11 @@ import datetime as dt
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_MODE, CHECKPOINT_REQUESTED
+from gpuhealth.api.pods import gang_key, workload_key
 from gpuhealth.api.policy import DrainSettings
 from gpuhealth.api.status import DrainRecord
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.drain.plan import plan_drain
-from gpuhealth.drain.pods import gang_key, workload_key
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 NODE = "gpu-a"

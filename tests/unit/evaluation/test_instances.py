@@ -166,7 +166,7 @@ def test_decide_devices_records_the_instance_and_widens_on_a_gpu_finding() -> No
 
 
 def test_repeats_on_one_instance_hold_out_its_mig_device_only_and_drain_only_its_pod() -> None:
-    from gpuhealth.drain import pods as P
+    from gpuhealth.api import pods as P
     from tests.unit.fake_kube import FakeKube
 
     kube = FakeKube()

@@ -19,23 +19,21 @@ device drains wait for it.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
-from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import DrainRecord, Record
+from gpuhealth.api.status import DrainRecord, Record, drain_is_current
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
-from gpuhealth.controller.act.device_reconciler import device_drains, drain_current
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.state.store import Store
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.drain.plan import plan_drain
 from gpuhealth.evaluation.findings import Assessment
@@ -47,7 +45,7 @@ CLAIMS_TTL_S = 1.0
 
 def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
     """The GPU's drain record if it belongs to its current Draining episode, else a blank one."""
-    if record and drain_current(record, rec):
+    if record and drain_is_current(record, rec):
         return record
     return DrainRecord()
 
@@ -80,18 +78,10 @@ class DeviceDrainer:
         result = await self.kube.patch_report_status(name, body)
         self.store.wrote(name, result)
 
-    async def run(
-        self,
-        name: str,
-        policy: Policy,
-        node: Record,
-        records: Sequence[DeviceRecord],
-        a: Assessment,
-        now: dt.datetime,
-    ) -> Again:
+    async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
         """Drain the pods that hold each Draining GPU; returns when the node wants its next pass."""
-        status = (self.store.reports.get(name) or {}).get("status") or {}
-        drains = device_drains(status)
+        name, policy, now, a = p.name, p.policy, p.now, p.assessment
+        drains = {i: DrainRecord(**d) for i, d in p.stored.device_drains.items()}  # copies: the pass's are read only
         draining = {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
         stale = {str(i): None for i in drains if i not in draining}
         if stale:

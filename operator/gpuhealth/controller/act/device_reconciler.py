@@ -38,7 +38,7 @@ from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import Placement, place
 from gpuhealth.actions.slices import SlimSlice
-from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_from_status, devices_to_status
+from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_to_status
 from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
     Action,
@@ -46,14 +46,14 @@ from gpuhealth.api.names import (
     Scope,
     Signal,
 )
+from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import Phase, StepKind, ladders_from_status
-from gpuhealth.api.report import Report
-from gpuhealth.api.status import DrainRecord
-from gpuhealth.api.timeutil import parse_time
+from gpuhealth.api.remediation import Phase, StepKind
+from gpuhealth.api.status import drain_is_current
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.intake.slicewatch import SliceCache
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.device_view import node_view
@@ -71,23 +71,6 @@ def released_gpus(annotations: Mapping[str, str]) -> frozenset[int]:
     """GPU indices named by the ``gpuhealth.dev/release-gpu`` annotation (``"3"`` or ``"3,5"``)."""
     raw = str(annotations.get(RELEASE_GPU_ANNOTATION) or "")
     return frozenset(int(p) for p in raw.replace(" ", "").split(",") if p.isdigit())
-
-
-def device_drains(status: Mapping[str, Any]) -> dict[int, DrainRecord]:
-    """``status.deviceDrains`` by GPU index: each device drain's progress."""
-    raw = status.get("deviceDrains") or {}
-    out: dict[int, DrainRecord] = {}
-    if isinstance(raw, Mapping):
-        for k, v in raw.items():
-            if str(k).isdigit() and isinstance(v, Mapping):
-                out[int(k)] = DrainRecord(**v)  # type: ignore[typeddict-item]
-    return out
-
-
-def drain_current(record: Mapping[str, Any], rec: DeviceRecord) -> bool:
-    """The drain belongs to the GPU's current Draining episode."""
-    started = parse_time(record.get("startedAt"))
-    return started is None or rec.since is None or started >= rec.since - dt.timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -164,24 +147,17 @@ class DeviceReconciler(DeviceRules):
 
     # -- deciding ----------------------------------------------------------------------------------
 
-    def place(
-        self,
-        name: str,
-        policy: Policy,
-        report: Report | None,
-        a: Assessment,
-        status: Mapping[str, Any],
-        plugin_mig: Sequence[str] = (),
-    ) -> Placed:
+    def place(self, p: NodePass) -> Placed:
         """Place the device-scoped findings on the GPUs' DRA devices (the slice cache), with the reason
         of each GPU that falls back to node scope; which GPUs newly want holding out (the breaker's
         GPU budget is asked for them by the caller, before :meth:`decide`). No side effect."""
+        name, policy, report, a = p.name, p.policy, p.report, p.assessment
         uuids = {d.index: d.uuid for d in report.devices} if report is not None else {}
-        prior = devices_from_status(status)
+        prior = p.found.devices
         # P2P-aware repair: the NVLink peers of a GPU about to be reset are held out with it, for the
         # reset gpuhealth runs (without spec.remediation nobody resets it: the GPU is held alone).
         if policy.remediation.enabled:
-            gs = groups(report, a.findings, ladders_from_status(status), prior)
+            gs = groups(report, a.findings, p.found.ladders, prior)
             a = with_peers(a, report, gs)
         else:
             gs = ()
@@ -194,7 +170,7 @@ class DeviceReconciler(DeviceRules):
             policy.devices.drivers,
             uuids,
             self.taken,
-            plugin_mig,
+            device_plugin_mig(p.node),
         )
         findings = tuple(
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
@@ -222,27 +198,19 @@ class DeviceReconciler(DeviceRules):
             return self.slices.slices()
         return self.slices.for_node(name, [*uuids.values(), *(f.uuid for f in found)])
 
-    def decide(
-        self,
-        name: str,
-        policy: Policy,
-        placed: Placed,
-        status: Mapping[str, Any],
-        now: dt.datetime,
-        released: frozenset[int],
-        gpu_budget: int,
-        node_cleared: dt.datetime | None = None,
-        slow_budget: int = 0,
-    ) -> DevicePlan:
+    def decide(self, p: NodePass, placed: Placed, gpu_budget: int, slow_budget: int = 0) -> DevicePlan:
         """Each GPU's next record (``decide_devices``, with the GPU budget the breaker gave), its
         devices and rule names, and the assessment the node state machine decides on. No side effect."""
         a, findings, placement, uuids = placed.assessment, list(placed.findings), placed.placement, placed.uuids
+        name, policy, now, released, node_cleared = p.name, p.policy, p.now, p.gpus, p.cleared
         prior = placed.prior
-        drains = device_drains(status)
+        drains = p.found.device_drains
         drained = frozenset(
-            i for i, d in drains.items() if d.get("phase") == "Completed" and i in prior and drain_current(d, prior[i])
+            i
+            for i, d in drains.items()
+            if d.get("phase") == "Completed" and i in prior and drain_is_current(d, prior[i])
         )
-        ladders = ladders_from_status(status) if policy.remediation.enabled else {}
+        ladders = p.found.ladders if policy.remediation.enabled else {}
         inputs = DeviceInputs(
             fresh=not a.unknown,
             gpu_budget=gpu_budget,
@@ -281,12 +249,12 @@ class DeviceReconciler(DeviceRules):
         if reboots:
             view = replace(view, findings=(*view.findings, *reboots))
         changed = {
-            r.index: (sorted(set(r.devices) - set(p.devices)), sorted(set(p.devices) - set(r.devices)))
+            r.index: (sorted(set(r.devices) - set(was.devices)), sorted(set(was.devices) - set(r.devices)))
             for r in out
-            if (p := prior.get(r.index)) is not None
-            and p.out_of_service
-            and p.devices
-            and set(p.devices) != set(r.devices)
+            if (was := prior.get(r.index)) is not None
+            and was.out_of_service
+            and was.devices
+            and set(was.devices) != set(r.devices)
         }
         return DevicePlan(verdict, records, view, placement.fallbacks, changed)
 
@@ -343,7 +311,8 @@ class DeviceReconciler(DeviceRules):
 
     # -- announcing --------------------------------------------------------------------------------
 
-    def announce(self, name: str, policy: Policy, plan: DevicePlan, escalated: bool, fallback_new: bool) -> None:
+    def announce(self, p: NodePass, plan: DevicePlan, escalated: bool, fallback_new: bool) -> None:
+        name, policy = p.name, p.policy
         dry = policy.mode == Mode.DRY_RUN
         by_index = {r.index: r for r in plan.records}
         for _, seconds in plan.verdict.intervals:

@@ -23,6 +23,7 @@ from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
 from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status
 from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode, Signal
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.status import written_status
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
@@ -196,7 +197,7 @@ class DeviceRules:
         counts: dict[tuple[str, str], int] = {}
         peers: dict[str, int] = {}  # each policy with a report, at zero when none of its GPUs is a peer held
         for report in self.store.reports.values():
-            status = report.get("status") or {}
+            status = written_status(report)
             policy = str(status.get("policy") or "")
             peers.setdefault(policy, 0)
             for d in status.get("devices") or []:
@@ -237,5 +238,5 @@ def _reason(rules: Iterable[Mapping[str, Any]], name: str) -> str:
 
 def _recorded(store: Store, node: str) -> set[str]:
     """The rule names the node's records hold out (both the list and the previous version's field)."""
-    status = (store.reports.get(node) or {}).get("status") or {}
-    return {n for r in devices_from_status(status).values() if r.out_of_service for n in r.taint_rules}
+    records = devices_from_status(written_status(store.reports.get(node)))
+    return {n for r in records.values() if r.out_of_service for n in r.taint_rules}

@@ -23,18 +23,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import OUT_OF_SERVICE, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import DrainRecord, PodDrain, Record, WorkloadMove, drain_is_current, read_drain
+from gpuhealth.api.status import (
+    DrainRecord,
+    PodDrain,
+    Record,
+    WorkloadMove,
+    drain_is_current,
+    read_drain,
+    written_status,
+)
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
-from gpuhealth.drain import pods as P
-from gpuhealth.drain.plan import DrainPlan, Step, plan_drain
-from gpuhealth.evaluation.restarts import crashloop_evictions
+from gpuhealth.drain.plan import DrainPlan, Step, crashloop_evictions, plan_drain
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
 
@@ -87,12 +95,12 @@ class Drainer:
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
 
-    async def run(self, name: str, policy: Policy, rec: Record, fatal: bool, now: dt.datetime) -> Again:
+    async def run(self, p: NodePass, rec: Record, fatal: bool) -> Again:
         """Drain while Draining; evict crash-looping pods from any quarantined node. Returns when the
         node wants its next pass: soon after a completed drain, every second while one runs. The drain
         runs under the settings for the node's reason (``Policy.drain_for``: patient for a slow one)."""
-        status = (self.store.reports.get(name) or {}).get("status") or {}
-        record = read_drain(status)
+        name, policy, now = p.name, p.policy, p.now
+        record = DrainRecord(**p.stored.drain)  # a copy: the pass's record is read only
         if rec.state != State.DRAINING:
             self.breaker.end_drain(policy, name)
             if rec.state in OUT_OF_SERVICE:
@@ -122,7 +130,7 @@ class Drainer:
                 record = DrainRecord()
         if not record.get("startedAt"):
             # Record the start before the first request, so a restart recognises this drain's requests.
-            if status.get("drain"):
+            if p.stored.drain:
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
@@ -160,7 +168,7 @@ class Drainer:
         }
         out = {}
         for n in nodes:
-            drain = ((self.store.reports.get(n) or {}).get("status") or {}).get("drain") or {}
+            drain = read_drain(written_status(self.store.reports.get(n)))
             at = parse_time(drain.get("startedAt")) if drain.get("phase") == "Running" else None
             if at is not None:
                 out[n] = at

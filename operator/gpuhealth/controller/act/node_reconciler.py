@@ -29,7 +29,6 @@ from typing import Any
 
 from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
 from gpuhealth.actions.pod_sites import pod_sites
-from gpuhealth.api.devices import devices_from_status
 from gpuhealth.api.names import (
     API_VERSION,
     OUT_OF_SERVICE,
@@ -39,18 +38,18 @@ from gpuhealth.api.names import (
     Mode,
     Signal,
 )
-from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation import APPROVAL_ANNOTATIONS, Approvals
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import (
     ClockSkewRecord,
     Record,
+    StoredStatus,
     drain_done,
     evidence_entry,
     node_status,
-    read_drain,
     status_changes,
+    written_status,
 )
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
@@ -60,6 +59,7 @@ from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconci
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.node_validator import NodeValidator
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
@@ -195,8 +195,9 @@ class NodeReconciler:
         report = self._parse(name, report_obj)
         if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock
             report = dataclasses.replace(report, heartbeat=heard_at(store.heard(name), report.heartbeat))
-        status: Mapping[str, Any] = (report_obj or {}).get("status") or {}
-        prior = store.records.get(name) or Record.from_status(status)
+        # The persisted state, parsed once for the whole pass (api/status.py, controller/act/passes.py).
+        stored = StoredStatus.read(written_status(report_obj))
+        prior = store.records.get(name) or stored.record
         annotations = node["metadata"].get("annotations") or {}
         # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
         released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
@@ -208,29 +209,44 @@ class NodeReconciler:
         extra = tuple(f for f in (loop, domain.finding if domain else None) if f is not None)
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
-        a = assess(policy, report, view, now, status.get("pending") or {}, cleared, extra)
+        a = assess(policy, report, view, now, stored.pending, cleared, extra)
         a = self.topology.rack(name, policy, a, now)
         if self.devices.slices_pending(a):
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
-        gpus = released_gpus(annotations) if policy.mode == Mode.ENFORCE else frozenset()
-        calls = Approvals.from_annotations(annotations) if policy.mode == Mode.ENFORCE else Approvals()
+        enforce = policy.mode == Mode.ENFORCE
+        p = NodePass(
+            name=name,
+            policy=policy,
+            now=now,
+            node=node,
+            report=report,
+            found=stored,
+            store=store,
+            prior=prior,
+            assessment=a,
+            released=released,
+            gpus=released_gpus(annotations) if enforce else frozenset(),
+            cleared=cleared,
+            approvals=Approvals.from_annotations(annotations) if enforce else Approvals(),
+        )
+        gpus, calls = p.gpus, p.approvals
         consumed = False
-        placed = self.devices.place(name, policy, report, a, status, device_plugin_mig(node))
+        placed = self.devices.place(p)
         # The GPU budgets are reserved here, until the status is written (``breaker.release`` below):
         # GPUs only slow signals take out spend maxSlow's, the others the one meant for dead GPUs.
         broken = len(placed.new - placed.new_slow)
         budget = await self.breaker.gpu_budget(policy, name, broken) if broken else 0
         slow = len(placed.new_slow)
         slow_budget = await self.breaker.gpu_budget(policy, name, slow, slow=True) if slow else 0
-        dev = self.devices.decide(name, policy, placed, status, now, gpus, budget, cleared, slow_budget)
+        dev = self.devices.decide(p, placed, budget, slow_budget)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
         allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)
         # A node's validation (after a repair's release, or a burn-in) holds its return or fails it.
-        nmove = await self.validator.observe(name, policy, prior, status, node, report, released, now)
+        nmove = await self.validator.observe(p)
         inputs = Inputs(
             breaker_allows=allows,
-            drain_complete=drain_done(read_drain(status), prior),
+            drain_complete=drain_done(stored.drain, prior),
             released=released,
             validating=nmove is not None and nmove.hold,
             validation_failed=nmove.failed if nmove is not None else "",
@@ -241,27 +257,27 @@ class NodeReconciler:
         try:
             if store.pods.pending and not acts_before_pods(
                 prior,
-                devices_from_status(status).values(),
+                stored.devices.values(),
                 decision.new_quarantine,
                 dev.verdict.new_quarantines,
                 released or bool(gpus),
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
-            skew, new_skew = skew_episode(store.report_seen(name), status.get("clockSkew"), now)
+            skew, new_skew = skew_episode(store.report_seen(name), stored.clock_skew, now)
             # A validation's move that creates no Job lands in this same write (node_validator.py).
-            folded = self.validator.fold(name, status, nmove)
-            await self._persist(name, policy, overridden, report_obj, decision, a, dev, skew, folded)
+            folded = self.validator.fold(p, nmove)
+            await self._persist(p, overridden, report_obj, decision, dev, skew, folded)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
             if new_skew is not None:
                 self._announce_skew(name, new_skew)
             if nmove is not None:
-                validation_again = await self.validator.act(name, policy, status, report, nmove)
+                validation_again = await self.validator.act(p, nmove)
             escalated = dev.verdict.escalate and decision.new_quarantine
             fallback = decision.new_quarantine and any(
                 f.action.quarantines for f in node_a.findings if f.gpu in dev.fallbacks
             )
-            self.devices.announce(name, policy, dev, escalated, fallback)
+            self.devices.announce(p, dev, escalated, fallback)
             created = await self.devices.converge_rules(name, policy, dev.records)
             # Protection first, for GPUs as for nodes: in a storm of device faults every DeviceTaintRule
             # is written before a worker spends two more requests on a Node's state label and condition
@@ -271,7 +287,7 @@ class NodeReconciler:
                 again = 0.05
             elif policy.mode == Mode.ENFORCE:
                 # A new quarantine's condition waits for the next pass too: the taint is the protection.
-                await self._converge_node(name, policy, decision.record, node_a, now, not decision.new_quarantine)
+                await self._converge_node(p, decision.record, node_a, not decision.new_quarantine)
                 if decision.new_quarantine or created:
                     # Protection first: the drain, which takes several requests, starts on this node's
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
@@ -279,9 +295,9 @@ class NodeReconciler:
                     again = 0.05
                 elif not store.pods.pending:  # drains and repairs need the pods
                     again = soonest(
-                        await self.drainer.run(name, policy, decision.record, fatal(node_a), now),
-                        await self.device_drainer.run(name, policy, decision.record, dev.records, a, now),
-                        await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now, calls),
+                        await self.drainer.run(p, decision.record, fatal(node_a)),
+                        await self.device_drainer.run(p, decision.record, dev.records),
+                        await self.remediator.run(p, decision.record, dev.records),
                     )
                     # A human's approve/reject is acknowledged once the remediator has seen it: the
                     # waiting records wrote themselves past PendingApproval first (remediator.py).
@@ -293,7 +309,7 @@ class NodeReconciler:
                     # Reflected at once, so a pass before the watch brings it does not see the release again.
                     self.store.reflect_node(name, await self.kube.patch_node(name, {"metadata": {"annotations": ack}}))
             elif policy.mode == Mode.DRY_RUN:
-                again = await self._remediate(name, policy, decision, dev, report, a, gpus, cleared, now)
+                again = await self.remediator.run(p, decision.record, dev.records)
         finally:
             self.breaker.release(policy, name)
             self.validator.end(name)
@@ -306,41 +322,19 @@ class NodeReconciler:
             return await self.breaker.admit_domain(policy, name, domain.members, domain.decided)
         return await self.breaker.admit(policy, name, slow=slow_only(a))
 
-    async def _remediate(
-        self,
-        name: str,
-        policy: Policy,
-        decision: Decision,
-        dev: DevicePlan,
-        report: Report | None,
-        a: Assessment,
-        gpus: frozenset[int],
-        cleared: dt.datetime | None,
-        now: dt.datetime,
-        calls: Approvals | None = None,
-    ) -> Again:
-        """The repair ladder of each held-out GPU (controller/act/remediator.py), before a release (or a
-        human's approve or reject) is acknowledged."""
-        fresh = not a.unknown
-        return await self.remediator.run(
-            name, policy, decision.record, dev.records, report, fresh, gpus, cleared, now, calls
-        )
-
     async def _persist(
         self,
-        name: str,
-        policy: Policy,
+        p: NodePass,
         overridden: list[Policy],
         report_obj: Mapping[str, Any] | None,
         decision: Decision,
-        a: Assessment,
         dev: DevicePlan,
         clock_skew: ClockSkewRecord | None = None,
         folded: Mapping[str, Any] | None = None,
     ) -> None:
         """Write the node's status; ``folded`` (other rooms' keys, already a merge patch's values)
         goes in the same patch."""
-        prev: Mapping[str, Any] = (report_obj or {}).get("status") or {}
+        name, policy, a = p.name, p.policy, p.assessment
         body = node_status(
             decision.record,
             policy=policy.name,
@@ -359,7 +353,7 @@ class NodeReconciler:
             else dev.in_service(decision.record.out_of_service, a.total_gpus),
             clock_skew=clock_skew,
         )
-        changed = {**status_changes(prev, body), **(folded or {})}
+        changed = {**status_changes(p.found.written, body), **(folded or {})}
         if report_obj is None:
             report_obj = await self._create_stub(name)
             changed = {**body, **(folded or {})}
@@ -383,9 +377,9 @@ class NodeReconciler:
         self.store.created(name, obj)
         return obj
 
-    async def _converge_node(
-        self, name: str, policy: Policy, rec: Record, a: Assessment, now: dt.datetime, condition: bool = True
-    ) -> None:
+    async def _converge_node(self, p: NodePass, rec: Record, a: Assessment, condition: bool = True) -> None:
+        """The Node to ``rec`` (``a``: what the node's state machine decided on), and its condition."""
+        name, policy, now = p.name, p.policy, p.now
         node = self.store.nodes[name]
         top = a.top
         reason = rec.reason or (top.reason if top else "")

@@ -28,7 +28,6 @@ runs on the node (the Job requests no GPU, so the scheduler would not keep a wor
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -48,12 +47,12 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import MIG_ENABLED, Report
-from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
@@ -100,35 +99,20 @@ class NodeValidator:
 
     def burn_ins(self, policy: str) -> int:
         """Burn-in Jobs running across the policy's nodes, plus those being admitted."""
-        n = len(self._reserved_burn_ins)
-        for report in self.store.reports.values():
-            status = report.get("status") or {}
-            if status.get("policy") == policy:
-                nv = NodeValidation.from_status(status.get("nodeValidation"))
-                n += nv is not None and nv.trigger == Trigger.BURN_IN and nv.validation.outcome == Outcome.RUNNING
-        return n
+        return len(self._reserved_burn_ins) + sum(r.burn_ins for r in self.remediator.running.under(policy))
 
-    async def observe(
-        self,
-        name: str,
-        policy: Policy,
-        prior: Record,
-        status: Mapping[str, Any],
-        node: Mapping[str, Any],
-        report: Report | None,
-        released: bool,
-        now: dt.datetime,
-    ) -> NodeMove | None:
+    async def observe(self, p: NodePass) -> NodeMove | None:
         """The node validation's next move (None: not under this policy), its API reads done."""
-        nv = NodeValidation.from_status(status.get("nodeValidation"))
+        name, policy, prior, report, now = p.name, p.policy, p.prior, p.report, p.now
+        nv = p.found.node_validation
         if not active(policy):  # off (or no remediation namespace): gpuhealth's hold goes with it
             return (
                 None if nv is None or not nv.held else node_move(prior, nv, NodeObserved(), now, ValidationSettings())
             )
-        labels = (node.get("metadata") or {}).get("labels") or {}
+        labels = (p.node.get("metadata") or {}).get("labels") or {}
         requested = labels.get(BURN_IN_LABEL) == BURN_IN_REQUESTED
         new_node = policy.validation.new_nodes.enabled and (
-            requested or (not status.get("state") and name not in self.store.records)
+            requested or (not p.found.decided and name not in self.store.records)
         )
         dry = policy.mode == Mode.DRY_RUN
         verdict: tuple[Outcome, str] | None = None
@@ -139,7 +123,7 @@ class NodeValidator:
                 verdict = await self.remediator.validation_verdict(name, v.job)
             elif v.outcome == Outcome.PENDING and (nv.trigger == Trigger.BURN_IN or prior.state == State.RECOVERING):
                 may = await self._may_validate(name, policy, nv, report)
-        obs = NodeObserved(released=released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
+        obs = NodeObserved(released=p.released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
         return node_move(prior, nv, obs, now, policy.validation)
 
     async def _may_validate(self, name: str, policy: Policy, nv: NodeValidation, report: Report | None) -> bool:
@@ -178,25 +162,17 @@ class NodeValidator:
         self._reserved_burn_ins.discard(name)
         self.remediator.end_admission(name)
 
-    async def act(
-        self,
-        name: str,
-        policy: Policy,
-        status: Mapping[str, Any],
-        report: Report | None,
-        move: NodeMove,
-    ) -> Again:
+    async def act(self, p: NodePass, move: NodeMove) -> Again:
         """Carry out ``move`` in the write-ahead order of the module docstring."""
         try:
-            return await self._act(name, policy, status, report, move)
+            return await self._act(p, move)
         finally:
-            self.end(name)
+            self.end(p.name)
 
-    def _record(self, name: str, status: Mapping[str, Any], move: NodeMove) -> NodeValidation | None:
+    def _record(self, p: NodePass, move: NodeMove) -> NodeValidation | None:
         """The record ``move`` leaves, less a hold on a taint of that key someone else placed."""
-        rec = move.record
-        old = NodeValidation.from_status(status.get("nodeValidation"))
-        if move.taint and rec is not None and self._tainted(name) and (old is None or not old.held):
+        rec, old = move.record, p.found.node_validation
+        if move.taint and rec is not None and self._tainted(p.name) and (old is None or not old.held):
             rec = replace(rec, held=False)  # a taint of that key someone else placed is not gpuhealth's
         return rec
 
@@ -204,23 +180,20 @@ class NodeValidator:
         taints = ((self.store.nodes.get(name) or {}).get("spec") or {}).get("taints") or []
         return any(t.get("key") == BURN_IN_TAINT_KEY for t in taints)
 
-    def fold(self, name: str, status: Mapping[str, Any], move: NodeMove | None) -> dict[str, Any]:
+    def fold(self, p: NodePass, move: NodeMove | None) -> dict[str, Any]:
         """``status.nodeValidation`` to write in the node's own status patch: a move that creates no
         Job, when its record changes (see the module docstring); empty otherwise."""
         if move is None or move.start:
             return {}
-        rec = self._record(name, status, move)
-        if rec == NodeValidation.from_status(status.get("nodeValidation")):
-            return {}
-        return {"nodeValidation": _entry(rec)}
+        rec = self._record(p, move)
+        return {} if rec == p.found.node_validation else {"nodeValidation": _entry(rec)}
 
-    async def _act(
-        self, name: str, policy: Policy, status: Mapping[str, Any], report: Report | None, move: NodeMove
-    ) -> Again:
-        rec = self._record(name, status, move)
+    async def _act(self, p: NodePass, move: NodeMove) -> Again:
+        name, policy, report = p.name, p.policy, p.report
+        rec = self._record(p, move)
         node = self.store.nodes.get(name) or {}
         ours = self._tainted(name)
-        old = NodeValidation.from_status(status.get("nodeValidation"))
+        old = p.found.node_validation  # as the pass found it: a folded move is in the store already
         body: dict[str, Any] | None = None
         if move.start and rec is not None:
             v = rec.validation

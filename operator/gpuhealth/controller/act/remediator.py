@@ -80,17 +80,17 @@ from gpuhealth.api.remediation import (
     Phase,
     Repair,
     StepKind,
-    ladders_from_status,
-    repairs_from_status,
 )
-from gpuhealth.api.report import Device, Report
+from gpuhealth.api.report import Device
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
-from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
+from gpuhealth.api.validation import Outcome
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.events import EventSink
+from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.controller.state.running import RunningIndex
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
@@ -155,34 +155,19 @@ class Remediator:
         self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
         self._reserved_validations: set[tuple[str, int]] = set()
         self._handover: dict[tuple[str, int], int] = {}  # looks at a GPU held by a stale reservation
+        self.running = RunningIndex(store)  # what runs across the fleet (the node validator's too)
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
 
     def in_flight(self, policy: str) -> int:
         """Steps in flight across the policy's nodes (the records), plus those being admitted."""
-        n = len(self._reserved)
-        for report in self.store.reports.values():
-            status = report.get("status") or {}
-            if status.get("policy") == policy:
-                n += sum(1 for r in ladders_from_status(status).values() if r.in_flight)
-        return n
+        return len(self._reserved) + sum(r.steps for r in self.running.under(policy))
 
     def validating(self, policy: str) -> int:
         """Validation Jobs running across the policy's nodes, plus those being admitted: a GPU's, and a
         node's after a release (``node_validator.py``; burn-ins have a batch size of their own)."""
-        n = len(self._reserved_validations)
-        for report in self.store.reports.values():
-            status = report.get("status") or {}
-            if status.get("policy") == policy:
-                n += sum(
-                    1
-                    for r in ladders_from_status(status).values()
-                    if r.phase == Phase.VALIDATING and r.validation and r.validation.outcome == Outcome.RUNNING
-                )
-                nv = NodeValidation.from_status(status.get("nodeValidation"))
-                n += nv is not None and nv.trigger == Trigger.RELEASE and nv.validation.outcome == Outcome.RUNNING
-        return n
+        return len(self._reserved_validations) + sum(r.validations for r in self.running.under(policy))
 
     async def admit_node_validation(self, policy: Policy, name: str) -> str:
         """Reserve a place under ``spec.validation.maxConcurrent`` for a node's validation; why not, if not.
@@ -196,32 +181,21 @@ class Remediator:
     def end_admission(self, name: str) -> None:
         self._reserved_validations.discard((name, NODE_SCOPE))
 
-    async def run(
-        self,
-        name: str,
-        policy: Policy,
-        node: Record,
-        records: Sequence[DeviceRecord],
-        report: Report | None,
-        fresh: bool,
-        released: frozenset[int],
-        node_cleared: dt.datetime | None,
-        now: dt.datetime,
-        approvals: Approvals | None = None,
-    ) -> Again:
+    async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
         """Advance each held-out GPU's ladder one move; returns when the node wants its next pass
-        (a step in flight is polled, a hand-off checked less often)."""
+        (a step in flight is polled, a hand-off checked less often). Before a release (or a human's
+        approve or reject) is acknowledged: the node reconciler removes the annotation after this."""
+        name, policy, report, now = p.name, p.policy, p.report, p.now
+        fresh, released, node_cleared = not p.assessment.unknown, p.gpus, p.cleared
         settings = policy.remediation
         if not settings.enabled or policy.mode == Mode.PAUSED:
             return None
         again: Again = None
-        status = (self.store.reports.get(name) or {}).get("status") or {}
-        ladders = ladders_from_status(status)
-        raw = status.get("remediation") or {}
-        repairs = repairs_from_status(status)
+        ladders = p.stored.ladders
+        repairs = dict(p.stored.repairs)  # a copy: _repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.approval == Approval.MANUAL
-        calls = approvals if approvals is not None and not dry else Approvals()
+        calls = p.approvals if not dry else Approvals()
         for dev in sorted(records, key=lambda r: r.index):
             lad = ladders.get(dev.index)
             if lad is None and (not dev.out_of_service or dev.instances):
@@ -269,7 +243,7 @@ class Remediator:
                 and dev.drained
                 and dev.taint_rule
             ):
-                may_start, handover = await self._may_start(name, policy, node, dev, ladders, peers or (), records)
+                may_start, handover = await self._may_start(p, node, dev, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
             clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
@@ -313,7 +287,7 @@ class Remediator:
             else:
                 self._handover.pop((name, dev.index), None)
             try:
-                await self._act(name, policy, dev, lad, raw.get(str(dev.index)), move, now, repairs)
+                await self._act(p, dev, lad, move, repairs)
             finally:
                 self._reserved.discard((name, dev.index))
                 self._reserved_validations.discard((name, dev.index))
@@ -325,15 +299,14 @@ class Remediator:
 
     async def _act(
         self,
-        name: str,
-        policy: Policy,
+        p: NodePass,
         dev: DeviceRecord,
         lad: LadderRecord | None,
-        old: Mapping[str, Any] | None,
         move: Move,
-        now: dt.datetime,
         repairs: dict[str, tuple[Repair, ...]] | None = None,
     ) -> None:
+        name, policy, now = p.name, p.policy, p.now
+        old: Mapping[str, Any] | None = p.stored.ladder_entries.get(str(dev.index))  # the entry as written
         settings = policy.remediation
         rec = move.record
         body: dict[str, Any] | None = None
@@ -412,16 +385,15 @@ class Remediator:
 
     async def _may_start(
         self,
-        name: str,
-        policy: Policy,
+        p: NodePass,
         node: Record,
         dev: DeviceRecord,
-        ladders: Mapping[int, LadderRecord],
         peers: Sequence[int] = (),
         records: Sequence[DeviceRecord] = (),
     ) -> tuple[bool, bool]:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not. Also
         whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``)."""
+        name, policy, ladders = p.name, p.policy, p.stored.ladders
         why = ""
         by_index = {r.index: r for r in records}
         waiting = [

@@ -19,7 +19,7 @@ What is read, and by whom:
   of ``managedFields`` only the API server's time of the agent's last heartbeat write, as one
   derived ``metadata.writtenAt`` (``evaluation/freshness.py``: start-up freshness reads it).
 - Pod: what drains, restart-loop detection and Kueue's mover read (``slim_pod``; of its labels and
-  annotations the keys ``drain/pods.py`` lists as read).
+  annotations the keys ``api/pods.py`` lists as read).
 - Lease (the agents' heartbeats): name, uid, ``renewTime`` and the server's time of it.
 """
 
@@ -30,10 +30,10 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, NoReturn
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
 from gpuhealth.api.nodes import MIG_RESOURCE_PREFIX
 from gpuhealth.api.report_fields import read_objects_under, read_under
-from gpuhealth.drain import pods as P
 from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
@@ -270,7 +270,7 @@ def _slim_container(cs: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _read_keys(m: Any, keys: tuple[str, ...]) -> Mapping[str, Any] | None:
-    """The labels or annotations of ``keys`` (what is read of a pod, ``drain/pods.py`` READ_*), one copy
+    """The labels or annotations of ``keys`` (what is read of a pod, ``api/pods.py`` READ_*), one copy
     shared by every pod that has the same (a Job's ranks, once a rank's index is kept as presence
     only); None where the pod has none of them."""
     if not isinstance(m, Mapping):
@@ -298,7 +298,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         if kept is not None:
             slim_meta[key] = kept
     if meta.get("ownerReferences"):
-        # Only the controller's kind and name are read (DaemonSet pods, gangs, Jobs: drain/pods.py).
+        # Only the controller's kind and name are read (DaemonSet pods, gangs, Jobs: api/pods.py).
         refs = [r for r in meta["ownerReferences"] if isinstance(r, Mapping) and r.get("controller")]
         slim_meta["ownerReferences"] = tuple(
             leaf(compact({k: r[k] for k in ("kind", "name", "controller") if k in r})) for r in refs

@@ -23,6 +23,7 @@ from gpuhealth.api.names import (
     RELEASE_GPU_ANNOTATION,
     State,
 )
+from gpuhealth.api.pods import shows_failure
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.report_gc import ReportCollector
@@ -31,7 +32,6 @@ from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation import domains, freshness
-from gpuhealth.evaluation.restarts import shows_failure
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Feeders:
 
     def _settled(self, name: str) -> bool:
         """Whether a pass of ``name`` reads its pods only for restart loops: Healthy, every GPU in
-        service, no drain. Then a pod that shows no failure (``restarts.shows_failure``) changes nothing
+        service, no drain. Then a pod that shows no failure (``api/pods.py`` ``shows_failure``) changes nothing
         a pass decides: at 1,000 pod events/s the passes such pods queued were most of the operator's
         CPU (docs/scaling.md, the fleet probe)."""
         rec = self.store.records.get(name)

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from gpuhealth.api import pods as P
 from gpuhealth.controller.intake.slim import cached_pod, same_but_version
-from gpuhealth.drain import pods as P
 from gpuhealth.kube.versions import newer
 
 Pod = Mapping[str, Any]  # a cached pod (``slim.cached_pod``: read only)

@@ -8,8 +8,8 @@ import datetime as dt
 from typing import Any
 
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.api import pods as P
 from gpuhealth.controller.process.runtime import Runtime
-from gpuhealth.drain import pods as P
 from tests.unit.builders import at, gpu, report_obj
 from tests.unit.fake_kube import FakeKube
 

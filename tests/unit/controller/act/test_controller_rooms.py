@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.controller.act import node_reconciler
 from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store
-from gpuhealth.drain import pods as P
 from gpuhealth.evaluation import transitions
 from gpuhealth.evaluation.transitions import Decision
 from tests.unit.builders import at, report_obj, xid_event

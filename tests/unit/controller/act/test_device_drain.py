@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuhealth.drain import pods as P
+from gpuhealth.api import pods as P
 from tests.unit.controller.act._device_support import Clock, claim, runtime, setup
 
 

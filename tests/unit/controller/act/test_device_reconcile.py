@@ -13,9 +13,9 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.api import pods as P
 from gpuhealth.controller.act import device_reconciler as DR
 from gpuhealth.controller.intake.slicewatch import SliceWatch
-from gpuhealth.drain import pods as P
 from tests.unit.builders import report_obj
 from tests.unit.controller.act._device_support import RULE, Clock, ecc_on, runtime, setup, slice_of
 

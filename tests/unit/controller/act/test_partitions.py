@@ -13,13 +13,13 @@ from typing import Any
 from devkit import dra_shapes as S
 from gpuhealth.actions.placement import place
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.api import pods as P
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState, devices_from_status
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import desired_rules
 from gpuhealth.controller.process.runtime import Runtime
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.assess import Finding
 from tests.unit.builders import T0, at, gpu, report_obj

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api import pods as P
 from gpuhealth.api.names import CHECKPOINT_MODE, CHECKPOINT_REQUESTED
+from gpuhealth.api.pods import failure, shows_failure
 from gpuhealth.api.policy import DrainSettings
 from gpuhealth.controller.intake.slim import CachedPod, cached_pod, slim_pod
 from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.drain import kueue as K
-from gpuhealth.drain import pods as P
 from gpuhealth.drain.plan import plan_drain
-from gpuhealth.evaluation.restarts import failure, shows_failure
 from tests.unit.builders import T0
 
-GANG = f"ml/{K.WORKLOAD_LABEL}=job-train"  # Kueue's workload label names the gang (drain/pods.py GANG_LABELS)
+GANG = f"ml/{K.WORKLOAD_LABEL}=job-train"  # Kueue's workload label names the gang (api/pods.py GANG_LABELS)
 
 
 def rank(

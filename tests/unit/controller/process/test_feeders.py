@@ -6,10 +6,10 @@ import asyncio
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, State
+from gpuhealth.api.pods import shows_failure
 from gpuhealth.api.status import Record
 from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
-from gpuhealth.evaluation.restarts import shows_failure
 from tests.unit.builders import T0, make_policy
 from tests.unit.fake_kube import FakeKube
 
@@ -134,7 +134,7 @@ def test_a_quiet_pod_arriving_or_leaving_on_a_settled_node_queues_no_pass() -> N
 
 
 def _gang_pod(uid: str, node: str, rank: int, rv: str = "1", job: str = "train-a") -> dict[str, Any]:
-    """A rank of an indexed Job (a gang: drain/pods.py ``gang_key``), quiet (no restart, no failure)."""
+    """A rank of an indexed Job (a gang: api/pods.py ``gang_key``), quiet (no restart, no failure)."""
     return {
         "metadata": {
             "name": f"{job}-{rank}",

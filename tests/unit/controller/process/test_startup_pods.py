@@ -9,8 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
+from gpuhealth.api import pods as P
 from gpuhealth.controller.process.runtime import Runtime
-from gpuhealth.drain import pods as P
 from tests.unit.builders import at, report_obj, xid_event
 from tests.unit.fake_kube import FakeKube, crash_looping_fleet
 

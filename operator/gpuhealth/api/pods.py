@@ -1,11 +1,14 @@
-"""Pure facts about pods that drain and restart-loop detection share."""
+"""Pure facts about pods that drain and restart-loop detection share: gangs, workloads, checkpoint
+annotations, and whether a pod is failing (restarts, failed exits, a crash loop)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, CHECKPOINT_MODE, CHECKPOINT_REQUESTED
+from gpuhealth.api.timeutil import parse_time
 
 __all__ = ["CHECKPOINT_COMPLETED", "CHECKPOINT_MODE", "CHECKPOINT_REQUESTED"]
 
@@ -120,3 +123,47 @@ def workload_key(pod: Mapping[str, Any]) -> str:
         if hash_ and name.endswith("-" + hash_):
             return f"{ns}/Deployment={name[: -len(hash_) - 1]}"
     return f"{ns}/{ref.get('kind')}={name}"
+
+
+def failure(pod: Mapping[str, Any], now: dt.datetime, window_s: float) -> tuple[int, dt.datetime] | None:
+    """(restarts, since) if the pod is failing within the window, else None."""
+    status = pod.get("status") or {}
+    window = dt.timedelta(seconds=window_s)
+    restarts = 0
+    last: dt.datetime | None = None
+    crashloop = False
+    for cs in status.get("containerStatuses") or []:
+        restarts = max(restarts, int(cs.get("restartCount") or 0))
+        term = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated") or {}
+        finished = parse_time(term.get("finishedAt"))
+        if finished is not None and term.get("exitCode", 0) != 0:
+            last = max(last, finished) if last else finished
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+            crashloop = True
+    if status.get("phase") == "Failed":
+        restarts = max(restarts, 1)
+        last = last or parse_time(status.get("startTime"))
+    if last is None and not crashloop:
+        return None
+    if last is not None and now - last > window:
+        return None
+    return restarts, (last or now)
+
+
+def shows_failure(pod: Mapping[str, Any]) -> bool:
+    """Whether anything restart-loop detection reads of the pod could count, at any time: a restart, a
+    failed exit, a crash loop, a Failed phase; or no status to tell (a deletion known only by name).
+    A pod that shows none changes no node's restart-loop finding by arriving or leaving."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return True
+    if status.get("phase") == "Failed":
+        return True
+    for cs in status.get("containerStatuses") or []:
+        if int(cs.get("restartCount") or 0) > 0:
+            return True
+        for key in ("state", "lastState"):
+            state = cs.get(key) or {}
+            if (state.get("terminated") or {}).get("exitCode", 0) != 0 or state.get("waiting"):
+                return True
+    return False
