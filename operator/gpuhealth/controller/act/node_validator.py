@@ -28,9 +28,9 @@ runs on the node (the Job requests no GPU, so the scheduler would not keep a wor
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from gpuhealth.actions import validation_jobs
@@ -57,9 +57,7 @@ from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
 from gpuhealth.kube.aio import AsyncKube
-from gpuhealth.kube.client import status_of
 
-log = logging.getLogger(__name__)
 POLL_S = 2.0  # a node validation waiting or running is looked at again this often
 
 
@@ -221,7 +219,7 @@ class NodeValidator:
         if move.stop_job:
             await self.remediator.delete_job(move.stop_job)
         if body is not None and rec is not None:
-            await self._create_job(name, body)  # 2. the Job, under the recorded name
+            await self.remediator.create_job(body, partial(self._block, name))  # 2. the Job, under the recorded name
             done = replace(rec, validation=replace(rec.validation, created=True))
             await self._write(name, done)  # 3.
             self._blocked.pop(name, None)
@@ -254,17 +252,6 @@ class NodeValidator:
     async def _write(self, name: str, rec: NodeValidation | None) -> None:
         result = await self.kube.patch_report_status(name, {"status": {"nodeValidation": _entry(rec)}})
         self.store.wrote(name, result)
-
-    async def _create_job(self, name: str, body: Mapping[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
-        try:
-            await self.kube.create_job(ns, body)
-        except Exception as e:
-            if status_of(e) == 409:
-                log.info("validation Job %s/%s exists already (created before a restart)", ns, body["metadata"]["name"])
-                return
-            self._block(name, f"the validation Job could not be created in {ns}: {status_of(e) or e}")
-            raise
 
 
 def _entry(rec: NodeValidation | None) -> dict[str, Any] | None:

@@ -61,8 +61,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from gpuhealth.actions import validation_jobs
@@ -340,11 +341,11 @@ class Remediator:
         if move.stop_job:
             await self.delete_job(move.stop_job)
         if body is not None and rec is not None:
-            await self._create_job(name, dev.index, body)  # 2. the Job, under the recorded name
+            await self.create_job(body, partial(self._block, name, dev.index))  # 2. the Job, under the recorded name
             running = replace(rec, phase=Phase.RUNNING)
             await self._write(name, dev.index, _entry(running, old))  # 3.
         if vbody is not None and rec is not None and rec.validation is not None:
-            await self._create_job(name, dev.index, vbody)  # 2. the validation Job, under the recorded name
+            await self.create_job(vbody, partial(self._block, name, dev.index))  # 2. the validation Job, recorded name
             created = replace(rec, validation=replace(rec.validation, created=True))
             await self._write(name, dev.index, _entry(created, old))  # 3.
         for type_, reason, message in move.events:
@@ -500,15 +501,18 @@ class Remediator:
                 return job_outcome(None)
             raise
 
-    async def _create_job(self, name: str, index: int, body: Mapping[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
+    async def create_job(self, body: Mapping[str, Any], block: Callable[[str], None]) -> None:
+        """Create a reset or validation Job under the name its record holds (node_validator.py's too):
+        a 409 is the Job a run before a restart created; any other error is said through ``block``
+        (the room's RemediationBlocked Event) and raised, and the next pass tries again."""
+        ns, jname = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self.kube.create_job(ns, body)
         except Exception as e:
             if status_of(e) == 409:
-                log.info("reset Job %s/%s exists already (created before a restart)", ns, body["metadata"]["name"])
+                log.info("Job %s/%s exists already (created before a restart)", ns, jname)
                 return
-            self._block(name, index, f"the reset Job could not be created in {ns}: {status_of(e) or e}")
+            block(f"the Job {jname} could not be created in {ns}: {status_of(e) or e}")
             raise
 
     async def delete_job(self, job: str) -> None:

@@ -6,14 +6,17 @@ and Paused and DryRun run nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from gpuhealth.api.names import BURN_IN_TAINT_KEY
 from tests.unit.builders import gpu, report_obj
 from tests.unit.controller.act._device_support import Clock, runtime
-from tests.unit.fake_kube import FakeKube
+from tests.unit.fake_kube import FakeKube, _error
 
 NS = "gpuhealth-remediation"
 BURN_IN = {
@@ -285,3 +288,36 @@ def test_a_verdict_lands_in_the_same_write_as_the_state_it_decides() -> None:
         after = snap.seen[snap.seen.index(("Recovering", "Running")) :]
         assert (state, "Running") not in after, after
         assert after[after.index((state, result)) - 1] == ("Recovering", "Running"), after
+
+
+class Forbidden(FakeKube):
+    """The remediation namespace refuses Jobs (an RBAC or quota error), until someone fixes it."""
+
+    refuse = True
+
+    def create_job(self, namespace: str, body: Any) -> dict[str, Any]:
+        if self.refuse:
+            raise _error(403)
+        return super().create_job(namespace, body)
+
+
+def test_a_refused_job_is_said_once_raised_and_created_under_the_same_name_once_allowed() -> None:
+    kube = fleet(BURN_IN, kube=Forbidden())
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await runtime(kube, clock, slices=None)
+        for _ in range(3):
+            with contextlib.suppress(ApiException):
+                await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=1)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    assert not kube.jobs and nv(kube)["job"] and not nv(kube).get("created")
+    blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+    assert len(blocked) == 1 and f"could not be created in {NS}: 403" in blocked[0], blocked
+    kube.refuse = False
+    asyncio.run(passes(kube, clock, n=2))
+    assert len(kube.jobs) == 1 and f"{NS}/{next(iter(kube.jobs))[1]}" == nv(kube)["job"]
+    assert nv(kube)["created"] is True
