@@ -302,7 +302,8 @@ class Forbidden(FakeKube):
 
 
 def test_a_refused_job_is_said_once_raised_and_created_under_the_same_name_once_allowed() -> None:
-    kube = fleet(BURN_IN, kube=Forbidden())
+    kube = Forbidden()
+    fleet(BURN_IN, kube=kube)
     clock = Clock()
 
     async def body() -> None:
