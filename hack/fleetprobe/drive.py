@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.controller.process.runtime import Runtime, settle_heap
+from gpuhealth.controller.state.slim import slim_lease, slim_node, slim_pod, slim_report
 from hack.fleetprobe import fleet
 from hack.fleetprobe.kube import MemKube
 from hack.memprobe import wire

@@ -47,7 +47,7 @@ from gpuhealth.api import fabric
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import ReportError, parse_report
 from gpuhealth.api.report_fields import DROPPED, READ
-from gpuhealth.controller.intake.slim import slim_report
+from gpuhealth.controller.state.slim import slim_report
 from tests.unit._contracts_support import REPORT_CRD, T, crd_enum, unset_fields
 
 # -- the chart's copy ------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_xid_events_the_agent_writes_are_declared() -> None:
 def test_the_unit_tests_hand_built_reports_are_what_the_crd_allows() -> None:
     """tests/unit/builders.py builds reports by hand for speed; they may not drift from the CRD."""
     from tests.unit import builders
-    from tests.unit.controller.intake.test_slim import full_device
+    from tests.unit.controller.state.test_slim import full_device
 
     spec_schema = at(crdschema.schema(REPORT_CRD), "spec")
     body = builders.report_obj(devices=[full_device(i) for i in range(8)], xids=[builders.xid_event(79, 1)])

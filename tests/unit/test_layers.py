@@ -10,8 +10,9 @@ only). The ``cli`` reads the contract, talks through ``kube`` and shows what the
 through the same pure mappings (``drain`` for the pods of a device, ``actions`` for the devices of a
 GPU). Imports under ``TYPE_CHECKING`` count: a cycle for the type checker is a knot for the reader too.
 
-Inside ``controller`` the rooms follow the data: ``intake`` (watches, slim shapes, queue) <
-``state`` (store, tallies, breaker) < ``act`` (the writes) < ``process`` (Kopf, runtime, feeders);
+Inside ``controller`` the rooms follow the data: ``state`` (store, the slim shapes it keeps, tallies,
+breaker) < ``intake`` (watches, the feeders that put what they bring into the store and queue the
+nodes it touches, the queue) < ``act`` (the writes) < ``process`` (Kopf, runtime, leadership);
 a room imports only rooms before it and the shared modules directly under ``controller``
 (``metrics``, ``backoff``), which import no room.
 
@@ -51,9 +52,9 @@ ALLOWED: dict[str, set[str]] = {
 # controller room -> the rooms it may import; "" is the shared modules directly under controller/
 ROOMS: dict[str, set[str]] = {
     "": set(),
-    "intake": {""},
-    "state": {"", "intake"},
-    "act": {"", "intake", "state"},
+    "state": {""},
+    "intake": {"", "state"},
+    "act": {"", "state", "intake"},
     "process": {"", "intake", "state", "act"},
 }
 

@@ -29,7 +29,7 @@ WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set by Kueue on the pods it s
 WORKLOAD_LABEL = "kueue.x-k8s.io/workload-name"
 
 # Every label and annotation of a pod that drains, restart-loop detection and Kueue's mover read (this
-# module, drain/plan.py, drain/kueue.py): the pod cache keeps only these (controller/intake/slim.py).
+# module, drain/plan.py, drain/kueue.py): the pod cache keeps only these (controller/state/slim.py).
 # Of the presence-only ones just whether they are there is read: their value (an indexed pod's rank,
 # a mirror pod's hash) would make every pod's labels its own, where a Job's pods otherwise share one.
 READ_LABELS = (*GANG_LABELS, TEMPLATE_HASH, COMPLETION_INDEX, WORKLOAD_LABEL)

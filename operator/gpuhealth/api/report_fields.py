@@ -3,7 +3,7 @@
 kept by the operator's slim cache) or dropped, with the reason nobody reads it.
 
 One table, so that a field cannot be added in one place and forgotten in another: the slim cache
-(``controller/intake/slim.py``) derives the fields it keeps of each report from :data:`READ`, and
+(``controller/state/slim.py``) derives the fields it keeps of each report from :data:`READ`, and
 ``tests/unit/test_contracts.py`` holds the table to the CRD (every declared field is in exactly one
 of the two lists), to the parser (dropping a READ field changes what ``parse_report`` returns,
 dropping a DROPPED one never does) and to the cache (it keeps exactly the READ fields). A field

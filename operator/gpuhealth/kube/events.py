@@ -36,6 +36,24 @@ class EventPort(Protocol):
     ) -> None: ...
 
 
+class EventSink(Protocol):
+    """Where the controller announces what it did: ``controller/act/events.py``'s background poster
+    (which posts through :class:`EventPort`), or a list in unit tests. Declared here, below the
+    controller's rooms, so the watches' feeders and the rooms that act take the same type."""
+
+    def __call__(
+        self,
+        kind: str,
+        name: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        api_version: str = "v1",
+        namespace: str = "",
+    ) -> None: ...
+
+
 class EventCalls:
     core: client.CoreV1Api
     event_namespace: str

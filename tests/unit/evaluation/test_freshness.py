@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gpuhealth.controller.intake.slim import slim_report
+from gpuhealth.controller.state.slim import slim_report
 from gpuhealth.evaluation.freshness import (
     SKEW_TOLERANCE_S,
     WRITTEN_AT,

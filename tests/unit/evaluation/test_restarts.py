@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuhealth.api.names import Signal
 from gpuhealth.api.pods import failure
-from gpuhealth.controller.intake.slim import slim_pod as _slim_pod
+from gpuhealth.controller.state.slim import slim_pod as _slim_pod
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from tests.unit.builders import NODE, at, iso, make_policy
 

@@ -31,7 +31,6 @@ from typing import Any
 from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.intake.kueuewatch import KueueCache, slim_check, slim_workload
 from gpuhealth.controller.intake.objectwatch import ObjectWatch
 from gpuhealth.controller.state.store import Store
@@ -39,6 +38,7 @@ from gpuhealth.drain import kueue as K
 from gpuhealth.drain.plan import DrainPlan, Step
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 

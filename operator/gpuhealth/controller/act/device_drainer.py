@@ -31,7 +31,6 @@ from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.drainer import Drainer
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
@@ -39,6 +38,7 @@ from gpuhealth.drain.plan import plan_drain
 from gpuhealth.evaluation.findings import Assessment
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.events import EventSink
 
 CLAIMS_TTL_S = 1.0
 

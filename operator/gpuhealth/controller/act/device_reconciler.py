@@ -52,7 +52,6 @@ from gpuhealth.api.remediation import Phase, StepKind
 from gpuhealth.api.status import drain_is_current
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.intake.slicewatch import SliceCache
 from gpuhealth.controller.state.store import Store
@@ -62,6 +61,7 @@ from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.evaluation.ladder import holds
 from gpuhealth.evaluation.peers import Group, groups, with_peers
 from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 SLICES_GRACE_S = 30.0  # how long a restarted operator waits for its first ResourceSlice list

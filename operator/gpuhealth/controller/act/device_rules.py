@@ -25,10 +25,10 @@ from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode, Sign
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import written_status
 from gpuhealth.controller import metrics
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 # Our rules are re-listed this often for changes someone else made; our own are tracked in memory.

@@ -37,7 +37,6 @@ from gpuhealth.api.status import (
 )
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.again import Again
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.breaker import Breaker
@@ -45,6 +44,7 @@ from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.plan import DrainPlan, Step, crashloop_evictions, plan_drain
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import status_of
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 MAX_RETRY_S = 60.0

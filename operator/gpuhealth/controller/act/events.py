@@ -22,22 +22,6 @@ log = logging.getLogger(__name__)
 EVENT_RETRIES = 12  # about five minutes of growing delays
 
 
-class EventSink(Protocol):
-    """Where rooms announce what they did; the poster below, or a list in unit tests."""
-
-    def __call__(
-        self,
-        kind: str,
-        name: str,
-        uid: str,
-        type_: str,
-        reason: str,
-        message: str,
-        api_version: str = "v1",
-        namespace: str = "",
-    ) -> None: ...
-
-
 class PostEvent(Protocol):
     def __call__(
         self,

@@ -57,7 +57,6 @@ from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.device_drainer import DeviceDrainer
 from gpuhealth.controller.act.device_reconciler import DevicePlan, DeviceReconciler, released_gpus
 from gpuhealth.controller.act.drainer import Drainer
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.node_validator import NodeValidator
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.remediator import Remediator
@@ -73,6 +72,7 @@ from gpuhealth.evaluation.startup import acts_before_pods
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_conflict, is_not_found, status_of
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5

@@ -51,12 +51,12 @@ from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
 from gpuhealth.kube.aio import AsyncKube
+from gpuhealth.kube.events import EventSink
 
 POLL_S = 2.0  # a node validation waiting or running is looked at again this often
 

@@ -15,11 +15,11 @@ from typing import Any
 from gpuhealth.api.names import API_VERSION, OUT_OF_SERVICE, POLICY_KIND, State
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.state import capacity
 from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_not_found
+from gpuhealth.kube.events import EventSink
 
 
 @dataclass

@@ -88,7 +88,6 @@ from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import Outcome
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
-from gpuhealth.controller.act.events import EventSink
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.running import RunningIndex
@@ -98,6 +97,7 @@ from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
 from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S, awaiting_reread, needs_peers_idle, p2p_drain, peers_of
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_not_found, status_of
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0  # a step in flight is looked at again this often (Jobs are read by name, not watched)

@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuhealth.api.names import AGENT_LEASE_SELECTOR, GPU_NODE_SELECTOR, REPORT_PLURAL
 from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, LoopReflector
-from gpuhealth.controller.intake.slim import slim_lease, slim_node, slim_pod, slim_report
+from gpuhealth.controller.state.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.kube.client import KubePort
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]

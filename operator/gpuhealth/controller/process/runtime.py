@@ -35,14 +35,14 @@ from gpuhealth.controller.act.policy_status import PolicyStatus
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.act.report_gc import ReportCollector
 from gpuhealth.controller.backoff import growing_delay
+from gpuhealth.controller.intake.feeders import Feeders
 from gpuhealth.controller.intake.objectwatch import lease_watch, node_watch, pod_watch, report_watch
 from gpuhealth.controller.intake.slicewatch import SliceWatch
-from gpuhealth.controller.intake.slim import slim_node, slim_report
 from gpuhealth.controller.intake.workqueue import WorkQueue
-from gpuhealth.controller.process.feeders import Feeders
 from gpuhealth.controller.process.leadership import Leadership
 from gpuhealth.controller.process.watchdog import Watchdog
 from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.slim import slim_node, slim_report
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
 from gpuhealth.evaluation.rules import time_dependent
@@ -117,7 +117,7 @@ class Runtime:
             store=self.store,
             queue=self.queue,
             breaker=self.breaker,
-            reports_gc=self.reports_gc,
+            suspect_gone=self.reports_gc.suspect,
             events=self.events,
             clock=clock,
         )

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from gpuhealth.api import pods as P
-from gpuhealth.controller.intake.slim import cached_pod, same_but_version
+from gpuhealth.controller.state.slim import cached_pod, same_but_version
 from gpuhealth.kube.versions import newer
 
 Pod = Mapping[str, Any]  # a cached pod (``slim.cached_pod``: read only)

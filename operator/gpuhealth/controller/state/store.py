@@ -17,8 +17,8 @@ from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record
-from gpuhealth.controller.intake.slim import slim_node, slim_report
 from gpuhealth.controller.state.pods import PodIndex
+from gpuhealth.controller.state.slim import slim_node, slim_report
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
 from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, Seen, latest, written_at
 from gpuhealth.kube.versions import newer, older

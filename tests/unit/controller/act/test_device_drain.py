@@ -33,7 +33,7 @@ def test_a_drain_does_not_judge_on_a_claim_list_from_before_the_allocation() -> 
 
 
 def test_the_pod_cache_keeps_the_claim_fields_a_device_drain_reads() -> None:
-    from gpuhealth.controller.intake.slim import slim_pod
+    from gpuhealth.controller.state.slim import slim_pod
     from gpuhealth.drain.claims import pod_claim_names
 
     pod = {

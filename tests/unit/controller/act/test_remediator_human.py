@@ -24,8 +24,8 @@ from gpuhealth.api.remediation import (
     StepKind,
 )
 from gpuhealth.controller.act.remediator import _repairs_patch
-from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.state.slim import slim_node
 from tests.unit.controller.act._device_support import Clock, ecc_on, runtime
 from tests.unit.controller.act.test_remediator import POLICY, ladder, passes
 from tests.unit.fake_kube import FakeKube

@@ -13,8 +13,8 @@ from typing import Any
 
 from gpuhealth.controller import metrics
 from gpuhealth.controller.intake.objectwatch import ObjectWatch
-from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.state.slim import slim_node
 from tests.unit.builders import report_obj
 from tests.unit.controller.intake.test_podwatch import Script
 from tests.unit.fake_kube import FakeKube

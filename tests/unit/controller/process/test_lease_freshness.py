@@ -9,8 +9,8 @@ from typing import Any
 
 from gpuhealth.controller import metrics
 from gpuhealth.controller.intake.objectwatch import ObjectWatch
-from gpuhealth.controller.intake.slim import slim_lease
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.state.slim import slim_lease
 from gpuhealth.evaluation.freshness import Seen, latest, observe_lease
 from tests.unit.builders import at, iso, report_obj
 from tests.unit.fake_kube import FakeKube

@@ -17,8 +17,8 @@ from gpuhealth.api import pods as P
 from gpuhealth.api.names import State
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.report import ReportError, parse_report
-from gpuhealth.controller.intake import slim
-from gpuhealth.controller.intake.slim import Leaf, MigEntry, leaf, slim_node, slim_pod, slim_report
+from gpuhealth.controller.state import slim
+from gpuhealth.controller.state.slim import Leaf, MigEntry, leaf, slim_node, slim_pod, slim_report
 from tests.unit.builders import gpu, report_obj, xid_event
 
 MIG_DEVICES: list[dict[str, Any]] = [

@@ -8,8 +8,8 @@ from typing import Any
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, State
 from gpuhealth.api.pods import shows_failure
 from gpuhealth.api.status import Record
-from gpuhealth.controller.intake.slim import slim_node
 from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.state.slim import slim_node
 from tests.unit.builders import T0, make_policy
 from tests.unit.fake_kube import FakeKube
 

@@ -25,13 +25,12 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.pods import shows_failure
 from gpuhealth.controller import metrics
-from gpuhealth.controller.act.events import EventSink
-from gpuhealth.controller.act.report_gc import ReportCollector
-from gpuhealth.controller.intake.slim import same_but_version
 from gpuhealth.controller.intake.workqueue import WorkQueue
 from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.slim import same_but_version
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation import domains, freshness
+from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +68,14 @@ class Feeders:
         store: Store,
         queue: WorkQueue,
         breaker: Breaker,
-        reports_gc: ReportCollector,
+        suspect_gone: Callable[[str], None],
         events: EventSink,
         clock: Callable[[], dt.datetime],
     ) -> None:
         self.store = store
         self.queue = queue
         self.breaker = breaker
-        self.reports_gc = reports_gc
+        self.suspect_gone = suspect_gone  # the report collector's: a deleted Node's report may go
         self.events = events
         self.clock = clock
 
@@ -85,7 +84,7 @@ class Feeders:
         if event == "DELETED":
             self.store.forget_node(name)
             self.store.set_lease_seen(name, None)
-            self.reports_gc.suspect(name)
+            self.suspect_gone(name)
             if enqueue:
                 self.queue.add(name)  # the worker deletes its report if the Node is really gone
             return

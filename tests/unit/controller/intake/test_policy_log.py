@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpuhealth.controller.process import feeders
+from gpuhealth.controller.intake import feeders
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.fake_kube import FakeKube
 

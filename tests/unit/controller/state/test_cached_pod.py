@@ -16,8 +16,8 @@ from gpuhealth.api import pods as P
 from gpuhealth.api.names import CHECKPOINT_MODE, CHECKPOINT_REQUESTED
 from gpuhealth.api.pods import failure, shows_failure
 from gpuhealth.api.policy import DrainSettings
-from gpuhealth.controller.intake.slim import CachedPod, cached_pod, slim_pod
 from gpuhealth.controller.state.pods import PodIndex
+from gpuhealth.controller.state.slim import CachedPod, cached_pod, slim_pod
 from gpuhealth.drain import kueue as K
 from gpuhealth.drain.plan import plan_drain
 from tests.unit.builders import T0
