@@ -102,14 +102,16 @@ def test_manual_approval_runs_no_job_until_approved_then_exactly_one(
     node = _manual(kube, cluster, group, validation={"enabled": True, "jobTemplate": validation_job_template(3)})
     out = ok(plugin(cluster, "approve", node, "--gpu", "3"))
     assert "gpuhealth.dev/approve-gpu=3" in out and "GPU 3: GPUReset" in out
-    # The approval is consumed by the write-ahead record (the Job's name); SIGKILL right then.
+    # The approval is consumed by the write-ahead record (the Job's name) and announced right after
+    # it (a background post: a kill before it lands would lose it, so wait for it); SIGKILL right then.
     wait_for(lambda: ladder(kube, node, 3).get("job"), timeout=30, what="the approved reset recorded")
+    wait_for(lambda: kube.node_events(node, "StepApproved"), timeout=30, what="the approval announced")
     operator.kill()
     operator.start()
     wait_for(lambda: _resets(kube, node) and job_done(_resets(kube, node)[0], "Complete"), timeout=60, what="reset")
     wait_for(lambda: _no_approval_left(kube, node), timeout=30, what="the annotation removed once consumed")
     assert len(_resets(kube, node)) == 1, "one Job across the restart"
-    assert any(e.reason == "StepApproved" for e in kube.node_events(node))
+    assert len(kube.node_events(node, "StepApproved")) == 1, "the resumed pass does not announce it again"
 
     wait_for(lambda: ladder(kube, node, 3).get("phase") == "Verifying", timeout=20, what="waiting for clean facts")
     kube.put_report(node, healthy_spec())

@@ -5,10 +5,11 @@ policy enables ``spec.remediation``. Per GPU it reads what the ladder needs from
 attempt's Job by its recorded name), checks a GPUReset's preconditions right before it starts, asks
 the pure ladder for the next move, and then acts in an order that survives a kill at any line:
 
-1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name);
+1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name),
+   then the move's Events (announced once recorded, before anything acts on it);
 2. then the Job: created under that deterministic name (409: it exists, done), or deleted when
    its attempt ran past its timeout;
-3. then the record again (``Running``), Events and metrics.
+3. then the record again (``Running``), and metrics.
 
 Killed after 1, the restarted operator finds ``Pending`` and a Job name: it GETs the Job and
 creates it only if it is absent. Killed after 2, the GET finds it. Never a second reset.
@@ -338,6 +339,15 @@ class Remediator:
             # 1. the write-ahead record, and the attempts it adds in the GPU's history by UUID
             await self._write(name, dev.index, _entry(rec, old), _repairs_patch(repairs, dev, lad, rec))
             old = rec.to_status() if rec is not None else None
+        # The move is announced right after it is recorded and before anything acts on it (as the
+        # node reconciler does): a kill after the record leaves its announcement posted, or about to
+        # be, and a resumed pass acts on the record without announcing it again.
+        for type_, reason, message in move.events:
+            if reason == "GPUReset" and rec is not None:
+                message += f", Job {rec.job}"
+            if reason == "ValidationStarted" and rec is not None and rec.validation is not None:
+                message += f", Job {rec.validation.job}"
+            self._event(name, type_, reason, message)
         if move.stop_job:
             await self.delete_job(move.stop_job)
         if body is not None and rec is not None:
@@ -348,12 +358,6 @@ class Remediator:
             await self.create_job(vbody, partial(self._block, name, dev.index))  # 2. the validation Job, recorded name
             created = replace(rec, validation=replace(rec.validation, created=True))
             await self._write(name, dev.index, _entry(created, old))  # 3.
-        for type_, reason, message in move.events:
-            if reason == "GPUReset" and rec is not None:
-                message += f", Job {rec.job}"
-            if reason == "ValidationStarted" and rec is not None and rec.validation is not None:
-                message += f", Job {rec.validation.job}"
-            self._event(name, type_, reason, message)
         if move.repeat_offender:
             metrics.REPEAT_OFFENDERS.inc()
         if move.validated is not None:
