@@ -328,26 +328,22 @@ def written_status(report: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (report or {}).get("status") or {}
 
 
-@dataclass(frozen=True)
 class StoredStatus:
-    """A node's GPUNodeHealth status as the operator reads it back, parsed once per pass: what the
-    state machine, the GPUs' verdicts, the drains, the repair ladders and the node's validation each
-    resume from. Read only: a room copies what it edits."""
+    """A node's GPUNodeHealth status as the operator reads it back, typed: what the state machine, the
+    GPUs' verdicts, the drains, the repair ladders and the node's validation each resume from. Each
+    part is parsed when first read and kept (most passes read few of them: a healthy node's none
+    but the record). Read only: a room copies what it edits."""
 
-    written: Mapping[str, Any]  # the status as written: what the next status write is diffed against
-    devices: Mapping[int, DeviceRecord]  # the per-GPU records (``status.devices``) by index
-    drain: DrainRecord  # ``status.drain``, empty when none
-    device_drains: Mapping[int, DrainRecord]  # ``status.deviceDrains`` by GPU index
-    ladders: Mapping[int, LadderRecord]  # ``status.remediation`` by GPU index
-    ladder_entries: Mapping[str, Mapping[str, Any]]  # ``status.remediation`` as written (a merge patch's base)
-    repairs: Mapping[str, tuple[Repair, ...]]  # ``status.repairs`` by GPU UUID
-    node_validation: NodeValidation | None
-    pending: Mapping[str, Any]  # first-seen times of duration-based signals
-    clock_skew: Mapping[str, Any] | None  # ``status.clockSkew`` as written
+    def __init__(self, written: Mapping[str, Any]) -> None:
+        self.written = written  # the status as written: what the next status write is diffed against
+
+    @staticmethod
+    def read(status: Mapping[str, Any] | None) -> StoredStatus:
+        return StoredStatus(status or {})
 
     @cached_property
     def record(self) -> Record:
-        """The state machine's record as written; parsed when asked for (a pass mostly has the store's)."""
+        """The state machine's record as written."""
         return Record.from_status(self.written)
 
     @property
@@ -355,23 +351,51 @@ class StoredStatus:
         """A verdict has been written (the operator has decided on this node before)."""
         return bool(self.written.get("state"))
 
-    @staticmethod
-    def read(status: Mapping[str, Any] | None) -> StoredStatus:
-        s = status or {}
-        entries = s.get("remediation") or {}
-        skew = s.get("clockSkew")
-        return StoredStatus(
-            written=s,
-            devices=devices_from_status(s),
-            drain=read_drain(s),
-            device_drains=read_device_drains(s),
-            ladders=ladders_from_status(s),
-            ladder_entries=entries if isinstance(entries, Mapping) else {},
-            repairs=repairs_from_status(s),
-            node_validation=NodeValidation.from_status(s.get("nodeValidation")),
-            pending=s.get("pending") or {},
-            clock_skew=skew if isinstance(skew, Mapping) else None,
-        )
+    @cached_property
+    def devices(self) -> Mapping[int, DeviceRecord]:
+        """The per-GPU records (``status.devices``) by index."""
+        return devices_from_status(self.written)
+
+    @cached_property
+    def drain(self) -> DrainRecord:
+        """``status.drain``, empty when none."""
+        return read_drain(self.written)
+
+    @cached_property
+    def device_drains(self) -> Mapping[int, DrainRecord]:
+        """``status.deviceDrains`` by GPU index."""
+        return read_device_drains(self.written)
+
+    @cached_property
+    def ladders(self) -> Mapping[int, LadderRecord]:
+        """``status.remediation`` by GPU index."""
+        return ladders_from_status(self.written)
+
+    @cached_property
+    def ladder_entries(self) -> Mapping[str, Mapping[str, Any]]:
+        """``status.remediation`` as written (a merge patch's base)."""
+        entries = self.written.get("remediation") or {}
+        return entries if isinstance(entries, Mapping) else {}
+
+    @cached_property
+    def repairs(self) -> Mapping[str, tuple[Repair, ...]]:
+        """``status.repairs`` by GPU UUID."""
+        return repairs_from_status(self.written)
+
+    @cached_property
+    def node_validation(self) -> NodeValidation | None:
+        return NodeValidation.from_status(self.written.get("nodeValidation"))
+
+    @property
+    def pending(self) -> Mapping[str, Any]:
+        """First-seen times of duration-based signals."""
+        return self.written.get("pending") or {}
+
+    @property
+    def clock_skew(self) -> Mapping[str, Any] | None:
+        """``status.clockSkew`` as written."""
+        skew = self.written.get("clockSkew")
+        return skew if isinstance(skew, Mapping) else None
 
 
 @dataclass(frozen=True, slots=True)
