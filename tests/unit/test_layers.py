@@ -239,6 +239,7 @@ TOOLS: dict[str, set[str]] = {
     "fleetprobe": {"memprobe"},
     "cluster": set(),
     "gen_xid_docs": set(),
+    "gen_metrics_docs": set(),
     "gen_crds": set(),
     "coldstart": set(),
     "latency": set(),
