@@ -94,7 +94,8 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
     lines += [
         "",
         f"Storm detail: reports published in {s['publish_s']} s, each node's report write to its taint p50 "
-        f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s; "
+        f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s"
+        f"{startup_detail(o)}; "
         f"idle: {o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min.",
         "",
         e2e_line(res),
@@ -114,6 +115,17 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
 RESILIENCE = ("drain_storm", "failover", "warm_restart")
 DRAIN_ALONE_BEGIN = "<!-- bench-drain-alone:begin (python -m hack.bench.docs) -->"
 DRAIN_ALONE_END = "<!-- bench-drain-alone:end -->"
+
+
+def startup_detail(o: Mapping[str, Any]) -> str:
+    """What start-up reached where "every node evaluated" is missing or late: 99% of the fleet, and the
+    states at the timeout (runs filed since the bench records them)."""
+    out = ""
+    if o.get("startup_most_s") is not None:
+        out += f" (99% of the nodes after {o['startup_most_s']} s)"
+    if states := o.get("startup_states"):
+        out += " (at the timeout: " + ", ".join(f"{k} {v:,}" for k, v in sorted(states.items())) + ")"
+    return out
 
 
 def alone(res: Mapping[str, Any], phase: str) -> bool:

@@ -40,6 +40,9 @@ from hack.bench.mig import mig_layout, publish_mig
 from hack.bench.support import GROUP, VERSION, PhaseClock, ProcSampler, api_client, find_log_line, log, publish_all
 from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
+STARTUP_TIMEOUT_S = 900.0  # process start to every governed node Healthy, or the run moves on without it
+STARTUP_SHARE = 0.99  # also timed: this share of the fleet Healthy
+
 
 def start(
     args: argparse.Namespace,
@@ -266,8 +269,20 @@ def start_operator(
     started.samplers.append(op_sampler)
     found = find_log_line(out / "operator.log", r"watching \d+ GPU nodes", timeout=600)
     watching_s = round(found[0] - op_t0, 2) if found else None
-    healthy_at = report_watch.wait_states(governed, "Healthy", timeout=900)
+    # Most of a fleet evaluated, then all of it: where "all" misses, the first says whether start-up was
+    # slow or a few nodes were not Healthy at the end (and the tally says what they were instead).
+    most_at = report_watch.wait_share(governed, "Healthy", STARTUP_SHARE, timeout=STARTUP_TIMEOUT_S)
+    left = STARTUP_TIMEOUT_S - (time.time() - op_t0)
+    healthy_at = report_watch.wait_states(governed, "Healthy", timeout=max(0.0, left)) if most_at else None
     healthy_s = round(healthy_at - op_t0, 2) if healthy_at else None
-    log(f"  'watching ... GPU nodes' after {watching_s}s; all {args.nodes} nodes Healthy after {healthy_s}s")
-    res["operator"] = {"startup_watching_s": watching_s, "startup_s": healthy_s}
+    most_s = round(most_at - op_t0, 2) if most_at else None
+    log(
+        f"  'watching ... GPU nodes' after {watching_s}s; {STARTUP_SHARE:.0%} of {args.nodes} nodes Healthy after "
+        f"{most_s}s, all after {healthy_s}s"
+    )
+    res["operator"] = {"startup_watching_s": watching_s, "startup_s": healthy_s, "startup_most_s": most_s}
+    if healthy_at is None:
+        states = report_watch.tally(governed)
+        log(f"  not every node Healthy within {STARTUP_TIMEOUT_S:.0f} s of the start: {states}")
+        res["operator"]["startup_states"] = states
     return operator, op_sampler, op_t0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
@@ -372,6 +373,19 @@ class ReportWatch(_Watch):
         with self.cond:
             self.cond.wait_for(lambda: len(done()) == len(names), timeout)
             return done()
+
+    def wait_share(self, nodes: Iterable[str], state: str, share: float, timeout: float) -> float | None:
+        """Epoch seconds at which at least ``share`` of ``nodes`` were seen in ``state``; None on timeout."""
+        names = list(nodes)
+        wanted = share * len(names)
+        with self.cond:
+            ok = self.cond.wait_for(lambda: sum(1 for n in names if self.states.get(n) == state) >= wanted, timeout)
+            return time.time() if ok else None
+
+    def tally(self, nodes: Iterable[str]) -> dict[str, int]:
+        """How many of ``nodes`` are in each state now ("none": no verdict seen yet)."""
+        with self.cond:
+            return dict(Counter(self.states.get(n) or "none" for n in nodes))
 
     def count(self, nodes: Iterable[str], state: str) -> int:
         with self.cond:

@@ -302,3 +302,24 @@ def test_a_run_of_the_warm_restart_alone_is_rendered_on_its_own(tmp_path: Path) 
     assert "restart to a new fault's taint 31.7 s (<= 30 s: **missed**)" in restart_only
     assert "operator writes during start-up 0 (0: met)" in restart_only
     assert docs.render_restart_alone([]).count("No run of the warm restart alone") == 1
+
+
+def test_report_watch_times_most_of_a_fleet_and_tallies_what_the_rest_is() -> None:
+    from kubernetes import client
+
+    from hack.bench.docs import startup_detail
+    from hack.bench.watch import ReportWatch
+
+    w = ReportWatch(client.ApiClient(), client.ApiClient())
+    nodes = [f"n{i}" for i in range(100)]
+    w._sync([{"metadata": {"name": n}, "status": {"state": "Healthy"}} for n in nodes[:99]])
+    w._event("MODIFIED", {"metadata": {"name": "n99"}, "status": {"state": "Unknown"}})
+    assert w.wait_share(nodes, "Healthy", 0.99, timeout=0.05) is not None
+    assert w.wait_share(nodes, "Healthy", 1.0, timeout=0.05) is None
+    assert w.wait_states(nodes, "Healthy", timeout=0.05) is None
+    assert w.tally([*nodes, "never"]) == {"Healthy": 99, "Unknown": 1, "none": 1}
+    detail = startup_detail(
+        {"startup_s": None, "startup_most_s": 412.5, "startup_states": {"Unknown": 1, "Healthy": 99}}
+    )
+    assert detail == " (99% of the nodes after 412.5 s) (at the timeout: Healthy 99, Unknown 1)"
+    assert startup_detail({"startup_s": 23.3}) == ""  # a run filed before these were recorded
