@@ -18,7 +18,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from devkit.docblocks import rewrite
+from devkit.docblocks import check, stale_docs, write_docs
 from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.controller import metrics as operator_metrics
 
@@ -69,22 +69,14 @@ def block() -> str:
     return "\n".join(parts)
 
 
-def render(text: str) -> str:
-    return rewrite(text, block())
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/install.md is stale")
     args = parser.parse_args(argv)
-    text = DOC.read_text(encoding="utf-8")
-    new = render(text)
+    rendered = {DOC: [block()]}
     if args.check:
-        if new != text:
-            print(f"{DOC} is stale: run python -m hack.gen_metrics_docs", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
+        return check(stale_docs(rendered), "hack.gen_metrics_docs")
+    write_docs(rendered)
     return 0
 
 

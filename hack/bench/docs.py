@@ -118,11 +118,11 @@ DRAIN_ALONE_END = "<!-- bench-drain-alone:end -->"
 
 
 def startup_detail(o: Mapping[str, Any]) -> str:
-    """What start-up reached where "every node evaluated" is missing or late: 99% of the fleet, and the
-    states at the timeout (runs filed since the bench records them)."""
+    """What start-up reached where "every node evaluated" is missing or late: most of the fleet (the share
+    the run timed), and the states at the timeout (runs filed since the bench records them)."""
     out = ""
     if o.get("startup_most_s") is not None:
-        out += f" (99% of the nodes after {o['startup_most_s']} s)"
+        out += f" ({o['startup_most_share']:.0%} of the nodes after {o['startup_most_s']} s)"
     if states := o.get("startup_states"):
         out += " (at the timeout: " + ", ".join(f"{k} {v:,}" for k, v in sorted(states.items())) + ")"
     return out

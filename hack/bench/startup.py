@@ -280,7 +280,12 @@ def start_operator(
         f"  'watching ... GPU nodes' after {watching_s}s; {STARTUP_SHARE:.0%} of {args.nodes} nodes Healthy after "
         f"{most_s}s, all after {healthy_s}s"
     )
-    res["operator"] = {"startup_watching_s": watching_s, "startup_s": healthy_s, "startup_most_s": most_s}
+    res["operator"] = {
+        "startup_watching_s": watching_s,
+        "startup_s": healthy_s,
+        "startup_most_s": most_s,
+        "startup_most_share": STARTUP_SHARE,
+    }
     if healthy_at is None:
         states = report_watch.tally(governed)
         log(f"  not every node Healthy within {STARTUP_TIMEOUT_S:.0f} s of the start: {states}")

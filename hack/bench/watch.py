@@ -379,7 +379,7 @@ class ReportWatch(_Watch):
         names = list(nodes)
         wanted = share * len(names)
         with self.cond:
-            ok = self.cond.wait_for(lambda: sum(1 for n in names if self.states.get(n) == state) >= wanted, timeout)
+            ok = self.cond.wait_for(lambda: self.count(names, state) >= wanted, timeout)  # cond's lock is an RLock
             return time.time() if ok else None
 
     def tally(self, nodes: Iterable[str]) -> dict[str, int]:

@@ -319,7 +319,12 @@ def test_report_watch_times_most_of_a_fleet_and_tallies_what_the_rest_is() -> No
     assert w.wait_states(nodes, "Healthy", timeout=0.05) is None
     assert w.tally([*nodes, "never"]) == {"Healthy": 99, "Unknown": 1, "none": 1}
     detail = startup_detail(
-        {"startup_s": None, "startup_most_s": 412.5, "startup_states": {"Unknown": 1, "Healthy": 99}}
+        {
+            "startup_s": None,
+            "startup_most_s": 412.5,
+            "startup_most_share": 0.99,
+            "startup_states": {"Unknown": 1, "Healthy": 99},
+        }
     )
     assert detail == " (99% of the nodes after 412.5 s) (at the timeout: Healthy 99, Unknown 1)"
     assert startup_detail({"startup_s": 23.3}) == ""  # a run filed before these were recorded
