@@ -8,6 +8,7 @@ the results; this module decides which run, in which order, and on which nodes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         res["wall_s"] = end
         write_outputs(out, res, series)
         rc = 0
+    except Exception as e:
+        # A phase that fails late would otherwise take every figure measured before it along (the
+        # 10,000-node run at 168fb85 failed in its last phase after 112 minutes and kept nothing).
+        res["stopped"] = {"phase": phase.phases[-1][0] if phase.phases else None, "error": f"{type(e).__name__}: {e}"}
+        res["phases"] = phase.phases
+        (out / "results-stopped.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+        log(f"stopped in {res['stopped']['phase']!r}; what was measured is in {out / 'results-stopped.json'}")
+        raise
     finally:
         started.stop()
     return rc

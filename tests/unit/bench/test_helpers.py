@@ -246,3 +246,13 @@ def test_the_10k_profile_lengthens_the_emulated_kubelets_lease_unless_given() ->
     assert parse_args(["--profile", "10k"]).kubelet_lease == 600
     assert parse_args(["--profile", "10k", "--kubelet-lease", "40"]).kubelet_lease == 40
     assert parse_args([]).kubelet_lease == 40
+
+
+def test_the_10k_profile_slows_the_simulated_agents_heartbeats_and_the_silence_follows() -> None:
+    from hack.bench.cli import parse_args
+    from hack.bench.cluster import agent_silence
+
+    ten_k = parse_args(["--profile", "10k"])
+    assert ten_k.heartbeat == 60.0 and agent_silence(ten_k.heartbeat) == "4m"
+    assert parse_args(["--profile", "10k", "--heartbeat", "30"]).heartbeat == 30.0
+    assert parse_args([]).heartbeat == 30.0 and agent_silence(30.0) == "2m"
