@@ -271,18 +271,29 @@ def render_ab(directory: Path = RESULTS) -> str:
     """Side-by-side runs of the same smaller bench at two commits (results/bench/ab-*.json)."""
     lines = [
         AB_BEGIN,
-        "| run | commit | load | storm nodes/s | reports published in | report to taint p50 | operator CPU |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| run | commit | load | storm nodes/s | reports published in | report to taint p50 | operator CPU "
+        "| targets met (missed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for path in sorted(directory.glob("ab-*.json")):
         r = json.loads(path.read_text(encoding="utf-8"))
         s, o = r["storm"], r["operator"]
         lines.append(
             f"| {r['label']} (`{path.name}`) | `{r['commit']}` | {r['load']} | {s['nodes_per_s']} | {s['publish_s']} s "
-            f"| {s['report_to_taint_ms_p50']} ms | {o['cpu_s']} s over {o['wall_s']} s |"
+            f"| {s['report_to_taint_ms_p50']} ms | {o['cpu_s']} s over {o['wall_s']} s | {ab_targets(r)} |"
         )
     lines.append(AB_END)
     return "\n".join(lines)
+
+
+def ab_targets(r: Mapping[str, Any]) -> str:
+    """'met of measured (the missed targets' keys)': two runs side by side meet and miss the same ones or not."""
+    targets = r["targets"]
+    passed, counted, _ = tally(targets, int(r["nodes"]))
+    missed = [
+        t.key for t in targets_for(int(r["nodes"])) if measured(targets.get(t.key)) and not targets[t.key]["pass"]
+    ]
+    return f"{passed} of {counted}" + (f" ({', '.join(missed)})" if missed else "")
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,12 @@ def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.Mo
         encoding="utf-8",
     )
     assert docs.stale() == [readme]
+
+
+def test_an_ab_row_names_the_targets_each_run_missed() -> None:
+    """Two runs at two commits on one host: the row says which targets each met and which it missed, so a
+    miss that belongs to the host shows up in both."""
+    run = json.loads(next(iter(sorted(docs.RESULTS.glob("bench-1000-*7a099bb.json")))).read_text(encoding="utf-8"))
+    assert docs.ab_targets(run) == "15 of 17 (traffic_p50, traffic_p99)"
+    run["targets"]["storm_rate"] = {**run["targets"]["storm_rate"], "pass": False}
+    assert docs.ab_targets(run) == "14 of 17 (storm_rate, traffic_p50, traffic_p99)"
