@@ -7,6 +7,7 @@ fails when a block differs from its rendering, so a figure cannot drift from its
 
     python -m hack.bench.docs --add build/bench/results.json --commit SHA   # file a run, re-render
     python -m hack.bench.docs                                               # re-render the blocks
+    python -m hack.bench.docs --add ... --commit SHA --ab "LABEL"          # file it as an A/B table row
     python -m hack.bench.docs --check                                       # exit 1 if a block is stale
 """
 
@@ -347,14 +348,19 @@ def stale(directory: Path = RESULTS) -> list[Path]:
     return stale_docs(blocks(directory))
 
 
-def file_run(results: Path, commit: str, date: str | None = None) -> Path:
-    """Copy a run's results.json into results/bench/ with the commit, date and load it ran at."""
+def file_run(results: Path, commit: str, date: str | None = None, label: str | None = None) -> Path:
+    """Copy a run's results.json into results/bench/ with the commit, date and load it ran at; with a
+    ``label``, as a row of the A/B table (``ab-NODES-N-COMMIT.json``) instead of a filed full run."""
     res = json.loads(results.read_text(encoding="utf-8"))
     loads = [p[2] for p in res.get("phases", []) if len(p) > 2]
     res["commit"] = commit[:7]
     res["date"] = date or res.get("date") or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
     res["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
     out = RESULTS / f"bench-{res['nodes']}-{res['date'][:10]}-{res['commit']}.json"
+    if label:  # one of a side-by-side pair (the A/B table), numbered in the order filed
+        res["label"] = label
+        n = len(list(RESULTS.glob(f"ab-{res['nodes']}-*.json"))) + 1
+        out = RESULTS / f"ab-{res['nodes']}-{n}-{res['commit']}.json"
     out.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
 
@@ -364,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--add", type=Path, help="a results.json to file under results/bench/")
     ap.add_argument("--commit", help="the commit the filed run measured (with --add)")
     ap.add_argument("--date", help="when it ran, e.g. 2026-11-30T17:04Z (with --add; default now)")
+    ap.add_argument("--ab", metavar="LABEL", help="file it as a row of the A/B table, so labelled (with --add)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = ap.parse_args(argv)
     if args.check:
@@ -371,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.add:
         if not args.commit:
             ap.error("--add needs --commit")
-        print(f"filed {file_run(args.add, args.commit, args.date)}")
+        print(f"filed {file_run(args.add, args.commit, args.date, args.ab)}")
     if not filed_runs():
         ap.error("no filed full run under results/bench/")
     write_docs(blocks())
