@@ -117,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         res["wall_s"] = end
         write_outputs(out, res, series)
         rc = 0
-    except Exception as e:
-        # A phase that fails late would otherwise take every figure measured before it along (the
-        # 10,000-node run at 168fb85 failed in its last phase after 112 minutes and kept nothing).
+    except BaseException as e:
+        # A phase that fails late, or a run stopped by hand (SIGTERM exits through here), would otherwise
+        # take every figure measured before it along (the 10,000-node run at 168fb85 failed in its last
+        # phase after 112 minutes and kept nothing).
         res["stopped"] = {"phase": phase.phases[-1][0] if phase.phases else None, "error": f"{type(e).__name__}: {e}"}
         res["phases"] = phase.phases
         (out / "results-stopped.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
