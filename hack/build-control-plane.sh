@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and kwokctl from
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from
 # Go modules through the Go module proxy and caches them outside the repo, keyed by version.
 # Prints the bin directory on stdout's last line. A warm cache rebuilds nothing.
 set -euo pipefail
@@ -12,6 +12,10 @@ CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
 BIN="$CACHE/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 WORK="$CACHE/work"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
+# Every build here and in build-node.sh (the kubelet, which reuses this build's compiled packages
+# only when its flags are the same) strips debug information: -w leaves it out of the binary, and
+# -dwarf=false spares the compiler generating it for every package in the first place.
+GCFLAGS="all=-dwarf=false"
 
 log() { printf '[hack/build] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -26,17 +30,16 @@ have() { [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.ok" ]; }
 mark() { touch "$BIN/.$1.ok"; }
 
 build_kwok() {
-  if have kwok && have kwokctl && [ -d "$BIN/kwok-stages" ]; then return; fi
-  log "building kwok + kwokctl $KWOK_VERSION"
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" \
-    "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwokctl@${KWOK_VERSION}" \
+  if have kwok && [ -d "$BIN/kwok-stages" ]; then return; fi
+  log "building kwok $KWOK_VERSION"
+  GOBIN="$BIN" go install -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
     || die "building kwok failed (see above)"
   # The stage configs (node heartbeat, pod lifecycle) ship inside the kwok module.
   local src
   src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@${KWOK_VERSION}/kustomize/stage"
   [ -d "$src" ] || die "kwok stage configs not found at $src"
   rm -rf "$BIN/kwok-stages"; cp -r "$src" "$BIN/kwok-stages"; chmod -R u+w "$BIN/kwok-stages"
-  mark kwok; mark kwokctl
+  mark kwok
 }
 
 build_etcd() {
@@ -56,7 +59,7 @@ GOMOD
     echo "replace go.etcd.io/etcd/$m => go.etcd.io/etcd/$m v$ver" >> "$mod/go.mod"
   done
   (cd "$mod" && go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >&2 \
-     && go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3) \
+     && go build -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3) \
     || die "building etcd failed (see above)"
   mark etcd
 }
@@ -92,13 +95,12 @@ build_kubernetes() {
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version/verflag.programName=kubernetes"
   # shellcheck disable=SC2086
   (cd "$mod" && go get $pkgs >&2) || die "resolving Kubernetes modules failed (see above)"
-  for p in $pkgs; do
-    local name="${p##*/}"
-    have "$name" && continue
-    log "  go build $name"
-    (cd "$mod" && go build -trimpath -ldflags "$ldflags" -o "$BIN/$name" "$p") || die "building $name failed (see above)"
-    mark "$name"
-  done
+  # One go build for the three: one package graph loaded once, and one link runs while the rest compile.
+  log "  go build $pkgs"
+  # shellcheck disable=SC2086
+  (cd "$mod" && go build -trimpath -gcflags "$GCFLAGS" -ldflags "$ldflags" -o "$BIN/" $pkgs) \
+    || die "building Kubernetes failed (see above)"
+  for p in $pkgs; do mark "${p##*/}"; done
 }
 
 start=$(date +%s)

@@ -9,8 +9,11 @@ tier if an earlier run installed them (the result says whether the run had to).
 
 The build scripts print how long each piece took (``hack/build-*.sh``); :func:`pieces` reads those
 lines from the log, the test phase comes from pytest's summary line, and the whole from the wall
-clock. The result is filed in ``results/build/`` and rendered into docs/development.md by
-``python -m hack.coldstart.docs``. Not a test: it takes most of an hour on a 2-core machine.
+clock. While it runs, the machine's CPU counters (``/proc/stat``) are sampled and split at the moment
+pytest starts, so the result says how busy the two CPUs were while the tools built and while the tests
+ran: a phase that leaves them idle is time another phase could have used. The result is filed in
+``results/build/`` and rendered into docs/development.md by ``python -m hack.coldstart.docs``. Not a
+test: it takes most of an hour on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,8 @@ PIECES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("python_base", re.compile(r"^\[hack/build-image\] \S+\s+base image took (\d+)s")),
     ("image", re.compile(r"^\[hack/build-image\] \S+ image \S+ built in (\d+)s")),
 )
+# The line make echoes when the test phase starts (the Makefile's `test` recipe).
+PYTEST_STARTS = "-m pytest tests"
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<secs>[\d.]+)s")
 
 
@@ -68,6 +75,69 @@ def test_summary(lines: Iterable[str]) -> dict[str, Any]:
             counts = {w: int(n) for n, w in (c.split(" ", 1) for c in m.group("counts").split(", "))}
             found = {"counts": counts, "pytest_s": round(float(m.group("secs")), 1)}
     return found
+
+
+# One sample: (seconds since start, phase, busy jiffies, all jiffies), the counters cumulative.
+Sample = tuple[float, str, int, int]
+
+
+def cpu_jiffies(stat: str) -> tuple[int, int]:
+    """(busy, all) from /proc/stat's aggregate ``cpu`` line; idle and iowait count as not busy."""
+    fields = [int(x) for x in stat.splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    total = sum(fields[:8])  # guest time is already inside user and nice
+    return total - idle, total
+
+
+def cpu_by_phase(samples: list[Sample]) -> dict[str, dict[str, float]]:
+    """Seconds and the share of the CPUs kept busy in each phase, from consecutive samples: the
+    interval between two samples belongs to the later sample's phase."""
+    acc: dict[str, list[float]] = {}
+    for (t0, _, b0, a0), (t1, phase, b1, a1) in pairwise(samples):
+        got = acc.setdefault(phase, [0.0, 0.0, 0.0])
+        got[0] += t1 - t0
+        got[1] += b1 - b0
+        got[2] += a1 - a0
+    return {p: {"s": round(s, 1), "busy": round(b / a, 3) if a else 0.0} for p, (s, b, a) in acc.items()}
+
+
+class CpuSampler:
+    """Samples /proc/stat every ``every`` seconds in a thread; the phase turns from ``build`` to
+    ``tests`` when the make log shows pytest starting."""
+
+    def __init__(self, log_path: Path, every: float = 2.0) -> None:
+        self.log_path, self.every = log_path, every
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.monotonic()
+        self._phase, self._seen = "build", 0
+
+    def _sample(self) -> None:
+        if self._phase == "build":
+            # Read on from the last look, a little before it, so a line written across two looks is seen.
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, self._seen - len(PYTEST_STARTS)))
+                chunk = f.read()
+                self._seen = f.tell()
+            if PYTEST_STARTS.encode() in chunk:
+                self._phase = "tests"
+        busy, total = cpu_jiffies(Path("/proc/stat").read_text())
+        self.samples.append((time.monotonic() - self._t0, self._phase, busy, total))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 def machine() -> dict[str, Any]:
@@ -100,7 +170,7 @@ def run(scratch: Path, make_args: tuple[str, ...] = ("test",)) -> dict[str, Any]
     log_path = scratch / "make-test.log"
     before = load()
     t0 = time.monotonic()
-    with log_path.open("w") as log:
+    with log_path.open("w") as log, CpuSampler(log_path) as sampler:
         rc = subprocess.run(["make", *make_args], cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.monotonic() - t0
     lines = log_path.read_text(errors="replace").splitlines()
@@ -119,6 +189,7 @@ def run(scratch: Path, make_args: tuple[str, ...] = ("test",)) -> dict[str, Any]
         "pieces_s": got,
         "node_packages_installed": "node_packages" in got,
         "tests": tests,
+        "cpu": cpu_by_phase(sampler.samples),
         "target_s": TARGET_S,
         "met": rc == 0 and wall <= TARGET_S,
         "log_tail": lines[-40:],

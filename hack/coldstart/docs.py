@@ -35,6 +35,13 @@ def _mmss(s: float) -> str:
     return f"{int(s) // 60} min {int(s) % 60:02d} s"
 
 
+def _cpu(cpu: dict[str, dict[str, float]]) -> str:
+    """How busy the CPUs were in each phase (runs filed before the sampler have none)."""
+    said = {"build": "while the tools built", "tests": "while the tests ran"}
+    parts = [f"{cpu[p]['busy']:.0%} {said[p]} ({_mmss(cpu[p]['s'])})" for p in said if p in cpu]
+    return f" The CPUs were busy {' and '.join(parts)}." if parts else ""
+
+
 def render(result: dict[str, Any] | None) -> str:
     if result is None:
         return f"{BEGIN}\nNo cold run is filed yet (`make coldstart`).\n{END}"
@@ -52,7 +59,8 @@ def render(result: dict[str, Any] | None) -> str:
             ""
             if result["node_packages_installed"]
             else " The real node's Debian packages were already installed (apt not counted)."
-        ),
+        )
+        + _cpu(result.get("cpu") or {}),
         "",
         "| piece (as its build script timed itself; they run side by side) | seconds |",
         "|---|---:|",

@@ -12,7 +12,7 @@ from hack import coldstart
 from hack.coldstart import docs
 
 LOG = """\
-[hack/build] 16:05:02 building kwok + kwokctl v0.8.0
+[hack/build] 16:05:02 building kwok v0.8.0
 [hack/build] 16:40:10 control plane binaries ready in /c/bin/k8s (2108s)
 [hack/build-node] 16:41:00   build_containerd took 233s
 [hack/build] 16:42:00 control plane binaries ready in /c/bin/k8s (0s)
@@ -93,3 +93,36 @@ def test_the_newest_run_is_the_one_filed_last(tmp_path: Path) -> None:
 
 def test_the_development_page_shows_the_newest_filed_run() -> None:
     assert docs.main(["--check"]) == 0, "docs/development.md is stale: run python -m hack.coldstart.docs"
+
+
+def test_cpu_counters_split_at_pytests_start_into_each_phases_busy_share() -> None:
+    stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n"
+    assert coldstart.cpu_jiffies(stat) == (150, 1000)  # idle and iowait are not busy
+    samples = [
+        (0.0, "build", 0, 0),
+        (10.0, "build", 190, 200),  # 95% busy while the tools build
+        (20.0, "tests", 290, 400),  # 50% while the tests run
+        (30.0, "tests", 390, 600),
+    ]
+    assert coldstart.cpu_by_phase(samples) == {"build": {"s": 10.0, "busy": 0.95}, "tests": {"s": 20.0, "busy": 0.5}}
+    assert coldstart.cpu_by_phase(samples[:1]) == {}
+
+
+def test_the_sampler_turns_to_the_test_phase_when_make_echoes_pytest(tmp_path: Path) -> None:
+    log = tmp_path / "make.log"
+    log.write_text("[hack/build] building\n")
+    sampler = coldstart.CpuSampler(log, every=3600)
+    sampler._sample()
+    with log.open("a") as f:
+        f.write(".venv/bin/python -m pytest tests -q\n")
+    sampler._sample()
+    sampler._sample()
+    assert [s[1] for s in sampler.samples] == ["build", "tests", "tests"]
+    assert all(s[3] >= s[2] > 0 for s in sampler.samples)
+
+
+def test_the_block_says_how_busy_the_cpus_were_in_each_phase() -> None:
+    cpu = {"build": {"s": 2100.0, "busy": 0.97}, "tests": {"s": 1270.0, "busy": 0.61}}
+    text = docs.render(_result(cpu=cpu))
+    assert "busy 97% while the tools built (35 min 00 s) and 61% while the tests ran (21 min 10 s)" in text
+    assert "busy" not in docs.render(_result())
