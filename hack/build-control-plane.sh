@@ -12,10 +12,6 @@ CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
 BIN="$CACHE/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 WORK="$CACHE/work"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
-# Every build here and in build-node.sh (the kubelet, which reuses this build's compiled packages
-# only when its flags are the same) strips debug information: -w leaves it out of the binary, and
-# -dwarf=false spares the compiler generating it for every package in the first place.
-GCFLAGS="all=-dwarf=false"
 
 log() { printf '[hack/build] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -32,7 +28,7 @@ mark() { touch "$BIN/.$1.ok"; }
 build_kwok() {
   if have kwok && [ -d "$BIN/kwok-stages" ]; then return; fi
   log "building kwok $KWOK_VERSION"
-  GOBIN="$BIN" go install -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
+  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
     || die "building kwok failed (see above)"
   # The stage configs (node heartbeat, pod lifecycle) ship inside the kwok module.
   local src
@@ -59,7 +55,7 @@ GOMOD
     echo "replace go.etcd.io/etcd/$m => go.etcd.io/etcd/$m v$ver" >> "$mod/go.mod"
   done
   (cd "$mod" && go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >&2 \
-     && go build -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3) \
+     && go build -trimpath -gcflags "$GO_GCFLAGS" -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3) \
     || die "building etcd failed (see above)"
   mark etcd
 }
@@ -92,13 +88,12 @@ build_kubernetes() {
   } > "$mod/go.mod"
   log "wrapper module: $(grep -c '=>' "$mod/go.mod") staging replaces"
   local pkgs="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler"
-  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version/verflag.programName=kubernetes"
   # shellcheck disable=SC2086
   (cd "$mod" && go get $pkgs >&2) || die "resolving Kubernetes modules failed (see above)"
   # One go build for the three: one package graph loaded once, and one link runs while the rest compile.
   log "  go build $pkgs"
   # shellcheck disable=SC2086
-  (cd "$mod" && go build -trimpath -gcflags "$GCFLAGS" -ldflags "$ldflags" -o "$BIN/" $pkgs) \
+  (cd "$mod" && go build -trimpath -gcflags "$GO_GCFLAGS" -ldflags "$KUBERNETES_LDFLAGS" -o "$BIN/" $pkgs) \
     || die "building Kubernetes failed (see above)"
   for p in $pkgs; do mark "${p##*/}"; done
 }

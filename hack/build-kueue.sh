@@ -65,7 +65,7 @@ if [ ! -f "$src/.copied" ]; then
   cp -r "$dir/." "$src/"; chmod -R u+w "$src"; touch "$src/.copied"
 fi
 sed "s|$main|$src/cmd/kueue/main.go|" "$WORK/overlay.json" > "$WORK/overlay-src.json"
-(cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -gcflags all=-dwarf=false -overlay "$WORK/overlay-src.json" \
+(cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -gcflags "$GO_GCFLAGS" -overlay "$WORK/overlay-src.json" \
    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
    -o "$OUT/kueue" ./cmd/kueue) || die "building Kueue failed (see above)"
 

@@ -24,8 +24,6 @@ WORK="$CACHE/work"
 STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
 PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
-# The same as build-control-plane.sh's: the kubelet reuses its compiled packages only with equal flags.
-GCFLAGS="all=-dwarf=false"
 
 log() { printf '[hack/build-node] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-node] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -43,7 +41,7 @@ build_containerd() {
   have containerd && have ctr && have containerd-shim-runc-v2 && return
   log "building containerd $CONTAINERD_VERSION (containerd, ctr, containerd-shim-runc-v2)"
   local m=github.com/containerd/containerd/v2/cmd
-  GOBIN="$BIN" go install -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}" \
+  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}" \
     "$m/containerd@${CONTAINERD_VERSION}" "$m/ctr@${CONTAINERD_VERSION}" "$m/containerd-shim-runc-v2@${CONTAINERD_VERSION}" \
     || die "building containerd failed (see above)"
   mark containerd; mark ctr; mark containerd-shim-runc-v2
@@ -54,16 +52,14 @@ build_kubelet() {
   # The control plane's wrapper module (staging replaces, godebug) is the kubelet's too; build in a
   # copy of it so the two builds never edit one go.mod, sharing the module and build caches.
   bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
-  local src="$WORK/kubernetes-$KUBERNETES_VERSION" mod="$WORK/kubelet-$KUBERNETES_VERSION" minor
+  local src="$WORK/kubernetes-$KUBERNETES_VERSION" mod="$WORK/kubelet-$KUBERNETES_VERSION"
   [ -f "$src/go.mod" ] || die "no Kubernetes wrapper module at $src"
   mkdir -p "$mod"
   cp "$src/go.mod" "$mod/go.mod"; [ -f "$src/go.sum" ] && cp "$src/go.sum" "$mod/go.sum"
   sed -i 's#^module .*#module gpuhealth.dev/hack/kubelet#' "$mod/go.mod"
-  minor="${KUBERNETES_VERSION#v1.}"
-  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version/verflag.programName=kubernetes"
   log "building kubelet $KUBERNETES_VERSION"
   (cd "$mod" && go get k8s.io/kubernetes/cmd/kubelet >&2 \
-     && go build -trimpath -gcflags "$GCFLAGS" -ldflags "$ldflags" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet) \
+     && go build -trimpath -gcflags "$GO_GCFLAGS" -ldflags "$KUBERNETES_LDFLAGS" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet) \
     || die "building the kubelet failed (see above)"
   mark kubelet
 }

@@ -35,7 +35,7 @@ if ! have helm; then
   k8s_minor="$(awk '$1=="k8s.io/client-go"{split($2,v,"."); print v[2]}' "$gomod")"
   [ -n "$k8s_minor" ] || die "no k8s.io/client-go in helm's go.mod"
   pkg=helm.sh/helm/v3/pkg
-  GOBIN="$BIN" go install -trimpath -gcflags all=-dwarf=false \
+  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
       -X $pkg/lint/rules.k8sVersionMajor=1 -X $pkg/lint/rules.k8sVersionMinor=$k8s_minor \
       -X $pkg/chartutil.k8sVersionMajor=1 -X $pkg/chartutil.k8sVersionMinor=$k8s_minor" \
@@ -47,7 +47,7 @@ if ! have promtool; then
   # remove_all_sd: Prometheus's own build tag (plugins/plugin_*.go) that leaves out the cloud
   # service-discovery plugins (AWS, Azure, GCE, ...). The rule and alert tests (check rules, test
   # rules) use none of them, and their SDKs were most of a cold build's time.
-  GOBIN="$BIN" go install -trimpath -gcflags all=-dwarf=false -tags remove_all_sd -ldflags "-s -w" \
+  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" -tags remove_all_sd -ldflags "-s -w" \
     "github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_MODULE_VERSION}" \
     || die "building promtool failed (see above)"
   mark promtool
