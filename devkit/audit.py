@@ -34,7 +34,16 @@ def audit_files(path: Path) -> list[Path]:
 
 def received(event: dict[str, Any]) -> dt.datetime | None:
     """When the API server received the request (aware, UTC); None if the event has no valid time."""
-    raw = event.get("requestReceivedTimestamp")
+    return _stamp(event, "requestReceivedTimestamp")
+
+
+def completed(event: dict[str, Any]) -> dt.datetime | None:
+    """When the API server logged the event's stage: for ``ResponseComplete``, when the answer was sent."""
+    return _stamp(event, "stageTimestamp")
+
+
+def _stamp(event: dict[str, Any], key: str) -> dt.datetime | None:
+    raw = event.get(key)
     if not isinstance(raw, str):
         return None
     try:
@@ -80,6 +89,9 @@ class AuditEntry:
     subresource: str
     name: str
     code: int
+    # When the answer was complete (epoch seconds); the received time where the log has none. The span
+    # from ``at`` is the request's time inside the API server, queueing and etcd included.
+    done: float | None = None
 
     @property
     def write(self) -> bool:
@@ -101,4 +113,5 @@ def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
             subresource=str(ref.get("subresource") or ""),
             name=str(ref.get("name") or ""),
             code=int((event.get("responseStatus") or {}).get("code") or 0),
+            done=(c.timestamp() if (c := completed(event)) is not None else None),
         )

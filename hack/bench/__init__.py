@@ -2,7 +2,8 @@
 
 Measures, in one run (see docs/bench.md):
 
-1. operator start-up: process start to "watching N GPU nodes", and to every node Healthy;
+1. operator start-up: process start to "watching N GPU nodes", and to every node Healthy, and what its first
+   writes waited on (the API server's time per request and the operator's CPU, hack/bench/startup_writes.py);
 2. detection to taint: an XID 79 published by the agent's own publishing code on one node at a time, until an
    independent Node watch sees the gpuhealth taint; against a floor, a no-logic watch-and-patch chain;
 3. a storm of simultaneous faults with the breaker at 100% (nodes per second), then the breaker at 5%
@@ -27,6 +28,7 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   run           the driver: the results' header, which phases run in which order, the outputs, the teardown
 #   context       what the phases share: the identities, what the run started (Started), the fleet (Bench)
 #   startup       control plane, real agents, pods, first reports and heartbeats, slices, watches, operator start-up
+#   startup_writes  what start-up waited on: the audit log's time per request and the workers inside the server
 #   detection     detection to taint, and the no-logic floor chain it is compared with
 #   e2e           end to end through real agents on the fake NVML library
 #   storm         the storm at 100%, the recovery, the breaker at its limit

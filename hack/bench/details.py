@@ -202,6 +202,27 @@ def failover_line(res: dict[str, Any]) -> str:
     )
 
 
+def startup_line(res: dict[str, Any]) -> str:
+    """What the operator's first start-up waited on (``hack/bench/startup_writes.py``), or "not measured"
+    for runs filed before the audit log's two timestamps were read."""
+    o = res.get("operator") or {}
+    p = o.get("startup_profile")
+    if not p:
+        return "Start-up writes: not measured in this run."
+    kinds = ", ".join(f"{k} {v:,}" for k, v in p["writes_by_kind"].items())
+    cpu = p.get("cpu_percent") or {}
+    busy = ", ".join(f"{n} {v}%" for n, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 1)
+    return (
+        f"Start-up writes (the audit log, from the operator's first pass write to every node evaluated, "
+        f"{p['window_s']} s): {p['writes']:,} writes on {p['nodes_written']:,} Nodes ({kinds}), "
+        f"{p['writes_per_s']} writes/s; the API server's time per request p50 {p['server_ms']['p50']} ms, "
+        f"p99 {p['server_ms']['p99']} ms; {p['in_flight_mean']} of the operator's {p['workers']} workers' "
+        f"requests inside the API server on average ({p['waiting_on_server_share']:.0%} of their time; all "
+        f"{p['workers']} at once {p['all_workers_in_server_share']:.0%} of the window, none "
+        f"{p['none_in_server_share']:.0%})" + (f"; CPU in percent of one core: {busy}." if busy else ".")
+    )
+
+
 def restart_line(res: dict[str, Any]) -> str:
     """The warm restart detail, or "not measured" for runs without the phase."""
     w = res.get("warm_restart")

@@ -30,6 +30,7 @@ from hack.bench.details import (
     failover_line,
     heartbeat_line,
     restart_line,
+    startup_line,
     traffic_line,
 )
 from hack.bench.domain_report import no_domain_run, render_domain
@@ -98,6 +99,8 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
         f"{s['report_to_taint_ms_p50']} ms. Operator start-up to every node evaluated: {o.get('startup_s')} s"
         f"{startup_detail(o)}; "
         f"idle: {o['idle_requests_per_min']} requests/min, {o['idle_writes_per_min']} writes/min.",
+        "",
+        startup_line(res),
         "",
         e2e_line(res),
         "",
@@ -222,6 +225,8 @@ def _resilience_section(path: Path, res: dict[str, Any]) -> str:
         value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
         lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
     lines += ["", drain_line(res), "", failover_line(res), "", restart_line(res)]
+    if (res.get("operator") or {}).get("startup_profile"):
+        lines += ["", startup_line(res)]
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from hack.bench.details import (
     memory_line,
     pods_rate,
     restart_line,
+    startup_line,
     traffic_line,
 )
 from hack.bench.domain_report import domain_md, domain_targets_for
@@ -122,6 +123,7 @@ def summary_md(res: dict[str, Any]) -> str:
         f"{' (under a policy of their own)' if 'real_agents' in res['config'] else ' (outside the policy)'}.",
         f"- Operator start-up: `watching N GPU nodes` after {o.get('startup_watching_s')} s, every node Healthy "
         f"after {o.get('startup_s')} s (from process start).",
+        f"- {startup_line(res)}",
         f"- Detection to taint: p50 {d['p50']} ms, p90 {d['p90']} ms, p99 {d['p99']} ms, max {d['max']} ms over "
         f"{d['samples']} faults ({d['timeouts']} timed out after 10 s and count as 10 s); "
         f"the report write itself: p50 {d['publish_p50']} ms.",

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 
 from devkit.agents import Agent, AgentFleet
+from devkit.audit import read_audit
 from devkit.k8s import OperatorProcess
 from hack.bench.cluster import agent_policy_spec, policy_spec, run_pods
 from hack.bench.context import (
@@ -37,11 +38,13 @@ from hack.bench.devices import publish_dra
 from hack.bench.e2e import real_agents
 from hack.bench.fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
 from hack.bench.mig import mig_layout, publish_mig
+from hack.bench.startup_writes import first_pass_write, startup_profile
 from hack.bench.support import GROUP, VERSION, PhaseClock, ProcSampler, api_client, find_log_line, log, publish_all
 from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
 STARTUP_TIMEOUT_S = 900.0  # process start to every governed node Healthy, or the run moves on without it
 STARTUP_SHARE = 0.99  # also timed: this share of the fleet Healthy
+OPERATOR_WORKERS = 16  # the operator's concurrent passes (its default, named so the start-up profile can use it)
 
 
 def start(
@@ -107,7 +110,9 @@ def start(
             },
         )
 
-    operator, op_sampler, op_t0 = start_operator(args, out, res, kc, governed, report_watch, phase, started)
+    operator, op_sampler, op_t0 = start_operator(
+        args, out, res, kc, governed, report_watch, phase, started, mem_samplers
+    )
     time.sleep(2 * args.tick)  # let the first sweeps pass
     hb_stats.reset_gap()
     hb_from = hb_stats.mark()
@@ -252,6 +257,7 @@ def start_operator(
     report_watch: ReportWatch,
     phase: PhaseClock,
     started: Started,
+    mem_samplers: dict[str, ProcSampler],
 ) -> tuple[OperatorProcess, ProcSampler, float]:
     """The operator's start-up, the first figure (``res["operator"]``); (operator, its sampler, when it
     started)."""
@@ -259,7 +265,7 @@ def start_operator(
     operator = OperatorProcess(
         started.cluster,
         out / "operator.log",
-        extra_args=[f"--kubeconfig={kc[OPERATOR_USER]}", f"--tick={args.tick}"],
+        extra_args=[f"--kubeconfig={kc[OPERATOR_USER]}", f"--tick={args.tick}", f"--workers={OPERATOR_WORKERS}"],
     )
     started.operator = operator
     op_t0 = time.time()
@@ -286,8 +292,28 @@ def start_operator(
         "startup_most_s": most_s,
         "startup_most_share": STARTUP_SHARE,
     }
+    res["operator"]["startup_profile"] = profile_startup(
+        started, op_t0, healthy_at or time.time(), {"gpuhealth-operator": op_sampler, **mem_samplers}
+    )
     if healthy_at is None:
         states = report_watch.tally(governed)
         log(f"  not every node Healthy within {STARTUP_TIMEOUT_S:.0f} s of the start: {states}")
         res["operator"]["startup_states"] = states
     return operator, op_sampler, op_t0
+
+
+def profile_startup(
+    started: Started, op_t0: float, end: float, samplers: dict[str, ProcSampler]
+) -> dict[str, Any] | None:
+    """What start-up waited on (``hack/bench/startup_writes.py``): the audit log and the processes' CPU
+    from the operator's first pass write to ``end`` (every node evaluated, or the start-up timeout)."""
+    time.sleep(1.0)  # the audit log is written as each request completes
+    entries = list(read_audit(started.cluster.audit_log, OPERATOR_USER))
+    first = first_pass_write(entries, op_t0)
+    if first is None or first >= end:
+        return None
+    profile = startup_profile(
+        entries, first, end, OPERATOR_WORKERS, cpu={n: s.cpu_samples for n, s in samplers.items()}
+    )
+    log(f"  start-up writes: {profile}")
+    return profile

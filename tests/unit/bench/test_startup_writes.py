@@ -1,0 +1,109 @@
+"""What the operator's start-up waited on (hack/bench/startup_writes.py): the in-flight sweep, Little's
+law against the worker count, and the reading of a real audit log line's two timestamps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from devkit.audit import AuditEntry, read_audit
+from hack.bench.startup_writes import cpu_percent, first_pass_write, in_flight, main, startup_profile
+
+
+def req(
+    at: float, done: float | None, verb: str = "patch", resource: str = "nodes", sub: str = "", name: str = ""
+) -> AuditEntry:
+    return AuditEntry(at=at, verb=verb, resource=resource, subresource=sub, name=name or f"n{at}", code=200, done=done)
+
+
+def test_in_flight_sums_to_the_window_and_counts_overlaps() -> None:
+    # Two requests overlapping for one second inside a ten-second window.
+    levels = in_flight([req(1.0, 3.0), req(2.0, 4.0)], 0.0, 10.0)
+    assert levels == {0: 7.0, 1: 2.0, 2: 1.0}
+    assert sum(levels.values()) == pytest.approx(10.0)
+
+
+def test_in_flight_clips_to_the_window_and_ignores_requests_without_an_answer_time() -> None:
+    levels = in_flight([req(-5.0, 2.0), req(9.0, 20.0), req(4.0, None)], 0.0, 10.0)
+    assert levels == {1: 3.0, 0: 7.0}
+
+
+def test_workers_always_in_the_server_read_as_bound_by_it() -> None:
+    # Two workers, each sending its next request the instant the last one's answer is complete: 0.5 s each.
+    entries = [req(w * 0.25 + i * 0.5, w * 0.25 + (i + 1) * 0.5) for w in range(2) for i in range(20)]
+    p = startup_profile(entries, 0.5, 10.0, workers=2)
+    assert p["in_flight_mean"] == pytest.approx(2.0)
+    assert p["waiting_on_server_share"] == pytest.approx(1.0)
+    assert p["all_workers_in_server_share"] == pytest.approx(1.0)
+    assert p["server_ms"]["p50"] == pytest.approx(500.0)
+    # Little's law holds on the figures as filed: rate x mean time = mean in flight.
+    assert p["requests_per_s"] * p["server_ms"]["mean"] / 1000 == pytest.approx(p["in_flight_mean"], rel=0.06)
+
+
+def test_a_slow_operator_shows_as_time_outside_the_server() -> None:
+    # One worker, 0.1 s in the server then 0.9 s of its own: a tenth of its time waiting on the server.
+    entries = [req(float(i), i + 0.1) for i in range(10)]
+    p = startup_profile(entries, 0.0, 10.0, workers=1)
+    assert p["waiting_on_server_share"] == pytest.approx(0.1)
+    assert p["none_in_server_share"] == pytest.approx(0.9)
+
+
+def test_watches_lists_and_events_are_not_the_passes() -> None:
+    entries = [
+        req(0.0, 10.0, verb="watch"),
+        req(0.0, 9.0, verb="list", resource="pods"),
+        req(1.0, 1.5, verb="create", resource="events"),
+        req(2.0, 2.5, verb="patch", resource="gpunodehealths", sub="status"),
+        req(3.0, 3.2, verb="get", resource="gpunodehealths"),
+        req(4.0, 4.5, verb="patch", resource="nodes"),
+        req(5.0, 5.5, verb="patch", resource="nodes", sub="status"),
+    ]
+    p = startup_profile(entries, 0.0, 10.0, workers=4)
+    assert p["requests"] == 4 and p["writes"] == 3
+    assert p["writes_by_kind"] == {"patch gpunodehealths/status": 1, "patch nodes": 1, "patch nodes/status": 1}
+    assert first_pass_write(entries, 0.0) == 2.0
+    assert first_pass_write(entries, 6.0) is None
+
+
+def test_cpu_percent_over_the_window() -> None:
+    samples = [(0.0, 0.0), (1.0, 0.5), (5.0, 2.5), (11.0, 9.0)]
+    assert cpu_percent(samples, 1.0, 10.0) == pytest.approx(50.0)
+    assert cpu_percent(samples, 6.0, 10.0) is None
+    p = startup_profile([req(1.0, 2.0)], 0.0, 10.0, workers=1, cpu={"op": samples, "idle": []})
+    assert p["cpu_percent"] == {"op": 50.0}
+
+
+def test_the_audit_log_line_gives_both_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The shape kube-apiserver writes at Metadata level (stage ResponseComplete, microsecond stamps).
+    line = {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": "Metadata",
+        "stage": "ResponseComplete",
+        "verb": "patch",
+        "user": {"username": "gpuhealth-operator"},
+        "objectRef": {"resource": "nodes", "name": "gpu-node-1", "apiVersion": "v1"},
+        "responseStatus": {"code": 200},
+        "requestReceivedTimestamp": "2026-12-04T13:30:00.100000Z",
+        "stageTimestamp": "2026-12-04T13:30:00.350000Z",
+    }
+    log = tmp_path / "audit.log"
+    log.write_text(json.dumps(line) + "\n")
+    (e,) = read_audit(log, "gpuhealth-operator")
+    assert e.done is not None and e.done - e.at == pytest.approx(0.25)
+    main([str(log), "--after", str(e.at - 1), "--until", str(e.at + 1), "--workers", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["writes"] == 1 and out["server_ms"]["p50"] == pytest.approx(250.0)
+
+
+def test_the_detail_line_reads_the_profile_and_says_when_a_run_has_none() -> None:
+    from hack.bench.details import startup_line
+
+    assert startup_line({"operator": {"startup_s": 600}}) == "Start-up writes: not measured in this run."
+    entries = [req(float(i), i + 0.5, sub="status" if i % 2 else "", name=f"node-{i // 2}") for i in range(10)]
+    p = startup_profile(entries, 0.0, 10.0, workers=1, cpu={"kube-apiserver": [(0.0, 0.0), (10.0, 9.0)]})
+    line = startup_line({"operator": {"startup_profile": p}})
+    assert "10 writes on 5 Nodes (patch nodes 5, patch nodes/status 5), 1.0 writes/s" in line
+    assert "p50 500.0 ms" in line and "50% of their time" in line and "kube-apiserver 90.0%" in line
