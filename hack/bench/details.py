@@ -213,14 +213,24 @@ def startup_line(res: dict[str, Any]) -> str:
     cpu = p.get("cpu_percent") or {}
     busy = ", ".join(f"{n} {v}%" for n, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 1)
     return (
-        f"Start-up writes (the audit log, from the operator's first pass write to every node evaluated, "
+        f"Start-up writes (the audit log, from the operator's first write to every node evaluated, "
         f"{p['window_s']} s): {p['writes']:,} writes on {p['nodes_written']:,} Nodes ({kinds}), "
         f"{p['writes_per_s']} writes/s; the API server's time per request p50 {p['server_ms']['p50']} ms, "
         f"p99 {p['server_ms']['p99']} ms; {p['in_flight_mean']} of the operator's {p['workers']} workers' "
         f"requests inside the API server on average ({p['waiting_on_server_share']:.0%} of their time; all "
         f"{p['workers']} at once {p['all_workers_in_server_share']:.0%} of the window, none "
-        f"{p['none_in_server_share']:.0%})" + (f"; CPU in percent of one core: {busy}." if busy else ".")
+        f"{p['none_in_server_share']:.0%})"
+        + (f"; CPU in percent of one core: {busy}" if busy else "")
+        + _passes(p)
+        + "."
     )
+
+
+def _passes(p: dict[str, Any]) -> str:
+    n = p.get("passes") or {}
+    if n.get("total") is None:
+        return ""
+    return f"; {n['total']:,.0f} node passes by then ({n.get('lease_requeues') or 0:,.0f} queued by Lease renewals)"
 
 
 def restart_line(res: dict[str, Any]) -> str:

@@ -75,8 +75,8 @@ def startup_profile(
     workers: int,
     cpu: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ) -> dict[str, Any]:
-    """The figures of the window [start, end) (epoch seconds: from the operator's first pass write to
-    every node evaluated), for ``res["operator"]["startup_profile"]``.
+    """The figures of the window [start, end) (epoch seconds: from the operator's first write after its
+    start to every node evaluated), for ``res["operator"]["startup_profile"]``.
 
     ``entries``: the operator's audit entries; ``workers``: its concurrent passes (``--workers``);
     ``cpu``: (time, CPU seconds) samples by process name."""
@@ -128,7 +128,8 @@ def cpu_percent(samples: Sequence[tuple[float, float]], start: float, end: float
 
 
 def first_pass_write(entries: Iterable[AuditEntry], after: float) -> float | None:
-    """When the operator's first pass write after ``after`` was received (the window's start)."""
+    """When the operator's first write after ``after`` was received (the window's start): a policy's
+    status or a node's first verdict, whichever its passes and sweeps wrote first."""
     return min((e.at for e in pass_requests(entries, after, float("inf")) if e.write), default=None)
 
 

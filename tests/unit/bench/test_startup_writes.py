@@ -107,3 +107,7 @@ def test_the_detail_line_reads_the_profile_and_says_when_a_run_has_none() -> Non
     line = startup_line({"operator": {"startup_profile": p}})
     assert "10 writes on 5 Nodes (patch nodes 5, patch nodes/status 5), 1.0 writes/s" in line
     assert "p50 500.0 ms" in line and "50% of their time" in line and "kube-apiserver 90.0%" in line
+    p["passes"] = {"total": 92049.0, "lease_requeues": 30609.0}
+    assert "; 92,049 node passes by then (30,609 queued by Lease renewals)." in startup_line(
+        {"operator": {"startup_profile": p}}
+    )
