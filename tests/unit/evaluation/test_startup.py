@@ -8,7 +8,7 @@ import pytest
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import State
 from gpuhealth.api.status import Record
-from gpuhealth.evaluation.startup import acts_before_pods
+from gpuhealth.evaluation.startup import acts_before_pods, never_evaluated
 
 IN = (DeviceRecord(0), DeviceRecord(1))
 ONE_OUT = (DeviceRecord(0), DeviceRecord(1, state=DeviceState.QUARANTINED))
@@ -37,3 +37,45 @@ def test_only_a_pass_that_takes_out_from_nothing_held_writes(
     acts: bool,
 ) -> None:
     assert acts_before_pods(prior, devices, node_out, gpus_out, commands) is acts
+
+
+@pytest.mark.parametrize(
+    ("prior", "devices", "commands", "acts"),
+    [
+        (Record(), IN, False, True),  # never evaluated, healthy: its first verdict is written now
+        (Record(), IN, True, False),  # a release asked for still waits for the pods
+        (Record(State.QUARANTINED), IN, False, False),  # (never_evaluated is False for it anyway)
+        (Record(), ONE_OUT, False, False),
+    ],
+)
+def test_a_first_verdict_is_written_before_the_pods(
+    prior: Record, devices: tuple[DeviceRecord, ...], commands: bool, acts: bool
+) -> None:
+    assert acts_before_pods(prior, devices, False, (), commands, first=True) is acts
+
+
+NODE = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.present": "true"}}, "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("status", "node", "rules", "never"),
+    [
+        ({}, NODE, 0, True),
+        ({"state": "Healthy"}, NODE, 0, False),  # evaluated before
+        ({}, NODE, 1, False),  # a DeviceTaintRule of its GPUs: a first verdict could delete it
+        ({}, {**NODE, "spec": {"taints": [{"key": "gpuhealth.dev/unhealthy", "effect": "NoSchedule"}]}}, 0, False),
+        ({}, {**NODE, "spec": {"taints": [{"key": "gpuhealth.dev/burn-in", "effect": "NoSchedule"}]}}, 0, False),
+        ({}, {"metadata": {"name": "n1", "annotations": {"gpuhealth.dev/quarantine": "{}"}}, "spec": {}}, 0, False),
+        # Someone else's taint and cordon are not gpuhealth's to lift, and a first verdict never does.
+        (
+            {},
+            {**NODE, "spec": {"unschedulable": True, "taints": [{"key": "other/maint", "effect": "NoSchedule"}]}},
+            0,
+            True,
+        ),
+    ],
+)
+def test_never_evaluated_means_nothing_of_gpuhealths_is_on_the_node(
+    status: dict[str, str], node: dict[str, object], rules: int, never: bool
+) -> None:
+    assert never_evaluated(status, node, rules) is never

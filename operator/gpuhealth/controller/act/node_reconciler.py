@@ -68,7 +68,7 @@ from gpuhealth.evaluation.freshness import Skew, heard_at, skew_episode
 from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
 from gpuhealth.evaluation.scope import slow_only
-from gpuhealth.evaluation.startup import acts_before_pods
+from gpuhealth.evaluation.startup import acts_before_pods, never_evaluated
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.client import is_conflict, is_not_found, status_of
@@ -261,6 +261,8 @@ class NodeReconciler:
                 decision.new_quarantine,
                 dev.verdict.new_quarantines,
                 released or bool(gpus),
+                first=name not in store.records
+                and never_evaluated(written_status(report_obj), node, len(self.devices.rules_of(name))),
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
             skew, new_skew = skew_episode(store.report_seen(name), stored.clock_skew, now)

@@ -82,3 +82,63 @@ def test_a_quarantine_only_the_pods_justify_is_left_alone_until_they_are_in() ->
 
     asyncio.run(restarted())
     assert kube.reports["n1"]["status"]["state"] in ("Quarantined", "Draining") and _taints(kube, "n1") == [TAINT]
+
+
+def test_a_fleet_never_evaluated_gets_its_first_verdicts_before_the_pods_are_in() -> None:
+    # Two healthy nodes and one whose pods alone show a restart loop: none was ever evaluated.
+    kube = crash_looping_fleet()
+
+    async def body() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        rt.store.pods.expect()
+        await rt._load()
+        for n in ("n1", "n2", "n3"):
+            await rt.reconciler.reconcile(n)
+            # Its first verdict, with the Node's label and condition, while the pods are still listed.
+            assert kube.reports[n]["status"]["state"] == "Healthy"
+            assert kube.nodes[n]["metadata"]["labels"]["gpuhealth.dev/state"] == "Healthy"
+            assert any(c["type"] == "GPUHealthy" for c in kube.nodes[n]["status"]["conditions"])
+        writes = len(kube.writes)
+        # The node is evaluated now: another pass before the pods writes nothing.
+        assert await rt.reconciler.reconcile("n2") is None and len(kube.writes) == writes
+        await rt._list_pods()
+        # The pod list's pass corrects the one verdict the pods change, and only that one.
+        for n in ("n1", "n2", "n3"):
+            await rt.reconciler.reconcile(n)
+        await rt.events.flush()
+        assert kube.reports["n1"]["status"]["state"] in ("Quarantined", "Draining") and _taints(kube, "n1") == [TAINT]
+        assert kube.reports["n2"]["status"]["state"] == "Healthy" and not _taints(kube, "n2")
+
+    asyncio.run(body())
+
+
+def test_a_quarantined_node_whose_status_was_lost_waits_for_the_pods() -> None:
+    # Quarantined for a restart loop, then its report's status lost (the report recreated): its taint
+    # is on the Node, so it is not a node gpuhealth never evaluated, and nothing is lifted without the pods.
+    kube = crash_looping_fleet()
+
+    async def first_operator() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        await rt._load()
+        await rt._list_pods()
+        await rt.reconciler.reconcile("n1")
+        await rt.events.flush()
+
+    asyncio.run(first_operator())
+    assert _taints(kube, "n1") == [TAINT]
+    del kube.reports["n1"]["status"]
+    node = copy.deepcopy(kube.nodes["n1"])
+    writes = len(kube.writes)
+
+    async def restarted() -> None:
+        rt = Runtime(kube, clock=lambda: at(20), workers=1)
+        rt.store.pods.expect()
+        await rt._load()
+        assert await rt.reconciler.reconcile("n1") is None
+        assert len(kube.writes) == writes and kube.nodes["n1"] == node and "status" not in kube.reports["n1"]
+        await rt._list_pods()
+        await rt.reconciler.reconcile("n1")
+        await rt.events.flush()
+
+    asyncio.run(restarted())
+    assert _taints(kube, "n1") == [TAINT]
