@@ -14,8 +14,8 @@ A node gpuhealth has never evaluated is the exception that makes a first start-u
 gpuhealth's is on it yet (``never_evaluated``), so its first verdict, whatever it is, lifts nothing,
 and it is written at once. At 10,000 nodes those are 30,000 writes (the report's status, the Node's
 state label, its condition) that would otherwise all wait behind the pod list, and meanwhile the
-sweeper and every Lease renewal re-queued each unevaluated node for a pass that could write nothing:
-92,000 such passes in the two minutes of one run's pod list (docs/scaling.md). The pod list's pass
+sweeper and every Lease renewal re-queued each unevaluated node for a pass that could write nothing,
+several times each during one run's pod list (docs/scaling.md, the start-up writes). The pod list's pass
 then corrects a first verdict a restart loop changes, as it would any verdict.
 """
 
