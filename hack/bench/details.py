@@ -243,9 +243,16 @@ def restart_line(res: dict[str, Any]) -> str:
     # Runs before the pods were listed after "watching" have no such figure.
     listed = w.get("startup_pods_listed_s")
     pods = f" (its pods listed {listed} s after it)" if listed is not None else ""
+    lists = "; ".join(
+        f"{r} {p['pages']} pages, {p['server_s']} s in the API server over {p['span_s']} s"
+        for r, p in sorted((w.get("lists") or {}).items(), key=lambda kv: -kv[1]["span_s"])
+        if p["span_s"] >= 1
+    )
     return (
         f"Warm restart: a fault published {w['fault_published_after_s']} s after a restart was tainted "
-        f"{w['restart_to_first_taint_s']} s after it; a quiet restart with every node evaluated"
+        f"{w['restart_to_first_taint_s']} s after it"
+        + (f" (its lists until then, slowest first: {lists})" if lists else "")
+        + "; a quiet restart with every node evaluated"
         f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it{pods}, "
         f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
     )

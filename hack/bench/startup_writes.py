@@ -127,6 +127,27 @@ def cpu_percent(samples: Sequence[tuple[float, float]], start: float, end: float
     return round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) * 100, 1)
 
 
+def list_profile(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, dict[str, float]]:
+    """The operator's lists received in [start, end), by resource: pages, the seconds the API server
+    spent on them, and the span from the first page received to the last answered. The span less the
+    server's seconds is the operator's own time between pages (reading and slimming each one); a
+    restarted operator decides nothing before its Nodes, reports, policies and Leases are all in
+    (docs/architecture.md, "Restart safety"), so the slowest of these lists is how long it is blind."""
+    by: dict[str, list[AuditEntry]] = {}
+    for e in entries:
+        if e.verb == "list" and start <= e.at < end:
+            by.setdefault(e.resource, []).append(e)
+    out: dict[str, dict[str, float]] = {}
+    for resource, pages in sorted(by.items()):
+        done = [e.done if e.done is not None else e.at for e in pages]
+        out[resource] = {
+            "pages": len(pages),
+            "server_s": round(sum(d - e.at for d, e in zip(done, pages, strict=True)), 1),
+            "span_s": round(max(done) - min(e.at for e in pages), 1),
+        }
+    return out
+
+
 def first_pass_write(entries: Iterable[AuditEntry], after: float) -> float | None:
     """When the operator's first write after ``after`` was received (the window's start): a policy's
     status or a node's first verdict, whichever its passes and sweeps wrote first."""

@@ -111,3 +111,34 @@ def test_the_detail_line_reads_the_profile_and_says_when_a_run_has_none() -> Non
     assert "; 92,049 node passes by then (30,609 queued by Lease renewals)." in startup_line(
         {"operator": {"startup_profile": p}}
     )
+
+
+def test_the_lists_a_restart_waits_for_by_resource() -> None:
+    from hack.bench.details import restart_line
+    from hack.bench.startup_writes import list_profile
+
+    entries = [
+        req(0.0, 2.0, verb="list", resource="gpunodehealths"),
+        req(2.5, 4.0, verb="list", resource="gpunodehealths"),  # 0.5 s of the operator's own between pages
+        req(0.0, 0.4, verb="list", resource="nodes"),
+        req(0.1, 0.2, verb="patch", resource="nodes"),  # not a list
+        req(9.0, 9.5, verb="list", resource="pods"),  # after the window
+    ]
+    lists = list_profile(entries, 0.0, 5.0)
+    assert lists == {
+        "gpunodehealths": {"pages": 2, "server_s": 3.5, "span_s": 4.0},
+        "nodes": {"pages": 1, "server_s": 0.4, "span_s": 0.4},
+    }
+    w = {
+        "fault_published_after_s": 0.1,
+        "restart_to_first_taint_s": 5.0,
+        "lists": lists,
+        "startup_watching_s": 4.2,
+        "startup_writes": 0,
+        "startup_window_s": 30.0,
+    }
+    line = restart_line({"warm_restart": w})
+    # Only the lists that took a second or more, slowest first.
+    assert "tainted 5.0 s after it (its lists until then, slowest first: gpunodehealths 2 pages, 3.5 s in" in line
+    assert "nodes 1 pages" not in line
+    assert "Warm restart:" in restart_line({"warm_restart": {**w, "lists": {}}})
