@@ -92,6 +92,8 @@ class AuditEntry:
     # When the answer was complete (epoch seconds); the received time where the log has none. The span
     # from ``at`` is the request's time inside the API server, queueing and etcd included.
     done: float | None = None
+    # A list request that carries a continue token: a later page of a list, not a list of its own.
+    continued: bool = False
 
     @property
     def write(self) -> bool:
@@ -114,4 +116,5 @@ def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
             name=str(ref.get("name") or ""),
             code=int((event.get("responseStatus") or {}).get("code") or 0),
             done=(c.timestamp() if (c := completed(event)) is not None else None),
+            continued="continue=" in str(event.get("requestURI") or ""),
         )

@@ -128,24 +128,33 @@ def cpu_percent(samples: Sequence[tuple[float, float]], start: float, end: float
 
 
 def list_profile(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, dict[str, float]]:
-    """The operator's lists received in [start, end), by resource: pages, the seconds the API server
-    spent on them, and the span from the first page received to the last answered. The span less the
-    server's seconds is the operator's own time between pages (reading and slimming each one); a
+    """The operator's lists received in [start, end), by resource: how many lists and pages, the
+    seconds the API server spent on them, and the span of the longest list (its first page received
+    to its last answered; a page with a continue token belongs to the list before it). The span less
+    the server's seconds is the operator's own time between pages (reading and slimming each one); a
     restarted operator decides nothing before its Nodes, reports, policies and Leases are all in
     (docs/architecture.md, "Restart safety"), so the slowest of these lists is how long it is blind."""
-    by: dict[str, list[AuditEntry]] = {}
-    for e in entries:
-        if e.verb == "list" and start <= e.at < end:
-            by.setdefault(e.resource, []).append(e)
+    lists: dict[str, list[list[AuditEntry]]] = {}
+    for e in sorted((e for e in entries if e.verb == "list" and start <= e.at < end), key=lambda e: e.at):
+        of = lists.setdefault(e.resource, [])
+        if e.continued and of:
+            of[-1].append(e)
+        else:
+            of.append([e])
     out: dict[str, dict[str, float]] = {}
-    for resource, pages in sorted(by.items()):
-        done = [e.done if e.done is not None else e.at for e in pages]
+    for resource, each in sorted(lists.items()):
+        pages = [e for one in each for e in one]
         out[resource] = {
+            "lists": len(each),
             "pages": len(pages),
-            "server_s": round(sum(d - e.at for d, e in zip(done, pages, strict=True)), 1),
-            "span_s": round(max(done) - min(e.at for e in pages), 1),
+            "server_s": round(sum(_done(e) - e.at for e in pages), 1),
+            "span_s": round(max(max(_done(e) for e in one) - one[0].at for one in each), 1),
         }
     return out
+
+
+def _done(e: AuditEntry) -> float:
+    return e.done if e.done is not None else e.at
 
 
 def first_pass_write(entries: Iterable[AuditEntry], after: float) -> float | None:

@@ -3,6 +3,7 @@ law against the worker count, and the reading of a real audit log line's two tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,8 +92,11 @@ def test_the_audit_log_line_gives_both_times(tmp_path: Path, capsys: pytest.Capt
     }
     log = tmp_path / "audit.log"
     log.write_text(json.dumps(line) + "\n")
-    (e,) = read_audit(log, "gpuhealth-operator")
+    page = {**line, "verb": "list", "requestURI": "/api/v1/nodes?continue=abc&limit=500"}
+    log.write_text(json.dumps(line) + "\n" + json.dumps(page) + "\n")
+    e, p = read_audit(log, "gpuhealth-operator")
     assert e.done is not None and e.done - e.at == pytest.approx(0.25)
+    assert not e.continued and p.continued
     main([str(log), "--after", str(e.at - 1), "--until", str(e.at + 1), "--workers", "1"])
     out = json.loads(capsys.readouterr().out)
     assert out["writes"] == 1 and out["server_ms"]["p50"] == pytest.approx(250.0)
@@ -117,17 +121,21 @@ def test_the_lists_a_restart_waits_for_by_resource() -> None:
     from hack.bench.details import restart_line
     from hack.bench.startup_writes import list_profile
 
+    page2 = dataclasses.replace(req(2.5, 4.0, verb="list", resource="gpunodehealths"), continued=True)
     entries = [
         req(0.0, 2.0, verb="list", resource="gpunodehealths"),
-        req(2.5, 4.0, verb="list", resource="gpunodehealths"),  # 0.5 s of the operator's own between pages
+        page2,  # its second page, 0.5 s of the operator's own after the first
         req(0.0, 0.4, verb="list", resource="nodes"),
         req(0.1, 0.2, verb="patch", resource="nodes"),  # not a list
+        req(0.0, 0.3, verb="list", resource="gpuhealthpolicies"),
+        req(4.0, 4.2, verb="list", resource="gpuhealthpolicies"),  # a list of its own, not a page
         req(9.0, 9.5, verb="list", resource="pods"),  # after the window
     ]
     lists = list_profile(entries, 0.0, 5.0)
     assert lists == {
-        "gpunodehealths": {"pages": 2, "server_s": 3.5, "span_s": 4.0},
-        "nodes": {"pages": 1, "server_s": 0.4, "span_s": 0.4},
+        "gpunodehealths": {"lists": 1, "pages": 2, "server_s": 3.5, "span_s": 4.0},
+        "gpuhealthpolicies": {"lists": 2, "pages": 2, "server_s": 0.5, "span_s": 0.3},
+        "nodes": {"lists": 1, "pages": 1, "server_s": 0.4, "span_s": 0.4},
     }
     w = {
         "fault_published_after_s": 0.1,
