@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpuhealth.api.devices import DeviceState
@@ -33,6 +33,8 @@ from gpuhealth.evaluation import domains, freshness
 from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
+
+REPLACE_BATCH = 1000  # pods of a relist applied between turns of the event loop
 
 # What an SRE asks of a Node (kubectl gpuhealth release, approve, reject): a change queues a pass.
 COMMANDS = (
@@ -198,14 +200,19 @@ class Feeders:
         """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
         _replace(reports, self.store.reports, self.on_report)
 
-    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): pods missing from it are gone."""
+    def replace_pods(self, pods: list[dict[str, Any]]) -> Iterator[None]:
+        """A fresh full list (the watch expired): pods missing from it are gone. A step every
+        ``REPLACE_BATCH`` pods: the pod watch's reflector lets the loop run between them (reflector.py)."""
         fresh = {p["metadata"].get("uid") for p in pods}
-        for uid, node in self.store.pods.nodes():
+        for k, (uid, node) in enumerate(self.store.pods.nodes(), 1):
             if uid not in fresh:
                 self.on_pod("DELETED", {"metadata": {"uid": uid}, "spec": {"nodeName": node}})
-        for p in pods:
+            if k % REPLACE_BATCH == 0:
+                yield
+        for k, p in enumerate(pods, 1):
             self.on_pod("MODIFIED", p)
+            if k % REPLACE_BATCH == 0:
+                yield
 
     def on_policy(self, event: str | None, body: Mapping[str, Any], enqueue: bool = True) -> None:
         name = body["metadata"]["name"]

@@ -38,7 +38,7 @@ Watcher = Callable[[str, int], Iterator[dict[str, Any]]]
 
 Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the watch below)
 OnEvent = Callable[[str, dict[str, Any]], None]
-OnReplace = Callable[[list[dict[str, Any]]], None]
+OnReplace = Callable[[list[dict[str, Any]]], Iterator[None] | None]
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
     watcher: Watcher
     slim: Slim
     on_event: Callable[[str, dict[str, Any]], None]
-    on_replace: Callable[[list[dict[str, Any]]], None]
+    on_replace: OnReplace
     resource_version: str = ""
     stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None

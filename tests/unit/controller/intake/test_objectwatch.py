@@ -100,3 +100,28 @@ def test_a_relist_forgets_the_nodes_and_reports_deleted_meanwhile() -> None:
     assert set(rt.store.nodes) == {"n1"}
     assert set(rt.store.reports) == {"n1"}
     assert "n2" in rt.queue._dirty  # the worker collects the gone node's report, if any is left
+
+
+def test_a_pod_relist_forgets_the_pods_deleted_meanwhile_in_steps() -> None:
+    from gpuhealth.controller.intake.feeders import REPLACE_BATCH
+    from gpuhealth.controller.state.slim import slim_pod
+
+    kube = FakeKube()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1"))
+    for i in range(REPLACE_BATCH + 1):
+        kube.add_pod("ml", f"r{i}", "n1")
+
+    async def body() -> tuple[Runtime, int]:
+        rt = Runtime(kube, workers=1)
+        await rt._load()
+        await rt._list_pods()
+        kept = [slim_pod(p) for (_, name), p in kube.pods.items() if name != "r0"]
+        steps = rt.replace_pods(kept)
+        assert steps is not None and len(rt.store.pods.nodes()) == REPLACE_BATCH + 1  # nothing done yet
+        return rt, sum(1 for _ in steps)
+
+    rt, steps = asyncio.run(body())
+    assert steps == 2  # a turn of the loop after each REPLACE_BATCH pods of the cache and of the list
+    assert len(rt.store.pods.nodes()) == REPLACE_BATCH

@@ -121,3 +121,43 @@ def test_run_resumes_from_last_version_then_relists_after_gone() -> None:
     assert replaced == [["b"]]
     # One family for every watch: two events, two failures (the dropped connection, the 410), one list.
     assert {f: sample(f) - before[f] for f in before} == {"events": 2, "errors": 1, "relists": 1}
+
+
+def test_a_relist_is_applied_in_turns_of_the_loop_and_the_watch_waits_for_it() -> None:
+    # After 410 Gone, a list of 3,000 pods; then one event from the new version.
+    script = Script(
+        lists=[([pod(f"p{i}", "20") for i in range(3000)], "20")],
+        watches=[
+            [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],
+            [{"type": "MODIFIED", "object": pod("p7", "21")}],
+        ],
+    )
+    log: list[str] = []
+
+    def replace(items: list[dict[str, Any]]) -> Iterator[None]:
+        for k, _ in enumerate(items, 1):
+            if k % 1000 == 0:
+                log.append(f"replaced {k}")
+                yield
+
+    async def ticker() -> None:
+        while True:
+            log.append("tick")
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        w = pod_watch(script, lambda kind, o: log.append(f"{kind} {o['metadata']['uid']}"), replace)
+        tick = asyncio.create_task(ticker())
+        w.start(asyncio.get_running_loop())
+        while not script.done.is_set():
+            await asyncio.sleep(0.01)
+        w.stop()
+        await asyncio.sleep(0.05)
+        tick.cancel()
+
+    asyncio.run(main())
+    steps = [e for e in log if e != "tick"]
+    assert steps == ["replaced 1000", "replaced 2000", "replaced 3000", "MODIFIED p7"]
+    # Other work of the loop ran between the replace's steps: it never held the loop for the whole list.
+    first, last = log.index("replaced 1000"), log.index("replaced 3000")
+    assert "tick" in log[first:last]
