@@ -21,6 +21,21 @@ def _taints(kube: FakeKube, name: str) -> list[str]:
     return [t["key"] for t in kube.nodes[name]["spec"].get("taints") or []]
 
 
+def quarantined_for_a_loop() -> FakeKube:
+    """The crash-looping fleet after a first operator, with its pods, quarantined n1 for the loop."""
+    kube = crash_looping_fleet()
+
+    async def first_operator() -> None:
+        rt = Runtime(kube, clock=lambda: at(10), workers=1)
+        await rt._load()
+        await rt._list_pods()
+        await rt.reconciler.reconcile("n1")
+        await rt.events.flush()
+
+    asyncio.run(first_operator())
+    return kube
+
+
 def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> None:
     kube = FakeKube()
     kube.add_policy("p", {"actions": {"drain": {"checkpointMode": "none"}}})
@@ -52,16 +67,7 @@ def test_a_new_fault_is_tainted_before_the_pods_are_in_and_drained_after() -> No
 
 
 def test_a_quarantine_only_the_pods_justify_is_left_alone_until_they_are_in() -> None:
-    kube = crash_looping_fleet()
-
-    async def first_operator() -> None:
-        rt = Runtime(kube, clock=lambda: at(10), workers=1)
-        await rt._load()
-        await rt._list_pods()
-        await rt.reconciler.reconcile("n1")
-        await rt.events.flush()
-
-    asyncio.run(first_operator())
+    kube = quarantined_for_a_loop()
     assert kube.reports["n1"]["status"]["state"] in ("Quarantined", "Draining") and _taints(kube, "n1") == [TAINT]
     status, node = copy.deepcopy(kube.reports["n1"]["status"]), copy.deepcopy(kube.nodes["n1"])
     writes = len(kube.writes)
@@ -115,16 +121,7 @@ def test_a_fleet_never_evaluated_gets_its_first_verdicts_before_the_pods_are_in(
 def test_a_quarantined_node_whose_status_was_lost_waits_for_the_pods() -> None:
     # Quarantined for a restart loop, then its report's status lost (the report recreated): its taint
     # is on the Node, so it is not a node gpuhealth never evaluated, and nothing is lifted without the pods.
-    kube = crash_looping_fleet()
-
-    async def first_operator() -> None:
-        rt = Runtime(kube, clock=lambda: at(10), workers=1)
-        await rt._load()
-        await rt._list_pods()
-        await rt.reconciler.reconcile("n1")
-        await rt.events.flush()
-
-    asyncio.run(first_operator())
+    kube = quarantined_for_a_loop()
     assert _taints(kube, "n1") == [TAINT]
     del kube.reports["n1"]["status"]
     node = copy.deepcopy(kube.nodes["n1"])
