@@ -308,8 +308,8 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     docs/development.md and the first block of docs/bench.md show the newest run below 10,000 nodes (what
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
     block the newest run below 10,000 nodes and the newest of 10,000 or more with the drain storm, failover
-    or warm restart phase; its MIG block
-    the newest run of any size with the mig phase; its domain block the newest with the domain storm.
+    or warm restart phase; its MIG block the newest run with the mig phase of each fleet size; its domain
+    block the newest with the domain storm.
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
@@ -325,8 +325,8 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
         if resilient
         else f"{RES_BEGIN}\nNo run with the drain storm, failover and warm restart phases is filed yet.\n{RES_END}"
     )
-    migs = [r for r in runs if "mig" in r[1]]
-    mig_block = render_mig(_rel(migs[-1][0]), migs[-1][1]) if migs else no_mig_run()
+    migs = {int(r[1]["nodes"]): r for r in runs if "mig" in r[1]}  # the newest of each size
+    mig_block = render_mig(*((_rel(migs[n][0]), migs[n][1]) for n in sorted(migs))) if migs else no_mig_run()
     domains = [r for r in runs if "domain_storm" in r[1]]
     domain_block = render_domain(_rel(domains[-1][0]), domains[-1][1]) if domains else no_domain_run()
     latest = render(*small[-1]) if small else ""

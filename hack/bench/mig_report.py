@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.details import storm_cpu
+from hack.bench.details import startup_line, storm_cpu
 from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, latency, path, phase_block, phase_md
 
 MIG_KEY = "mig"
@@ -88,9 +88,18 @@ MIG_BEGIN = "<!-- bench-mig:begin (python -m hack.bench.docs) -->"
 MIG_END = "<!-- bench-mig:end -->"
 
 
-def render_mig(rel: str, res: dict[str, Any]) -> str:
-    """The docs block of the newest filed run with the mig phase; misses stay misses."""
-    return phase_block(MIG_BEGIN, MIG_END, "the MIG fleet", rel, res, mig_targets_for(res["nodes"]), mig_line(res))
+def render_mig(*runs: tuple[str, dict[str, Any]]) -> str:
+    """The docs block of filed runs with the mig phase (the newest of each fleet size, smallest first),
+    each held to its size's targets, with what its start-up waited on where the run measured it;
+    misses stay misses."""
+    parts = []
+    for rel, res in runs:
+        line = mig_line(res)
+        if (res.get("operator") or {}).get("startup_profile"):
+            line += "\n\n" + startup_line(res)
+        block = phase_block("", "", "the MIG fleet", rel, res, mig_targets_for(res["nodes"]), line)
+        parts.append(block.strip("\n"))
+    return "\n".join([MIG_BEGIN, "\n\n".join(parts), MIG_END])
 
 
 def no_mig_run() -> str:

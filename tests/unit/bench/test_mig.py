@@ -176,7 +176,7 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]
     assert readme == latest and f"`{core['commit']}`" in latest and "abcdef0" not in resilience + summary
-    assert mig_block == render_mig(str(tmp_path / "bench-1000-2026-12-31-abcdef0.json"), mig)
+    assert mig_block == render_mig((str(tmp_path / "bench-1000-2026-12-31-abcdef0.json"), mig))
     assert "No run of the domain storm is filed yet." in domain_block
     assert mig_block.startswith(MIG_BEGIN) and "**5 of 6 targets met**" in mig_block
     assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | <= 200 ms | **missed** |" in mig_block
@@ -235,3 +235,31 @@ def test_the_storms_cpu_names_the_busiest_processes_first_whatever_order_the_fil
         "kube-apiserver 10.5 s, operator 2.2 s, bench 1.8 s, kube-scheduler 1.3 s, etcd 0.8 s, "
         "kube-controller-manager 0.4 s, the machine 100% busy"
     ) in summary_md(res)
+
+
+def test_the_mig_block_keeps_the_newest_run_of_each_size(tmp_path: Path) -> None:
+    small = _mig_run(p50=250.0)
+    small.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
+    older = {**copy.deepcopy(small), "date": "2026-12-30T00:00Z", "commit": "0000000"}
+    large = copy.deepcopy(small)
+    large.update({"nodes": 10000, "date": "2027-01-01T00:00Z", "commit": "1234567"})
+    large["operator"]["startup_profile"] = {
+        "window_s": 10.0,
+        "workers": 16,
+        "writes": 3,
+        "nodes_written": 1,
+        "writes_by_kind": {"patch nodes": 3},
+        "writes_per_s": 0.3,
+        "server_ms": {"p50": 100.0, "p99": 200.0},
+        "in_flight_mean": 1.0,
+        "waiting_on_server_share": 0.5,
+        "all_workers_in_server_share": 0.0,
+        "none_in_server_share": 0.5,
+    }
+    for r in (older, small, large):
+        (tmp_path / f"bench-{r['nodes']}-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), "utf-8")
+    mig_block = docs.blocks(tmp_path)[docs.DOCS[1]][4]
+    assert mig_block.startswith(MIG_BEGIN) and mig_block.count("Latest filed run of the MIG fleet") == 2
+    assert mig_block.index("`abcdef0`") < mig_block.index("`1234567`") and "`0000000`" not in mig_block
+    # The 10,000-node run measured what its start-up waited on; the other did not and says nothing of it.
+    assert mig_block.count("Start-up writes (the audit log") == 1
