@@ -146,7 +146,7 @@ class LoopReflector(Reflector[T]):
     ``on_replace`` may hand its work back to the loop in turns: if it returns an iterator, the loop
     runs other work between its steps (a relist of 80,000 pods, applied in one callback, held the loop
     for 23 s at 10,000 nodes: no pass ran and the Kopf peering keep-alive lapsed, so the standby took
-    over in the middle of a drain storm; docs/scaling.md). The watch resumes only once the replace is
+    over in the middle of a drain storm; docs/bench.md). The watch resumes only once the replace is
     done, so no event can land between its steps and be overwritten by the list's older copy."""
 
     on_event: Callable[[str, T], None]
