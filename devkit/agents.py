@@ -85,10 +85,16 @@ class Agent:
         return self.popen is not None and self.popen.poll() is None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the agent with ``sig``; one that has not exited 15 s later is killed outright (a machine
+        out of memory can leave a SIGTERMed process waiting that long, and a teardown must go on)."""
         if self.alive():
             assert self.popen is not None
             self.popen.send_signal(sig)
-            self.popen.wait(15)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(15)
 
 
 @dataclass

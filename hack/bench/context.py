@@ -9,6 +9,7 @@ The phases were one 480-line function whose locals were this state; each phase i
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,20 +54,28 @@ class Started:
     samplers: list[ProcSampler] = field(default_factory=list)
 
     def stop(self) -> None:
+        """Stop everything, each step whatever the one before it raised: a stuck agent once left the
+        whole control plane running after a run stopped on a machine out of memory. The first error
+        is raised at the end."""
+        steps: list[Callable[[], Any]] = []
         if self.heartbeats is not None:
-            self.heartbeats.close()
-        for w in self.watches:
-            w.stop.set()
-        for s in self.samplers:
-            s.stop.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for f in self.fleets:
-            f.stop()
+            steps.append(self.heartbeats.close)
+        steps += [w.stop.set for w in self.watches]
+        steps += [s.stop.set for s in self.samplers]
+        steps.append(lambda: self.pool.shutdown(wait=False, cancel_futures=True))
+        steps += [f.stop for f in self.fleets]
         if self.operator is not None:
-            self.operator.stop()
-        for op in self.operators:
-            op.kill()
-        self.cluster.stop()
+            steps.append(self.operator.stop)
+        steps += [op.kill for op in self.operators]
+        steps.append(self.cluster.stop)
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            raise first
 
 
 @dataclass

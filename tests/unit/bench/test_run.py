@@ -64,3 +64,28 @@ def test_the_teardown_stops_what_runs_on_the_cluster_before_the_cluster() -> Non
     started.operators.append(cast(Any, _Stoppable("replica", calls)))
     started.stop()
     assert calls == ["close heartbeats", "stop agents", "stop operator", "kill replica", "stop cluster"]
+
+
+def test_a_failed_step_of_the_teardown_does_not_leave_the_control_plane_running() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from typing import cast
+
+    from devkit.agents import AgentFleet
+    from hack.bench.cluster import BenchCluster
+    from hack.bench.context import Started
+
+    stopped: list[str] = []
+
+    class Stuck:
+        def stop(self) -> None:
+            stopped.append("fleet")
+            raise TimeoutError("an agent did not exit")
+
+    class Cluster:
+        def stop(self) -> None:
+            stopped.append("cluster")
+
+    started = Started(cast(BenchCluster, Cluster()), ThreadPoolExecutor(1), fleets=[cast(AgentFleet, Stuck())])
+    with pytest.raises(TimeoutError):
+        started.stop()
+    assert stopped == ["fleet", "cluster"]
