@@ -160,14 +160,18 @@ class LoopReflector(Reflector[T]):
     def _replaced(self, items: list[T]) -> None:
         assert self._loop is not None
         done = asyncio.run_coroutine_threadsafe(self._replace_in_turns(items), self._loop)
-        while not done.done():
+        while True:
             if self.stopping.is_set() or self._closed():
                 done.cancel()
                 return
             try:
                 done.result(timeout=1.0)
+                return
             except TimeoutError:
                 continue
+            except Exception:
+                self.resource_version = ""  # half replaced: list again (after the run loop's delay)
+                raise
 
     async def _replace_in_turns(self, items: list[T]) -> None:
         steps = self.on_replace(items)

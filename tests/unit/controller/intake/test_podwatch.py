@@ -161,3 +161,29 @@ def test_a_relist_is_applied_in_turns_of_the_loop_and_the_watch_waits_for_it() -
     # Other work of the loop ran between the replace's steps: it never held the loop for the whole list.
     first, last = log.index("replaced 1000"), log.index("replaced 3000")
     assert "tick" in log[first:last]
+
+
+def test_a_relist_whose_replace_fails_lists_again() -> None:
+    script = Script(
+        lists=[([pod("p1", "20")], "20"), ([pod("p1", "30")], "30")],
+        watches=[[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]],
+    )
+    calls: list[int] = []
+
+    def replace(items: list[dict[str, Any]]) -> Iterator[None]:
+        calls.append(len(items))
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the replace")
+        yield
+
+    async def main() -> None:
+        w = pod_watch(script, on_replace=replace)
+        w.start(asyncio.get_running_loop())
+        while not script.done.is_set():
+            await asyncio.sleep(0.01)
+        w.stop()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert calls == [1, 1]
+    assert script.calls[:4] == [("watch", "10"), ("list", ""), ("list", ""), ("watch", "30")]
