@@ -96,6 +96,11 @@ class AuditEntry:
     continued: bool = False
 
     @property
+    def completed(self) -> float:
+        """When the answer was complete; the received time where the log has none (an instant)."""
+        return self.done if self.done is not None else self.at
+
+    @property
     def write(self) -> bool:
         return self.verb in WRITE_VERBS
 

@@ -25,6 +25,7 @@ from hack.bench.support import PhaseClock, ProcSampler
 from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
 OPERATOR_USER, AGENT_USER, SIM_USER = "gpuhealth-operator", "gpuhealth-agent-bench", "gpuhealth-fleet-sim"
+OPERATOR_WORKERS = 16  # the operator's concurrent passes (its default), given to it and to the start-up profile
 E2E_USER = (
     "gpuhealth-agent-e2e"  # the faulted real agents: their own user, so the footprint agent's writes stay its own
 )

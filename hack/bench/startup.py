@@ -28,6 +28,7 @@ from hack.bench.context import (
     AGENT_USER,
     E2E_USER,
     OPERATOR_USER,
+    OPERATOR_WORKERS,
     POLICY,
     SIM_USER,
     TOKENS,
@@ -44,7 +45,6 @@ from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
 STARTUP_TIMEOUT_S = 900.0  # process start to every governed node Healthy, or the run moves on without it
 STARTUP_SHARE = 0.99  # also timed: this share of the fleet Healthy
-OPERATOR_WORKERS = 16  # the operator's concurrent passes (its default, named so the start-up profile can use it)
 
 
 def start(
@@ -293,14 +293,8 @@ def start_operator(
         "startup_most_share": STARTUP_SHARE,
     }
     res["operator"]["startup_profile"] = profile_startup(
-        started, op_t0, healthy_at or time.time(), {"gpuhealth-operator": op_sampler, **mem_samplers}
+        started, operator, op_t0, healthy_at or time.time(), {"gpuhealth-operator": op_sampler, **mem_samplers}
     )
-    if res["operator"]["startup_profile"] is not None:
-        # The passes it took (its own counters): a pass that cannot write yet is CPU spent for nothing.
-        res["operator"]["startup_profile"]["passes"] = {
-            "total": operator.metric("gpuhealth_reconciles_total"),
-            "lease_requeues": operator.metric("gpuhealth_lease_reconciles_total"),
-        }
     if healthy_at is None:
         states = report_watch.tally(governed)
         log(f"  not every node Healthy within {STARTUP_TIMEOUT_S:.0f} s of the start: {states}")
@@ -309,10 +303,11 @@ def start_operator(
 
 
 def profile_startup(
-    started: Started, op_t0: float, end: float, samplers: dict[str, ProcSampler]
+    started: Started, operator: OperatorProcess, op_t0: float, end: float, samplers: dict[str, ProcSampler]
 ) -> dict[str, Any] | None:
     """What start-up waited on (``hack/bench/startup_writes.py``): the audit log and the processes' CPU
-    from the operator's first write to ``end`` (every node evaluated, or the start-up timeout)."""
+    from the operator's first write to ``end`` (every node evaluated, or the start-up timeout), and the
+    passes it took by then (its own counters: a pass that cannot write yet is CPU spent for nothing)."""
     time.sleep(1.0)  # the audit log is written as each request completes
     entries = list(read_audit(started.cluster.audit_log, OPERATOR_USER))
     first = first_pass_write(entries, op_t0)
@@ -321,5 +316,9 @@ def profile_startup(
     profile = startup_profile(
         entries, first, end, OPERATOR_WORKERS, cpu={n: s.cpu_samples for n, s in samplers.items()}
     )
+    profile["passes"] = {
+        "total": operator.metric("gpuhealth_reconciles_total"),
+        "lease_requeues": operator.metric("gpuhealth_lease_reconciles_total"),
+    }
     log(f"  start-up writes: {profile}")
     return profile

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from devkit.audit import AuditEntry, read_audit
-from hack.bench.support import describe, percentile
+from hack.bench.context import OPERATOR_USER, OPERATOR_WORKERS
+from hack.bench.support import describe, percentile, sample_rate
 
 # Requests that are not a worker's round trip: the watches and the first lists (the operator's intake),
 # and Events (posted from their own thread pool, controller/act/events.py).
@@ -52,7 +53,7 @@ def in_flight(entries: Sequence[AuditEntry], start: float, end: float) -> dict[i
     counted as instantaneous. The seconds sum to the window's length."""
     edges: list[tuple[float, int]] = []
     for e in entries:
-        a, b = max(e.at, start), min(e.done if e.done is not None else e.at, end)
+        a, b = max(e.at, start), min(e.completed, end)
         if b > a:
             edges += [(a, 1), (b, -1)]
     edges.sort()
@@ -84,7 +85,7 @@ def startup_profile(
     entries = list(entries)
     reqs = pass_requests(entries, start, end)
     writes = [e for e in reqs if e.write]
-    server_ms = [((e.done if e.done is not None else e.at) - e.at) * 1000 for e in reqs]
+    server_ms = [(e.completed - e.at) * 1000 for e in reqs]
     # Inside the server during the window, wherever received (the sweep clips each to the window).
     levels = in_flight(pass_requests(entries, float("-inf"), end), start, end)
     mean_in_flight = sum(k * s for k, s in levels.items()) / span if span > 0 else 0.0
@@ -121,10 +122,8 @@ def startup_profile(
 
 def cpu_percent(samples: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
     """Percent of one core a process used between two instants, from its samples nearest inside them."""
-    inside = [(t, c) for t, c in samples if start <= t <= end]
-    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-        return None
-    return round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) * 100, 1)
+    rate = sample_rate(samples, start, end)
+    return round(rate * 100, 1) if rate is not None else None
 
 
 def list_profile(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, dict[str, float]]:
@@ -147,14 +146,10 @@ def list_profile(entries: Iterable[AuditEntry], start: float, end: float) -> dic
         out[resource] = {
             "lists": len(each),
             "pages": len(pages),
-            "server_s": round(sum(_done(e) - e.at for e in pages), 1),
-            "span_s": round(max(max(_done(e) for e in one) - one[0].at for one in each), 1),
+            "server_s": round(sum(e.completed - e.at for e in pages), 1),
+            "span_s": round(max(max(e.completed for e in one) - one[0].at for one in each), 1),
         }
     return out
-
-
-def _done(e: AuditEntry) -> float:
-    return e.done if e.done is not None else e.at
 
 
 def first_pass_write(entries: Iterable[AuditEntry], after: float) -> float | None:
@@ -166,10 +161,10 @@ def first_pass_write(entries: Iterable[AuditEntry], after: float) -> float | Non
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m hack.bench.startup_writes", description=__doc__.split("\n\n")[0])
     ap.add_argument("audit", type=Path, help="the run's audit.log (its rotated parts beside it are read too)")
-    ap.add_argument("--user", default="gpuhealth-operator")
+    ap.add_argument("--user", default=OPERATOR_USER)
     ap.add_argument("--after", type=float, required=True, help="the operator's start (epoch seconds)")
     ap.add_argument("--until", type=float, required=True, help="every node evaluated (epoch seconds)")
-    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=OPERATOR_WORKERS)
     args = ap.parse_args(argv)
     entries = list(read_audit(args.audit, args.user))
     start = first_pass_write(entries, args.after)

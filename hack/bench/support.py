@@ -98,14 +98,20 @@ class ProcSampler:
 
     def io_rate(self, start: float, end: float) -> float | None:
         """Bytes per second read and written between two instants (the samples nearest inside them)."""
-        inside = [(t, b) for t, b in self.io_samples if start <= t <= end]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        return sample_rate(self.io_samples, start, end)
 
     @property
     def peak_rss(self) -> int:
         return max((r for _, r in self.samples), default=0)
+
+
+def sample_rate(samples: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
+    """How fast a counter sampled as (time, value) grew between two instants, per second, from its
+    samples nearest inside them; None where fewer than two fall inside."""
+    inside = [(t, v) for t, v in samples if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
