@@ -89,8 +89,9 @@ class AuditEntry:
     subresource: str
     name: str
     code: int
-    # When the answer was complete (epoch seconds); the received time where the log has none. The span
-    # from ``at`` is the request's time inside the API server, queueing and etcd included.
+    # When the answer was complete (epoch seconds), None where the log has no such stamp (``completed``
+    # reads it with the received time in its place). The span from ``at`` is the request's time inside
+    # the API server, queueing and etcd included.
     done: float | None = None
     # A list request that carries a continue token: a later page of a list, not a list of its own.
     continued: bool = False
