@@ -103,7 +103,7 @@ class Bench:
     sims: dict[str, SimNode]  # the simulated agents: governed and floor nodes
     hb_stats: HeartbeatStats
     hb_from: tuple[float, int]  # the heartbeats' mark once every node was Healthy
-    mig_fleet: set[str]  # the MIG nodes (--phases mig: every governed one)
+    mig_fleet: set[str]  # the MIG nodes (--phases mig: the first --mig-nodes governed ones)
     dra_nodes: list[str]  # the core phases' DRA nodes: the last governed ones
     used: set[str]  # nodes a phase has taken for its faults; later phases pick among the rest
     rule_watch: RuleWatch

@@ -1,5 +1,7 @@
-"""The MIG fleet of `make bench` (``--phases mig``): every governed node's 8 GPUs in static MIG mode,
-7 x 1g.10gb each (the H100 80GB profile with seven placements), 56 DRA devices a node.
+"""The MIG fleet of `make bench` (``--phases mig``): every governed node's 8 GPUs in static MIG mode
+(or the first ``--mig-nodes`` ones'; the 10k profile takes 1,000, as a whole MIG fleet of 10,000 does
+not fit the bench machine), 7 x 1g.10gb each (the H100 80GB profile with seven placements), 56 DRA
+devices a node.
 
 A bad GPU is all of its MIG devices, so a GPU-scoped fault (an uncorrected ECC error) is done only
 when the last of its seven DeviceTaintRules is in; that is what the phase times. The slices are
@@ -151,7 +153,8 @@ def measure_mig(
 ) -> dict[str, Any]:
     """MIG GPU faults one at a time, then a storm, the rules checked, then every GPU reset: the ``mig`` block.
 
-    ``fleet``: the MIG nodes (all governed); ``nodes``: those to fault, single faults first, then the storm's."""
+    ``fleet``: how many nodes are in MIG mode (--mig-nodes); ``nodes``: those to fault, single faults
+    first, then the storm's."""
     t_phase = time.time()
     single, storm_nodes = nodes[: args.mig_faults], nodes[args.mig_faults : args.mig_faults + args.mig_storm]
     devices = {n: gpu_devices(n, sims[n].index, MIG_GPU) for n in [*single, *storm_nodes]}

@@ -62,8 +62,9 @@ def mig_line(res: dict[str, Any]) -> str:
     sh, d, s, c, rec = m["shape"], m["fault_to_last_rule_ms"], m["storm"], m["rule_check"], m["recovery"]
     startup = (res.get("operator") or {}).get("startup_s")
     back = rec["seconds_to_all_rules_deleted"]
+    of = f" of {res['nodes']:,}" if sh["nodes"] != res.get("nodes", sh["nodes"]) else ""
     return (
-        f"MIG fleet: {sh['nodes']:,} nodes x {sh['gpus_per_node']} GPUs x {sh['mig_devices_per_gpu']} "
+        f"MIG fleet: {sh['nodes']:,}{of} nodes x {sh['gpus_per_node']} GPUs x {sh['mig_devices_per_gpu']} "
         f"{sh['profile']} MIG devices = {sh['devices']:,} DRA devices; operator start-up to every node evaluated "
         f"{startup} s. Uncorrected ECC to the GPU's last of {sh['mig_devices_per_gpu']} rules p50 {d['p50']} ms, "
         f"p90 {d['p90']} ms, p99 {d['p99']} ms, max {d['max']} ms over {d['samples']} GPUs ({d['timeouts']} timed "

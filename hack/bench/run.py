@@ -207,7 +207,7 @@ def beyond_core(b: Bench) -> None:
             what="operator applied maxUnhealthy 100% again",
         )
     if "mig" in args.phases:
-        mig_nodes = [n for n in b.governed if n not in b.used][: args.mig_faults + args.mig_storm]
+        mig_nodes = [n for n in b.governed if n in b.mig_fleet and n not in b.used][: args.mig_faults + args.mig_storm]
         b.used |= set(mig_nodes)
         res["mig"] = measure_mig(
             args,

@@ -93,7 +93,7 @@ def start(
     if mig_fleet:
         phase(f"MIG: a DeviceClass and {len(mig_fleet)} ResourceSlices of 8 GPUs x 7 MIG devices")
         t = time.monotonic()
-        failed = publish_mig(custom, [sims[n] for n in governed], started.pool)
+        failed = publish_mig(custom, [sims[n] for n in governed if n in mig_fleet], started.pool)
         log(f"  {len(mig_fleet) - failed} slices in {time.monotonic() - t:.1f}s ({failed} failed)")
     rule_watch, node_watch, report_watch = start_watches(kc, started)
 
@@ -214,8 +214,8 @@ def initial_reports(
     phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
     sim_api = api_client(kc[SIM_USER], pool=48)
     hb_stats = HeartbeatStats()
-    # The MIG fleet (--phases mig): every governed node's agent reports its GPUs in MIG mode.
-    mig_fleet = set(governed) if "mig" in args.phases else set()
+    # The MIG fleet (--phases mig): the first --mig-nodes governed nodes' agents report their GPUs in MIG mode.
+    mig_fleet = set(governed[: args.mig_nodes]) if "mig" in args.phases else set()
     sims = {
         n: SimNode(
             n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats, mig=mig_layout(i) if n in mig_fleet else None

@@ -20,7 +20,7 @@ from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
 from hack.bench.fleet import gpu_uuid, healthy_snapshot
 from hack.bench.mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
-from hack.bench.mig_report import MIG_BEGIN, mig_targets_for, render_mig
+from hack.bench.mig_report import MIG_BEGIN, mig_line, mig_targets_for, render_mig
 from hack.bench.report import evaluate, summary_md, tally
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
@@ -88,6 +88,18 @@ def test_mig_is_a_phase_of_its_own_and_all_means_what_it_did() -> None:
     assert (parse_args(["--phases", "mig"]).nodes, parse_args(["--phases", "mig"]).mig_faults) == (1000, 100)
     with pytest.raises(SystemExit):
         parse_args(["--nodes", "50", "--pods", "50", "--phases", "mig"])  # 100 + 100 faulted nodes
+
+
+def test_the_mig_phase_can_take_a_share_of_the_fleet_and_the_10k_profile_does() -> None:
+    assert parse_args(["--phases", "mig"]).mig_nodes == 1000  # default: every governed node
+    assert parse_args(["--profile", "10k", "--phases", "mig"]).mig_nodes == 1000  # a tenth of 10,000
+    assert parse_args(["--profile", "10k", "--phases", "mig", "--mig-nodes", "2000"]).mig_nodes == 2000
+    with pytest.raises(SystemExit):
+        parse_args(["--phases", "mig", "--mig-nodes", "150"])  # 100 + 100 faulted MIG nodes
+    sample = _mig_run()
+    sample["nodes"] = 10000
+    assert "MIG fleet: 1,000 of 10,000 nodes x 8 GPUs" in mig_line(sample)
+    assert "MIG fleet: 1,000 nodes x 8 GPUs" in mig_line(_mig_run())
 
 
 def _mig_run(p50: float = 150.0, p99: float = 600.0, gpus_per_s: float = 25.0) -> dict[str, Any]:
