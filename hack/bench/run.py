@@ -241,8 +241,10 @@ def beyond_core(b: Bench) -> None:
             settle_s=2 * args.tick,
         )
         b.used |= set(fresh[: args.domain_faults * args.domain_size])
-    # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases.
+    # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases; whole-GPU
+    # nodes first (a --mig-nodes sample leaves them), so their figures compare with runs without MIG.
     spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
+    spare.sort(key=lambda n: n in b.mig_fleet)
     rctx = ResilienceContext(
         cluster=b.cluster,
         out=b.out,
