@@ -24,7 +24,7 @@ from gpuhealth.kube.events import EventCalls, EventPort
 from gpuhealth.kube.jobs import JobCalls
 from gpuhealth.kube.kueue import KueueCalls, KueuePort
 from gpuhealth.kube.paging import list_rv, page_args
-from gpuhealth.kube.watches import watch_args, watch_events
+from gpuhealth.kube.watches import StreamIncomplete, stream_args, streamed_list, watch_args, watch_events
 
 log = logging.getLogger(__name__)
 __all__ = ["Kube", "KubePort", "is_conflict", "is_not_found", "retryable", "status_of"]
@@ -90,6 +90,7 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         self.coordination = client.CoordinationV1Api(api)
         self.event_namespace = event_namespace
         self.instance = f"{COMPONENT}-{uuid.uuid4().hex[:8]}"
+        self.stream_lists = True  # until the API server refuses a streaming list (list_pods_rv)
 
     @staticmethod
     def _json(resp: Any) -> Any:
@@ -134,8 +135,24 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
     ) -> tuple[list[dict[str, Any]], str]:
-        """Scheduled pods, page by page (``transform`` slims each one before the next page is read),
-        and the list's resourceVersion to watch from."""
+        """Scheduled pods (``transform`` slims each one as it arrives) and the list's resourceVersion
+        to watch from: streamed where the API server offers streaming lists, else page by page.
+
+        The fleet's longest list: paged, at 10,000 nodes, it outlived the API server's watch window
+        and its watch began with 410 Gone (``watches.py``). A server that refuses the stream (400 or
+        422: before v1.27, or WatchList turned off) is listed page by page from then on; a stream cut
+        short is listed page by page that once."""
+        if self.stream_lists:
+            try:
+                resp = self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **stream_args())
+                return streamed_list(watch_events(resp), transform)
+            except StreamIncomplete as e:
+                log.warning("streaming list of pods incomplete (%s); listing page by page", e)
+            except client.ApiException as e:
+                if status_of(e) not in (400, 422):
+                    raise
+                self.stream_lists = False
+                log.info("the API server refuses streaming lists (%s): pods are listed page by page", status_of(e))
 
         def fetch(cont: str | None) -> dict[str, Any]:
             kw = page_args(cont)

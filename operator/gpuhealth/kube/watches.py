@@ -3,12 +3,18 @@
 Every watch here carries bookmarks and a server-side timeout, and reads the response unparsed
 (``_preload_content=False``): the client's own watch helper builds model classes, which are slow for
 thousands of objects, and the operator slims each plain dict as it arrives.
+
+A streaming list (``stream_args`` / ``streamed_list``) is a watch that begins with the collection's
+current state (``sendInitialEvents``, Kubernetes' WatchList, on by default from v1.34) and marks its
+end with a bookmark: a list whose resourceVersion is as fresh as its last object. A paged list of
+80,000 pods took about 130 s at 10,000 nodes, and the watch from its resourceVersion, by then older
+than the API server's watch window, got 410 Gone at once and listed again (docs/bench.md).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kubernetes.watch.watch import iter_resp_lines
@@ -34,3 +40,54 @@ def watch_events(resp: Any) -> Iterator[dict[str, Any]]:
     finally:
         resp.close()
         resp.release_conn()
+
+
+# The bookmark that ends a streaming list's initial events (the WatchList protocol's annotation).
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+STREAM_TIMEOUT_S = 600  # the server ends the stream here; an unfinished list is then listed page by page
+
+
+class StreamIncomplete(Exception):
+    """The stream ended, or failed, before its initial events did: this list is taken page by page."""
+
+
+def stream_args(timeout_s: int = STREAM_TIMEOUT_S) -> dict[str, Any]:
+    """A watch that starts with every current object and a bookmark after the last (no resourceVersion:
+    the state as of the request, read consistently)."""
+    return {
+        "watch": True,
+        "send_initial_events": True,
+        "resource_version_match": "NotOlderThan",
+        "allow_watch_bookmarks": True,
+        "timeout_seconds": timeout_s,
+        "_preload_content": False,
+        "_request_timeout": (10, timeout_s + 30),
+    }
+
+
+def streamed_list(
+    events: Iterable[Mapping[str, Any]], transform: Callable[[dict[str, Any]], Any]
+) -> tuple[list[Any], str]:
+    """A streaming list's initial objects through ``transform`` (each slimmed as it arrives), and the
+    resourceVersion of its closing bookmark to watch on from. The stream is closed at the bookmark.
+
+    Raises ``StreamIncomplete`` when it ends without that bookmark or sends an ERROR event."""
+    items: list[Any] = []
+    stream = iter(events)
+    try:
+        for ev in stream:
+            kind = ev.get("type")
+            obj = ev.get("object") or {}
+            if kind == "ADDED":
+                items.append(transform(obj))
+            elif kind == "BOOKMARK":
+                meta = obj.get("metadata") or {}
+                if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                    return items, str(meta.get("resourceVersion") or "")
+            elif kind == "ERROR":
+                raise StreamIncomplete(f"watch error {obj.get('code')}: {obj.get('message')}")
+        raise StreamIncomplete(f"the stream ended after {len(items)} objects, before its initial-events bookmark")
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
