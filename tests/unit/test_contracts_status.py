@@ -13,7 +13,8 @@ from devkit import crdschema
 from devkit.crdschema import at, violations
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
-from gpuhealth.api.remediation import Attempt, LadderRecord, Phase, Repair, Result, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import Attempt, LadderRecord, Phase, Repair, Result
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.api.validation import Outcome, Validation
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
@@ -106,7 +107,7 @@ def _every_ladder_record() -> LadderRecord:
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (
-        f"api/remediation.py LadderRecord fields {missing} are not set by "
+        f"api/remediation_status.py LadderRecord fields {missing} are not set by "
         "tests/unit/test_contracts_status.py _every_ladder_record"
     )
     return rec
@@ -122,9 +123,9 @@ def test_ladder_vocabularies_are_the_api_types() -> None:
     schema = at(crdschema.schema(REPORT_CRD), "status.remediation")["additionalProperties"]
     props = schema["properties"]
     assert set(props["step"]["enum"]) == {str(s) for s in StepKind}, f"{entry}.step vs api/remediation.py StepKind"
-    assert set(props["phase"]["enum"]) == {str(p) for p in Phase}, f"{entry}.phase vs api/remediation.py Phase"
+    assert set(props["phase"]["enum"]) == {str(p) for p in Phase}, f"{entry}.phase vs api/remediation_status.py Phase"
     result = props["history"]["items"]["properties"]["result"]["enum"]
-    assert set(result) == {str(r) for r in Result}, f"{entry}.history[].result vs api/remediation.py Result"
+    assert set(result) == {str(r) for r in Result}, f"{entry}.history[].result vs api/remediation_status.py Result"
     steps = at(crdschema.schema(POLICY_CRD), "spec.remediation.ladders[].steps[].type")["enum"]
     assert set(steps) == {str(s) for s in StepKind}, "spec.remediation.ladders[].steps[].type vs StepKind"
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict, cast
 
 from gpuhealth.api.devices import DeviceRecord, devices_from_status
 from gpuhealth.api.names import OUT_OF_SERVICE, Action, State
-from gpuhealth.api.remediation import LadderRecord, Phase, Repair, ladders_from_status, repairs_from_status
+from gpuhealth.api.remediation_status import LadderRecord, Phase, Repair, ladders_from_status, repairs_from_status
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger
 
@@ -158,8 +158,8 @@ class NodeStatus:
     drain: DrainRecord | None = None
     devices: tuple[dict[str, Any], ...] = ()
     device_drains: Mapping[str, DrainRecord] | None = None
-    remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation.py)
-    repairs: Mapping[str, list[dict[str, Any]]] | None = None  # GPU UUID -> finished attempts (api/remediation.py)
+    remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation_status.py)
+    repairs: Mapping[str, list[dict[str, Any]]] | None = None  # GPU UUID -> finished attempts (remediation_status)
     clock_skew: ClockSkewRecord | None = None
 
     @property

@@ -21,7 +21,7 @@ validation passes, at most ``batchSize`` such burn-ins at once. Its record is
 :class:`NodeValidation` (``status.nodeValidation``).
 
 The record lives inside the GPU's ladder record (``status.remediation["<index>"].validation``,
-:class:`LadderRecord` in ``api/remediation.py``), written before the Job is created, so a restarted
+:class:`LadderRecord` in ``api/remediation_status.py``), written before the Job is created, so a restarted
 operator finds the Job's name and never starts a second one. Pure.
 """
 

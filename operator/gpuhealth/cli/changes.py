@@ -28,7 +28,7 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation import Phase, ladders_from_status
+from gpuhealth.api.remediation_status import Phase, ladders_from_status
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.cli.errors import Refused
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import LadderRecord, Phase, Repair, StepKind, steps_for
+from gpuhealth.api.remediation import StepKind, steps_for
+from gpuhealth.api.remediation_status import LadderRecord, Phase, Repair
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation
 from gpuhealth.catalog.xid import remedy_of

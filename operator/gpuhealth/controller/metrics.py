@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuhealth.api.remediation import Result, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import Result
 from gpuhealth.api.validation import DONE as VALIDATION_DONE
 
 REGISTRY = CollectorRegistry(auto_describe=True)

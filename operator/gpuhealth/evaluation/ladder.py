@@ -51,20 +51,8 @@ from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import (
-    IN_FLIGHT,
-    REBOOT_STEPS,
-    RESET_STEPS,
-    Attempt,
-    LadderRecord,
-    Phase,
-    RemediationSettings,
-    RepeatSettings,
-    Result,
-    Step,
-    StepKind,
-    repeat_offence,
-)
+from gpuhealth.api.remediation import REBOOT_STEPS, RESET_STEPS, RemediationSettings, RepeatSettings, Step, StepKind
+from gpuhealth.api.remediation_status import IN_FLIGHT, Attempt, LadderRecord, Phase, Result, repeat_offence
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import Outcome, Validation, ValidationSettings
 from gpuhealth.catalog import xid as catalog

@@ -43,7 +43,8 @@ from dataclasses import dataclass, replace
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase
 from gpuhealth.api.report import Device, Report
 from gpuhealth.evaluation.findings import Assessment, Finding
 

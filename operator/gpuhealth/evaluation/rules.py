@@ -20,7 +20,7 @@ from typing import Any
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.names import Signal, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import IN_FLIGHT, Phase
+from gpuhealth.api.remediation_status import IN_FLIGHT, Phase
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog

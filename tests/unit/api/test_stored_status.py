@@ -7,7 +7,8 @@ import datetime as dt
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_to_status
 from gpuhealth.api.names import State
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase
 from gpuhealth.api.status import Record, StoredStatus
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Trigger, Validation

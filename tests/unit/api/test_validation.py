@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind, ladders_from_status
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase, ladders_from_status
 from gpuhealth.api.validation import Outcome, Validation, parse_validation
 
 

@@ -12,7 +12,8 @@ from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_ou
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import LadderRecord, Phase, RemediationSettings, Result, Step, StepKind
+from gpuhealth.api.remediation import RemediationSettings, Step, StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase, Result
 from gpuhealth.evaluation.ladder import GPU, REBOOT_STEPS, RESET_STEPS, Observed, advance, steps_for
 
 T = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)

@@ -1,5 +1,5 @@
 """Repeat offenders across repairs and human approval: the pure ladder (evaluation/ladder.py), the
-settings (api/remediation.py) and the repair history kept by GPU UUID."""
+settings (api/remediation.py) and the repair history kept by GPU UUID (api/remediation_status.py)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ import pytest
 
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation import (
+from gpuhealth.api.remediation import Approval, RepeatSettings, Step, StepKind
+from gpuhealth.api.remediation_status import (
     MAX_REPAIRS,
-    Approval,
     Approvals,
     Attempt,
     LadderRecord,
     Phase,
     Repair,
-    RepeatSettings,
     Result,
-    Step,
-    StepKind,
     ladders_from_status,
     repaired_within,
     repairs_from_status,

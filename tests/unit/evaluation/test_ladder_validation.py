@@ -8,7 +8,8 @@ from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.policy import parse_policy
-from gpuhealth.api.remediation import LadderRecord, Phase, Result, Step, StepKind
+from gpuhealth.api.remediation import Step, StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase, Result
 from gpuhealth.api.validation import Outcome, ValidationSettings
 from gpuhealth.evaluation.devices import DeviceInputs, decide_devices
 from gpuhealth.evaluation.ladder import GPU, Observed, advance, holds

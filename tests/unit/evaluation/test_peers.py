@@ -8,7 +8,8 @@ from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Action, Scope, Signal
-from gpuhealth.api.remediation import LadderRecord, Phase, RemediationSettings, StepKind
+from gpuhealth.api.remediation import RemediationSettings, StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase
 from gpuhealth.api.report import Report
 from gpuhealth.evaluation.assess import NodeView, assess
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices

@@ -10,7 +10,8 @@ import pytest
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.names import Action, Scope
 from gpuhealth.api.recovery import RECOVERY, RecoveryAction
-from gpuhealth.api.remediation import Phase, RemediationSettings, StepKind
+from gpuhealth.api.remediation import RemediationSettings, StepKind
+from gpuhealth.api.remediation_status import Phase
 from gpuhealth.evaluation.assess import NodeView, assess
 from gpuhealth.evaluation.ladder import GPU, Observed, advance, steps_for
 from tests.unit.builders import at, gpu, make_policy, make_report, xid_event

@@ -48,7 +48,8 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.nodes import device_plugin_mig
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import Phase, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import Phase
 from gpuhealth.api.status import drain_is_current
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules

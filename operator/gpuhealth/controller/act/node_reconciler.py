@@ -39,7 +39,7 @@ from gpuhealth.api.names import (
     Signal,
 )
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import APPROVAL_ANNOTATIONS, Approvals
+from gpuhealth.api.remediation_status import APPROVAL_ANNOTATIONS, Approvals
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import (
     ClockSkewRecord,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation import Approvals
+from gpuhealth.api.remediation_status import Approvals
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import Record, StoredStatus, written_status
 from gpuhealth.controller.state.store import Store

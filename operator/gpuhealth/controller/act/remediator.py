@@ -51,7 +51,7 @@ patch, to ``status.repairs["<GPU UUID>"]`` (bounded: ``MAX_REPAIRS`` per GPU, ``
 GPUs), which the ladder reads back as the GPU's earlier repairs whatever its index.
 
 Human approval (``approval: Manual``): a record in ``PendingApproval`` consumes the Node's approve or
-reject annotation (``api/remediation.py`` ``Approvals``) only by writing itself past that phase
+reject annotation (``api/remediation_status.py`` ``Approvals``) only by writing itself past that phase
 (``approved`` recorded, or the Job's name); the node reconciler removes the annotation only after
 this pass, so a SIGKILL in between neither loses the approval (still on the Node) nor uses it twice
 (the record no longer waits).
@@ -73,16 +73,8 @@ from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import (
-    MAX_REPAIR_GPUS,
-    MAX_REPAIRS,
-    Approval,
-    Approvals,
-    LadderRecord,
-    Phase,
-    Repair,
-    StepKind,
-)
+from gpuhealth.api.remediation import Approval, StepKind
+from gpuhealth.api.remediation_status import MAX_REPAIR_GPUS, MAX_REPAIRS, Approvals, LadderRecord, Phase, Repair
 from gpuhealth.api.report import Device
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time

@@ -13,7 +13,8 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase
 from gpuhealth.api.validation import Outcome, Validation
 from gpuhealth.controller.act.remediator import HANDOVER_S, POLL_S, _entry
 from gpuhealth.controller.process.runtime import Runtime

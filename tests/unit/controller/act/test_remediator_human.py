@@ -13,16 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord
-from gpuhealth.api.remediation import (
-    MAX_REPAIR_GPUS,
-    MAX_REPAIRS,
-    Attempt,
-    LadderRecord,
-    Phase,
-    Repair,
-    Result,
-    StepKind,
-)
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import MAX_REPAIR_GPUS, MAX_REPAIRS, Attempt, LadderRecord, Phase, Repair, Result
 from gpuhealth.controller.act.remediator import _repairs_patch
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.controller.state.slim import slim_node

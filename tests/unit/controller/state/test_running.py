@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gpuhealth.api.remediation import LadderRecord, Phase, StepKind
+from gpuhealth.api.remediation import StepKind
+from gpuhealth.api.remediation_status import LadderRecord, Phase
 from gpuhealth.api.status import Running
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, Validation
 from gpuhealth.controller.state.running import RunningIndex
