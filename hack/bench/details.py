@@ -162,7 +162,25 @@ def drain_line(res: dict[str, Any]) -> str:
         f"; {d['checkpoint_requests']} checkpoint requests, {d['checkpoint_acks']} acknowledgements (request to "
         f"acknowledgement p50 {d['request_to_ack_ms_p50']} ms); {d['double_actions']} pods evicted or asked twice; "
         f"PDB: {p['evictions']} evictions, {p['refused_429']} refused (429), fewest Ready {p['min_ready_seen']} "
-        f"of {p['replicas']}." + storm_cpu(d)
+        f"of {p['replicas']}." + storm_cpu(d) + storm_elsewhere(d)
+    )
+
+
+def storm_elsewhere(d: dict[str, Any]) -> str:
+    """The rest of the fleet during the storm (runs that measured it, ``drain_fleet.py``): the operator's
+    writes to nodes not drained, and each verdict's count at the faults and at its peak."""
+    w, v = d.get("elsewhere"), d.get("verdicts")
+    if not w or not v:
+        return ""
+    by = ", ".join(f"{k} {n:,}" for k, n in sorted(w["by"].items(), key=lambda kv: -kv[1]))
+    states = ", ".join(
+        f"{s} {v['at_start'].get(s, 0):,} -> peak {n:,} at {v['peak_at_s'][s]} s"
+        for s, n in sorted(v["peak"].items())
+        if n != v["low"][s]
+    )
+    return (
+        f" Elsewhere in the fleet meanwhile: {w['writes']:,} operator writes on {w['nodes']:,} nodes not drained"
+        f"{' (' + by + ')' if by else ''}; verdicts that moved ({v['samples']} samples): {states or 'none'}."
     )
 
 

@@ -17,6 +17,7 @@ from devkit.audit import audit_events
 from devkit.k8s import wait_for
 from devkit.podorder import pod_writes
 from hack.bench.cpu import CpuWindow, run_processes, stack_summaries
+from hack.bench.drain_fleet import VerdictSampler, verdict_swings, writes_elsewhere
 from hack.bench.drain_workload import (
     COMPLETED,
     DRAIN_NAMESPACE,
@@ -218,12 +219,15 @@ def measure_drain(
 
     pids = run_processes(ctx.cluster, ctx.operators)
     cpu = CpuWindow(pids).start()
+    fleet = list(ctx.sims)
+    verdicts = VerdictSampler(lambda: ctx.report_watch.tally(fleet)).start()
     t0 = time.time()
     publish_all(ctx.pool, lambda s: s.fault(xid=DRAIN_XID), [ctx.sims[n] for n in nodes])
     published = time.time() - t0
     completed = ctx.report_watch.wait_drains(nodes, after=t0, timeout=timeout_s)
     done_s = max(completed.values()) - t0 if len(completed) == len(nodes) else None
     cpu_used = cpu.stop()  # from the faults to the last drain Completed (or the timeout)
+    swings = verdict_swings(verdicts.stop(), t0)
     stacks = stack_summaries(pids, t0, time.time() + ctx.tick)
     time.sleep(2.0)  # the last requests reach the audit log
     watch.stop.set()
@@ -276,6 +280,10 @@ def measure_drain(
         },
         "cpu": cpu_used,
         **({"operator_stacks": stacks} if stacks else {}),
+        # The rest of the fleet meanwhile (drain_fleet.py): the operator's writes to nodes not drained
+        # (until the audit log was read), and the fleet's verdicts sampled from the faults to the last drain.
+        "elsewhere": writes_elsewhere(entries, nodes, t0),
+        "verdicts": swings,
     }
     log(
         f"  {res['evictions']} evictions ({res['evictions_per_s']}/s sustained), {len(completed)}/{len(nodes)} drains "
