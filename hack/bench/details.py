@@ -174,7 +174,7 @@ def storm_elsewhere(d: dict[str, Any]) -> str:
         return ""
     by = ", ".join(f"{k} {n:,}" for k, n in sorted(w["by"].items(), key=lambda kv: -kv[1]))
     states = ", ".join(
-        f"{s} {v['at_start'].get(s, 0):,} -> peak {n:,} at {v['peak_at_s'][s]} s"
+        f"{s} {v['at_start'].get(s, 0):,} -> peak {n:,} at {max(0.0, v['peak_at_s'][s])} s"
         for s, n in sorted(v["peak"].items())
         if n != v["low"][s]
     )

@@ -60,7 +60,7 @@ def verdict_swings(samples: list[tuple[float, dict[str, int]]], t0: float) -> di
         top = max(counts, key=lambda c: c[0])
         out["peak"][s] = top[0]
         out["low"][s] = min(c for c, _ in counts)
-        out["peak_at_s"][s] = round(top[1] - t0, 1)
+        out["peak_at_s"][s] = round(max(0.0, top[1] - t0), 1)  # the first sample may precede the faults
     return out
 
 
