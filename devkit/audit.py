@@ -113,18 +113,25 @@ def read_audit(path: Path, user: str) -> Iterator[AuditEntry]:
     """One user's completed requests (``audit_events``), as AuditEntry; an event without a valid
     received time cannot be placed on the timeline and is left out."""
     for event in audit_events(path, [user]):
-        t = received(event)
-        if t is None:
-            continue
-        ref = event.get("objectRef") or {}
-        yield AuditEntry(
-            at=t.timestamp(),
-            verb=str(event.get("verb") or ""),
-            resource=str(ref.get("resource") or ""),
-            subresource=str(ref.get("subresource") or ""),
-            name=str(ref.get("name") or ""),
-            code=int((event.get("responseStatus") or {}).get("code") or 0),
-            done=(c.timestamp() if (c := completed(event)) is not None else None),
-            continued="continue=" in str(event.get("requestURI") or ""),
-            streamed="sendInitialEvents=true" in str(event.get("requestURI") or ""),
-        )
+        entry = audit_entry(event)
+        if entry is not None:
+            yield entry
+
+
+def audit_entry(event: dict[str, Any]) -> AuditEntry | None:
+    """One logged request as AuditEntry; None without a valid received time."""
+    t = received(event)
+    if t is None:
+        return None
+    ref = event.get("objectRef") or {}
+    return AuditEntry(
+        at=t.timestamp(),
+        verb=str(event.get("verb") or ""),
+        resource=str(ref.get("resource") or ""),
+        subresource=str(ref.get("subresource") or ""),
+        name=str(ref.get("name") or ""),
+        code=int((event.get("responseStatus") or {}).get("code") or 0),
+        done=(c.timestamp() if (c := completed(event)) is not None else None),
+        continued="continue=" in str(event.get("requestURI") or ""),
+        streamed="sendInitialEvents=true" in str(event.get("requestURI") or ""),
+    )

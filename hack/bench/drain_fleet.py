@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from devkit.audit import WRITE_VERBS, received
+from devkit.audit import audit_entry
 
 FLEET_RESOURCES = frozenset({"nodes", "gpunodehealths"})
 SAMPLE_EVERY_S = 2.0
@@ -70,15 +70,10 @@ def writes_elsewhere(entries: Iterable[dict[str, Any]], drained: Iterable[str], 
     skip = set(drained)
     by: Counter[str] = Counter()
     names: set[str] = set()
-    for e in entries:
-        ref = e.get("objectRef") or {}
-        name = str(ref.get("name") or "")
-        if e.get("verb") not in WRITE_VERBS or ref.get("resource") not in FLEET_RESOURCES or not name or name in skip:
+    for e in filter(None, map(audit_entry, entries)):
+        if not e.write or e.resource not in FLEET_RESOURCES or not e.name or e.name in skip or e.at < t0:
             continue
-        at = received(e)
-        if at is None or at.timestamp() < t0:
-            continue
-        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-        by[f"{e['verb']} {ref['resource']}{sub}"] += 1
-        names.add(name)
+        sub = f"/{e.subresource}" if e.subresource else ""
+        by[f"{e.verb} {e.resource}{sub}"] += 1
+        names.add(e.name)
     return {"writes": sum(by.values()), "nodes": len(names), "by": dict(sorted(by.items()))}
