@@ -127,8 +127,8 @@ class FakeKube:
 
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
-    ) -> tuple[list[dict[str, Any]], str]:
-        return [transform(copy.deepcopy(p)) for p in self.pods.values()], "1"
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        return [transform(copy.deepcopy(p)) for p in self.pods.values()], "1", None
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         return iter(())

@@ -53,7 +53,7 @@ class KubePort(KueuePort, DraPort, EventPort, Protocol):
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
-    ) -> tuple[list[dict[str, Any]], str]: ...
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def evict_pod(self, namespace: str, name: str, uid: str | None, resource_version: str | None = None) -> None: ...
@@ -134,9 +134,11 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
 
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
-    ) -> tuple[list[dict[str, Any]], str]:
-        """Scheduled pods (``transform`` slims each one as it arrives) and the list's resourceVersion
-        to watch from: streamed where the API server offers streaming lists, else page by page.
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        """Scheduled pods (``transform`` slims each one as it arrives), the list's resourceVersion, and,
+        where the list was streamed, the stream itself to watch on from (raw events after the list;
+        whoever takes it reads it or closes it); ``None`` where it was listed page by page (then a
+        watch opens from the resourceVersion).
 
         The fleet's longest list: paged, at 10,000 nodes, it outlived the API server's watch window
         and its watch began with 410 Gone (``watches.py``). A server that refuses the stream (400 or
@@ -158,7 +160,8 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
             kw = page_args(cont)
             return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw))  # type: ignore[no-any-return]
 
-        return list_rv(fetch, transform)
+        items, rv = list_rv(fetch, transform)
+        return items, rv, None
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""

@@ -34,7 +34,7 @@ def named(*n: str) -> list[dict[str, Any]]:
     return [{"name": x} for x in n]
 
 
-def test_the_initial_events_up_to_their_bookmark_are_the_list_and_the_stream_is_closed_there() -> None:
+def test_the_initial_events_up_to_their_bookmark_are_the_list_and_the_stream_goes_on_from_there() -> None:
     closed: list[bool] = []
 
     def events() -> Iterator[dict[str, Any]]:
@@ -47,7 +47,25 @@ def test_the_initial_events_up_to_their_bookmark_are_the_list_and_the_stream_is_
         finally:
             closed.append(True)
 
-    assert streamed_list(events(), names) == (named("a", "b"), "9")
+    items, rv, rest = streamed_list(events(), names)
+    assert (items, rv) == (named("a", "b"), "9")
+    assert not closed  # open: the watch reads on from it
+    assert [e["object"]["metadata"]["resourceVersion"] for e in rest] == ["10"]  # what changed after the list
+    assert closed == [True]
+
+
+def test_a_stream_that_fails_is_closed() -> None:
+    closed: list[bool] = []
+
+    def events() -> Iterator[dict[str, Any]]:
+        try:
+            yield {"type": "ADDED", "object": pod("a", "5")}
+            yield {"type": "ERROR", "object": {"code": 500, "message": "boom"}}
+        finally:
+            closed.append(True)
+
+    with pytest.raises(StreamIncomplete):
+        streamed_list(events(), names)
     assert closed == [True]
 
 
@@ -108,24 +126,26 @@ def kube(core: Core) -> Kube:
 
 
 def test_pods_are_streamed_where_the_server_streams() -> None:
-    k = kube(Core([{"type": "ADDED", "object": pod("a", "5")}, end("8")]))
-    assert k.list_pods_rv(names) == (named("a"), "8")
+    k = kube(Core([{"type": "ADDED", "object": pod("a", "5")}, end("8"), {"type": "DELETED", "object": pod("a", "9")}]))
+    items, rv, rest = k.list_pods_rv(names)
+    assert (items, rv) == (named("a"), "8")
+    assert rest is not None and [e["type"] for e in rest] == ["DELETED"]  # the same stream, read on
     assert k.core.calls == ["stream"]
 
 
 def test_a_server_that_refuses_streaming_is_listed_page_by_page_from_then_on() -> None:
     core = Core(client.ApiException(status=422, reason="Unprocessable Entity"))
     k = kube(core)
-    assert k.list_pods_rv(names) == (named("paged"), "7")
-    assert k.list_pods_rv(names) == (named("paged"), "7")
+    assert k.list_pods_rv(names) == (named("paged"), "7", None)
+    assert k.list_pods_rv(names) == (named("paged"), "7", None)
     assert core.calls == ["stream", "page", "page"]
 
 
 def test_a_stream_cut_short_is_listed_page_by_page_that_once() -> None:
     core = Core([{"type": "ADDED", "object": pod("a", "5")}])
     k = kube(core)
-    assert k.list_pods_rv(names) == (named("paged"), "7")
-    assert k.list_pods_rv(names) == (named("paged"), "7")
+    assert k.list_pods_rv(names) == (named("paged"), "7", None)
+    assert k.list_pods_rv(names) == (named("paged"), "7", None)
     assert core.calls == ["stream", "page", "stream", "page"]
 
 

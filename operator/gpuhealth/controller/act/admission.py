@@ -32,7 +32,7 @@ from gpuhealth.api.names import ADMISSION_CHECK_CONTROLLER, KUEUE_API_VERSION
 from gpuhealth.api.status import WorkloadMove
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.intake.kueuewatch import KueueCache, slim_check, slim_workload
-from gpuhealth.controller.intake.objectwatch import ObjectWatch
+from gpuhealth.controller.intake.objectwatch import ObjectWatch, listed
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain import kueue as K
 from gpuhealth.drain.plan import DrainPlan, Step
@@ -66,7 +66,7 @@ class AdmissionRoom:
         self._task: asyncio.Task[None] | None = None
         self.workload_watch = ObjectWatch(
             "workloads",
-            kube.sync.list_workloads_rv,
+            lambda slim: listed(kube.sync.list_workloads_rv(slim)),
             kube.sync.watch_workloads,
             functools.partial(slim_workload, resources=self.gpu_resources),
             self.on_workload,
@@ -74,7 +74,7 @@ class AdmissionRoom:
         )
         self.check_watch = ObjectWatch(
             "admissionchecks",
-            kube.sync.list_admission_checks_rv,
+            lambda slim: listed(kube.sync.list_admission_checks_rv(slim)),
             kube.sync.watch_admission_checks,
             slim_check,
             self.on_check,

@@ -15,6 +15,10 @@ Pods with ``spec.nodeName`` set; Leases in the agents' namespace labelled by the
 renewal is a sign of life and nothing else: the runtime folds it into the freshness record and
 queues the node only where that can change the verdict, so steady heartbeats cost no reconcile.
 
+The pods' list is streamed where the API server streams lists (``kube/watches.py``): the watch then
+reads on from the same stream after the list's closing bookmark, instead of a second request from its
+resourceVersion, which a loaded API server at 10,000 nodes had already let expire (docs/bench.md).
+
 The protocol (list, watch with bookmarks, resume, list again on 410 Gone, growing retry delays)
 and the metrics (``gpuhealth_watch_*_total{watch}``) are ``reflector.py``'s.
 """
@@ -31,9 +35,12 @@ from gpuhealth.api.names import AGENT_LEASE_SELECTOR, GPU_NODE_SELECTOR, REPORT_
 from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, LoopReflector
 from gpuhealth.controller.state.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.kube.client import KubePort
+from gpuhealth.kube.watches import close_stream
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
-Lister = Callable[[Slim], tuple[list[dict[str, Any]], str]]
+Events = Iterator[Mapping[str, Any]]
+# A list, its resourceVersion, and the stream it came on where it was streamed (to watch on from).
+Lister = Callable[[Slim], tuple[list[dict[str, Any]], str, Events | None]]
 Watcher = Callable[[str, int], Iterator[dict[str, Any]]]
 
 Items = list[dict[str, Any]]  # (a name of its own: `list` is a method of the watch below)
@@ -46,8 +53,9 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
     """Feeds ``on_event(type, slim body)`` and ``on_replace(slim bodies)`` on ``loop``, from a thread.
 
     ``kind`` names the watch (its thread, and the metrics' ``watch`` label: one of
-    ``metrics.WATCHES``); ``lister(slim)`` lists (paged, each item slimmed) and returns the list's
-    resourceVersion; ``watcher(resource_version, timeout_s)`` yields the raw watch events from there.
+    ``metrics.WATCHES``); ``lister(slim)`` lists (each item slimmed) and returns the list's
+    resourceVersion and, where the list was streamed, the stream to read on from;
+    ``watcher(resource_version, timeout_s)`` yields the raw watch events from a version.
     """
 
     kind: str
@@ -60,6 +68,7 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
     stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    _rest: Events | None = None  # the last list's stream, not read on from yet
 
     # Reconnecting is one cheap request, and faults and drains arrive through these: retry soon
     # after an API comes back.
@@ -73,12 +82,27 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
         """The initial (or a fresh) full list; the watch continues from its resourceVersion."""
         return self.full_list()
 
+    def stop(self) -> None:
+        super().stop()
+        if self._thread is None:  # listed, never started: nobody will read on from the stream
+            self._drop_rest()
+
     def _list(self) -> Items:
-        items, self.resource_version = self.lister(self.slim)
+        self._drop_rest()
+        items, self.resource_version, self._rest = self.lister(self.slim)
         return items
 
     def _watch(self) -> Iterable[Mapping[str, Any]]:
+        """The list's own stream where it was streamed (once: when it ends, a watch opens from the last
+        version read, as after any server-side timeout), else a watch from the resourceVersion."""
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            return rest
         return self.watcher(self.resource_version, WATCH_TIMEOUT_S)
+
+    def _drop_rest(self) -> None:
+        rest, self._rest = self._rest, None
+        close_stream(rest)
 
     def _slim(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self.slim(obj)
@@ -87,11 +111,16 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
 # The four watches of the fleet. The sources' calls are looked up when a watch lists, not here.
 
 
+def listed(items_rv: tuple[list[dict[str, Any]], str]) -> tuple[list[dict[str, Any]], str, Events | None]:
+    """A list that came page by page: nothing to read on from."""
+    return items_rv[0], items_rv[1], None
+
+
 def node_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
     """GPU Nodes, selected server-side."""
     return ObjectWatch(
         "nodes",
-        lambda slim: kube.list_nodes_rv(GPU_NODE_SELECTOR, slim),
+        lambda slim: listed(kube.list_nodes_rv(GPU_NODE_SELECTOR, slim)),
         lambda rv, timeout: kube.watch_nodes(GPU_NODE_SELECTOR, rv, timeout),
         slim_node,
         on_event,
@@ -103,7 +132,7 @@ def report_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> Ob
     """The agents' reports (GPUNodeHealth)."""
     return ObjectWatch(
         "reports",
-        lambda slim: kube.list_custom_rv(REPORT_PLURAL, slim),
+        lambda slim: listed(kube.list_custom_rv(REPORT_PLURAL, slim)),
         lambda rv, timeout: kube.watch_custom(REPORT_PLURAL, rv, timeout),
         slim_report,
         on_event,
@@ -112,7 +141,7 @@ def report_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> Ob
 
 
 def pod_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
-    """Scheduled Pods."""
+    """Scheduled Pods: streamed, and watched on from the same stream, where the server streams lists."""
     return ObjectWatch(
         "pods",
         lambda slim: kube.list_pods_rv(slim),
@@ -127,7 +156,7 @@ def lease_watch(kube: KubePort, namespace: str, on_event: OnEvent, on_replace: O
     """The agents' heartbeat Leases in their namespace."""
     return ObjectWatch(
         "leases",
-        lambda slim: kube.list_leases_rv(namespace, AGENT_LEASE_SELECTOR, slim),
+        lambda slim: listed(kube.list_leases_rv(namespace, AGENT_LEASE_SELECTOR, slim)),
         lambda rv, timeout: kube.watch_leases(namespace, AGENT_LEASE_SELECTOR, rv, timeout),
         slim_lease,
         on_event,

@@ -34,16 +34,18 @@ def slim(p: Mapping[str, Any]) -> dict[str, Any]:
 class Script:
     """Answers lists and watches from queued scripts, recording what was asked."""
 
-    def __init__(self, lists: list[tuple[list[dict[str, Any]], str]], watches: list[Any]) -> None:
+    def __init__(self, lists: list[Any], watches: list[Any]) -> None:
+        """``lists``: (items, resourceVersion) for a paged list, with a third, the stream's events
+        after the list, for a streamed one."""
         self.lists = lists
         self.watches = watches
         self.calls: list[tuple[str, str]] = []
         self.done = threading.Event()
 
-    def list_pods_rv(self, transform: Any) -> tuple[list[dict[str, Any]], str]:
+    def list_pods_rv(self, transform: Any) -> tuple[list[dict[str, Any]], str, Any]:
         self.calls.append(("list", ""))
-        items, rv = self.lists.pop(0)
-        return [transform(p) for p in items], rv
+        items, rv, *rest = self.lists.pop(0)
+        return [transform(p) for p in items], rv, (iter(rest[0]) if rest else None)
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         self.calls.append(("watch", resource_version))
@@ -187,3 +189,52 @@ def test_a_relist_whose_replace_fails_lists_again() -> None:
     asyncio.run(main())
     assert calls == [1, 1]
     assert script.calls[:4] == [("watch", "10"), ("list", ""), ("list", ""), ("watch", "30")]
+
+
+def test_a_streamed_list_is_watched_on_from_its_own_stream_then_from_the_last_version_read() -> None:
+    # The list came as a stream; what changed after it follows on that stream, with no second request.
+    # When the server ends that stream (its timeout), a watch opens from the last version read.
+    after = [{"type": "MODIFIED", "object": pod("a", "21")}, {"type": "DELETED", "object": pod("a", "22")}]
+    script = Script(
+        lists=[([pod("a", "20")], "20", after)],
+        watches=[[{"type": "ADDED", "object": pod("b", "23")}]],
+    )
+    events: list[tuple[str, str]] = []
+
+    async def main() -> list[dict[str, Any]]:
+        w = pod_watch(script, lambda kind, p: events.append((kind, p["metadata"]["uid"])), rv="")
+        first = w.list()  # the runtime's start-up list
+        w.start(asyncio.get_running_loop())
+        while not script.done.is_set():
+            await asyncio.sleep(0.01)
+        w.stop()
+        await asyncio.sleep(0.05)
+        return first
+
+    first = asyncio.run(main())
+    assert [p["metadata"]["uid"] for p in first] == ["a"]
+    assert events == [("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
+    assert script.calls[:2] == [("list", ""), ("watch", "22")]  # no watch from "20": the stream went on
+
+
+def test_a_stream_nobody_reads_on_from_is_closed() -> None:
+    closed: list[str] = []
+
+    def stream(name: str) -> Iterator[dict[str, Any]]:
+        try:
+            yield {"type": "MODIFIED", "object": pod("a", "21")}
+        finally:
+            closed.append(name)
+
+    def started(s: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        next(s, None)  # a generator is only closed once it has begun: as watch_events' is, at the bookmark
+        return s
+
+    first, second = (started(stream(n)) for n in ("first", "second"))
+    script = Script(lists=[([pod("a", "20")], "20", first), ([pod("a", "30")], "30", second)], watches=[])
+    w = pod_watch(script, rv="")
+    w.list()
+    w.list()  # listed again (say, a start-up list retried): the first list's stream is closed
+    assert closed == ["first"]
+    w.stop()  # stopped before it started: the second is closed too
+    assert closed == ["first", "second"]
