@@ -95,9 +95,6 @@ class AuditEntry:
     done: float | None = None
     # A list request that carries a continue token: a later page of a list, not a list of its own.
     continued: bool = False
-    # A watch that began with the collection's state (``sendInitialEvents=true``): a streamed list. The
-    # operator closes it at the initial events' bookmark, so its span is the list's.
-    streamed: bool = False
 
     @property
     def completed(self) -> float:
@@ -133,5 +130,4 @@ def audit_entry(event: dict[str, Any]) -> AuditEntry | None:
         code=int((event.get("responseStatus") or {}).get("code") or 0),
         done=(c.timestamp() if (c := completed(event)) is not None else None),
         continued="continue=" in str(event.get("requestURI") or ""),
-        streamed="sendInitialEvents=true" in str(event.get("requestURI") or ""),
     )

@@ -127,15 +127,18 @@ def cpu_percent(samples: Sequence[tuple[float, float]], start: float, end: float
 
 
 def list_profile(entries: Iterable[AuditEntry], start: float, end: float) -> dict[str, dict[str, float]]:
-    """The operator's lists received in [start, end), by resource (a streamed list, a watch that began
-    with the state and was closed at its bookmark, counts as a list of one page): how many lists and
-    pages, the seconds the API server spent on them, and the span of the longest list (its first page received
+    """The operator's paged lists received in [start, end), by resource: how many lists and pages, the
+    seconds the API server spent on them, and the span of the longest list (its first page received
     to its last answered; a page with a continue token belongs to the list before it). The span less
     the server's seconds is the operator's own time between pages (reading and slimming each one); a
     restarted operator decides nothing before its Nodes, reports, policies and Leases are all in
-    (docs/architecture.md, "Restart safety"), so the slowest of these lists is how long it is blind."""
+    (docs/architecture.md, "Restart safety"), so the slowest of these lists is how long it is blind.
+
+    A streamed list (the pods: a watch that begins with the state) is not here: the operator watches
+    on from the same stream, so the audit log has the watch's end, not the list's (its bookmark); the
+    operator's ``listed N pods in`` line times it, and the pods are listed after the fleet anyway."""
     lists: dict[str, list[list[AuditEntry]]] = {}
-    listed = (e for e in entries if (e.verb == "list" or e.streamed) and start <= e.at < end)
+    listed = (e for e in entries if e.verb == "list" and start <= e.at < end)
     for e in sorted(listed, key=lambda e: e.at):
         of = lists.setdefault(e.resource, [])
         if e.continued and of:
