@@ -135,8 +135,8 @@ class FakeKube:
 
     def list_leases_rv(
         self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
-    ) -> tuple[list[dict[str, Any]], str]:
-        return [transform(copy.deepcopy(lease)) for lease in self.leases.values()], "1"
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        return [transform(copy.deepcopy(lease)) for lease in self.leases.values()], "1", None
 
     def watch_leases(
         self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
@@ -166,16 +166,16 @@ class FakeKube:
 
     def list_nodes_rv(
         self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
-    ) -> tuple[list[dict[str, Any]], str]:
-        return self.list_nodes(label_selector, transform), "1"
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        return self.list_nodes(label_selector, transform), "1", None
 
     def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         return iter(())
 
     def list_custom_rv(
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
-    ) -> tuple[list[dict[str, Any]], str]:
-        return self.list_custom(plural, transform), "1"
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        return self.list_custom(plural, transform), "1", None
 
     def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         return iter(())

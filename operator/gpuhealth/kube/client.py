@@ -8,6 +8,7 @@ concerns (``jobs``, ``kueue``, ``dra``, ``events``), and ``KubePort`` their port
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -47,7 +48,7 @@ class KubePort(KueuePort, DraPort, EventPort, Protocol):
     ) -> list[dict[str, Any]]: ...
     def list_nodes_rv(
         self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
-    ) -> tuple[list[dict[str, Any]], str]: ...
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
     def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
@@ -63,11 +64,11 @@ class KubePort(KueuePort, DraPort, EventPort, Protocol):
     ) -> list[dict[str, Any]]: ...
     def list_custom_rv(
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
-    ) -> tuple[list[dict[str, Any]], str]: ...
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
     def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def list_leases_rv(
         self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]]
-    ) -> tuple[list[dict[str, Any]], str]: ...
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
     def watch_leases(
         self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
     ) -> Iterator[dict[str, Any]]: ...
@@ -90,11 +91,41 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         self.coordination = client.CoordinationV1Api(api)
         self.event_namespace = event_namespace
         self.instance = f"{COMPONENT}-{uuid.uuid4().hex[:8]}"
-        self.stream_lists = True  # until the API server refuses a streaming list (list_pods_rv)
+        self.stream_lists = True  # until the API server refuses a streaming list (``_listed``)
 
     @staticmethod
     def _json(resp: Any) -> Any:
         return json.loads(resp.data)
+
+    def _listed(
+        self,
+        what: str,
+        stream: Callable[[], Any],
+        page: Callable[[str | None], dict[str, Any]],
+        transform: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        """A watch's list: the objects (``transform`` slims each one as it arrives), the list's
+        resourceVersion, and, where the list was streamed (``stream()`` opens it), the stream itself to
+        watch on from (raw events after the list; whoever takes it reads it or closes it); ``None``
+        where it was listed page by page (``page(continue)``; a watch then opens from the version).
+
+        Streamed, the API server sends while the operator reads, instead of the two taking turns page
+        by page; and the watch needs no second request from a version that may have expired meanwhile
+        (``watches.py``). A server that refuses the stream (400 or 422: before v1.27, or WatchList
+        turned off) is listed page by page from then on; a stream cut short is listed page by page
+        that once."""
+        if self.stream_lists:
+            try:
+                return streamed_list(watch_events(stream()), transform)
+            except StreamIncomplete as e:
+                log.warning("streaming list of %s incomplete (%s); listing page by page", what, e)
+            except client.ApiException as e:
+                if status_of(e) not in (400, 422):
+                    raise
+                self.stream_lists = False
+                log.info("the API server refuses streaming lists (%s): lists are taken page by page", status_of(e))
+        items, rv = list_rv(page, transform)
+        return items, rv, None
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -105,17 +136,21 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
     ) -> list[dict[str, Any]]:
         """Nodes page by page; ``transform`` (a slimmer) cuts each before the next page is read."""
-        return self.list_nodes_rv(label_selector, transform)[0]
+        return list_rv(functools.partial(self._node_page, label_selector), transform)[0]
+
+    def _node_page(self, label_selector: str, cont: str | None) -> dict[str, Any]:
+        return self._json(self.core.list_node(label_selector=label_selector, **page_args(cont)))  # type: ignore[no-any-return]
 
     def list_nodes_rv(
         self, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
-    ) -> tuple[list[dict[str, Any]], str]:
-        """As ``list_nodes``, with the list's resourceVersion to watch from."""
-
-        def fetch(cont: str | None) -> dict[str, Any]:
-            return self._json(self.core.list_node(label_selector=label_selector, **page_args(cont)))  # type: ignore[no-any-return]
-
-        return list_rv(fetch, transform)
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        """The Node watch's list (``_listed``: streamed where the server streams lists)."""
+        return self._listed(
+            "nodes",
+            lambda: self.core.list_node(label_selector=label_selector, **stream_args()),
+            functools.partial(self._node_page, label_selector),
+            transform,
+        )
 
     def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for the selected Nodes, from ``resource_version``."""
@@ -135,33 +170,18 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
     ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
-        """Scheduled pods (``transform`` slims each one as it arrives), the list's resourceVersion, and,
-        where the list was streamed, the stream itself to watch on from (raw events after the list;
-        whoever takes it reads it or closes it); ``None`` where it was listed page by page (then a
-        watch opens from the resourceVersion).
+        """Scheduled pods, for their watch (``_listed``). The fleet's longest list: paged, at 10,000
+        nodes, it outlived the API server's watch window and its watch began with 410 Gone."""
 
-        The fleet's longest list: paged, at 10,000 nodes, it outlived the API server's watch window
-        and its watch began with 410 Gone (``watches.py``). A server that refuses the stream (400 or
-        422: before v1.27, or WatchList turned off) is listed page by page from then on; a stream cut
-        short is listed page by page that once."""
-        if self.stream_lists:
-            try:
-                resp = self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **stream_args())
-                return streamed_list(watch_events(resp), transform)
-            except StreamIncomplete as e:
-                log.warning("streaming list of pods incomplete (%s); listing page by page", e)
-            except client.ApiException as e:
-                if status_of(e) not in (400, 422):
-                    raise
-                self.stream_lists = False
-                log.info("the API server refuses streaming lists (%s): pods are listed page by page", status_of(e))
+        def page(cont: str | None) -> dict[str, Any]:
+            return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **page_args(cont)))  # type: ignore[no-any-return]
 
-        def fetch(cont: str | None) -> dict[str, Any]:
-            kw = page_args(cont)
-            return self._json(self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw))  # type: ignore[no-any-return]
-
-        items, rv = list_rv(fetch, transform)
-        return items, rv, None
+        return self._listed(
+            "pods",
+            lambda: self.core.list_pod_for_all_namespaces(field_selector=SCHEDULED, **stream_args()),
+            page,
+            transform,
+        )
 
     def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for scheduled pods, from ``resource_version``."""
@@ -204,17 +224,20 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
 
     def list_leases_rv(
         self, namespace: str, label_selector: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o
-    ) -> tuple[list[dict[str, Any]], str]:
-        """The agents' Leases in ``namespace`` (selected server-side), slimmed page by page, and the
-        list's resourceVersion to watch from."""
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        """The agents' Leases in ``namespace`` (selected server-side), for their watch (``_listed``)."""
 
-        def fetch(cont: str | None) -> dict[str, Any]:
-            kw = page_args(cont)
+        def page(cont: str | None) -> dict[str, Any]:
             return self._json(  # type: ignore[no-any-return]
-                self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **kw)
+                self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **page_args(cont))
             )
 
-        return list_rv(fetch, transform)
+        return self._listed(
+            "leases",
+            lambda: self.coordination.list_namespaced_lease(namespace, label_selector=label_selector, **stream_args()),
+            page,
+            transform,
+        )
 
     def watch_leases(
         self, namespace: str, label_selector: str, resource_version: str, timeout_s: int
@@ -233,18 +256,46 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
     ) -> list[dict[str, Any]]:
         """Our objects page by page, each cut by ``transform`` as its page arrives."""
-        return self.list_custom_rv(plural, transform)[0]
+        return list_rv(functools.partial(self._custom_page, plural), transform)[0]
+
+    def _custom_page(self, plural: str, cont: str | None) -> dict[str, Any]:
+        return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **page_args(cont)))  # type: ignore[no-any-return]
 
     def list_custom_rv(
         self, plural: str, transform: Callable[[dict[str, Any]], dict[str, Any]] = _same
-    ) -> tuple[list[dict[str, Any]], str]:
-        """As ``list_custom``, with the list's resourceVersion to watch from."""
+    ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]:
+        """The watch's list of our objects (``_listed``: streamed where the server streams lists)."""
+        return self._listed(
+            plural,
+            functools.partial(self._custom_stream, plural),
+            functools.partial(self._custom_page, plural),
+            transform,
+        )
 
-        def fetch(cont: str | None) -> dict[str, Any]:
-            kw = page_args(cont)
-            return self._json(self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))  # type: ignore[no-any-return]
-
-        return list_rv(fetch, transform)
+    def _custom_stream(self, plural: str) -> Any:
+        """A streaming list of our objects. The client's CustomObjectsApi has no ``sendInitialEvents``,
+        so the request is built as it builds its own list of them, with the stream's parameters."""
+        args = stream_args()
+        query = [
+            ("watch", "true"),
+            ("sendInitialEvents", "true"),
+            ("resourceVersionMatch", args["resource_version_match"]),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(args["timeout_seconds"])),
+        ]
+        request = self.api.param_serialize(
+            "GET",
+            "/apis/{group}/{version}/{plural}",
+            path_params={"group": GROUP, "version": VERSION, "plural": plural},
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(*request, _request_timeout=args["_request_timeout"])
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise client.ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
 
     def watch_custom(self, plural: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
         """Raw watch events (parsed JSON, one per line) for our objects, from ``resource_version``."""

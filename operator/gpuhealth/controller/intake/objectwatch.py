@@ -15,8 +15,8 @@ Pods with ``spec.nodeName`` set; Leases in the agents' namespace labelled by the
 renewal is a sign of life and nothing else: the runtime folds it into the freshness record and
 queues the node only where that can change the verdict, so steady heartbeats cost no reconcile.
 
-The pods' list is streamed where the API server streams lists (``kube/watches.py``): the watch then
-reads on from the same stream after the list's closing bookmark, instead of a second request from its
+Each list is streamed where the API server streams lists (``kube/watches.py``): the watch then reads
+on from the same stream after the list's closing bookmark, instead of a second request from its
 resourceVersion, which a loaded API server at 10,000 nodes had already let expire (docs/bench.md).
 
 The protocol (list, watch with bookmarks, resume, list again on 410 Gone, growing retry delays)
@@ -112,7 +112,8 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
 
 
 def listed(items_rv: tuple[list[dict[str, Any]], str]) -> tuple[list[dict[str, Any]], str, Events | None]:
-    """A list that came page by page: nothing to read on from."""
+    """A list that came page by page (a source that does not stream, such as Kueue's): nothing to read
+    on from."""
     return items_rv[0], items_rv[1], None
 
 
@@ -120,7 +121,7 @@ def node_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> Obje
     """GPU Nodes, selected server-side."""
     return ObjectWatch(
         "nodes",
-        lambda slim: listed(kube.list_nodes_rv(GPU_NODE_SELECTOR, slim)),
+        lambda slim: kube.list_nodes_rv(GPU_NODE_SELECTOR, slim),
         lambda rv, timeout: kube.watch_nodes(GPU_NODE_SELECTOR, rv, timeout),
         slim_node,
         on_event,
@@ -132,7 +133,7 @@ def report_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> Ob
     """The agents' reports (GPUNodeHealth)."""
     return ObjectWatch(
         "reports",
-        lambda slim: listed(kube.list_custom_rv(REPORT_PLURAL, slim)),
+        lambda slim: kube.list_custom_rv(REPORT_PLURAL, slim),
         lambda rv, timeout: kube.watch_custom(REPORT_PLURAL, rv, timeout),
         slim_report,
         on_event,
@@ -141,7 +142,7 @@ def report_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> Ob
 
 
 def pod_watch(kube: KubePort, on_event: OnEvent, on_replace: OnReplace) -> ObjectWatch:
-    """Scheduled Pods: streamed, and watched on from the same stream, where the server streams lists."""
+    """Scheduled Pods."""
     return ObjectWatch(
         "pods",
         lambda slim: kube.list_pods_rv(slim),
@@ -156,7 +157,7 @@ def lease_watch(kube: KubePort, namespace: str, on_event: OnEvent, on_replace: O
     """The agents' heartbeat Leases in their namespace."""
     return ObjectWatch(
         "leases",
-        lambda slim: listed(kube.list_leases_rv(namespace, AGENT_LEASE_SELECTOR, slim)),
+        lambda slim: kube.list_leases_rv(namespace, AGENT_LEASE_SELECTOR, slim),
         lambda rv, timeout: kube.watch_leases(namespace, AGENT_LEASE_SELECTOR, rv, timeout),
         slim_lease,
         on_event,
