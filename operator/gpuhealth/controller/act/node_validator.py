@@ -118,7 +118,7 @@ class NodeValidator:
         v = nv.validation if nv is not None else None
         if nv is not None and v is not None and not nv.dry_run and not dry:
             if v.outcome == Outcome.RUNNING and v.created and v.job:
-                verdict = await self.remediator.validation_verdict(name, v.job)
+                verdict = await self.remediator.jobs.validation_verdict(name, v.job)
             elif v.outcome == Outcome.PENDING and (nv.trigger == Trigger.BURN_IN or prior.state == State.RECOVERING):
                 may = await self._may_validate(name, policy, nv, report)
         obs = NodeObserved(released=p.released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
@@ -217,9 +217,9 @@ class NodeValidator:
         elif move.taint is False and old is not None and old.held and ours:
             await self._taint(name, node, False)
         if move.stop_job:
-            await self.remediator.delete_job(move.stop_job)
+            await self.remediator.jobs.delete(move.stop_job)
         if body is not None and rec is not None:
-            await self.remediator.create_job(body, partial(self._block, name))  # 2. the Job, under the recorded name
+            await self.remediator.jobs.create(body, partial(self._block, name))  # 2. the Job, under the recorded name
             done = replace(rec, validation=replace(rec.validation, created=True))
             await self._write(name, done)  # 3.
             self._blocked.pop(name, None)

@@ -2,11 +2,12 @@
 
 Called by the node reconciler after the node's and the GPUs' drains, once per pass of a node whose
 policy enables ``spec.remediation``. Per GPU it reads what the ladder needs from the API (the
-attempt's Job by its recorded name), checks a GPUReset's preconditions right before it starts, asks
+attempt's Job by its recorded name: ``step_jobs.py``), checks a GPUReset's preconditions right before it starts, asks
 the pure ladder for the next move, and then acts in an order that survives a kill at any line:
 
-1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name),
-   then the move's Events (announced once recorded, before anything acts on it);
+1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name;
+   its patch planned by ``actions/ladder_patches.py``), then the move's Events (announced once
+   recorded, before anything acts on it);
 2. then the Job: created under that deterministic name (409: it exists, done), or deleted when
    its attempt ran past its timeout;
 3. then the record again (``Running``), and metrics.
@@ -60,21 +61,21 @@ this pass, so a SIGKILL in between neither loses the approval (still on the Node
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from gpuhealth.actions import validation_jobs
-from gpuhealth.actions.remediation_jobs import build_reset_job, job_name, job_outcome
+from gpuhealth.actions.ladder_patches import entry_patch, repairs_patch
+from gpuhealth.actions.remediation_jobs import build_reset_job, job_name
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import Approval, StepKind
-from gpuhealth.api.remediation_status import MAX_REPAIR_GPUS, MAX_REPAIRS, Approvals, LadderRecord, Phase, Repair
+from gpuhealth.api.remediation_status import Approvals, LadderRecord, Phase, Repair
 from gpuhealth.api.report import Device
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
@@ -82,6 +83,7 @@ from gpuhealth.api.validation import Outcome
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.passes import NodePass
+from gpuhealth.controller.act.step_jobs import StepJobs
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.running import RunningIndex
 from gpuhealth.controller.state.store import Store
@@ -89,7 +91,6 @@ from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
 from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S, awaiting_reread, needs_peers_idle, p2p_drain, peers_of
 from gpuhealth.kube.aio import AsyncKube
-from gpuhealth.kube.client import is_not_found, status_of
 from gpuhealth.kube.events import EventSink
 
 log = logging.getLogger(__name__)
@@ -115,24 +116,6 @@ def facts_clean(device: Device | None) -> bool:
     )
 
 
-def _exactly(new: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``new`` as a merge patch over ``old``: keys it dropped -> None, at every level (a merge patch
-    merges nested objects, so a fresh ``validation`` would otherwise keep the last one's Job name)."""
-    for k, v in (old or {}).items():
-        if k not in new:
-            new[k] = None
-        elif isinstance(new[k], dict) and isinstance(v, Mapping):
-            new[k] = _exactly(new[k], v)
-    return new
-
-
-def _entry(new: LadderRecord | None, old: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The merge-patch value that makes the stored entry exactly ``new`` (keys it dropped -> None)."""
-    if new is None:
-        return None
-    return _exactly(new.to_status(), old)
-
-
 class Remediator:
     def __init__(
         self,
@@ -150,6 +133,7 @@ class Remediator:
         self._reserved_validations: set[tuple[str, int]] = set()
         self._handover: dict[tuple[str, int], int] = {}  # looks at a GPU held by a stale reservation
         self.running = RunningIndex(store)  # what runs across the fleet (the node validator's too)
+        self.jobs = StepJobs(kube)  # the steps' Jobs, by their recorded names (the node validator's too)
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
@@ -186,7 +170,7 @@ class Remediator:
             return None
         again: Again = None
         ladders = p.stored.ladders
-        repairs = dict(p.stored.repairs)  # a copy: _repairs_patch keeps it up to date as attempts are added
+        repairs = dict(p.stored.repairs)  # a copy: repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.approval == Approval.MANUAL
         calls = p.approvals if not dry else Approvals()
@@ -221,7 +205,7 @@ class Remediator:
             )
             job = ""
             if lad is not None and lad.job and lad.phase in (Phase.PENDING, Phase.RUNNING):
-                job = await self._job_outcome(lad.job)
+                job = await self.jobs.outcome(lad.job)
             may_start = handover = False
             next_kind = lad.step if lad is not None else (steps[0].kind if steps else None)
             waiting = lad is not None and lad.phase == Phase.PENDING_APPROVAL
@@ -243,7 +227,7 @@ class Remediator:
             clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
             v = lad.validation if lad is not None and lad.phase == Phase.VALIDATING else None
             if v is not None and v.outcome == Outcome.RUNNING and v.created and v.job:
-                verdict = await self.validation_verdict(name, v.job)
+                verdict = await self.jobs.validation_verdict(name, v.job)
             elif (
                 lad is not None
                 and not dry
@@ -329,7 +313,7 @@ class Remediator:
             rec = replace(rec, validation=replace(v, job=f"{settings.namespace}/{vname}"))
         if rec != lad:
             # 1. the write-ahead record, and the attempts it adds in the GPU's history by UUID
-            await self._write(name, dev.index, _entry(rec, old), _repairs_patch(repairs, dev, lad, rec))
+            await self._write(name, dev.index, entry_patch(rec, old), repairs_patch(repairs, dev, lad, rec))
             old = rec.to_status() if rec is not None else None
         # The move is announced right after it is recorded and before anything acts on it (as the
         # node reconciler does): a kill after the record leaves its announcement posted, or about to
@@ -341,15 +325,15 @@ class Remediator:
                 message += f", Job {rec.validation.job}"
             self._event(name, type_, reason, message)
         if move.stop_job:
-            await self.delete_job(move.stop_job)
+            await self.jobs.delete(move.stop_job)
         if body is not None and rec is not None:
-            await self.create_job(body, partial(self._block, name, dev.index))  # 2. the Job, under the recorded name
+            await self.jobs.create(body, partial(self._block, name, dev.index))  # 2. the Job, under the recorded name
             running = replace(rec, phase=Phase.RUNNING)
-            await self._write(name, dev.index, _entry(running, old))  # 3.
+            await self._write(name, dev.index, entry_patch(running, old))  # 3.
         if vbody is not None and rec is not None and rec.validation is not None:
-            await self.create_job(vbody, partial(self._block, name, dev.index))  # 2. the validation Job, recorded name
+            await self.jobs.create(vbody, partial(self._block, name, dev.index))  # 2. the validation Job, recorded name
             created = replace(rec, validation=replace(rec.validation, created=True))
-            await self._write(name, dev.index, _entry(created, old))  # 3.
+            await self._write(name, dev.index, entry_patch(created, old))  # 3.
         if move.repeat_offender:
             metrics.REPEAT_OFFENDERS.inc()
         if move.validated is not None:
@@ -443,19 +427,6 @@ class Remediator:
             return False, handover
         return True, False
 
-    async def validation_verdict(self, node: str, job: str) -> tuple[Outcome, str]:
-        """A validation Job's verdict, a GPU's or a whole node's (node_validator.py): the Job by name, its
-        pod among the node's (it is pinned there)."""
-        ns, _, jname = job.partition("/")
-        try:
-            body: dict[str, Any] | None = await self.kube.get_job(ns, jname)
-        except Exception as e:
-            if not is_not_found(e):
-                raise
-            body = None
-        pods = await self.kube.list_pods_on_node(node) if body is not None else []
-        return validation_jobs.verdict(body, validation_jobs.pods_of(job, pods))
-
     async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> tuple[str, bool]:
         """Re-read from the API: the GPU's rule holds it out, and no pod holds its device; the same of
         each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods. Returns
@@ -488,38 +459,6 @@ class Remediator:
                 return f"{whose}pod {', '.join(holding)} holds its device {ref}", not on_node.intersection(holding)
         return "", False
 
-    async def _job_outcome(self, job: str) -> str:
-        ns, _, jname = job.partition("/")
-        try:
-            return job_outcome(await self.kube.get_job(ns, jname))
-        except Exception as e:
-            if is_not_found(e):
-                return job_outcome(None)
-            raise
-
-    async def create_job(self, body: Mapping[str, Any], block: Callable[[str], None]) -> None:
-        """Create a reset or validation Job under the name its record holds (node_validator.py's too):
-        a 409 is the Job a run before a restart created; any other error is said through ``block``
-        (the room's RemediationBlocked Event) and raised, and the next pass tries again."""
-        ns, jname = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            await self.kube.create_job(ns, body)
-        except Exception as e:
-            if status_of(e) == 409:
-                log.info("Job %s/%s exists already (created before a restart)", ns, jname)
-                return
-            block(f"the Job {jname} could not be created in {ns}: {status_of(e) or e}")
-            raise
-
-    async def delete_job(self, job: str) -> None:
-        """Delete a reset or validation Job (``namespace/name``; node_validator.py's too); gone already is fine."""
-        ns, _, jname = job.partition("/")
-        try:
-            await self.kube.delete_job(ns, jname)
-        except Exception as e:
-            if not is_not_found(e):
-                raise
-
     async def _write(
         self, name: str, index: int, entry: Mapping[str, Any] | None, repairs: Mapping[str, Any] | None = None
     ) -> None:
@@ -528,26 +467,3 @@ class Remediator:
             status["repairs"] = repairs
         result = await self.kube.patch_report_status(name, {"status": status})
         self.store.wrote(name, result)
-
-
-def _repairs_patch(
-    repairs: dict[str, tuple[Repair, ...]] | None, dev: DeviceRecord, old: LadderRecord | None, new: LadderRecord | None
-) -> dict[str, Any] | None:
-    """The merge patch of ``status.repairs`` for the attempts ``new`` adds to ``old``'s history (kept by
-    the GPU's UUID, bounded); updates ``repairs`` to match. None: nothing to add."""
-    uuid = (new.uuid if new is not None else "") or dev.uuid  # the GPU the ladder is for, whatever its index now
-    if repairs is None or new is None or not uuid:
-        return None
-    before = set(old.history) if old is not None else set()
-    added = [Repair(a, new.reason, new.index) for a in new.history if a not in before]
-    if not added:
-        return None
-    kept = (*repairs.get(uuid, ()), *added)[-MAX_REPAIRS:]
-    repairs[uuid] = kept
-    patch: dict[str, Any] = {uuid: [r.to_status() for r in kept]}
-    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-    others = sorted((u for u in repairs if u != uuid), key=lambda u: repairs[u][-1].attempt.finished or epoch)
-    for u in others[: max(0, len(repairs) - MAX_REPAIR_GPUS)]:  # the GPUs repaired longest ago go first
-        patch[u] = None
-        del repairs[u]
-    return patch

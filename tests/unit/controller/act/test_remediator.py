@@ -13,10 +13,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.api.remediation import StepKind
-from gpuhealth.api.remediation_status import LadderRecord, Phase
-from gpuhealth.api.validation import Outcome, Validation
-from gpuhealth.controller.act.remediator import HANDOVER_S, POLL_S, _entry
+from gpuhealth.controller.act.remediator import HANDOVER_S, POLL_S
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import gpu, report_obj
 from tests.unit.controller.act._device_support import Clock, claim, ecc_on, runtime, slice_of
@@ -202,35 +199,6 @@ def test_a_gpu_waiting_for_its_holder_is_announced_once_however_many_passes() ->
     assert not kube.jobs
     blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
     assert len(blocked) == 1 and "kube-system/holder" in blocked[0], blocked
-
-
-def test_the_record_patch_replaces_a_finished_validation_whole() -> None:
-    """A merge patch merges nested objects: a fresh validation must not keep the last one's Job."""
-    t = dt.datetime(2026, 12, 3, 14, 0, tzinfo=dt.UTC)
-    old = LadderRecord(
-        3,
-        StepKind.GPU_RESET,
-        1,
-        Phase.READY,
-        since=t,
-        validation=Validation(2, Outcome.FAILED, "ns/v1", True, t, t, "f"),
-    )
-    new = LadderRecord(3, StepKind.GPU_RESET, 2, Phase.VALIDATING, since=t, validation=Validation(2))
-
-    def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-        out = dict(target)
-        for k, v in patch.items():
-            if v is None:
-                out.pop(k, None)
-            elif isinstance(v, dict) and isinstance(out.get(k), dict):
-                out[k] = merge(out[k], v)
-            else:
-                out[k] = v
-        return out
-
-    patch = _entry(new, old.to_status())
-    assert patch is not None
-    assert merge(old.to_status(), patch) == new.to_status()
 
 
 def test_a_claim_still_reserved_for_a_pod_that_left_is_looked_at_again_until_it_is_released() -> None:
