@@ -1,4 +1,5 @@
-"""Pure text for `kubectl gpuhealth describe`: one node in detail (the MIG layout is miglayout.py's).
+"""Pure text for `kubectl gpuhealth describe`: one node in detail (the MIG layout is miglayout.py's,
+the repair sections repair_text.py's).
 
 Shares the table, age and colour helpers of render.py; like it, reads nothing from the terminal.
 """
@@ -16,9 +17,20 @@ from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.cli.fabricview import fabric_lines
-from gpuhealth.cli.ladderview import step_text
 from gpuhealth.cli.miglayout import layout_lines
-from gpuhealth.cli.render import STATE_COLORS, WARNING_COLOR, age_of, human_age, paint, paint_state, skew_text, table
+from gpuhealth.cli.render import (
+    STATE_COLORS,
+    WARNING_COLOR,
+    age_of,
+    field,
+    human_age,
+    paint,
+    paint_state,
+    shown,
+    skew_text,
+    table,
+)
+from gpuhealth.cli.repair_text import ladder_lines, node_validation_lines, repair_lines
 
 # -- describe ----------------------------------------------------------------------------------------
 
@@ -29,18 +41,6 @@ def _rules(v: Mapping[str, Any]) -> str:
     if not rules:
         return "-"
     return rules[0] + (f" (+{len(rules) - 1} more)" if len(rules) > 1 else "")
-
-
-def _v(value: Any, default: str = "-") -> str:
-    if value is None or value == "" or value == []:
-        return default
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def _field(label: str, value: str, width: int = 14) -> str:
-    return f"{(label + ':').ljust(width)} {value}".rstrip()
 
 
 def _temp(d: Mapping[str, Any]) -> str:
@@ -55,14 +55,14 @@ def _ecc(d: Mapping[str, Any]) -> str:
     ecc = d.get("ecc")
     if not ecc:
         return "-"
-    return f"{_v(ecc.get('volatileUncorrected'), '0')}/{_v(ecc.get('aggregateUncorrected'), '0')}"
+    return f"{shown(ecc.get('volatileUncorrected'), '0')}/{shown(ecc.get('aggregateUncorrected'), '0')}"
 
 
 def _remap(d: Mapping[str, Any]) -> str:
     rows = d.get("remappedRows")
     if not rows:
         return "-"
-    text = f"{_v(rows.get('corrected'), '0')}/{_v(rows.get('uncorrected'), '0')}"
+    text = f"{shown(rows.get('corrected'), '0')}/{shown(rows.get('uncorrected'), '0')}"
     flags = [f for f, on in (("pending", rows.get("pending")), ("FAILED", rows.get("failure"))) if on]
     pages = d.get("retiredPages") or {}
     if pages.get("pending"):
@@ -78,7 +78,7 @@ def _fact_cell(fact: Fact, value: Any) -> str:
     """A fact's cell in the Devices table: a boolean by its flag texts, a number with its unit."""
     if isinstance(value, bool) and fact.flag != ("", ""):
         return fact.flag[0] if value else fact.flag[1]
-    text = _v(value)
+    text = shown(value)
     return text + fact.unit if fact.unit and text != "-" else text
 
 
@@ -108,7 +108,7 @@ def _drain_value(value: Any) -> str:
         return f"{len(value)}: {json.dumps(value, separators=(',', ':'))}"
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else "none"
-    return _v(value)
+    return shown(value)
 
 
 def _per_item(value: Mapping[str, Any]) -> list[str]:
@@ -130,9 +130,9 @@ def drain_lines(drain: Mapping[str, Any]) -> list[str]:
     keys += sorted(k for k in drain if k not in _DRAIN_LABELS and k not in maps)
     labels = [_DRAIN_LABELS.get(k, _words(k)) for k in [*keys, *maps]]
     width = max((len(x) for x in labels), default=0) + 2
-    out = ["  " + _field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
+    out = ["  " + field(_DRAIN_LABELS.get(k, _words(k)), _drain_value(drain[k]), width) for k in keys]
     for k in maps:
-        out.append("  " + _field(_words(k), f"{len(drain[k])}", width))
+        out.append("  " + field(_words(k), f"{len(drain[k])}", width))
         out += _per_item(drain[k])
     return out
 
@@ -144,7 +144,7 @@ def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
     t = m.get("taint")
     out.append(
         "  "
-        + _field("Taint", f"{TAINT_KEY}={t.get('value') or ''}:{t.get('effect')}" if t else "none (not gpuhealth's)")
+        + field("Taint", f"{TAINT_KEY}={t.get('value') or ''}:{t.get('effect')}" if t else "none (not gpuhealth's)")
     )
     if not m.get("cordoned"):
         cordon = "not cordoned"
@@ -152,35 +152,35 @@ def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
         cordon = "cordoned by gpuhealth (it lifts it on return to service)"
     else:
         cordon = "cordoned by someone else (gpuhealth never lifts it)"
-    out.append("  " + _field("Cordon", cordon))
+    out.append("  " + field("Cordon", cordon))
     own = m.get("ownership")
     if own:
         owned = [w for w in ("taint", "cordon") if own.get(w)]
-        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}, reason {_v(own.get('reason'))}"
-        text += f", since {_v(own.get('since'))}"
-        out.append("  " + _field("Ownership", text))
+        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}, reason {shown(own.get('reason'))}"
+        text += f", since {shown(own.get('since'))}"
+        out.append("  " + field("Ownership", text))
         if own.get("liftedByOthers"):
             out.append(
                 "  "
-                + _field(
+                + field(
                     "Lifted",
                     f"someone else removed gpuhealth's {', '.join(own['liftedByOthers'])} (LiftedByOthers); "
                     "not put back this episode",
                 )
             )
-    out.append("  " + _field("State label", f"gpuhealth.dev/state={_v(m.get('stateLabel'), '(none)')}"))
+    out.append("  " + field("State label", f"gpuhealth.dev/state={shown(m.get('stateLabel'), '(none)')}"))
     c = m.get("condition")
     if c:
-        cond = f"GPUHealthy={c.get('status')} ({_v(c.get('reason'))})"
+        cond = f"GPUHealthy={c.get('status')} ({shown(c.get('reason'))})"
         if c.get("message"):
             cond += f": {c['message']}"
-        out.append("  " + _field("Condition", cond))
+        out.append("  " + field("Condition", cond))
     else:
-        out.append("  " + _field("Condition", "GPUHealthy not set"))
+        out.append("  " + field("Condition", "GPUHealthy not set"))
     if m.get("otherTaints"):
-        out.append("  " + _field("Other taints", ", ".join(m["otherTaints"])))
+        out.append("  " + field("Other taints", ", ".join(m["otherTaints"])))
     if m.get("releaseRequested"):
-        out.append("  " + _field("Release", f"requested at {m['releaseRequested']}, not processed by the operator yet"))
+        out.append("  " + field("Release", f"requested at {m['releaseRequested']}, not processed by the operator yet"))
     return out
 
 
@@ -194,7 +194,7 @@ def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
         if flap
         else ""
     )
-    out.append("  " + _field("Quarantines", f"{len(qs)} in the flapping window{limit}", 16))
+    out.append("  " + field("Quarantines", f"{len(qs)} in the flapping window{limit}", 16))
     for q in qs:
         out.append(f"    {q} ({age_of(q, now)} ago)")
     if "probationSeconds" in h:
@@ -203,157 +203,74 @@ def _history_lines(h: Mapping[str, Any], now: dt.datetime) -> list[str]:
             text += f"; clean since {h['healthySince']}"
         if "probationLeftSeconds" in h:
             text += f"; {human_age(h['probationLeftSeconds'])} left"
-        out.append("  " + _field("Probation", text, 16))
+        out.append("  " + field("Probation", text, 16))
     elif h.get("healthySince"):
-        out.append("  " + _field("Clean since", str(h["healthySince"]), 16))
+        out.append("  " + field("Clean since", str(h["healthySince"]), 16))
     if h.get("clearedBefore"):
-        out.append("  " + _field("Released", f"evidence before {h['clearedBefore']} cleared by a human", 16))
+        out.append("  " + field("Released", f"evidence before {h['clearedBefore']} cleared by a human", 16))
     if h.get("heldByBreaker"):
-        out.append("  " + _field("Breaker", "a quarantine is due but the policy's breaker holds it back", 16))
+        out.append("  " + field("Breaker", "a quarantine is due but the policy's breaker holds it back", 16))
     if h.get("drainAction"):
-        out.append("  " + _field("After drain", _v(h["drainAction"]), 16))
-    return out
-
-
-def _node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
-    """A release's or a burn-in's validation of all the node's GPUs: result, Job, findings, the hold."""
-    text = f"{_v(v.get('trigger'))}: level {_v(v.get('level'))} {_v(v.get('result'))}"
-    if v.get("durationSeconds") is not None:
-        text += f" in {human_age(v['durationSeconds'])}"
-    elif v.get("startedAt"):
-        text += f" for {age_of(v['startedAt'], now)}"
-    out = ["  " + _field("Validation", text, 12)]
-    if v.get("job"):
-        out.append("  " + _field("Job", str(v["job"]), 12))
-    if v.get("findings"):
-        out.append("  " + _field("Findings", str(v["findings"]), 12))
-    if v.get("held"):
-        out.append("  " + _field("Held", "gpuhealth's NoSchedule taint gpuhealth.dev/burn-in until it passes", 12))
-    if v.get("dryRun"):
-        out.append("  " + _field("DryRun", "would hold the node and run this validation; nothing runs", 12))
-    return out
-
-
-def _repair_lines(rows: list[Mapping[str, Any]]) -> list[str]:
-    """Each GPU's finished attempts by UUID, oldest first (the index it had then, which may change)."""
-    table_rows = [
-        [
-            str(r.get("uuid")),
-            _v(a.get("gpu")),
-            f"{_v(a.get('step'))} {_v(a.get('attempt'))}",
-            _v(a.get("result")),
-            _v(a.get("reason")),
-            _v(a.get("finishedAt")),
-        ]
-        for r in rows
-        for a in r.get("attempts") or []
-    ]
-    return table(["GPU UUID", "GPU", "ATTEMPT", "RESULT", "FOR", "FINISHED"], table_rows, indent="  ")
-
-
-def _ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
-    """Each GPU's repair ladder: where it stands, its Job, then every attempt so far with its result."""
-    out = []
-    for r in rows:
-        head = f"  GPU {_v(r.get('gpu'))}"
-        if r.get("uuid"):
-            head += f" ({r['uuid']})"
-        head += f": {_v(r.get('reason'), 'fault ?')}, step {step_text(r)} {_v(r.get('phase'))}"
-        if r.get("startedAt"):
-            head += f" for {age_of(r['startedAt'], now)}"
-        out.append(head)
-        if r.get("job"):
-            out.append("    " + _field("Job", str(r["job"]), 10))
-        if r.get("message"):
-            out.append("    " + _field("Message", str(r["message"]), 10))
-        v = r.get("validation")
-        if isinstance(v, Mapping):
-            text = f"level {_v(v.get('level'))} {_v(v.get('result'))}"
-            if v.get("durationSeconds") is not None:
-                text += f" in {human_age(v['durationSeconds'])}"
-            elif v.get("startedAt"):
-                text += f" for {age_of(v['startedAt'], now)}"
-            if v.get("job"):
-                text += f", Job {v['job']}"
-            out.append("    " + _field("Validated", text, 10))
-            if v.get("findings"):
-                out.append("    " + _field("Findings", str(v["findings"]), 10))
-        if r.get("faultSince"):
-            out.append("    " + _field("Out since", f"{r['faultSince']} ({age_of(r['faultSince'], now)} ago)", 10))
-        history = r.get("history") or []
-        if history:
-            rows_ = [
-                [
-                    f"{_v(a.get('step'))} {_v(a.get('attempt'))}",
-                    _v(a.get("result")),
-                    _v(a.get("startedAt")),
-                    _v(a.get("finishedAt")),
-                    "-" if a.get("durationSeconds") is None else human_age(a["durationSeconds"]),
-                ]
-                for a in history
-            ]
-            out += table(["ATTEMPT", "RESULT", "STARTED", "FINISHED", "TOOK"], rows_, indent="    ")
-        else:
-            out.append("    (no attempt finished yet)")
+        out.append("  " + field("After drain", shown(h["drainAction"]), 16))
     return out
 
 
 def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     now = parse_time(m.get("generatedAt")) or dt.datetime.now(dt.UTC)
     state = m.get("state") or ""
-    lines = [_field("Node", str(m["node"]) + ("" if m.get("nodeExists") else " (no such Node)"))]
+    lines = [field("Node", str(m["node"]) + ("" if m.get("nodeExists") else " (no such Node)"))]
     if not m.get("hasReport"):
-        lines.append(_field("State", "- (no GPUNodeHealth report for this node)"))
+        lines.append(field("State", "- (no GPUNodeHealth report for this node)"))
     else:
-        shown = paint_state(state or "-", state, color)
+        state_text = paint_state(state or "-", state, color)
         if m.get("dryRun"):
-            shown += " (DryRun: computed, no Node changed)"
+            state_text += " (DryRun: computed, no Node changed)"
         since = f"   since {m['since']} ({human_age(m.get('ageSeconds'))} ago)" if m.get("since") else ""
-        lines.append(_field("State", shown + since))
-    lines.append(_field("Reason", _v(m.get("reason"))))
+        lines.append(field("State", state_text + since))
+    lines.append(field("Reason", shown(m.get("reason"))))
     if m.get("message"):
-        lines.append(_field("Message", str(m["message"])))
-    policy = _v(m.get("policy"))
+        lines.append(field("Message", str(m["message"])))
+    policy = shown(m.get("policy"))
     if m.get("policyMode"):
         policy += f" ({m['policyMode']})"
     if m.get("overriddenPolicies"):
         policy += f"; also matches {', '.join(m['overriddenPolicies'])} (lower priority)"
-    lines.append(_field("Policy", policy))
+    lines.append(field("Policy", policy))
     g = m.get("gpus") or {}
-    gpus = f"{_v(g.get('healthy'), '?')}/{_v(g.get('total'), '?')} healthy"
+    gpus = f"{shown(g.get('healthy'), '?')}/{shown(g.get('total'), '?')} healthy"
     if g.get("inService") is not None:
         gpus += f", {g['inService']} in service"
-    lines.append(_field("GPUs", gpus))
-    lines.append(_field("Last XID", _v(m.get("lastXid"))))
+    lines.append(field("GPUs", gpus))
+    lines.append(field("Last XID", shown(m.get("lastXid"))))
     t = m.get("topology") or {}
     if t.get("domain") or t.get("rack"):
         where = [
             f"NVLink domain {t['domain']}" if t.get("domain") else "",
             f"rack {t['rack']}" if t.get("rack") else "",
         ]
-        lines.append(_field("Topology", ", ".join(w for w in where if w)))
+        lines.append(field("Topology", ", ".join(w for w in where if w)))
     a = m.get("agent") or {}
     if m.get("hasReport"):
-        agent = f"{_v(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
+        agent = f"{shown(a.get('version'))} ({', '.join(a.get('sources') or []) or 'no sources'})"
         agent += f", heartbeat {human_age(a.get('heartbeatAgeSeconds'))} ago"
         hang = a.get("nvmlUnresponsive") or {}
         if hang:
-            agent += f", NVML UNRESPONSIVE: {_v(hang.get('call'))} since {_v(hang.get('since'))}"
-            agent += f" (newest sample {_v(hang.get('lastSampleTime'), 'none since the agent started')})"
+            agent += f", NVML UNRESPONSIVE: {shown(hang.get('call'))} since {shown(hang.get('since'))}"
+            agent += f" (newest sample {shown(hang.get('lastSampleTime'), 'none since the agent started')})"
         elif a.get("nvmlAvailable") is False:
-            agent += f", NVML UNAVAILABLE: {_v(a.get('nvmlError'))}"
+            agent += f", NVML UNAVAILABLE: {shown(a.get('nvmlError'))}"
         else:
-            agent += f", driver {_v(a.get('driverVersion'))}"
+            agent += f", driver {shown(a.get('driverVersion'))}"
         if a.get("sampleAgeSeconds") is not None:
             agent += f", newest sample {human_age(a.get('sampleAgeSeconds'))} ago"
-        lines.append(_field("Agent", agent))
+        lines.append(field("Agent", agent))
     skew = m.get("clockSkew") or {}
     if isinstance(skew.get("offsetSeconds"), int):
         lines.append(
-            _field(
+            field(
                 "Clock skew",
                 f"the agent's clock is {skew_text(skew['offsetSeconds'])} off the operator's since "
-                f"{_v(skew.get('since'))} (verdicts unaffected; fix time sync on the node)",
+                f"{shown(skew.get('since'))} (verdicts unaffected; fix time sync on the node)",
             )
         )
 
@@ -364,9 +281,9 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if devices:
         rows = [
             [
-                _v(d.get("index")),
-                _v(d.get("uuid")),
-                _v(d.get("model")),
+                shown(d.get("index")),
+                shown(d.get("uuid")),
+                shown(d.get("model")),
                 _temp(d),
                 _ecc(d),
                 _remap(d),
@@ -397,12 +314,12 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if verdicts:
         rows = [
             [
-                _v(v.get("index")),
-                _v(v.get("state")) + (" (held back by the GPU budget)" if v.get("heldByBreaker") else ""),
-                _v(v.get("reason")),
+                shown(v.get("index")),
+                shown(v.get("state")) + (" (held back by the GPU budget)" if v.get("heldByBreaker") else ""),
+                shown(v.get("reason")),
                 age_of(v.get("since"), now) if v.get("since") else "-",
                 _rules(v),
-                _v(v.get("uuid")),
+                shown(v.get("uuid")),
             ]
             for v in verdicts
         ]
@@ -413,7 +330,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if failures:
         lines += ["", "GPU failures (time between failures):"]
         for f in failures:
-            text = f"  GPU {_v(f.get('gpu'))}: last failure {human_age(f.get('lastFailureAgeSeconds'))} ago"
+            text = f"  GPU {shown(f.get('gpu'))}: last failure {human_age(f.get('lastFailureAgeSeconds'))} ago"
             interval = f.get("previousIntervalSeconds")
             text += f", previous interval {human_age(interval)}" if interval is not None else ", the first on record"
             lines.append(text)
@@ -431,7 +348,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
                 meaning += f" [gpuhealth: {x['catalogAction']}]"
             if x.get("cleared"):
                 meaning += " (cleared by release)"
-            rows.append([age_of(x.get("time"), now), _v(x.get("gpu")), _v(x.get("xid")), meaning])
+            rows.append([age_of(x.get("time"), now), shown(x.get("gpu")), shown(x.get("xid")), meaning])
         lines += table(["AGE", "GPU", "XID", "MEANING"], rows, indent="  ")
     else:
         lines.append("  (none)")
@@ -441,11 +358,11 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     if evidence:
         rows = [
             [
-                _v(e.get("reason")),
-                _v(e.get("action")),
-                _v(e.get("gpu")),
+                shown(e.get("reason")),
+                shown(e.get("action")),
+                shown(e.get("gpu")),
                 age_of(e.get("since"), now) if e.get("since") else "-",
-                _v(e.get("detail")),
+                shown(e.get("detail")),
             ]
             for e in evidence
         ]
@@ -457,14 +374,14 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
 
     ladders = m.get("remediation") or []
     if ladders:
-        lines += ["", "Repair ladder (status.remediation):", *_ladder_lines(ladders, now)]
+        lines += ["", "Repair ladder (status.remediation):", *ladder_lines(ladders, now)]
 
     nv = m.get("nodeValidation")
     if isinstance(nv, Mapping):
-        lines += ["", "Node validation (status.nodeValidation):", *_node_validation_lines(nv, now)]
+        lines += ["", "Node validation (status.nodeValidation):", *node_validation_lines(nv, now)]
     repairs = m.get("repairs") or []
     if repairs:
-        lines += ["", "Repairs by GPU UUID (status.repairs, what makes a repeat offender):", *_repair_lines(repairs)]
+        lines += ["", "Repairs by GPU UUID (status.repairs, what makes a repeat offender):", *repair_lines(repairs)]
 
     drain = m.get("drain")
     if drain:
@@ -474,7 +391,8 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
     lines += ["", "Events (gpuhealth-operator, last 10):"]
     if events:
         rows = [
-            [age_of(e.get("time"), now), _v(e.get("type")), _v(e.get("reason")), _v(e.get("message"))] for e in events
+            [age_of(e.get("time"), now), shown(e.get("type")), shown(e.get("reason")), shown(e.get("message"))]
+            for e in events
         ]
         lines += table(
             ["AGE", "TYPE", "REASON", "MESSAGE"],

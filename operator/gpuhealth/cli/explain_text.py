@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
-def _field(label: str, value: str, width: int = 18) -> str:
-    return f"{(label + ':').ljust(width)} {value}".rstrip()
+from gpuhealth.cli.render import field
 
 
 def render_explain(e: Mapping[str, Any]) -> str:
@@ -17,11 +15,11 @@ def render_explain(e: Mapping[str, Any]) -> str:
     lines = [
         f"XID {e['code']}: {name}",
         "",
-        _field("Description", str(e["description"]), 18),
-        _field("Immediate action", f"{e['immediateAction']}: {e['immediateActionText']}", 18),
-        _field("Application error", "yes: usually caused by the application" if e["applicationError"] else "no", 18),
-        _field("gpuhealth action", f"{e['defaultAction']}: {e['defaultActionText']}", 18),
-        _field("What to do", str(e["whatToDo"]), 18),
+        field("Description", str(e["description"]), 18),
+        field("Immediate action", f"{e['immediateAction']}: {e['immediateActionText']}", 18),
+        field("Application error", "yes: usually caused by the application" if e["applicationError"] else "no", 18),
+        field("gpuhealth action", f"{e['defaultAction']}: {e['defaultActionText']}", 18),
+        field("What to do", str(e["whatToDo"]), 18),
     ]
     if e.get("notes"):
         lines += ["", "Notes:", *(f"  - {n}" for n in e["notes"])]

@@ -84,6 +84,20 @@ Styler = Callable[[int, int, str], str]
 """(row index, column index, padded cell) -> the cell as printed (e.g. coloured)."""
 
 
+def shown(value: Any, default: str = "-") -> str:
+    """A value as `describe` shows it: ``default`` for nothing, yes or no for a boolean."""
+    if value is None or value == "" or value == []:
+        return default
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def field(label: str, value: str, width: int = 14) -> str:
+    """``Label:  value``, the label padded to ``width`` (describe's and explain's sections)."""
+    return f"{(label + ':').ljust(width)} {value}".rstrip()
+
+
 def table(
     headers: Sequence[str],
     rows: Sequence[Sequence[str]],

@@ -1,0 +1,97 @@
+"""Pure text of `kubectl gpuhealth describe`'s repair sections: each GPU's repair ladder
+(``status.remediation``), the node's validation (``status.nodeValidation``) and the repairs kept by GPU
+UUID (``status.repairs``), from the rows ``ladderview.py`` builds. Like render.py, it reads nothing from
+the terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth.cli.ladderview import step_text
+from gpuhealth.cli.render import age_of, field, human_age, shown, table
+
+
+def node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
+    """A release's or a burn-in's validation of all the node's GPUs: result, Job, findings, the hold."""
+    text = f"{shown(v.get('trigger'))}: level {shown(v.get('level'))} {shown(v.get('result'))}"
+    if v.get("durationSeconds") is not None:
+        text += f" in {human_age(v['durationSeconds'])}"
+    elif v.get("startedAt"):
+        text += f" for {age_of(v['startedAt'], now)}"
+    out = ["  " + field("Validation", text, 12)]
+    if v.get("job"):
+        out.append("  " + field("Job", str(v["job"]), 12))
+    if v.get("findings"):
+        out.append("  " + field("Findings", str(v["findings"]), 12))
+    if v.get("held"):
+        out.append("  " + field("Held", "gpuhealth's NoSchedule taint gpuhealth.dev/burn-in until it passes", 12))
+    if v.get("dryRun"):
+        out.append("  " + field("DryRun", "would hold the node and run this validation; nothing runs", 12))
+    return out
+
+
+def repair_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Each GPU's finished attempts by UUID, oldest first (the index it had then, which may change)."""
+    table_rows = [
+        [
+            str(r.get("uuid")),
+            shown(a.get("gpu")),
+            f"{shown(a.get('step'))} {shown(a.get('attempt'))}",
+            shown(a.get("result")),
+            shown(a.get("reason")),
+            shown(a.get("finishedAt")),
+        ]
+        for r in rows
+        for a in r.get("attempts") or []
+    ]
+    return table(["GPU UUID", "GPU", "ATTEMPT", "RESULT", "FOR", "FINISHED"], table_rows, indent="  ")
+
+
+def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
+    """Each GPU's repair ladder: where it stands, its Job, then every attempt so far with its result."""
+    out = []
+    for r in rows:
+        head = f"  GPU {shown(r.get('gpu'))}"
+        if r.get("uuid"):
+            head += f" ({r['uuid']})"
+        head += f": {shown(r.get('reason'), 'fault ?')}, step {step_text(r)} {shown(r.get('phase'))}"
+        if r.get("startedAt"):
+            head += f" for {age_of(r['startedAt'], now)}"
+        out.append(head)
+        if r.get("job"):
+            out.append("    " + field("Job", str(r["job"]), 10))
+        if r.get("message"):
+            out.append("    " + field("Message", str(r["message"]), 10))
+        v = r.get("validation")
+        if isinstance(v, Mapping):
+            text = f"level {shown(v.get('level'))} {shown(v.get('result'))}"
+            if v.get("durationSeconds") is not None:
+                text += f" in {human_age(v['durationSeconds'])}"
+            elif v.get("startedAt"):
+                text += f" for {age_of(v['startedAt'], now)}"
+            if v.get("job"):
+                text += f", Job {v['job']}"
+            out.append("    " + field("Validated", text, 10))
+            if v.get("findings"):
+                out.append("    " + field("Findings", str(v["findings"]), 10))
+        if r.get("faultSince"):
+            out.append("    " + field("Out since", f"{r['faultSince']} ({age_of(r['faultSince'], now)} ago)", 10))
+        history = r.get("history") or []
+        if history:
+            rows_ = [
+                [
+                    f"{shown(a.get('step'))} {shown(a.get('attempt'))}",
+                    shown(a.get("result")),
+                    shown(a.get("startedAt")),
+                    shown(a.get("finishedAt")),
+                    "-" if a.get("durationSeconds") is None else human_age(a["durationSeconds"]),
+                ]
+                for a in history
+            ]
+            out += table(["ATTEMPT", "RESULT", "STARTED", "FINISHED", "TOOK"], rows_, indent="    ")
+        else:
+            out.append("    (no attempt finished yet)")
+    return out
