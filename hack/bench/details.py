@@ -266,10 +266,16 @@ def restart_line(res: dict[str, Any]) -> str:
         for r, p in sorted((w.get("lists") or {}).items(), key=lambda kv: -kv[1]["span_s"])
         if p["span_s"] >= 1
     )
+    # Runs before each watch logged its list have none; a streamed list is not in the audit's lists.
+    watched = "; ".join(
+        f"{kind} {v['objects']:,} {v['how']} in {v['s']} s"
+        for kind, v in sorted((w.get("watch_lists") or {}).items(), key=lambda kv: -kv[1]["s"])
+    )
     return (
         f"Warm restart: a fault published {w['fault_published_after_s']} s after a restart was tainted "
         f"{w['restart_to_first_taint_s']} s after it"
         + (f" (its lists until then, slowest first: {lists})" if lists else "")
+        + (f" (the watches' lists, from its log, slowest first: {watched})" if watched else "")
         + "; a quiet restart with every node evaluated"
         f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it{pods}, "
         f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."

@@ -5,8 +5,10 @@ operator leaves the fleet blind, and what it writes while starting against a fle
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from devkit.audit import read_audit
@@ -14,6 +16,19 @@ from devkit.k8s import OperatorProcess
 from hack.bench.resilience import PODS_LISTED, WATCHING, ResilienceContext, wait_ready
 from hack.bench.startup_writes import list_profile
 from hack.bench.support import TAINT, describe, find_log_line, log
+
+# The operator's line per watch list (controller/intake/objectwatch.py).
+_WATCH_LIST = re.compile(r"(\w+)-watch: listed (\d+) in ([\d.]+)s, (streamed|paged)")
+
+
+def watch_lists(text: str) -> dict[str, dict[str, Any]]:
+    """Each watch's first list from an operator's log: how many objects, how long it took, and whether
+    the server streamed it. A streamed list's end is not in the audit log (the stream goes on as the
+    watch), so these lines are what times the lists a restarted operator waits for."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in _WATCH_LIST.finditer(text):
+        out.setdefault(m.group(1), {"objects": int(m.group(2)), "s": float(m.group(3)), "how": m.group(4)})
+    return out
 
 
 def measure_restart(
@@ -50,6 +65,7 @@ def measure_restart(
     time.sleep(1.0)  # the audit log is written as each request completes
     # What the blind time was spent on: the lists a restarted operator waits for before deciding.
     blind["lists"] = list_profile(read_audit(ctx.cluster.audit_log, ctx.operator_user), t0, tainted or time.time())
+    blind["watch_lists"] = watch_lists(Path(path).read_text(errors="replace"))
     wait_ready(op, path)
     ctx.report_watch.wait_states([node], "Quarantined", timeout=60)
     time.sleep(3 * ctx.tick)  # its Events and the policy's counts are written before the quiet restart

@@ -153,3 +153,35 @@ def test_the_lists_a_restart_waits_for_by_resource() -> None:
     assert "tainted 5.0 s after it (its lists until then, slowest first: gpunodehealths 2 pages, 3.5 s in" in line
     assert "nodes 1 pages" not in line
     assert "Warm restart:" in restart_line({"warm_restart": {**w, "lists": {}}})
+
+
+def test_the_watches_lists_are_read_from_the_operators_log() -> None:
+    from hack.bench.details import restart_line
+    from hack.bench.restart import watch_lists
+
+    log = (
+        "2026-12-04 20:00:01,000 INFO gpuhealth.controller.intake.objectwatch: nodes-watch: listed 10025 in 6.2s, "
+        "streamed\n"
+        "2026-12-04 20:00:02,000 INFO gpuhealth.controller.intake.objectwatch: reports-watch: listed 10025 in 12.4s, "
+        "streamed\n"
+        "2026-12-04 20:00:03,000 INFO gpuhealth.controller.intake.objectwatch: leases-watch: listed 5 in 0.1s, paged\n"
+        "2026-12-04 20:09:00,000 INFO gpuhealth.controller.intake.objectwatch: reports-watch: listed 10025 in 30.0s, "
+        "streamed\n"  # a relist later on: the first list is the start-up's
+    )
+    lists = watch_lists(log)
+    assert lists == {
+        "nodes": {"objects": 10025, "s": 6.2, "how": "streamed"},
+        "reports": {"objects": 10025, "s": 12.4, "how": "streamed"},
+        "leases": {"objects": 5, "s": 0.1, "how": "paged"},
+    }
+    w = {
+        "fault_published_after_s": 0.1,
+        "restart_to_first_taint_s": 15.0,
+        "lists": {},
+        "watch_lists": lists,
+        "startup_watching_s": 14.2,
+        "startup_writes": 0,
+        "startup_window_s": 30.0,
+    }
+    line = restart_line({"warm_restart": w})
+    assert "slowest first: reports 10,025 streamed in 12.4 s; nodes 10,025 streamed in 6.2 s; leases 5 paged" in line

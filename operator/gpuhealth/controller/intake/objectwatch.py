@@ -26,7 +26,9 @@ and the metrics (``gpuhealth_watch_*_total{watch}``) are ``reflector.py``'s.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,8 @@ from gpuhealth.controller.intake.reflector import WATCH_TIMEOUT_S, LoopReflector
 from gpuhealth.controller.state.slim import slim_lease, slim_node, slim_pod, slim_report
 from gpuhealth.kube.client import KubePort
 from gpuhealth.kube.watches import close_stream
+
+log = logging.getLogger(__name__)
 
 Slim = Callable[[Mapping[str, Any]], dict[str, Any]]
 Events = Iterator[Mapping[str, Any]]
@@ -89,7 +93,12 @@ class ObjectWatch(LoopReflector[dict[str, Any]]):
 
     def _list(self) -> Items:
         self._drop_rest()
+        started = time.monotonic()
         items, self.resource_version, self._rest = self.lister(self.slim)
+        # One line per list (the first, and each after 410 Gone): how long a restarted operator waited
+        # for each kind, and whether the server streamed it (docs/runbook.md, start-up).
+        how = "streamed" if self._rest is not None else "paged"
+        log.info("%s: listed %d in %.1fs, %s", self.NAME, len(items), time.monotonic() - started, how)
         return items
 
     def _watch(self) -> Iterable[Mapping[str, Any]]:

@@ -8,6 +8,8 @@ The source here is a scripted stand-in; the real list and watch run in the integ
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -191,7 +193,9 @@ def test_a_relist_whose_replace_fails_lists_again() -> None:
     assert script.calls[:4] == [("watch", "10"), ("list", ""), ("list", ""), ("watch", "30")]
 
 
-def test_a_streamed_list_is_watched_on_from_its_own_stream_then_from_the_last_version_read() -> None:
+def test_a_streamed_list_is_watched_on_from_its_own_stream_then_from_the_last_version_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # The list came as a stream; what changed after it follows on that stream, with no second request.
     # When the server ends that stream (its timeout), a watch opens from the last version read.
     after = [{"type": "MODIFIED", "object": pod("a", "21")}, {"type": "DELETED", "object": pod("a", "22")}]
@@ -211,10 +215,13 @@ def test_a_streamed_list_is_watched_on_from_its_own_stream_then_from_the_last_ve
         await asyncio.sleep(0.05)
         return first
 
+    caplog.set_level(logging.INFO, "gpuhealth.controller.intake.objectwatch")
     first = asyncio.run(main())
     assert [p["metadata"]["uid"] for p in first] == ["a"]
     assert events == [("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
     assert script.calls[:2] == [("list", ""), ("watch", "22")]  # no watch from "20": the stream went on
+    # One line per list, saying how it came (the bench's restart line reads it).
+    assert any(re.fullmatch(r"pods-watch: listed 1 in \d+\.\ds, streamed", r.getMessage()) for r in caplog.records)
 
 
 def test_a_stream_nobody_reads_on_from_is_closed() -> None:
