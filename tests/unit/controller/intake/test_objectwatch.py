@@ -16,7 +16,7 @@ from gpuhealth.controller.intake.objectwatch import ObjectWatch
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.controller.state.slim import slim_node
 from tests.unit.builders import report_obj
-from tests.unit.controller.intake.test_podwatch import Script
+from tests.unit.controller.intake.test_podwatch import Script, run_until_done
 from tests.unit.fake_kube import FakeKube
 
 
@@ -55,11 +55,7 @@ def test_the_watch_starts_where_the_start_up_list_ended_and_relists_after_gone()
             lambda items: replaced.append([o["metadata"]["name"] for o in items]),
         )
         first = w.list()  # the runtime's start-up list
-        w.start(asyncio.get_running_loop())
-        while not script.done.is_set():
-            await asyncio.sleep(0.01)
-        w.stop()
-        await asyncio.sleep(0.05)
+        await run_until_done(w, script)
         return first
 
     first = asyncio.run(main())

@@ -67,6 +67,15 @@ def pod_watch(
     return ObjectWatch("pods", script.list_pods_rv, script.watch_pods, slim, on_event, on_replace, resource_version=rv)
 
 
+async def run_until_done(w: ObjectWatch, script: Script) -> None:
+    """Start the watch on the running loop, let it play the script out, and stop it."""
+    w.start(asyncio.get_running_loop())
+    while not script.done.is_set():
+        await asyncio.sleep(0.01)
+    w.stop()
+    await asyncio.sleep(0.05)
+
+
 def sample(family: str) -> float:
     return metrics.REGISTRY.get_sample_value(f"gpuhealth_watch_{family}_total", {"watch": "pods"}) or 0.0
 
@@ -107,17 +116,12 @@ def test_run_resumes_from_last_version_then_relists_after_gone() -> None:
     before = {f: sample(f) for f in ("events", "errors", "relists")}
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         w = pod_watch(
             script,
             lambda kind, p: events.append((kind, p["metadata"]["uid"])),
             lambda pods: replaced.append([p["metadata"]["uid"] for p in pods]),
         )
-        w.start(loop)
-        while not script.done.is_set():
-            await asyncio.sleep(0.01)
-        w.stop()
-        await asyncio.sleep(0.05)
+        await run_until_done(w, script)
 
     asyncio.run(main())
     assert script.calls[:5] == [("watch", "10"), ("watch", "11"), ("watch", "11"), ("list", ""), ("watch", "30")]
@@ -152,11 +156,7 @@ def test_a_relist_is_applied_in_turns_of_the_loop_and_the_watch_waits_for_it() -
     async def main() -> None:
         w = pod_watch(script, lambda kind, o: log.append(f"{kind} {o['metadata']['uid']}"), replace)
         tick = asyncio.create_task(ticker())
-        w.start(asyncio.get_running_loop())
-        while not script.done.is_set():
-            await asyncio.sleep(0.01)
-        w.stop()
-        await asyncio.sleep(0.05)
+        await run_until_done(w, script)
         tick.cancel()
 
     asyncio.run(main())
@@ -182,11 +182,7 @@ def test_a_relist_whose_replace_fails_lists_again() -> None:
 
     async def main() -> None:
         w = pod_watch(script, on_replace=replace)
-        w.start(asyncio.get_running_loop())
-        while not script.done.is_set():
-            await asyncio.sleep(0.01)
-        w.stop()
-        await asyncio.sleep(0.05)
+        await run_until_done(w, script)
 
     asyncio.run(main())
     assert calls == [1, 1]
@@ -208,11 +204,7 @@ def test_a_streamed_list_is_watched_on_from_its_own_stream_then_from_the_last_ve
     async def main() -> list[dict[str, Any]]:
         w = pod_watch(script, lambda kind, p: events.append((kind, p["metadata"]["uid"])), rv="")
         first = w.list()  # the runtime's start-up list
-        w.start(asyncio.get_running_loop())
-        while not script.done.is_set():
-            await asyncio.sleep(0.01)
-        w.stop()
-        await asyncio.sleep(0.05)
+        await run_until_done(w, script)
         return first
 
     caplog.set_level(logging.INFO, "gpuhealth.controller.intake.objectwatch")
