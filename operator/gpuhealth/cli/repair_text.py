@@ -14,14 +14,19 @@ from gpuhealth.cli.ladderview import step_text
 from gpuhealth.cli.render import age_of, field, human_age, shown, table
 
 
-def node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
-    """A release's or a burn-in's validation of all the node's GPUs: result, Job, findings, the hold."""
-    text = f"{shown(v.get('trigger'))}: level {shown(v.get('level'))} {shown(v.get('result'))}"
+def validation_result(v: Mapping[str, Any], now: dt.datetime) -> str:
+    """A validation's level and result, with how long it took (or has run so far): a GPU's or a node's."""
+    text = f"level {shown(v.get('level'))} {shown(v.get('result'))}"
     if v.get("durationSeconds") is not None:
         text += f" in {human_age(v['durationSeconds'])}"
     elif v.get("startedAt"):
         text += f" for {age_of(v['startedAt'], now)}"
-    out = ["  " + field("Validation", text, 12)]
+    return text
+
+
+def node_validation_lines(v: Mapping[str, Any], now: dt.datetime) -> list[str]:
+    """A release's or a burn-in's validation of all the node's GPUs: result, Job, findings, the hold."""
+    out = ["  " + field("Validation", f"{shown(v.get('trigger'))}: {validation_result(v, now)}", 12)]
     if v.get("job"):
         out.append("  " + field("Job", str(v["job"]), 12))
     if v.get("findings"):
@@ -67,11 +72,7 @@ def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
             out.append("    " + field("Message", str(r["message"]), 10))
         v = r.get("validation")
         if isinstance(v, Mapping):
-            text = f"level {shown(v.get('level'))} {shown(v.get('result'))}"
-            if v.get("durationSeconds") is not None:
-                text += f" in {human_age(v['durationSeconds'])}"
-            elif v.get("startedAt"):
-                text += f" for {age_of(v['startedAt'], now)}"
+            text = validation_result(v, now)
             if v.get("job"):
                 text += f", Job {v['job']}"
             out.append("    " + field("Validated", text, 10))
