@@ -190,4 +190,5 @@ def test_status_and_describe_show_a_nodes_validation() -> None:
     assert model["nodeValidation"]["durationSeconds"] == 120.0
     out = render_describe(model)
     assert "Node validation (status.nodeValidation):" in out and "DCGM error 46" in out
+    assert "Validation:  BurnIn: level 2 Failed in 2m" in out
     assert "gpuhealth.dev/burn-in" in out
