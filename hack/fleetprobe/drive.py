@@ -307,10 +307,10 @@ class Probe:
         }
 
     def _detections(self, sent: dict[int, float]) -> dict[str, Any]:
-        """Each fault's report event to the first taint written on its Node (``patch_node``)."""
+        """Each fault's report event to the first write that left gpuhealth's taint on its Node."""
         first: dict[str, float] = {}
         for w in self.kube.writes:
-            if w.verb == "patch_node" and w.name not in first:
+            if w.tainted and w.name not in first:
                 first[w.name] = w.at
         got = [(first[fleet.name(i)] - t) * 1e3 for i, t in sent.items() if first.get(fleet.name(i), -1.0) >= t]
         verbs: dict[str, int] = {}

@@ -3,8 +3,9 @@
 A fleet of 100,000 Nodes, reports and 800,000 pods cannot be held twice in one process (once here,
 once in the operator's caches, which is what the probe measures), so the objects are not stored: each
 is rendered from the fleet's generator (``fleet.py``) when asked, and only what the operator writes is
-kept, per object, merged into it. Every write is recorded with its time (``time.perf_counter``): the
-probe's detection latency ends at the first write of a fault's pass. No preconditions are checked (the
+kept, per object, merged into it. Every write is recorded with its time (``time.perf_counter``) and
+whether the Node it leaves carries gpuhealth's taint: the probe's detection latency ends at the first
+such write of a fault's pass (a Node write that only labels, a verdict the breaker held, is not one). No preconditions are checked (the
 port is never stale, nothing else writes): the cost measured is the operator's own.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.agent.merge_patch import apply_merge_patch
+from gpuhealth.api.names import TAINT_KEY
 from hack.fleetprobe import fleet
 
 
@@ -27,6 +29,7 @@ class Write:
     at: float  # time.perf_counter()
     verb: str
     name: str  # the node, report or pod's name
+    tainted: bool = False  # a Node write whose result carries gpuhealth's taint
 
 
 def _node_index(name: str) -> int:
@@ -66,7 +69,7 @@ class MemKube:
 
     def _write(self, verb: str, kind: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         with self._lock:
-            self.writes.append(Write(time.perf_counter(), verb, name))
+            at = time.perf_counter()
             body = {k: v for k, v in patch.items() if k != "metadata"}
             meta = {k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"}
             if meta:
@@ -74,6 +77,8 @@ class MemKube:
             merged: dict[str, Any] = apply_merge_patch(copy.deepcopy(self._body(kind, name)), body)
             merged["metadata"]["resourceVersion"] = str(next(self._rv))
             self._written[kind, name] = merged
+            tainted = kind == "node" and any(t.get("key") == TAINT_KEY for t in merged["spec"].get("taints") or [])
+            self.writes.append(Write(at, verb, name, tainted))
             return merged
 
     def observe(self, kind: str, name: str, body: dict[str, Any]) -> None:
@@ -97,16 +102,17 @@ class MemKube:
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self._write("patch_node", "node", name, patch)
 
-    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        """Conditions merge by type, as the API server's strategic merge does."""
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Conditions merge by type, as the API server's strategic merge does; metadata is kept, as the
+        Node's status strategy keeps it."""
         with self._lock:
-            self.writes.append(Write(time.perf_counter(), "patch_node_status", name))
             body = self._body("node", name)
             new = list((patch.get("status") or {}).get("conditions") or [])
             types = {c["type"] for c in new}
             old = [c for c in body["status"].get("conditions") or [] if c["type"] not in types]
-            body = apply_merge_patch(copy.deepcopy(body), {"status": {"conditions": old + new}})
-            self._written["node", name] = body
+        return self._write(
+            "patch_node_status", "node", name, {**patch, "status": {**patch["status"], "conditions": old + new}}
+        )
 
     # -- reports -----------------------------------------------------------------------------------
 

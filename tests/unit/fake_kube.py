@@ -120,10 +120,16 @@ class FakeKube:
         self.writes.append(("patch", f"node/{name}"))
         return self._patch(self.nodes, name, patch)
 
-    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """As the API server's status strategy: metadata kept (with its precondition), spec ignored,
+        conditions merged by type."""
         self.writes.append(("patch", f"node/{name}/status"))
-        conds = [c for c in self.nodes[name]["status"].get("conditions") or [] if c["type"] != "GPUHealthy"]
-        self.nodes[name]["status"]["conditions"] = conds + list(patch["status"]["conditions"])
+        new = list((patch.get("status") or {}).get("conditions") or [])
+        types = {c["type"] for c in new}
+        held = (self.nodes.get(name) or {}).get("status", {}).get("conditions") or []
+        old = [c for c in held if c["type"] not in types]
+        status = {**(patch.get("status") or {}), "conditions": old + new}
+        return self._patch(self.nodes, name, {"metadata": patch.get("metadata") or {}, "status": status})
 
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p

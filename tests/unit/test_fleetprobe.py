@@ -20,15 +20,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def small() -> dict[str, Any]:
-    return fleetprobe.probe_alone(200, load_s=1.0, per_event=100)
+    # 400 nodes: the policy's breaker (maxUnhealthy 10%: 40 nodes) has room for the load phase's 20 faults
+    # and the storm's 4, so each is a taint (at 200 the breaker held the storm's: a label, no taint).
+    return fleetprobe.probe_alone(400, load_s=1.0, per_event=100)
 
 
 def test_a_small_probe_measures_a_settled_fleet_through_the_operators_intake(small: dict[str, Any]) -> None:
-    assert small["nodes"] == 200 and small["pods"] == 200 * fleet.PODS_PER_NODE
+    assert small["nodes"] == 400 and small["pods"] == 400 * fleet.PODS_PER_NODE
     mem = small["memory"]
     assert 1_000 < mem["bytes_per_node"] < 200_000 and 100 < mem["bytes_per_pod"] < 20_000
     # Settled: every node passed once, and a healthy fleet the operator has evaluated needs no write.
-    assert small["settle"]["passes"] >= 200 and small["settle"]["writes"] == 0
+    assert small["settle"]["passes"] >= 400 and small["settle"]["writes"] == 0
     assert small["settle"]["full_collection_ms"] > 0
     assert set(small["per_event"]) == set(KINDS)
     for kind, v in small["per_event"].items():
@@ -48,7 +50,7 @@ def test_a_small_probe_measures_a_settled_fleet_through_the_operators_intake(sma
 
 
 def test_extrapolation_and_verdicts_follow_the_results(small: dict[str, Any]) -> None:
-    bigger = {**small, "nodes": 400, "pods": 3200}
+    bigger = {**small, "nodes": 800, "pods": 6400}
     x = fleetprobe.extrapolate([small, bigger])
     assert x["nodes"] == 100_000 and x["pods"] == 800_000
     assert x["bytes_per_node"] == pytest.approx(small["memory"]["bytes_per_node"], rel=0.01)
@@ -67,14 +69,14 @@ def test_render_states_the_result_between_the_markers(small: dict[str, Any], tmp
         "commit": "abc1234",
         "date": "2026-12-03T00:00:00Z",
         "machine": {"python": "3.11.7", "nproc": 2, "load_average": [7.5, 8.0, 6.0]},
-        "results": [small, {**small, "nodes": 400, "pods": 3200}],
+        "results": [small, {**small, "nodes": 800, "pods": 6400}],
     }
     data["extrapolated"] = fleetprobe.extrapolate(data["results"])
     data["targets"] = fleetprobe.verdicts(data)
     block = fleetprobe.render(data, "results/bench/fleetprobe-x.json")
     assert block.startswith(fleetprobe.BEGIN) and block.endswith(fleetprobe.END)
     assert "`abc1234`" in block and "load average 7.50, 8.00, 6.00" in block
-    assert "| 200 | 1,600 |" in block and "| lease renewal |" in block and "load: node passes" in block
+    assert "| 400 | 3,200 |" in block and "| lease renewal |" in block and "load: node passes" in block
     assert all(f"| {what} |" in block for what, _ in fleetprobe.limits(data))
     doc = tmp_path / "scaling.md"
     doc.write_text(f"before\n{fleetprobe.BEGIN}\nold\n{fleetprobe.END}\nafter\n")

@@ -7,6 +7,10 @@ that is recorded (the annotation says so) and not fought.
 
 Taints have no merge key, so the whole list is rewritten; every patch carries the resourceVersion it
 was computed from, and the API server refuses it (409) if anyone changed the Node in between.
+
+The condition lives in the Node's status, written through ``nodes/status``. That subresource resets
+only the spec, so a plan that changes no spec (a state label, an ownership record) rides on the
+condition's write: a node's first verdict is one Node write, not two (``node_writes``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
 from gpuhealth.api.ownership import Ownership
 
-__all__ = ["Marks", "NodePlan", "Ownership", "plan_condition", "plan_node"]
+__all__ = ["Marks", "NodePlan", "Ownership", "node_writes", "plan_condition", "plan_node"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +172,17 @@ def plan_condition(node: Mapping[str, Any], state: State, reason: str, message: 
             ]
         }
     }
+
+
+def node_writes(
+    patch: Mapping[str, Any] | None, condition: Mapping[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The Node's writes for a plan's ``patch`` and a ``condition`` patch: (for the Node, for its status).
+
+    Where both are due and the plan changes no spec, its metadata (labels, annotations and the
+    resourceVersion they were computed from) goes in the status write and the Node's own write is
+    none; the API server's status strategy keeps metadata from a status patch and resets only spec.
+    A taint or a cordon is spec: that plan is its own write, ahead of the condition, as before."""
+    if patch is None or condition is None or "spec" in patch:
+        return (dict(patch) if patch is not None else None), (dict(condition) if condition is not None else None)
+    return None, {"metadata": dict(patch["metadata"]), **condition}

@@ -45,8 +45,8 @@ class AsyncKube:
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> Body:
         return await self.run(self.sync.patch_node, name, patch)
 
-    async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        await self.run(self.sync.patch_node_status, name, patch)
+    async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> Body:
+        return await self.run(self.sync.patch_node_status, name, patch)
 
     # -- pods ------------------------------------------------------------------------------------
 

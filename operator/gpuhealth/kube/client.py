@@ -51,7 +51,7 @@ class KubePort(KueuePort, DraPort, EventPort, Protocol):
     ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
     def watch_nodes(self, label_selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]: ...
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
-    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = ...
     ) -> tuple[list[dict[str, Any]], str, Iterator[Mapping[str, Any]] | None]: ...
@@ -162,8 +162,14 @@ class Kube(JobCalls, KueueCalls, DraCalls, EventCalls):
             self.core.patch_node(name, patch, _content_type=MERGE, _preload_content=False)
         )
 
-    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
-        drained(self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False))
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch through ``nodes/status``. The status subresource resets only the
+        Node's spec, so the patch may carry metadata (labels, annotations, the resourceVersion
+        precondition) with the status: the operator's first verdict is one write (``actions/nodes.py``,
+        ``node_writes``). The answer is the Node, for the cache."""
+        return self._json(  # type: ignore[no-any-return]
+            self.core.patch_node_status(name, patch, _content_type=STRATEGIC, _preload_content=False)
+        )
 
     # -- pods ------------------------------------------------------------------------------------
 

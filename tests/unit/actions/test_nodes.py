@@ -1,4 +1,4 @@
-"""plan_node / plan_condition: what gpuhealth writes on a Node, and what it must never touch."""
+"""plan_node / plan_condition / node_writes: what gpuhealth writes on a Node, and what it must never touch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.actions.nodes import Marks, NodePlan, Ownership, plan_condition, plan_node
+from gpuhealth.actions.nodes import Marks, NodePlan, Ownership, node_writes, plan_condition, plan_node
 from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
 from tests.unit.builders import merge_patch
 
@@ -370,3 +370,46 @@ def test_condition_as_stored_by_the_api_server_is_not_rewritten() -> None:
         }
     }
     assert plan_condition(stored, State.HEALTHY, "", "", "2025-01-01T01:00:00Z") is None
+
+
+# --- how the plan and the condition are written -----------------------------------------------------
+
+
+def test_a_first_verdict_is_one_status_write_carrying_the_label_and_its_precondition() -> None:
+    n = node()
+    plan = plan_node(n, Marks(State.HEALTHY, quarantine=False))
+    cond = plan_condition(n, State.HEALTHY, "", "", NOW)
+    assert plan.patch is not None and cond is not None
+    to_node, to_status = node_writes(plan.patch, cond)
+    assert to_node is None
+    assert to_status == {
+        "metadata": {"labels": {STATE_LABEL: "Healthy"}, "resourceVersion": "7"},
+        "status": cond["status"],
+    }
+
+
+def test_an_ownership_record_alone_rides_on_the_status_write() -> None:
+    # Someone lifted our taint: the record changes (metadata only), the taint is not put back.
+    n = node(taints=list(FOREIGN), annotation=Ownership("XID79", taint=True, cordon=False).to_json())
+    plan = plan_node(n, Q)
+    assert plan.patch is not None and "spec" not in plan.patch and plan.lifted_by_others == ("taint",)
+    to_node, to_status = node_writes(plan.patch, {"status": {"conditions": []}})
+    assert to_node is None and to_status is not None
+    assert to_status["metadata"] == plan.patch["metadata"]
+
+
+def test_a_taint_or_cordon_is_its_own_write_ahead_of_the_condition() -> None:
+    # Spec is what the status subresource resets: a quarantine cannot ride on the condition.
+    n = node(taints=list(FOREIGN))
+    plan = plan_node(n, Q)
+    cond = plan_condition(n, State.QUARANTINED, "XID79", "GPU 2: XID 79", NOW)
+    assert plan.patch is not None and "spec" in plan.patch
+    assert node_writes(plan.patch, cond) == (plan.patch, cond)
+
+
+def test_without_a_condition_to_write_the_plan_goes_to_the_node() -> None:
+    patch = plan_node(node(state="Degraded"), LIFT).patch
+    assert node_writes(patch, None) == (patch, None)
+    cond = plan_condition({"status": {}}, State.HEALTHY, "", "", NOW)
+    assert node_writes(None, cond) == (None, cond)
+    assert node_writes(None, None) == (None, None)

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhealth.actions.nodes import Marks, plan_condition, plan_node
+from gpuhealth.actions.nodes import Marks, NodePlan, node_writes, plan_condition, plan_node
 from gpuhealth.actions.pod_sites import pod_sites
 from gpuhealth.api.names import (
     API_VERSION,
@@ -394,25 +394,26 @@ class NodeReconciler:
             since=format_time(rec.since or now),
         )
         plan = plan_node(node, marks)
-        if plan.patch is not None:
-            updated = await self.kube.patch_node(name, plan.patch)
-            self.store.reflect_node(name, updated)
-            # The cached copy, so the condition written below is reflected in it (the answer itself if
-            # the Node was deleted meanwhile: the condition write then fails and the next pass is none).
-            node = self.store.nodes.get(name) or updated
-            for act in plan.actions:
-                metrics.ACTIONS.labels(act, reason, str(policy.mode)).inc()
-            if "taint" in plan.actions and top is not None and top.since is not None:
-                metrics.DETECTION_TO_ACTION.observe(max(0.0, (self.clock() - top.since).total_seconds()))
-            self._announce_node_actions(name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec)
         cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now)) if condition else None
-        if cond is not None:
-            await self.kube.patch_node_status(name, cond)
-            # Reflect our own write so the next reconcile does not repeat it before the watch catches up:
-            # a new copy through the store, never the cached one edited in place.
-            conds = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != "GPUHealthy"]
-            status = {**(node.get("status") or {}), "conditions": [*conds, *cond["status"]["conditions"]]}
-            self.store.reflect_node(name, {**node, "status": status})
+        node_patch, status_patch = node_writes(plan.patch, cond)
+        # Each write's answer is cached, so the next pass does not repeat it before the watch brings it
+        # (the answer is a new copy through the store, never the cached one edited in place).
+        if node_patch is not None:
+            self.store.reflect_node(name, await self.kube.patch_node(name, node_patch))
+            self._acted(name, plan, marks, rec, top, policy)
+        if status_patch is not None:
+            self.store.reflect_node(name, await self.kube.patch_node_status(name, status_patch))
+            if node_patch is None and plan.patch is not None:  # the plan rode on the status write
+                self._acted(name, plan, marks, rec, top, policy)
+
+    def _acted(self, name: str, plan: NodePlan, marks: Marks, rec: Record, top: Finding | None, policy: Policy) -> None:
+        """What a Node write that carried ``plan`` counts and announces, once: right after that write, so
+        a failed condition write after it is retried without announcing the plan again."""
+        for act in plan.actions:
+            metrics.ACTIONS.labels(act, marks.reason, str(policy.mode)).inc()
+        if "taint" in plan.actions and top is not None and top.since is not None:
+            metrics.DETECTION_TO_ACTION.observe(max(0.0, (self.clock() - top.since).total_seconds()))
+        self._announce_node_actions(name, plan.actions, plan.lifted_by_others, plan.foreign_cordon, marks, rec)
 
     def _announce_node_actions(
         self,

@@ -99,8 +99,11 @@ def test_a_fleet_never_evaluated_gets_its_first_verdicts_before_the_pods_are_in(
         rt.store.pods.expect()
         await rt._load()
         for n in ("n1", "n2", "n3"):
+            before = len(kube.writes)
             await rt.reconciler.reconcile(n)
-            # Its first verdict, with the Node's label and condition, while the pods are still listed.
+            # Its first verdict, with the Node's label and condition, while the pods are still listed:
+            # two writes, the report's status and one Node status write carrying the label with it.
+            assert kube.writes[before:] == [("patch", f"report/{n}/status"), ("patch", f"node/{n}/status")]
             assert kube.reports[n]["status"]["state"] == "Healthy"
             assert kube.nodes[n]["metadata"]["labels"]["gpuhealth.dev/state"] == "Healthy"
             assert any(c["type"] == "GPUHealthy" for c in kube.nodes[n]["status"]["conditions"])
