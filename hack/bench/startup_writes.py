@@ -1,10 +1,11 @@
 """What the operator's start-up waits on (issue #38: every node evaluated within 60 s of a start).
 
 An operator started on a fleet it has never evaluated writes each node's first verdict once: the
-report's status, then the Node (its state label), then the Node's ``GPUHealthy`` condition
-(``controller/act/node_reconciler.py``), each a round trip, one node per worker at a time. At
-10,000 nodes that is 30,000 writes, and whether the minutes they take are the operator's or the API
-server's is read here from two witnesses nobody in the operator wrote:
+report's status, then the Node's ``GPUHealthy`` condition with its state label in the same patch
+(``controller/act/node_reconciler.py``; before f030c0c the label was a Node write of its own), each a
+round trip, one node per worker at a time. At 10,000 nodes that is 20,000 writes (30,000 before),
+and whether the minutes they take are the operator's or the API server's is read here from two
+witnesses nobody in the operator wrote:
 
 - the API server's audit log, which stamps each request when it was received and when its answer
   was complete: the requests per second, the server's time per request, and how many of the

@@ -12,8 +12,9 @@ list, which passes every node again with the pods.
 
 A node gpuhealth has never evaluated is the exception that makes a first start-up fast: nothing of
 gpuhealth's is on it yet (``never_evaluated``), so its first verdict, whatever it is, lifts nothing,
-and it is written at once. At 10,000 nodes those are 30,000 writes (the report's status, the Node's
-state label, its condition) that would otherwise all wait behind the pod list, and meanwhile the
+and it is written at once. At 10,000 nodes those are 20,000 writes (the report's status, and the
+Node's condition with its state label in one patch: ``actions/nodes.py``, ``node_writes``) that
+would otherwise all wait behind the pod list, and meanwhile the
 sweeper and every Lease renewal re-queued each unevaluated node for a pass that could write nothing,
 several times each during one run's pod list (docs/scaling.md, the start-up writes). The pod list's pass
 then corrects a first verdict a restart loop changes, as it would any verdict.
