@@ -188,7 +188,20 @@ def _restart_paragraph(path: Path, r: dict[str, Any]) -> str:
                 f"{t.label[len('Warm restart: ') :]} {_fmt(e['value'], t.unit)} ({t.target}: "
                 f"{verdict(e, 'met', '**missed**')})"
             )
-    return f"{_where('Warm restart', path, r)}): {'; '.join(verdicts)}.\n\n{restart_line(r)}"
+    return f"{_where('Warm restart', path, r)}): {'; '.join(verdicts)}.\n\n{restart_line(r)}{_first_startup(r)}"
+
+
+def _first_startup(r: dict[str, Any]) -> str:
+    """The run's first start-up, on a fleet the operator had never evaluated, where the run read it from
+    the audit log: its target and what it waited on (``startup_line``)."""
+    if not (r.get("operator") or {}).get("startup_profile"):
+        return ""
+    head = "\n\nIts first start-up, on a fleet never evaluated: operator start-up to every node evaluated"
+    t = next((t for t in targets_for(r["nodes"]) if t.key == "startup"), None)  # a large fleet's target
+    e = r["targets"].get("startup")
+    if t is None or not (e and measured(e)):
+        return f"{head} {r['operator'].get('startup_s')} s. {startup_line(r)}"
+    return f"{head} {_fmt(e['value'], t.unit)} ({t.target}: {verdict(e, 'met', '**missed**')}). {startup_line(r)}"
 
 
 def render_drain_alone(runs: list[tuple[Path, dict[str, Any]]]) -> str:

@@ -5,8 +5,9 @@ once in the operator's caches, which is what the probe measures), so the objects
 is rendered from the fleet's generator (``fleet.py``) when asked, and only what the operator writes is
 kept, per object, merged into it. Every write is recorded with its time (``time.perf_counter``) and
 whether the Node it leaves carries gpuhealth's taint: the probe's detection latency ends at the first
-such write of a fault's pass (a Node write that only labels, a verdict the breaker held, is not one). No preconditions are checked (the
-port is never stale, nothing else writes): the cost measured is the operator's own.
+such write of a fault's pass (a Node write that only labels, a verdict the breaker held, is not one).
+No preconditions are checked (the port is never stale, nothing else writes): the cost measured is
+the operator's own.
 """
 
 from __future__ import annotations

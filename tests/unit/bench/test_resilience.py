@@ -301,7 +301,43 @@ def test_a_run_of_the_warm_restart_alone_is_rendered_on_its_own(tmp_path: Path) 
     assert restart_only.startswith(docs.RESTART_ALONE_BEGIN) and "commit `ccccccc`" in restart_only
     assert "restart to a new fault's taint 31.7 s (<= 30 s: **missed**)" in restart_only
     assert "operator writes during start-up 0 (0: met)" in restart_only
+    assert "first start-up" not in restart_only  # this run did not read its start-up from the audit log
     assert docs.render_restart_alone([]).count("No run of the warm restart alone") == 1
+
+
+def test_a_restart_run_that_read_its_first_start_up_renders_it(tmp_path: Path) -> None:
+    alone = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery", "failover", "drain_storm"):
+        alone.pop(k)
+    alone["config"].update({"phases": ["restart"]})
+    alone["operator"].update(
+        startup_s=320.7,
+        startup_profile={
+            "window_s": 290.8,
+            "workers": 16,
+            "writes": 20016,
+            "nodes_written": 10002,
+            "writes_by_kind": {"patch nodes/status": 10007, "patch gpunodehealths/status": 10005},
+            "writes_per_s": 68.8,
+            "server_ms": {"p50": 112.7, "p99": 570.5},
+            "in_flight_mean": 9.63,
+            "waiting_on_server_share": 0.602,
+            "all_workers_in_server_share": 0.03,
+            "none_in_server_share": 0.012,
+        },
+    )
+    alone.update({"date": "2026-12-31T00:00Z", "commit": "ccccccc", "load": "1.0-2.0"})
+    path = tmp_path / "bench-x-2026-12-31-ccccccc.json"
+    head = "Its first start-up, on a fleet never evaluated: operator start-up to every node evaluated 320.7"
+    writes = "20,016 writes on 10,002 Nodes (patch nodes/status 10,007, patch gpunodehealths/status 10,005)"
+    # At 1,000 nodes the start-up has no target: the figure alone. At 10,000 it is held to 60 s.
+    alone["targets"] = evaluate(alone)
+    small = docs.render_restart_alone([(path, alone)])
+    assert f"{head} s." in small and writes in small and "60 s" not in small
+    alone["nodes"] = 10_000
+    alone["targets"] = evaluate(alone)
+    large = docs.render_restart_alone([(path, alone)])
+    assert f"{head} s (<= 60 s: **missed**)." in large and writes in large
 
 
 def test_report_watch_times_most_of_a_fleet_and_tallies_what_the_rest_is() -> None:
