@@ -119,6 +119,21 @@ def test_slimming_a_slim_report_again_changes_nothing(i: int) -> None:
     body["status"] = {"state": "Healthy"}
     once = slim_report(body)
     assert slim_report(once) == once
+    # The mark: what slim_report made is not cut again (the watch's thread cut it, the store keeps it),
+    assert slim_report(once) is once
+    # while a body built from it (a copy, an edit) is cut again, to the same.
+    again = slim_report({**once})
+    assert again is not once and again == once
+
+
+def test_the_store_keeps_a_watched_body_as_the_watch_slimmed_it() -> None:
+    from gpuhealth.controller.state.store import Store
+
+    store = Store()
+    report, node = slim_report(copy.deepcopy(REPORTS[0])), slim_node(kwok_node())
+    store.put_report("n1", report)
+    store.put_node("n1", node)
+    assert store.reports["n1"] is report and store.nodes["n1"] is node
 
 
 def kwok_node(**meta: Any) -> dict[str, Any]:
@@ -205,7 +220,7 @@ def test_a_leaf_is_shared_read_only_and_forgotten_when_unused() -> None:
 
 def test_slimming_a_slim_node_again_changes_nothing() -> None:
     once = slim_node(kwok_node())
-    assert slim_node(once) == once
+    assert slim_node(once) == once and slim_node(once) is once
 
 
 def test_the_start_up_list_arrives_slim_and_caches_as_before() -> None:
