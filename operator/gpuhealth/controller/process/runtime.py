@@ -191,7 +191,9 @@ class Runtime:
         # biggest list of all (80,000 pods at 10,000 nodes: docs/bench.md, warm restart).
         first = not self._fleet_listed
         leases_due = self.lease_watch is not None and not self._leases_listed
-        nodes, reports, policies, leases = await asyncio.gather(
+        # gpuhealth's DeviceTaintRules are listed together with the fleet, not after it: the reports'
+        # list, the longest at 10,000 nodes, already decides when the first pass can begin.
+        nodes, reports, policies, leases, _ = await asyncio.gather(
             self.api.run(self.node_watch.list)
             if first
             else self.api.run(self.kube.list_nodes, GPU_NODE_SELECTOR, slim_node),
@@ -200,12 +202,12 @@ class Runtime:
             else self.api.run(self.kube.list_custom, REPORT_PLURAL, slim_report),
             self.api.run(self.kube.list_custom, POLICY_PLURAL),
             self.api.run(self.lease_watch.list) if leases_due and self.lease_watch is not None else _nothing(),
+            self.devices.load_rules(),
         )
         self._fleet_listed = True
         for lease in leases:
             self.on_lease("ADDED", lease, live=False)
         self._leases_listed = self._leases_listed or leases_due
-        await self.devices.load_rules()
         for p in policies:
             self.on_policy("ADDED", p, enqueue=False)
         for r in reports:
