@@ -42,3 +42,18 @@ def gpu_node_manifest(
         "spec": {},
         "status": {"capacity": resources, "allocatable": resources},
     }
+
+
+def status_write(node: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """A strategic merge patch through ``nodes/status`` as the API server applies it to ``node``, for the
+    in-memory Kube ports (the unit tests' ``FakeKube``, the fleet probe's ``MemKube``): the patch's
+    metadata is kept and its spec dropped (the Node status strategy resets spec), and its conditions
+    are merged into the node's by type, their merge key. Returned as a plain merge patch for the
+    port's own merge."""
+    new = list((patch.get("status") or {}).get("conditions") or [])
+    types = {c["type"] for c in new}
+    held = [c for c in (node.get("status") or {}).get("conditions") or [] if c["type"] not in types]
+    out: dict[str, Any] = {"status": {**(patch.get("status") or {}), "conditions": held + new}}
+    if patch.get("metadata"):
+        out["metadata"] = dict(patch["metadata"])
+    return out

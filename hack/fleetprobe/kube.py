@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from devkit.gpunodes import status_write
 from gpuhealth.agent.merge_patch import apply_merge_patch
 from gpuhealth.api.names import TAINT_KEY
 from hack.fleetprobe import fleet
@@ -104,16 +105,10 @@ class MemKube:
         return self._write("patch_node", "node", name, patch)
 
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """Conditions merge by type, as the API server's strategic merge does; metadata is kept, as the
-        Node's status strategy keeps it."""
+        """As the API server applies it (``devkit.gpunodes.status_write``)."""
         with self._lock:
             body = self._body("node", name)
-            new = list((patch.get("status") or {}).get("conditions") or [])
-            types = {c["type"] for c in new}
-            old = [c for c in body["status"].get("conditions") or [] if c["type"] not in types]
-        return self._write(
-            "patch_node_status", "node", name, {**patch, "status": {**patch["status"], "conditions": old + new}}
-        )
+        return self._write("patch_node_status", "node", name, status_write(body, patch))
 
     # -- reports -----------------------------------------------------------------------------------
 

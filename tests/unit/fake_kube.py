@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from kubernetes.client.rest import ApiException
 
+from devkit.gpunodes import status_write
 from gpuhealth.kube.aio import AsyncKube
 from tests.unit.builders import merge_patch, report_obj
 
@@ -124,12 +125,7 @@ class FakeKube:
         """As the API server's status strategy: metadata kept (with its precondition), spec ignored,
         conditions merged by type."""
         self.writes.append(("patch", f"node/{name}/status"))
-        new = list((patch.get("status") or {}).get("conditions") or [])
-        types = {c["type"] for c in new}
-        held = (self.nodes.get(name) or {}).get("status", {}).get("conditions") or []
-        old = [c for c in held if c["type"] not in types]
-        status = {**(patch.get("status") or {}), "conditions": old + new}
-        return self._patch(self.nodes, name, {"metadata": patch.get("metadata") or {}, "status": status})
+        return self._patch(self.nodes, name, status_write(self.nodes.get(name) or {}, patch))
 
     def list_pods_rv(
         self, transform: Callable[[dict[str, Any]], dict[str, Any]] = lambda p: p
