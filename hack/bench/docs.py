@@ -36,7 +36,15 @@ from hack.bench.details import (
 from hack.bench.domain_report import no_domain_run, render_domain
 from hack.bench.mig_report import no_mig_run, render_mig
 from hack.bench.report import tally
-from hack.bench.targets import LARGE_FLEET_NODES, _fmt, measured, resilience_targets_for, targets_for, verdict
+from hack.bench.targets import (
+    LARGE_FLEET_NODES,
+    Target,
+    _fmt,
+    measured,
+    resilience_targets_for,
+    targets_for,
+    verdict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
@@ -184,10 +192,7 @@ def _restart_paragraph(path: Path, r: dict[str, Any]) -> str:
     for t in resilience_targets_for(r["nodes"]):
         e = r["targets"].get(t.key)
         if e and measured(e):
-            verdicts.append(
-                f"{t.label[len('Warm restart: ') :]} {_fmt(e['value'], t.unit)} ({t.target}: "
-                f"{verdict(e, 'met', '**missed**')})"
-            )
+            verdicts.append(f"{t.label[len('Warm restart: ') :]} {_judged(t, e)}")
     return f"{_where('Warm restart', path, r)}): {'; '.join(verdicts)}.\n\n{restart_line(r)}{_first_startup(r)}"
 
 
@@ -201,7 +206,12 @@ def _first_startup(r: dict[str, Any]) -> str:
     e = r["targets"].get("startup")
     if t is None or not (e and measured(e)):
         return f"{head} {r['operator'].get('startup_s')} s. {startup_line(r)}"
-    return f"{head} {_fmt(e['value'], t.unit)} ({t.target}: {verdict(e, 'met', '**missed**')}). {startup_line(r)}"
+    return f"{head} {_judged(t, e)}. {startup_line(r)}"
+
+
+def _judged(t: Target, e: dict[str, Any]) -> str:
+    """A measured figure in prose: its value, then its target and whether it was met."""
+    return f"{_fmt(e['value'], t.unit)} ({t.target}: {verdict(e, 'met', '**missed**')})"
 
 
 def render_drain_alone(runs: list[tuple[Path, dict[str, Any]]]) -> str:
