@@ -20,6 +20,7 @@ The pure parts (the pod mix, the audit-log figures) are unit-tested in tests/uni
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from kubernetes import client
 
 from devkit.audit import read_audit
 from devkit.k8s import OperatorProcess
+from gpuhealth.controller.process.firstpass import LINE as FIRST_PASS_LINE
 from hack.bench.cluster import BenchCluster
 from hack.bench.fleet import SimNode
 from hack.bench.support import find_log_line
@@ -38,6 +40,7 @@ from hack.bench.watch import NodeWatch, ReportWatch
 
 WATCHING = r"watching \d+ GPU nodes"
 PODS_LISTED = r"listed \d+ pods in"  # after "watching": the start-up's pod list is in
+EVALUATED = re.escape(FIRST_PASS_LINE)  # then every node passed with its pods (controller/process/firstpass.py)
 ACTING = r"acting \(this replica leads\)"
 
 

@@ -332,4 +332,12 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             lambda v, r: _num(v) and v <= 30,
             " s",
         ),
+        Target(
+            "restart_evaluated",
+            "Warm restart: start-up to every node evaluated",
+            "<= 60 s",
+            lambda r: r["warm_restart"]["startup_evaluated_s"],
+            lambda v, r: _num(v) and v <= 60,
+            " s",
+        ),
     ]

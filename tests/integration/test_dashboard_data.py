@@ -102,6 +102,12 @@ def test_every_panel_and_alert_metric_is_exported_with_data(
             series += scrape(a.metrics_port)
         assert value(series, "gpuhealth_faults_total", signal="XID", code="79")
         assert value(series, "gpuhealth_nodes", policy=group, state="Healthy") == 1
+        # The operator's start-up ends (controller/process/firstpass.py): every node passed with its pods.
+        wait_for(
+            lambda: (value(scrape(operator.metrics_port), "gpuhealth_startup_seconds") or 0) > 0,
+            timeout=60,
+            what="gpuhealth_startup_seconds",
+        )
 
         declared = {m.name for m in operator_metrics.REGISTRY.collect()}
         assert declared >= ONLY_DECLARED, (

@@ -102,6 +102,12 @@ LEASE_RENEWALS = Counter(
     "Agent node Lease renewals seen (each only refreshes the agent's freshness record)",
     registry=REGISTRY,
 )
+STARTUP_SECONDS = Gauge(
+    "gpuhealth_startup_seconds",
+    "From the operator's start to every GPU node passed once with its pods in (0 until then; a standby "
+    "replica's includes its wait to act)",
+    registry=REGISTRY,
+)
 LEASE_RECONCILES = Counter(
     "gpuhealth_lease_reconciles_total",
     "Reconciles queued by a Lease renewal (only for an Unknown node, or one with no verdict yet)",

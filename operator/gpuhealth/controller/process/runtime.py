@@ -39,6 +39,7 @@ from gpuhealth.controller.intake.feeders import Feeders
 from gpuhealth.controller.intake.objectwatch import lease_watch, node_watch, pod_watch, report_watch
 from gpuhealth.controller.intake.slicewatch import SliceWatch
 from gpuhealth.controller.intake.workqueue import WorkQueue
+from gpuhealth.controller.process.firstpass import FirstPass
 from gpuhealth.controller.process.leadership import Leadership
 from gpuhealth.controller.process.watchdog import Watchdog
 from gpuhealth.controller.state.breaker import Breaker
@@ -143,6 +144,7 @@ class Runtime:
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[str, int] = {}
         self.watchdog = Watchdog()
+        self.first_pass = FirstPass()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def queue_later(self, name: str, delay: float) -> None:
@@ -231,6 +233,7 @@ class Runtime:
         self.store.pods.listed()
         settle_heap()
         log.info("listed %d pods in %.1fs: drains and restart-loop checks begin", len(pods), time.monotonic() - started)
+        self.first_pass.expect(self.store.nodes)
         for name in self.store.nodes:
             self.queue.add(name)
 
@@ -254,6 +257,7 @@ class Runtime:
         """Prime the caches with a full list, so the breaker counts every node before any decision;
         the pods follow in the background."""
         self.store.pods.expect()
+        self.first_pass.start()
         started = time.monotonic()
         await self._load()
         listed = time.monotonic() - started
@@ -328,6 +332,7 @@ class Runtime:
                 self.queue.add(name)
                 continue
             self.watchdog.started(name)
+            with_pods = not self.store.pods.pending  # only such a pass ends the start-up (``firstpass.py``)
             try:
                 if name in self.store.nodes:
                     metrics.RECONCILES.inc()
@@ -337,6 +342,8 @@ class Runtime:
                 else:
                     await self.reports_gc.collect(name)
                 self._failures.pop(name, None)
+                if with_pods:
+                    self.first_pass.passed(name)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
