@@ -37,10 +37,13 @@ class PostEvent(Protocol):
     ) -> None: ...
 
 
+EVENT_THREADS = 4  # Events posted at once
+
+
 class EventPoster:
     """An ``EventSink`` that posts through ``post`` (``Kube.post_event``) without holding up the caller."""
 
-    def __init__(self, post: PostEvent, threads: int = 4) -> None:
+    def __init__(self, post: PostEvent, threads: int = EVENT_THREADS) -> None:
         self._post = post
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="events")
         self._tasks: set[asyncio.Task[None]] = set()

@@ -17,7 +17,7 @@ from gpuhealth.controller import metrics
 from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.process.handlers import register
 from gpuhealth.controller.process.heapprofile import HeapProfiler
-from gpuhealth.controller.process.runtime import Runtime
+from gpuhealth.controller.process.runtime import Runtime, connections
 from gpuhealth.controller.process.stackprofile import StackProfiler
 from gpuhealth.kube.client import Kube
 from gpuhealth.kube.credentials import api_client
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         StackProfiler(Path(args.stack_profile.replace("{pid}", str(os.getpid()))), args.stack_profile_hz).start()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    kube = Kube(api_client(args.kubeconfig), event_namespace=args.event_namespace)
+    pool = connections(args.workers, args.drain_concurrency)
+    kube = Kube(api_client(args.kubeconfig, pool_size=pool), event_namespace=args.event_namespace)
     reconciler = Runtime(
         kube,
         workers=args.workers,

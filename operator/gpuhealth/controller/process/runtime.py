@@ -29,7 +29,7 @@ from gpuhealth.controller.act.admission import AdmissionRoom, start_admission
 from gpuhealth.controller.act.device_drainer import DeviceDrainer
 from gpuhealth.controller.act.device_reconciler import DeviceReconciler
 from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY, Drainer
-from gpuhealth.controller.act.events import EventPoster
+from gpuhealth.controller.act.events import EVENT_THREADS, EventPoster
 from gpuhealth.controller.act.node_reconciler import NodeReconciler
 from gpuhealth.controller.act.policy_status import PolicyStatus
 from gpuhealth.controller.act.remediator import Remediator
@@ -56,6 +56,17 @@ TIMED_FIRST = (State.RECOVERING, State.DRAINING)  # time-driven work queued ahea
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 30.0
 POD_BATCH = 1000  # pods cached from the start-up list between turns of the event loop
 SWEEP_BATCH = 1000  # nodes the sweeper looks at between turns of the event loop
+# Streams held open at once through the Kube port's client: the Nodes', reports', pods', Leases' and
+# ResourceSlices' watches, Kueue's Workloads and AdmissionChecks, and one to spare.
+WATCH_STREAMS = 8
+
+
+def connections(workers: int, drain_concurrency: int) -> int:
+    """The client's connection pool for a runtime of ``workers`` and ``drain_concurrency``: one for each
+    thread that may hold a connection at once. A smaller pool discards a connection after each request
+    beyond it and the next request opens a new one: every 10,000-node drain storm logged "Connection pool
+    is full" with a pool of 32 under 16 workers and 32 drains (docs/bench.md)."""
+    return workers + drain_concurrency + EVENT_THREADS + WATCH_STREAMS
 
 
 class Runtime:
