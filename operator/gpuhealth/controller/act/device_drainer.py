@@ -50,6 +50,17 @@ def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
     return DrainRecord()
 
 
+def _draining(records: Sequence[DeviceRecord]) -> dict[int, DeviceRecord]:
+    """The GPUs to drain: Draining, with a device to find their pods by."""
+    return {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
+
+
+def _stale(drains: Mapping[int, Any], records: Sequence[DeviceRecord]) -> dict[str, None]:
+    """The drain records (by GPU index) of GPUs ``records`` no longer drain, as merge-patch deletions."""
+    draining = _draining(records)
+    return {str(i): None for i in drains if i not in draining}
+
+
 class DeviceDrainer:
     def __init__(
         self,
@@ -78,12 +89,20 @@ class DeviceDrainer:
         result = await self.kube.patch_report_status(name, body)
         self.store.wrote(name, result)
 
+    def fold(self, p: NodePass, records: Sequence[DeviceRecord]) -> dict[str, Any]:
+        """``status.deviceDrains`` entries to drop in the node's own status patch: the drains of GPUs
+        that ``records`` (this pass's decision) no longer hold Draining. A GPU whose drain completed
+        moves to Quarantined and loses its drain record in one write, not two (docs/scaling.md, the
+        device path at 10,000 nodes); ``run`` drops any that are left."""
+        stale = _stale(p.stored.device_drains, records)
+        return {"deviceDrains": stale} if stale else {}
+
     async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
         """Drain the pods that hold each Draining GPU; returns when the node wants its next pass."""
         name, policy, now, a = p.name, p.policy, p.now, p.assessment
         drains = {i: DrainRecord(**d) for i, d in p.stored.device_drains.items()}  # copies: the pass's are read only
-        draining = {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
-        stale = {str(i): None for i in drains if i not in draining}
+        draining = _draining(records)
+        stale = _stale(drains, records)
         if stale:
             await self._write(name, stale)  # drains of GPUs no longer Draining: their record goes
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:

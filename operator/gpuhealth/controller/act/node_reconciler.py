@@ -266,8 +266,9 @@ class NodeReconciler:
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
             skew, new_skew = skew_episode(store.report_seen(name), stored.clock_skew, now)
-            # A validation's move that creates no Job lands in this same write (node_validator.py).
-            folded = self.validator.fold(p, nmove)
+            # A validation's move that creates no Job lands in this same write (node_validator.py), and
+            # so does dropping the drain record of a GPU this decision moves out of Draining.
+            folded = {**self.validator.fold(p, nmove), **self.device_drainer.fold(p, dev.records)}
             await self._persist(p, overridden, report_obj, decision, dev, skew, folded)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
