@@ -173,9 +173,14 @@ def _alone_block(
 
 
 def _where(name: str, path: Path, r: Mapping[str, Any]) -> str:
+    """Where and when; "alone" is among the resilience phases: a run with others (the MIG sample)
+    names them."""
+    phases = [str(x) for x in dig(dict(r), "config", "phases") or []]
+    others = [x for x in phases if x not in ("restart", "drain")]
+    besides = f" (the run's phases: {', '.join(phases)})" if others else ""
     return (
-        f"{name} alone at {r['nodes']:,} nodes: commit `{r['commit']}`, {r['date']}, {r['machine']}; load "
-        f"average {r['load']} during the run (`{_rel(path)}`"
+        f"{name} alone at {r['nodes']:,} nodes{besides}: commit `{r['commit']}`, {r['date']}, {r['machine']}; "
+        f"load average {r['load']} during the run (`{_rel(path)}`"
     )
 
 

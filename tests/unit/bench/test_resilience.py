@@ -370,3 +370,15 @@ def test_report_watch_times_most_of_a_fleet_and_tallies_what_the_rest_is() -> No
     )
     assert detail == " (99% of the nodes after 412.5 s) (at the timeout: Healthy 99, Unknown 1)"
     assert startup_detail({"startup_s": 23.3}) == ""  # a run filed before these were recorded
+
+
+def test_a_restart_run_with_the_mig_sample_names_its_phases(tmp_path: Path) -> None:
+    alone = _with_resilience()
+    for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery", "failover", "drain_storm"):
+        alone.pop(k)
+    alone.update({"date": "2026-12-31T00:00Z", "commit": "ccccccc", "load": "1.0-2.0"})
+    path = tmp_path / "bench-1000-2026-12-31-ccccccc.json"
+    alone["config"].update({"phases": ["restart"]})
+    assert "(the run's phases" not in docs.render_restart_alone([(path, alone)])
+    alone["config"].update({"phases": ["mig", "restart"]})
+    assert "alone at 1,000 nodes (the run's phases: mig, restart): commit" in docs.render_restart_alone([(path, alone)])
