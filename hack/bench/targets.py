@@ -65,6 +65,11 @@ def latency(
     )
 
 
+def within_seconds(key: str, label: str, limit: float, value: Callable[[dict[str, Any]], Any]) -> Target:
+    """A figure in seconds held to at most ``limit``."""
+    return Target(key, label, f"<= {limit:g} s", value, lambda v, r: _num(v) and v <= limit, " s")
+
+
 def measured(entry: dict[str, Any] | None) -> bool:
     """Whether a target entry (of a run filed before the target existed: None) was measured."""
     return entry is not None and entry.get("measured", True) is not False
@@ -216,13 +221,8 @@ def targets_for(nodes: int) -> list[Target]:
     ]
     if large:
         out += [
-            Target(
-                "startup",
-                "Operator start-up to every node evaluated",
-                "<= 60 s",
-                lambda r: r["operator"]["startup_s"],
-                lambda v, r: _num(v) and v <= 60,
-                " s",
+            within_seconds(
+                "startup", "Operator start-up to every node evaluated", 60, lambda r: r["operator"]["startup_s"]
             ),
             Target(
                 "operator_idle_cpu",
@@ -309,13 +309,11 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             lambda r: r["drain_storm"]["pdb"]["min_ready_seen"],
             lambda v, r: _num(v) and v >= r["drain_storm"]["pdb"]["replicas"] - 1,
         ),
-        Target(
+        within_seconds(
             "failover_p50",
             "Failover: SIGKILL of the acting replica to a new fault's taint, p50",
-            f"<= {failover_max} s",
+            failover_max,
             lambda r: r["failover"]["p50_s"],
-            lambda v, r: _num(v) and v <= failover_max,
-            " s",
         ),
         Target(
             "restart_writes",
@@ -324,20 +322,16 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             lambda r: r["warm_restart"]["startup_writes"],
             lambda v, r: _num(v) and v == 0,
         ),
-        Target(
+        within_seconds(
             "restart_taint",
             "Warm restart: restart to a new fault's taint",
-            "<= 30 s",
+            30,
             lambda r: r["warm_restart"]["restart_to_first_taint_s"],
-            lambda v, r: _num(v) and v <= 30,
-            " s",
         ),
-        Target(
+        within_seconds(
             "restart_evaluated",
             "Warm restart: start-up to every node evaluated",
-            "<= 60 s",
+            60,
             lambda r: r["warm_restart"]["startup_evaluated_s"],
-            lambda v, r: _num(v) and v <= 60,
-            " s",
         ),
     ]

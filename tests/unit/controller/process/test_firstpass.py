@@ -13,15 +13,8 @@ from gpuhealth.controller import metrics
 from gpuhealth.controller.process.firstpass import LINE, FirstPass
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import at, report_obj
+from tests.unit.controller.process._clock import Clock
 from tests.unit.fake_kube import FakeKube
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_start_up_ends_with_the_last_node_owed_a_pass(caplog: pytest.LogCaptureFixture) -> None:
@@ -29,12 +22,12 @@ def test_the_start_up_ends_with_the_last_node_owed_a_pass(caplog: pytest.LogCapt
     first = FirstPass(clock)
     first.start()
     first.passed("a")  # before the pods are in: not a start-up's pass
-    clock.now = 130.0
+    clock.t = 130.0
     first.expect(["a", "b"])
     first.passed("a")
     first.passed("z")  # a node that came after the list owes nothing
     assert first.seconds is None
-    clock.now = 142.5
+    clock.t = 142.5
     with caplog.at_level(logging.INFO, logger="gpuhealth.controller.process.firstpass"):
         first.passed("b")
         first.passed("b")

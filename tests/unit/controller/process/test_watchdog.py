@@ -9,14 +9,7 @@ import time
 import pytest
 
 from gpuhealth.controller.process import watchdog as W
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.unit.controller.process._clock import Clock
 
 
 def test_a_long_reconcile_is_named_once_while_it_runs_and_once_when_it_ends(caplog: pytest.LogCaptureFixture) -> None:
