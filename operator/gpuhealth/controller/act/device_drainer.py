@@ -55,12 +55,6 @@ def _draining(records: Sequence[DeviceRecord]) -> dict[int, DeviceRecord]:
     return {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
 
 
-def _stale(drains: Mapping[int, Any], records: Sequence[DeviceRecord]) -> dict[str, None]:
-    """The drain records (by GPU index) of GPUs ``records`` no longer drain, as merge-patch deletions."""
-    draining = _draining(records)
-    return {str(i): None for i in drains if i not in draining}
-
-
 class DeviceDrainer:
     def __init__(
         self,
@@ -93,8 +87,10 @@ class DeviceDrainer:
         """``status.deviceDrains`` entries to drop in the node's own status patch: the drains of GPUs
         that ``records`` (this pass's decision) no longer hold Draining. A GPU whose drain completed
         moves to Quarantined and loses its drain record in one write, not two (docs/scaling.md, the
-        device path at 10,000 nodes); ``run`` drops any that are left."""
-        stale = _stale(p.stored.device_drains, records)
+        device path at 10,000 nodes). Every pass that reaches ``run`` has written this first, so ``run``
+        finds no stale record left."""
+        draining = _draining(records)
+        stale = {str(i): None for i in p.stored.device_drains if i not in draining}
         return {"deviceDrains": stale} if stale else {}
 
     async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
@@ -102,9 +98,6 @@ class DeviceDrainer:
         name, policy, now, a = p.name, p.policy, p.now, p.assessment
         drains = {i: DrainRecord(**d) for i, d in p.stored.device_drains.items()}  # copies: the pass's are read only
         draining = _draining(records)
-        stale = _stale(drains, records)
-        if stale:
-            await self._write(name, stale)  # drains of GPUs no longer Draining: their record goes
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
             return None
         again: Again = None
