@@ -156,17 +156,21 @@ def _git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def run(scratch: Path, make_args: tuple[str, ...] = ("test",)) -> dict[str, Any]:
-    """Clone HEAD into ``scratch`` and run ``make test`` there with empty caches; the result record."""
+def run(scratch: Path, make_args: tuple[str, ...] = ("test",), own_caches: bool = False) -> dict[str, Any]:
+    """Clone HEAD into ``scratch`` and run ``make test`` there with empty caches; the result record.
+
+    ``own_caches``: the machine's own caches instead of empty ones of the scratch folder, for a machine
+    that is itself fresh (its first ``make test``): they stay filled for every run after it."""
     clone, caches = scratch / "clone", scratch / "caches"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True)
-    env = {
-        **os.environ,
-        "GPUHEALTH_CACHE": str(caches / "gpuhealth"),
-        "GOMODCACHE": str(caches / "gomod"),
-        "GOCACHE": str(caches / "gobuild"),
-        "PIP_CACHE_DIR": str(caches / "pip"),
-    }
+    env = dict(os.environ)
+    if not own_caches:
+        env |= {
+            "GPUHEALTH_CACHE": str(caches / "gpuhealth"),
+            "GOMODCACHE": str(caches / "gomod"),
+            "GOCACHE": str(caches / "gobuild"),
+            "PIP_CACHE_DIR": str(caches / "pip"),
+        }
     log_path = scratch / "make-test.log"
     before = load()
     t0 = time.monotonic()
@@ -184,6 +188,7 @@ def run(scratch: Path, make_args: tuple[str, ...] = ("test",)) -> dict[str, Any]
         "load_before": before,
         "load_after": load(),
         "command": "make " + " ".join(make_args),
+        "caches": "the machine's own (its first make test)" if own_caches else "empty, of the scratch folder",
         "rc": rc,
         "wall_s": round(wall, 1),
         "pieces_s": got,
@@ -216,12 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", type=Path, help="where to clone and cache (default: a new temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (clone, caches, log)")
     ap.add_argument("--no-file", action="store_true", help="print the result, file nothing")
+    ap.add_argument(
+        "--own-caches",
+        action="store_true",
+        help="use the machine's own caches (a fresh machine's first make test; they stay filled)",
+    )
     args = ap.parse_args(argv)
     if _git("status", "--porcelain", "--untracked-files=no"):
         print("note: uncommitted changes are not part of the clone; the run times HEAD", file=sys.stderr)
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gpuhealth-coldstart-"))
     try:
-        result = run(scratch)
+        result = run(scratch, own_caches=args.own_caches)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
