@@ -59,9 +59,6 @@ class GpuDevices:
         return "mig" if ref in self.partitions else "gpu"
 
 
-DeviceMatch = GpuDevices  # the name callers of the one-device mapping knew
-
-
 def _what(index: int | None, uuid: str) -> str:
     what = f"GPU {index}" if index is not None else "the GPU"
     return what + (f" ({uuid})" if uuid else "")

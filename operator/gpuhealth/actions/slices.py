@@ -127,8 +127,3 @@ def current_slices(slices: Iterable[SlimSlice], drivers: Sequence[str]) -> list[
 
 def of_node(s: SlimSlice, node: str) -> bool:
     return s.pool == node or s.node == node
-
-
-def node_slices(slices: Iterable[SlimSlice], node: str, drivers: Sequence[str]) -> list[SlimSlice]:
-    """The current slices that publish ``node``'s devices for ``drivers``."""
-    return [s for s in current_slices(slices, drivers) if of_node(s, node)]

@@ -60,10 +60,6 @@ def handle_address(handle: object) -> int | None:
         return None
 
 
-def error_name(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def field_int(value: Any) -> int:
     """The integer an ``nvmlFieldValue_t`` holds, by its value type."""
     value_type = int(value.valueType)

@@ -206,13 +206,6 @@ class NodeStatus:
         )
 
 
-def _repairs(raw: Any) -> dict[str, list[dict[str, Any]]] | None:
-    """``status.repairs`` as written (GPU UUID -> attempts); None when there are none."""
-    if not isinstance(raw, Mapping) or not raw:
-        return None
-    return {str(k): [dict(a) for a in v if isinstance(a, Mapping)] for k, v in raw.items() if isinstance(v, list)}
-
-
 def read_report_status(report: Mapping[str, Any] | None) -> NodeStatus:
     """The status of a GPUNodeHealth object (or of none)."""
     return NodeStatus.read((report or {}).get("status"))

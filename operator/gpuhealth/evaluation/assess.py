@@ -30,7 +30,6 @@ from gpuhealth.evaluation.scope import scope_of
 HW_SLOWDOWN = 0x8
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
-THERMAL_REASONS = HW_THERMAL
 # Every clock reason a rule reads over time (evaluation/rules.py re-passes nodes that carry one).
 SLOW_REASONS = HW_SLOWDOWN | HW_THERMAL | HW_POWER_BRAKE
 
