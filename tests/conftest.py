@@ -5,16 +5,63 @@ are set up once and its tests run in order; each worker starts its own control p
 fixture in tests/integration/conftest.py, on free ports). The modules that change the host itself
 share one group and so one worker: the real node (a bridge, nft rules, cgroups) and ``make
 cluster-down``'s test, whose ``down`` undoes whatever a real node left on the host.
+
+``make test`` builds only the control plane before the tests; the tools that a few modules alone need
+build behind the first tests (the Makefile's ``test``). Those modules (``BEHIND``) run after all the
+others, and each waits for its builds before its first test starts: outside that test's timeout, since
+a build is not the test's time. A build script holds a lock of its own, so the wait is the background
+build's, or a build of its own where the tests run without make (``pytest tests/...``). A build that
+fails here is left to the module's own fixtures, which fail loudly with the script's error.
 """
 
 from __future__ import annotations
 
+import functools
+import subprocess
+from collections.abc import Generator
+from pathlib import Path
+
 import pytest
 
 HOST_MODULES = frozenset({"test_real_node.py", "test_cluster_down.py"})
+
+TESTS = Path(__file__).resolve().parent
+HACK = TESTS.parent / "hack"
+# Module (under tests/) -> the build scripts it needs beyond the control plane (what
+# devkit/{tools,kueue,realnode}.py run).
+BEHIND: dict[str, tuple[str, ...]] = {
+    "alerts/test_alert_rules.py": ("build-tools.sh",),
+    "integration/test_chart.py": ("build-tools.sh",),
+    "integration/test_chart_install.py": ("build-tools.sh",),
+    "integration/test_agent_sidecar.py": ("build-tools.sh",),
+    "integration/test_kueue.py": ("build-kueue.sh",),
+    "integration/test_real_node.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
+    # The host group's other module: the group is scheduled whole, so it goes last whole.
+    "integration/test_cluster_down.py": ("build-node.sh",),
+}
+
+
+def _module(item: pytest.Item) -> str:
+    return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = "host" if item.path.name in HOST_MODULES else str(item.path)
         item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: _module(item) in BEHIND)  # stable: the order within each part is kept
+
+
+@functools.cache
+def _ready(script: str) -> None:
+    """Run (or wait for, behind its lock) one build script, once per process; its outcome is the
+    fixtures' to report."""
+    subprocess.run(["bash", str(HACK / script)], stdout=subprocess.DEVNULL, check=False)
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Outermost around each test (``tryfirst``), so outside pytest-timeout's timer: a module's builds."""
+    for script in BEHIND.get(_module(item), ()):
+        _ready(script)
+    return (yield)
