@@ -8,7 +8,6 @@ elsewhere in ``describe``.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,15 +17,20 @@ from gpuhealth.cli.render import table
 _BOOLEAN_FAULTS = tuple(f.report for f in fabric.BOOLEAN_FIELDS)
 
 
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def expected_links(devices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Per GPU model, the NVLink count most of this node's GPUs of that model have (a GPU with links
-    down still reports them as existing, so the peers' count is the expectation)."""
-    counts: dict[str, Counter[int]] = {}
-    for d in devices:
-        links = (d.get("nvlink") or {}).get("links")
-        if isinstance(links, int):
-            counts.setdefault(str(d.get("model") or ""), Counter())[links] += 1
-    return {model: c.most_common(1)[0][0] for model, c in counts.items()}
+    """Per GPU model, the NVLinks each GPU of that model is held to: the operator's own expectation
+    (``api/fabric.py``, ``nvlink_expectation``), so describe's "active/expected" is what the verdict
+    judged."""
+    gpus = (
+        (str(d.get("model") or ""), _int(n.get("links")), _int(n.get("active")))
+        for d in devices
+        if isinstance(n := d.get("nvlink"), Mapping)
+    )
+    return {model: links for model, (links, _) in fabric.nvlink_expectation(gpus).items()}
 
 
 def _fabric_faults(f: Mapping[str, Any]) -> list[str]:

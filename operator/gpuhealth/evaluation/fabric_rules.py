@@ -120,19 +120,11 @@ def _gpu(d: Device, signal: Signal, action: Action, detail: str, since: dt.datet
 
 
 def most_links(report: Report) -> dict[str, tuple[int, int]]:
-    """Per GPU model, the most NVLinks a GPU of that model on the node has, and the most it has active.
-
-    The first is what each of them should have (a link that vanished from a GPU's own count is still
-    missed). The second says whether the node uses NVLink at all: a PCIe card without a bridge, or a
-    GPU whose NVLinks are off by design, reports links that exist and none active, which is how it is
-    built, not a degraded link; only where some GPU of the model has an active link is one missed."""
-    out: dict[str, tuple[int, int]] = {}
-    for d in report.devices:
-        n = d.nvlink
-        if n is not None and n.links is not None:
-            links, active = out.get(d.model, (0, 0))
-            out[d.model] = (max(links, n.links), max(active, n.active or 0))
-    return out
+    """Per GPU model, the most NVLinks a GPU of that model on the node has, and the most it has active
+    (``api/fabric.py``, ``nvlink_expectation``: what ``describe`` shows too)."""
+    return fabric_facts.nvlink_expectation(
+        (d.model, d.nvlink.links, d.nvlink.active) for d in report.devices if d.nvlink
+    )
 
 
 def _nvlink(

@@ -85,3 +85,21 @@ def test_describe_without_fabric_facts_adds_no_section() -> None:
     rep["spec"].pop("nics")
     text = render_describe(describe_node("gpu-a", node("gpu-a"), rep, None, [], NOW))
     assert "Fabric (" not in text and "NICs (" not in text
+
+
+def test_describe_expects_the_nvlinks_the_operator_expects_when_gpus_of_a_model_differ() -> None:
+    """5 GPUs of a model at 12 links and 3 at 18: the operator holds the twelve-link GPUs out as
+    NVLinkDegraded against the most links of their model (18); describe says the same, not "12/12"."""
+    from gpuhealth.api.report import parse_report
+    from gpuhealth.cli.fabricview import fabric_view
+    from gpuhealth.evaluation.fabric_rules import most_links
+
+    devices = [
+        {"index": i, "uuid": f"GPU-{i}", "model": "NVIDIA H100", "nvlink": {"links": n, "active": n}}
+        for i, n in enumerate([12] * 5 + [18] * 3)
+    ]
+    spec = {"nodeName": "n", "heartbeatTime": "2026-12-06T00:00:00Z", "devices": devices}
+    operator = most_links(parse_report({"metadata": {"name": "n"}, "spec": spec}))["NVIDIA H100"][0]
+    shown = {g["index"]: g["nvlinkExpected"] for g in fabric_view(spec)["devices"]}
+    assert operator == 18
+    assert shown == dict.fromkeys(range(8), operator)
