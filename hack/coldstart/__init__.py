@@ -5,7 +5,10 @@ runs ``make test`` there with every cache the build reads pointed at empty folde
 tool cache (``GPUHEALTH_CACHE``: control plane, Kueue, helm, promtool, containerd, kubelet, the
 image and its podman storage), Go's module and build caches (``GOMODCACHE``, ``GOCACHE``) and pip's.
 Only what the host itself holds stays: the Go toolchain, and the Debian packages of the real-node
-tier if an earlier run installed them (the result says whether the run had to).
+tier if an earlier run installed them (the result says whether the run had to; ``--fresh-host`` purges
+them first, so the run pays for them as a new machine does). ``--own-caches`` uses the machine's own
+caches instead of empty ones: on a machine that is itself new, its first ``make test``, timed, after
+which the caches stay filled.
 
 The build scripts print how long each piece took (``hack/build-*.sh``); :func:`pieces` reads those
 lines from the log, the test phase comes from pytest's summary line, and the whole from the wall
@@ -156,6 +159,18 @@ def _git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
+# What hack/install-node-packages.sh installs: purged by --fresh-host, so a run pays for them as a new machine does.
+NODE_PACKAGES = ("runc", "containernetworking-plugins", "nftables", "podman", "mmdebstrap")
+
+
+def purge_node_packages() -> None:
+    """Remove the real node's Debian packages and what came with them (root only), as on a new machine."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "-y", "-qq"]
+    subprocess.run([*apt, "purge", *NODE_PACKAGES], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*apt, "autoremove", "--purge"], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
 def run(scratch: Path, make_args: tuple[str, ...] = ("test",), own_caches: bool = False) -> dict[str, Any]:
     """Clone HEAD into ``scratch`` and run ``make test`` there with empty caches; the result record.
 
@@ -222,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (clone, caches, log)")
     ap.add_argument("--no-file", action="store_true", help="print the result, file nothing")
     ap.add_argument(
+        "--fresh-host",
+        action="store_true",
+        help="first purge the real node's Debian packages (root), so the run installs them as a new machine does",
+    )
+    ap.add_argument(
         "--own-caches",
         action="store_true",
         help="use the machine's own caches (a fresh machine's first make test; they stay filled)",
@@ -229,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if _git("status", "--porcelain", "--untracked-files=no"):
         print("note: uncommitted changes are not part of the clone; the run times HEAD", file=sys.stderr)
+    if args.fresh_host:
+        purge_node_packages()
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gpuhealth-coldstart-"))
     try:
         result = run(scratch, own_caches=args.own_caches)
