@@ -60,9 +60,10 @@ def render(result: dict[str, Any] | None) -> str:
             if result["node_packages_installed"]
             else " The real node's Debian packages were already installed (apt not counted)."
         )
+        + (f" Caches: {result['caches']}." if result.get("caches") else "")
         + _cpu(result.get("cpu") or {}),
         "",
-        "| piece (as its build script timed itself; they run side by side) | seconds |",
+        "| piece (as its build script timed itself; pieces overlap) | seconds |",
         "|---|---:|",
         *(
             f"| {NAMES[k]} | {v} |"

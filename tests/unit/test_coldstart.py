@@ -126,3 +126,9 @@ def test_the_block_says_how_busy_the_cpus_were_in_each_phase() -> None:
     text = docs.render(_result(cpu=cpu))
     assert "busy 97% while the tools built (35 min 00 s) and 61% while the tests ran (21 min 10 s)" in text
     assert "busy" not in docs.render(_result())
+
+
+def test_the_block_says_whose_caches_the_run_filled() -> None:
+    own = docs.render(_result(caches="the machine's own (its first make test)"))
+    assert "Caches: the machine's own (its first make test)." in own
+    assert "Caches:" not in docs.render(_result())  # runs filed before the field say nothing
