@@ -29,7 +29,8 @@ findings here, which ``assess`` adds to the node's:
 
 Counters are judged by their increase, remembered in ``status.pending`` under ``count/...`` keys (memory,
 not a wait: ``evaluation/rules.py`` re-passes no node for them). The NVLink failed recoveries are the raw
-count: a rise since the last pass is one finding, in the pass that sees it, and the GPU's probation brings
+count, remembered whenever the GPU reports it (0 included): a rise since the last pass (0 -> 1 as well)
+is one finding, in the pass that sees it, and the GPU's probation brings
 it back once the count stays still (a GPU whose recoveries keep failing relapses, and flaps out). The
 NIC counters fatal on any increase are the agent's increase since it started watching: an increase is
 evidence, like an XID: it holds the node out (its drain runs to the end) until a human releases the node,
@@ -82,14 +83,14 @@ class _Counters:
     def rose(self, key: str, value: int | None, first: int | None) -> int:
         """By how much ``value`` rose since the last pass (``first``: the baseline when none was kept; None:
         no baseline, the first sight decides nothing). A lower value (a reboot, a restarted agent) is a new
-        baseline, never a finding."""
+        baseline, never a finding. Every value read is remembered, 0 too: a count seen at 0 that then
+        rises has risen since the last look (remembering only counts above 0 made 0 -> 1 a first sight)."""
         if value is None:
             return 0
         key = COUNTER_PREFIX + key
         raw = self.prior.get(key)
         last = int(raw) if raw is not None and raw.isdigit() else first
-        if value > 0:
-            self.pending[key] = str(value)
+        self.pending[key] = str(value)
         return 0 if last is None or value <= last else value - last
 
     def above_acknowledged(self, key: str, value: int | None) -> int:

@@ -173,6 +173,21 @@ def test_failed_nvlink_recoveries_count_when_they_rise_not_at_first_sight() -> N
     assert signals(still) == []
 
 
+def test_failed_nvlink_recoveries_that_rise_from_zero_count() -> None:
+    """A count the operator has seen at 0 is remembered as 0: its first rise (0 -> 1) is a rise since the
+    last look, like one from 4 to 6; a first sight, at whatever count, still decides nothing."""
+
+    def report(failed: int) -> Any:
+        return make_report(devices=_devices(nvlink={"links": 18, "active": 18, "recoveryFailed": failed}))
+
+    key = f"{COUNTER_PREFIX}nvlinkRecoveryFailed/3"
+    first = assess_at(report(0))
+    assert signals(first) == [] and first.pending.get(key) == "0"
+    rose = assess_at(report(1), prior_pending=dict(first.pending))
+    assert signals(rose) == [(NV, COR, 3, None)] and "1 failed NVLink recoveries" in rose.findings[0].detail
+    assert signals(assess_at(report(1))) == []  # first sight at 1: no baseline, nothing
+
+
 def test_a_nic_counter_increase_holds_the_node_out_until_a_release_acknowledges_it() -> None:
     report = make_report(nics=_nic(linkDowned=1))
     first = assess_at(report, now_s=60)
