@@ -82,7 +82,12 @@ Python API: `gpuhealth.catalog` (`lookup`, `all_entries`, `is_application_error`
   stops peer-to-peer traffic between this GPU and its peers, so their pods are in it too).
   `RecoverImexDomain` is wider still: it repairs the whole multi-node NVLink/IMEX domain: every node with the same
   `nvidia.com/gpu.clique` label (`spec.topology.domainLabel`) leaves service as one decision and
-  returns as one (`evaluation/domains.py`, [devices.md](devices.md#topology-nvlink-domains-and-racks)).
+  returns as one (`evaluation/domains.py`, [devices.md](devices.md#topology-nvlink-domains-and-racks));
+  on a node without that label, the node alone. The XID is not needed: a GPU whose `recoveryAction`
+  asks for something and has no XID 154 of its own (an agent started after it, a missed event, or a
+  release that acknowledged the XID while the field still asks) gets the same verdict, scope and
+  first step from the same row (`evaluation/assess.py`); the field holds until a reset or a reboot
+  clears it.
 
 | Recovery action | NVML value | gpuhealth | Scope | First ladder step |
 |---|---:|---|---|---|

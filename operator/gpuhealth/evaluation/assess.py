@@ -7,12 +7,13 @@ and whether the node's facts are fresh. It never decides state; see transitions.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuhealth.api.device_facts import FAULT_FACTS
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.report import Device, NvmlHang, Report
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.catalog import xid as catalog
@@ -73,6 +74,31 @@ def _assess_xids(policy: Policy, report: Report, cleared: dt.datetime | None) ->
     for f in repeated_app_xids(policy, report, cleared):
         findings[f"{f.key}/{f.uuid if f.gpu is None else ''}"] = f
     return list(findings.values())
+
+
+def _recovery_actions(policy: Policy, report: Report, found: Iterable[Finding]) -> list[Finding]:
+    """A GPU whose recovery action (NVML field 230, ``spec.devices[].recoveryAction``) asks for something
+    and that has no XID 154 finding of its own (the agent started after the XID, or missed the event; or
+    a release acknowledged the XID while the field still asks): the finding its XID 154 would have, so
+    the verdict, scope and first step come from the one table (``api/recovery.py``) all the same.
+    ``RecoverImexDomain`` where the NVLink domain's finding (``evaluation/domains.py``) already takes the
+    node out with its domain adds nothing: that finding is the fault's.
+
+    The field is a live fact, not an event: it holds until a reset or a reboot clears it, so the
+    finding has no time a release could acknowledge (``since`` None)."""
+    found = tuple(found)
+    covered = {f.gpu for f in found if f.signal == Signal.XID and f.code == 154}
+    domain = any(f.signal == Signal.IMEX_DOMAIN for f in found)
+    out = []
+    for d in report.devices:
+        action = d.recovery_action
+        if action is None or action == RecoveryAction.NONE or d.index in covered or d.lost:
+            continue
+        if action == RecoveryAction.RECOVER_IMEX_DOMAIN and domain:
+            continue
+        detail = f"GPU recovery action {action} read from NVML: {action.row.means} (no XID 154 seen)"
+        out.append(Finding(Signal.XID, _xid_action(policy, 154, d), detail, d.index, d.uuid, 154, None))
+    return out
 
 
 def _assess_device(
@@ -240,6 +266,7 @@ def assess(
         )
     findings.extend(extra)
     findings.extend(_assess_xids(policy, report, cleared_before))
+    findings.extend(_recovery_actions(policy, report, findings))
     for d in report.devices:
         findings.extend(_assess_device(policy, d, report, now, prior_pending, pending))
     findings.extend(fabric_findings(policy, report, prior_pending, pending, now, cleared_before))

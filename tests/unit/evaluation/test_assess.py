@@ -146,9 +146,20 @@ CASES = [
         [(X, OBS, 3, 154)],
     ),
     Case(
+        # The XID names no GPU: the catalog's verdict; GPU 3's own field still asks for a reboot.
         "xid154-without-gpu-index-uses-catalog",
         {"xids": [xid_event(154, 10, None)], "devices": eight_gpus(g3={"recoveryAction": "Reboot"})},
-        [(X, OBS, None, 154)],
+        [(X, OBS, None, 154), (X, DRN, 3, 154)],
+    ),
+    Case(
+        "recovery-action-without-xid154",
+        {"devices": eight_gpus(g3={"recoveryAction": "Reboot"})},
+        [(X, DRN, 3, 154)],
+    ),
+    Case(
+        "recovery-action-none-without-xid154",
+        {"devices": eight_gpus(g3={"recoveryAction": "None"})},
+        [],
     ),
     Case(
         "xid154-override-beats-recovery-action",

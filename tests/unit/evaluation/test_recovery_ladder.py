@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.api.devices import DeviceState
-from gpuhealth.api.names import Action, Scope
+from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.api.recovery import RECOVERY, RecoveryAction
 from gpuhealth.api.remediation import RemediationSettings, StepKind
 from gpuhealth.api.remediation_status import Phase
-from gpuhealth.evaluation.assess import NodeView, assess
+from gpuhealth.evaluation.assess import Finding, NodeView, assess
 from gpuhealth.evaluation.ladder import GPU, Observed, advance, steps_for
 from tests.unit.builders import at, gpu, make_policy, make_report, xid_event
 
@@ -58,3 +58,47 @@ def test_recovery_action_through_assess_scope_and_ladder(
     else:
         assert move.start is None and move.record is not None
         assert (move.record.step, move.record.phase) == (StepKind.NODE_REBOOT, Phase.HANDED_OFF)
+
+
+@pytest.mark.parametrize(("nvml", "spelling", "verdict", "scope", "first", "rest"), CASES, ids=[c[1] for c in CASES])
+def test_a_recovery_action_without_its_xid_154_gets_the_same_verdict_scope_and_ladder(
+    nvml: int, spelling: str, verdict: Action, scope: Scope, first: StepKind | None, rest: list[StepKind]
+) -> None:
+    """The agent reads the field itself (NVML field 230): a GPU that reports a recovery action gets its
+    verdict, scope and first step from the one table though no XID 154 came with it (an agent started
+    after the XID, a missed event), as docs/remediation.md promises. ``None`` needs nothing: no finding."""
+    report = make_report(devices=[gpu(3, recoveryAction=spelling)])
+    a = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0))
+    if first is None:
+        assert a.findings == ()
+        return
+    (finding,) = a.findings
+    assert (finding.code, finding.gpu, finding.action, finding.scope) == (154, 3, verdict, scope)
+    assert f"recovery action {spelling}" in finding.detail and "no XID 154" in finding.detail
+    steps = steps_for(RemediationSettings(enabled=True), finding.reason, RecoveryAction(spelling))
+    assert [s.kind for s in steps] == [first, *rest]
+
+
+def test_the_recovery_action_is_one_finding_with_its_xid_154_and_holds_after_a_release() -> None:
+    """With its XID 154 the GPU has one finding, the XID's; a release acknowledges the XID but not the
+    field, which still says what the GPU needs until a reset or a reboot clears it."""
+    report = make_report(devices=[gpu(3, recoveryAction="Reboot")], xids=[xid_event(154, -1, gpu_index=3)])
+    (with_xid,) = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0)).findings
+    assert with_xid.since == at(-1) and "no XID 154" not in with_xid.detail
+    released = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0), cleared_before=at(0))
+    (still,) = released.findings
+    assert (still.code, still.action, still.scope) == (154, Action.DRAIN, Scope.NODE)
+    cleared = make_report(devices=[gpu(3, recoveryAction="None")], xids=[xid_event(154, -1, gpu_index=3)])
+    assert assess(make_policy(), cleared, NodeView("n", gpu_capacity=1), at(0), cleared_before=at(0)).findings == ()
+
+
+def test_recover_imex_domain_is_the_domains_finding_where_the_node_has_a_domain() -> None:
+    """With a domain label the NVLink domain's finding (evaluation/domains.py) takes the node out with its
+    domain and is the fault's only finding; without one (no finding of the domain's) the GPU's own
+    recovery action takes the node out, as its XID 154 would."""
+    report = make_report(devices=[gpu(3, recoveryAction="RecoverImexDomain")])
+    domain = Finding(Signal.IMEX_DOMAIN, Action.DRAIN, "the domain's", scope=Scope.DOMAIN)
+    a = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0), extra=(domain,))
+    assert [f.signal for f in a.findings] == [Signal.IMEX_DOMAIN]
+    (alone,) = assess(make_policy(), report, NodeView("n", gpu_capacity=1), at(0)).findings
+    assert (alone.code, alone.action, alone.scope) == (154, Action.DRAIN, Scope.DOMAIN)
