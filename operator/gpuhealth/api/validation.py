@@ -223,6 +223,20 @@ class NodeValidation:
     def done(self) -> bool:
         return self.validation.done
 
+    @property
+    def holds(self) -> bool:
+        """gpuhealth's burn-in taint holds the node: none of its GPUs takes new work, whatever its state
+        says of its facts (``Healthy`` before a burn-in passes: nothing wrong is known yet)."""
+        return self.held and not self.dry_run
+
+    @property
+    def awaits_release(self) -> bool:
+        """A burn-in that did not pass and still holds the node: it stays held until a human releases it
+        (``kubectl gpuhealth release NODE``, which lifts the taint)."""
+        return (
+            self.holds and self.trigger == Trigger.BURN_IN and self.done and self.validation.outcome != Outcome.PASSED
+        )
+
     def to_status(self) -> dict[str, Any]:
         out = {"trigger": str(self.trigger), "episode": format_time(self.episode), **self.validation.to_status()}
         if self.held:

@@ -19,7 +19,11 @@ from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import (
     APPROVE_ANNOTATION,
     APPROVE_GPU_ANNOTATION,
+    BURN_IN_LABEL,
+    BURN_IN_REQUESTED,
+    BURN_IN_TAINT_KEY,
     GROUP,
+    OUT_OF_SERVICE,
     REJECT_ANNOTATION,
     REJECT_GPU_ANNOTATION,
     RELEASE_ANNOTATION,
@@ -30,6 +34,7 @@ from gpuhealth.api.names import (
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.remediation_status import Phase, ladders_from_status
 from gpuhealth.api.timeutil import format_time
+from gpuhealth.api.validation import NodeValidation
 from gpuhealth.cli.errors import Refused
 
 PAUSED_FROM_ANNOTATION = f"{GROUP}/paused-from"
@@ -72,20 +77,35 @@ def plan_release(
     status: Mapping[str, Any] = (report or {}).get("status") or {}
     state = str(status.get("state") or "")
     reason = str(status.get("reason") or "")
-    if state != State.AWAITING_REPAIR and not force:
+    burn_in = NodeValidation.from_status(status.get("nodeValidation"))
+    # A burn-in that failed holds the node until a human releases it (docs/runbook.md BurnInFailed), as
+    # AwaitingRepair does: the release is the step the runbook asks for, not an override.
+    awaited = state == State.AWAITING_REPAIR or (burn_in is not None and burn_in.awaits_release)
+    if not awaited and not force:
         if not state:
             raise Refused(
                 f"node {node} has no gpuhealth verdict, so it is not AwaitingRepair: nothing to release "
                 "(--force sets the release annotation anyway)"
             )
         why = f"{state} ({reason})" if reason else state
+        if burn_in is not None and burn_in.holds:
+            raise Refused(
+                f"node {node} is {why} but held by its burn-in ({burn_in.validation.outcome}; taint "
+                f"{BURN_IN_TAINT_KEY}), not in service: gpuhealth lifts the hold once the burn-in passes. Use "
+                "--force to lift it now, without the burn-in"
+            )
         hints: dict[str, str] = {
             State.HEALTHY: "it is in service",
             State.DEGRADED: "gpuhealth only observes it",
             State.RECOVERING: "it is already on probation and returns to service by itself",
             State.UNKNOWN: "its agent is silent: fix the agent first",
         }
-        hint = hints.get(state, "gpuhealth returns it to service by itself once its facts clear and probation passes")
+        hint = hints.get(
+            state,
+            "gpuhealth returns it to service by itself once its facts clear and probation passes; evidence that "
+            "does not clear by itself (an XID, a NIC counter's increase) holds it until a release once the "
+            "fault is repaired",
+        )
         raise Refused(
             f"node {node} is {why}, not AwaitingRepair: {hint}. Use --force to clear its evidence and "
             "flapping history anyway"
@@ -100,20 +120,37 @@ def plan_release(
             parsed = None
     probation = f" ({format_duration(parsed.probation_s)} under policy {parsed.name})" if parsed else ""
     lines = [f"node/{node} released at {stamp} ({RELEASE_ANNOTATION}={stamp})."]
+    if burn_in is not None and burn_in.holds:
+        lines.append(_burn_in_release(burn_in))
+    held_out = state in OUT_OF_SERVICE
     if state == State.AWAITING_REPAIR:
         lines.append(
             "Next: gpuhealth clears the evidence recorded up to now and the flapping history, moves the node "
             f"to Recovering and keeps its taint and cordon for the probation{probation}."
         )
+    elif burn_in is not None and burn_in.awaits_release and not held_out:
+        lines.append(
+            f"The node stays {state or 'without a verdict'}: gpuhealth clears the evidence recorded up to now and "
+            "the flapping history; it serves once the taint is gone."
+        )
+    elif held_out:
+        lines.append(
+            f"Forced (state {state}): gpuhealth clears the evidence recorded up to now and the flapping "
+            f"history; if nothing new is wrong the node goes through Recovering and the probation{probation}."
+        )
     else:
         lines.append(
             f"Forced (state {state or 'none'}): gpuhealth clears the evidence recorded up to now and the flapping "
-            f"history; if nothing new is wrong the node goes through Recovering and the probation{probation}."
+            "history; no verdict holds the node out, so its state stays what its facts say."
         )
-    lines.append(
-        "If the agent's reports stay clean for the whole probation it returns to service (taint and gpuhealth's "
-        "cordon lifted); a new fault sends it back to quarantine. The operator removes the annotation once done."
-    )
+    if held_out:
+        lines.append(
+            "If the agent's reports stay clean for the whole probation it returns to service (taint and "
+            "gpuhealth's cordon lifted); a new fault sends it back to quarantine. The operator removes the "
+            "annotation once done."
+        )
+    else:
+        lines.append("The operator removes the annotation once done.")
     lines.append(f"Follow it with: kubectl gpuhealth describe {node}")
     warnings = []
     if parsed is not None and parsed.mode == Mode.PAUSED:
@@ -131,6 +168,18 @@ def plan_release(
             "(is the operator running?)"
         )
     return Plan(patch, tuple(lines), tuple(warnings))
+
+
+def _burn_in_release(nv: NodeValidation) -> str:
+    """What a release does to a burn-in's hold (``spec.validation.newNodes``)."""
+    v = nv.validation
+    how = f"burn-in {v.outcome}" + (f": {v.findings}" if v.findings else "")
+    if not nv.done:
+        how += "; the run is stopped and recorded as failed (released by a human)"
+    return (
+        f"Next: gpuhealth lifts its burn-in taint {BURN_IN_TAINT_KEY} ({how}). To burn the node in again, "
+        f"label it {BURN_IN_LABEL}={BURN_IN_REQUESTED}."
+    )
 
 
 def plan_pause(policy: Mapping[str, Any]) -> Plan:

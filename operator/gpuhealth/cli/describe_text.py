@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
 from gpuhealth.api.durations import format_duration
-from gpuhealth.api.names import QUARANTINE_ANNOTATION, TAINT_KEY, State
+from gpuhealth.api.names import BURN_IN_TAINT_KEY, OUT_OF_SERVICE, QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.cli.fabricview import fabric_lines
 from gpuhealth.cli.miglayout import layout_lines
@@ -225,6 +225,9 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
         state_text = paint_state(state or "-", state, color)
         if m.get("dryRun"):
             state_text += " (DryRun: computed, no Node changed)"
+        nv = m.get("nodeValidation") or {}
+        if nv.get("held") and not nv.get("dryRun") and state not in OUT_OF_SERVICE:
+            state_text += f" (held by its burn-in: taint {BURN_IN_TAINT_KEY}, not in service)"
         since = f"   since {m['since']} ({human_age(m.get('ageSeconds'))} ago)" if m.get("since") else ""
         lines.append(field("State", state_text + since))
     lines.append(field("Reason", shown(m.get("reason"))))

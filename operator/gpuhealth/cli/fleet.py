@@ -8,6 +8,10 @@ AwaitingRepair, Recovering) costs ``total GPUs x hours since status.since`` GPU-
 state; nodes in ``Unknown`` (nobody can see their GPUs) are summed separately. Where the governing
 policy has ``spec.cost.gpuHourly`` the GPU-hours are priced in its ``spec.cost.currency``. A verdict
 computed under a DryRun policy changed no Node, so it holds nothing out of service and costs nothing.
+A node held by its burn-in (``status.nodeValidation.held``: gpuhealth's taint ``gpuhealth.dev/burn-in``
+until the burn-in passes, or a human releases a failed one) is out of service whatever its state says
+(``Healthy``: nothing wrong was known when it joined); its GPU-hours count since the burn-in began,
+under ``BurnIn``.
 A GPU held out on its own (``status.devices[]``, a DeviceTaintRule) while its node serves on costs
 ``1 x hours since that GPU's since``; those GPU-hours are summed under ``Device``.
 """
@@ -50,6 +54,8 @@ STATE_ORDER: tuple[State, ...] = (
 OUT_OF_SERVICE_ORDER: tuple[State, ...] = tuple(s for s in STATE_ORDER if s in OUT_OF_SERVICE)
 NO_VERDICT = "NoVerdict"
 """Key in the per-state totals for nodes gpuhealth has not judged (no report, or no policy)."""
+BURN_IN = "BurnIn"
+"""Key in the GPU-hours held out for nodes held by their burn-in while no verdict holds them out."""
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,16 @@ class Row:
     rack: str = ""  # the rack label's value
 
     @property
+    def burn_in_hold(self) -> bool:
+        """Held by its burn-in while no verdict holds it out (nor leaves it Unknown): out of service all
+        the same, the taint keeping every GPU from new work."""
+        nv = self.node_validation or {}
+        held = bool(nv.get("held")) and not nv.get("dryRun")
+        return held and self.state not in OUT_OF_SERVICE and self.state != State.UNKNOWN and not self.dry_run
+
+    @property
     def out_of_service(self) -> bool:
-        return self.state in OUT_OF_SERVICE and not self.dry_run
+        return (self.state in OUT_OF_SERVICE or self.burn_in_hold) and not self.dry_run
 
     @property
     def ladder(self) -> str:
@@ -324,8 +338,11 @@ def build_row(
     hours: float | None = None
     cost: float | None = None
     currency = ""
-    if not dry_run and (state in OUT_OF_SERVICE or state == State.UNKNOWN):
-        hours = gpu_hours(total or 0, since, now)
+    validation = node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now)
+    burn_in = Row(name, state, dry_run=dry_run, node_validation=validation).burn_in_hold
+    if not dry_run and (state in OUT_OF_SERVICE or state == State.UNKNOWN or burn_in):
+        held_since = parse_time((validation or {}).get("episode")) if burn_in else since
+        hours = gpu_hours(total or 0, held_since, now)
         price = price_of(policy_obj)
         if price is not None:
             cost = hours * price.hourly
@@ -364,7 +381,7 @@ def build_row(
         device_gpu_hours=device_hours,
         device_cost=device_cost,
         ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
-        node_validation=node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now),
+        node_validation=validation,
         clock_skew_s=status.skew_seconds,
         domain=str(labels.get(topology.domain_label) or ""),
         rack=str(labels.get(topology.rack_label) or ""),
@@ -398,7 +415,8 @@ def totals(rows: Iterable[Row]) -> Totals:
         if r.out_of_service:
             t.out_nodes += 1
             t.out_gpus += r.total_gpus or 0
-            t.out_gpu_hours_by_state[r.state] = t.out_gpu_hours_by_state.get(r.state, 0.0) + (r.gpu_hours or 0.0)
+            key = BURN_IN if r.burn_in_hold else r.state
+            t.out_gpu_hours_by_state[key] = t.out_gpu_hours_by_state.get(key, 0.0) + (r.gpu_hours or 0.0)
             if r.cost is None:
                 t.unpriced_nodes += 1
             else:
@@ -420,7 +438,7 @@ def totals(rows: Iterable[Row]) -> Totals:
     t.by_state = ordered
     t.out_gpu_hours_by_state = {
         str(s): t.out_gpu_hours_by_state[str(s)]
-        for s in (*OUT_OF_SERVICE_ORDER, "Device")
+        for s in (*OUT_OF_SERVICE_ORDER, BURN_IN, "Device")
         if str(s) in t.out_gpu_hours_by_state
     }
     return t

@@ -125,6 +125,8 @@ def table(
 def _state_cell(r: Row) -> str:
     if not r.state:
         return "-"
+    if r.burn_in_hold:
+        return f"{r.state} (burn-in hold)"
     return f"{r.state} (DryRun)" if r.dry_run else r.state
 
 

@@ -96,3 +96,42 @@ def test_resume_of_a_policy_that_is_not_paused() -> None:
         plan_resume(policy(mode="DryRun"), "Enforce")
     with pytest.raises(Refused, match="--mode"):
         plan_resume(policy(mode="Paused"), "Paused")
+
+
+def _burn_in(result: str, held: bool = True) -> dict[str, object]:
+    nv: dict[str, object] = {"trigger": "BurnIn", "episode": "2025-06-01T11:00:00Z", "level": 2, "result": result}
+    if result != "Pending":
+        nv["job"] = "gpuhealth-remediation/gpuhealth-validate-n-node-1234abcd"
+    if result in ("Failed", "TimedOut", "Lost"):
+        nv["findings"] = "GPU 5 pcie Fail (DCGM error 46)"
+    if held:
+        nv["held"] = True
+    return nv
+
+
+@pytest.mark.parametrize("result", ["Failed", "TimedOut", "Lost"])
+def test_release_lifts_a_failed_burn_ins_hold_without_force(result: str) -> None:
+    """docs/runbook.md BurnInFailed: repair what the findings name, then `kubectl gpuhealth release NODE`.
+    The node reads Healthy (nothing wrong was known when it joined) but is held, not in service."""
+    rep = report("n", "Healthy", inServiceGPUs=0, nodeValidation=_burn_in(result))
+    plan = plan_release("n", rep, policy(), NOW)
+    assert plan.patch == {"metadata": {"annotations": {"gpuhealth.dev/release": "2025-06-01T12:00:00Z"}}}
+    text = "\n".join(plan.lines)
+    assert "Forced" not in text and "lifts its burn-in taint gpuhealth.dev/burn-in" in text
+    assert f"burn-in {result}" in text and "gpuhealth.dev/burn-in=requested" in text
+
+
+def test_release_of_a_node_whose_burn_in_runs_says_so_and_asks_for_force() -> None:
+    for result in ("Pending", "Running"):
+        rep = report("n", "Healthy", inServiceGPUs=0, nodeValidation=_burn_in(result))
+        with pytest.raises(Refused) as e:
+            plan_release("n", rep, policy(), NOW)
+        msg = str(e.value)
+        assert f"held by its burn-in ({result};" in msg and "it is in service" not in msg
+        assert "--force" in msg and "\n" not in msg
+        forced = plan_release("n", rep, policy(), NOW, force=True)
+        assert forced.patch is not None and "burn-in" in "\n".join(forced.lines)
+    # A burn-in that passed holds nothing: the node is in service.
+    passed = report("n", "Healthy", nodeValidation=_burn_in("Passed", held=False))
+    with pytest.raises(Refused, match="it is in service"):
+        plan_release("n", passed, policy(), NOW)

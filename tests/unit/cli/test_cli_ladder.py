@@ -192,3 +192,38 @@ def test_status_and_describe_show_a_nodes_validation() -> None:
     assert "Node validation (status.nodeValidation):" in out and "DCGM error 46" in out
     assert "Validation:  BurnIn: level 2 Failed in 2m" in out
     assert "gpuhealth.dev/burn-in" in out
+
+
+def test_a_burn_in_hold_reads_as_not_in_service() -> None:
+    """A node held by its burn-in is Healthy (nothing wrong was known when it joined) yet serves no new
+    work: status says so in its STATE cell and counts it held out of service; describe says so beside
+    its state; the release the runbook asks for is not refused (tests/unit/cli/test_cli_changes.py)."""
+    nv = {
+        "trigger": "BurnIn",
+        "episode": ago(7200),
+        "level": 2,
+        "result": "Failed",
+        "finishedAt": ago(3600),
+        "findings": "GPU 5 pcie Fail (DCGM error 46)",
+        "held": True,
+    }
+    rep = report("c", "Healthy", since_s=7200, inServiceGPUs=0, nodeValidation=nv)
+    fleet = summarize([node("c"), node("d")], [rep, report("d", "Healthy")], [policy()], NOW)
+    text = render_status(fleet)
+    row = next(line for line in text.splitlines() if line.startswith("c "))
+    assert "Healthy (burn-in hold)" in row
+    d_row = next(line for line in text.splitlines() if line.startswith("d "))
+    assert "burn-in" not in d_row
+    totals = fleet.to_json()["totals"]["outOfService"]
+    assert (totals["nodes"], totals["gpus"]) == (1, 8)
+    assert totals["gpuHoursByState"] == {"BurnIn": 16.0}
+    assert fleet.to_json()["nodes"][0]["outOfService"] is True
+    assert "Held out of service: 1 node, 8 GPUs, 16.0 GPU-hours (BurnIn 16.0)" in text
+    out = render_describe(describe_node("c", node("c"), rep, None, [], NOW))
+    state = next(line for line in out.splitlines() if line.startswith("State"))
+    assert "Healthy" in state and "held by its burn-in" in state and "not in service" in state
+    assert "0 in service" in out
+    # Once it passed, the hold is gone: in service, nothing held out.
+    passed = report("c", "Healthy", nodeValidation={**nv, "result": "Passed", "held": False})
+    fleet = summarize([node("c")], [passed], [policy()], NOW)
+    assert "burn-in hold" not in render_status(fleet) and fleet.totals.out_nodes == 0

@@ -269,7 +269,8 @@ class NodeReconciler:
             # A validation's move that creates no Job lands in this same write (node_validator.py), and
             # so does dropping the drain record of a GPU this decision moves out of Draining.
             folded = {**self.validator.fold(p, nmove), **self.device_drainer.fold(p, dev.records)}
-            await self._persist(p, overridden, report_obj, decision, dev, skew, folded)
+            held = self.validator.holds(p, nmove)
+            await self._persist(p, overridden, report_obj, decision, dev, skew, folded, held)
             # The decision is announced right after it is recorded and before anything acts on it.
             self._announce(name, policy, decision, a)
             if new_skew is not None:
@@ -334,9 +335,11 @@ class NodeReconciler:
         dev: DevicePlan,
         clock_skew: ClockSkewRecord | None = None,
         folded: Mapping[str, Any] | None = None,
+        held: bool = False,
     ) -> None:
         """Write the node's status; ``folded`` (other rooms' keys, already a merge patch's values)
-        goes in the same patch."""
+        goes in the same patch. ``held``: gpuhealth's burn-in taint holds the node (none of its GPUs
+        in service)."""
         name, policy, a = p.name, p.policy, p.assessment
         body = node_status(
             decision.record,
@@ -351,8 +354,11 @@ class NodeReconciler:
             unknown_message=a.unknown_reason,
             devices=dev.status(),
             # DryRun holds nothing out (no Node change, rules with effect None): every GPU serves.
+            # A burn-in's hold (its NoSchedule taint) keeps every GPU from new work: none serves.
             in_service_gpus=a.total_gpus
             if policy.mode == Mode.DRY_RUN
+            else 0
+            if held
             else dev.in_service(decision.record.out_of_service, a.total_gpus),
             clock_skew=clock_skew,
         )

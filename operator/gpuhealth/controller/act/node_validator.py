@@ -178,6 +178,12 @@ class NodeValidator:
         taints = ((self.store.nodes.get(name) or {}).get("spec") or {}).get("taints") or []
         return any(t.get("key") == BURN_IN_TAINT_KEY for t in taints)
 
+    def holds(self, p: NodePass, move: NodeMove | None) -> bool:
+        """Whether gpuhealth's burn-in taint holds the node once ``move`` is carried out: then none of
+        its GPUs is in service (``status.inServiceGPUs`` 0), whatever its state."""
+        rec = p.found.node_validation if move is None else self._record(p, move)
+        return rec is not None and rec.holds
+
     def fold(self, p: NodePass, move: NodeMove | None) -> dict[str, Any]:
         """``status.nodeValidation`` to write in the node's own status patch: a move that creates no
         Job, when its record changes (see the module docstring); empty otherwise."""

@@ -73,6 +73,9 @@ def test_a_new_node_is_held_its_record_first_then_its_job_and_a_pass_lifts_only_
     asyncio.run(passes(kube, clock, n=3))
     assert nv(kube)["trigger"] == "BurnIn" and nv(kube)["held"] is True and nv(kube)["result"] == "Running"
     assert set(taints(kube)) == {"example.com/other", BURN_IN_TAINT_KEY}
+    # Healthy (nothing wrong is known) yet held: no GPU of it is in service (kubectl get gpunodes).
+    status = kube.reports["n1"]["status"]
+    assert status["state"] == "Healthy" and status["inServiceGPUs"] == 0 and status["totalGPUs"] == 8
     ((ns, job),) = kube.jobs
     assert nv(kube)["job"] == f"{ns}/{job}" and nv(kube)["created"] is True
     writes = [w for w in kube.writes if w[1] in ("report/n1/status", "node/n1") or w[1].startswith("job/")]
@@ -84,6 +87,7 @@ def test_a_new_node_is_held_its_record_first_then_its_job_and_a_pass_lifts_only_
     asyncio.run(passes(kube, clock, n=2))
     assert nv(kube)["result"] == "Passed" and not nv(kube).get("held")
     assert taints(kube) == ["example.com/other"], "only gpuhealth's taint is lifted"
+    assert kube.reports["n1"]["status"]["inServiceGPUs"] == 8, "in service once the hold is lifted"
     assert "BurnInHeld" in kube.reasons("n1") and "BurnInPassed" in kube.reasons("n1")
     assert len(kube.jobs) == 1
 
