@@ -4,6 +4,7 @@ brake as one finding, and a single node's power brake keeping new work off that 
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from typing import Any
 
 from devkit.cluster import LocalCluster
@@ -30,6 +31,10 @@ def _with(spec: dict[str, Any], gpu: int, **fields: Any) -> dict[str, Any]:
 
 def _status(kube: Kube, node: str) -> dict[str, Any]:
     return kube.report(node).get("status") or {}
+
+
+def _in_state(kube: Kube, node: str, state: str) -> bool:
+    return kube.state(node) == state
 
 
 def _events(kube: Kube, nodes: list[str], reason: str) -> list[Any]:
@@ -134,6 +139,28 @@ def test_a_power_brake_on_three_nodes_of_a_rack_is_one_rack_finding_not_three_re
     assert kube.state(nodes[3]) == "Healthy"
     labels = {"policy": group, "rack": rack, "reason": "RackPowerBrake"}
     wait_for(lambda: operator.metric("gpuhealth_rack_findings", labels) == 3, what="gpuhealth_rack_findings 3")
+
+    # The brake lifts node by node (issue #53): the rack falls below minNodes, and the last braked node,
+    # whose own brake has held past sustainedFor, stays under the rack's finding until its brake lifts.
+    for n in braked[1:]:
+        kube.put_report(n, healthy_spec())
+        wait_for(partial(_in_state, kube, n, "Healthy"), timeout=60, what=f"{n} Healthy once its brake lifted")
+    last = braked[0]
+    own_held = dt.datetime.fromisoformat(since) + dt.timedelta(seconds=15 + 3)
+    window = max(3.0, (own_held - dt.datetime.now(dt.UTC)).total_seconds())
+
+    def rack_only() -> bool:
+        st = _status(kube, last)
+        return (st.get("reason"), st.get("state")) == ("RackPowerBrake", "Degraded") and not (
+            kube.our_taint(last) or kube.node(last)["spec"].get("unschedulable")
+        )
+
+    holds(rack_only, window, what=f"{last}: the rack's finding alone, past its own brake's sustainedFor")
+    assert "1 node" in (_status(kube, last).get("message") or "")
+    kube.put_report(last, healthy_spec())
+    wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes), timeout=60, what="the rack Healthy")
+    assert not _events(kube, nodes, "Quarantined") and not any(kube.our_taint(n) for n in nodes)
+    wait_for(lambda: operator.metric("gpuhealth_rack_findings", labels) == 0, what="gpuhealth_rack_findings 0")
 
 
 def test_a_single_nodes_power_brake_keeps_new_work_off_it_and_running_work_on(

@@ -58,7 +58,10 @@ DOMAIN_FINDINGS = Gauge(
 )
 RACK_FINDINGS = Gauge(
     "gpuhealth_rack_findings",
-    "Nodes of a rack under a power brake counted as one rack finding (0 when below rack.minNodes)",
+    (
+        "Nodes of a rack under a power brake counted as one rack finding, while the rack's episode lasts "
+        "(0 once no node of it is braked, or when fewer than rack.minNodes were)"
+    ),
     ["policy", "rack", "reason"],
     registry=REGISTRY,
 )

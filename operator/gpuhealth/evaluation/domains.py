@@ -27,10 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuhealth.api.names import Scope, Signal
+from gpuhealth.api.names import Action, Scope, Signal, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.status import Record
+from gpuhealth.api.validation import NodeValidation, Trigger
 from gpuhealth.evaluation.assess import HW_POWER_BRAKE
 from gpuhealth.evaluation.findings import Assessment, Finding
 
@@ -132,18 +133,58 @@ def domain_finding(
 
 
 def rack_finding(
-    policy: Policy, key: str, rack: str, braked: Iterable[str], since: dt.datetime | None = None
+    policy: Policy,
+    key: str,
+    rack: str,
+    braked: Iterable[str],
+    since: dt.datetime | None = None,
+    episode: bool = False,
 ) -> Finding | None:
-    """The rack's finding while at least ``rack.minNodes`` of its nodes are under a power brake."""
+    """The rack's finding while at least ``rack.minNodes`` of its nodes are under a power brake, and
+    after that while its episode lasts (``episode``, :func:`rack_episode`): as long as any node of the
+    rack is still braked, however few, the brake stays the rack's."""
     nodes = sorted(braked)
-    if len(nodes) < policy.power_brake.rack.min_nodes:
+    if not nodes or (len(nodes) < policy.power_brake.rack.min_nodes and not episode):
         return None
     shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    least = policy.power_brake.rack.min_nodes
+    rest = (
+        f", still the rack's episode (begun on {least} or more; it lasts until none is braked)"
+        if len(nodes) < least
+        else ""
+    )
     detail = (
-        f"rack {key}={rack}: hardware power brake on {len(nodes)} nodes ({shown}): "
+        f"rack {key}={rack}: hardware power brake on {count} ({shown}){rest}: "
         "the rack's power or the facility, not these nodes; see the runbook, RackPowerBrake"
     )
     return Finding(Signal.RACK_POWER_BRAKE, policy.power_brake.rack.action, detail, since=since, scope=Scope.RACK)
+
+
+def rack_episode(statuses: Iterable[Mapping[str, Any] | None]) -> bool:
+    """Whether a rack's episode is on: the written status of one of its nodes (``statuses``, each as
+    written, ``api/status.py``) carries the rack's finding, in its evidence, or as the reason it is held
+    (the evidence keeps its first ``MAX_EVIDENCE`` items only). Read from what was written, so a
+    restarted operator finds the episode where its predecessor left it; it ends once no node of the
+    rack is braked any more (:func:`rack_finding` gets no node), when each node's next status drops it."""
+    for s in statuses:
+        if not s:
+            continue
+        if s.get("reason") == Signal.RACK_POWER_BRAKE and s.get("state") in _HELD_FOR_RACK:
+            return True
+        evidence = s.get("evidence")
+        if isinstance(evidence, list) and any(_signal(e) == Signal.RACK_POWER_BRAKE for e in evidence):
+            return True
+    return False
+
+
+# A node's states while the rack's finding holds it (observe: Degraded; cordon: out of service). Once its
+# brake lifts it is Healthy, or Recovering with nothing of the rack's left in its evidence.
+_HELD_FOR_RACK = frozenset({State.DEGRADED, State.QUARANTINED, State.DRAINING})
+
+
+def _signal(entry: Any) -> str:
+    return str(entry.get("signal") or "") if isinstance(entry, Mapping) else ""
 
 
 def with_rack(a: Assessment, rack: Finding | None) -> Assessment:
@@ -169,3 +210,78 @@ def domain_decided(records: Mapping[str, Record], nodes: Iterable[str]) -> bool:
         if rec is not None and rec.out_of_service and rec.reason == Signal.IMEX_DOMAIN:
             return True
     return False
+
+
+@dataclass(frozen=True)
+class DomainReturn:
+    """What a member on probation for its domain waits for before it returns: the other members that
+    left service for the domain and cannot return yet (none: it returns), and when the last of those
+    whose probation is all they wait for ends it (its next pass; None: a watch event or the sweep)."""
+
+    waits_for: tuple[str, ...] = ()
+    retry_at: dt.datetime | None = None
+
+
+def domain_return(
+    name: str,
+    record: Record,
+    others: Mapping[str, Mapping[str, Any]],
+    probation_s: float,
+    now: dt.datetime,
+) -> DomainReturn:
+    """Whether ``name`` (its ``record``), out of service for its NVLink domain and through its own
+    probation, may return: only together with every other member that left service for the domain
+    (``others``: each member's status as written). A member waits for another that is:
+
+    * still out of service for the domain (its reason ``ImexDomain``): quarantined or draining (its
+      pass after the fault cleared has not come yet), on probation that has not ended, on probation
+      with Unknown facts (none counts), or held by its node validation after a release;
+
+    and not for one that is back in service, out for another reason, held by a fault of its own (a
+    quarantine-level finding in its evidence other than the domain's), or waiting for a human
+    (AwaitingRepair: its validation failed): those left the domain's episode. A member that left for a
+    fault of its own returns on its own. Read from the written statuses, so a restarted operator holds
+    the domain just the same."""
+    if record.state != State.RECOVERING or record.reason != Signal.IMEX_DOMAIN:
+        return DomainReturn()
+    probation = dt.timedelta(seconds=probation_s)
+    waits: list[str] = []
+    ends: list[dt.datetime] = []
+    for n, status in sorted(others.items()):
+        if n == name or not status:
+            continue
+        rec = Record.from_status(status)
+        if not rec.out_of_service or rec.reason != Signal.IMEX_DOMAIN or rec.state == State.AWAITING_REPAIR:
+            continue
+        if _held_by_own_fault(status):
+            continue
+        if rec.state == State.RECOVERING and rec.healthy_since is not None:
+            end = rec.healthy_since + probation
+            if end > now:
+                ends.append(end)
+            elif not _validation_holds(status):
+                continue
+        waits.append(n)
+    return DomainReturn(tuple(waits), max(ends) if waits and ends else None)
+
+
+def _held_by_own_fault(status: Mapping[str, Any]) -> bool:
+    evidence = status.get("evidence")
+    if not isinstance(evidence, list):
+        return False
+    for e in evidence:
+        if not isinstance(e, Mapping) or _signal(e) in ("", Signal.IMEX_DOMAIN):
+            continue
+        try:
+            if Action(str(e.get("action"))).quarantines:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _validation_holds(status: Mapping[str, Any]) -> bool:
+    """The member's validation after a release has not passed: it holds the member's probation
+    (``evaluation/node_validation.py``); a burn-in holds with a taint, not the state."""
+    nv = NodeValidation.from_status(status.get("nodeValidation"))
+    return nv is not None and nv.trigger == Trigger.RELEASE and not nv.done and not nv.dry_run

@@ -77,11 +77,13 @@ class Assessment:
 
     @property
     def top(self) -> Finding | None:
-        """The most severe finding; the earliest among equals, so the reason is stable."""
+        """The most severe finding; among equals the NVLink domain's (the decision every member of the
+        domain shares, and the reason each of them leaves and returns for: ``domains.py``), then the
+        earliest, so the reason is stable."""
         if not self.findings:
             return None
         epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-        return min(self.findings, key=lambda f: (-f.action.severity, f.since or epoch, f.key))
+        return min(self.findings, key=lambda f: (-f.action.severity, f.scope != Scope.DOMAIN, f.since or epoch, f.key))
 
     def actionable(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.action != Action.IGNORE)

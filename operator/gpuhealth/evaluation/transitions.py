@@ -9,7 +9,8 @@ Rules that the property tests hold it to:
 - AwaitingRepair is left only through a human release;
 - a node returns to service only after ``probation`` of fresh, clean facts;
 - a node whose validation has not passed (``node_validation.py``) does not return; one whose
-  validation failed goes to AwaitingRepair.
+  validation failed goes to AwaitingRepair;
+- a node out for its NVLink domain returns only with the other members out for it (``domains.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class Inputs:
     released: bool = False
     validating: bool = False  # the node's validation (node_validation.py) has not passed: no return yet
     validation_failed: str = ""  # the node's validation failed: these findings send it to AwaitingRepair
+    # Out for its NVLink domain: the other members that left for it and cannot return yet
+    # (evaluation/domains.py domain_return): the domain returns together, so this one waits for them.
+    domain_waits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,14 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
             return Decision(rec, events=tuple(events))
         healthy_since = rec.healthy_since or now
         rec = replace(rec, healthy_since=healthy_since)
-        if (now - healthy_since).total_seconds() >= policy.probation_s and not inputs.validating:
+        done = (now - healthy_since).total_seconds() >= policy.probation_s and not inputs.validating
+        if done and inputs.domain_waits:
+            shown = ", ".join(inputs.domain_waits[:5]) + (
+                f" and {len(inputs.domain_waits) - 5} more" if len(inputs.domain_waits) > 5 else ""
+            )
+            msg = f"probation over; waits for its NVLink domain to return as one ({shown} not yet back)"
+            return Decision(replace(rec, message=msg), events=tuple(events))
+        if done:
             rec = replace(
                 rec,
                 state=State.HEALTHY,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 from gpuhealth.api.names import Action, Scope, Signal, State
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.status import Record
+from gpuhealth.api.status import Record, evidence_entry
+from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, Validation
 from gpuhealth.evaluation import domains
 from gpuhealth.evaluation.findings import Assessment, Finding
 from gpuhealth.evaluation.scope import node_findings, scope_of, xid_scope
@@ -149,3 +151,102 @@ def test_a_fabric_mask_of_false_or_unsupported_sub_fields_is_no_fault() -> None:
         report = _report_with({"index": 0, "uuid": "GPU-0", "fabric": fabric})
         assert domains.imex_faults("a", report) == ()
         assert domains.correlation_facts(report) == (False, False)
+
+
+# -- Episodes: a rack's or a domain's decision lasts as long as its fault does, on every member --------
+
+
+def test_a_rack_episode_keeps_its_finding_below_min_nodes_until_no_member_is_braked() -> None:
+    policy = make_policy()  # rack.minNodes 3
+    # The brake lifts node by node: the last braked node stays under the rack's finding, never its own.
+    f = domains.rack_finding(policy, "rack", "r1", ["a"], NOW, episode=True)
+    assert f is not None
+    assert (f.signal, f.action, f.scope) == (Signal.RACK_POWER_BRAKE, Action.OBSERVE, Scope.RACK)
+    assert "1 node (a)" in f.detail and "facility" in f.detail and "episode" in f.detail
+    assert domains.rack_finding(policy, "rack", "r1", [], NOW, episode=True) is None  # no member braked: over
+    assert domains.rack_finding(policy, "rack", "r1", ["a"], NOW) is None  # no episode: the node's own
+
+
+def test_a_rack_episode_is_on_while_a_members_written_status_carries_the_racks_finding() -> None:
+    rack = evidence_entry("RackPowerBrake", "RackPowerBrake", "observe", "rack r1: ...")
+    ecc = evidence_entry("ECC", "ECC", "drain", "ecc", gpu=2)
+    assert domains.rack_episode([None, {}, {"state": "Degraded", "reason": "RackPowerBrake", "evidence": [rack]}])
+    assert domains.rack_episode([{"state": "Degraded", "reason": "ECC", "evidence": [ecc, rack]}])
+    # The reason alone (past the 16 evidence items the status keeps), while the node is held for it.
+    assert domains.rack_episode([{"state": "Quarantined", "reason": "RackPowerBrake", "evidence": [ecc]}])
+    # Its brake lifted: back in service, or on probation with nothing left to show for the rack.
+    assert not domains.rack_episode([{"state": "Healthy", "reason": "", "evidence": None}])
+    assert not domains.rack_episode([{"state": "Recovering", "reason": "RackPowerBrake", "evidence": None}])
+    assert not domains.rack_episode([{"state": "Quarantined", "reason": "PowerBrake", "evidence": ["junk"]}])
+    assert not domains.rack_episode([])
+
+
+PROBATION_S = 600.0
+
+
+def recovering(clean_s: float, reason: str = Signal.IMEX_DOMAIN) -> Record:
+    """A member on probation since ``clean_s`` seconds before NOW."""
+    since = NOW - dt.timedelta(seconds=clean_s)
+    return Record(state=State.RECOVERING, reason=reason, since=since, healthy_since=since, drained=True)
+
+
+def status(rec: Record, **extra: Any) -> dict[str, Any]:
+    return {**rec.to_status(), **extra}
+
+
+def test_a_domain_member_returns_only_when_every_member_out_for_the_domain_can() -> None:
+    me = recovering(600)
+    # Every member past its probation: all return (whichever passes first).
+    got = domains.domain_return("a", me, {"b": status(recovering(601)), "c": status(recovering(700))}, PROBATION_S, NOW)
+    assert got == domains.DomainReturn()
+    # One member's probation began a pass later: the others wait for it, and come back when it ends.
+    got = domains.domain_return("a", me, {"b": status(recovering(597)), "c": status(recovering(600))}, PROBATION_S, NOW)
+    assert got.waits_for == ("b",) and got.retry_at == NOW + dt.timedelta(seconds=3)
+    # One member's facts went Unknown (no probation counts): wait, with no time to come back at.
+    stale = Record(state=State.RECOVERING, reason=Signal.IMEX_DOMAIN, since=NOW, healthy_since=None)
+    got = domains.domain_return("a", me, {"b": status(stale)}, PROBATION_S, NOW)
+    assert got.waits_for == ("b",) and got.retry_at is None
+    # Still quarantined for the domain (its pass after the fault cleared has not come yet).
+    held = Record(state=State.QUARANTINED, reason=Signal.IMEX_DOMAIN, drained=True)
+    assert domains.domain_return("a", me, {"b": status(held)}, PROBATION_S, NOW).waits_for == ("b",)
+
+
+def test_a_member_whose_validation_holds_it_holds_its_domain() -> None:
+    me = recovering(600)
+    asked = NOW - dt.timedelta(seconds=300)
+    running = NodeValidation(Trigger.RELEASE, asked, Validation(2, outcome=Outcome.RUNNING, job="v", created=True))
+    passed = replace(running, validation=replace(running.validation, outcome=Outcome.PASSED, finished=NOW))
+    held = status(recovering(700), nodeValidation=running.to_status())
+    assert domains.domain_return("a", me, {"b": held}, PROBATION_S, NOW).waits_for == ("b",)
+    done = status(recovering(700), nodeValidation=passed.to_status())
+    assert domains.domain_return("a", me, {"b": done}, PROBATION_S, NOW).waits_for == ()
+
+
+def test_members_out_for_another_reason_or_for_a_human_do_not_hold_the_domain() -> None:
+    me = recovering(600)
+    others = {
+        "b": status(Record(state=State.HEALTHY)),  # already back
+        "c": status(recovering(10, reason="XID79")),  # out for its own fault, not the domain's
+        "d": status(Record(state=State.AWAITING_REPAIR, reason=Signal.IMEX_DOMAIN)),  # its validation failed
+        # Left for the domain, now held by a fault of its own (its reason is still the domain's).
+        "e": status(
+            Record(state=State.QUARANTINED, reason=Signal.IMEX_DOMAIN, drained=True),
+            evidence=[evidence_entry("XID", "XID79", "drain", "fell off the bus", gpu=1, code=79)],
+        ),
+        "f": {},  # no status yet
+    }
+    assert domains.domain_return("a", me, others, PROBATION_S, NOW) == domains.DomainReturn()
+    # The rule is the domain's: a node on probation for its own fault returns on its own.
+    mine = recovering(600, reason="XID79")
+    assert domains.domain_return("a", mine, {"b": status(recovering(1))}, PROBATION_S, NOW) == domains.DomainReturn()
+
+
+def test_the_domains_finding_is_a_members_reason_over_a_fault_as_severe_of_its_own() -> None:
+    # The faulting member's own XID 154 (its recovery action) is as severe as the domain's finding, and
+    # earlier: the member still leaves, and returns, with its domain (its reason is what the others read).
+    own = Finding(Signal.XID, Action.DRAIN, "recovery action", gpu=3, uuid="GPU-3", code=154, since=None)
+    dom = domains.domain_finding(KEY, CLIQUE, ("a", "b"), [domains.DomainFault("a", 3, "GPU-3")], NOW)
+    assert dom is not None
+    assert Assessment(findings=(own, dom)).top == dom
+    repair = Finding(Signal.XID, Action.REPAIR, "fell off the bus", gpu=1, code=79, since=NOW)
+    assert Assessment(findings=(own, dom, repair)).top == repair  # a worse fault of its own is its own

@@ -4,6 +4,8 @@ the node."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpuhealth.api.names import Action, State
@@ -183,3 +185,14 @@ def test_release_of_a_healthy_node_only_clears_evidence() -> None:
     assert d.record.state == State.HEALTHY
     assert d.record.cleared_before == at(50)
     assert d.events == ()
+
+
+def test_a_domain_member_through_its_probation_waits_for_the_members_still_out_for_the_domain() -> None:
+    q = replace(_quarantined(0), reason="ImexDomain")
+    d1 = decide_at(q, clean(), 100)
+    waiting = decide_at(d1.record, clean(), 100 + PROBATION, domain_waits=("d3",))
+    assert waiting.record.state == State.RECOVERING and not returned(waiting) and waiting.events == ()
+    assert waiting.record.healthy_since == at(100)  # its own probation is over; it does not start again
+    assert "NVLink domain" in waiting.record.message and "d3" in waiting.record.message
+    back = decide_at(waiting.record, clean(), 100 + PROBATION + 3)
+    assert back.record.state == State.HEALTHY and returned(back)

@@ -37,6 +37,7 @@ from gpuhealth.api.names import (
     REPORT_KIND,
     Mode,
     Signal,
+    State,
 )
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation_status import APPROVAL_ANNOTATIONS, Approvals
@@ -244,15 +245,22 @@ class NodeReconciler:
         allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)
         # A node's validation (after a repair's release, or a burn-in) holds its return or fails it.
         nmove = await self.validator.observe(p)
+        # A member on probation for its NVLink domain returns only with the others out for it.
+        joins = self.topology.domain_return(name, policy, domain, prior, now)
         inputs = Inputs(
             breaker_allows=allows,
             drain_complete=drain_done(stored.drain, prior),
             released=released,
             validating=nmove is not None and nmove.hold,
             validation_failed=nmove.failed if nmove is not None else "",
+            domain_waits=joins.waits_for,
         )
         decision = decide(prior, node_a, policy, now, inputs)
         again: Again = None
+        domain_again: Again = None
+        if joins.retry_at is not None and decision.record.state == State.RECOVERING:
+            # The last of the members it waits for ends its probation then: pass again right after.
+            domain_again = max(0.05, (joins.retry_at - now).total_seconds() + 0.05)
         validation_again: Again = None
         try:
             if store.pods.pending and not acts_before_pods(
@@ -317,7 +325,7 @@ class NodeReconciler:
         finally:
             self.breaker.release(policy, name)
             self.validator.end(name)
-        return soonest(again, validation_again)
+        return soonest(again, validation_again, domain_again)
 
     async def _admit(self, policy: Policy, name: str, a: Assessment, domain: DomainView | None) -> bool:
         """The breaker's answer: one for the whole NVLink domain when its fault takes this node out

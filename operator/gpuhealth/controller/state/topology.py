@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from gpuhealth.api.names import Signal
+from gpuhealth.api.names import Signal, State
 from gpuhealth.api.policy import Policy
+from gpuhealth.api.status import Record, written_status
 from gpuhealth.controller import metrics
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation import domains
@@ -51,19 +52,37 @@ class Topology:
         metrics.DOMAIN_FINDINGS.labels(policy.name, value).set(len(nodes) if finding else 0)
         return DomainView(key, value, nodes, finding, domains.domain_decided(self._store.records, nodes))
 
+    def domain_return(
+        self, name: str, policy: Policy, view: DomainView | None, prior: Record, now: dt.datetime
+    ) -> domains.DomainReturn:
+        """What ``name``, on probation for its domain, waits for before it returns: the other members
+        still out for the domain, read from their written statuses (``domains.domain_return``)."""
+        if view is None or prior.state != State.RECOVERING or prior.reason != Signal.IMEX_DOMAIN:
+            return domains.DomainReturn()
+        others = {n: written_status(self._store.reports.get(n)) for n in view.members if n != name}
+        return domains.domain_return(name, prior, others, policy.probation_s, now)
+
     def _first_seen(self, node: str) -> dt.datetime | None:
         seen = self._store.report_seen(node)
         return None if seen is None else seen.at
 
     def rack(self, name: str, policy: Policy, a: Assessment, now: dt.datetime) -> Assessment:
         """``a`` with the node's power-brake findings replaced by its rack's one finding, when enough of
-        the rack is under a brake; the ``gpuhealth_rack_findings`` gauge follows the rack's count."""
+        the rack is under a brake or the rack's episode lasts (``domains.rack_episode``); the
+        ``gpuhealth_rack_findings`` gauge follows the rack's count, to 0 once no node is braked."""
         key = policy.topology.rack_label
         value = domains.labels_of(self._store.nodes.get(name)).get(key)
-        if not value or not any(f.signal == Signal.POWER_BRAKE for f in a.findings):
-            return a
+        own = any(f.signal == Signal.POWER_BRAKE for f in a.findings)
+        if not value or not (own or domains.rack_episode([written_status(self._store.reports.get(name))])):
+            return a  # neither braked itself nor leaving the rack's episode: nothing of the rack's to do
         nodes = self._members(policy, key, value) or (name,)
         braked = [n for n in nodes if domains.power_braked(self._store.reports.get(n), policy)]
-        finding = domains.rack_finding(policy, key, value, braked, now)
+        # Below minNodes the rack's episode may still be on (a node's written status carries its
+        # finding): the brake lifting node by node leaves the last braked ones with the rack's finding.
+        episode = len(braked) < policy.power_brake.rack.min_nodes and domains.rack_episode(
+            written_status(self._store.reports.get(n)) for n in nodes
+        )
+        finding = domains.rack_finding(policy, key, value, braked, now, episode)
+        # A node whose brake lifted passes here once more, so the gauge (and its alert) ends with the episode.
         metrics.RACK_FINDINGS.labels(policy.name, value, "RackPowerBrake").set(len(braked) if finding else 0)
-        return domains.with_rack(a, finding)
+        return domains.with_rack(a, finding) if own else a
