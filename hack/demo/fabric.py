@@ -9,7 +9,9 @@ ID, a health mask of "false" sub-fields), and a 4-rank gang spanning them, one r
   and the domain returns together after probation.
 - Then a hardware power brake (clock reason 0x80) on 3 of the 4 nodes, which are also one rack: one
   rack finding (``RackPowerBrake``, pointing at the facility) on each braked node, no node repair,
-  no taint; it clears and the nodes are Healthy again.
+  no taint; it lifts node by node, the rack below ``minNodes`` while the last ones are still braked,
+  and none of them is held on its own meanwhile (the rack's episode lasts until no node is braked);
+  the nodes are Healthy again.
 
 The nodes are governed by a policy of their own (``FABRIC_POLICY``): a rack-scale fleet whose breaker
 admits a whole domain, so the other stories' budget is untouched.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from devkit.agents import Agent
@@ -205,13 +208,27 @@ def rack_story(kube: Kube, braked: list[Agent], members: list[str], timeline: Ti
         f"states {sorted(set(states.values()))}; nodes tainted: {len(tainted)}",
         seen,
     )
-    for a in braked:
+    # The brake lifts node by node, the first node last (as in issue #53's run): the rack falls below
+    # minNodes while the others are still braked, and none of them may be held on its own meanwhile.
+    held: set[str] = set()
+
+    def back(node: str, rest: list[str]) -> bool:
+        for n in rest:
+            if kube.our_taint(n) is not None or _status(kube, n).get("reason") == "PowerBrake":
+                held.add(n)
+        return kube.state(node) == "Healthy"
+
+    for k, a in enumerate(reversed(braked)):
         a.lines = [ln for ln in a.lines if ln != f"gpu {BRAKED_GPU} clock_reasons {POWER_BRAKE:#x}"]
         a.lines.append(f"gpu {BRAKED_GPU} clock_reasons {IDLE:#x}")
         a.write()
-    wait_for(lambda: all(kube.state(n) == "Healthy" for n in names), timeout=60, what="the braked nodes Healthy")
-    timeline.add(f"rack {RACK}: the brake lifted; the nodes Healthy")
-    return rack_summary(names, seen - at, states.values(), tainted)
+        rest = [b.node for b in reversed(braked)][k + 1 :]
+        wait_for(partial(back, a.node, rest), timeout=60, what=f"{a.node} Healthy once its brake lifted")
+    timeline.add(
+        f"rack {RACK}: the brake lifted node by node; the nodes Healthy, "
+        f"held on their own meanwhile: {sorted(held) or 'none'}"
+    )
+    return rack_summary(names, seen - at, states.values(), tainted, sorted(held))
 
 
 def fabric_summary(
@@ -238,7 +255,9 @@ def fabric_summary(
     }
 
 
-def rack_summary(braked: list[str], finding_s: float, states: Iterable[str], tainted: list[str]) -> dict[str, Any]:
+def rack_summary(
+    braked: list[str], finding_s: float, states: Iterable[str], tainted: list[str], held_alone: Iterable[str] = ()
+) -> dict[str, Any]:
     """The summary's ``rack`` key (documented in docs/development.md)."""
     return {
         "rack": RACK,
@@ -248,6 +267,7 @@ def rack_summary(braked: list[str], finding_s: float, states: Iterable[str], tai
         "finding_s": round(finding_s, 2),
         "states": sorted(set(states)),
         "tainted_nodes": tainted,
+        "held_alone": sorted(held_alone),
     }
 
 
@@ -268,4 +288,6 @@ def misses(summary: dict[str, Any]) -> list[str]:
         out.append(f"the rack's power brake: {r}, expected one RackPowerBrake finding on {BRAKED} Degraded nodes")
     if r.get("tainted_nodes"):
         out.append(f"the rack's power brake tainted {r['tainted_nodes']}: a facility finding repairs no node")
+    if r.get("held_alone"):
+        out.append(f"as the rack's brake lifted, {r['held_alone']} held on their own: the episode is the rack's")
     return out

@@ -100,12 +100,13 @@ def test_the_fabric_storys_masks_are_what_the_operator_reads_as_healthy_and_as_t
 def test_check_names_each_miss_of_the_fabric_and_rack_stories() -> None:
     partial = good() | {
         "fabric": fabric.fabric_summary(["n0", "n1", "n2"], ["ImexDomain", "Healthy"], 0.8, 5, 4, 6.1, [1.0]),
-        "rack": fabric.rack_summary(["n0", "n1", "n2"], 2.0, ["Quarantined"], ["n0"]),
+        "rack": fabric.rack_summary(["n0", "n1", "n2"], 2.0, ["Quarantined"], ["n0"], ["n0"]),
     }
     misses = run.check(partial, "x", "h", "m", "r", 1)
-    assert len(misses) == 5, misses
+    assert len(misses) == 6, misses
     assert "ImexDomain on every one" in misses[0] and "expected 4" in misses[1] and "5 checkpoint" in misses[2]
     assert "RackPowerBrake" in misses[3] and "tainted ['n0']" in misses[4]
+    assert "['n0'] held on their own" in misses[5]
 
 
 def test_the_fabric_and_rack_summary_keys_are_documented() -> None:
