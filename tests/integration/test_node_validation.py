@@ -20,6 +20,7 @@ from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for
 from devkit.ladder import OUTCOME_LABEL, reset_job_template, validation_job_template
 from gpuhealth.api.names import BURN_IN_TAINT_KEY, RELEASE_ANNOTATION, TAINT_KEY
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.cli.changes import plan_release
 from tests.integration.conftest import make_nodes, policy_spec
 from tests.integration.test_device_quarantine import ecc
 from tests.integration.test_remediation_ladder import NS, STATE_LABEL, jobs_of, ladder, setup_namespace, start
@@ -186,9 +187,22 @@ def test_a_failed_burn_in_stays_held_until_a_human_releases_it(
     assert BURN_IN_TAINT_KEY in _taints(kube, node) and "example.com/other" in _taints(kube, node)
     assert "DCGM error 46" in _nv(kube, node)["findings"]
     wait_for(lambda: kube.node_events(node, "BurnInFailed"), timeout=20, what="the BurnInFailed Event")
-    kube.core.patch_node(node, {"metadata": {"annotations": {RELEASE_ANNOTATION: "checked"}}})
+    # Healthy (nothing wrong was known when it joined) yet held: none of its GPUs is in service.
+    held = kube.report(node)["status"]
+    assert (held["state"], held["inServiceGPUs"]) == ("Healthy", 0), held
+    # The runbook's step (BurnInFailed): `kubectl gpuhealth release NODE`, planned on what the API holds,
+    # not refused and without --force.
+    plan = plan_release(node, kube.report(node), kube.get_policy(group), dt.datetime.now(dt.UTC))
+    assert plan.patch is not None and "lifts its burn-in taint" in "\n".join(plan.lines)
+    kube.core.patch_node(node, plan.patch)
     wait_for(lambda: BURN_IN_TAINT_KEY not in _taints(kube, node), timeout=30, what="released: taint lifted")
     assert "example.com/other" in _taints(kube, node), "never a taint gpuhealth does not own"
+    wait_for(
+        lambda: (kube.report(node).get("status") or {}).get("inServiceGPUs") == held["totalGPUs"],
+        timeout=30,
+        what="its GPUs in service once released",
+    )
+    assert _state(kube, node) == "Healthy"
     assert len(_node_validations(kube, node)) == 1
 
 
