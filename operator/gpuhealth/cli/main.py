@@ -121,13 +121,17 @@ def build_parser() -> Parser:
     p.add_argument("-o", "--output", choices=["json"])
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("release", help="return a repaired AwaitingRepair node to gpuhealth (probation follows)")
+    p = sub.add_parser(
+        "release",
+        help="return a repaired AwaitingRepair node to gpuhealth (probation follows), or lift a failed burn-in's hold",
+    )
     _connection_flags(p)
     p.add_argument("node", metavar="NODE")
     p.add_argument(
         "--force",
         action="store_true",
-        help="release even if the node is not AwaitingRepair (clears its evidence and flapping history)",
+        help="release even if the node is not AwaitingRepair nor held by a failed burn-in (clears its evidence and "
+        "flapping history)",
     )
     p.add_argument(
         "--gpu",

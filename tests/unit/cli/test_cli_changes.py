@@ -135,3 +135,14 @@ def test_release_of_a_node_whose_burn_in_runs_says_so_and_asks_for_force() -> No
     passed = report("n", "Healthy", nodeValidation=_burn_in("Passed", held=False))
     with pytest.raises(Refused, match="it is in service"):
         plan_release("n", passed, policy(), NOW)
+
+
+def test_release_of_a_quarantined_node_names_the_evidence_only_a_release_clears() -> None:
+    """NICDown after a counter rose (or an XID) holds a Quarantined node until a release; the refusal says
+    so and names --force, which docs/runbook.md's NICDown and P3 tell on-call to use."""
+    with pytest.raises(Refused) as e:
+        plan_release("n", report("n", "Quarantined", reason="NICDown"), policy(), NOW)
+    msg = str(e.value)
+    assert "a NIC counter's increase" in msg and "until a release" in msg and "--force" in msg
+    forced = plan_release("n", report("n", "Quarantined", reason="NICDown"), policy(), NOW, force=True)
+    assert "Recovering and the probation" in forced.lines[1]
