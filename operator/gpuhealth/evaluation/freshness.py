@@ -25,6 +25,13 @@ operator sees it (``observe_lease``), and a Lease already there at start-up coun
 time on the managedFields entry that owns ``spec.renewTime`` (else from its ``renewTime``, clamped,
 and not at all if implausibly far ahead). The later of the two signs (report, Lease) counts.
 
+"The moment the operator sees it" holds only while the watch keeps up. A loaded API server delivers
+events seconds late, and a watch resumed after a cut stream, or relisted after 410 Gone, brings the
+writes made while it was away; taken as heard on arrival, an agent's last heartbeat woke a node
+silent since (Unknown, "Healthy", then ``AgentSilent`` a second time for one silence). So a write the
+watch brings counts from the server's time of it when that is more than ``LATE_S`` behind the
+operator's clock (``_arrived``): the write was made then, whenever it arrived.
+
 The slim caches keep only that one derived time (``WRITTEN_AT`` in the object's metadata), not the
 managedFields themselves (``written``).
 
@@ -49,6 +56,11 @@ from gpuhealth.api.timeutil import format_time, parse_time
 
 # A heartbeat is stamped just before its write; anything past this is the node's clock, not latency.
 SKEW_TOLERANCE_S = 120.0
+# How far the API server's time of a write may trail the operator's clock when its watch event arrives
+# before the event is taken to have come late (``_arrived``): the server's times are whole seconds,
+# rounded down, and the two clocks may differ a little.
+LATE_S = 2.0
+_SECOND = dt.timedelta(seconds=1)
 
 # Where a slim cached object keeps the server's time of its last heartbeat write (see ``written``).
 WRITTEN_AT = "writtenAt"
@@ -140,6 +152,17 @@ def _listed(
     return min(heartbeat, now), None
 
 
+def _arrived(server: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+    """When a write that a watch event (or a relist) brings now was made: now, unless the API server's
+    time of it says it was made well before (a lagging watch, a stream resumed after a cut, a relist
+    after 410 Gone); then that time, rounded up to the second it was written in, never later than the
+    write itself. Without the server's time (managedFields cleared), now."""
+    if server is None:
+        return now
+    made = server + _SECOND
+    return made if (now - made).total_seconds() > LATE_S else now
+
+
 def _key(body: Mapping[str, Any]) -> tuple[str, int] | None:
     meta = body.get("metadata") or {}
     gen = meta.get("generation")
@@ -152,8 +175,9 @@ def observe(prior: Seen | None, body: Mapping[str, Any], now: dt.datetime, live:
     """Fold one watched report into what was seen: the new record (``prior`` itself when it is no news).
 
     ``live`` is False for the start-up list (the write happened at an unknown time before; the
-    server's time of it is taken, see the module's doc). The record carries the write's skew, from a
-    list as from a live write: whether to announce it is ``skew_episode``'s to say.
+    server's time of it is taken, see the module's doc). A live write counts from now, or from the
+    server's time of it where the event came late (``_arrived``). The record carries the write's skew,
+    from a list as from a live write: whether to announce it is ``skew_episode``'s to say.
     """
     key = _key(body)
     heartbeat = parse_time((body.get("spec") or {}).get(REPORT_HEARTBEAT))
@@ -161,10 +185,12 @@ def observe(prior: Seen | None, body: Mapping[str, Any], now: dt.datetime, live:
         return None  # no heartbeat (e.g. the operator's own stub): nothing says the agent lives
     if prior is not None and prior.key == key:
         return prior  # a status write, or the same object listed again: no sign of life
+    server = written_at(body.get("metadata") or {}, REPORT_HEARTBEAT)
     if not live:
-        at, skew = _listed(heartbeat, written_at(body.get("metadata") or {}, REPORT_HEARTBEAT), now)
+        at, skew = _listed(heartbeat, server, now)
         return Seen(key, at, skew)
-    return Seen(key, now, _skew(heartbeat, now))
+    at = _arrived(server, now)
+    return Seen(key, at, _skew(heartbeat, at))
 
 
 def skew_episode(
@@ -197,7 +223,8 @@ def observe_lease(prior: Seen | None, lease: Mapping[str, Any], now: dt.datetime
 
     Only a new ``renewTime`` counts (a label edited by someone else is no sign of life); the same
     Lease listed again after a dropped watch changes nothing. Listed (``live`` False), a renewal
-    counts from the server's time of it, as a listed report does.
+    counts from the server's time of it, as a listed report does; watched, from now, unless the event
+    came late (``_arrived``).
     """
     meta = lease.get("metadata") or {}
     raw = (lease.get("spec") or {}).get(LEASE_HEARTBEAT)
@@ -207,9 +234,10 @@ def observe_lease(prior: Seen | None, lease: Mapping[str, Any], now: dt.datetime
     key = (str(meta.get("uid") or ""), str(raw))
     if prior is not None and prior.key == key:
         return prior
+    server = written_at(meta, LEASE_HEARTBEAT)
     if live:
-        return Seen(key, now)
-    at, _ = _listed(renewed, written_at(meta, LEASE_HEARTBEAT), now)
+        return Seen(key, _arrived(server, now))
+    at, _ = _listed(renewed, server, now)
     return Seen(key, at)
 
 

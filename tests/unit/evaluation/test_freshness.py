@@ -90,6 +90,27 @@ def test_a_new_spec_write_is_seen_now() -> None:
     assert newer is not None and newer.at == later
 
 
+def test_a_write_the_watch_brings_late_counts_from_the_servers_time_of_it() -> None:
+    # Made at 12:00:00 by the API server's clock (whole seconds), brought 9 s later by a watch that
+    # was behind: heard at the end of that second at the latest, not now; its skew measured then too.
+    late = T0 + dt.timedelta(seconds=9)
+    seen, skew = obs(None, body(2, T0 + dt.timedelta(seconds=130), fields=[agent_entry(T0)]), late, live=True)
+    assert seen is not None and seen.at == T0 + dt.timedelta(seconds=1)
+    assert skew is not None and skew.seconds == 129
+    # Brought at once (within the seconds' rounding and a little clock difference): now, as before.
+    prompt = T0 + dt.timedelta(seconds=2.9)
+    seen, _ = obs(None, body(2, T0, fields=[agent_entry(T0)]), prompt, live=True)
+    assert seen is not None and seen.at == prompt
+    # The server's clock ahead of the operator's, or no server time at all: now.
+    seen, _ = obs(None, body(2, T0, fields=[agent_entry(T0 + dt.timedelta(seconds=30))]), T0, live=True)
+    assert seen is not None and seen.at == T0
+    seen, _ = obs(None, body(2, T0), late, live=True)
+    assert seen is not None and seen.at == late
+    # A slim cached copy keeps the server's time, so a relist fed as events counts the same.
+    seen, _ = obs(None, slim_report(body(2, T0, fields=[agent_entry(T0)])), late, live=True)
+    assert seen is not None and seen.at == T0 + dt.timedelta(seconds=1)
+
+
 def test_a_recreated_report_is_a_new_object_even_at_the_same_generation() -> None:
     seen, _ = obs(None, body(1, T0, uid="a"), T0, live=True)
     later = T0 + dt.timedelta(seconds=30)

@@ -197,7 +197,8 @@ class Feeders:
         _replace(nodes, self.store.nodes, self.on_node)
 
     def replace_reports(self, reports: list[dict[str, Any]]) -> None:
-        """A fresh full list (the watch expired): reports missing from it were deleted meanwhile."""
+        """A fresh full list (the watch expired): reports missing from it were deleted meanwhile, and an
+        agent's write missed meanwhile counts from the server's time of it (``freshness.observe``)."""
         _replace(reports, self.store.reports, self.on_report)
 
     def replace_pods(self, pods: list[dict[str, Any]]) -> Iterator[None]:
