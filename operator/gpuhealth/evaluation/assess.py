@@ -256,7 +256,9 @@ def assess(
         unknown = True
         unknown_signal = Signal.NVML_UNRESPONSIVE
         unknown_reason = _hang_detail(hang)
-    elif not report.nvml_available:
+    elif not report.nvml_available and not unknown:
+        # Likewise only while it lives: a silent agent's word is as stale as its facts, and the
+        # operator's stub (no heartbeat, no nvml: the agent never wrote) is silence, not this.
         unknown = True
         unknown_signal = Signal.NVML_UNAVAILABLE
         unknown_reason = f"the agent cannot read the GPUs: {report.nvml_error or 'NVML unavailable'}"

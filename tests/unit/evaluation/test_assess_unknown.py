@@ -5,7 +5,8 @@ evidence it has."""
 from __future__ import annotations
 
 from gpuhealth.api.names import Action, Signal
-from tests.unit.builders import make_policy, make_report, xid_event
+from gpuhealth.api.report import parse_report
+from tests.unit.builders import NODE, make_policy, make_report, xid_event
 from tests.unit.evaluation._assess_support import assess_at, signals
 
 
@@ -41,6 +42,22 @@ def test_nvml_unavailable_is_unknown_and_not_a_count_mismatch() -> None:
     assert a.unknown
     assert "Driver Not Loaded" in a.unknown_reason
     assert signals(a) == []
+
+
+def test_a_silent_agents_word_that_nvml_is_unavailable_is_stale_silence_is_the_reason() -> None:
+    """NVML unavailable is the agent's word while it lives; silent, its word is as stale as its facts
+    (as for a hang below). The operator's own stub (no heartbeat, no nvml, no devices: the agent never
+    wrote) is the agent never heard from, not "the agent cannot read the GPUs": announced as that, the
+    stub's first pass gave a node whose agent never reported a second Event for the same silence."""
+    silent = make_report(heartbeat=0, devices=[], nvml={"available": False, "error": "Driver Not Loaded"})
+    a = assess_at(silent, now_s=121)
+    assert a.unknown and a.unknown_signal == Signal.AGENT_SILENT
+    assert "no heartbeat from the agent for 121s" in a.unknown_reason
+    assert assess_at(silent, now_s=5).unknown_signal == Signal.NVML_UNAVAILABLE  # alive: its word counts
+    stub = parse_report({"metadata": {"name": NODE}, "spec": {"nodeName": NODE}})
+    a = assess_at(stub)
+    assert a.unknown and a.unknown_signal == Signal.AGENT_SILENT
+    assert "never sent a heartbeat" in a.unknown_reason
 
 
 def test_unknown_still_reports_the_evidence_it_has() -> None:
