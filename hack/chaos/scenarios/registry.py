@@ -18,6 +18,7 @@ from hack.chaos.scenarios.conflicting_writers import conflicting_writers
 from hack.chaos.scenarios.context import FAULT_CLASSES, Ctx
 from hack.chaos.scenarios.control_plane_crashes import control_plane_crashes
 from hack.chaos.scenarios.device_kills import device_kills
+from hack.chaos.scenarios.domain_kills import domain_kills
 from hack.chaos.scenarios.fault_storm import fault_storm
 from hack.chaos.scenarios.ladder_kills import ladder_kills
 from hack.chaos.scenarios.operator_kills import operator_kills
@@ -46,6 +47,7 @@ SCENARIOS = [
     Scenario("device_kills", device_kills, "main"),
     Scenario("partition_kills", partition_kills, "main"),
     Scenario("ladder_kills", ladder_kills, "main"),
+    Scenario("domain_kills", domain_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]

@@ -1,0 +1,213 @@
+"""Pieces the decision scenarios share (domain_kills, rack_kills, validation_kills, burnin_kills,
+approval_kills): kills at a moment, an API server crash, a sampler thread, the remediation
+namespace, and the operator's Job creates from the audit log."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client
+
+from devkit.audit import audit_events
+from hack.chaos import invariants as inv
+from hack.chaos import ladder as ld
+from hack.chaos.scenarios.context import Ctx
+from hack.chaos.scenarios.monkey import KillMonkey
+
+NS = "gpuhealth-remediation"  # the policy's default spec.remediation.namespace
+# The kill monkey's gap between random SIGKILLs: longer than a restart takes to list what it watches
+# on 2 loaded cores (7-15 s seen, up to 45 s at a load of 14), so the operator makes progress between
+# kills; the moments that matter get their own kills (kill_when).
+GAP = (10.0, 25.0)
+
+
+class TimedMonkey(KillMonkey):
+    """The kill monkey, keeping when each SIGKILL landed and why (``stats.kill_times``), to read the
+    operator's log and the audit log against."""
+
+    def _kill(self, mode: str) -> None:
+        super()._kill(mode)
+        self.ctx.stats.setdefault("kill_times", []).append(f"{self.ctx.clock()} {mode}")
+
+
+def count(ctx: Ctx, key: str, by: int = 1) -> None:
+    ctx.stats[key] = ctx.stats.get(key, 0) + by
+
+
+def kill_when(ctx: Ctx, monkey: KillMonkey, seen: Callable[[], bool], why: str, poll: float = 0.03) -> threading.Event:
+    """SIGKILL the operator (and restart it) the first time ``seen()`` holds (until the returned event
+    is set)."""
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.wait(poll):
+            hit = False
+            with contextlib.suppress(Exception):  # the API may be down on purpose
+                hit = seen()
+            if hit:
+                monkey.bounce(why)
+                return
+
+    return ctx.background(watch, f"kill-at-{why.replace(' ', '-')}")
+
+
+def crash_apiserver(ctx: Ctx, why: str) -> None:
+    """SIGKILL kube-apiserver, down 1-3 s, and wait for it to serve again."""
+    down = ctx.rng.uniform(1.0, 3.0)
+    ctx.cluster.restart("kube-apiserver", down_for=down, sig=signal.SIGKILL)
+    ctx.fault(kind="apiserver_crash")
+    ctx.stats.setdefault("apiserver_crashes", []).append(f"{why} (down {down:.1f} s)")
+
+
+def crash_when(ctx: Ctx, seen: Callable[[], bool], why: str, poll: float = 0.05) -> threading.Event:
+    """Crash the API server the first time ``seen()`` holds (until the returned event is set)."""
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.wait(poll):
+            hit = False
+            with contextlib.suppress(Exception):
+                hit = seen()
+            if hit:
+                crash_apiserver(ctx, why)
+                return
+
+    return ctx.background(watch, f"crash-at-{why.replace(' ', '-')}")
+
+
+def sampling(ctx: Ctx, look: Callable[[], None], name: str, interval: float = 0.3) -> None:
+    """Call ``look()`` every ``interval`` s until cleanup; a failed read (the API down on purpose) is skipped."""
+
+    def loop(stop: threading.Event) -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(Exception):
+                look()
+
+    ctx.background(loop, name)
+
+
+def nodes(ctx: Ctx) -> dict[str, dict[str, Any]]:
+    """The scenario's Nodes by name (one LIST, as plain dicts)."""
+    return inv.snapshot(ctx)[0]
+
+
+def taint_value(node: Mapping[str, Any] | None, key: str = inv.TAINT) -> str | None:
+    """The value of the taint ``key`` on a Node (None: not there)."""
+    for t in ((node or {}).get("spec") or {}).get("taints") or []:
+        if t.get("key") == key:
+            return str(t.get("value") or "")
+    return None
+
+
+def remediation_namespace(ctx: Ctx) -> None:
+    for create, body in (
+        (ctx.kube.core.create_namespace, {"metadata": {"name": NS}}),
+        (lambda b: ctx.kube.core.create_namespaced_service_account(NS, b), {"metadata": {"name": NS}}),
+    ):
+        try:
+            ctx.retry(create, body)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
+
+def jobs_of(ctx: Ctx, node_names: list[str]) -> list[dict[str, Any]]:
+    """gpuhealth's Jobs (reset, validation) for these nodes, as dicts."""
+    wanted = set(node_names)
+    items = ctx.retry(ctx.kube.batch.list_namespaced_job, NS).items
+    out = [ctx.kube.api.sanitize_for_serialization(j) for j in items]
+    return [j for j in out if ((j.get("metadata") or {}).get("labels") or {}).get("gpuhealth.dev/node") in wanted]
+
+
+def succeeded(job: Mapping[str, Any]) -> bool:
+    conds = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Complete" and c.get("status") == "True" for c in conds)
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    conds = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
+
+
+def delete_jobs(ctx: Ctx, node_names: list[str]) -> None:
+    for n in node_names:
+        ctx.cluster.kubectl(
+            "delete",
+            "jobs",
+            "-n",
+            NS,
+            "-l",
+            f"gpuhealth.dev/node={n}",
+            "--wait=false",
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+def job_creates(ctx: Ctx) -> list[ld.JobCreate]:
+    """The operator's Job creates in the remediation namespace since the scenario began (audit log)."""
+    return ld.job_creates(audit_events(ctx.cluster.audit_log, ctx.operator_users, ctx.started), NS)
+
+
+def finish_monkey(ctx: Ctx, monkey: KillMonkey) -> None:
+    monkey.finish()
+    ctx.stats["operator_kills"] = monkey.kills
+    ctx.stats["targeted_kills"] = monkey.targeted
+    ctx.stats["kills_by_moment"] = monkey.by_mode
+
+
+class Unsettled(AssertionError):
+    """A round did not reach the state it waits for: the scenario ends there (the rest would only wait)."""
+
+
+def settle(ctx: Ctx, done: Callable[[], bool], timeout: float, what: str, where: Callable[[], str]) -> None:
+    """Wait until ``done()``; on a timeout record a violation saying ``where`` things stand, and end the
+    scenario (:class:`Unsettled`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if done():
+                return
+        time.sleep(0.3)
+    try:
+        state = where()
+    except Exception as e:
+        state = f"(could not read: {e!r})"
+    ctx.violate(f"{what}: not settled within {timeout:.0f} s: {state}")
+    raise Unsettled(what)
+
+
+def node_words(node: Mapping[str, Any] | None, status: Mapping[str, Any]) -> str:
+    """One node as a failure message shows it: state, reason, taints, cordon, gpuhealth's annotation."""
+    spec = (node or {}).get("spec") or {}
+    ann = (((node or {}).get("metadata") or {}).get("annotations") or {}).get(inv.QUARANTINE)
+    taints = [f"{t.get('key')}={t.get('value') or ''}" for t in spec.get("taints") or []]
+    return (
+        f"{status.get('state')}/{status.get('reason') or '-'} held={bool(status.get('heldByBreaker'))} "
+        f"taints={taints} cordoned={bool(spec.get('unschedulable'))} annotation={ann}"
+    )
+
+
+def back_in_service(ctx: Ctx, names: list[str], timeout: float, what: str) -> None:
+    """Wait until every node is Healthy, untainted by gpuhealth (and by the node controller) and not
+    cordoned; else say where each stands and end the scenario."""
+
+    def done() -> bool:
+        seen, st = nodes(ctx), ctx.statuses(names)
+        for n in names:
+            spec = (seen.get(n) or {}).get("spec") or {}
+            keys = [str(t.get("key")) for t in spec.get("taints") or []]
+            if st.get(n, {}).get("state") != "Healthy" or spec.get("unschedulable"):
+                return False
+            if any(k == inv.TAINT or k.startswith("node.kubernetes.io/") for k in keys):
+                return False
+        return True
+
+    def where() -> str:
+        seen, st = nodes(ctx), ctx.statuses(names)
+        return "; ".join(f"{n}: {node_words(seen.get(n), st.get(n, {}))}" for n in names)
+
+    settle(ctx, done, timeout, what, where)
