@@ -97,9 +97,6 @@ def test_a_restart_keeps_verdicts_whatever_the_agents_clocks_say(
     skewed, witness = make_nodes(cluster, group, 2)
     (behind,) = make_nodes(cluster, f"{group}-b", 1)
     leases += [skewed, behind]
-    kube.apply_policy(group, policy_spec(group, rules={"agentSilence": {"after": f"{SILENCE_S:.0f}s"}}))
-    long_silence = {"agentSilence": {"after": f"{LONG_SILENCE_S:.0f}s"}}
-    kube.apply_policy(f"{group}-b", policy_spec(f"{group}-b", rules=long_silence))
 
     # A live agent whose clock is an hour behind: one report, then a Lease renewal every second. It
     # stops just before the operator dies, so that no renewal seen live after the restart can hide
@@ -118,10 +115,28 @@ def test_a_restart_keeps_verdicts_whatever_the_agents_clocks_say(
         # The broken clock: a report and a Lease from 2099, then silence. Unknown after agentSilence.
         kube.put_report(skewed, healthy_spec(heartbeatTime=BROKEN_CLOCK))
         renew(kube, skewed, BROKEN_CLOCK)
-        wait_for(lambda: kube.state(skewed) == "Unknown", timeout=30, what="the silent node Unknown")
+        # The policies come after the agents' first writes, as on a node whose agent runs before any
+        # policy selects it. Applied first, an operator that passed a node (seen longer than
+        # agentSilence ago) before its report arrived made it Unknown for "no report", then Healthy
+        # on the report, then Unknown again: that first episode satisfied the wait below, and the
+        # second one's AgentSilent, posted after the Events were read, was blamed on the restart.
+        kube.apply_policy(group, policy_spec(group, rules={"agentSilence": {"after": f"{SILENCE_S:.0f}s"}}))
+        long_silence = {"agentSilence": {"after": f"{LONG_SILENCE_S:.0f}s"}}
+        kube.apply_policy(f"{group}-b", policy_spec(f"{group}-b", rules=long_silence))
+        # Unknown as judged from the agent's own report (its skew is recorded from that report alone),
+        # and that verdict's AgentSilent Event ("no heartbeat from the agent for ...").
+        wait_for(
+            lambda: kube.state(skewed) == "Unknown" and "clockSkew" in kube.report(skewed)["status"],
+            timeout=30,
+            what="the silent node Unknown from its agent's report",
+        )
         assert kube.report(skewed)["status"]["reason"] == "AgentSilent"
         wait_for(lambda: kube.state(behind) == "Healthy", what="the live node Healthy")
-        wait_for(lambda: kube.node_events(skewed, "AgentSilent"), what="AgentSilent on the silent node")
+        wait_for(
+            lambda: any("no heartbeat from the agent" in e.message for e in kube.node_events(skewed, "AgentSilent")),
+            what="AgentSilent on the silent node, for its agent's silence",
+        )
+        verdict = kube.report(skewed)["status"]["since"]
 
         # The witness: fresh when the operator dies, silent by the time it is back. Its verdict turning
         # Unknown is the sign that the restarted operator has judged the fleet from what it listed.
@@ -130,6 +145,9 @@ def test_a_restart_keeps_verdicts_whatever_the_agents_clocks_say(
         wait_for(lambda: kube.state(witness) == "Healthy", what="the witness Healthy")
         before = {n: settled_events(kube, n) for n in (skewed, behind)}
         assert kube.state(skewed) == "Unknown" and kube.state(behind) == "Healthy"
+        # The Events read above are those of one verdict: had the running operator moved it meanwhile,
+        # what it posted would look like the restart's doing.
+        assert kube.report(skewed)["status"]["since"] == verdict, "the verdict moved before the restart"
 
         stop.set()
         agent.join(5)
