@@ -155,8 +155,8 @@ def _listed(
 def _arrived(server: dt.datetime | None, now: dt.datetime) -> dt.datetime:
     """When a write that a watch event (or a relist) brings now was made: now, unless the API server's
     time of it says it was made well before (a lagging watch, a stream resumed after a cut, a relist
-    after 410 Gone); then that time, rounded up to the second it was written in, never later than the
-    write itself. Without the server's time (managedFields cleared), now."""
+    after 410 Gone); then that time, rounded up to the end of the second it names, so never earlier
+    than the write itself. Without the server's time (managedFields cleared), now."""
     if server is None:
         return now
     made = server + _SECOND
