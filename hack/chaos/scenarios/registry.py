@@ -24,6 +24,7 @@ from hack.chaos.scenarios.ladder_kills import ladder_kills
 from hack.chaos.scenarios.operator_kills import operator_kills
 from hack.chaos.scenarios.partition_kills import partition_kills
 from hack.chaos.scenarios.peering import peering
+from hack.chaos.scenarios.rack_kills import rack_kills
 from hack.chaos.scenarios.throttling import throttling
 
 # -----------------------------------------------------------------------------------------------------------
@@ -48,6 +49,7 @@ SCENARIOS = [
     Scenario("partition_kills", partition_kills, "main"),
     Scenario("ladder_kills", ladder_kills, "main"),
     Scenario("domain_kills", domain_kills, "main"),
+    Scenario("rack_kills", rack_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]
