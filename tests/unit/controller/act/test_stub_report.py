@@ -10,33 +10,15 @@ test's Events, issue #53).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import at
+from tests.unit.controller.process._operator import WallClock, work
 from tests.unit.fake_kube import FakeKube
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = at(0)
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
-async def work(rt: Runtime) -> None:
-    while rt.queue._dirty:
-        name = await rt.queue.get()
-        try:
-            await rt.reconciler.reconcile(name)
-        finally:
-            rt.queue.done(name)
-    await rt.events.flush()
-
-
 def test_a_node_whose_agent_never_reported_is_announced_once() -> None:
-    kube, clock = FakeKube(), Clock()
+    kube, clock = FakeKube(), WallClock()
     kube.add_policy("p", {"rules": {"agentSilence": {"after": "5s"}}})
     kube.add_node("n1")
 

@@ -10,36 +10,14 @@ one silence (issue #53: a SIGKILL-and-restart test's silent node with a 2099 clo
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from typing import Any
 
 from gpuhealth.controller.process.runtime import Runtime
-from tests.unit.builders import at, iso, report_obj
+from tests.unit.builders import at, report_obj
+from tests.unit.controller.process._operator import NS, WallClock, managed_field, started, work
 from tests.unit.fake_kube import FakeKube
 
-NS = "gpuhealth-system"
 BROKEN_CLOCK = "2099-01-01T00:00:00Z"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = at(0)
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
-def written(field: str, seconds: float) -> list[dict[str, Any]]:
-    """The managedFields the API server keeps for the agent's writes of ``spec.<field>`` (whole seconds)."""
-    return [
-        {
-            "manager": "gpuhealth-agent",
-            "operation": "Update",
-            "time": iso(int(seconds)),
-            "fieldsType": "FieldsV1",
-            "fieldsV1": {"f:spec": {f"f:{field}": {}}},
-        }
-    ]
 
 
 def lease(renewed: str, seconds: float) -> dict[str, Any]:
@@ -48,7 +26,7 @@ def lease(renewed: str, seconds: float) -> dict[str, Any]:
         "namespace": NS,
         "uid": "l-uid",
         "resourceVersion": "7",
-        "managedFields": written("renewTime", seconds),
+        "managedFields": [managed_field("renewTime", seconds)],
     }
     return {"metadata": meta, "spec": {"holderIdentity": "n1", "renewTime": renewed}}
 
@@ -56,29 +34,11 @@ def lease(renewed: str, seconds: float) -> dict[str, Any]:
 def report(gen: int, seconds: float) -> dict[str, Any]:
     body = report_obj(name="n1", heartbeatTime=BROKEN_CLOCK)
     body["metadata"].update(uid="r-uid", generation=gen, resourceVersion=str(100 + gen))
-    body["metadata"]["managedFields"] = written("heartbeatTime", seconds)
+    body["metadata"]["managedFields"] = [managed_field("heartbeatTime", seconds)]
     return body
 
 
-async def work(rt: Runtime) -> None:
-    while rt.queue._dirty:
-        name = await rt.queue.get()
-        try:
-            await rt.reconciler.reconcile(name)
-        finally:
-            rt.queue.done(name)
-    await rt.events.flush()
-
-
-async def operator(kube: FakeKube, clock: Clock) -> Runtime:
-    rt = Runtime(kube, clock=clock, workers=1, lease_namespace=NS)
-    await rt._load()
-    await rt._list_pods()
-    await work(rt)
-    return rt
-
-
-async def sweep_until(rt: Runtime, clock: Clock, seconds: int, states: list[str], kube: FakeKube) -> None:
+async def sweep_until(rt: Runtime, clock: WallClock, seconds: int, states: list[str], kube: FakeKube) -> None:
     """Sweep once a second (the runtime's tick), noting the node's state after each."""
     start = int((clock.now - at(0)).total_seconds()) + 1
     for t in range(start, seconds + 1):
@@ -88,11 +48,11 @@ async def sweep_until(rt: Runtime, clock: Clock, seconds: int, states: list[str]
         states.append(kube.reports["n1"]["status"]["state"])
 
 
-def fleet() -> tuple[FakeKube, Clock]:
+def fleet() -> tuple[FakeKube, WallClock]:
     kube = FakeKube()
     kube.add_policy("p", {"rules": {"agentSilence": {"after": "5s"}}})
     kube.add_node("n1")
-    return kube, Clock()
+    return kube, WallClock()
 
 
 def test_a_renewal_the_lease_watch_brings_late_does_not_wake_a_silent_node() -> None:
@@ -101,7 +61,7 @@ def test_a_renewal_the_lease_watch_brings_late_does_not_wake_a_silent_node() -> 
     kube, clock = fleet()
 
     async def body() -> None:
-        rt = await operator(kube, clock)
+        rt = await started(kube, clock)
         clock.now = at(0.2)
         rt.on_report("ADDED", kube.add_report(report(1, 0)))
         await work(rt)
@@ -125,11 +85,11 @@ def test_a_report_write_the_watch_brings_late_counts_from_when_it_was_made() -> 
     kube, clock = fleet()
 
     async def body() -> None:
-        rt = await operator(kube, clock)
+        rt = await started(kube, clock)
         clock.now = at(0.2)
         rt.on_report("ADDED", kube.add_report(report(1, 0)))
         await work(rt)
-        kube.reports["n1"]["metadata"].update(generation=2, managedFields=written("heartbeatTime", 1))
+        kube.reports["n1"]["metadata"].update(generation=2, managedFields=[managed_field("heartbeatTime", 1)])
         states: list[str] = []
         await sweep_until(rt, clock, 7, states, kube)
         assert states[-1] == "Unknown"
@@ -149,11 +109,11 @@ def test_a_relist_after_the_watch_expired_counts_missed_writes_from_when_they_we
     kube, clock = fleet()
 
     async def body() -> None:
-        rt = await operator(kube, clock)
+        rt = await started(kube, clock)
         clock.now = at(0.2)
         rt.on_report("ADDED", kube.add_report(report(1, 0)))
         await work(rt)
-        kube.reports["n1"]["metadata"].update(generation=2, managedFields=written("heartbeatTime", 1))
+        kube.reports["n1"]["metadata"].update(generation=2, managedFields=[managed_field("heartbeatTime", 1)])
         states: list[str] = []
         await sweep_until(rt, clock, 8, states, kube)
         clock.now = at(9)
@@ -172,7 +132,7 @@ def test_a_write_the_watch_brings_at_once_counts_from_now() -> None:
     kube, clock = fleet()
 
     async def body() -> None:
-        rt = await operator(kube, clock)
+        rt = await started(kube, clock)
         clock.now = at(10.9)
         rt.on_report("ADDED", kube.add_report(report(1, 10.2)))
         await work(rt)

@@ -9,72 +9,31 @@ server's time of the agent's last write, in ``managedFields``) and announces not
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from typing import Any
 
 import pytest
 
-from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import at, iso, report_obj
+from tests.unit.controller.process._operator import NS, WallClock, managed_field, started, work
 from tests.unit.fake_kube import FakeKube
 
-NS = "gpuhealth-system"
 BROKEN_CLOCK = "2099-01-01T00:00:00Z"
 SILENCE = {"rules": {"agentSilence": {"after": "60s"}}}
-
-
-class Clock:
-    def __init__(self, now: dt.datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
-def entry(field: str, written: float) -> dict[str, Any]:
-    """The managedFields entry the API server keeps for the agent's spec writes (its own clock)."""
-    return {
-        "manager": "gpuhealth-agent",
-        "operation": "Update",
-        "time": iso(written),
-        "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:spec": {f"f:{field}": {}}},
-    }
 
 
 def report(heartbeat: str, written: float | None, gen: int = 1) -> dict[str, Any]:
     body = report_obj(name="n1", heartbeatTime=heartbeat)
     body["metadata"].update(uid="r-uid", generation=gen)
     if written is not None:
-        body["metadata"]["managedFields"] = [entry("heartbeatTime", written)]
+        body["metadata"]["managedFields"] = [managed_field("heartbeatTime", written)]
     return body
 
 
 def lease(renewed: str, written: float | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "n1", "namespace": NS, "uid": "l-uid", "resourceVersion": "7"}
     if written is not None:
-        meta["managedFields"] = [entry("renewTime", written)]
+        meta["managedFields"] = [managed_field("renewTime", written)]
     return {"metadata": meta, "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 120, "renewTime": renewed}}
-
-
-async def work(rt: Runtime) -> None:
-    """Reconcile whatever is queued, as the workers would, until the queue is empty."""
-    while rt.queue._dirty:
-        name = await rt.queue.get()
-        try:
-            await rt.reconciler.reconcile(name)
-        finally:
-            rt.queue.done(name)
-    await rt.events.flush()
-
-
-async def run(kube: FakeKube, clock: Clock) -> Runtime:
-    """One operator's start: list everything, then work off the start-up queue."""
-    rt = Runtime(kube, clock=clock, workers=1, lease_namespace=NS)
-    await rt._load()
-    await rt._list_pods()
-    await work(rt)
-    return rt
 
 
 @pytest.mark.parametrize("with_lease", [False, True], ids=["report", "report-and-lease"])
@@ -88,10 +47,10 @@ def test_a_restart_leaves_a_silent_agent_with_a_broken_clock_unknown(with_lease:
     kube.add_report(report(BROKEN_CLOCK, 0 if server_time else None))
     if with_lease:
         kube.leases["n1"] = lease(BROKEN_CLOCK, 0 if server_time else None)
-    clock = Clock(at(1))
+    clock = WallClock(at(1))
 
     async def body() -> None:
-        first = await run(kube, clock)
+        first = await started(kube, clock)
         # With the server's time the report is fresh until the silence period has passed; without
         # it, a heartbeat in 2099 is no sign of life at all, and the node is Unknown from the start.
         assert kube.reports["n1"]["status"]["state"] == ("Healthy" if server_time else "Unknown")
@@ -103,7 +62,7 @@ def test_a_restart_leaves_a_silent_agent_with_a_broken_clock_unknown(with_lease:
 
         kube.events.clear()
         clock.now = at(300)
-        second = await run(kube, clock)  # the restart: nothing in memory, the same objects
+        second = await started(kube, clock)  # the restart: nothing in memory, the same objects
         assert kube.reports["n1"]["status"]["state"] == "Unknown"
         for t in range(301, 320):  # and sweeps after it change nothing either
             clock.now = at(t)
@@ -122,16 +81,16 @@ def test_a_restart_keeps_a_live_agent_with_a_clock_behind_healthy() -> None:
     kube.add_policy("p", SILENCE)
     kube.add_node("n1")
     kube.add_report(report(iso(-3600), 0))
-    clock = Clock(at(1))
+    clock = WallClock(at(1))
 
     async def body() -> None:
-        first = await run(kube, clock)
+        first = await started(kube, clock)
         assert kube.reports["n1"]["status"]["state"] == "Healthy"
         kube.events.clear()
         kube.reports["n1"]["spec"]["heartbeatTime"] = iso(295 - 3600)  # the agent's latest write
-        kube.reports["n1"]["metadata"].update(generation=2, managedFields=[entry("heartbeatTime", 295)])
+        kube.reports["n1"]["metadata"].update(generation=2, managedFields=[managed_field("heartbeatTime", 295)])
         clock.now = at(300)
-        second = await run(kube, clock)
+        second = await started(kube, clock)
         assert kube.reports["n1"]["status"]["state"] == "Healthy"
         # The agent writes again, its clock still an hour behind: the skew episode goes on, unannounced.
         clock.now = at(305)
@@ -152,15 +111,15 @@ def test_a_skew_present_at_start_up_is_announced_once_across_restarts() -> None:
     kube.add_policy("p", SILENCE)
     kube.add_node("n1")
     kube.add_report(report(iso(0 + 600), 0))
-    clock = Clock(at(1))
+    clock = WallClock(at(1))
 
     async def body() -> None:
-        await run(kube, clock)
+        await started(kube, clock)
         assert kube.reasons("n1").count("ClockSkew") == 1
         assert kube.reports["n1"]["status"]["clockSkew"] == {"offsetSeconds": 600, "since": iso(1)}
         kube.events.clear()
         clock.now = at(30)
-        second = await run(kube, clock)
+        second = await started(kube, clock)
         assert kube.reasons("n1") == [], "a restart announced the episode again"
         clock.now = at(40)
         second.on_report("MODIFIED", {**report(iso(40), 40, gen=2), "status": kube.reports["n1"]["status"]})
