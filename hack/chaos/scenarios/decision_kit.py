@@ -14,6 +14,8 @@ from typing import Any
 from kubernetes import client
 
 from devkit.audit import audit_events
+from devkit.ladder import OUTCOME_LABEL
+from hack.chaos import decisions as dc
 from hack.chaos import invariants as inv
 from hack.chaos import ladder as ld
 from hack.chaos.scenarios.context import Ctx
@@ -211,3 +213,88 @@ def back_in_service(ctx: Ctx, names: list[str], timeout: float, what: str) -> No
         return "; ".join(f"{n}: {node_words(seen.get(n), st.get(n, {}))}" for n in names)
 
     settle(ctx, done, timeout, what, where)
+
+
+# -- node validations (validation_kills, burnin_kills) ---------------------------------------------------
+
+SCOPE_LABEL = "gpuhealth.dev/validation-scope"
+
+
+def node_validations(jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """gpuhealth's node validation Jobs (label ``gpuhealth.dev/validation-scope=node``) by node."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for j in jobs:
+        labels = (j.get("metadata") or {}).get("labels") or {}
+        if labels.get(SCOPE_LABEL) == "node":
+            out.setdefault(str(labels.get("gpuhealth.dev/node")), []).append(j)
+    return out
+
+
+def unholding(ctx: Ctx, node_names: list[str], delay: tuple[float, float]) -> None:
+    """Be the diagnostic: a held validation pod (``gpuhealth-test/outcome=hold``) of these nodes passes
+    ``delay`` seconds after it is first seen (its label removed: KWOK's pass stage then ends it)."""
+    first: dict[str, float] = {}
+    wanted = set(node_names)
+
+    def loop(stop: threading.Event) -> None:
+        while not stop.wait(0.3):
+            try:
+                pods = ctx.kube.core.list_namespaced_pod(NS, label_selector=f"{OUTCOME_LABEL}=hold").items
+            except Exception:
+                continue
+            for p in pods:
+                if p.spec.node_name not in wanted or p.metadata.deletion_timestamp:
+                    continue
+                due = first.setdefault(p.metadata.name, time.monotonic() + ctx.rng.uniform(*delay))
+                if time.monotonic() >= due:
+                    with contextlib.suppress(Exception):
+                        ctx.kube.core.patch_namespaced_pod(
+                            p.metadata.name, NS, {"metadata": {"labels": {OUTCOME_LABEL: None}}}
+                        )
+
+    ctx.background(loop, "validation-unholder")
+
+
+def validation_sampler(
+    ctx: Ctx, node_names: list[str], held_by: str, samples: list[Any], batch: tuple[int, list[str]] | None = None
+) -> None:
+    """Every 0.3 s: each node held (the taint ``held_by`` on it) or not, next to its node validation
+    Jobs seen succeeded so far (their own status); with ``batch`` (limit, what), the unfinished node
+    validations of these nodes over the limit are a violation."""
+    passed: dict[str, set[str]] = {n: set() for n in node_names}
+
+    def look() -> None:
+        jobs = node_validations(jobs_of(ctx, node_names))
+        seen = nodes(ctx)
+        t = time.monotonic()
+        running = 0
+        for n in node_names:
+            for j in jobs.get(n, []):
+                if succeeded(j):
+                    passed[n].add(str(j["metadata"]["name"]))
+                elif not finished(j):
+                    running += 1
+            if n in seen:
+                held = taint_value(seen[n], held_by) is not None
+                samples.append(dc.HoldSample(t, n, held, frozenset(passed[n])))
+        if batch is not None and running > batch[0]:
+            ctx.violate(f"[sampled {ctx.clock()}] {running} node validations running at once, over {batch[1]}")
+
+    sampling(ctx, look, "validation-sampler")
+
+
+def validation_checks(ctx: Ctx, node_names: list[str], started: Mapping[str, int], samples: list[Any]) -> None:
+    """After the scenario: one Job per validation started (audit log and Job objects), no node freed
+    unvalidated (the samples)."""
+    wanted = set(node_names)
+    creates = [c for c in job_creates(ctx) if dc.parse_node_validation(c.name) in wanted]
+    live = {n: len(js) for n, js in node_validations(jobs_of(ctx, node_names)).items()}
+    for p in dc.duplicate_node_validations(creates, started, live):
+        ctx.violate(p)
+    for p in dc.returned_unvalidated(samples):
+        ctx.violate(p)
+    ctx.stats["validation_job_creates"] = {
+        "created": sum(1 for c in creates if 200 <= c.code < 300),
+        "conflict": sum(1 for c in creates if c.code == 409),
+    }
+    ctx.stats["hold_samples"] = len(samples)

@@ -26,6 +26,7 @@ from hack.chaos.scenarios.partition_kills import partition_kills
 from hack.chaos.scenarios.peering import peering
 from hack.chaos.scenarios.rack_kills import rack_kills
 from hack.chaos.scenarios.throttling import throttling
+from hack.chaos.scenarios.validation_kills import validation_kills
 
 # -----------------------------------------------------------------------------------------------------------
 
@@ -50,6 +51,7 @@ SCENARIOS = [
     Scenario("ladder_kills", ladder_kills, "main"),
     Scenario("domain_kills", domain_kills, "main"),
     Scenario("rack_kills", rack_kills, "main"),
+    Scenario("validation_kills", validation_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]
