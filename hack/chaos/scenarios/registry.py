@@ -14,6 +14,7 @@ from devkit.cluster import LocalCluster
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.agent_death import agent_death
 from hack.chaos.scenarios.bad_input import bad_input
+from hack.chaos.scenarios.burnin_kills import burnin_kills
 from hack.chaos.scenarios.conflicting_writers import conflicting_writers
 from hack.chaos.scenarios.context import FAULT_CLASSES, Ctx
 from hack.chaos.scenarios.control_plane_crashes import control_plane_crashes
@@ -52,6 +53,7 @@ SCENARIOS = [
     Scenario("domain_kills", domain_kills, "main"),
     Scenario("rack_kills", rack_kills, "main"),
     Scenario("validation_kills", validation_kills, "main"),
+    Scenario("burnin_kills", burnin_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]
