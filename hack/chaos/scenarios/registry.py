@@ -13,6 +13,7 @@ from typing import Any
 from devkit.cluster import LocalCluster
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios.agent_death import agent_death
+from hack.chaos.scenarios.approval_kills import approval_kills
 from hack.chaos.scenarios.bad_input import bad_input
 from hack.chaos.scenarios.burnin_kills import burnin_kills
 from hack.chaos.scenarios.conflicting_writers import conflicting_writers
@@ -54,6 +55,7 @@ SCENARIOS = [
     Scenario("rack_kills", rack_kills, "main"),
     Scenario("validation_kills", validation_kills, "main"),
     Scenario("burnin_kills", burnin_kills, "main"),
+    Scenario("approval_kills", approval_kills, "main"),
     Scenario("control_plane_crashes", control_plane_crashes, "main"),  # last on its cluster
     Scenario("throttling", throttling, "throttled"),
 ]
