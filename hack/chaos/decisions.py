@@ -53,15 +53,14 @@ def half_domains(samples: Iterable[DomainSample], settle_s: float) -> list[str]:
     than ``settle_s`` seconds: a decision left half written (the operator writes members one by one,
     so a shorter stretch is the decision in flight, or a restart finishing it)."""
     by_domain: dict[str, list[DomainSample]] = {}
-    for s in sorted(samples, key=lambda s: s.at):
-        by_domain.setdefault(s.domain, []).append(s)
+    for sample in sorted(samples, key=lambda s: s.at):
+        by_domain.setdefault(sample.domain, []).append(sample)
     out = []
     for domain, seq in sorted(by_domain.items()):
         first: DomainSample | None = None  # the first sample of the current half stretch
         last: DomainSample | None = None
         for s in [*seq, None]:
-            half = s is not None and len(set(s.out.values())) > 1
-            if half and s is not None:
+            if s is not None and len(set(s.out.values())) > 1:
                 first = first or s
                 last = s
                 continue
@@ -233,16 +232,17 @@ def approval_problems(
     step approved that never ran."""
     left: dict[tuple[str, int], list[dt.datetime]] = {k: sorted(v) for k, v in approvals.items()}
     out = []
-    for c in sorted((c for c in creates if 200 <= c.code < 300 and c.at is not None), key=lambda c: c.at):
+    timed = [(c.at, c) for c in creates if 200 <= c.code < 300 and c.at is not None]
+    for at, c in sorted(timed, key=lambda x: x[0]):
         step = step_of(c.name)
-        if step is None or c.at is None:
+        if step is None:
             continue
         kind, node, gpu = step
         tokens = left.get((node, gpu), [])
-        given = [t for t in tokens if t <= c.at]
+        given = [t for t in tokens if t <= at]
         if not given:
             out.append(
-                f"{node} GPU {gpu}: {kind} Job {c.name} created at {c.at:%H:%M:%S.%f} with no approval left "
+                f"{node} GPU {gpu}: {kind} Job {c.name} created at {at:%H:%M:%S.%f} with no approval left "
                 f"(approvals given: {[f'{t:%H:%M:%S.%f}' for t in sorted(approvals.get((node, gpu), []))]})"
             )
             continue

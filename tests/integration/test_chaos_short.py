@@ -121,6 +121,42 @@ def test_partitioned_gpu_held_out_whole_across_sigkills(main_cluster: LocalClust
     assert r["stats"]["devices_held_out_at_end"] >= 2
 
 
+# The decisions above one GPU's quarantine (hack/chaos/decisions.py), each SIGKILLed at its own moments
+# and with one kube-apiserver crash: about 40-60 s each on 2 shared cores.
+def test_nvlink_domain_never_half_out_across_kills(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("domain_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 1, r["stats"]["kills_by_moment"]
+
+
+def test_rack_node_never_held_alone_while_the_rack_brakes(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("rack_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 1, r["stats"]["kills_by_moment"]
+    assert r["stats"]["samples_in_an_episode"] >= 10
+
+
+def test_node_validation_one_job_never_returned_unvalidated(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("validation_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 2, r["stats"]["kills_by_moment"]
+    assert r["stats"]["validation_job_creates"]["created"] >= 2
+
+
+def test_burn_in_one_job_per_node_within_the_batch(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("burnin_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 1, r["stats"]["kills_by_moment"]
+    assert r["stats"]["validation_job_creates"]["created"] >= 3
+
+
+def test_an_approved_step_runs_exactly_once(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("approval_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 2, r["stats"]["kills_by_moment"]
+    assert r["stats"]["approvals_given"] >= 4 and r["stats"]["step_job_creates"]["created"] >= 4
+
+
 # Last on the main control plane: it SIGKILLs kube-apiserver and etcd.
 def test_apiserver_and_etcd_crashes_mid_drain(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("control_plane_crashes", main_cluster, chaos_workdir)

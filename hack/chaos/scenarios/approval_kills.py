@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from functools import partial
 from typing import Any
 
 from devkit import dra
@@ -126,9 +127,7 @@ def approval_kills(ctx: Ctx) -> None:
             for n in members:
                 ctx.put_report(n, ecc(gpu))
                 ctx.fault(kind="gpu")
-            kit.settle(
-                ctx, lambda gpu=gpu: waiting(gpu, False), 120, f"round {r}: resets wait", lambda gpu=gpu: where(gpu)
-            )
+            kit.settle(ctx, partial(waiting, gpu, False), 120, f"round {r}: resets wait", partial(where, gpu))
             approve(gpu, f"reset r{r}")
             kit.crash_apiserver(ctx, f"r{r}: resets approved")
 
@@ -136,12 +135,10 @@ def approval_kills(ctx: Ctx) -> None:
                 st = ctx.statuses(members)
                 return all(ladder_of(st.get(n, {}), gpu).get("phase") == "Verifying" for n in members)
 
-            kit.settle(ctx, verifying, 120, f"round {r}: resets done", lambda gpu=gpu: where(gpu))
+            kit.settle(ctx, verifying, 120, f"round {r}: resets done", partial(where, gpu))
             for n in members:
                 ctx.put_report(n, healthy_spec())  # the reset cleared the volatile counters
-            kit.settle(
-                ctx, lambda gpu=gpu: waiting(gpu, True), 120, f"round {r}: validations wait", lambda gpu=gpu: where(gpu)
-            )
+            kit.settle(ctx, partial(waiting, gpu, True), 120, f"round {r}: validations wait", partial(where, gpu))
             approve(gpu, f"validation r{r}")
 
             def back(gpu: int = gpu) -> bool:
@@ -153,7 +150,7 @@ def approval_kills(ctx: Ctx) -> None:
                     for n in members
                 )
 
-            kit.settle(ctx, back, 120, f"round {r}: GPUs back, approvals removed", lambda gpu=gpu: where(gpu))
+            kit.settle(ctx, back, 120, f"round {r}: GPUs back, approvals removed", partial(where, gpu))
             for w in watches:
                 w.set()
             ctx.cycles += 1

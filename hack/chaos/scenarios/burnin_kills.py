@@ -16,6 +16,7 @@ at once (sampled); every node schedulable at the end of each round.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from devkit.k8s import healthy_spec
 from gpuhealth.api.names import BURN_IN_TAINT_KEY
@@ -85,7 +86,7 @@ def burnin_kills(ctx: Ctx) -> None:
                 st = ctx.statuses(new)
                 return all((st.get(n, {}).get("nodeValidation") or {}).get("result") == "Passed" for n in new)
 
-            kit.settle(ctx, all_passed, 240, f"round {r}: burned in", lambda new=new: where(new))
+            kit.settle(ctx, all_passed, 240, f"round {r}: burned in", partial(where, new))
             kit.back_in_service(ctx, new, 60, f"round {r}: in service")
             for w in watches:
                 w.set()

@@ -256,7 +256,7 @@ def unholding(ctx: Ctx, node_names: list[str], delay: tuple[float, float]) -> No
 
 
 def validation_sampler(
-    ctx: Ctx, node_names: list[str], held_by: str, samples: list[Any], batch: tuple[int, list[str]] | None = None
+    ctx: Ctx, node_names: list[str], held_by: str, samples: list[Any], batch: tuple[int, str] | None = None
 ) -> None:
     """Every 0.3 s: each node held (the taint ``held_by`` on it) or not, next to its node validation
     Jobs seen succeeded so far (their own status); with ``batch`` (limit, what), the unfinished node

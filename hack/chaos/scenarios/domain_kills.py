@@ -18,6 +18,7 @@ for the domain's reason (``ImexDomain``), and the breaker never over its limit (
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from devkit.k8s import healthy_spec
@@ -82,6 +83,9 @@ def domain_kills(ctx: Ctx) -> None:
         seen = kit.nodes(ctx)
         return all(inv._our_taint(seen.get(n) or {}) is not None for n in which)
 
+    def moving(which: list[str]) -> bool:
+        return half(which) or out(which)
+
     def where() -> str:
         seen, st = kit.nodes(ctx), ctx.statuses(members)
         return "; ".join(f"{n}: {kit.node_words(seen.get(n), st.get(n, {}))}" for n in members)
@@ -115,7 +119,7 @@ def domain_kills(ctx: Ctx) -> None:
             kind = ("imex", "routes")[r % 2]
             bad = [(ctx.rng.choice(ns), ctx.rng.randrange(8)) for ns in domains.values()]
             watches = [
-                kit.kill_when(ctx, monkey, lambda ns=ns: half(ns), f"domain half tainted leaving r{r}")
+                kit.kill_when(ctx, monkey, partial(half, ns), f"domain half tainted leaving r{r}")
                 for ns in domains.values()
             ]
             for n, gpu in bad:
@@ -135,16 +139,16 @@ def domain_kills(ctx: Ctx) -> None:
             # The first returns as one, the second leaves as one: kill when either is seen half way, and
             # crash the API server as the second starts leaving.
             watches += [
-                kit.kill_when(ctx, monkey, lambda ns=first: half(ns), f"domain half tainted returning r{r}"),
-                kit.kill_when(ctx, monkey, lambda ns=second: half(ns), f"second domain half tainted leaving r{r}"),
-                kit.crash_when(ctx, lambda ns=second: half(ns) or out(ns), f"r{r}: the second domain leaving"),
+                kit.kill_when(ctx, monkey, partial(half, first), f"domain half tainted returning r{r}"),
+                kit.kill_when(ctx, monkey, partial(half, second), f"second domain half tainted leaving r{r}"),
+                kit.crash_when(ctx, partial(moving, second), f"r{r}: the second domain leaving"),
             ]
             for n, _ in bad:
                 if n in first:
                     ctx.put_report(n, healthy_spec())
             settled(second, first, False, f"round {r}: the first back, the second out")
             watches.append(
-                kit.kill_when(ctx, monkey, lambda ns=second: half(ns), f"second domain half tainted returning r{r}")
+                kit.kill_when(ctx, monkey, partial(half, second), f"second domain half tainted returning r{r}")
             )
             for n, _ in bad:
                 if n in second:
