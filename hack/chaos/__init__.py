@@ -17,6 +17,8 @@ plane, real agents, the fake NVML library, the audit log) is devkit.
 #   freshness    nothing Healthy without a fresh report
 #   ladder       what must hold of the repair ladder (GPU resets) when the operator is killed mid-step
 #   devicerules  what must hold of DeviceTaintRules and device drains
+#   decisions    what must hold of the decisions above one GPU: an NVLink domain, a rack, a node's
+#                validation or burn-in, an approved step (the *_kills decision scenarios)
 #   fieldpath    whether an API server refusal names exactly one field path (bad_input)
 #   kopf-peering*.yaml  Kopf's peering CRD and object, when manifests/ has none
 #
