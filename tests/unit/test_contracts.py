@@ -349,6 +349,11 @@ def test_every_report_attribute_is_filled_from_a_declared_field() -> None:
         assert not missing, (
             f"api/report_fabric.py {type(part).__name__} fields {missing} are filled by no declared field"
         )
+    mig = device.mig_devices[0]
+    missing = unset_fields(mig, skip=("index",))
+    assert not missing, f"api/report.py MigDevice fields {missing} are filled by no declared field"
+    assert device.pods and mig.pods and unset_fields(device.pods[0]) == [], "spec.devices[].pods[] is not read"
+    assert report.pod_resources is not None and not unset_fields(report.pod_resources), "spec.podResources"
     assert report.nics, "spec.nics[] is not read"
     missing = unset_fields(report.nics[0], skip=("device", "port"))
     assert not missing, f"api/report_fabric.py NicPort fields {missing} are filled by no declared field"

@@ -43,6 +43,8 @@ __all__ = [
     "NicPort",
     "NvLink",
     "Pcie",
+    "PodHold",
+    "PodResources",
     "Report",
     "ReportError",
     "XidEvent",
@@ -52,6 +54,27 @@ __all__ = [
 
 class ReportError(ValueError):
     """A report that cannot be trusted; it becomes an Event and a metric, never an action."""
+
+
+@dataclass(frozen=True, order=True)
+class PodHold:
+    """One container that the kubelet allocated a GPU or MIG device to (``spec.devices[].pods[]``,
+    ``spec.devices[].migDevices[].pods[]``), as the agent read it from the pod-resources API.
+    ``resource`` is the extended resource it came through (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``)."""
+
+    namespace: str
+    name: str
+    container: str
+    resource: str
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """``spec.podResources``: whether the agent could read the kubelet's pod-resources API this pass.
+    Unavailable: no device's ``pods`` is known (empty is not "no pods")."""
+
+    available: bool
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,7 @@ class MigDevice:
     gpu_instance: int | None = None
     compute_instance: int | None = None
     profile: str = ""
+    pods: tuple[PodHold, ...] = ()  # the containers holding it (sorted); see Report.pod_resources
 
 
 @dataclass(frozen=True)
@@ -95,6 +119,7 @@ class Device(GpuFacts):
     fabric: Fabric | None = None
     pcie: Pcie | None = None
     clocks: Clocks | None = None
+    pods: tuple[PodHold, ...] = ()  # the containers holding the whole GPU (sorted); see Report.pod_resources
 
     @property
     def label(self) -> str:
@@ -138,6 +163,8 @@ class Report:
     devices: tuple[Device, ...] = ()
     xids: tuple[XidEvent, ...] = ()
     nics: tuple[NicPort, ...] = ()
+    # Whether the devices' pods were read (None: the agent does not read the kubelet's pod-resources API).
+    pod_resources: PodResources | None = None
     resource_version: str = ""
     status: Mapping[str, Any] = field(default_factory=dict)
 
@@ -146,6 +173,14 @@ class Report:
             if d.index == index:
                 return d
         return None
+
+    def holders(self, index: int) -> tuple[PodHold, ...]:
+        """The containers holding GPU ``index``: the whole GPU's and its MIG devices', each once, sorted.
+        Empty for an unknown GPU, and whenever the pods were not read (see ``pod_resources``)."""
+        device = self.device(index)
+        if device is None:
+            return ()
+        return tuple(sorted({*device.pods, *(p for m in device.mig_devices for p in m.pods)}))
 
     def mig_device(self, gpu: int | None, gpu_instance: int | None, compute_instance: int | None) -> MigDevice | None:
         """The MIG device of GPU ``gpu`` that an XID attributed to these instance IDs hit, if one is known.
@@ -205,9 +240,45 @@ def _mig_devices(v: Any, where: str) -> tuple[MigDevice, ...]:
                 gpu_instance=_opt_id(m.get("gpuInstanceId"), f"{at}.gpuInstanceId"),
                 compute_instance=_opt_id(m.get("computeInstanceId"), f"{at}.computeInstanceId"),
                 profile=_opt_str(m.get("profile"), f"{at}.profile") or "",
+                pods=_pods(m.get("pods"), f"{at}.pods"),
             )
         )
     return tuple(sorted(out, key=lambda m: m.index))
+
+
+_POD_KEYS = ("namespace", "name", "container", "resource")
+
+
+def _pods(v: Any, where: str) -> tuple[PodHold, ...]:
+    """The containers holding a GPU or MIG device: each once, sorted."""
+    if v is None:
+        return ()
+    if not isinstance(v, list | tuple):
+        raise ReportError(f"{where}: must be a list")
+    out: set[PodHold] = set()
+    for i, p in enumerate(v):
+        at = f"{where}[{i}]"
+        if not isinstance(p, Mapping):
+            raise ReportError(f"{at}: must be an object")
+        values = []
+        for key in _POD_KEYS:
+            value = p.get(key)
+            if not isinstance(value, str) or not value:
+                raise ReportError(f"{at}.{key}: expected a non-empty string, got {value!r}")
+            values.append(value)
+        out.add(PodHold(*values))
+    return tuple(sorted(out))
+
+
+def _pod_resources(v: Any, where: str) -> PodResources | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise ReportError(f"{where}: must be an object")
+    available = v.get("available")
+    if not isinstance(available, bool):
+        raise ReportError(f"{where}.available: expected a boolean, got {available!r}")
+    return PodResources(available, _opt_str(v.get("error"), f"{where}.error") or "")
 
 
 def _opt_str(v: Any, where: str) -> str | None:
@@ -280,6 +351,7 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
                 fabric=parse_fabric(d.get("fabric"), f"{where}.fabric"),
                 pcie=parse_pcie(d.get("pcie"), f"{where}.pcie"),
                 clocks=parse_clocks(d.get("clocks"), f"{where}.clocks"),
+                pods=_pods(d.get("pods"), f"{where}.pods"),
             )
         )
     xids = []
@@ -315,6 +387,7 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         xids=tuple(sorted(xids, key=lambda e: e.time)),
         nics=parse_nics(spec.get("nics"), "spec.nics"),
+        pod_resources=_pod_resources(spec.get("podResources"), "spec.podResources"),
         resource_version=str(meta.get("resourceVersion", "")),
         status=obj.get("status") or {},
     )

@@ -30,6 +30,8 @@ READ: tuple[str, ...] = (
     "spec.nvml.unresponsive.call",
     "spec.nvml.unresponsive.since",
     "spec.nvml.unresponsive.lastSampleTime",
+    "spec.podResources.available",
+    "spec.podResources.error",
     "spec.devices[].index",
     *(f"spec.devices[].{f.key}" for f in DEVICE_FACTS if f.read),  # the scalar facts: api/device_facts.py
     "spec.devices[].ecc.volatileUncorrected",
@@ -44,6 +46,14 @@ READ: tuple[str, ...] = (
     "spec.devices[].migDevices[].gpuInstanceId",
     "spec.devices[].migDevices[].computeInstanceId",
     "spec.devices[].migDevices[].profile",
+    "spec.devices[].migDevices[].pods[].namespace",
+    "spec.devices[].migDevices[].pods[].name",
+    "spec.devices[].migDevices[].pods[].container",
+    "spec.devices[].migDevices[].pods[].resource",
+    "spec.devices[].pods[].namespace",
+    "spec.devices[].pods[].name",
+    "spec.devices[].pods[].container",
+    "spec.devices[].pods[].resource",
     "spec.devices[].nvlink.links",
     "spec.devices[].nvlink.active",
     "spec.devices[].nvlink.speedMBps",
@@ -143,3 +153,15 @@ def read_objects_under(prefix: str) -> dict[str, tuple[str, ...]]:
         if p.startswith(start) and "." in rest and not rest.split(".", 1)[0].endswith("[]"):
             names[rest.split(".", 1)[0]] = None
     return {name: read_under(f"{prefix}.{name}") for name in names}
+
+
+def read_lists_under(prefix: str) -> dict[str, tuple[str, ...]]:
+    """The lists of objects directly under ``prefix`` whose items hold READ fields of their own (scalars
+    only, not lists nested deeper), each with those fields: a device's ``pods``, a MIG device's ``pods``."""
+    start = prefix + "."
+    names: dict[str, None] = {}
+    for p in READ:
+        rest = p.removeprefix(start)
+        if p.startswith(start) and "." in rest and rest.split(".", 1)[0].endswith("[]"):
+            names[rest.split(".", 1)[0].removesuffix("[]")] = None
+    return {name: read_under(f"{prefix}.{name}[]") for name in names}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.report import Device, MigDevice, ReportError, parse_report
+from gpuhealth.api.report import Device, MigDevice, PodHold, PodResources, ReportError, parse_report
 from tests.unit.builders import NODE, T0, at, gpu, iso, report_obj, xid_event
 
 
@@ -311,3 +311,70 @@ def test_malformed_fabric_facts_are_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ReportError, match=re.escape(message)):
         parse_report(_fabric_report(device, nics))
+
+
+# -- the pods holding each GPU (the kubelet's pod-resources API) -----------------------------------
+
+_HOLD = {"namespace": "ml", "name": "train-0", "container": "main", "resource": "nvidia.com/gpu"}
+
+
+def test_the_pods_holding_each_gpu_and_mig_device_are_parsed() -> None:
+    mig_hold = {**_HOLD, "name": "infer-0", "resource": "nvidia.com/mig-1g.10gb"}
+    r = parse_report(
+        report_obj(
+            devices=[
+                gpu(0, pods=[{**_HOLD, "name": "train-1"}, _HOLD, _HOLD]),  # time-slicing: one container twice
+                gpu(
+                    1,
+                    migMode="Enabled",
+                    migDevices=[
+                        {"index": 1, "uuid": "MIG-b", "pods": [mig_hold]},
+                        {"index": 0, "uuid": "MIG-a", "pods": [mig_hold, {**mig_hold, "container": "side"}]},
+                    ],
+                ),
+                gpu(2),
+            ],
+            podResources={"available": True},
+        )
+    )
+    assert r.pod_resources == PodResources(True, "")
+    hold = PodHold("ml", "train-0", "main", "nvidia.com/gpu")
+    assert r.devices[0].pods == (hold, PodHold("ml", "train-1", "main", "nvidia.com/gpu"))
+    assert r.devices[1].pods == () and r.devices[1].mig_devices[0].pods[1].container == "side"
+    assert r.holders(0) == r.devices[0].pods
+    # A GPU's holders: its own and its MIG devices', each once, sorted.
+    assert r.holders(1) == (
+        PodHold("ml", "infer-0", "main", "nvidia.com/mig-1g.10gb"),
+        PodHold("ml", "infer-0", "side", "nvidia.com/mig-1g.10gb"),
+    )
+    assert r.holders(2) == () and r.holders(9) == ()
+
+
+def test_pod_resources_absent_unavailable_and_available() -> None:
+    assert parse_report(report_obj()).pod_resources is None  # the agent does not read the socket
+    down = parse_report(report_obj(podResources={"available": False, "error": "connection refused"}))
+    assert down.pod_resources == PodResources(False, "connection refused")
+    assert parse_report(report_obj(podResources={"available": True})).pod_resources == PodResources(True)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"podResources": "yes"}, "spec.podResources: must be an object"),
+        ({"podResources": {}}, "spec.podResources.available: expected a boolean"),
+        ({"podResources": {"available": "true"}}, "spec.podResources.available: expected a boolean"),
+        ({"podResources": {"available": False, "error": 3}}, "spec.podResources.error: expected a string"),
+        ({"devices": [gpu(0, pods={"a": 1})]}, "spec.devices[0].pods: must be a list"),
+        ({"devices": [gpu(0, pods=["ml/train-0"])]}, "spec.devices[0].pods[0]: must be an object"),
+        ({"devices": [gpu(0, pods=[{**_HOLD, "namespace": None}])]}, "spec.devices[0].pods[0].namespace: expected"),
+        ({"devices": [gpu(0, pods=[{**_HOLD, "resource": ""}])]}, "spec.devices[0].pods[0].resource: expected"),
+        (
+            {"devices": [gpu(0, migDevices=[{"index": 0, "pods": [{"name": "x"}]}])]},
+            "spec.devices[0].migDevices[0].pods[0].namespace: expected",
+        ),
+    ],
+)
+def test_malformed_pod_resources_are_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    body = report_obj(**spec) if "devices" not in spec else report_obj(devices=spec["devices"])
+    with pytest.raises(ReportError, match=re.escape(field)):
+        parse_report(body)

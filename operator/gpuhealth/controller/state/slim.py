@@ -33,7 +33,7 @@ from typing import Any, ClassVar, NoReturn
 from gpuhealth.api import pods as P
 from gpuhealth.api.names import CONDITION_TYPE, GPU_RESOURCE, GROUP
 from gpuhealth.api.nodes import MIG_RESOURCE_PREFIX
-from gpuhealth.api.report_fields import read_objects_under, read_under
+from gpuhealth.api.report_fields import read_lists_under, read_objects_under, read_under
 from gpuhealth.evaluation.freshness import LEASE_HEARTBEAT, REPORT_HEARTBEAT, written
 
 _SHORT = 64  # strings up to this length are interned: keys, label values, states, models, times
@@ -47,12 +47,18 @@ _OWN_PREFIX = f"{GROUP}/"
 # contract's one field table (a field it does not list as read is dropped, with its reason, there).
 _SPEC_KEYS = read_under("spec")
 _NVML_KEYS = read_under("spec.nvml") + tuple(read_objects_under("spec.nvml"))  # + unresponsive, whole
+# The spec's other objects of scalars (podResources), each with what is read of it.
+_SPEC_PARTS = {k: v for k, v in read_objects_under("spec").items() if k != "nvml"}
 _DEVICE_KEYS = read_under("spec.devices[]")
 _DEVICE_PARTS = read_objects_under("spec.devices[]")
+# A device's lists of objects (its pods; its MIG devices are slimmed on their own, as MigEntry).
+_DEVICE_LISTS = {k: v for k, v in read_lists_under("spec.devices[]").items() if k != "migDevices"}
 _XID_KEYS = read_under("spec.xidEvents[]")
 _NIC_KEYS = read_under("spec.nics[]")
-# A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it).
-_MIG_KEYS = read_under("spec.devices[].migDevices[]")
+# A GPU's MIG devices (what parse_report reads of each, and the DRA slice mapping after it): the
+# scalars, then the lists of objects (the pods holding it).
+_MIG_LISTS = read_lists_under("spec.devices[].migDevices[]")
+_MIG_KEYS = read_under("spec.devices[].migDevices[]") + tuple(_MIG_LISTS)
 _MIG_SLOTS = tuple(f"_{i}" for i in range(len(_MIG_KEYS)))  # MigEntry's: one per key, by position
 _MIG_SLOT = dict(zip(_MIG_KEYS, _MIG_SLOTS, strict=True))
 # Flags that parse_report reads as ``bool(x.get(key, False))``: an explicit False is the same as none.
@@ -137,7 +143,13 @@ class MigEntry(Mapping[str, Any]):
 
     def __init__(self, m: Mapping[str, Any]) -> None:
         for k, slot in zip(_MIG_KEYS, _MIG_SLOTS, strict=True):
-            object.__setattr__(self, slot, compact(m[k]) if k in m else _ABSENT)
+            if k not in m:
+                value = _ABSENT
+            elif k in _MIG_LISTS:
+                value = _slim_items(m[k], _MIG_LISTS[k])
+            else:
+                value = compact(m[k])
+            object.__setattr__(self, slot, value)
 
     def __getitem__(self, key: str) -> Any:
         slot = _MIG_SLOT.get(key)
@@ -378,10 +390,21 @@ def _frozen_lists(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _slim_items(items: Any, keys: tuple[str, ...]) -> Any:
+    """A list of small objects (the pods holding a GPU) cut to ``keys``, each a shared leaf; anything
+    else kept, to be read (and refused) as it stands."""
+    if not isinstance(items, list):
+        return compact(items)
+    return [leaf(_pick(i, keys)) if isinstance(i, Mapping) else compact(i) for i in items]
+
+
 def _slim_device(d: Any) -> Any:
     if not isinstance(d, Mapping):
         return d  # refused by parse_report as it stands
     out = _pick_device(d, _DEVICE_KEYS)
+    for name, keys in _DEVICE_LISTS.items():
+        if name in d:
+            out[name] = _slim_items(d[name], keys)
     for part, keys in _DEVICE_PARTS.items():
         sub = d.get(part)
         if isinstance(sub, Mapping):
@@ -411,6 +434,12 @@ def _slim_spec(spec: Any) -> Any:
         out["nvml"] = _pick(nvml, _NVML_KEYS) or {"available": True}
     elif "nvml" in spec:
         out["nvml"] = compact(nvml)
+    for part, keys in _SPEC_PARTS.items():
+        sub = spec.get(part)
+        if isinstance(sub, Mapping):
+            out[part] = leaf(_pick(sub, keys))
+        elif part in spec:
+            out[part] = compact(sub)  # not an object: kept, to be refused as before
     devices = spec.get("devices")
     if isinstance(devices, list):
         out["devices"] = [_slim_device(d) for d in devices]

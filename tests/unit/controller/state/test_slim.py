@@ -25,6 +25,8 @@ MIG_DEVICES: list[dict[str, Any]] = [
     {"index": 0, "uuid": "MIG-0000", "gpuInstanceId": 1, "computeInstanceId": 0, "profile": "3g.40gb"},
     {"index": 1, "uuid": "MIG-0001", "gpuInstanceId": 2, "computeInstanceId": 0, "profile": "3g.40gb"},
 ]
+HOLD: dict[str, str] = {"namespace": "ml", "name": "train-0", "container": "main", "resource": "nvidia.com/gpu"}
+MIG_RES = "nvidia.com/mig-3g.40gb"
 
 
 def full_device(i: int) -> dict[str, Any]:
@@ -69,6 +71,20 @@ REPORTS: list[dict[str, Any]] = [
     report_obj(devices=[gpu(0, migDevices="none")]),  # refused: not a list
     report_obj(devices=[gpu(0, migDevices=[{"index": 16}])]),  # refused: index out of range
     report_obj(xids=[{**xid_event(31, 1, 0), "gpuInstanceId": -1}]),  # refused
+    # The pods holding each GPU and MIG device (the kubelet's pod-resources API), and whether they were read.
+    report_obj(
+        devices=[
+            gpu(0, pods=[HOLD, {**HOLD, "name": "train-1", "extra": "dropped"}]),
+            gpu(1, migMode="Enabled", migDevices=[{**MIG_DEVICES[0], "pods": [{**HOLD, "resource": MIG_RES}]}]),
+        ],
+        podResources={"available": True, "extra": "dropped"},
+    ),
+    report_obj(podResources={"available": False, "error": "connection refused"}),
+    report_obj(podResources={"error": "no available"}),  # refused
+    report_obj(podResources="yes"),  # refused: not an object
+    report_obj(devices=[gpu(0, pods="train-0")]),  # refused: not a list
+    report_obj(devices=[gpu(0, pods=[{**HOLD, "container": ""}])]),  # refused
+    report_obj(devices=[gpu(0, migDevices=[{"index": 0, "pods": ["train-0"]}])]),  # refused
 ]
 
 
@@ -101,6 +117,17 @@ def test_a_slim_report_keeps_mig_devices_and_xid_instances() -> None:
     assert slim["spec"]["xidEvents"][0]["computeInstanceId"] == 0
     r = parse_report(slim)
     assert r.mig_device(0, 2, 0) is not None and r.mig_device(0, 2, 0).uuid == "MIG-0001"  # type: ignore[union-attr]
+
+
+def test_a_slim_report_keeps_the_pods_holding_each_gpu() -> None:
+    body = next(r for r in REPORTS if "podResources" in r["spec"] and r["spec"]["devices"][0].get("pods"))
+    spec = slim_report(body)["spec"]
+    assert spec["podResources"] == {"available": True}
+    assert spec["devices"][0]["pods"] == [HOLD, {**HOLD, "name": "train-1"}]
+    assert spec["devices"][1]["migDevices"][0]["pods"] == [{**HOLD, "resource": MIG_RES}]
+    r = parse_report(slim_report(body))
+    assert [p.name for p in r.holders(0)] == ["train-0", "train-1"]
+    assert [p.resource for p in r.holders(1)] == [MIG_RES]
 
 
 def test_a_slim_report_drops_what_nothing_reads() -> None:
