@@ -201,15 +201,27 @@ def with_rack(a: Assessment, rack: Finding | None) -> Assessment:
     return replace(a, findings=findings, healthy_gpus=min(a.total_gpus, healthy))
 
 
+def holds_domain(rec: Record | None) -> bool:
+    """Whether ``rec`` is out of service for its NVLink domain's episode: out for ``ImexDomain``,
+    and not waiting for a human (``AwaitingRepair``: its validation failed, it left the episode, as
+    :func:`domain_return` says). While a member holds it, the domain's decision is taken: its other
+    members follow (:func:`domain_decided`), and the breaker keeps their slots for them
+    (``controller/state/breaker.py``), whatever else asks meanwhile, by this record alone."""
+    return (
+        rec is not None
+        and rec.out_of_service
+        and rec.reason == Signal.IMEX_DOMAIN
+        and rec.state != State.AWAITING_REPAIR
+    )
+
+
 def domain_decided(records: Mapping[str, Record], nodes: Iterable[str]) -> bool:
     """Whether the domain's decision is already taken: a member is out of service for it (its
-    persisted record says so), so the others follow whatever the breaker's count is now. A killed
-    operator resumes here from the records it wrote, never leaving a partial domain."""
-    for n in nodes:
-        rec = records.get(n)
-        if rec is not None and rec.out_of_service and rec.reason == Signal.IMEX_DOMAIN:
-            return True
-    return False
+    persisted record says so, :func:`holds_domain`), so the others follow. Their slots were held
+    for them from that record on (the breaker counts every member of a decided domain), so
+    following spends no budget another node was given. A killed operator resumes here from the
+    records it wrote, never leaving a partial domain."""
+    return any(holds_domain(records.get(n)) for n in nodes)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,10 @@ def test_the_domain_is_decided_once_a_member_is_out_for_it() -> None:
     assert not domains.domain_decided({"b": out}, ("a", "c"))
     assert not domains.domain_decided({"b": Record(state=State.DRAINING, reason="XID79")}, ("a", "b"))
     assert not domains.domain_decided({"b": Record(state=State.DEGRADED, reason=Signal.IMEX_DOMAIN)}, ("a", "b"))
+    # Its validation failed: it waits for a human and has left the domain's episode (domain_return).
+    waiting = Record(state=State.AWAITING_REPAIR, reason=Signal.IMEX_DOMAIN)
+    assert not domains.domain_decided({"b": waiting}, ("a", "b")) and not domains.holds_domain(waiting)
+    assert domains.holds_domain(Record(state=State.RECOVERING, reason=Signal.IMEX_DOMAIN))
 
 
 def braking(held_s: float) -> dict[str, Any]:

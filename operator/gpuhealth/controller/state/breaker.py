@@ -4,8 +4,16 @@ A node about to leave service asks for a slot under its policy's lock; the slot 
 until the node's status is written (``release``), so concurrent workers cannot overshoot
 ``maxUnhealthy``. Drains take one of ``maxConcurrentDrains`` slots the same way.
 
+An NVLink domain is admitted whole or not at all (``admit_domain``): its asking member reserves a
+slot for every member, held until that member's status is written. From then on its record is the
+domain's decision (``domains.domain_decided``): the other members follow it, and until the last of
+them is counted out their slots are counted from the records (``Topology.committed``), not from
+this process's memory, so neither a later admission nor an operator restarted after a kill at any
+line gives them to another node or domain.
+
 Admission reads the store's per-policy tally (kept as nodes and records change), never the fleet:
-its cost under the lock is the number of reserved slots, whatever the fleet's size.
+its cost under the lock is the number of reserved slots plus the members of the domains out for
+their domain, whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -14,11 +22,13 @@ import asyncio
 
 from gpuhealth.api.policy import Policy
 from gpuhealth.controller.state.store import Store
+from gpuhealth.controller.state.topology import Topology
 
 
 class Breaker:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, topology: Topology | None = None) -> None:
         self._store = store
+        self._topology = topology or Topology(store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, set[str]] = {}
         self._reserved_slow: dict[str, set[str]] = {}  # slots of the slow budget (maxSlow)
@@ -30,6 +40,12 @@ class Breaker:
     def _lock(self, policy: Policy) -> asyncio.Lock:
         return self._locks.setdefault(policy.name, asyncio.Lock())
 
+    def _pending(self, policy: Policy) -> set[str]:
+        """Nodes that count against ``maxUnhealthy`` though their records do not say out (yet): those
+        holding a slot reserved here, and the members of decided domains (``Topology.committed``)."""
+        reserved = self._reserved.setdefault(policy.name, set())
+        return {n for n in reserved | self._topology.committed(policy) if not self._store.counted_out(policy, n)}
+
     async def admit(self, policy: Policy, name: str, slow: bool = False) -> bool:
         """Reserve a slot for ``name`` to leave service, if the policy's limit allows one more.
 
@@ -40,10 +56,15 @@ class Breaker:
             tally = self._store.tally(policy)
             mine = self._reserved_slow if slow else self._reserved
             reserved = mine.setdefault(policy.name, set())
-            # Nodes out of service by their records, plus slots reserved for nodes not counted so.
-            counted = tally.slow if slow else tally.out - tally.slow
-            out = counted + sum(1 for n in reserved if not self._store.counted_out(policy, n))
-            if name in reserved or self._store.counted_out(policy, name):
+            # Nodes out of service by their records, plus those counted before their records say so:
+            # slots reserved, and (the broken budget's) members of decided domains.
+            if slow:
+                pending = {n for n in reserved if not self._store.counted_out(policy, n)}
+                out = tally.slow + len(pending)
+            else:
+                pending = self._pending(policy)
+                out = tally.out - tally.slow + len(pending)
+            if name in pending or self._store.counted_out(policy, name):
                 out -= 1  # the node itself is not one more
             limit = policy.slow_breaker_limit(tally.nodes) if slow else policy.breaker_limit(tally.nodes)
             if out + 1 <= limit:
@@ -56,9 +77,11 @@ class Breaker:
         out of service, or for none, so a domain never leaves service in part.
 
         ``decided``: a member is already out for the domain by its persisted record (an earlier pass,
-        or an operator since restarted, took the decision): the rest follow, whatever the count is
-        now. The members' slots are held until ``name``'s status is written; by then its record says
-        the domain is decided, and the other members follow through ``decided``.
+        or an operator since restarted, took the decision): the rest follow into the slots counted
+        for them since that record (``Topology.committed``), whatever the count is now (a budget
+        lowered since is not a reason to leave a domain half out). The members' slots are reserved
+        here until ``name``'s status is written; by then its record says the domain is decided, and
+        the records hold the slots from there.
         """
         async with self._lock(policy):
             reserved = self._reserved.setdefault(policy.name, set())
@@ -66,8 +89,9 @@ class Breaker:
                 reserved.add(name)
                 return True
             tally = self._store.tally(policy)
-            out = tally.out - tally.slow + sum(1 for n in reserved if not self._store.counted_out(policy, n))
-            new = {n for n in (*nodes, name) if n not in reserved and not self._store.counted_out(policy, n)}
+            pending = self._pending(policy)
+            out = tally.out - tally.slow + len(pending)
+            new = {n for n in (*nodes, name) if n not in pending and not self._store.counted_out(policy, n)}
             if out + len(new) > policy.breaker_limit(tally.nodes):
                 return False
             reserved.update(new)

@@ -20,6 +20,7 @@ from gpuhealth.api.status import Record
 from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.controller.state.slim import slim_node, slim_report
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
+from gpuhealth.evaluation.domains import holds_domain
 from gpuhealth.evaluation.freshness import REPORT_HEARTBEAT, Seen, latest, written_at
 from gpuhealth.kube.versions import newer, older
 
@@ -176,6 +177,13 @@ class Store:
         s = self._tallies.share(name)
         return s is not None and s.out and s.policy == policy.name and self._policies.get(policy.name) is policy
 
+    def holding_domains(self, policy: Policy) -> frozenset[str]:
+        """The nodes ``policy`` governs that are out of service for their NVLink domain's episode
+        (``domains.holds_domain``); none for a superseded copy of a policy, as with ``tally``."""
+        if self._policies.get(policy.name) is not policy:
+            return frozenset()
+        return self._tallies.holding_domains(policy.name)
+
     def _share(self, name: str) -> Share | None:
         node = self._nodes.get(name)
         if node is None:
@@ -201,6 +209,7 @@ class Store:
                 if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
             ),
             node_gpus=node_gpus(node) or 0,
+            domain=holds_domain(rec),
             slow=slow_node,
             gpus_slow=self.gpus_out(name)
             if slow_node

@@ -34,6 +34,9 @@ class Share:
     # GPUs held out for a slow signal: all of ``gpus_out`` while the node is out for one, else those
     # held out one by one for one (they spend maxSlow in GPUs, not maxUnhealthyGPUs)
     gpus_slow: int = 0
+    # out of service for its NVLink domain's episode (``domains.holds_domain``): the domain's other
+    # members follow it, and the breaker keeps their slots (``Tallies.holding_domains``)
+    domain: bool = False
 
 
 @dataclass(slots=True)
@@ -84,11 +87,13 @@ class Tallies:
     def __init__(self) -> None:
         self._shares: dict[str, Share] = {}
         self._tallies: dict[str, Tally] = {}
+        self._domains: dict[str, set[str]] = {}  # policy -> nodes whose share is ``domain``
 
     def reset(self, policies: Iterable[str]) -> None:
         """Start again from no node (a policy changed: every node is re-selected)."""
         self._shares.clear()
         self._tallies = {p: Tally() for p in policies}
+        self._domains.clear()
 
     def share(self, node: str) -> Share | None:
         return self._shares.get(node)
@@ -97,14 +102,22 @@ class Tallies:
         """The policy's tally; a policy governing no node (or unknown) has the empty one. Read only."""
         return self._tallies.get(policy, EMPTY)
 
+    def holding_domains(self, policy: str) -> frozenset[str]:
+        """The nodes of ``policy`` out of service for their NVLink domain's episode (few: each is out)."""
+        return frozenset(self._domains.get(policy, ()))
+
     def set(self, node: str, share: Share | None) -> None:
         """Replace the node's share (``None``: it counts for no policy)."""
         old = self._shares.pop(node, None)
         if old is not None:
             self._apply(old, -1)
+            if old.domain:
+                self._domains[old.policy].discard(node)
         if share is not None:
             self._shares[node] = share
             self._apply(share, 1)
+            if share.domain:
+                self._domains.setdefault(share.policy, set()).add(node)
 
     def _apply(self, s: Share, sign: int) -> None:
         self._tallies.setdefault(s.policy, Tally()).add(s, sign)

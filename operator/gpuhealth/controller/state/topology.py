@@ -52,6 +52,24 @@ class Topology:
         metrics.DOMAIN_FINDINGS.labels(policy.name, value).set(len(nodes) if finding else 0)
         return DomainView(key, value, nodes, finding, domains.domain_decided(self._store.records, nodes))
 
+    def committed(self, policy: Policy) -> frozenset[str]:
+        """The members of ``policy``'s decided NVLink domains not yet counted out: a member is out for
+        its domain's episode (``domains.holds_domain``), so each of the others leaves at its next
+        pass while the fault lasts, or may at a relapse while the episode does. The breaker counts
+        them as out (``breaker.py``) from the first member's record until the last is back, so no
+        other node or domain is admitted into their slots, by this operator or one restarted after
+        a kill at any line. Costs the members of the domains out, not the fleet."""
+        key = policy.topology.domain_label
+        seen: set[str] = set()
+        out: set[str] = set()
+        for n in self._store.holding_domains(policy):
+            value = domains.labels_of(self._store.nodes.get(n)).get(key)
+            if not value or value in seen:
+                continue
+            seen.add(value)
+            out.update(m for m in self._members(policy, key, value) if not self._store.counted_out(policy, m))
+        return frozenset(out)
+
     def domain_return(
         self, name: str, policy: Policy, view: DomainView | None, prior: Record, now: dt.datetime
     ) -> domains.DomainReturn:

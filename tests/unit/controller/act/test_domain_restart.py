@@ -85,3 +85,72 @@ def test_a_restarted_operator_completes_the_domain_and_announces_nothing_twice()
         assert not any(_tainted(kube, n) for n in ("x0", "x1", "x2", "x3"))
 
     asyncio.run(body())
+
+
+# Two domains of 3 under a budget of 4: one fits, never both (hack/chaos/scenarios/domain_kills.py).
+PAIR = {"a": ("a0", "a1", "a2"), "b": ("b0", "b1", "b2")}
+
+
+def _pair() -> FakeKube:
+    kube = FakeKube()
+    kube.add_policy("p", {"safety": {"maxUnhealthy": 4, "maxConcurrentDrains": 6}, "devices": {"scope": "Node"}})
+    for d, members in PAIR.items():
+        for n in members:
+            kube.add_node(n, {CLIQUE: f"c0ffee.{d}"})
+            bad = n in ("a1", "b1")
+            kube.add_report(
+                report_obj(
+                    name=n,
+                    devices=[gpu(i, recoveryAction="RecoverImexDomain" if bad and i == 2 else "") for i in range(8)],
+                )
+            )
+    for n in ("x0", "x1", "x2", "x3", "x4", "x5"):
+        kube.add_node(n)
+        kube.add_report(report_obj(name=n))
+    return kube
+
+
+def _judge(kube: FakeKube) -> None:
+    """Never over the budget; each domain all out (for its domain) or all held back, none in part."""
+    out = {n for ns in PAIR.values() for n in ns if _tainted(kube, n)}
+    assert len(out) <= 4, sorted(out)
+    for ns in PAIR.values():
+        assert {n in out for n in ns} in ({True}, {False}), sorted(out)
+        if not out & set(ns):
+            assert all(_status(kube, n)["heldByBreaker"] for n in ns), [_status(kube, n) for n in ns]
+    assert len(out) == 3
+
+
+def test_a_domain_whose_asker_is_written_keeps_its_members_slots_from_another_domain() -> None:
+    """Once the asking member's record is written its reservation is released: the other members'
+    slots must still count (its record says they follow), or a second domain is admitted beside it."""
+
+    async def body() -> None:
+        kube = _pair()
+        rt = await _runtime(kube)
+        for n in ("a1", "b1", "b0", "b2", "a0", "a2"):
+            await rt.reconciler.reconcile(n)
+        await rt.events.flush()
+        _judge(kube)
+
+    asyncio.run(body())
+
+
+def test_a_restarted_operator_counts_the_domain_its_predecessor_decided_before_admitting_another() -> None:
+    """Killed right after the first member's record (and taint): the records are all a restarted
+    operator has of that admission, and its first pass may be another domain's."""
+
+    async def body() -> None:
+        kube = _pair()
+        first = await _runtime(kube)
+        await first.reconciler.reconcile("a1")
+        await first.events.flush()
+        assert _status(kube, "a1")["reason"] == "ImexDomain" and _tainted(kube, "a1")  # killed here
+        second = await _runtime(kube)
+        for n in ("b1", "b0", "b2", "a0", "a2", "b1"):
+            await second.reconciler.reconcile(n)
+        await second.events.flush()
+        _judge(kube)
+        assert all(_tainted(kube, n) for n in PAIR["a"])
+
+    asyncio.run(body())

@@ -114,3 +114,65 @@ def test_members_follow_the_nodes_labels() -> None:
     assert store.members(key, "x.1") == ("a", "b", "d")
     store.forget_node("a")
     assert store.members(key, "x.1") == ("b", "d") and store.members(key, "y.1") == ()
+
+
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def _domains(max_unhealthy: int) -> Store:
+    """Two 3-node NVLink domains (a0-a2, b0-b2) and four nodes of no domain."""
+    store = _store(0, max_unhealthy)
+    for d in ("a", "b"):
+        for i in range(3):
+            labels = {CLIQUE: f"c0ffee.{d}"}
+            store.put_node(
+                f"{d}{i}",
+                {"metadata": {"name": f"{d}{i}", "labels": labels}, "status": {"capacity": {"nvidia.com/gpu": "8"}}},
+            )
+    for i in range(4):
+        store.put_node(
+            f"x{i}", {"metadata": {"name": f"x{i}", "labels": {}}, "status": {"capacity": {"nvidia.com/gpu": "8"}}}
+        )
+    return store
+
+
+A, B = ("a0", "a1", "a2"), ("b0", "b1", "b2")
+OUT = Record(state=State.DRAINING, reason=Signal.IMEX_DOMAIN)
+
+
+def test_a_decided_domain_keeps_its_members_slots_once_the_askers_reservation_is_released() -> None:
+    """The asker's record written, its reservation ends; the members it reserved still count, from
+    its record alone: no second domain, and no single node, takes their slots."""
+
+    async def body() -> None:
+        store = _domains(4)
+        breaker, p = Breaker(store), store.policies["p"]
+        assert await breaker.admit_domain(p, "a1", A, decided=False)
+        store.set_record("a1", OUT)
+        breaker.release(p, "a1")
+        assert not await breaker.admit_domain(p, "b1", B, decided=False)
+        assert await breaker.admit(p, "x0")  # 3 of the domain + 1: the last slot
+        assert not await breaker.admit(p, "x1")
+        # A restarted operator (an empty breaker) counts them just the same.
+        again = Breaker(store)
+        assert not await again.admit_domain(p, "b1", B, decided=False)
+        assert await again.admit_domain(p, "a0", A, decided=True)  # the members follow into their slots
+
+    asyncio.run(body())
+
+
+def test_a_domain_holds_its_slots_until_its_last_member_is_back() -> None:
+    async def body() -> None:
+        store = _domains(4)
+        breaker, p = Breaker(store), store.policies["p"]
+        for n in A:
+            store.set_record(n, OUT)
+        assert not await breaker.admit_domain(p, "b0", B, decided=False)
+        store.set_record("a0", Record())  # back in service
+        store.set_record("a1", Record())
+        assert not await breaker.admit_domain(p, "b0", B, decided=False)  # a2 still out: its episode lasts
+        store.set_record("a2", Record(state=State.AWAITING_REPAIR, reason=Signal.IMEX_DOMAIN))
+        # Waiting for a human, a2 has left the domain's episode: it counts for itself only.
+        assert await breaker.admit_domain(p, "b0", B, decided=False)
+
+    asyncio.run(body())
