@@ -51,18 +51,21 @@ chart-tools:
 kueue:
 	@bash hack/build-kueue.sh >/dev/null
 
-# Builds (first time) or finds (cached) what the real-node tier (tests/integration/test_real_node.py)
-# runs: the Debian packages (runc, CNI plugins, nftables, podman, mmdebstrap), containerd, the kubelet,
-# the pause image, and gpuhealth's image from the Dockerfile on a Python base made from Debian
-# packages. Needs root, as the tier does; fails loudly.
-# The Go builds (containerd, kubelet) use the CPUs while the image build mostly waits on the
-# network (apt, mmdebstrap, pip): the two run side by side, and a failure of either stops make.
-# The kubelet's build runs hack/build-control-plane.sh first (it shares that build's Go cache).
+# Builds (first time) or finds (cached) what the real-node tier (tests/integration/test_real_node.py,
+# test_device_plugin.py) runs: the Debian packages (runc, CNI plugins, nftables, podman, mmdebstrap),
+# containerd, the kubelet, the pause image, gpuhealth's image from the Dockerfile on a Python base made
+# from Debian packages, and NVIDIA's device plugin and GPU Feature Discovery with their image on that
+# base. Needs root, as the tier does; fails loudly.
+# The Go builds (containerd, kubelet, then the device plugin and GFD) use the CPUs while the image
+# build mostly waits on the network (apt, mmdebstrap, pip): the two run side by side, and a failure of
+# either stops make. The kubelet's build runs hack/build-control-plane.sh first (it shares that
+# build's Go cache). NVIDIA's image needs the Python base, so it comes last.
 real-node:
-	@bash hack/build-node.sh containerd kubelet >/dev/null & node=$$!; \
+	@{ bash hack/build-node.sh containerd kubelet >/dev/null && bash hack/build-nvidia-plugins.sh binaries >/dev/null; } & node=$$!; \
 	bash hack/build-image.sh >/dev/null; image=$$?; \
 	wait $$node; node_rc=$$?; test $$image -eq 0 -a $$node_rc -eq 0
 	@bash hack/build-node.sh pause >/dev/null
+	@bash hack/build-nvidia-plugins.sh image >/dev/null
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator devkit tests hack

@@ -11,7 +11,8 @@
 #
 # Podman keeps its storage under the cache too (never the host's /var/lib/containers).
 # Prints the image's directory on stdout's last line: image.tar (docker-archive for
-# `ctr images import`), ref (the image's name) and id (its config digest).
+# `ctr images import`), ref (the image's name) and id (its config digest). With the argument `base`
+# it builds (or finds) only the base and prints its name.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -60,6 +61,13 @@ build_base() {
   log "  base image took $(( $(date +%s) - t0 ))s"
 }
 # base:end
+
+# `build-image.sh base`: the base alone (hack/build-nvidia-plugins.sh builds NVIDIA's image on it).
+if [ "${1:-}" = base ]; then
+  build_base
+  echo "$BASE_REF"
+  exit 0
+fi
 
 # The image's key: the base and every file of the build context the Dockerfile can see
 # (.dockerignore keeps pyproject.toml, README.md and operator/ only).

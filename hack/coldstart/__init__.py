@@ -3,7 +3,8 @@
 ``python -m hack.coldstart`` (``make coldstart``) clones the repository's HEAD into a scratch folder and
 runs ``make test`` there with every cache the build reads pointed at empty folders of its own: the
 tool cache (``GPUHEALTH_CACHE``: control plane, Kueue, helm, promtool, containerd, kubelet, the
-image and its podman storage), Go's module and build caches (``GOMODCACHE``, ``GOCACHE``) and pip's.
+image, NVIDIA's device plugin and GFD, and the podman storage), Go's module and build caches
+(``GOMODCACHE``, ``GOCACHE``) and pip's.
 Only what the host itself holds stays: the Go toolchain, and the Debian packages of the real-node
 tier if an earlier run installed them (the result says whether the run had to; ``--fresh-host`` purges
 them first, so the run pays for them as a new machine does). ``--own-caches`` uses the machine's own
@@ -51,6 +52,8 @@ PIECES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("pause_image", re.compile(r"^\[hack/build-node\] \S+\s+build_pause took (\d+)s")),
     ("python_base", re.compile(r"^\[hack/build-image\] \S+\s+base image took (\d+)s")),
     ("image", re.compile(r"^\[hack/build-image\] \S+ image \S+ built in (\d+)s")),
+    ("nvidia_plugins", re.compile(r"^\[hack/build-nvidia-plugins\] \S+\s+build_binaries took (\d+)s")),
+    ("nvidia_plugins_image", re.compile(r"^\[hack/build-nvidia-plugins\] \S+\s+build_image took (\d+)s")),
 )
 # The line make echoes when the test phase starts (the Makefile's `test` recipe).
 PYTEST_STARTS = "-m pytest tests"

@@ -28,6 +28,8 @@ NAMES = {
     "pause_image": "pause image",
     "python_base": "Python base image (mmdebstrap)",
     "image": "gpuhealth's image (Dockerfile)",
+    "nvidia_plugins": "NVIDIA's device plugin and GFD (one go build)",
+    "nvidia_plugins_image": "their image",
 }
 
 

@@ -22,6 +22,9 @@ LOG = """\
 [hack/build-image] 16:09:00 image localhost/gpuhealth:dev-abc built in 76s (409 MB)
 [hack/build-kueue] 16:50:00 Kueue v0.17.0 ready in /c/bin/kueue (377s)
 [hack/build-tools] 16:55:00 helm and promtool ready in /c/bin/tools (290s)
+[hack/build-nvidia-plugins] 16:58:00   build_binaries took 150s
+[hack/build-nvidia-plugins] 16:58:30   build_image took 12s
+[hack/build-nvidia-plugins] 16:58:30   build_image took 0s
 ........................................................................ [ 99%]
 FAILED tests/x.py::test_y - AssertionError
 1 failed, 1907 passed, 2 warnings in 1665.43s (0:27:45)
@@ -39,6 +42,8 @@ def test_pieces_come_from_each_build_scripts_own_line_and_a_rerun_does_not_hide_
         "image": 76,
         "kueue": 377,
         "helm_promtool": 290,
+        "nvidia_plugins": 150,
+        "nvidia_plugins_image": 12,  # not the 0 s of a second look
     }
     assert coldstart.pieces(["nothing here", "[hack/build] 1 building etcd"]) == {}
 
