@@ -52,7 +52,7 @@ from gpuhealth.api import (
     validation,
 )
 from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
-from gpuhealth.api.devices import DeviceState
+from gpuhealth.api.devices import KEPT_OFF_BY, DeviceState
 from gpuhealth.api.durations import format_duration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +125,7 @@ def namespace() -> dict[str, Any]:
     defaults = policy.Policy(name="")
     ns.update(
         DeviceState=DeviceState,
+        KEPT_OFF_BY=KEPT_OFF_BY,
         P=defaults,
         D=defaults.drain,
         DEV=defaults.devices,

@@ -40,6 +40,7 @@ def _every_device_record() -> DeviceRecord:
         taint_rules=("gpuhealth-node-a-gpu-2-mig-3g40gb-9-0", "gpuhealth-node-a-gpu-2-mig-3g40gb-9-4"),
         last_failures=(T, T),
         instances=("MIG-a", "MIG-b"),
+        kept_off_by="NodeTaint",
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (

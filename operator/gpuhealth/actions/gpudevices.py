@@ -46,6 +46,7 @@ class GpuDevices:
     partitions: tuple[DeviceRef, ...] = ()  # the refs that are MIG devices or placements
     reason: str = ""
     conflict: bool = False  # the slices contradict themselves or the agent
+    unpublished: bool = False  # no slice of these drivers publishes any GPU of the node (device plugin only?)
     # Every pool the devices come from has all its slices (``resourceSliceCount``) of its newest
     # generation: a pool being republished may not show all of a GPU's devices yet.
     complete: bool = True
@@ -71,7 +72,8 @@ def _node_scope(what: str) -> str:
 def _no_slice(node: str, drivers: Sequence[str]) -> GpuDevices:
     return GpuDevices(
         reason=f"no DRA ResourceSlice of {', '.join(drivers)} publishes the GPUs of node {node} "
-        "(device plugin only?): the whole node is quarantined instead"
+        "(device plugin only?): the whole node is quarantined instead",
+        unpublished=True,
     )
 
 

@@ -8,6 +8,10 @@ that is recorded (the annotation says so) and not fought.
 Taints have no merge key, so the whole list is rewritten; every patch carries the resourceVersion it
 was computed from, and the API server refuses it (409) if anyone changed the Node in between.
 
+On a device-plugin node a GPU held out alone may want gpuhealth's second taint, ``gpuhealth.dev/gpu-out``
+(NoSchedule, ``actions/plugin_hold.py``): ``Marks.gpu_out`` places it and lifts it, in the same patch.
+Both keys are gpuhealth's own: a taint of either key is gpuhealth's; every other taint is left as it is.
+
 The condition lives in the Node's status, written through ``nodes/status``. That subresource resets
 only the spec, so a plan that changes no spec (a state label, an ownership record) rides on the
 condition's write: a node's first verdict is one Node write, not two (``node_writes``).
@@ -19,7 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
+from gpuhealth.api.names import (
+    CONDITION_TYPE,
+    GPU_OUT_TAINT_KEY,
+    QUARANTINE_ANNOTATION,
+    STATE_LABEL,
+    TAINT_KEY,
+    State,
+)
 from gpuhealth.api.ownership import Ownership
 
 __all__ = ["Marks", "NodePlan", "Ownership", "node_writes", "plan_condition", "plan_node"]
@@ -35,6 +46,10 @@ class Marks:
     effect: str = "NoSchedule"
     cordon: bool = True
     since: str = ""
+    # gpuhealth's gpu-out taint (a GPU held out on a device-plugin node that the plugin does not
+    # withhold), with the GPUs it is for, in words (its value, up to 63 characters)
+    gpu_out: bool = False
+    gpu_out_value: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,9 @@ class NodePlan:
     """A merge patch for the Node (None if nothing to change) and what it means."""
 
     patch: dict[str, Any] | None
-    actions: tuple[str, ...] = ()  # "taint", "cordon", "untaint", "uncordon", "retaint"
+    # "taint", "cordon", "untaint", "uncordon", "retaint", "gpu-out-taint", "gpu-out-retaint",
+    # "gpu-out-untaint"
+    actions: tuple[str, ...] = ()
     lifted_by_others: tuple[str, ...] = ()  # "taint" / "cordon" that someone else removed
     foreign_cordon: bool = False  # the node was already cordoned by someone else
 
@@ -111,6 +128,15 @@ def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
             new_unschedulable = False
             actions.append("uncordon")
         new_owned = None
+
+    gpu_out = [t for t in new_taints if t.get("key") == GPU_OUT_TAINT_KEY]
+    want_gpu_out = {"key": GPU_OUT_TAINT_KEY, "value": marks.gpu_out_value[:63], "effect": "NoSchedule"}
+    if marks.gpu_out and [{k: t.get(k) for k in want_gpu_out} for t in gpu_out] != [want_gpu_out]:
+        new_taints = [*(t for t in new_taints if t.get("key") != GPU_OUT_TAINT_KEY), want_gpu_out]
+        actions.append("gpu-out-taint" if not gpu_out else "gpu-out-retaint")
+    elif not marks.gpu_out and gpu_out:
+        new_taints = [t for t in new_taints if t.get("key") != GPU_OUT_TAINT_KEY]
+        actions.append("gpu-out-untaint")
 
     patch_meta: dict[str, Any] = {}
     if labels.get(STATE_LABEL) != str(marks.state):

@@ -13,6 +13,14 @@ its DRA device can be told apart: the one device publishing the instance's MIG U
 the device's ``uuid``; a partitionable placement has one only once prepared. Otherwise the finding
 widens to its whole GPU (every device of it), and its detail says why, ending in "the whole GPU is
 held out instead".
+
+A GPU that no slice publishes can still be held out alone on a **device-plugin node** (``PluginNode``):
+NVIDIA's device plugin serves its GPUs (``nvidia.com/gpu`` capacity, or its MIG resources) and the
+agent read the kubelet's pod-resources API, so the report names the pods holding each GPU. The
+finding stays device scope and the GPU is listed in ``Placement.plugin``: only those pods are
+drained, and the device plugin's own withholding or gpuhealth's node taint keeps new work off it
+(``actions/plugin_hold.py``). Without the pod-resources API it falls back to node scope, and the
+reason says why.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from gpuhealth.actions.gpudevices import GpuDevices, device_by_uuid, devices_of_
 from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.devices import DeviceRef
 from gpuhealth.api.names import Scope
+from gpuhealth.api.report import PodResources
 from gpuhealth.evaluation.assess import Finding
 from gpuhealth.evaluation.findings import Instance
 
@@ -36,6 +45,37 @@ class Placement:
     fallbacks: Mapping[int, str]  # GPU index -> why it falls back to node scope, in words
     # MIG UUID -> its DRA device, for the instance findings that hold out one MIG device alone
     instances: Mapping[str, DeviceRef] = field(default_factory=dict)
+    # GPUs no slice publishes, held out alone on a device-plugin node (their pods from the report)
+    plugin: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class PluginNode:
+    """A node whose GPUs a device plugin serves (``nvidia.com/gpu`` capacity, or NVIDIA's MIG
+    resources ``mig``), with what its agent read of the kubelet's pod-resources API (the report's
+    ``spec.podResources``; None: the agent does not report it)."""
+
+    pod_resources: PodResources | None
+    mig: tuple[str, ...] = ()
+
+    @property
+    def readable(self) -> bool:
+        """The report names the pods holding each GPU (and each MIG device)."""
+        return self.pod_resources is not None and self.pod_resources.available
+
+    def why_not(self, index: int, uuid: str, node: str, drivers: Sequence[str]) -> str:
+        """Why a GPU of this node cannot be held out alone: its pods are not known."""
+        what = f"GPU {index}" + (f" ({uuid})" if uuid else "")
+        if self.pod_resources is None:
+            cause = "the agent does not report which pods hold each GPU (no spec.podResources in its report)"
+        else:
+            cause = "the agent cannot read the kubelet's pod-resources socket: " + (
+                self.pod_resources.error or "no reason given"
+            )
+        return (
+            f"no DRA ResourceSlice of {', '.join(drivers)} publishes the GPUs of node {node} (device plugin only) "
+            f"and {cause}; the pods holding {what} cannot be told apart, the whole node is quarantined instead"
+        )
 
 
 def device_plugin_mig_reason(index: int, uuid: str, node: str, resources: Sequence[str]) -> str:
@@ -56,18 +96,21 @@ def place(
     uuids: Mapping[int, str],
     taken: Collection[str] = frozenset(),
     plugin_mig: Sequence[str] = (),
+    plugin: PluginNode | None = None,
 ) -> Placement:
     """Findings with their scope corrected for what the cluster publishes, and each GPU's devices.
 
     ``taken``: rule names someone else's DeviceTaintRule already holds. gpuhealth's rule for such a
     device can never be created (its name is a function of the device), so that GPU cannot be held
     out on its own and falls back to node scope too. ``plugin_mig``: the MIG resources the node
-    serves through NVIDIA's device plugin (``nvidia.com/mig-3g.40gb``), named in the reason."""
+    serves through NVIDIA's device plugin (``nvidia.com/mig-3g.40gb``), named in the reason.
+    ``plugin``: the node is served by a device plugin (see the module docstring); None: it is not."""
     slices = list(slices)
     reported = frozenset(u for u in uuids.values() if u)
     refs: dict[int, GpuDevices] = {}
     fallbacks: dict[int, str] = {}
     instances: dict[str, DeviceRef] = {}
+    via_plugin: set[int] = set()
     out: list[Finding] = []
     for f in findings:
         index = f.gpu if f.gpu is not None else next((i for i, u in uuids.items() if f.uuid and u == f.uuid), None)
@@ -88,11 +131,21 @@ def place(
                 )
             elif match.refs:
                 refs[index] = match
+            elif match.unpublished and plugin is not None and plugin.readable:
+                via_plugin.add(index)
             elif plugin_mig and not match.conflict:
                 fallbacks[index] = device_plugin_mig_reason(index, uuid, node, plugin_mig)
+            elif match.unpublished and plugin is not None:
+                fallbacks[index] = plugin.why_not(index, uuid, node, drivers)
             else:
                 fallbacks[index] = match.reason
-        if index not in refs:
+        if index in via_plugin:
+            if f.instance is None:
+                out.append(f)
+            else:  # the plugin has no API to withhold one MIG device: the GPU is held out as a whole
+                why = f"node {node} serves its MIG devices through the device plugin, not DRA ResourceSlices"
+                out.append(replace(f, instance=None, detail=f"{f.detail} ({why}: the whole GPU is held out instead)"))
+        elif index not in refs:
             out.append(replace(f, scope=Scope.NODE))
         elif f.instance is not None:
             ref, why = _instance_device(f.instance, index, node, slices, drivers, refs[index])
@@ -103,7 +156,7 @@ def place(
                 out.append(replace(f, instance=None, detail=f"{f.detail} ({why}: the whole GPU is held out instead)"))
         else:
             out.append(f)
-    return Placement(tuple(out), refs, fallbacks, instances)
+    return Placement(tuple(out), refs, fallbacks, instances, frozenset(via_plugin))
 
 
 def _instance_device(

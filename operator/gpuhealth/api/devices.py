@@ -50,6 +50,14 @@ DEVICE_OUT_OF_SERVICE = frozenset(
 )
 MAX_DEVICE_HISTORY = 20
 
+# How a GPU no DRA ResourceSlice publishes is kept from new pods on a device-plugin node
+# (``DeviceRecord.kept_off_by``): the plugin already withholds it, or gpuhealth's NoSchedule taint
+# ``gpuhealth.dev/gpu-out`` keeps new pods off the whole node.
+KEPT_OFF_BY_PLUGIN = "DevicePlugin"
+KEPT_OFF_BY_TAINT = "NodeTaint"
+KEPT_OFF_BY = (KEPT_OFF_BY_PLUGIN, KEPT_OFF_BY_TAINT)  # ``keptOffBy``'s values (the CRD's enum)
+KEPT_OFF_WORDS = {KEPT_OFF_BY_PLUGIN: "withheld by the device plugin", KEPT_OFF_BY_TAINT: "node tainted NoSchedule"}
+
 
 @dataclass(frozen=True)
 class DeviceRecord:
@@ -81,6 +89,10 @@ class DeviceRecord:
     # ``devices`` are just their MIG devices and the GPU serves on with its others. Empty: the whole
     # GPU is held out.
     instances: tuple[str, ...] = ()
+    # Held out on a device-plugin node (no DRA device to taint): how new work is kept off it,
+    # ``KEPT_OFF_BY_PLUGIN`` or ``KEPT_OFF_BY_TAINT``; only the pods the agent's report names as
+    # holding it are drained. Empty on the DRA path and while the GPU is in service.
+    kept_off_by: str = ""
 
     @property
     def out_of_service(self) -> bool:
@@ -90,6 +102,11 @@ class DeviceRecord:
     def whole_gpu_out(self) -> bool:
         """Out of service as a whole; a GPU with only some of its MIG devices held out still serves."""
         return self.out_of_service and not self.instances
+
+    @property
+    def via_plugin(self) -> bool:
+        """Held out on a device-plugin node: its pods are those the agent's report names."""
+        return bool(self.kept_off_by)
 
     @property
     def device(self) -> str:
@@ -123,6 +140,7 @@ class DeviceRecord:
             "partitions": list(self.partitions),
             "taintRules": list(self.taint_rules),
             "instances": list(self.instances),
+            "keptOffBy": self.kept_off_by,
             # Also the first device and rule under the previous version's single fields, for its
             # readers (an operator rolled back, the plugin, dashboards); ``devices`` is the record.
             "device": self.device,
@@ -164,6 +182,7 @@ class DeviceRecord:
             partitions=_names(entry, "partitions", ""),
             taint_rules=_names(entry, "taintRules", "taintRule"),
             instances=_names(entry, "instances", ""),
+            kept_off_by=str(entry.get("keptOffBy") or "") if entry.get("keptOffBy") in KEPT_OFF_WORDS else "",
         )
 
 

@@ -25,6 +25,10 @@ RELEASE_GPU_ANNOTATION = f"{GROUP}/release-gpu"  # GPU indices, comma-separated:
 # joining node until its validation passes; the label asks for a burn-in of a node that already has a
 # verdict ("requested"), and gpuhealth answers it ("accepted") when it takes the request.
 BURN_IN_TAINT_KEY = f"{GROUP}/burn-in"
+# Per-GPU quarantine on a device-plugin node (docs/devices.md, "What a device-plugin-only cluster gets"):
+# gpuhealth's own NoSchedule taint keeps new pods off a node while one of its GPUs is held out and the
+# device plugin does not withhold it; lifted when no GPU of the node is held out any more.
+GPU_OUT_TAINT_KEY = f"{GROUP}/gpu-out"
 BURN_IN_LABEL = f"{GROUP}/burn-in"
 BURN_IN_REQUESTED = "requested"
 BURN_IN_ACCEPTED = "accepted"

@@ -50,3 +50,24 @@ def device_plugin_mig(node: Mapping[str, Any] | None) -> tuple[str, ...]:
     if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in product:
         return (f"{GPU_RESOURCE} as MIG {product.rpartition('-MIG-')[2]}, single strategy",)
     return ()
+
+
+def plugin_gpus(node: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """``(capacity, allocatable)`` of ``nvidia.com/gpu`` on a Node, as the device plugin registered
+    them with the kubelet; None where the Node has no such capacity (no device plugin serves GPUs).
+    A GPU the plugin holds ``Unhealthy`` stays in capacity and leaves allocatable."""
+    status = (node or {}).get("status") or {}
+    capacity = count_of((status.get("capacity") or {}).get(GPU_RESOURCE))
+    if capacity is None or capacity == 0:
+        return None
+    allocatable = count_of((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    return capacity, capacity if allocatable is None else allocatable
+
+
+def plugin_withholds(node: Mapping[str, Any] | None, out: int) -> bool:
+    """Whether the device plugin already keeps ``out`` GPUs of the Node from new pods: allocatable
+    ``nvidia.com/gpu`` is at most its capacity less ``out`` (the plugin dropped them, as NVIDIA's does
+    on a critical XID). A count, not the GPUs by name: a GPU the plugin withholds for a fault of its
+    own counts too (docs/devices.md says so). False without such a capacity."""
+    gpus = plugin_gpus(node)
+    return gpus is not None and out > 0 and gpus[1] <= gpus[0] - out

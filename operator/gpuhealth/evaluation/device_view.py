@@ -5,7 +5,8 @@ node in service while some of its GPUs are held out. Pure.
   cannot be told apart): every finding, device ones included, goes to the node;
 - otherwise the placed device findings leave the node's assessment, and the GPUs held out (or held
   back by the breaker's GPU budget) become one observe-level ``DeviceQuarantined`` finding whose
-  detail names each GPU, its MIG instances and its DeviceTaintRules: the node stays in service
+  detail names each GPU, its MIG instances and its DeviceTaintRules (on a device-plugin node, how
+  new work is kept off it: the plugin withholds it, or gpuhealth's gpu-out taint): the node stays in service
   (state ``Degraded``), neither tainted nor cordoned.
 
 The controller's device reconciler (``controller/act/device_reconciler.py``) computes the verdict
@@ -17,13 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from gpuhealth.api.devices import DeviceRecord
+from gpuhealth.api.devices import KEPT_OFF_BY_TAINT, KEPT_OFF_WORDS, DeviceRecord
 from gpuhealth.api.names import Action, Scope, Signal
 from gpuhealth.evaluation.devices import DeviceVerdict
 from gpuhealth.evaluation.findings import Assessment, Finding
 
 
 def _rules_words(r: DeviceRecord) -> str:
+    if r.via_plugin and r.out_of_service:
+        return f", {KEPT_OFF_WORDS[r.kept_off_by]} (device plugin route)"
     if len(r.taint_rules) == 1:
         return f", DeviceTaintRule {r.taint_rule}"
     if r.taint_rules:
@@ -57,5 +60,7 @@ def node_view(
             for r in sorted(held, key=lambda r: r.index)
         ]
         detail = "; ".join(parts) + ". The node serves on with its other GPUs"
+        if any(r.kept_off_by == KEPT_OFF_BY_TAINT and r.out_of_service for r in held):
+            detail += ": their pods keep running, no new pod lands on the node while it is tainted"
         mine.append(Finding(Signal.DEVICE_QUARANTINED, Action.OBSERVE, detail))
     return replace(a, findings=tuple(sorted(mine, key=lambda f: f.key)))

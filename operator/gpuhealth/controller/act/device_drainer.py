@@ -15,6 +15,11 @@ first request, so a restarted operator neither asks twice nor evicts twice. Devi
 ``maxConcurrentDrains`` slot: they move the pods of one GPU, and the GPU budget already bounds how
 many GPUs leave at once. While the node itself is Draining, its drain moves every pod and the
 device drains wait for it.
+
+On a device-plugin node (``DeviceRecord.via_plugin``: no DRA device) the pods holding the GPU are
+those the agent's report names under it (``Report.holders``: the kubelet's pod-resources API, the
+GPU's own and its MIG devices'), and the drain goes through the same plan and execution path. While
+the report cannot name them (the agent lost the pod-resources socket) the drain waits.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from gpuhealth.api import pods as P
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
+from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord, Record, drain_is_current
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
@@ -51,8 +57,19 @@ def _current(record: DrainRecord | None, rec: DeviceRecord) -> DrainRecord:
 
 
 def _draining(records: Sequence[DeviceRecord]) -> dict[int, DeviceRecord]:
-    """The GPUs to drain: Draining, with a device to find their pods by."""
-    return {r.index: r for r in records if r.state == DeviceState.DRAINING and r.device}
+    """The GPUs to drain: Draining, with a device (or, on a device-plugin node, the report) to find
+    their pods by."""
+    return {r.index: r for r in records if r.state == DeviceState.DRAINING and (r.device or r.via_plugin)}
+
+
+def _plugin_holders(report: Report | None, index: int) -> set[str] | None:
+    """The pods (``namespace/name``) the agent's report names as holding GPU ``index`` (its own and
+    its MIG devices'); None while the report cannot name them (no report, or the agent could not
+    read the kubelet's pod-resources API this pass): the drain then waits, it never completes on
+    an unknown."""
+    if report is None or report.pod_resources is None or not report.pod_resources.available:
+        return None
+    return {f"{h.namespace}/{h.name}" for h in report.holders(index)}
 
 
 class DeviceDrainer:
@@ -104,17 +121,22 @@ class DeviceDrainer:
         pods = self.store.pods.on(name)
         current = {i: _current(drains.get(i), r) for i, r in draining.items()}
         # A drain judges who holds the GPU on claims listed after it started: a list cached from before
-        # a pod's claim was allocated would find nobody and complete the drain at once.
-        claims = await self.claims(fresh=any(not r.get("startedAt") for r in current.values()))
+        # a pod's claim was allocated would find nobody and complete the drain at once. A GPU held out on
+        # the device-plugin route has no claim: the agent's report names its pods.
+        dra = [i for i, r in draining.items() if not r.via_plugin]
+        claims = await self.claims(fresh=any(not current[i].get("startedAt") for i in dra)) if dra else []
         for index, rec in sorted(draining.items()):
             record = current[index]
             if record.get("phase") == "Completed":
                 continue
+            holding = _plugin_holders(p.report, index) if rec.via_plugin else pods_holding(rec.refs(), claims, pods)
+            if holding is None:
+                again = soonest(again, 1.0)  # the report cannot name the GPU's pods now: ask again
+                continue
             ahead = None
             if not record.get("startedAt"):
                 record = ahead = DrainRecord(phase="Running", startedAt=format_time(now), fatal=False, pods={})
-            # Every device of the GPU: its full device and each MIG device or placement.
-            holding = pods_holding(rec.refs(), claims, pods)
+            # Every device of the GPU: its full device and each MIG device or placement (above).
             mine = [p for p in pods if P.key(p) in holding]
             gpu_fatal = fatal(Assessment(findings=tuple(f for f in a.findings if f.gpu == index)))
             settings = policy.drain_for(rec.reason)  # patient for a slow fault that moves at the next checkpoint

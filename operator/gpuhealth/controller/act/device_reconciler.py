@@ -23,6 +23,12 @@ recorded devices are kept (protection is never dropped on a gap).
 After the node reconciler has written the status (the write-ahead record, ``status.devices[]``
 with each GPU's devices and rule names), ``converge_rules`` (``device_rules.py``) makes
 gpuhealth's DeviceTaintRules of that node exactly those the records want.
+
+On a device-plugin node (no slice publishes its GPUs, the Node has ``nvidia.com/gpu`` capacity and
+the agent reads the kubelet's pod-resources API) a GPU is held out without a device: its record says
+how new work is kept off it (``keptOffBy``: the plugin withholds it, or gpuhealth's ``gpu-out``
+taint on the Node, ``actions/plugin_hold.py``), the node reconciler converges that taint with the
+Node, and the device drainer moves the pods the report names as holding it.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from typing import Any
 
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
-from gpuhealth.actions.placement import Placement, place
+from gpuhealth.actions.placement import Placement, PluginNode, place
+from gpuhealth.actions.plugin_hold import kept_off_by, kept_off_words
 from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_to_status
 from gpuhealth.api.names import (
@@ -46,10 +53,11 @@ from gpuhealth.api.names import (
     Scope,
     Signal,
 )
-from gpuhealth.api.nodes import device_plugin_mig
+from gpuhealth.api.nodes import device_plugin_mig, plugin_gpus
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation import StepKind
 from gpuhealth.api.remediation_status import Phase
+from gpuhealth.api.report import Report
 from gpuhealth.api.status import drain_is_current
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.device_rules import DeviceRules
@@ -172,6 +180,7 @@ class DeviceReconciler(DeviceRules):
             uuids,
             self.taken,
             device_plugin_mig(p.node),
+            plugin_node(p.node, report),
         )
         findings = tuple(
             _with_fallback(f, placement.fallbacks, p) for f, p in zip(a.findings, placement.findings, strict=True)
@@ -233,8 +242,19 @@ class DeviceReconciler(DeviceRules):
         )
         verdict = decide_devices(prior, findings, policy, now, inputs)
         reported = frozenset(u for u in uuids.values() if u)
+        # Held out on the device-plugin route: placed there this pass, or held out there before (a GPU
+        # on probation has no finding left to place) and not published by a slice since.
+        plugin = [
+            r.index
+            for r in verdict.records
+            if r.out_of_service and r.index not in placement.refs and (r.index in placement.plugin or r.via_plugin)
+        ]
+        how = kept_off_by(p.node, len(plugin), mig=bool(device_plugin_mig(p.node)))
         records = tuple(
-            self._locate(name, policy, r, placement.refs, reported, placement.instances) for r in verdict.records
+            replace(r, kept_off_by=how, devices=(), partitions=(), taint_rules=(), instances=())
+            if r.index in plugin
+            else self._locate(name, policy, r, placement.refs, reported, placement.instances)
+            for r in verdict.records
         )
         out = [r for r in records if r.out_of_service]
         view = node_view(a, findings, verdict, out)
@@ -276,7 +296,7 @@ class DeviceReconciler(DeviceRules):
         slices of its newest generation than its ``resourceSliceCount``) they are kept beside the new.
         A GPU held out by some MIG instances alone (``rec.instances``) records just their devices."""
         if not rec.out_of_service:
-            return replace(rec, devices=(), partitions=(), taint_rules=())
+            return replace(rec, devices=(), partitions=(), taint_rules=(), kept_off_by="")
         if rec.instances:
             match = self._instance_devices(node, policy, rec, instances or {})
         else:
@@ -323,7 +343,11 @@ class DeviceReconciler(DeviceRules):
             msg = ev.message
             if rec is not None and rec.taint_rules:
                 msg += " " + held_out_words(rec, "None" if dry else "NoSchedule")
-            if dry:
+            if rec is not None and rec.via_plugin and rec.out_of_service:
+                msg += " " + plugin_words(rec, p)
+            if dry and rec is not None and rec.via_plugin:
+                msg = f"DryRun (policy {policy.name}): no Node is tainted, no pod is moved. {msg}"
+            elif dry:
                 msg = f"DryRun (policy {policy.name}): the DeviceTaintRule has effect None, no pod is moved. {msg}"
             self.events("Node", name, name, ev.type, ev.reason, msg)
         for index, (added, removed) in sorted(plan.changed.items()):
@@ -355,6 +379,29 @@ class DeviceReconciler(DeviceRules):
 
 
 _LIST_MAX = 8  # device names listed in an Event before "and N more"
+
+
+def plugin_node(node: Mapping[str, Any] | None, report: Report | None) -> PluginNode | None:
+    """The node as ``place`` sees a device-plugin node: served by a device plugin (``nvidia.com/gpu``
+    capacity or NVIDIA's MIG resources), with what its agent read of the pod-resources API; None
+    where no device plugin serves GPUs on it."""
+    mig = device_plugin_mig(node)
+    if plugin_gpus(node) is None and not mig:
+        return None
+    return PluginNode(report.pod_resources if report is not None else None, mig)
+
+
+def plugin_words(rec: DeviceRecord, p: NodePass) -> str:
+    """How a GPU held out on the device-plugin route is held, for its Events: the route, how new work
+    is kept off it, the pods the report names as holding it, and that the node's other GPUs keep theirs."""
+    holders = sorted({f"{h.namespace}/{h.name}" for h in p.report.holders(rec.index)}) if p.report else []
+    more = len(holders) - _LIST_MAX
+    listed = ", ".join(holders[:_LIST_MAX]) + (f" and {more} more" if more > 0 else "")
+    pods = f"only its pod{'s' if len(holders) != 1 else ''} {listed} drained" if holders else "no pod holds it"
+    return (
+        f"[device plugin route (no DRA ResourceSlice publishes it): {kept_off_words(p.node, rec.kept_off_by)}; "
+        f"{pods}; the node is not cordoned and its other GPUs keep their work]"
+    )
 
 
 def _names(items: Sequence[str]) -> str:

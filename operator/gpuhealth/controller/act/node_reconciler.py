@@ -29,8 +29,10 @@ from typing import Any
 
 from gpuhealth.actions.nodes import Marks, NodePlan, node_writes, plan_condition, plan_node
 from gpuhealth.actions.pod_sites import pod_sites
+from gpuhealth.api.devices import KEPT_OFF_BY_TAINT
 from gpuhealth.api.names import (
     API_VERSION,
+    GPU_OUT_TAINT_KEY,
     OUT_OF_SERVICE,
     RELEASE_ANNOTATION,
     RELEASE_GPU_ANNOTATION,
@@ -299,8 +301,10 @@ class NodeReconciler:
                 again = 0.05
             elif policy.mode == Mode.ENFORCE:
                 # A new quarantine's condition waits for the next pass too: the taint is the protection.
-                await self._converge_node(p, decision.record, node_a, not decision.new_quarantine)
-                if decision.new_quarantine or created:
+                await self._converge_node(p, decision.record, node_a, not decision.new_quarantine, dev)
+                # A GPU newly held out on the device-plugin route: its taint (if it needs one) is on now.
+                plugin_new = any(r.via_plugin for r in dev.out if r.index in dev.verdict.new_quarantines)
+                if decision.new_quarantine or created or plugin_new:
                     # Protection first: the drain, which takes several requests, starts on this node's
                     # next pass, queued behind the other nodes' first passes, so that in a storm every
                     # taint and DeviceTaintRule is written before any worker spends its time draining.
@@ -394,12 +398,16 @@ class NodeReconciler:
         self.store.created(name, obj)
         return obj
 
-    async def _converge_node(self, p: NodePass, rec: Record, a: Assessment, condition: bool = True) -> None:
-        """The Node to ``rec`` (``a``: what the node's state machine decided on), and its condition."""
+    async def _converge_node(
+        self, p: NodePass, rec: Record, a: Assessment, condition: bool = True, dev: DevicePlan | None = None
+    ) -> None:
+        """The Node to ``rec`` (``a``: what the node's state machine decided on), and its condition;
+        with ``dev``, gpuhealth's gpu-out taint to the GPUs held out on the device-plugin route."""
         name, policy, now = p.name, p.policy, p.now
         node = self.store.nodes[name]
         top = a.top
         reason = rec.reason or (top.reason if top else "")
+        tainting = sorted(r.index for r in dev.out if r.kept_off_by == KEPT_OFF_BY_TAINT) if dev is not None else []
         marks = Marks(
             state=rec.state,
             quarantine=rec.state in OUT_OF_SERVICE,
@@ -407,6 +415,8 @@ class NodeReconciler:
             effect=policy.taint_effect,
             cordon=policy.cordon,
             since=format_time(rec.since or now),
+            gpu_out=bool(tainting),
+            gpu_out_value=("gpu-" if len(tainting) == 1 else "gpus-") + ".".join(str(i) for i in tainting),
         )
         plan = plan_node(node, marks)
         cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now)) if condition else None
@@ -450,6 +460,15 @@ class NodeReconciler:
             msgs.append("Removed gpuhealth's taint")
         if "uncordon" in actions:
             msgs.append("Uncordoned (gpuhealth's own cordon)")
+        if "gpu-out-taint" in actions or "gpu-out-retaint" in actions:
+            msgs.append(
+                f"Tainted {GPU_OUT_TAINT_KEY}={marks.gpu_out_value} (NoSchedule): "
+                + marks.gpu_out_value.replace("gpus-", "GPUs ").replace("gpu-", "GPU ").replace(".", ", ")
+                + " held out on the device-plugin route, which the device plugin does not withhold; no new pod "
+                "lands on the node, the pods on its other GPUs keep running (not cordoned)"
+            )
+        if "gpu-out-untaint" in actions:
+            msgs.append(f"Removed gpuhealth's taint {GPU_OUT_TAINT_KEY}: no GPU of the node is held out any more")
         if msgs:
             self._event(name, "Normal", "GPUHealthAction", "; ".join(msgs) + f". State: {rec.state}")
         for what in lifted:

@@ -10,7 +10,7 @@ GPU models, states, reasons) are interned, so that ten thousand nodes share one 
 What is read, and by whom:
 - Node: labels (policy selection, GPU count), gpuhealth's own annotations (ownership, release),
   taints and ``unschedulable`` (``actions/nodes.py``), the GPU capacity (and the device plugin's
-  ``nvidia.com/mig-*`` capacities), the ``GPUHealthy``
+  ``nvidia.com/mig-*`` capacities) and allocatable ``nvidia.com/gpu`` (``actions/plugin_hold.py``), the ``GPUHealthy``
   condition, and name, uid and resourceVersion (write preconditions).
 - GPUNodeHealth: what ``api/report.py`` ``parse_report`` reads of the spec, as the report
   contract's field table lists it (``api/report_fields.py`` READ; a malformed part is kept whole,
@@ -376,6 +376,10 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     kept = {k: share(v) for k, v in capacity.items() if k == GPU_RESOURCE or str(k).startswith(MIG_RESOURCE_PREFIX)}
     if kept:
         slim_status["capacity"] = compact(kept)
+    # What the device plugin offers now: a GPU it holds Unhealthy leaves allocatable (api/nodes.py plugin_gpus).
+    allocatable = (status.get("allocatable") or {}).get(GPU_RESOURCE)
+    if allocatable is not None:
+        slim_status["allocatable"] = compact({GPU_RESOURCE: share(allocatable)})
     ours = [c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE]
     if ours:
         slim_status["conditions"] = compact(ours)

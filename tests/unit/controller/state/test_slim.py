@@ -207,6 +207,16 @@ def test_a_slim_node_plans_what_the_full_one_does(state: State) -> None:
     assert "images" not in slim["status"] and "managedFields" not in slim["metadata"]
 
 
+def test_a_slim_node_keeps_what_the_device_plugin_allocates() -> None:
+    from gpuhealth.api.nodes import plugin_gpus
+
+    node = kwok_node()
+    node["status"]["allocatable"] = {"cpu": "96", "nvidia.com/gpu": "7"}  # the plugin withholds one GPU
+    slim = slim_node(node)
+    assert plugin_gpus(slim) == plugin_gpus(node) == (8, 7)
+    assert slim["status"]["allocatable"] == {"nvidia.com/gpu": "7"}
+
+
 def test_a_slim_pod_keeps_the_controller_reference_and_shares_it() -> None:
     def pod(n: int) -> dict[str, Any]:
         return {

@@ -1,0 +1,58 @@
+"""How new work is kept off a GPU held out on a device-plugin node. Pure.
+
+A GPU that no DRA ResourceSlice publishes has no device to taint: the kubelet hands it out through
+the device plugin's extended resource (``nvidia.com/gpu``), and nothing but the plugin can take one
+GPU out of that. NVIDIA's plugin does so by itself on a critical XID (it marks the GPU
+``Unhealthy`` and the Node's allocatable drops); for everything it cannot see (ECC counters, row
+remapping, heat, NVLink, fabric, PCIe) gpuhealth puts its own NoSchedule taint
+``gpuhealth.dev/gpu-out`` on the Node: no new pod lands on the node (the trade-off: none on its
+healthy GPUs either), while the pods already on its other GPUs keep running.
+
+``kept_off_by`` decides it for the node's GPUs held out that way, as one:
+
+- the taint is already on the Node and a GPU is still held out: it stays (it is lifted only when no
+  GPU of the node is held out any more, so a restarted operator, which reads the taint and the
+  records again, never lifts it early);
+- the plugin withholds every GPU held out (``api/nodes.py`` ``plugin_withholds``: allocatable at most
+  capacity less the GPUs out): nothing more is needed;
+- otherwise, and always on a node that serves MIG through the plugin (``nvidia.com/gpu`` does not
+  count its MIG devices): the taint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth.api.devices import KEPT_OFF_BY_PLUGIN, KEPT_OFF_BY_TAINT
+from gpuhealth.api.names import GPU_OUT_TAINT_KEY, GPU_RESOURCE
+from gpuhealth.api.nodes import plugin_gpus, plugin_withholds
+
+GPU_OUT_EFFECT = "NoSchedule"
+
+
+def gpu_out_tainted(node: Mapping[str, Any] | None) -> bool:
+    """Whether the Node carries gpuhealth's ``gpuhealth.dev/gpu-out`` taint."""
+    taints = ((node or {}).get("spec") or {}).get("taints") or []
+    return any(isinstance(t, Mapping) and t.get("key") == GPU_OUT_TAINT_KEY for t in taints)
+
+
+def kept_off_by(node: Mapping[str, Any] | None, out: int, mig: bool = False) -> str:
+    """How new work is kept off the node's ``out`` GPUs held out on the device-plugin route (see the
+    module docstring): ``KEPT_OFF_BY_PLUGIN``, ``KEPT_OFF_BY_TAINT``, or "" when none is out."""
+    if out <= 0:
+        return ""
+    if gpu_out_tainted(node) or mig or not plugin_withholds(node, out):
+        return KEPT_OFF_BY_TAINT
+    return KEPT_OFF_BY_PLUGIN
+
+
+def kept_off_words(node: Mapping[str, Any] | None, how: str) -> str:
+    """``how`` in words, with the Node's numbers: for Events and the node's message."""
+    gpus = plugin_gpus(node)
+    if how == KEPT_OFF_BY_PLUGIN:
+        counts = f" (allocatable {GPU_RESOURCE} {gpus[1]} of {gpus[0]})" if gpus else ""
+        return f"withheld by the device plugin{counts}"
+    if how == KEPT_OFF_BY_TAINT:
+        return f"node tainted {GPU_OUT_EFFECT} ({GPU_OUT_TAINT_KEY}): no new pods on the node"
+    return ""
