@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from devkit.chart import CHART, by_key, helm_template, kustomize
 from devkit.tools import run
@@ -127,3 +130,69 @@ def test_chart_crds_are_the_repository_files() -> None:
         "gpunodehealths.yaml",
         "kopf-peering-crd.yaml",
     }
+
+
+def _agent_pod(*values: str, workload: tuple[str, str] = ("DaemonSet", "gpuhealth-agent")) -> dict[str, Any]:
+    objs = by_key(helm_template(*values))
+    spec: dict[str, Any] = objs[(workload[0], "gpuhealth-system", workload[1])]["spec"]["template"]["spec"]
+    return spec
+
+
+def _agent_container(pod: dict[str, Any]) -> dict[str, Any]:
+    (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+    return dict(agent)
+
+
+def test_pod_resources_are_off_by_default_and_the_agent_stays_restricted() -> None:
+    pod = _agent_pod()
+    agent = _agent_container(pod)
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    assert "GPUHEALTH_POD_RESOURCES_SOCKET" not in {e["name"] for e in agent["env"]}
+    assert agent["securityContext"]["runAsNonRoot"] is True and "runAsUser" not in agent["securityContext"]
+
+
+@pytest.mark.parametrize(
+    "workload", [("DaemonSet", "gpuhealth-agent"), ("DaemonSet", "gpuhealth-dcgm-exporter")], ids=["own", "sidecar"]
+)
+def test_pod_resources_mount_the_kubelet_s_socket_read_only_and_run_the_agent_as_root_without_capabilities(
+    workload: tuple[str, str],
+) -> None:
+    mode = ["--set=agent.mode=sidecar"] if workload[1] == "gpuhealth-dcgm-exporter" else []
+    pod = _agent_pod("--set=agent.podResources.enabled=true", *mode, workload=workload)
+    agent = _agent_container(pod)
+    # One host path, the socket's directory, read-only; nothing else of the host.
+    host = [v for v in pod["volumes"] if "hostPath" in v]
+    assert host == [
+        {"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}
+    ]
+    mounts = [m for m in agent["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mounts == [{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["GPUHEALTH_POD_RESOURCES_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert env["GPUHEALTH_POD_RESOURCES_TIMEOUT"] == "3"
+    # uid 0 (the socket's owner) and nothing more: no capability, no escalation, no privileged mode.
+    ctx = agent["securityContext"]
+    assert ctx == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert not {"hostPID", "hostNetwork", "hostIPC"} & set(pod)
+    # The other containers keep the pod's non-root user.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert all(c["securityContext"].get("runAsNonRoot", True) for c in pod["containers"] if c["name"] != "agent")
+
+
+def test_pod_resources_follow_the_kubelet_s_root_dir_and_timeout() -> None:
+    pod = _agent_pod(
+        "--set=agent.podResources.enabled=true",
+        "--set=agent.podResources.hostPath=/data/kubelet/pod-resources",
+        "--set=agent.podResources.timeoutSeconds=7",
+    )
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"]["path"] == "/data/kubelet/pod-resources"
+    env = {e["name"]: e.get("value") for e in _agent_container(pod)["env"]}
+    assert env["GPUHEALTH_POD_RESOURCES_TIMEOUT"] == "7"

@@ -35,6 +35,8 @@ from gpuhealth.agent.model import (
     NvLinkFacts,
     NvmlStatus,
     PcieFacts,
+    PodHold,
+    PodResources,
     RemappedRows,
     RetiredPages,
     Snapshot,
@@ -85,9 +87,10 @@ def _every_fact(index: int) -> DeviceFacts:
         power_w=301.5,
         recovery_action=RecoveryAction("Reset"),
         mig_devices=(
-            MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb"),
+            MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb", (_hold("mig-3g.40gb"),)),
             MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
         ),
+        pods=(_hold("gpu"), dataclasses.replace(_hold("gpu"), name="train-1")),
         nvlink=NvLinkFacts(18, 17, (3,), 26562, 6, (1, 2, 3), 4, 1, 2, 5, 1, 6),
         fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x11A9, 3),
         pcie=PcieFacts(8, 16, 4, 5, 12),
@@ -95,6 +98,10 @@ def _every_fact(index: int) -> DeviceFacts:
         unsupported=("nvmlDeviceGetPowerUsage",),
         inforom_corrupt=True,
     )
+
+
+def _hold(resource: str) -> PodHold:
+    return PodHold("ml", "train-0", "main", f"nvidia.com/{resource}")
 
 
 def _every_nic() -> NicPortFacts:
@@ -139,7 +146,11 @@ def _rendered_spec() -> dict[str, Any]:
     builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid, detail="fallen off the bus"))
     builder.add_xid(XidEvent(13, T, "nvml", gpu=1, detail="graphics engine", gpu_instance=1, compute_instance=0))
     snap = Snapshot(
-        T, NvmlStatus(True, "none", "580.65.06", "13.0"), (_every_fact(0), _every_fact(1)), nics=(_every_nic(),)
+        T,
+        NvmlStatus(True, "none", "580.65.06", "13.0"),
+        (_every_fact(0), _every_fact(1)),
+        nics=(_every_nic(),),
+        pod_resources=PodResources(False, "connection refused"),
     )
     return builder.render(snap, T)
 

@@ -79,6 +79,13 @@ env:
   - name: GPUHEALTH_DCGM_URL
     value: {{ . | quote }}
   {{- end }}
+  {{- if .root.Values.agent.podResources.enabled }}
+  # The kubelet's pod-resources socket: which pods hold each GPU (agent.podResources).
+  - name: GPUHEALTH_POD_RESOURCES_SOCKET
+    value: /var/lib/kubelet/pod-resources/kubelet.sock
+  - name: GPUHEALTH_POD_RESOURCES_TIMEOUT
+    value: {{ .root.Values.agent.podResources.timeoutSeconds | quote }}
+  {{- end }}
 ports:
   - name: {{ .portName | default "metrics" }}
     containerPort: {{ .root.Values.agent.metricsPort }}
@@ -94,10 +101,38 @@ livenessProbe:
 resources:
   {{- toYaml .root.Values.agent.resources | nindent 2 }}
 securityContext:
+  {{- if .root.Values.agent.podResources.enabled }}
+  # uid 0, every capability dropped: the kubelet's socket (0755) and its directory (0750) are root's,
+  # and only their owner may connect (agent.podResources in values.yaml says why nothing less works).
+  runAsUser: 0
+  runAsNonRoot: false
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: [ALL]
+  seccompProfile:
+    type: RuntimeDefault
+  {{- else }}
   {{- include "gpuhealth.containerSecurityContext" .root | nindent 2 }}
+  {{- end }}
 volumeMounts:
   - name: {{ .volume | default "tmp" }}
     mountPath: /tmp
   - name: state
     mountPath: /var/lib/gpuhealth-agent
+  {{- if .root.Values.agent.podResources.enabled }}
+  - name: pod-resources
+    mountPath: /var/lib/kubelet/pod-resources
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* The host directory of the kubelet's pod-resources socket, when the agent reads it. */}}
+{{- define "gpuhealth.podResourcesVolume" -}}
+{{- if .Values.agent.podResources.enabled }}
+- name: pod-resources
+  hostPath:
+    path: {{ required "agent.podResources.hostPath" .Values.agent.podResources.hostPath }}
+    type: Directory
+{{- end }}
 {{- end }}

@@ -16,12 +16,14 @@ from types import FrameType
 
 from gpuhealth.agent.nic_source import ENV_NIC_EXCLUDE, ENV_SYSFS_ROOT, parse_exclude
 from gpuhealth.agent.nvml_source import ENV_LIBRARY
+from gpuhealth.agent.pod_resources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from gpuhealth.agent.runner import MIN_HANG_AFTER_S, Agent, AgentConfig, agent_version, collect_once
 from gpuhealth.kube.credentials import api_client
 
 log = logging.getLogger("gpuhealth.agent")
 
 EXIT_NVML_UNAVAILABLE = 3
+ENV_POD_RESOURCES_SOCKET = "GPUHEALTH_POD_RESOURCES_SOCKET"
 # Used when --state-dir is unset and this directory exists (the DaemonSet mounts an emptyDir here).
 DEFAULT_STATE_DIR = "/var/lib/gpuhealth-agent"
 
@@ -115,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated InfiniBand device names never reported, e.g. a management NIC (env {ENV_NIC_EXCLUDE}); "
         "NICs on a NUMA node without a GPU are excluded anyway",
     )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=_env(ENV_POD_RESOURCES_SOCKET, ""),
+        help="the kubelet's pod-resources socket, read each sample for the pods holding each GPU, e.g. "
+        f"{POD_RESOURCES_SOCKET} (env {ENV_POD_RESOURCES_SOCKET}); empty (the default): not read",
+    )
+    p.add_argument(
+        "--pod-resources-timeout",
+        type=_positive,
+        default=float(_env("GPUHEALTH_POD_RESOURCES_TIMEOUT", "3") or 3),
+        help="seconds one List call on the pod-resources socket may take (env GPUHEALTH_POD_RESOURCES_TIMEOUT, "
+        "default 3)",
+    )
     p.add_argument("--max-backoff", type=_positive, default=30.0, help="longest wait between API retries in seconds")
     p.add_argument("--max-xid-events", type=int, default=64, help="XID events kept in the report (default 64)")
     p.add_argument("--once", action="store_true", help="sample once, write (or print) the report once, exit")
@@ -145,6 +160,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         state_dir=None if args.once and args.dry_run else resolve_state_dir(args.state_dir),
         sysfs_root=args.sysfs_root or None,
         nic_exclude=parse_exclude(args.nic_exclude),
+        pod_resources_socket=args.pod_resources_socket or None,
+        pod_resources_timeout_s=args.pod_resources_timeout,
     )
 
 

@@ -18,6 +18,8 @@ from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
 from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
 from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
+from gpuhealth.api.report import PodHold as PodHold
+from gpuhealth.api.report import PodResources as PodResources
 from gpuhealth.api.report import SourceName as SourceName
 
 # Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
@@ -69,6 +71,8 @@ class MigDeviceFacts:
     gpu_instance: int | None = None
     compute_instance: int | None = None
     profile: str | None = None
+    # The containers the kubelet allocated it to (pod_resources.py), sorted; () when none or not read.
+    pods: tuple[PodHold, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class DeviceFacts(GpuFacts):
     pcie: PcieFacts | None = None
     throttle: ThrottleFacts | None = None
     unsupported: tuple[str, ...] = ()
+    # The containers the kubelet allocated the whole GPU to (pod_resources.py), sorted; () when none or
+    # not read (Snapshot.pod_resources says which).
+    pods: tuple[PodHold, ...] = ()
 
     def replace(self, **changes: object) -> DeviceFacts:
         """Copy with some fields changed (typed shorthand for dataclasses.replace)."""
@@ -233,3 +240,5 @@ class Snapshot:
     devices: tuple[DeviceFacts, ...] = ()
     sources: tuple[SourceName, ...] = ("nvml",)
     nics: tuple[NicPortFacts, ...] = ()
+    # Whether the devices' pods were read from the kubelet (pod_resources.py); None: not configured to.
+    pod_resources: PodResources | None = None

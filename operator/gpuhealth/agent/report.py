@@ -18,6 +18,7 @@ from gpuhealth.agent.model import (
     UTC,
     DeviceFacts,
     MigDeviceFacts,
+    PodHold,
     Snapshot,
     SourceName,
     Temperature,
@@ -39,6 +40,7 @@ __all__ = [
     "device_spec",
     "facts_changed",
     "now_utc",
+    "pods_spec",
     "rfc3339",
     "temperature_changed",
     "xid_spec",
@@ -51,6 +53,7 @@ _SAMPLED = tuple(f for f in DEVICE_FACTS if f.sampled)
 _MAX_DEVICES = 64
 _MAX_MIG_DEVICES = 16
 _MAX_UNSUPPORTED = 32
+_MAX_PODS = 64
 
 
 def rfc3339(dt: datetime) -> str:
@@ -130,9 +133,19 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
     out.update(device_fabric_spec(device))
     if device.mig_devices:
         out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]
+    if device.pods:
+        out["pods"] = pods_spec(device.pods)
     if device.unsupported:
         out["unsupported"] = [_truncate(n, 64) for n in sorted(set(device.unsupported))][:_MAX_UNSUPPORTED]
     return out
+
+
+def pods_spec(pods: Iterable[PodHold]) -> list[dict[str, str]]:
+    """``spec.devices[].pods[]`` (and a MIG device's): the containers holding it, each once, sorted."""
+    return [
+        {"namespace": p.namespace, "name": p.name, "container": p.container, "resource": p.resource}
+        for p in sorted(set(pods))[:_MAX_PODS]
+    ]
 
 
 def mig_spec(mig: MigDeviceFacts) -> dict[str, Any]:
@@ -146,6 +159,8 @@ def mig_spec(mig: MigDeviceFacts) -> dict[str, Any]:
         out["computeInstanceId"] = mig.compute_instance
     if mig.profile:
         out["profile"] = mig.profile
+    if mig.pods:
+        out["pods"] = pods_spec(mig.pods)
     return out
 
 
@@ -201,6 +216,10 @@ def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int 
         return True
     if prev.nvml != cur.nvml or prev.sources != cur.sources:
         return True
+    # Whether the pods were read (its error's wording alone is no new fact); which pods hold each GPU
+    # is a device fact (below): a pod that starts on a GPU or leaves it is written at once.
+    if _pods_read(prev) != _pods_read(cur):
+        return True
     if nics_changed(prev.nics, cur.nics):
         return True
     if [d.index for d in prev.devices] != [d.index for d in cur.devices]:
@@ -214,6 +233,10 @@ def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int 
         if temperature_changed(old_t, new_t, temperature_band_c, thresholds):
             return True
     return False
+
+
+def _pods_read(snapshot: Snapshot) -> bool | None:
+    return None if snapshot.pod_resources is None else snapshot.pod_resources.available
 
 
 @dataclass(frozen=True)
@@ -323,6 +346,11 @@ class ReportBuilder:
         }
         if snapshot.nics:
             spec["nics"] = nics_spec(snapshot.nics)
+        if snapshot.pod_resources is not None:
+            pods: dict[str, Any] = {"available": snapshot.pod_resources.available}
+            if snapshot.pod_resources.error:
+                pods["error"] = _truncate(snapshot.pod_resources.error, 1024)
+            spec["podResources"] = pods
         return spec
 
     def commit(self, snapshot: Snapshot, spec: dict[str, Any]) -> None:

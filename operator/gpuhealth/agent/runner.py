@@ -31,6 +31,13 @@ from gpuhealth.agent.metrics import AgentMetrics
 from gpuhealth.agent.model import Snapshot, SourceName
 from gpuhealth.agent.nic_source import NicSource
 from gpuhealth.agent.nvml_source import NvmlSource
+from gpuhealth.agent.pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
+from gpuhealth.agent.pod_resources import (
+    KubeletPodResources,
+    PodResourcesLister,
+    PodResourcesReader,
+    assign_pods,
+)
 from gpuhealth.agent.publisher import LatestSnapshot, Publisher
 from gpuhealth.agent.report import (
     DEFAULT_MAX_XID_EVENTS,
@@ -92,6 +99,10 @@ class AgentConfig:
     sysfs_root: str | None = None
     # NICs (InfiniBand device names) never reported: management NICs.
     nic_exclude: tuple[str, ...] = ()
+    # The kubelet's pod-resources socket, read each sample for the pods holding each GPU
+    # (pod_resources.py); None: not read, and the report has no spec.podResources.
+    pod_resources_socket: str | None = None
+    pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
 
 
 class Agent:
@@ -112,6 +123,7 @@ class Agent:
         dcgm: DcgmSource | None = None,
         metrics: AgentMetrics | None = None,
         lease_transport: LeaseTransport | None = None,
+        pod_resources: PodResourcesLister | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else AgentMetrics()
@@ -120,6 +132,9 @@ class Agent:
             dcgm = DcgmSource(config.dcgm_url, config.node_name, config.dcgm_timeout_s)
         self.dcgm = dcgm
         self.nics = NicSource(config.sysfs_root, config.nic_exclude) if config.sysfs_root else None
+        if pod_resources is None and config.pod_resources_socket:
+            pod_resources = KubeletPodResources(config.pod_resources_socket, config.pod_resources_timeout_s)
+        self.pods = PodResourcesReader(pod_resources) if pod_resources is not None else None
         sources: tuple[SourceName, ...] = ("nvml", "dcgm") if dcgm is not None else ("nvml",)
         self.sources = sources
         boot = config.boot_time if config.boot_time is not None else read_boot_time()
@@ -216,7 +231,19 @@ class Agent:
             for event, baseline in dcgm.xids:
                 self.xids.put(event, baseline=baseline)
         nics = self.nics.sample(d.pci_bus_id for d in devices if d.pci_bus_id) if self.nics is not None else ()
-        snapshot = Snapshot(time=now_utc(), nvml=device_sample.status, devices=devices, sources=self.sources, nics=nics)
+        pod_status = None
+        if self.pods is not None:
+            reading = self.pods.read()  # never raises: a failure is reported as available: false
+            pod_status = reading.status
+            devices = assign_pods(devices, reading.allocations)
+        snapshot = Snapshot(
+            time=now_utc(),
+            nvml=device_sample.status,
+            devices=devices,
+            sources=self.sources,
+            nics=nics,
+            pod_resources=pod_status,
+        )
         self.metrics.observe(snapshot)
         self.metrics.sample_duration.set(time.monotonic() - started)
         return snapshot
@@ -317,6 +344,12 @@ class Agent:
             log.warning("not closing NVML: the sampler is still inside an NVML call")
         else:
             self.source.close()
+        self.close_pods()
+
+    def close_pods(self) -> None:
+        """Close the kubelet's pod-resources channel, if the agent reads it."""
+        if self.pods is not None:
+            self.pods.close()
 
     def run_once(self) -> str | None:
         """Restore, sample once and write the report once (``--once`` without ``--dry-run``)."""
@@ -328,6 +361,7 @@ class Agent:
             return self.publisher.publish(force=True)
         finally:
             self.source.close()
+            self.close_pods()
 
     def run(self, stop: threading.Event) -> None:
         """Start, block until ``stop`` is set, then stop (what ``main`` does)."""
@@ -379,3 +413,4 @@ def collect_once(config: AgentConfig, *, source: DeviceSource | None = None) -> 
         return agent.builder.render(snapshot, now_utc())
     finally:
         agent.source.close()
+        agent.close_pods()
