@@ -22,6 +22,7 @@ from gpuhealth.api.names import (
     BURN_IN_LABEL,
     BURN_IN_REQUESTED,
     BURN_IN_TAINT_KEY,
+    GPU_OUT_TAINT_KEY,
     GROUP,
     OUT_OF_SERVICE,
     REJECT_ANNOTATION,
@@ -258,7 +259,13 @@ def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, forc
     rules = [str(r) for r in (entry or {}).get("taintRules") or [(entry or {}).get("taintRule")] if r]
     rule = rules[0] + (f" and its {len(rules) - 1} other rules" if len(rules) > 1 else "") if rules else ""
     lines = [f"node/{node} GPU {gpu} released ({RELEASE_GPU_ANNOTATION}={gpu})."]
-    if state == "AwaitingRepair":
+    if state == "AwaitingRepair" and (entry or {}).get("keptOffBy"):
+        lines.append(
+            "The GPU goes on probation; once its facts stay clean it returns to service, and gpuhealth lifts "
+            f"its node taint {GPU_OUT_TAINT_KEY} (if it placed one) when no GPU of the node is held out any more, "
+            "and removes the annotation when it has acted on it."
+        )
+    elif state == "AwaitingRepair":
         lines.append(
             "The GPU goes on probation; gpuhealth deletes its DeviceTaintRule"
             + (f" {rule}" if rule else "")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
+from gpuhealth.api.devices import KEPT_OFF_WORDS
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import BURN_IN_TAINT_KEY, OUT_OF_SERVICE, QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
@@ -36,7 +37,10 @@ from gpuhealth.cli.repair_text import ladder_lines, node_validation_lines, repai
 
 
 def _rules(v: Mapping[str, Any]) -> str:
-    """The GPU's DeviceTaintRule, or its first and how many more (a MIG or partitionable GPU)."""
+    """The GPU's DeviceTaintRule, or its first and how many more (a MIG or partitionable GPU); on a
+    device-plugin node (no rule), how new work is kept off it."""
+    if v.get("keptOffBy") in KEPT_OFF_WORDS:
+        return f"- ({KEPT_OFF_WORDS[v['keptOffBy']]})"
     rules = [str(r) for r in v.get("taintRules") or ([v["taintRule"]] if v.get("taintRule") else [])]
     if not rules:
         return "-"
@@ -177,6 +181,17 @@ def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
         out.append("  " + field("Condition", cond))
     else:
         out.append("  " + field("Condition", "GPUHealthy not set"))
+    gpu_out = m.get("gpuOutTaint")
+    if gpu_out:
+        out.append(
+            "  "
+            + field(
+                "GPU-out taint",
+                f"{gpu_out.get('key')}={gpu_out.get('value') or ''}:{gpu_out.get('effect')} (gpuhealth's: a GPU is "
+                "held out and the device plugin does not withhold it; no new pod lands on the node, the pods on "
+                "its other GPUs keep running; lifted when no GPU of the node is held out)",
+            )
+        )
     if m.get("otherTaints"):
         out.append("  " + field("Other taints", ", ".join(m["otherTaints"])))
     if m.get("releaseRequested"):
@@ -327,6 +342,13 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
             for v in verdicts
         ]
         lines += table(["GPU", "STATE", "REASON", "AGE", "DEVICETAINTRULE", "UUID"], rows, indent="  ")
+        plugin = [str(v.get("index")) for v in verdicts if v.get("keptOffBy") and v.get("state") != "InService"]
+        if plugin:
+            lines.append(
+                f"  GPU{'s' if len(plugin) > 1 else ''} {', '.join(plugin)} held out through the device plugin "
+                "(no DRA ResourceSlice publishes them): only the pods holding them are drained, the node is not "
+                "cordoned and its other GPUs keep their work"
+            )
     else:
         lines.append("  (every GPU in service)")
     failures = m.get("gpuFailures") or []

@@ -13,6 +13,7 @@ from typing import Any
 from gpuhealth.api.device_facts import DEVICE_FACTS
 from gpuhealth.api.names import (
     CONDITION_TYPE,
+    GPU_OUT_TAINT_KEY,
     LEASE_SAMPLED_AT_ANNOTATION,
     QUARANTINE_ANNOTATION,
     RELEASE_ANNOTATION,
@@ -126,7 +127,13 @@ def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
     )
     return {
         "taint": dict(ours) if ours else None,
-        "otherTaints": [f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}" for t in taints if t is not ours],
+        # gpuhealth's gpu-out taint: a GPU held out on a device-plugin node the plugin does not withhold
+        "gpuOutTaint": next((dict(t) for t in taints if t.get("key") == GPU_OUT_TAINT_KEY), None),
+        "otherTaints": [
+            f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
+            for t in taints
+            if t is not ours and t.get("key") != GPU_OUT_TAINT_KEY
+        ],
         "cordoned": cordoned,
         "cordonOwner": cordon_owner,
         "ownership": None
@@ -239,6 +246,8 @@ def describe_node(
                     k: d.get(k)
                     for k in ("index", "uuid", "state", "reason", "since", "rule", "taintRule", "heldByBreaker")
                 },
+                # held out on a device-plugin node: how new work is kept off it (no DeviceTaintRule)
+                "keptOffBy": d.get("keptOffBy"),
                 # every rule of a MIG or partitionable GPU (the previous version wrote only taintRule)
                 "taintRules": list(d.get("taintRules") or ([d["taintRule"]] if d.get("taintRule") else [])),
             }

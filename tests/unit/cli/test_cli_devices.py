@@ -82,3 +82,34 @@ def test_describe_and_release_of_a_mig_gpu_count_all_its_rules() -> None:
     assert "(+1 more)" in line and line.split()[0] == "2"
     plan = plan_release_gpu("a", report("a", "Degraded", devices=[{**MIG_HELD, "state": "AwaitingRepair"}]), 2)
     assert "gpuhealth-a-gpu-2-mig-3g40gb-9-0 and its 1 other rules" in " ".join(plan.lines)
+
+
+PLUGIN_HELD = {"index": 2, "uuid": "GPU-2", "state": "Draining", "reason": "EccUncorrected", "since": ago(60)}
+
+
+@pytest.mark.parametrize(
+    ("kept", "words"), [("NodeTaint", "node tainted NoSchedule"), ("DevicePlugin", "withheld by the device plugin")]
+)
+def test_describe_says_how_a_gpu_on_a_device_plugin_node_is_held_out_and_that_the_others_keep_their_work(
+    kept: str, words: str
+) -> None:
+    from gpuhealth.cli.nodeview import describe_node
+
+    rep = report("a", "Degraded", inServiceGPUs=7, devices=[{**PLUGIN_HELD, "keptOffBy": kept}])
+    taint = {"key": "gpuhealth.dev/gpu-out", "value": "gpu-2", "effect": "NoSchedule"}
+    tainted = node("a", other_taints=[taint] if kept == "NodeTaint" else [])
+    text = render_describe(describe_node("a", tainted, rep, None, [], NOW))
+    line = next(ln for ln in text.splitlines() if ln.split()[:2] == ["2", "Draining"])
+    assert f"- ({words})" in line
+    assert "GPU 2 held out through the device plugin" in text and "its other GPUs keep their work" in text
+    gpu_out = [ln for ln in text.splitlines() if "GPU-out taint" in ln]
+    assert [("gpuhealth.dev/gpu-out=gpu-2:NoSchedule" in ln) for ln in gpu_out] == (
+        [True] if kept == "NodeTaint" else []
+    )
+    assert not any("Other taints" in ln for ln in text.splitlines())
+
+
+def test_release_of_a_gpu_on_a_device_plugin_node_names_the_node_taint_not_a_rule() -> None:
+    waiting = report("a", "Degraded", devices=[{**PLUGIN_HELD, "state": "AwaitingRepair", "keptOffBy": "NodeTaint"}])
+    lines = " ".join(plan_release_gpu("a", waiting, 2).lines)
+    assert "gpuhealth.dev/gpu-out" in lines and "DeviceTaintRule" not in lines
