@@ -138,6 +138,11 @@ class RealNode:
         return self.nvml_dir / "out" / "emitted"
 
     @property
+    def pod_resources_dir(self) -> Path:
+        """The kubelet's pod-resources directory (``<--root-dir>/pod-resources``): ``kubelet.sock``."""
+        return self.workdir / "kubelet" / "root" / "pod-resources"
+
+    @property
     def socket(self) -> Path:
         return self.workdir / "containerd" / "containerd.sock"
 
@@ -492,14 +497,22 @@ class Installed:
             raise RealNodeError(f"helm {args[0]}: {out.stdout}{out.stderr}")
         return out
 
-    def install(self, policy: Mapping[str, Any] | None, values: Sequence[str] = ()) -> None:
+    def install(
+        self, policy: Mapping[str, Any] | None, values: Sequence[str] = (), *, pod_resources: bool = False
+    ) -> None:
         """``helm install`` of charts/gpuhealth with the built image (pull policy Never), one operator
         replica on the real node and the agent under the RuntimeClass ``nvidia``, into a namespace
         labelled for Pod Security "restricted" (docs/install.md); ``policy``: the chart's first
         policy's spec (merged over the chart's), None for no policy of the chart's; ``values``:
-        further ``--set`` style arguments. Returns once every pod of the release is Ready."""
+        further ``--set`` style arguments; ``pod_resources``: the agent reads this kubelet's
+        pod-resources socket (``agent.podResources``, its directory under the node's ``--root-dir``),
+        in a namespace labelled "privileged" as docs/install.md says it must be (a hostPath).
+        Returns once every pod of the release is Ready."""
         self.cluster.kubectl("create", "namespace", NAMESPACE)
-        self.cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+        level = "privileged" if pod_resources else "restricted"
+        self.cluster.kubectl("label", "namespace", NAMESPACE, f"pod-security.kubernetes.io/enforce={level}")
+        if pod_resources:
+            values = [*self.pod_resources_values(), *values]
         chosen = (
             [f"--set-json=policy.spec={json.dumps(policy)}"] if policy is not None else ["--set=policy.create=false"]
         )
@@ -519,6 +532,13 @@ class Installed:
             "--wait",
             "--timeout=300s",
         )
+
+    def pod_resources_values(self) -> list[str]:
+        """The chart values that make the agent read this node's kubelet's pod-resources socket."""
+        return [
+            "--set=agent.podResources.enabled=true",
+            f"--set=agent.podResources.hostPath={self.node.pod_resources_dir}",
+        ]
 
     def ready_pods(self, name: str, image: str | None = None) -> list[dict[str, Any]]:
         """The release's Ready pods of app ``name`` that run ``image`` (default: the built one), once
