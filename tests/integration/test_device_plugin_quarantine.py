@@ -73,8 +73,9 @@ def test_one_bad_gpu_costs_its_pods_not_the_node(
     holders = {i: f"on-gpu-{i}" for i in range(4)}
     for pod in holders.values():
         kube.core.create_namespaced_pod(ns, dra.extended_resource_pod(ns, pod, node, GPU))
-    for pod in holders.values():
-        wait_for(lambda pod=pod: running(kube, ns, pod), timeout=60, what=f"{pod} running on {node}")
+    wait_for(
+        lambda: all(running(kube, ns, p) for p in holders.values()), timeout=60, what=f"the pods running on {node}"
+    )
     kube.put_report(node, plugin_spec(ns, holders))
     wait_for(lambda: kube.report(node).get("status", {}).get("state") == "Healthy", timeout=30, what="healthy")
 
@@ -98,6 +99,19 @@ def test_one_bad_gpu_costs_its_pods_not_the_node(
     kube.core.create_namespaced_pod(ns, dra.extended_resource_pod(ns, "fresh", node, GPU))
     assert "untolerated taint" in dra.wait_unschedulable(kube, ns, "fresh")
     kube.core.delete_namespaced_pod("fresh", ns)
+
+    # A restarted operator keeps the taint (GPU 2 is still out) and evicts nothing twice.
+    wait_for(lambda: len(kube.node_events(node, "Evicted")) == 1, timeout=20, what="the eviction announced")
+    passes = operator.log.read_text().count("every GPU node evaluated")
+    operator.kill()
+    operator.start()
+    wait_for(
+        lambda: operator.log.read_text().count("every GPU node evaluated") > passes,
+        timeout=30,
+        what="the restarted operator's first pass",
+    )
+    assert gpu_out(kube, node) is not None and device(kube, node, 2)["keptOffBy"] == "NodeTaint"
+    assert len(kube.node_events(node, "Evicted")) == 1
 
     # Recovery: probation, GPU 2 back in service, the taint lifted.
     del holders[2]
