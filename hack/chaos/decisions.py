@@ -29,6 +29,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from hack.chaos.ladder import JobCreate, parse_job_name
 
@@ -46,32 +47,55 @@ class DomainSample:
     at: float  # the sampler's monotonic clock, seconds
     domain: str
     out: Mapping[str, bool]  # member -> gpuhealth's taint on its Node
+    # The operator was acting when sampled: its process up and its start-up over (every node passed
+    # once, ``gpuhealth_startup_seconds`` set). Killed, importing or listing, it can finish no decision.
+    acting: bool = True
 
 
-def half_domains(samples: Iterable[DomainSample], settle_s: float) -> list[str]:
-    """Each stretch in which a domain was sampled partly out (some members tainted, some not) for longer
-    than ``settle_s`` seconds: a decision left half written (the operator writes members one by one,
-    so a shorter stretch is the decision in flight, or a restart finishing it)."""
+@dataclass(frozen=True)
+class HalfStretch:
+    """A stretch in which a domain was sampled partly out (some members tainted, some not)."""
+
+    domain: str
+    seconds: float  # first to last such sample
+    acting_s: float  # of those, the time the operator was acting (both ends of a sampling gap acting)
+    last: DomainSample
+
+
+def half_stretches(samples: Iterable[DomainSample]) -> list[HalfStretch]:
+    """Each stretch in which a domain was sampled partly out."""
     by_domain: dict[str, list[DomainSample]] = {}
     for sample in sorted(samples, key=lambda s: s.at):
         by_domain.setdefault(sample.domain, []).append(sample)
     out = []
     for domain, seq in sorted(by_domain.items()):
-        first: DomainSample | None = None  # the first sample of the current half stretch
-        last: DomainSample | None = None
+        stretch: list[DomainSample] = []
         for s in [*seq, None]:
             if s is not None and len(set(s.out.values())) > 1:
-                first = first or s
-                last = s
+                stretch.append(s)
                 continue
-            if first is not None and last is not None and last.at - first.at > settle_s:
-                tainted = sorted(n for n, o in last.out.items() if o)
-                clear = sorted(n for n, o in last.out.items() if not o)
-                out.append(
-                    f"NVLink domain {domain} half out for {last.at - first.at:.1f} s (over {settle_s:.0f} s): "
-                    f"{tainted} tainted, {clear} not"
-                )
-            first = last = None
+            if stretch:
+                acting = sum(b.at - a.at for a, b in pairwise(stretch) if a.acting and b.acting)
+                out.append(HalfStretch(domain, stretch[-1].at - stretch[0].at, acting, stretch[-1]))
+            stretch = []
+    return out
+
+
+def half_domains(samples: Iterable[DomainSample], settle_s: float) -> list[str]:
+    """Each stretch in which a domain was sampled partly out for longer than ``settle_s`` seconds of
+    the operator's acting time: a decision left half written. The operator writes members one by
+    one, so a shorter stretch is the decision in flight; time it spent killed, importing or listing
+    after a restart is not held against it (under load a start-up alone took 10-13 s, and the kill
+    monkey may kill it again during one), but every second it acted is."""
+    out = []
+    for h in half_stretches(samples):
+        if h.acting_s > settle_s:
+            tainted = sorted(n for n, o in h.last.out.items() if o)
+            clear = sorted(n for n, o in h.last.out.items() if not o)
+            out.append(
+                f"NVLink domain {h.domain} half out for {h.acting_s:.1f} s of the operator's acting time "
+                f"({h.seconds:.1f} s in all; over {settle_s:.0f} s): {tainted} tainted, {clear} not"
+            )
     return out
 
 

@@ -122,9 +122,13 @@ def test_partitioned_gpu_held_out_whole_across_sigkills(main_cluster: LocalClust
 
 
 # The decisions above one GPU's quarantine (hack/chaos/decisions.py), each SIGKILLed at its own moments
-# and with one kube-apiserver crash: about 40-60 s each on 2 shared cores. domain_kills is left out of
-# make test while the bug it found is open (docs/chaos.md, "Known product bugs": the breaker admitted two
-# NVLink domains at once, and a domain was seen half out for longer than its limit): `make chaos` runs it.
+# and with one kube-apiserver crash: about 40-60 s each on 2 shared cores.
+def test_nvlink_domain_never_half_out_across_kills(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
+    r = run("domain_kills", main_cluster, chaos_workdir)
+    assert_clean(r, 1)
+    assert r["stats"]["targeted_kills"] >= 1, r["stats"]["kills_by_moment"]
+
+
 def test_rack_node_never_held_alone_while_the_rack_brakes(main_cluster: LocalCluster, chaos_workdir: Path) -> None:
     r = run("rack_kills", main_cluster, chaos_workdir)
     assert_clean(r, 1)

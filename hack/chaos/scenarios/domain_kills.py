@@ -10,9 +10,10 @@ then it clears too and returns. The kill monkey SIGKILLs the operator every 2-6 
 also the moment a domain is seen partly tainted (its decision half written), leaving and returning;
 the API server is SIGKILLed once a round, the moment the second domain starts leaving.
 
-Judged (hack/chaos/decisions.py): no domain sampled half out for longer than SETTLE_S (a decision
-left half written), each settle point all out or all back in one read of the Nodes, the members out
-for the domain's reason (``ImexDomain``), and the breaker never over its limit (sampled).
+Judged (hack/chaos/decisions.py): no domain sampled half out for longer than SETTLE_S of the
+operator's acting time (a decision left half written), each settle point all out or all back in one
+read of the Nodes, the members out for the domain's reason (``ImexDomain``), and the breaker never
+over its limit (sampled).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from functools import partial
 from typing import Any
 
-from devkit.k8s import healthy_spec
+from devkit.k8s import OperatorProcess, healthy_spec
 from hack.chaos import decisions as dc
 from hack.chaos import invariants as inv
 from hack.chaos.scenarios import decision_kit as kit
@@ -31,9 +32,19 @@ from hack.chaos.scenarios.context import Ctx
 CLIQUE = "nvidia.com/gpu.clique"
 SIZE = 3
 LIMIT = 4  # the breaker's maxUnhealthy: one domain fits, two do not
-# A domain half out longer than this is a decision left half written, not one in flight: a kill, a
-# restart killed again during start-up, and the resync after it fit well within it on 2 loaded cores.
+# A domain half out longer than this, counted in the operator's acting time (its start-ups not held
+# against it: dc.half_domains), is a decision left half written, not one in flight or a restart
+# finishing it; an API server crash and its recovery under load fit well within it.
 SETTLE_S = 30.0
+
+
+def _acting(op: OperatorProcess) -> bool:
+    """The operator is up and its start-up is over (``gpuhealth_startup_seconds`` set: every node passed
+    once); killed, importing or listing, it is not."""
+    try:
+        return bool(op.metric("gpuhealth_startup_seconds"))
+    except Exception:
+        return False
 
 
 def _faulty(kind: str, gpu: int) -> dict[str, Any]:
@@ -68,9 +79,12 @@ def domain_kills(ctx: Ctx) -> None:
     samples: list[dc.DomainSample] = []
 
     def look() -> None:
+        acting = _acting(op)
         seen, t = kit.nodes(ctx), time.monotonic()
+        acting = acting and _acting(op)  # and still: not killed while the Nodes were read
         for d, ns in domains.items():
-            samples.append(dc.DomainSample(t, d, {n: inv._our_taint(seen.get(n) or {}) is not None for n in ns}))
+            out = {n: inv._our_taint(seen.get(n) or {}) is not None for n in ns}
+            samples.append(dc.DomainSample(t, d, out, acting))
 
     kit.sampling(ctx, look, "domain-sampler")
     monkey = kit.TimedMonkey(ctx, op, gap=kit.GAP, down=(0.0, 1.5))
@@ -108,7 +122,7 @@ def domain_kills(ctx: Ctx) -> None:
             return gone and back
 
         kit.settle(ctx, done, 120, what, where)
-        seen = kit.nodes(ctx)
+        seen = ctx.retry(kit.nodes, ctx)  # the API server may be crashing on purpose right now
         for d, ns in domains.items():
             taints = {n: inv._our_taint(seen.get(n) or {}) is not None for n in ns}
             for p in dc.settled_domain_problems(d, taints, ns == out_d):
@@ -166,6 +180,11 @@ def domain_kills(ctx: Ctx) -> None:
             ctx.violate(p)
     ctx.stats["domain_samples"] = len(samples)
     ctx.stats["half_samples"] = sum(1 for s in samples if len(set(s.out.values())) > 1)
+    # How close the run came to SETTLE_S: the longest stretches a domain was sampled half out, as
+    # [seconds of the operator's acting time, seconds in all].
+    stretches = sorted(dc.half_stretches(samples), key=lambda h: h.acting_s, reverse=True)[:5]
+    ctx.stats["longest_half_s"] = [[round(h.acting_s, 1), round(h.seconds, 1)] for h in stretches]
+    ctx.stats["acting_samples"] = sum(1 for s in samples if s.acting)
     ctx.note(
         f"{ctx.cycles} rounds of two {SIZE}-node NVLink domains faulted at once under a breaker of {LIMIT}, "
         f"{monkey.kills} SIGKILLs (by moment: {monkey.by_mode}), "

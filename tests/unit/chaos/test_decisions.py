@@ -45,6 +45,21 @@ def test_a_half_stretch_still_open_at_the_last_sample_is_judged() -> None:
     assert "40.0 s" in p
 
 
+def test_the_operators_restarts_are_not_held_against_a_half_domain_but_its_acting_time_is() -> None:
+    """Killed during the decision, then killed again while it imported: 30 s half out, of which the
+    operator acted 4 s (finishing the decision then); acting 20 s while half out is a decision left."""
+
+    def half(t: float, acting: bool) -> d.DomainSample:
+        return d.DomainSample(t, "clique.1", {"m0": True, "m1": False}, acting)
+
+    restarts = [half(0, True), half(1, False), half(27, True), half(31, True), dom(32, True, True)]
+    assert d.half_domains(restarts, settle_s=15) == []
+    (h,) = d.half_stretches(restarts)
+    assert (h.seconds, h.acting_s) == (31, 4)
+    (p,) = d.half_domains([*restarts[:-1], half(51, True)], settle_s=15)
+    assert "half out for 24.0 s of the operator's acting time (51.0 s in all" in p
+
+
 def test_a_settled_domain_is_all_out_or_all_back() -> None:
     assert d.settled_domain_problems("c", {"a": True, "b": True}, want_out=True) == []
     assert d.settled_domain_problems("c", {"a": False, "b": False}, want_out=False) == []
