@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-HOST_MODULES = frozenset({"test_real_node.py", "test_cluster_down.py"})
+HOST_MODULES = frozenset({"test_real_node.py", "test_agent_pod_resources.py", "test_cluster_down.py"})
 
 TESTS = Path(__file__).resolve().parent
 HACK = TESTS.parent / "hack"
@@ -36,6 +36,7 @@ BEHIND: dict[str, tuple[str, ...]] = {
     "integration/test_agent_sidecar.py": ("build-tools.sh",),
     "integration/test_kueue.py": ("build-kueue.sh",),
     "integration/test_real_node.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
+    "integration/test_agent_pod_resources.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
     # The host group's other module: the group is scheduled whole, so it goes last whole.
     "integration/test_cluster_down.py": ("build-node.sh",),
 }
