@@ -152,6 +152,10 @@ class Client:
         """The pods bound to ``node``."""
         return self._pages("list pods", self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod (its status: the kubelet's device health), or None when it does not exist."""
+        return self._read(f"get pod/{name} -n {namespace}", self.core.read_namespaced_pod, name, namespace)
+
     def node_resource_slices(self, node: str) -> list[dict[str, Any]]:
         """The ResourceSlices of ``node``; none where the API server serves no resource.k8s.io/v1."""
         try:

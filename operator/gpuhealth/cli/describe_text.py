@@ -18,6 +18,7 @@ from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import BURN_IN_TAINT_KEY, OUT_OF_SERVICE, QUARANTINE_ANNOTATION, TAINT_KEY, State
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.cli.fabricview import fabric_lines
+from gpuhealth.cli.kubeletview import kubelet_lines
 from gpuhealth.cli.miglayout import layout_lines
 from gpuhealth.cli.render import (
     STATE_COLORS,
@@ -351,6 +352,7 @@ def render_describe(m: Mapping[str, Any], color: bool = False) -> str:
             )
     else:
         lines.append("  (every GPU in service)")
+    lines += kubelet_lines(m.get("kubeletHealth") or [])
     failures = m.get("gpuFailures") or []
     if failures:
         lines += ["", "GPU failures (time between failures):"]

@@ -20,7 +20,17 @@ from gpuhealth.api.durations import parse_duration
 from gpuhealth.api.names import DEFAULT_DRA_DRIVER
 from gpuhealth.api.policy import PolicyError, parse_policy
 from gpuhealth.api.status import read_report_status
-from gpuhealth.cli import changes, describe_text, explain, explain_text, fleet, miglayout, nodeview, render
+from gpuhealth.cli import (
+    changes,
+    describe_text,
+    explain,
+    explain_text,
+    fleet,
+    kubeletview,
+    miglayout,
+    nodeview,
+    render,
+)
 from gpuhealth.cli.client import Client, load_configuration
 from gpuhealth.cli.errors import EXIT_OK, EXIT_USAGE, ApiError, CliError, Refused
 
@@ -266,6 +276,17 @@ def _mig_layout(
     return miglayout.mig_layout(node, report, slices, claims, pods, _drivers(policy)), errors
 
 
+def _read_pods(ctx: Context, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], kubeletview.PodLookup]:
+    """Each pod that holds a held-out GPU, read once; a pod the user may not read is its error, not a failure."""
+    out = {}
+    for ns, name in keys:
+        try:
+            out[(ns, name)] = kubeletview.PodLookup(pod=ctx.client.get_pod(ns, name))
+        except ApiError as e:
+            out[(ns, name)] = kubeletview.PodLookup(error=str(e))
+    return out
+
+
 def cmd_describe(ctx: Context) -> int:
     a = ctx.args
     node = ctx.client.get_node(a.node)
@@ -289,6 +310,8 @@ def cmd_describe(ctx: Context) -> int:
     model["migLayout"], layout_errors = _mig_layout(ctx, a.node, report, policy)
     if layout_errors:
         model["migLayoutErrors"] = layout_errors
+    held = kubeletview.held_out_holders(report, model["migLayout"])
+    model["kubeletHealth"] = kubeletview.kubelet_view(held, _read_pods(ctx, kubeletview.pods_to_read(held)))
     if a.output == "json":
         ctx.json(model)
     else:
