@@ -1,9 +1,11 @@
-"""A fake sysfs tree of InfiniBand / RoCE ports for the agent's NIC source (``agent/nic_source.py``).
+"""A fake sysfs tree of InfiniBand / RoCE ports for the agent's NIC source (``agent/nic_source.py``),
+and of the fake NVML's GPUs as PCI functions for NVIDIA's GPU Feature Discovery (devkit/nvidia_plugins.py).
 
 Lays out what the kernel shows under ``/sys`` (the agent's ``--sysfs-root`` points at the tree's root):
 ``class/infiniband/<dev>/ports/<p>/{state,phys_state,link_layer,counters/*,hw_counters/*}``,
 ``class/infiniband/<dev>/device/{numa_node,net/<if>}``, ``class/net/<if>/operstate`` and, for GPUs,
-``bus/pci/devices/<bus id>/numa_node``. Files are replaced atomically, so an agent reading while a test
+``bus/pci/devices/<bus id>/numa_node`` (and, with :func:`write_gpu_pci`, the files go-nvlib's nvpci
+reads). Files are replaced atomically, so an agent reading while a test
 rewrites one never sees half a value.
 """
 
@@ -72,5 +74,30 @@ def write_port(
 
 def write_gpu_numa(root: str | os.PathLike[str], bus_id: str, numa_node: int) -> None:
     """The NUMA node of a GPU by NVML's bus id (``00000000:18:00.0``), where sysfs keeps it."""
+    _write(Path(root, "bus", "pci", "devices", _sysfs_address(bus_id), "numa_node"), str(numa_node))
+
+
+def _sysfs_address(bus_id: str) -> str:
+    """NVML's bus id (``00000000:18:00.0``) as sysfs names the function (``0000:18:00.0``)."""
     domain, _, rest = bus_id.lower().partition(":")
-    _write(Path(root, "bus", "pci", "devices", f"{domain[-4:]}:{rest}", "numa_node"), str(numa_node))
+    return f"{domain[-4:]}:{rest}"
+
+
+def write_gpu_pci(root: str | os.PathLike[str], bus_id: str, *, device_id: int, numa_node: int) -> Path:
+    """An NVIDIA GPU as a PCI function (a 3D controller, vendor 0x10de) where sysfs keeps it: ``vendor``,
+    ``device``, ``class``, ``numa_node``, ``resource`` (BAR0) and the first 256 bytes of ``config``
+    (no capability list: not a vGPU), the files GFD's PCI reader (go-nvlib nvpci) opens. No ``driver``,
+    ``iommu_group`` or ``physfn`` link: it reads those as absent."""
+    d = Path(root, "bus", "pci", "devices", _sysfs_address(bus_id))
+    _write(d / "vendor", "0x10de")
+    _write(d / "device", f"0x{device_id:04x}")
+    _write(d / "class", "0x030200")
+    _write(d / "numa_node", str(numa_node))
+    _write(d / "resource", "0x00000000a0000000 0x00000000a0ffffff 0x0000000000040200")
+    config = bytearray(256)
+    config[0:2] = (0x10DE).to_bytes(2, "little")
+    config[2:4] = device_id.to_bytes(2, "little")
+    config[8] = 0xA1  # revision
+    config[10:12] = (0x0302).to_bytes(2, "little")  # subclass 3D controller, class display
+    (d / "config").write_bytes(bytes(config))
+    return d

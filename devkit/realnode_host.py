@@ -42,8 +42,10 @@ SYSCTLS = (
     "net/ipv4/ip_forward",
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# Host directories containerd and the CNI plugins create (network namespaces, libcni's result cache).
-HOST_DIRS = ("/run/netns", "/var/lib/cni")
+# Host directories containerd, the CNI plugins and the kubelet create (network namespaces, libcni's
+# result cache, and the kubelet's device-plugins directory with its registration socket: a path of its
+# own, not under its --root-dir).
+HOST_DIRS = ("/run/netns", "/var/lib/cni", "/var/lib/kubelet")
 
 
 def _read_sysctl(key: str) -> str | None:

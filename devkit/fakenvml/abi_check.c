@@ -46,6 +46,31 @@ SAME_FIELD(nvmlGpuFabricInfo_v3_t, healthSummary);
 _Static_assert((unsigned int)(sizeof(own_nvmlGpuFabricInfo_v3_t) | (3U << 24U)) == nvmlGpuFabricInfo_v3,
                "nvmlGpuFabricInfo_v3");
 
+SAME_SIZE(nvmlGpuFabricInfo_t);
+SAME_FIELD(nvmlGpuFabricInfo_t, clusterUuid);
+SAME_FIELD(nvmlGpuFabricInfo_t, status);
+SAME_FIELD(nvmlGpuFabricInfo_t, cliqueId);
+SAME_FIELD(nvmlGpuFabricInfo_t, state);
+
+SAME_SIZE(nvmlGpuFabricInfo_v2_t);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, version);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, clusterUuid);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, status);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, cliqueId);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, state);
+SAME_FIELD(nvmlGpuFabricInfo_v2_t, healthMask);
+_Static_assert((unsigned int)(sizeof(own_nvmlGpuFabricInfo_v2_t) | (2U << 24U)) == nvmlGpuFabricInfo_v2,
+               "nvmlGpuFabricInfo_v2");
+
+SAME_SIZE(nvmlMemory_t);
+SAME_FIELD(nvmlMemory_t, total);
+SAME_FIELD(nvmlMemory_t, free);
+SAME_FIELD(nvmlMemory_t, used);
+SAME_SIZE(nvmlGpuTopologyLevel_t);
+SAME_VALUE(NVML_TOPOLOGY_INTERNAL);
+SAME_VALUE(NVML_TOPOLOGY_NODE);
+SAME_VALUE(NVML_TOPOLOGY_SYSTEM);
+
 SAME_SIZE(nvmlPciInfo_t);
 SAME_FIELD(nvmlPciInfo_t, busIdLegacy);
 SAME_FIELD(nvmlPciInfo_t, domain);

@@ -2,7 +2,10 @@
  * fakenvml: a stand-in for libnvidia-ml.so.1 that the real pynvml can load.
  *
  * It exports exactly the NVML symbols the gpuhealth agent calls (through pynvml's ctypes
- * wrappers) and answers from a scenario file named by $FAKE_NVML_SCENARIO. Types, layouts and
+ * wrappers) and those NVIDIA's device plugin and GPU Feature Discovery call through go-nvml
+ * (devkit/nvidia_plugins.py NVML_CALLS: handle by UUID, minor number, memory, compute capability,
+ * the unversioned fabric info GFD's clique label reads, the PCIe topology and NVLink far ends of
+ * the plugin's preferred allocation), and answers from a scenario file named by $FAKE_NVML_SCENARIO. Types, layouts and
  * prototypes are NVIDIA's own: devkit/fakenvml/build.py compiles this file against nvml.h
  * (from the nvidia-nvml-dev wheel) when it is installed, with NVML_NO_UNVERSIONED_FUNC_DEFS (so the
  * legacy unversioned names are declared too) and -Wmissing-prototypes -Werror, so every exported
@@ -142,6 +145,7 @@ enum {
 
 #define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
 #define FABRIC_INFO_V3 ((unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3U << 24U))) /* nvmlGpuFabricInfo_v3 */
+#define FABRIC_INFO_V2 ((unsigned int)(sizeof(nvmlGpuFabricInfo_v2_t) | (2U << 24U))) /* nvmlGpuFabricInfo_v2 */
 
 /* Handles are addresses in these arrays; NVML only declares the struct, so the fake defines it. */
 struct nvmlDevice_st {
@@ -751,8 +755,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     ENTER();
     DEVICE(device, NS_MIG);
     if (!migDevice || index >= g->max_mig) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (!g->mig_mode) LEAVE(NVML_ERROR_NOT_SUPPORTED);
-    if (!g->mig[index].present) LEAVE(NVML_ERROR_NOT_FOUND);
+    /* A MIG-capable GPU with MIG mode off has no MIG device at any index (the driver answers NOT_FOUND,
+     * which go-nvlib and NVIDIA's device plugin with MIG_STRATEGY=single rely on); a GPU without MIG
+     * ("notsupported mig") answered NOT_SUPPORTED above. */
+    if (!g->mig_mode || !g->mig[index].present) LEAVE(NVML_ERROR_NOT_FOUND);
     *migDevice = &mig_handles[device - handles][index];
     LEAVE(NVML_SUCCESS);
 }
@@ -821,6 +827,64 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t 
     if (!current || !pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     *current = g->ecc_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     *pending = *current;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- what NVIDIA's device plugin and GPU Feature Discovery read ------------------------ */
+
+/* An H100 80GB HBM3 as its driver reports it: 81559 MiB, compute capability 9.0. */
+#define FAKE_MEMORY_TOTAL (81559ULL * 1024ULL * 1024ULL)
+#define FAKE_MEMORY_RESERVED (531ULL * 1024ULL * 1024ULL)
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    ENTER();
+    if (!init_count) LEAVE(NVML_ERROR_UNINITIALIZED);
+    if (!uuid || !device) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < S.gpus && i < MAX_GPUS; i++) {
+        if (strcmp(S.gpu[i].uuid, uuid) != 0) continue;
+        if (S.gpu[i].lost) LEAVE(NVML_ERROR_GPU_IS_LOST);
+        *device = &handles[i];
+        LEAVE(NVML_SUCCESS);
+    }
+    LEAVE(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {
+    ENTER();
+    DEVICE(device, 0);
+    if (!minorNumber) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *minorNumber = (unsigned int)(device - handles); /* /dev/nvidia<index> */
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    ENTER();
+    DEVICE(device, 0);
+    if (!memory) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memory->total = FAKE_MEMORY_TOTAL;
+    memory->used = FAKE_MEMORY_RESERVED;
+    memory->free = FAKE_MEMORY_TOTAL - FAKE_MEMORY_RESERVED;
+    LEAVE(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    ENTER();
+    DEVICE(device, 0);
+    if (!major || !minor) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *major = 9;
+    *minor = 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* The unversioned fabric query (deprecated in NVML 13, still exported): the v1 fields of the same state. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo) {
+    ENTER();
+    DEVICE(device, NS_FABRIC);
+    if (!gpuFabricInfo) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster, sizeof(g->fabric_cluster));
+    gpuFabricInfo->status = (nvmlReturn_t)g->fabric_status;
+    gpuFabricInfo->cliqueId = g->fabric_clique;
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)g->fabric_state;
     LEAVE(NVML_SUCCESS);
 }
 
@@ -1032,13 +1096,49 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabr
     ENTER();
     DEVICE(device, NS_FABRIC);
     if (!gpuFabricInfo) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (gpuFabricInfo->version != FABRIC_INFO_V3) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    /* v2 (go-nvml's GetGpuFabricInfoV().V2()) is v3 without healthSummary: the same leading layout. */
+    int v3 = gpuFabricInfo->version == FABRIC_INFO_V3;
+    if (!v3 && gpuFabricInfo->version != FABRIC_INFO_V2) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster, sizeof(g->fabric_cluster));
     gpuFabricInfo->status = (nvmlReturn_t)g->fabric_status;
     gpuFabricInfo->cliqueId = g->fabric_clique;
     gpuFabricInfo->state = (nvmlGpuFabricState_t)g->fabric_state;
     gpuFabricInfo->healthMask = g->fabric_mask;
-    gpuFabricInfo->healthSummary = (unsigned char)g->fabric_summary;
+    if (v3) gpuFabricInfo->healthSummary = (unsigned char)g->fabric_summary;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* The PCIe path between two GPUs: an HGX board's two halves hang off one CPU socket each (GPUs 0-3 and
+ * 4-7), each GPU behind a PCIe switch of its own (go-gpuallocator's P2P links, the plugin's preferred
+ * allocation). */
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                        nvmlGpuTopologyLevel_t *pathInfo) {
+    ENTER();
+    DEVICE(device1, 0);
+    (void)g;
+    struct fake_gpu *other = NULL;
+    {
+        nvmlReturn_t r = gpu_of(device2, 0, &other);
+        if (r != NVML_SUCCESS) LEAVE(r);
+    }
+    if (!pathInfo) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    int a = (int)(device1 - handles), b = (int)(device2 - handles);
+    *pathInfo = a == b ? NVML_TOPOLOGY_INTERNAL : (a / 4 == b / 4 ? NVML_TOPOLOGY_NODE : NVML_TOPOLOGY_SYSTEM);
+    LEAVE(NVML_SUCCESS);
+}
+
+/* The far end of an active NVLink: on the fake's NVSwitch board, one of four NVSwitches (as on an HGX
+ * H100), never another GPU; INVALID_ARGUMENT past the links the GPU has, as nvmlDeviceGetNvLinkState. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    ENTER();
+    DEVICE(device, NS_NVLINK);
+    LINK(g, link);
+    if (!pci || link >= g->nvlinks) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof(*pci));
+    pci->bus = 0x05u + link % 4u;
+    pci->pciDeviceId = 0x22a310deu; /* NVSwitch (third generation) */
+    snprintf(pci->busId, sizeof(pci->busId), "00000000:%02X:00.0", pci->bus);
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:%02X:00.0", pci->bus);
     LEAVE(NVML_SUCCESS);
 }
 

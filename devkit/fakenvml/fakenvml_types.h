@@ -75,6 +75,12 @@ typedef enum {
     O_(NVML_P2P_CAPS_INDEX_UNKNOWN) = 5,
 } O_(nvmlGpuP2PCapsIndex_t);
 
+typedef enum {
+    O_(NVML_TOPOLOGY_INTERNAL) = 0,
+    O_(NVML_TOPOLOGY_NODE) = 40,
+    O_(NVML_TOPOLOGY_SYSTEM) = 50,
+} O_(nvmlGpuTopologyLevel_t);
+
 enum {
     O_(NVML_DEVICE_MIG_DISABLE) = 0,
     O_(NVML_DEVICE_MIG_ENABLE) = 1,
@@ -137,8 +143,29 @@ typedef struct {
     O_(nvmlValue_t) value;
 } O_(nvmlFieldValue_t);
 
-/* GPU fabric info v3 (nvmlDeviceGetGpuFabricInfoV); the version word is sizeof | 3 << 24. */
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} O_(nvmlMemory_t);
+
 typedef unsigned char O_(nvmlGpuFabricState_t);
+/* GPU fabric info of the unversioned, deprecated nvmlDeviceGetGpuFabricInfo. */
+typedef struct {
+    unsigned char clusterUuid[16];
+    O_(nvmlReturn_t) status;
+    unsigned int cliqueId;
+    O_(nvmlGpuFabricState_t) state;
+} O_(nvmlGpuFabricInfo_t);
+/* GPU fabric info v2 and v3 (nvmlDeviceGetGpuFabricInfoV); the version word is sizeof | v << 24. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    O_(nvmlReturn_t) status;
+    unsigned int cliqueId;
+    O_(nvmlGpuFabricState_t) state;
+    unsigned int healthMask;
+} O_(nvmlGpuFabricInfo_v2_t);
 typedef struct {
     unsigned int version;
     unsigned char clusterUuid[16];

@@ -20,6 +20,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from devkit import nvidia_plugins
 from devkit.fakenvml import build as fakenvml
 from gpuhealth.agent.nvml_port import Nvml
 
@@ -148,6 +149,19 @@ def test_every_nvml_function_the_agent_calls_is_exported_by_the_fake(fake_nvml_l
     lib = ctypes.CDLL(str(fake_nvml_lib))
     missing = sorted(s for s in agent_c_symbols() if not hasattr(lib, s))
     assert missing == [], f"the fake NVML does not export {missing}"
+
+
+def test_every_nvml_function_nvidias_device_plugin_and_gfd_call_is_nvidias_and_exported_by_the_fake(
+    fake_nvml_lib: Path, header: str
+) -> None:
+    """NVIDIA's device plugin and GPU Feature Discovery run on the fake on the real node
+    (tests/integration/test_device_plugin.py): go-nvml binds each call at its first use, and a symbol the
+    fake lacks kills them there. Each call they make is NVIDIA's and the fake exports it."""
+    calls = nvidia_plugins.NVML_CALLS
+    assert {"nvmlDeviceGetHandleByUUID", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceRegisterEvents"} <= calls
+    assert sorted(s for s in calls if not re.search(rf"\b{s}\s*\(", header)) == []
+    lib = ctypes.CDLL(str(fake_nvml_lib))
+    assert sorted(s for s in calls if not hasattr(lib, s)) == []
 
 
 def test_a_blocked_call_waits_until_the_scenario_lets_it_go(
