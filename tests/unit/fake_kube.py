@@ -24,7 +24,8 @@ T = TypeVar("T")
 
 
 def _error(status: int) -> ApiException:
-    return ApiException(status=status, reason={404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}.get(status))
+    reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}
+    return ApiException(status=status, reason=reasons.get(status))
 
 
 class FakeKube:
@@ -38,6 +39,7 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str]] = []  # (verb, object)
         self.refuse_evictions: dict[str, int] = {}  # pod name -> HTTP status an Eviction gets
+        self.refuse_pod_deletes: dict[str, int] = {}  # namespace -> HTTP status a pod's delete gets there
         self.slices: list[dict[str, Any]] = []
         self.claims: list[dict[str, Any]] = []
         self.rules: dict[str, dict[str, Any]] = {}  # DeviceTaintRules by name, anyone's
@@ -275,6 +277,17 @@ class FakeKube:
     def finish_job(self, namespace: str, name: str, condition: str) -> None:
         """What the Job controller writes once the Job's pod ended: ``Complete`` or ``Failed``."""
         self.jobs[(namespace, name)]["status"] = {"conditions": [{"type": condition, "status": "True"}]}
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """A graceful delete with a uid precondition: 404 gone, 409 another pod of that name."""
+        self.writes.append(("delete", f"pod/{namespace}/{name}"))
+        if namespace in self.refuse_pod_deletes:
+            raise _error(self.refuse_pod_deletes[namespace])
+        if (namespace, name) not in self.pods:
+            raise _error(404)
+        if self.pods[namespace, name]["metadata"].get("uid") != uid:
+            raise _error(409)
+        del self.pods[namespace, name]
 
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node]

@@ -14,7 +14,7 @@ from devkit.crdschema import at, violations
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.remediation import StepKind
-from gpuhealth.api.remediation_status import Attempt, LadderRecord, Phase, Repair, Result
+from gpuhealth.api.remediation_status import Attempt, LadderRecord, Phase, PluginRestart, Repair, Result
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.api.validation import Outcome, Validation
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
@@ -105,6 +105,7 @@ def _every_ladder_record() -> LadderRecord:
             2, Outcome.FAILED, "gpuhealth-remediation/gpuhealth-validate-node-a-2-1-ab", True, T, T, "f"
         ),
         approved=True,
+        plugin=PluginRestart(T, "gpu-operator/nvidia-device-plugin-daemonset-x1", "u1", True, "b", True),
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (

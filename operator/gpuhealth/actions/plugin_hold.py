@@ -17,6 +17,11 @@ healthy GPUs either), while the pods already on its other GPUs keep running.
   capacity less the GPUs out): nothing more is needed;
 - otherwise, and always on a node that serves MIG through the plugin (``nvidia.com/gpu`` does not
   count its MIG devices): the taint.
+
+``still_withheld`` says whether the plugin still withholds a repaired GPU of the ``out`` held out this
+way: allocatable is short of capacity less the others (``api/nodes.py`` ``plugin_offers``). Such a GPU
+returns only once it is offered again (``evaluation/ladder.py`` ``awaits_plugin``): NVIDIA's plugin
+holds a GPU ``Unhealthy`` until it restarts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from gpuhealth.api.devices import KEPT_OFF_BY_PLUGIN, KEPT_OFF_BY_TAINT
 from gpuhealth.api.names import GPU_OUT_TAINT_KEY, GPU_RESOURCE
-from gpuhealth.api.nodes import plugin_gpus, plugin_withholds
+from gpuhealth.api.nodes import plugin_gpus, plugin_offers, plugin_withholds
 
 GPU_OUT_EFFECT = "NoSchedule"
 
@@ -56,3 +61,15 @@ def kept_off_words(node: Mapping[str, Any] | None, how: str) -> str:
     if how == KEPT_OFF_BY_TAINT:
         return f"node tainted {GPU_OUT_EFFECT} ({GPU_OUT_TAINT_KEY}): no new pods on the node"
     return ""
+
+
+def still_withheld(node: Mapping[str, Any] | None, out: int) -> bool:
+    """Whether the device plugin still withholds one of the ``out`` GPUs of the node held out on the
+    device-plugin route (a repaired one waits for it): allocatable short of capacity less the others."""
+    return out > 0 and not plugin_offers(node, out - 1)
+
+
+def offered_words(node: Mapping[str, Any] | None) -> str:
+    """``allocatable nvidia.com/gpu 7 of 8``, or what the Node lacks."""
+    gpus = plugin_gpus(node)
+    return f"allocatable {GPU_RESOURCE} {gpus[1]} of {gpus[0]}" if gpus else f"no {GPU_RESOURCE} capacity on the node"

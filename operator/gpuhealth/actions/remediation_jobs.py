@@ -4,7 +4,8 @@ that node, and what its status says. Pure.
 By default the Job runs NVIDIA's own tool, ``nvidia-smi -r -i <GPU UUID>``, with the NVIDIA
 Container Toolkit's ``NVIDIA_VISIBLE_DEVICES=<UUID>`` and ``NVIDIA_DRIVER_CAPABILITIES=utility``
 (the toolkit mounts nvidia-smi and that one GPU's device node), privileged, pinned to the node by
-``nodeName`` and tolerating gpuhealth's taint. A policy's ``jobTemplate`` replaces the pod; its
+``nodeName`` and tolerating gpuhealth's taints (the node's, and a device-plugin node's ``gpu-out``).
+A policy's ``jobTemplate`` replaces the pod; its
 strings may use ``${NODE_NAME}``, ``${GPU_UUID}`` and ``${GPU_INDEX}``. Whatever the template,
 the rendered Job must be pinned to the node (``nodeName`` or a required node affinity on
 ``kubernetes.io/hostname``) and must name the GPU's UUID in a container: otherwise no Job.
@@ -22,7 +23,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhealth.api.names import DEVICE_GPU_LABEL, DEVICE_NODE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, TAINT_KEY
+from gpuhealth.api.names import (
+    DEVICE_GPU_LABEL,
+    DEVICE_NODE_LABEL,
+    GPU_OUT_TAINT_KEY,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    TAINT_KEY,
+)
 from gpuhealth.api.remediation import INDEX_PLACEHOLDER, NODE_PLACEHOLDER, UUID_PLACEHOLDER, RemediationSettings
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -140,7 +148,7 @@ def gpu_job(
 ) -> dict[str, Any]:
     """A Job that runs ``pod`` (rendered, pinned to the GPU's node) once for one GPU, as the reset and
     the validation Jobs both are: never retried by the Job controller (a retry is the ladder's
-    decision), bounded by ``timeout_s``, tolerating gpuhealth's own taint, labelled so the operator
+    decision), bounded by ``timeout_s``, tolerating gpuhealth's own taints, labelled so the operator
     finds it again after a restart, kept a day for humans. The template's own Job and pod metadata
     and Job spec fields are kept, gpuhealth's labels over them."""
     spec = template.get("spec") or {}
@@ -149,8 +157,9 @@ def gpu_job(
     pod.setdefault("serviceAccountName", service_account)
     pod.setdefault("automountServiceAccountToken", False)
     tolerations = list(pod.get("tolerations") or [])
-    if not any(t.get("key") == TAINT_KEY for t in tolerations):
-        tolerations.append({"key": TAINT_KEY, "operator": "Exists"})
+    for key in (TAINT_KEY, GPU_OUT_TAINT_KEY):  # gpu-out: a device-plugin node's, while one of its GPUs is out
+        if not any(t.get("key") == key for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists"})
     pod["tolerations"] = tolerations
     meta_t = _render(pod_tmpl.get("metadata") or {}, subs)
     job_meta = _render(template.get("metadata") or {}, subs)

@@ -71,3 +71,12 @@ def plugin_withholds(node: Mapping[str, Any] | None, out: int) -> bool:
     own counts too (docs/devices.md says so). False without such a capacity."""
     gpus = plugin_gpus(node)
     return gpus is not None and out > 0 and gpus[1] <= gpus[0] - out
+
+
+def plugin_offers(node: Mapping[str, Any] | None, others: int) -> bool:
+    """Whether the device plugin offers a repaired GPU again: allocatable ``nvidia.com/gpu`` is at least
+    its capacity less the ``others`` GPUs of the Node still held out. A count, as ``plugin_withholds``:
+    a GPU the plugin still holds ``Unhealthy`` is one short of that. False without such a capacity (no
+    plugin serves GPUs on the Node, or it has not registered again)."""
+    gpus = plugin_gpus(node)
+    return gpus is not None and gpus[1] >= gpus[0] - max(0, others)

@@ -41,6 +41,12 @@ INDEX_PLACEHOLDER = "${GPU_INDEX}"
 # repair per GPU in 7 days, and the next failure goes straight to Replace.
 REPEAT_MAX_REPAIRS = 1
 REPEAT_WINDOW_S = 7 * 24 * 3600.0
+# NVIDIA's device plugin as the GPU Operator deploys it: namespace gpu-operator, pods labelled
+# app=nvidia-device-plugin-daemonset (NVIDIA's static manifest: kube-system, name=nvidia-device-plugin-ds;
+# its Helm chart: app.kubernetes.io/name=nvidia-device-plugin in the release's namespace).
+DEVICE_PLUGIN_NAMESPACE = "gpu-operator"
+DEVICE_PLUGIN_LABELS: Mapping[str, str] = {"app": "nvidia-device-plugin-daemonset"}
+DEVICE_PLUGIN_RETURN_TIMEOUT_S = 300.0
 
 
 class RemediationError(ValueError):
@@ -86,6 +92,24 @@ class RepeatSettings:
 
 
 @dataclass(frozen=True)
+class DevicePluginSettings:
+    """Where the device plugin's pods run (``spec.remediation.devicePlugin``): a GPU that NVIDIA's
+    plugin marked ``Unhealthy`` stays so until the plugin restarts, so after its repair gpuhealth deletes
+    the plugin's pod on that node (its DaemonSet recreates it) and waits ``return_timeout_s`` for the
+    Node's allocatable ``nvidia.com/gpu`` to show the GPU again. ``restart`` False: it only waits, and says so."""
+
+    namespace: str = DEVICE_PLUGIN_NAMESPACE
+    match_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEVICE_PLUGIN_LABELS))
+    restart: bool = True
+    return_timeout_s: float = DEVICE_PLUGIN_RETURN_TIMEOUT_S
+
+    @property
+    def selector(self) -> str:
+        """The pods' label selector as ``kubectl -l`` takes it."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.match_labels.items()))
+
+
+@dataclass(frozen=True)
 class RemediationSettings:
     enabled: bool = False
     ladders: tuple[Ladder, ...] = ()  # empty: the catalog's defaults (default_steps below)
@@ -96,6 +120,7 @@ class RemediationSettings:
     job_template: Mapping[str, Any] | None = None  # a batch/v1 Job (metadata + spec) with placeholders
     approval: Approval = Approval.AUTOMATIC
     repeat: RepeatSettings = field(default_factory=RepeatSettings)
+    device_plugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
 
 
 def _dur(v: Any, path: str) -> float:
@@ -199,6 +224,29 @@ def parse_remediation(spec: Mapping[str, Any]) -> RemediationSettings:
         job_template=None if template is None else _validate_template(template, "spec.remediation.jobTemplate"),
         approval=approval,
         repeat=_parse_repeat(raw.get("repeatOffenders")),
+        device_plugin=_parse_device_plugin(raw.get("devicePlugin")),
+    )
+
+
+def _parse_device_plugin(raw: Any) -> DevicePluginSettings:
+    if raw is None:
+        return DevicePluginSettings()
+    p = "spec.remediation.devicePlugin"
+    if not isinstance(raw, Mapping):
+        raise RemediationError(f"{p}: must be an object")
+    labels = raw.get("matchLabels")
+    if labels is None:
+        labels = dict(DEVICE_PLUGIN_LABELS)
+    if not isinstance(labels, Mapping) or not labels or not all(isinstance(v, str) for v in labels.values()):
+        raise RemediationError(f"{p}.matchLabels: must name at least one label of the device plugin's pods")
+    timeout = _dur(raw["returnTimeout"], f"{p}.returnTimeout") if raw.get("returnTimeout") else None
+    if timeout is not None and timeout <= 0:
+        raise RemediationError(f"{p}.returnTimeout: must be positive")
+    return DevicePluginSettings(
+        namespace=str(raw.get("namespace") or DEVICE_PLUGIN_NAMESPACE),
+        match_labels={str(k): str(v) for k, v in labels.items()},
+        restart=bool(raw.get("restart", True)),
+        return_timeout_s=timeout if timeout is not None else DEVICE_PLUGIN_RETURN_TIMEOUT_S,
     )
 
 

@@ -44,6 +44,10 @@ class Phase(StrEnum):
     VALIDATING = "Validating"  # clean facts; the validation Job (spec.validation) must pass first
     HANDED_OFF = "HandedOff"  # NodeReboot: the node waits for its remediator
     SUCCEEDED = "Succeeded"  # clean facts after the step: probation runs as usual
+    # Device-plugin route: repaired, on probation no longer, but the device plugin still withholds it
+    # (it holds the GPU Unhealthy until it restarts): its pod is restarted, the GPU returns once the
+    # Node's allocatable shows it again (``plugin``).
+    RESTARTING_PLUGIN = "RestartingPlugin"
     AWAITING_REPAIR = "AwaitingRepair"  # Replace: the ladder is exhausted
     DRY_RUN = "DryRun"  # DryRun: what would be done was announced, nothing done
 
@@ -96,6 +100,48 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class PluginRestart:
+    """The device plugin's restart after a repair (``Phase.RESTARTING_PLUGIN``), written before the pod
+    is deleted: ``pod`` and ``uid`` first, then the delete (with that uid as its precondition, so it can
+    never take the pod the DaemonSet made in its place), then ``deleted``. ``blocked``: why it could not
+    be restarted (no such pod, no permission, a taint its DaemonSet would not tolerate); ``timed_out``:
+    the Node's allocatable did not show the GPU within the policy's ``returnTimeout``."""
+
+    started: dt.datetime | None = None
+    pod: str = ""  # namespace/name of the plugin's pod on the node
+    uid: str = ""
+    deleted: bool = False
+    blocked: str = ""
+    timed_out: bool = False
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        optional: dict[str, Any] = {
+            "startedAt": format_time(self.started) if self.started else "",
+            "pod": self.pod,
+            "uid": self.uid,
+            "deleted": self.deleted,
+            "blocked": self.blocked,
+            "timedOut": self.timed_out,
+        }
+        out.update({k: v for k, v in optional.items() if v})
+        return out
+
+    @staticmethod
+    def from_status(m: Any) -> PluginRestart | None:
+        if not isinstance(m, Mapping):
+            return None
+        return PluginRestart(
+            started=parse_time(m.get("startedAt")),
+            pod=str(m.get("pod") or ""),
+            uid=str(m.get("uid") or ""),
+            deleted=m.get("deleted") is True,
+            blocked=str(m.get("blocked") or ""),
+            timed_out=m.get("timedOut") is True,
+        )
+
+
+@dataclass(frozen=True)
 class LadderRecord:
     """Where one GPU stands on its ladder (``status.remediation["<index>"]``)."""
 
@@ -114,6 +160,7 @@ class LadderRecord:
     history: tuple[Attempt, ...] = field(default=())
     validation: Validation | None = None  # this attempt's validation (Phase.VALIDATING and after)
     approved: bool = False  # approval: Manual; a human approved this step, it starts once it may
+    plugin: PluginRestart | None = None  # the device plugin's restart (Phase.RESTARTING_PLUGIN)
 
     @property
     def in_flight(self) -> bool:
@@ -133,6 +180,7 @@ class LadderRecord:
             "history": [a.to_status() for a in self.history[-MAX_HISTORY:]],
             "validation": self.validation.to_status() if self.validation else None,
             "approved": self.approved,
+            "plugin": self.plugin.to_status() if self.plugin else None,
         }
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -161,6 +209,7 @@ class LadderRecord:
             history=history[-MAX_HISTORY:],
             validation=Validation.from_status(m.get("validation")),
             approved=m.get("approved") is True,
+            plugin=PluginRestart.from_status(m.get("plugin")),
         )
 
 

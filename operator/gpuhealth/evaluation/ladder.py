@@ -40,6 +40,17 @@ faults at ``NodeReboot``; XID 154 where its recovery action's row in ``api/recov
 whose recovery action needs its NVLink peers idle first (``DrainAndReset``, ``DrainP2P``) skips
 ``GPUReset`` unless the report names its peers: then ``evaluation/peers.py`` holds them out with it,
 and the reset starts only once they are drained too (``controller/act/remediator.py``).
+
+The device-plugin route (a GPU no DRA ResourceSlice publishes, held out by the device plugin's own
+withholding or gpuhealth's ``gpu-out`` node taint, ``actions/plugin_hold.py``): the GPU climbs the
+same ladder (``GPU.plugin`` stands for its DeviceTaintRule). NVIDIA's device plugin holds a GPU it
+marked ``Unhealthy`` so until it restarts, so a repaired GPU can stay withheld by the plugin after its
+step succeeded and its probation passed. Then (``Observed.plugin_withheld``) the record goes to
+``RestartingPlugin``: the remediator records the plugin's pod on the node, deletes it (its DaemonSet
+recreates it) and the GPU returns only once the Node's allocatable shows it again
+(:func:`awaits_plugin` keeps it Recovering until then). No pod, no permission, or no GPU back within
+``spec.remediation.devicePlugin.returnTimeout``: a Warning Event and the record's message say that the
+GPU stays withheld until the plugin restarts.
 """
 
 from __future__ import annotations
@@ -52,7 +63,15 @@ from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import REBOOT_STEPS, RESET_STEPS, RemediationSettings, RepeatSettings, Step, StepKind
-from gpuhealth.api.remediation_status import IN_FLIGHT, Attempt, LadderRecord, Phase, Result, repeat_offence
+from gpuhealth.api.remediation_status import (
+    IN_FLIGHT,
+    Attempt,
+    LadderRecord,
+    Phase,
+    PluginRestart,
+    Result,
+    repeat_offence,
+)
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import Outcome, Validation, ValidationSettings
 from gpuhealth.catalog import xid as catalog
@@ -87,6 +106,7 @@ class GPU:
     drained: bool
     taint_rule: str
     facts_clean: bool  # the agent's facts (fresh) show no fault a reset or reboot clears
+    plugin: bool = False  # held out on the device-plugin route: no rule, the plugin or the gpu-out taint holds it
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,13 @@ class Observed:
     rejected: bool = False  # a human rejected it (gpuhealth.dev/reject[-gpu])
     repairs: tuple[Attempt, ...] = ()  # the GPU's earlier attempts, by its UUID (status.repairs)
     repeat: RepeatSettings | None = None  # spec.remediation.repeatOffenders (None: not counted)
+    # The device-plugin route: the Node's allocatable does not show the GPU (the plugin still withholds
+    # it), in words; whether its probation is over; spec.remediation.devicePlugin's restart and timeout.
+    plugin_withheld: bool = False
+    plugin_counts: str = ""  # "allocatable nvidia.com/gpu 7 of 8"
+    probation_over: bool = False
+    plugin_restart: bool = True
+    plugin_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -118,10 +145,38 @@ class Move:
     start_validation: bool = False  # create the validation Job recorded in ``record.validation``
     validated: tuple[str, float | None] | None = None  # (result, seconds) for gpuhealth_validations_*
     repeat_offender: bool = False  # the GPU went straight to Replace (gpuhealth_repeat_offenders_total)
+    restart_plugin: bool = False  # delete the device plugin's pod recorded in ``record.plugin`` (picked first if none)
 
 
-def _where(gpu: GPU) -> str:
+def _where(gpu: GPU | LadderRecord) -> str:
     return f"GPU {gpu.index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
+
+
+_REPAIRED = frozenset({Phase.SUCCEEDED, Phase.RESTARTING_PLUGIN})  # the step worked; the GPU comes back
+
+
+def awaits_plugin(rec: LadderRecord, withheld: bool) -> bool:
+    """Whether a repaired GPU may not return yet: its step worked (or the device plugin is being
+    restarted for it) and the device plugin still ``withheld`` it (the Node's allocatable short of it).
+    The per-GPU state machine keeps it Recovering past its probation while this holds."""
+    return withheld and rec.phase in _REPAIRED
+
+
+def repaired(rec: LadderRecord) -> bool:
+    """The step worked: the GPU's evidence up to ``finished`` is acknowledged (``DeviceInputs.acknowledged``)."""
+    return rec.phase in _REPAIRED
+
+
+def restart_blocked(rec: LadderRecord, why: str, hint: str, counts: str) -> Move:
+    """The device plugin cannot be restarted for the repaired GPU (``why``): the record says so and keeps
+    watching the Node's allocatable; one Warning Event with what a human can do (``hint``)."""
+    msg = (
+        f"{_where(rec)}: repaired, but the device plugin still withholds it ({counts}) and gpuhealth cannot "
+        f"restart the device plugin: {why}. The GPU stays withheld until the device plugin's pod on the node "
+        f"restarts{f' ({hint})' if hint else ''}; gpuhealth returns it once allocatable shows it"
+    )
+    plugin = replace(rec.plugin or PluginRestart(started=rec.finished), blocked=why[:1024], pod="", uid="")
+    return Move(replace(rec, plugin=plugin, message=msg), events=(("Warning", "DevicePluginNotRestarted", msg),))
 
 
 def _step(steps: tuple[Step, ...], kind: StepKind) -> Step:
@@ -155,9 +210,14 @@ def advance(
         if rec is None:
             return Move(None)
         mttr = None
-        if rec.phase == Phase.SUCCEEDED and gpu.state == DeviceState.IN_SERVICE and rec.fault_since:
+        if rec.phase in _REPAIRED and gpu.state == DeviceState.IN_SERVICE and rec.fault_since:
             mttr = max(0.0, (now - rec.fault_since).total_seconds())
-        return Move(None, back_in_service=mttr)
+        events: tuple[tuple[str, str, str], ...] = ()
+        if rec.phase == Phase.RESTARTING_PLUGIN and gpu.state == DeviceState.IN_SERVICE:
+            counts = obs.plugin_counts or "allocatable"
+            msg = f"{_where(gpu)}: the device plugin offers it again ({counts}); back in service"
+            events = (("Normal", "DevicePluginOffersGPU", msg),)
+        return Move(None, back_in_service=mttr, events=events)
     if rec is None:
         if not steps or gpu.state not in (DeviceState.QUARANTINED, DeviceState.DRAINING):
             return Move(None)
@@ -234,11 +294,51 @@ def advance(
         if rec.started is not None and (now - rec.started).total_seconds() > step.timeout_s:
             return _fail(rec, gpu, steps, Result.TIMED_OUT, now, obs)
         return Move(rec)
-    if rec.phase == Phase.SUCCEEDED:
+    if rec.phase in _REPAIRED:
         relapsed = gpu.state in (DeviceState.QUARANTINED, DeviceState.DRAINING)
         if relapsed and gpu.since is not None and rec.finished is not None and gpu.since > rec.finished:
-            return _fail(rec, gpu, steps, Result.RELAPSED, now, obs)
+            return _fail(replace(rec, plugin=None), gpu, steps, Result.RELAPSED, now, obs)
+        if rec.phase == Phase.RESTARTING_PLUGIN:
+            return _plugin_wait(rec, gpu, obs, now)
+        if gpu.plugin and obs.plugin_withheld and obs.probation_over:
+            return _restart_plugin(rec, gpu, obs, now)
     return Move(rec)
+
+
+def _restart_plugin(rec: LadderRecord, gpu: GPU, obs: Observed, now: dt.datetime) -> Move:
+    """A repaired GPU through its probation that the device plugin still withholds: restart the plugin."""
+    rec = replace(rec, phase=Phase.RESTARTING_PLUGIN, plugin=PluginRestart(started=now))
+    if not obs.plugin_restart:
+        return restart_blocked(rec, "spec.remediation.devicePlugin.restart is false", "", obs.plugin_counts)
+    msg = (
+        f"{_where(gpu)}: repaired and through its probation, but the device plugin still withholds it "
+        f"({obs.plugin_counts}): it holds a GPU Unhealthy until it restarts. Restarting the device plugin's "
+        "pod on the node; the GPU returns once allocatable shows it"
+    )
+    return Move(replace(rec, message=msg), restart_plugin=True, events=(("Normal", "RestartingDevicePlugin", msg),))
+
+
+def _plugin_wait(rec: LadderRecord, gpu: GPU, obs: Observed, now: dt.datetime) -> Move:
+    """The device plugin's restart: the delete (again, after a kill before it was recorded done), then
+    the wait for the Node's allocatable, with one Warning Event past the timeout."""
+    p = rec.plugin or PluginRestart(started=rec.finished)
+    if not obs.plugin_withheld:  # the GPU returns this pass (awaits_plugin no longer holds it)
+        return Move(replace(rec, message=f"{_where(gpu)}: the device plugin offers it again ({obs.plugin_counts})"))
+    if p.blocked:
+        return Move(rec)
+    if not p.deleted:  # not picked yet, or killed between the record and the delete: (pick and) delete now
+        return Move(rec, restart_plugin=True)
+    overdue = p.started is not None and (now - p.started).total_seconds() > obs.plugin_timeout_s
+    if p.timed_out or not overdue:
+        return Move(rec)
+    msg = (
+        f"{_where(gpu)}: repaired, and the device plugin's pod {p.pod} was restarted, but {int(obs.plugin_timeout_s)}s "
+        f"later the device plugin still does not offer the GPU ({obs.plugin_counts}; "
+        "spec.remediation.devicePlugin.returnTimeout). It stays withheld: look at the device plugin's pod on the "
+        "node and its log; gpuhealth returns the GPU once allocatable shows it"
+    )
+    rec = replace(rec, plugin=replace(p, timed_out=True), message=msg)
+    return Move(rec, events=(("Warning", "DevicePluginWithholdsGPU", msg),))
 
 
 def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime) -> Move:
@@ -302,7 +402,8 @@ def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datet
     if obs.manual and not rec.approved and step.kind in (StepKind.GPU_RESET, StepKind.NODE_REBOOT):
         return _await_approval(rec, gpu, f"{step.kind}", now)
     if step.kind == StepKind.GPU_RESET:
-        if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and gpu.taint_rule and obs.may_start):
+        held = bool(gpu.taint_rule) or gpu.plugin  # its DeviceTaintRule, or the device-plugin route's hold
+        if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and held and obs.may_start):
             # Nothing to record before the first step runs, unless a human approved it already.
             return Move(rec if rec.history or rec.approved else None)
         rec = replace(rec, phase=Phase.PENDING, started=now, finished=None, approved=False)

@@ -64,7 +64,7 @@ def time_dependent(
 # GPU states that no clock moves: they change with the agent's facts, a release, or a ladder step.
 _STEADY_GPU = frozenset({DeviceState.IN_SERVICE, DeviceState.QUARANTINED, DeviceState.AWAITING_REPAIR})
 # A ladder step that waits on time: its preconditions, its Job, or the facts after it (timeouts).
-_LADDER_WAITS = frozenset({Phase.READY, *IN_FLIGHT})
+_LADDER_WAITS = frozenset({Phase.READY, Phase.RESTARTING_PLUGIN, *IN_FLIGHT})
 
 
 def _steady_hold_out(rec: Record, status: Mapping[str, Any]) -> bool:

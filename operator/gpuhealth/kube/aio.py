@@ -90,6 +90,9 @@ class AsyncKube:
     async def delete_job(self, namespace: str, name: str) -> None:
         await self.run(self.sync.delete_job, namespace, name)
 
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        await self.run(self.sync.delete_pod, namespace, name, uid)
+
     # -- DRA -------------------------------------------------------------------------------------
 
     async def list_resource_claims(self) -> list[Body]:

@@ -34,6 +34,16 @@ class JobCalls:
             )
         )
 
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one pod, gracefully, only if it is still the one with ``uid`` (the device plugin's
+        pod after a repair, its DaemonSet makes a new one): 409 if a pod of that name is another, 404 if
+        it is gone, which callers treat as done."""
+        drained(
+            client.CoreV1Api(self.api).delete_namespaced_pod(
+                name, namespace, body={"preconditions": {"uid": uid}}, _preload_content=False
+            )
+        )
+
     def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         """The pods the API has on ``node`` right now (a reset's last check, not the cache)."""
         resp = client.CoreV1Api(self.api).list_pod_for_all_namespaces(

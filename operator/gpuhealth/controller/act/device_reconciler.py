@@ -43,7 +43,7 @@ from typing import Any
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import Placement, PluginNode, place
-from gpuhealth.actions.plugin_hold import kept_off_by, kept_off_words
+from gpuhealth.actions.plugin_hold import kept_off_by, kept_off_words, still_withheld
 from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_to_status
 from gpuhealth.api.names import (
@@ -67,7 +67,7 @@ from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.device_view import node_view
 from gpuhealth.evaluation.devices import DeviceInputs, DeviceVerdict, decide_devices, slow_gpu
 from gpuhealth.evaluation.findings import Assessment, Finding
-from gpuhealth.evaluation.ladder import holds
+from gpuhealth.evaluation.ladder import awaits_plugin, holds, repaired
 from gpuhealth.evaluation.peers import Group, groups, with_peers
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.events import EventSink
@@ -221,6 +221,11 @@ class DeviceReconciler(DeviceRules):
             if d.get("phase") == "Completed" and i in prior and drain_is_current(d, prior[i])
         )
         ladders = p.found.ladders if policy.remediation.enabled else {}
+        # A repaired GPU on the device-plugin route returns only once the device plugin offers it again.
+        withheld = still_withheld(p.node, sum(1 for r in prior.values() if r.via_plugin and r.out_of_service))
+        plugin_held = frozenset(
+            i for i, r in ladders.items() if i in prior and prior[i].via_plugin and awaits_plugin(r, withheld)
+        )
         inputs = DeviceInputs(
             fresh=not a.unknown,
             gpu_budget=gpu_budget,
@@ -229,10 +234,11 @@ class DeviceReconciler(DeviceRules):
             released=released,
             uuids=uuids,
             replace=frozenset(i for i, r in ladders.items() if r.step == StepKind.REPLACE) - released,
-            acknowledged={i: r.finished for i, r in ladders.items() if r.phase == Phase.SUCCEEDED and r.finished},
+            acknowledged={i: r.finished for i, r in ladders.items() if repaired(r) and r.finished},
             validating=frozenset(
                 i for i, r in ladders.items() if holds(r, policy.validation) and r.phase != Phase.READY
-            ),
+            )
+            | plugin_held,
             validation_failed={
                 i: (r.validation.findings if r.validation else "") or "no result"
                 for i, r in ladders.items()

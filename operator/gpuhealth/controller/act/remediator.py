@@ -51,6 +51,19 @@ Repeat offenders: each attempt a record adds to its history is also appended, in
 patch, to ``status.repairs["<GPU UUID>"]`` (bounded: ``MAX_REPAIRS`` per GPU, ``MAX_REPAIR_GPUS``
 GPUs), which the ladder reads back as the GPU's earlier repairs whatever its index.
 
+The device-plugin route (a GPU held out with no DRA device: ``DeviceRecord.via_plugin``): its hold is
+the device plugin's withholding or gpuhealth's ``gpu-out`` node taint, re-read from the Node right
+before a reset or a validation, and the pods that hold it are those the agent's report names, matched
+against the pods the API has on the node. Once its repair worked and its probation is over, a GPU the
+plugin still withholds (the Node's allocatable short of it) gets the plugin restarted, in the same
+write-ahead order: the plugin's pod (``actions/plugin_restart.py``) recorded by name and uid in
+``status.remediation["<index>"].plugin``, then deleted with that uid as its precondition (404 or 409:
+it is gone already, never the DaemonSet's new pod), then ``deleted: true``. Killed in between, the
+restarted operator deletes the recorded pod once more (404: done). No pod, no permission (403) or a
+taint its DaemonSet would not tolerate: nothing is deleted, the record's ``blocked`` and message and a
+``DevicePluginNotRestarted`` Event say that the GPU stays withheld until the plugin restarts. The GPU
+returns only once the Node's allocatable shows it (``evaluation/ladder.py`` ``awaits_plugin``).
+
 Human approval (``approval: Manual``): a record in ``PendingApproval`` consumes the Node's approve or
 reject annotation (``api/remediation_status.py`` ``Approvals``) only by writing itself past that phase
 (``approved`` recorded, or the Job's name); the node reconciler removes the annotation only after
@@ -67,11 +80,16 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from gpuhealth.actions import validation_jobs
 from gpuhealth.actions.ladder_patches import entry_patch, repairs_patch
+from gpuhealth.actions.plugin_hold import gpu_out_tainted, offered_words, still_withheld
+from gpuhealth.actions.plugin_restart import plugin_pod, restart_hint
 from gpuhealth.actions.remediation_jobs import build_reset_job, job_name
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
+from gpuhealth.api.nodes import plugin_withholds
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import Approval, StepKind
@@ -88,7 +106,7 @@ from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.state.running import RunningIndex
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
-from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, steps_for
+from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, restart_blocked, steps_for
 from gpuhealth.evaluation.peers import REREAD_TIMEOUT_S, awaiting_reread, needs_peers_idle, p2p_drain, peers_of
 from gpuhealth.kube.aio import AsyncKube
 from gpuhealth.kube.events import EventSink
@@ -174,6 +192,8 @@ class Remediator:
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.approval == Approval.MANUAL
         calls = p.approvals if not dry else Approvals()
+        plugin_out = sum(1 for r in records if r.via_plugin and r.out_of_service)
+        counts = offered_words(p.node)
         for dev in sorted(records, key=lambda r: r.index):
             lad = ladders.get(dev.index)
             if lad is None and (not dev.out_of_service or dev.instances):
@@ -202,6 +222,7 @@ class Remediator:
                 drained=dev.drained,
                 taint_rule=dev.taint_rule,
                 facts_clean=fresh and facts_clean(facts),
+                plugin=dev.via_plugin,
             )
             job = ""
             if lad is not None and lad.job and lad.phase in (Phase.PENDING, Phase.RUNNING):
@@ -219,7 +240,7 @@ class Remediator:
                 and next_kind == StepKind.GPU_RESET
                 and dev.state == DeviceState.QUARANTINED
                 and dev.drained
-                and dev.taint_rule
+                and (dev.taint_rule or dev.via_plugin)
             ):
                 may_start, handover = await self._may_start(p, node, dev, peers or (), records)
             verdict: tuple[Outcome, str] | None = None
@@ -239,9 +260,10 @@ class Remediator:
                     or (approved and lad.validation is not None)
                 )
             ):
-                may_validate, handover = await self._may_validate(name, policy, dev)
+                may_validate, handover = await self._may_validate(p, dev, records)
             uuid = (lad.uuid if lad is not None else "") or dev.uuid  # the GPU the ladder is for
             earlier = tuple(r.attempt for r in repairs.get(uuid, ())) if uuid else ()
+            healthy = dev.healthy_since if dev.state == DeviceState.RECOVERING else None
             obs = Observed(
                 job,
                 may_start,
@@ -255,6 +277,11 @@ class Remediator:
                 rejected=rejected,
                 repairs=earlier,
                 repeat=settings.repeat,
+                plugin_withheld=dev.via_plugin and still_withheld(p.node, plugin_out),
+                plugin_counts=counts,
+                probation_over=healthy is not None and (now - healthy).total_seconds() >= policy.probation_s,
+                plugin_restart=settings.device_plugin.restart,
+                plugin_timeout_s=settings.device_plugin.return_timeout_s,
             )
             move = advance(lad, gpu, steps, obs, now, policy.validation)
             if lad is None and move.record is not None and needs_peers_idle(facts) and peers is None:
@@ -271,6 +298,10 @@ class Remediator:
                 self._reserved_validations.discard((name, dev.index))
             if move.record is not None and move.record.in_flight:
                 again = soonest(again, POLL_S)
+            elif move.record is not None and move.record.phase == Phase.RESTARTING_PLUGIN and move.record.plugin:
+                # Allocatable comes back with a Node event; until the timeout it is also looked at.
+                plugin = move.record.plugin
+                again = soonest(again, None if plugin.blocked or plugin.timed_out else POLL_S)
             elif move.record is not None and move.record.phase == Phase.HANDED_OFF:
                 again = soonest(again, HANDOFF_POLL_S)
         return again
@@ -311,6 +342,18 @@ class Remediator:
                 self._block(name, dev.index, why)
                 return  # the record stays where it was: the GPU stays held out, the next pass tries again
             rec = replace(rec, validation=replace(v, job=f"{settings.namespace}/{vname}"))
+        if move.restart_plugin and rec is not None and rec.plugin is not None and not rec.plugin.pod:
+            # The device plugin's pod on the node, picked right before the record names it.
+            plugin, restart = settings.device_plugin, rec.plugin
+            pods = await self.kube.list_pods_on_node(name)
+            pod, why = plugin_pod(pods, plugin, p.node, name)
+            if pod is None:
+                move = restart_blocked(rec, why, restart_hint(plugin, name), offered_words(p.node))
+                rec = move.record
+            else:
+                meta = pod["metadata"]
+                picked = replace(restart, pod=f"{meta.get('namespace')}/{meta.get('name')}", uid=str(meta["uid"]))
+                rec = replace(rec, plugin=picked)
         if rec != lad:
             # 1. the write-ahead record, and the attempts it adds in the GPU's history by UUID
             await self._write(name, dev.index, entry_patch(rec, old), repairs_patch(repairs, dev, lad, rec))
@@ -323,9 +366,13 @@ class Remediator:
                 message += f", Job {rec.job}"
             if reason == "ValidationStarted" and rec is not None and rec.validation is not None:
                 message += f", Job {rec.validation.job}"
+            if reason == "RestartingDevicePlugin" and rec is not None and rec.plugin is not None:
+                message += f": pod {rec.plugin.pod}"
             self._event(name, type_, reason, message)
         if move.stop_job:
             await self.jobs.delete(move.stop_job)
+        if move.restart_plugin and rec is not None and rec.plugin is not None and rec.plugin.pod:
+            await self._restart_plugin(p, dev, rec, old)
         if body is not None and rec is not None:
             await self.jobs.create(body, partial(self._block, name, dev.index))  # 2. the Job, under the recorded name
             running = replace(rec, phase=Phase.RUNNING)
@@ -348,6 +395,32 @@ class Remediator:
             # Blocked once, announced once: a GPU waiting for its holder to leave is passed over on
             # every sweep, and only a new reason (or a reset that finally starts) is news.
             self._blocked.pop((name, dev.index), None)
+
+    async def _restart_plugin(
+        self, p: NodePass, dev: DeviceRecord, rec: LadderRecord, old: Mapping[str, Any] | None
+    ) -> None:
+        """2. delete the recorded pod of the device plugin (its uid the precondition), 3. record it done."""
+        assert rec.plugin is not None
+        namespace, _, pod = rec.plugin.pod.partition("/")
+        try:
+            await self.kube.delete_pod(namespace, pod, rec.plugin.uid)
+        except ApiException as e:
+            if e.status == 403:
+                why = (
+                    f"the operator may not delete pods in namespace {namespace} (403 Forbidden: docs/install.md, "
+                    "the device plugin's restart)"
+                )
+                plugin = p.policy.remediation.device_plugin
+                move = restart_blocked(rec, why, restart_hint(plugin, p.name), offered_words(p.node))
+                if move.record is not None:
+                    await self._write(p.name, dev.index, entry_patch(move.record, old))
+                for type_, reason, message in move.events:
+                    self._event(p.name, type_, reason, message)
+                return
+            if e.status not in (404, 409):  # 404 gone, 409 another pod of that name: restarted already
+                raise
+        done = replace(rec, plugin=replace(rec.plugin, deleted=True))
+        await self._write(p.name, dev.index, entry_patch(done, old))  # 3.
 
     def _block(self, name: str, index: int, why: str, what: str = "reset") -> None:
         if self._blocked.get((name, index)) != why:
@@ -383,7 +456,7 @@ class Remediator:
             if (r := by_index.get(p)) is None
             or r.state != DeviceState.QUARANTINED
             or not r.drained
-            or not r.taint_rule
+            or not (r.taint_rule or r.via_plugin)
             or not r.out_of_service
         ]
         if node.state in OUT_OF_SERVICE:
@@ -402,16 +475,17 @@ class Remediator:
             else:
                 self._reserved.add((name, dev.index))
         if not why:
-            why, handover = await self._held_and_free(dev, [by_index[p] for p in peers])
+            why, handover = await self._held_and_free(p, dev, [by_index[i] for i in peers], records)
         if why:
             self._reserved.discard((name, dev.index))
             self._block(name, dev.index, why)
             return False, handover
         return True, False
 
-    async def _may_validate(self, name: str, policy: Policy, dev: DeviceRecord) -> tuple[bool, bool]:
+    async def _may_validate(self, p: NodePass, dev: DeviceRecord, records: Sequence[DeviceRecord]) -> tuple[bool, bool]:
         """A validation's preconditions: under the policy's limit, the GPU held out and free (and, as
         for a reset, whether only a stale reservation blocks it)."""
+        name, policy = p.name, p.policy
         why = ""
         handover = False
         async with self._lock:
@@ -420,18 +494,22 @@ class Remediator:
             else:
                 self._reserved_validations.add((name, dev.index))
         if not why:
-            why, handover = await self._held_and_free(dev)
+            why, handover = await self._held_and_free(p, dev, (), records)
         if why:
             self._reserved_validations.discard((name, dev.index))
             self._block(name, dev.index, why, "validation")
             return False, handover
         return True, False
 
-    async def _held_and_free(self, dev: DeviceRecord, peers: Sequence[DeviceRecord] = ()) -> tuple[str, bool]:
+    async def _held_and_free(
+        self, p: NodePass, dev: DeviceRecord, peers: Sequence[DeviceRecord] = (), records: Sequence[DeviceRecord] = ()
+    ) -> tuple[str, bool]:
         """Re-read from the API: the GPU's rule holds it out, and no pod holds its device; the same of
         each of its NVLink ``peers`` (P2P-aware repair), from one read of rules, claims and pods. Returns
         why not (``""``: it may go ahead), and whether only claims reserved for pods not on the node hold
         them: a pod that left with its claim not yet released, or one the scheduler has yet to bind."""
+        if dev.via_plugin:
+            return await self._plugin_held_and_free(p, dev, peers, records), False
         rules = {r["metadata"]["name"]: r for r in await self.kube.list_device_taint_rules()}
         refs: list[tuple[str, DeviceRef]] = []
         for d, whose in ((dev, ""), *((p, f"its NVLink peer GPU {p.index}: ") for p in peers)):
@@ -458,6 +536,33 @@ class Remediator:
             if holding:
                 return f"{whose}pod {', '.join(holding)} holds its device {ref}", not on_node.intersection(holding)
         return "", False
+
+    async def _plugin_held_and_free(
+        self, p: NodePass, dev: DeviceRecord, peers: Sequence[DeviceRecord], records: Sequence[DeviceRecord]
+    ) -> str:
+        """The device-plugin route's preconditions, re-read from the API: the Node keeps new work off the
+        GPUs held out this way (gpuhealth's ``gpu-out`` taint, or the device plugin withholds them all),
+        and none of the pods the agent's report names as holding the GPU (or a peer) is still on the node."""
+        if p.report is None or p.report.pod_resources is None or not p.report.pod_resources.available:
+            return "the agent's report does not say which pods hold it (spec.podResources)"
+        node = await self.kube.get_node(p.name)
+        out = sum(1 for r in records if r.via_plugin and r.out_of_service) or 1
+        if not gpu_out_tainted(node) and not plugin_withholds(node, out):
+            return (
+                f"new work is not kept off it yet: the device plugin does not withhold it ({offered_words(node)}) "
+                "and the node has no gpuhealth.dev/gpu-out taint"
+            )
+        pods = await self.kube.list_pods_on_node(p.name)
+        live = {
+            f"{q['metadata'].get('namespace', '')}/{q['metadata']['name']}"
+            for q in pods
+            if (q.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        }
+        for d, whose in ((dev, ""), *((q, f"its NVLink peer GPU {q.index}: ") for q in peers)):
+            holding = sorted({f"{h.namespace}/{h.name}" for h in p.report.holders(d.index)} & live)
+            if holding:
+                return f"{whose}pod {', '.join(holding)} holds it (the kubelet's pod-resources, as the agent reports)"
+        return ""
 
     async def _write(
         self, name: str, index: int, entry: Mapping[str, Any] | None, repairs: Mapping[str, Any] | None = None
