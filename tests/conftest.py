@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 
-HOST_MODULES = frozenset({"test_real_node.py", "test_agent_pod_resources.py", "test_cluster_down.py"})
+HOST_MODULES = frozenset(
+    {"test_real_node.py", "test_agent_pod_resources.py", "test_device_plugin.py", "test_cluster_down.py"}
+)
 
 TESTS = Path(__file__).resolve().parent
 HACK = TESTS.parent / "hack"
 # Module (under tests/) -> the build scripts it needs beyond the control plane (what
-# devkit/{tools,kueue,realnode}.py run).
+# devkit/{tools,kueue,realnode,nvidia_plugins}.py run).
 BEHIND: dict[str, tuple[str, ...]] = {
     "alerts/test_alert_rules.py": ("build-tools.sh",),
     "integration/test_chart.py": ("build-tools.sh",),
@@ -37,6 +39,12 @@ BEHIND: dict[str, tuple[str, ...]] = {
     "integration/test_kueue.py": ("build-kueue.sh",),
     "integration/test_real_node.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
     "integration/test_agent_pod_resources.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
+    "integration/test_device_plugin.py": (
+        "build-tools.sh",
+        "build-node.sh",
+        "build-image.sh",
+        "build-nvidia-plugins.sh",
+    ),
     # The host group's other module: the group is scheduled whole, so it goes last whole.
     "integration/test_cluster_down.py": ("build-node.sh",),
 }
