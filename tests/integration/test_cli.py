@@ -15,8 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
+from devkit import dra
 from devkit.cluster import LocalCluster
-from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for
+from devkit.k8s import (
+    Kube,
+    OperatorProcess,
+    ensure_namespace,
+    healthy_spec,
+    service_account_token,
+    token_kubeconfig,
+    wait_for,
+)
 from devkit.k8s import xid_event as xid
 from tests.integration.conftest import make_nodes, policy_spec
 
@@ -311,3 +322,127 @@ def test_a_merged_kubeconfig_list_works_for_plugin_and_operator(
         assert "watching" in log.read_text() and "Traceback" not in log.read_text()
     finally:
         op.stop()
+
+
+GPU = "nvidia.com/gpu"
+
+
+def _with_kubelet_health(kube: Kube, ns: str, name: str, resource_id: str, health: str) -> dict[str, Any]:
+    """Write the pod's status as a kubelet with KEP-4680 does: its container's allocatedResourcesStatus
+    (containerStatuses is an atomic list, so the whole list goes back), through the status subresource."""
+    pod = kube.api.sanitize_for_serialization(kube.core.read_namespaced_pod(name, ns))
+    statuses = pod["status"]["containerStatuses"]
+    for cs in statuses:
+        cs["allocatedResourcesStatus"] = [{"name": GPU, "resources": [{"resourceID": resource_id, "health": health}]}]
+    kube.core.patch_namespaced_pod_status(name, ns, {"status": {"containerStatuses": statuses}})
+    back = kube.api.sanitize_for_serialization(kube.core.read_namespaced_pod(name, ns))
+    return back["status"]["containerStatuses"][0]  # type: ignore[no-any-return]
+
+
+def _reader_kubeconfig(cluster: LocalCluster, kube: Kube, group: str, ns: str, tmp_path: Path) -> Path:
+    """An on-call user who reads gpuhealth's objects and Nodes, and pods only in ``ns``."""
+    name = f"oncall-{group}"[:60]
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": name}})
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rules = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["gpuhealth.dev"], "resources": ["gpunodehealths", "gpuhealthpolicies"], "verbs": ["get"]},
+    ]
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": subject,
+        }
+    )
+    rbac.create_namespaced_role(
+        ns, {"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": subject,
+        },
+    )
+    return token_kubeconfig(cluster, service_account_token(kube, ns, name), tmp_path / "oncall.kubeconfig")
+
+
+def test_describe_shows_the_kubelets_health_of_a_held_out_gpu_beside_gpuhealths(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, group: str, tmp_path: Path
+) -> None:
+    """A device-plugin node: GPU 2 (time-sliced) held by three pods and one that is gone; the kubelet
+    reports one pod's GPU 2 Unhealthy, another pod's container carries no allocatedResourcesStatus,
+    the third pod is in a namespace the on-call user may not read."""
+    (node,) = make_nodes(cluster, group, 1)
+    ns = ensure_namespace(kube, f"kh-{group}"[:60])
+    other = ensure_namespace(kube, f"kh2-{group}"[:60])
+    # ECC is not fatal: none-mode pods may run on for maxWait, so the pods are there while GPU 2 drains.
+    kube.apply_policy(
+        group,
+        policy_spec(
+            group, safety={"maxUnhealthyGPUs": 8}, actions={"drain": {"checkpointMode": "none", "maxWait": "1h"}}
+        ),
+    )
+    pods = [(ns, "on-gpu-2"), (ns, "shares-gpu-2"), (other, "other-team"), (ns, "on-gpu-0")]
+    for pns, name in pods:
+        kube.core.create_namespaced_pod(pns, dra.extended_resource_pod(pns, name, node, GPU))
+
+    def running() -> bool:
+        return all(kube.core.read_namespaced_pod(n, p).status.phase == "Running" for p, n in pods)
+
+    wait_for(running, timeout=60, what=f"the pods running on {node}")
+    spec = healthy_spec()
+    spec["podResources"] = {"available": True}
+    uuid2 = spec["devices"][2]["uuid"]
+    holds = {0: [(ns, "on-gpu-0")], 2: [*pods[:3], (ns, "gone")]}
+    for d in spec["devices"]:
+        d["pods"] = [
+            {"namespace": p, "name": n, "container": "main", "resource": GPU} for p, n in holds.get(d["index"], [])
+        ]
+    # The API server keeps the field (ResourceHealthStatus is on by default in 1.37), a replica's ID included.
+    kept = _with_kubelet_health(kube, ns, "on-gpu-2", f"{uuid2}::1", "Unhealthy")
+    assert kept["allocatedResourcesStatus"][0]["resources"] == [{"resourceID": f"{uuid2}::1", "health": "Unhealthy"}]
+    _with_kubelet_health(kube, ns, "on-gpu-0", spec["devices"][0]["uuid"], "Healthy")
+    kube.put_report(node, spec)
+    wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="healthy")
+    spec["devices"][2]["ecc"]["volatileUncorrected"] = 1
+    kube.put_report(node, spec)
+
+    def held() -> bool:
+        devices = (kube.report(node).get("status") or {}).get("devices") or []
+        return any(d["index"] == 2 and d.get("keptOffBy") and d["state"] != "InService" for d in devices)
+
+    wait_for(held, timeout=30, what="GPU 2 held out on the device-plugin route")
+
+    text = ok(plugin(cluster, "describe", node))
+    section = text[text.index("Pods on held-out GPUs") :].split("\n\n")[0]
+    rows = {ln.split()[3]: ln for ln in section.splitlines()[2:] if ln.startswith("  2 ")}
+    assert set(rows) == {f"{ns}/on-gpu-2", f"{ns}/shares-gpu-2", f"{other}/other-team", f"{ns}/gone"}, section
+    assert "(EccUncorrected)" in rows[f"{ns}/on-gpu-2"] and rows[f"{ns}/on-gpu-2"].split()[-2:] == ["main", "Unhealthy"]
+    assert rows[f"{ns}/shares-gpu-2"].endswith("not reported by the kubelet")
+    assert rows[f"{ns}/gone"].endswith("pod not found (gone)")
+    assert f"{ns}/on-gpu-0" not in section  # GPU 0 is in service
+    model = json.loads(ok(plugin(cluster, "describe", node, "-o", "json")))
+    by_pod = {f"{r['namespace']}/{r['name']}": r for r in model["kubeletHealth"]}
+    assert by_pod[f"{ns}/on-gpu-2"]["kubelet"]["health"] == "Unhealthy"
+    assert by_pod[f"{ns}/on-gpu-2"]["kubelet"]["resourceIds"] == [f"{uuid2}::1"]
+    assert by_pod[f"{other}/other-team"]["kubelet"]["health"] is None
+
+    # An on-call user who may read pods in one namespace only: the other pod is a row, not a failure.
+    kc = _reader_kubeconfig(cluster, kube, group, ns, tmp_path)
+    proc = subprocess.run(
+        [str(PLUGIN), "--kubeconfig", str(kc), "describe", node],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        check=False,
+    )
+    text = ok(proc)
+    line = next(ln for ln in text.splitlines() if f"{other}/other-team" in ln)
+    assert "cannot read the pod:" in line and "Forbidden (403)" in line
+    assert next(ln for ln in text.splitlines() if f"{ns}/on-gpu-2" in ln).endswith("Unhealthy")
