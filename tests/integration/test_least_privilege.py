@@ -58,6 +58,7 @@ OPERATOR_CAN = [
     *[(v, "nodes", None, "") for v in ("get", "list", "watch", "patch")],
     ("patch", "nodes", None, "status"),
     *[(v, "pods", ALL, "") for v in ("list", "watch", "patch", "delete")],
+    ("delete", "pods", "gpu-operator", ""),  # the device plugin's pod after a repair (spec.remediation.devicePlugin)
     ("create", "pods", ALL, "eviction"),
     ("create", "events", "default", ""),
     *[(v, REPORTS, None, "") for v in ("get", "list", "watch", "create", "delete")],

@@ -88,6 +88,7 @@ def ladder_view(
             "message": rec.message or None,
             "validation": _validation(rec),
             "approved": rec.approved or None,
+            "plugin": _plugin(rec, now),
             "history": [
                 {
                     "step": str(a.step),
@@ -119,6 +120,21 @@ def _validation(rec: LadderRecord) -> dict[str, Any] | None:
         "finishedAt": _t(v.finished),
         "durationSeconds": _secs(v.started, v.finished),
         "findings": v.findings or None,
+    }
+
+
+def _plugin(rec: LadderRecord, now: dt.datetime) -> dict[str, Any] | None:
+    """The device plugin's restart for a repaired GPU it still withholds (phase RestartingPlugin)."""
+    p = rec.plugin
+    if p is None:
+        return None
+    return {
+        "pod": p.pod or None,
+        "deleted": p.deleted,
+        "blocked": p.blocked or None,
+        "timedOut": p.timed_out,
+        "startedAt": _t(p.started),
+        "ageSeconds": _secs(p.started, now),
     }
 
 

@@ -78,6 +78,9 @@ def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
             out.append("    " + field("Validated", text, 10))
             if v.get("findings"):
                 out.append("    " + field("Findings", str(v["findings"]), 10))
+        plugin = r.get("plugin")
+        if isinstance(plugin, Mapping):
+            out.append("    " + field("Plugin", plugin_text(plugin), 10))
         if r.get("faultSince"):
             out.append("    " + field("Out since", f"{r['faultSince']} ({age_of(r['faultSince'], now)} ago)", 10))
         history = r.get("history") or []
@@ -96,3 +99,16 @@ def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
         else:
             out.append("    (no attempt finished yet)")
     return out
+
+
+def plugin_text(p: Mapping[str, Any]) -> str:
+    """The device plugin's restart for a repaired GPU it still withholds, in one line."""
+    if p.get("blocked"):
+        return f"not restarted: {p['blocked']}; the GPU stays withheld until the device plugin restarts"
+    pod = shown(p.get("pod"), "its pod")
+    if not p.get("deleted"):
+        return f"restarting {pod}"
+    ago = f" {human_age(p['ageSeconds'])} ago" if p.get("ageSeconds") is not None else ""
+    if p.get("timedOut"):
+        return f"{pod} restarted{ago}, and allocatable still does not show the GPU (returnTimeout passed)"
+    return f"{pod} restarted{ago}; the GPU returns once allocatable shows it"

@@ -227,3 +227,29 @@ def test_a_burn_in_hold_reads_as_not_in_service() -> None:
     passed = report("c", "Healthy", nodeValidation={**nv, "result": "Passed", "held": False})
     fleet = summarize([node("c")], [passed], [policy()], NOW)
     assert "burn-in hold" not in render_status(fleet) and fleet.totals.out_nodes == 0
+
+
+def test_describe_says_a_repaired_gpu_stays_withheld_until_the_device_plugin_restarts() -> None:
+    why = (
+        "no pod of the device plugin (namespace gpu-operator, labels app=nvidia-device-plugin-daemonset) runs on node a"
+    )
+    blocked = {
+        "step": "GPUReset",
+        "attempt": 1,
+        "phase": "RestartingPlugin",
+        "reason": "XID48",
+        "message": "GPU 2: repaired, but the device plugin still withholds it (allocatable nvidia.com/gpu 7 of 8)",
+        "plugin": {"startedAt": ago(90), "blocked": why},
+    }
+    m = _describe({"2": blocked})
+    (lad,) = m["remediation"]
+    assert lad["phase"] == "RestartingPlugin" and lad["plugin"]["blocked"] == why and lad["plugin"]["ageSeconds"] == 90
+    text = render_describe(m)
+    assert f"Plugin:    not restarted: {why}; the GPU stays withheld until the device plugin restarts" in text
+    assert "step GPUReset 1/2 RestartingPlugin" in text and "allocatable nvidia.com/gpu 7 of 8" in text
+    waiting = {**blocked, "plugin": {"startedAt": ago(20), "pod": "gpu-operator/dp-a1", "uid": "u", "deleted": True}}
+    text = render_describe(_describe({"2": waiting}))
+    assert "Plugin:    gpu-operator/dp-a1 restarted 20s ago; the GPU returns once allocatable shows it" in text
+    timed = {**waiting, "plugin": {**waiting["plugin"], "timedOut": True}}
+    assert "allocatable still does not show the GPU (returnTimeout passed)" in render_describe(_describe({"2": timed}))
+    assert _describe({"3": RESETTING})["remediation"][0]["plugin"] is None
