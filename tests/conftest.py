@@ -23,9 +23,7 @@ from pathlib import Path
 
 import pytest
 
-HOST_MODULES = frozenset(
-    {"test_real_node.py", "test_agent_pod_resources.py", "test_device_plugin.py", "test_cluster_down.py"}
-)
+HOST_MODULES = frozenset({"test_real_node.py", "test_device_plugin.py", "test_cluster_down.py"})
 
 TESTS = Path(__file__).resolve().parent
 HACK = TESTS.parent / "hack"
@@ -38,7 +36,6 @@ BEHIND: dict[str, tuple[str, ...]] = {
     "integration/test_agent_sidecar.py": ("build-tools.sh",),
     "integration/test_kueue.py": ("build-kueue.sh",),
     "integration/test_real_node.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
-    "integration/test_agent_pod_resources.py": ("build-tools.sh", "build-node.sh", "build-image.sh"),
     "integration/test_device_plugin.py": (
         "build-tools.sh",
         "build-node.sh",

@@ -8,7 +8,9 @@ GPUs with the real kubelet, which allocates one to a real pod by its UUID; an XI
 fake's scenario reaches the plugin through nvmlEventSetWait as it reaches the agent, the plugin marks
 that GPU Unhealthy and the kubelet withholds it, until the plugin's pod restarts ("there is no way to
 recover from the Unhealthy state"). GFD's ``nvidia.com/gpu.clique`` is the fake's fabric
-``<clusterUuid>.<cliqueId>``, put on the Node by the stand-in for Node Feature Discovery.
+``<clusterUuid>.<cliqueId>``, put on the Node by the stand-in for Node Feature Discovery. gpuhealth's
+agent, installed with ``agent.podResources.enabled`` (uid 0 without capabilities, the kubelet's socket
+being root's alone), names each pod under the UUID of the GPU the plugin gave it.
 
 One node for the module; the tests run in order and share it.
 """
@@ -16,17 +18,21 @@ One node for the module; the tests run in order and share it.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devkit import nvidia_plugins as nv
 from devkit.dra import fake_nvml_uuid
-from devkit.k8s import holds, wait_for
+from devkit.k8s import GROUP, VERSION, Kube, holds, wait_for
 from devkit.realnode import RUNTIME_CLASS, Installed, RealNode
 from devkit.realnode_host import STATE
+from gpuhealth.api.report import PodHold, parse_report
 
 CLUSTER_UUID = "6e0e8f2a-5c1b-4d3e-9f70-3a1b2c4d5e6f"
 CLIQUE = 32766  # the cliqueId GB200 racks report; the cluster UUID tells such racks apart
@@ -100,6 +106,66 @@ def test_a_pod_asking_for_one_gpu_runs_with_the_uuid_of_one_gpu_of_the_fake(env:
     _, uuids = wait_for(lambda: running_with_gpus(env, "one-gpu"), timeout=90, what="the GPU pod Running")
     assert len(uuids) == 1 and uuids[0] in FAKE_UUIDS, uuids
     env.gpu = FAKE_UUIDS.index(uuids[0])
+
+
+def agent_processes() -> list[dict[str, str]]:
+    """``/proc/<pid>/status`` of each ``gpuhealth-agent`` process running in a pod of the node."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"gpuhealth-agent" in (proc / "cmdline").read_bytes() and "kubepods" in (proc / "cgroup").read_text():
+                lines = (proc / "status").read_text().splitlines()
+                out.append({k: v.strip() for k, _, v in (line.partition(":") for line in lines)})
+        except OSError:
+            continue
+    return out
+
+
+def test_the_installed_agent_names_the_pod_under_its_gpus_uuid(env: Env) -> None:
+    """The agent reads the kubelet's pod-resources socket (agent.podResources, docs/agent.md "Which pods
+    hold each GPU") and names the pod the real plugin gave a GPU under that GPU's UUID, and under no
+    other; a pod that leaves its GPU leaves the report at once."""
+    assert env.gpu >= 0, "runs after the pod's test"
+    # Why the agent container takes uid 0: the kubelet makes the socket's directory 0750 and the socket
+    # 0755, both root's, and connecting needs write permission on the socket.
+    d = env.node.pod_resources_dir
+    dir_st, sock_st = os.stat(d), os.stat(d / "kubelet.sock")
+    assert stat.S_ISSOCK(sock_st.st_mode)
+    assert (dir_st.st_uid, dir_st.st_gid, stat.S_IMODE(dir_st.st_mode)) == (0, 0, 0o750)
+    assert (sock_st.st_uid, stat.S_IMODE(sock_st.st_mode) & 0o022) == (0, 0), "the socket is writable by others"
+    env.installed.install(None, pod_resources=True)  # no policy: gpuhealth only reports here
+    kube = Kube(env.installed.cluster.kubeconfig)
+    # The agent's process on the host: uid 0 with every capability dropped and no new privileges (it
+    # connects as the socket's owner, never by CAP_DAC_OVERRIDE).
+    (proc,) = wait_for(agent_processes, timeout=30, what="the agent's process")
+    assert proc["Uid"].split()[0] == "0", proc["Uid"]
+    assert int(proc["CapEff"], 16) == int(proc["CapPrm"], 16) == int(proc["CapBnd"], 16) == 0, proc
+    assert proc["NoNewPrivs"] == "1"
+
+    def held() -> dict[str, Any] | None:
+        body: dict[str, Any] = kube.custom.get_cluster_custom_object(GROUP, VERSION, "gpunodehealths", env.node.name)
+        spec = body.get("spec") or {}
+        return body if any(d.get("pods") for d in spec.get("devices") or []) else None
+
+    body = wait_for(held, timeout=120, what="the agent's report naming a GPU's pod")
+    assert body["spec"]["podResources"] == {"available": True}
+    report = parse_report(body)
+    holding = {d.uuid: report.holders(d.index) for d in report.devices if report.holders(d.index)}
+    assert holding == {FAKE_UUIDS[env.gpu]: (PodHold(WORKLOADS, "one-gpu", "work", nv.RESOURCE),)}
+    # A second pod on another GPU, named under that one; deleted, it leaves the report.
+    env.node.cluster.apply_objects([gpu_pod(env.plugins.image, "another-gpu")])
+    _, (other,) = wait_for(lambda: running_with_gpus(env, "another-gpu"), timeout=90, what="the second GPU pod")
+    assert other != FAKE_UUIDS[env.gpu]
+
+    def names(uuid: str, pod: str | None) -> bool:
+        body = kube.custom.get_cluster_custom_object(GROUP, VERSION, "gpunodehealths", env.node.name)
+        (device,) = [d for d in body["spec"]["devices"] if d.get("uuid") == uuid]
+        return [p["name"] for p in device.get("pods") or []] == ([pod] if pod else [])
+
+    wait_for(lambda: names(other, "another-gpu"), timeout=60, what=f"another-gpu under {other}")
+    env.node.cluster.kubectl("delete", "pod", "-n", WORKLOADS, "another-gpu", "--wait=false")
+    wait_for(lambda: names(other, None), timeout=60, what=f"another-gpu gone from {other}")
+    assert names(FAKE_UUIDS[env.gpu], "one-gpu")
 
 
 def test_an_xid_48_makes_the_plugin_withhold_that_gpu_until_its_pod_restarts(env: Env) -> None:
