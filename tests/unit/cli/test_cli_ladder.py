@@ -233,7 +233,7 @@ def test_describe_says_a_repaired_gpu_stays_withheld_until_the_device_plugin_res
     why = (
         "no pod of the device plugin (namespace gpu-operator, labels app=nvidia-device-plugin-daemonset) runs on node a"
     )
-    blocked = {
+    blocked: dict[str, Any] = {
         "step": "GPUReset",
         "attempt": 1,
         "phase": "RestartingPlugin",
@@ -247,7 +247,10 @@ def test_describe_says_a_repaired_gpu_stays_withheld_until_the_device_plugin_res
     text = render_describe(m)
     assert f"Plugin:    not restarted: {why}; the GPU stays withheld until the device plugin restarts" in text
     assert "step GPUReset 1/2 RestartingPlugin" in text and "allocatable nvidia.com/gpu 7 of 8" in text
-    waiting = {**blocked, "plugin": {"startedAt": ago(20), "pod": "gpu-operator/dp-a1", "uid": "u", "deleted": True}}
+    waiting: dict[str, Any] = {
+        **blocked,
+        "plugin": {"startedAt": ago(20), "pod": "gpu-operator/dp-a1", "uid": "u", "deleted": True},
+    }
     text = render_describe(_describe({"2": waiting}))
     assert "Plugin:    gpu-operator/dp-a1 restarted 20s ago; the GPU returns once allocatable shows it" in text
     timed = {**waiting, "plugin": {**waiting["plugin"], "timedOut": True}}
