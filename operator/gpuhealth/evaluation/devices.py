@@ -60,8 +60,9 @@ class DeviceInputs:
     # a step that worked acknowledges the GPU's XID evidence up to when it ended.
     replace: frozenset[int] = frozenset()
     acknowledged: Mapping[int, dt.datetime] = field(default_factory=dict)
-    # spec.validation (evaluation/ladder.py ``holds``): GPUs that may not return on probation alone,
-    # and those whose validation failed (back to Quarantined for the next step), with the findings.
+    # spec.validation (evaluation/ladder.py ``holds``): GPUs that may not return on probation alone
+    # (also a repaired GPU the device plugin still withholds, ``awaits_plugin``), and those whose
+    # validation failed (back to Quarantined for the next step), with the findings.
     validating: frozenset[int] = frozenset()
     validation_failed: Mapping[int, str] = field(default_factory=dict)
     # P2P-aware repair (evaluation/peers.py): a faulted GPU with its NVLink peers, admitted as one.

@@ -28,7 +28,9 @@ On a device-plugin node (no slice publishes its GPUs, the Node has ``nvidia.com/
 the agent reads the kubelet's pod-resources API) a GPU is held out without a device: its record says
 how new work is kept off it (``keptOffBy``: the plugin withholds it, or gpuhealth's ``gpu-out``
 taint on the Node, ``actions/plugin_hold.py``), the node reconciler converges that taint with the
-Node, and the device drainer moves the pods the report names as holding it.
+Node, and the device drainer moves the pods the report names as holding it. A repaired GPU there
+stays Recovering past its probation while the device plugin still withholds it (``evaluation/ladder.py``
+``awaits_plugin``): the remediator restarts the plugin, and the GPU returns once allocatable shows it.
 """
 
 from __future__ import annotations
