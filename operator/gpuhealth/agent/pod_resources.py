@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuhealth.agent.model import DeviceFacts
+from gpuhealth.api.kubelet_health import device_uuid
 from gpuhealth.api.report import PodHold, PodResources
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ DEFAULT_TIMEOUT_S = 3.0
 MAX_PODS = 64
 # The kubelet answers every pod of the node in one message: allow more than gRPC's default 4 MiB.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-_REPLICA = "::"
 
 
 @dataclass(frozen=True, order=True)
@@ -57,7 +57,7 @@ class Allocation:
     @property
     def uuid(self) -> str:
         """The device's own ID: a time-sliced or MPS replica's ``::<n>`` taken off."""
-        return self.device_id.split(_REPLICA, 1)[0]
+        return device_uuid(self.device_id)
 
 
 # -- the protobuf wire format (decoding only) --------------------------------------------------------
