@@ -3,7 +3,10 @@
 Ownership is recorded on the Node itself, in the same patch as the action, so it is atomic with it:
 the annotation says which taint and which cordon gpuhealth placed. gpuhealth lifts only those. A
 cordon that was already there belongs to someone else and is never lifted. If someone lifts ours,
-that is recorded (the annotation says so) and not fought.
+that is recorded (the annotation says so) and not fought. Under ``spec.actions.cordon: false``
+(``Marks.cordon`` false) the node is held by the taint alone: the annotation records the episode as
+``taintOnly``, no pass cordons it, and a cordon gpuhealth placed before the setting changed is lifted
+by the next pass; set back to true, the next pass cordons a node held by the taint alone.
 
 Taints have no merge key, so the whole list is rewritten; every patch carries the resourceVersion it
 was computed from, and the API server refuses it (409) if anyone changed the Node in between.
@@ -97,7 +100,9 @@ def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
             if want_cordon:
                 new_unschedulable = True
                 actions.append("cordon")
-            new_owned = Ownership(marks.reason, taint=True, cordon=want_cordon, since=marks.since)
+            new_owned = Ownership(
+                marks.reason, taint=True, cordon=want_cordon, since=marks.since, taint_only=not marks.cordon
+            )
         else:
             taint_on, cordon_on = owned.taint, owned.cordon
             if owned.taint and not ours:
@@ -106,6 +111,21 @@ def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
             if owned.cordon and not unschedulable:
                 lifted.append("cordon")
                 cordon_on = False
+            # The policy's cordon setting changed while the node is held: the next pass converges. Turned
+            # off, the cordon gpuhealth recorded is lifted (the taint holds the node alone); turned back
+            # on, a node held by the taint alone is cordoned as a new episode would be, unless someone
+            # else's cordon is already there or someone lifted gpuhealth's earlier in the episode.
+            if not marks.cordon and cordon_on:
+                new_unschedulable = False
+                actions.append("uncordon")
+                cordon_on = False
+            elif marks.cordon and owned.taint_only:
+                if unschedulable:
+                    foreign_cordon = True
+                elif "cordon" not in owned.lifted_by_others:
+                    new_unschedulable = True
+                    actions.append("cordon")
+                    cordon_on = True
             if taint_on:
                 want = _our_taint(marks)
                 if len(ours) != 1 or {k: ours[0].get(k) for k in ("key", "value", "effect")} != want:
@@ -119,6 +139,7 @@ def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
                 cordon=cordon_on,
                 since=owned.since or marks.since,
                 lifted_by_others=tuple(sorted(set(owned.lifted_by_others) | set(lifted))),
+                taint_only=not marks.cordon,
             )
     else:
         if ours:

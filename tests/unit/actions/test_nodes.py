@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -268,6 +269,15 @@ def test_ownership_json_round_trip() -> None:
     assert "liftedByOthers" not in Ownership("x", True, True).to_json()
 
 
+def test_ownership_records_a_taint_only_episode_and_old_records_read_as_cordon_mode() -> None:
+    own = Ownership("XID79", taint=True, cordon=False, since="t", taint_only=True)
+    assert json.loads(own.to_json())["taintOnly"] is True
+    assert Ownership.parse(own.to_json()) == own
+    # Written only when set: an episode in the default mode keeps the annotation it had before.
+    assert "taintOnly" not in Ownership("x", True, True).to_json()
+    assert Ownership.parse('{"reason":"x","taint":true,"cordon":true,"since":""}') == Ownership("x", True, True)
+
+
 @pytest.mark.parametrize("text", ["[]", "null", "42", "{oops", '"str"'])
 def test_ownership_parse_of_garbage_assumes_taint_only(text: str) -> None:
     assert Ownership.parse(text) == Ownership(reason="", taint=True, cordon=False)
@@ -413,3 +423,101 @@ def test_without_a_condition_to_write_the_plan_goes_to_the_node() -> None:
     cond = plan_condition({"status": {}}, State.HEALTHY, "", "", NOW)
     assert node_writes(None, cond) == (None, cond)
     assert node_writes(None, None) == (None, None)
+
+
+# --- taint-only mode (spec.actions.cordon: false) -------------------------------------------------
+
+TAINT_ONLY = Marks(State.QUARANTINED, quarantine=True, reason="XID79", cordon=False, since="2025-01-01T12:00:00Z")
+
+
+def test_taint_only_episode_is_recorded_as_such() -> None:
+    plan = plan_node(node(), TAINT_ONLY)
+    assert plan.actions == ("taint",)
+    own = owned(apply(node(), plan))
+    assert own == Ownership("XID79", taint=True, cordon=False, since="2025-01-01T12:00:00Z", taint_only=True)
+
+
+def test_taint_only_never_cordons_on_a_later_pass() -> None:
+    """A restarted operator (or any later pass) reads the record and the node stays uncordoned."""
+    q = apply(node(), plan_node(node(), TAINT_ONLY))
+    for marks in (TAINT_ONLY, replace(TAINT_ONLY, state=State.DRAINING), replace(TAINT_ONLY, reason="Ecc")):
+        plan = plan_node(q, marks)
+        assert "cordon" not in plan.actions
+        if plan.patch is not None:
+            q = apply(q, plan)
+        assert not q["spec"].get("unschedulable")
+
+
+def test_turning_taint_only_while_held_lifts_gpuhealths_own_cordon() -> None:
+    q = apply(node(taints=list(FOREIGN)), plan_node(node(taints=list(FOREIGN)), Q))
+    assert q["spec"]["unschedulable"] is True
+    plan = plan_node(q, replace(Q, cordon=False))
+    assert plan.actions == ("uncordon",)
+    assert plan.lifted_by_others == ()
+    after = apply(q, plan)
+    assert "unschedulable" not in after["spec"]
+    assert after["spec"]["taints"] == [*FOREIGN, ours()]
+    assert owned(after) == Ownership("XID79", taint=True, cordon=False, since="2025-01-01T12:00:00Z", taint_only=True)
+    assert plan_node(after, replace(Q, cordon=False)).patch is None
+
+
+def test_turning_taint_only_while_held_keeps_a_cordon_gpuhealth_did_not_set() -> None:
+    n = node(unschedulable=True)  # a human's cordon before the episode
+    q = apply(n, plan_node(n, Q))
+    plan = plan_node(q, replace(Q, cordon=False))
+    assert "uncordon" not in plan.actions
+    after = apply(q, plan) if plan.patch is not None else q
+    assert after["spec"]["unschedulable"] is True
+    # ... nor on return to service.
+    assert apply(after, plan_node(after, LIFT))["spec"]["unschedulable"] is True
+
+
+def test_turning_cordon_back_on_while_held_cordons() -> None:
+    q = apply(node(), plan_node(node(), TAINT_ONLY))
+    plan = plan_node(q, Q)
+    assert plan.actions == ("cordon",)
+    after = apply(q, plan)
+    assert after["spec"]["unschedulable"] is True
+    assert owned(after) == Ownership("XID79", taint=True, cordon=True, since="2025-01-01T12:00:00Z")
+    # ... and that cordon is gpuhealth's to lift on return.
+    lifted = apply(after, plan_node(after, LIFT))
+    assert "unschedulable" not in lifted["spec"]
+
+
+def test_turning_cordon_back_on_claims_no_human_cordon() -> None:
+    q = apply(node(), plan_node(node(), TAINT_ONLY))
+    q["spec"]["unschedulable"] = True  # a human cordons while the node is held taint-only
+    plan = plan_node(q, Q)
+    assert "cordon" not in plan.actions and plan.foreign_cordon
+    after = apply(q, plan)
+    own = owned(after)
+    assert own is not None and not own.cordon and not own.taint_only
+    assert apply(after, plan_node(after, LIFT))["spec"]["unschedulable"] is True
+
+
+def test_turning_cordon_back_on_does_not_fight_a_human_who_lifted_ours() -> None:
+    q = apply(node(), plan_node(node(), Q))
+    del q["spec"]["unschedulable"]  # kubectl uncordon
+    q = apply(q, plan_node(q, Q))  # recorded: lifted by others
+    q = apply(q, plan_node(q, TAINT_ONLY))  # the policy turns taint-only ...
+    plan = plan_node(q, Q)  # ... and back
+    assert "cordon" not in plan.actions
+    after = apply(q, plan) if plan.patch is not None else q
+    assert not after["spec"].get("unschedulable")
+
+
+def test_taint_only_lift_removes_the_taint_and_touches_no_cordon() -> None:
+    q = apply(node(), plan_node(node(), TAINT_ONLY))
+    q["spec"]["unschedulable"] = True  # someone else's cordon, placed during the episode
+    plan = plan_node(q, LIFT)
+    assert plan.actions == ("untaint",)
+    after = apply(q, plan)
+    assert after["spec"]["unschedulable"] is True
+    assert QUARANTINE_ANNOTATION not in after["metadata"]["annotations"]
+
+
+def test_noexecute_effect_chosen_while_held_retaints() -> None:
+    q = apply(node(), plan_node(node(), TAINT_ONLY))
+    plan = plan_node(q, replace(TAINT_ONLY, effect="NoExecute"))
+    assert plan.actions == ("retaint",)
+    assert apply(q, plan)["spec"]["taints"] == [ours(effect="NoExecute")]

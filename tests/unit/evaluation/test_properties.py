@@ -126,11 +126,12 @@ annotation = st.one_of(
     st.none(),
     st.sampled_from(["{garbage", "[]", "null"]),
     st.builds(
-        lambda r, t, c, lifted: Ownership(r, t, c, "2025-01-01T00:00:00Z", lifted).to_json(),
+        lambda r, t, c, lifted, only: Ownership(r, t, c, "2025-01-01T00:00:00Z", lifted, only).to_json(),
         st.sampled_from(["", "XID79", "Thermal"]),
         st.booleans(),
         st.booleans(),
         st.sampled_from([(), ("taint",), ("cordon",)]),
+        st.booleans(),
     ),
 )
 marks = st.builds(
@@ -194,12 +195,16 @@ def test_foreign_taints_survive_and_a_prior_cordon_is_never_lifted(
 
     for m, action in sequence:
         before = _foreign(node)
+        was_cordoned = bool(node["spec"].get("unschedulable"))
         plan = plan_node(node, m)
         if plan.patch is not None:
             assert plan.patch["metadata"]["resourceVersion"] == node["metadata"]["resourceVersion"]
             node = merge_patch(node, plan.patch)
         after = _foreign(node)
         assert after == before, "a foreign taint was dropped or changed"
+        if not m.cordon:  # taint-only mode: never a cordon, whatever the annotation said
+            assert "cordon" not in plan.actions
+            assert bool(node["spec"].get("unschedulable")) <= was_cordoned
         if human_cordon:
             assert node["spec"].get("unschedulable") is True
             assert "uncordon" not in plan.actions
