@@ -147,6 +147,7 @@ INVALID_POLICIES: list[tuple[str, dict[str, Any], str]] = [
         "spec.actions.drain.forceDeleteAfter",
     ),
     ("taint-effect", {"actions": {"taintEffect": "PreferNoSchedule"}}, "spec.actions.taintEffect"),
+    ("cordon-string", {"actions": {"cordon": "false"}}, "spec.actions.cordon"),
     (
         "selector-values",
         {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}},

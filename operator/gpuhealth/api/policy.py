@@ -18,7 +18,7 @@ from typing import Any
 from gpuhealth.api.device_policy import DeviceSettings, parse_devices
 from gpuhealth.api.fabric_policy import FabricRules, parse_fabric_rules
 from gpuhealth.api.names import Action, Mode, Scope, Signal
-from gpuhealth.api.policy_fields import PolicyError, action, duration, get, integer, scope, section
+from gpuhealth.api.policy_fields import PolicyError, action, boolean, duration, get, integer, scope, section
 from gpuhealth.api.remediation import RemediationError, RemediationSettings, parse_remediation
 from gpuhealth.api.selector import LabelSelector, parse_selector
 from gpuhealth.api.slow_policy import (
@@ -100,6 +100,8 @@ class Policy:
     silence_after_s: float = 120.0
     silence_action: Action = Action.OBSERVE
     nvml_unresponsive_action: Action = Action.OBSERVE
+    # spec.actions: the node quarantine's taint effect, and whether it also cordons. cordon False holds
+    # the node with gpuhealth's taint alone (platforms that act on a cordon: docs/install.md)
     taint_effect: str = "NoSchedule"
     cordon: bool = True
     drain: DrainSettings = field(default_factory=DrainSettings)
@@ -290,7 +292,7 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
             NVML_HANG_ACTIONS,
         ),
         taint_effect=effect,
-        cordon=bool(get(actions, "", "cordon", True)),
+        cordon=boolean(get(actions, "", "cordon", True), "spec.actions.cordon"),
         drain=DrainSettings(
             checkpoint_mode=str(get(drain, "", "checkpointMode", "FromPod")),
             checkpoint_timeout_s=duration(

@@ -57,6 +57,14 @@ def integer(v: Any, path: str, lo: int, hi: int) -> int:
     return v
 
 
+def boolean(v: Any, path: str) -> bool:
+    """A true/false field: anything else (the string ``"false"`` included, which ``bool()`` reads as
+    true) is refused."""
+    if not isinstance(v, bool):
+        raise PolicyError(f"{path}: must be true or false, got {v!r}")
+    return v
+
+
 def scope(v: Any, path: str) -> Scope:
     try:
         s = Scope(v)

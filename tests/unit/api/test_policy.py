@@ -179,6 +179,11 @@ BAD_FIELDS: list[tuple[dict[str, Any], str]] = [
     ({"rules": {"agentSilence": {"after": "2 m"}}}, "spec.rules.agentSilence.after"),
     ({"rules": {"agentSilence": {"action": "drain"}}}, "spec.rules.agentSilence.action"),
     ({"actions": {"taintEffect": "PreferNoSchedule"}}, "spec.actions.taintEffect"),
+    ({"actions": {"taintEffect": "noexecute"}}, "spec.actions.taintEffect"),
+    # "false" as a string would read as true: a taint-only platform would get its node cordoned.
+    ({"actions": {"cordon": "false"}}, "spec.actions.cordon"),
+    ({"actions": {"cordon": 0}}, "spec.actions.cordon"),
+    ({"actions": "cordon"}, "spec.actions"),
     ({"actions": {"drain": {"maxWait": "forever"}}}, "spec.actions.drain.maxWait"),
     ({"actions": {"drain": {"checkpointTimeout": "1d"}}}, "spec.actions.drain.checkpointTimeout"),
     ({"actions": {"drain": {"forceDeleteAfter": ""}}}, "spec.actions.drain.forceDeleteAfter"),
