@@ -36,7 +36,10 @@ from gpuhealth.api.names import (
 )
 from gpuhealth.api.ownership import Ownership
 
-__all__ = ["Marks", "NodePlan", "Ownership", "node_writes", "plan_condition", "plan_node"]
+__all__ = ["Marks", "NodePlan", "Ownership", "condition_message", "node_writes", "plan_condition", "plan_node"]
+
+# What the Node's condition adds while a node is held under spec.actions.cordon: false.
+TAINT_ONLY_NOTE = "held by gpuhealth's taint alone, not cordoned (spec.actions.cordon: false)"
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,14 @@ def plan_node(node: Mapping[str, Any], marks: Marks) -> NodePlan:
     if patch_spec:
         patch["spec"] = patch_spec
     return NodePlan(patch, tuple(actions), tuple(lifted), foreign_cordon)
+
+
+def condition_message(message: str, marks: Marks) -> str:
+    """The GPUHealthy condition's message for a node carrying ``marks``: the verdict's, and, while the
+    node is held by the taint alone, that it is not cordoned (someone reading the Node sees why)."""
+    if not (marks.quarantine and not marks.cordon):
+        return message
+    return f"{message} [{TAINT_ONLY_NOTE}]" if message else TAINT_ONLY_NOTE
 
 
 CONDITION_STATUS = {

@@ -151,17 +151,22 @@ def _marks_lines(m: Mapping[str, Any] | None) -> list[str]:
         "  "
         + field("Taint", f"{TAINT_KEY}={t.get('value') or ''}:{t.get('effect')}" if t else "none (not gpuhealth's)")
     )
+    own = m.get("ownership")
     if not m.get("cordoned"):
         cordon = "not cordoned"
+        if t and own and own.get("taintOnly"):
+            cordon += ": held by gpuhealth's taint alone (spec.actions.cordon: false)"
     elif m.get("cordonOwner") == "gpuhealth":
         cordon = "cordoned by gpuhealth (it lifts it on return to service)"
     else:
         cordon = "cordoned by someone else (gpuhealth never lifts it)"
     out.append("  " + field("Cordon", cordon))
-    own = m.get("ownership")
     if own:
         owned = [w for w in ("taint", "cordon") if own.get(w)]
-        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}, reason {shown(own.get('reason'))}"
+        text = f"{QUARANTINE_ANNOTATION}: owns {', '.join(owned) or 'nothing'}"
+        if own.get("taintOnly"):
+            text += " (taint only)"
+        text += f", reason {shown(own.get('reason'))}"
         text += f", since {shown(own.get('since'))}"
         out.append("  " + field("Ownership", text))
         if own.get("liftedByOthers"):

@@ -104,6 +104,7 @@ class Row:
     has_report: bool = True
     cordoned: bool = False
     taint: str = ""  # value of gpuhealth's taint, "" if none
+    tainted: bool = False  # gpuhealth's taint is on the Node (whatever its value)
     gpu_hours: float | None = None  # out-of-service or Unknown capacity; None otherwise
     cost: float | None = None
     currency: str = ""
@@ -127,6 +128,12 @@ class Row:
         nv = self.node_validation or {}
         held = bool(nv.get("held")) and not nv.get("dryRun")
         return held and self.state not in OUT_OF_SERVICE and self.state != State.UNKNOWN and not self.dry_run
+
+    @property
+    def held_by(self) -> str:
+        """What keeps new pods off the Node: ``taint`` (gpuhealth's alone: taint-only mode,
+        ``spec.actions.cordon: false``), ``taint+cordon``, ``cordon``, or "" for neither."""
+        return "+".join(w for w, on in (("taint", self.tainted), ("cordon", self.cordoned)) if on)
 
     @property
     def out_of_service(self) -> bool:
@@ -163,6 +170,7 @@ class Row:
             "hasReport": self.has_report,
             "cordoned": self.cordoned,
             "taint": self.taint or None,
+            "heldBy": self.held_by or None,
             "outOfService": self.out_of_service,
             "gpuHours": None if self.gpu_hours is None else round(self.gpu_hours, 3),
             "cost": None if self.cost is None else round(self.cost, 2),
@@ -372,6 +380,7 @@ def build_row(
         has_report=report is not None,
         cordoned=bool(spec.get("unschedulable")),
         taint=str(ours.get("value") or "") if ours else "",
+        tainted=ours is not None,
         gpu_hours=hours,
         cost=cost,
         currency=currency,

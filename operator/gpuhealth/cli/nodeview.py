@@ -144,6 +144,7 @@ def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "cordon": owned.cordon,
             "since": owned.since or None,
             "liftedByOthers": list(owned.lifted_by_others),
+            "taintOnly": owned.taint_only,  # held under spec.actions.cordon: false
         },
         "stateLabel": (meta.get("labels") or {}).get(STATE_LABEL),
         "condition": None

@@ -171,7 +171,7 @@ def status_rows(fleet: Fleet, wide: bool = False) -> tuple[list[str], list[list[
             row += [
                 r.last_xid or "-",
                 r.taint or "-",
-                "yes" if r.cordoned else "no",
+                "yes" if r.cordoned else "no (taint only)" if r.tainted else "no",
                 "-" if r.gpu_hours is None else format_hours(r.gpu_hours),
                 "-" if r.cost is None else format_money({r.currency: r.cost}),
             ]

@@ -53,15 +53,15 @@ def _fault_state(level: Action) -> State:
     return State.QUARANTINED if level == Action.CORDON else State.DRAINING
 
 
-def _next_step(level: Action) -> str:
+def _next_step(level: Action, cordon: bool = True) -> str:
+    """What happens to a node entering quarantine; ``cordon`` False: the policy's taint-only mode
+    (``spec.actions.cordon: false``), the node held by gpuhealth's taint alone."""
+    held = "tainted and cordoned" if cordon else "held by gpuhealth's taint alone (not cordoned)"
     if level == Action.CORDON:
-        return (
-            "tainted and cordoned; running workloads continue; "
-            "it returns to service after probation once the facts clear"
-        )
+        return f"{held}; running workloads continue; it returns to service after probation once the facts clear"
     if level == Action.DRAIN:
-        return "tainted, cordoned and being drained (checkpoint first, then evict)"
-    return "tainted, cordoned and being drained; it then waits for a human repair (kubectl gpuhealth release)"
+        return f"{held} and being drained (checkpoint first, then evict)"
+    return f"{held} and being drained; it then waits for a human repair (kubectl gpuhealth release)"
 
 
 def _summary(findings: tuple[Finding, ...]) -> str:
@@ -254,8 +254,8 @@ def decide(prior: Record, a: Assessment, policy: Policy, now: dt.datetime, input
                 (
                     "Normal",
                     "ReturnedToService",
-                    f"Healthy for the whole probation ({int(policy.probation_s)}s): "
-                    "lifting gpuhealth's taint and cordon",
+                    f"Healthy for the whole probation ({int(policy.probation_s)}s): lifting gpuhealth's taint"
+                    + (" and cordon" if policy.cordon else " (taint-only: no cordon of gpuhealth's)"),
                 )
             )
             return Decision(rec, events=tuple(events))
@@ -356,7 +356,7 @@ def _enter_quarantine(
         drained=False,
     )
     verb = "Relapsed during probation" if relapse else "Quarantined"
-    events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level)}"))
+    events.append(("Warning", "Quarantined", f"{verb}: {detail}. The node is {_next_step(level, policy.cordon)}"))
     return Decision(nrec, new_quarantine=True, events=tuple(events))
 
 

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.actions.nodes import Marks, NodePlan, Ownership, node_writes, plan_condition, plan_node
+from gpuhealth.actions.nodes import (
+    Marks,
+    NodePlan,
+    Ownership,
+    condition_message,
+    node_writes,
+    plan_condition,
+    plan_node,
+)
 from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
 from tests.unit.builders import merge_patch
 
@@ -521,3 +529,11 @@ def test_noexecute_effect_chosen_while_held_retaints() -> None:
     plan = plan_node(q, replace(TAINT_ONLY, effect="NoExecute"))
     assert plan.actions == ("retaint",)
     assert apply(q, plan)["spec"]["taints"] == [ours(effect="NoExecute")]
+
+
+def test_condition_message_says_a_taint_only_hold() -> None:
+    assert condition_message("XID 79 on GPU 3", Q) == "XID 79 on GPU 3"
+    assert condition_message("", LIFT) == ""
+    held = condition_message("XID 79 on GPU 3", TAINT_ONLY)
+    assert held.startswith("XID 79 on GPU 3") and "taint alone" in held and "not cordoned" in held
+    assert "taint alone" not in condition_message("", replace(TAINT_ONLY, quarantine=False, state=State.HEALTHY))

@@ -387,3 +387,33 @@ def test_describe_shows_a_declared_fact_in_its_own_column_and_in_json() -> None:
         and rows["1"][-2:] == ["ok", "-"]
         and rows["2"][-2:] == ["-", "inforomCorrupt"]
     )
+
+
+# --- taint-only mode (spec.actions.cordon: false) -------------------------------------------------
+
+_TAINT_ONLY_ANN = {
+    "gpuhealth.dev/quarantine": '{"cordon":false,"reason":"XID79","since":"t","taint":true,"taintOnly":true}'
+}
+
+
+def test_describe_says_a_node_is_held_by_the_taint_alone() -> None:
+    n = node("n", taint="XID79", annotations=_TAINT_ONLY_ANN)
+    model = describe_node("n", n, report("n", "Draining", reason="XID79"), policy(actions={"cordon": False}), [], NOW)
+    assert model["marks"]["ownership"]["taintOnly"] is True
+    text = render_describe(model)
+    (cordon,) = [line for line in text.splitlines() if line.strip().startswith("Cordon:")]
+    assert "not cordoned" in cordon and "taint alone" in cordon and "spec.actions.cordon: false" in cordon
+    (own,) = [line for line in text.splitlines() if line.strip().startswith("Ownership:")]
+    assert "owns taint" in own and "taint only" in own
+
+
+def test_status_says_a_node_is_held_by_the_taint_alone() -> None:
+    nodes = [node("a", taint="XID79", annotations=_TAINT_ONLY_ANN), node("b", taint="XID79", cordoned=True)]
+    reports = [report("a", "Quarantined", reason="XID79"), report("b", "Quarantined", reason="XID79")]
+    fleet = summarize(nodes, reports, [policy()], NOW)
+    by_node = {r.node: r for r in fleet.rows}
+    assert by_node["a"].to_json()["heldBy"] == "taint"
+    assert by_node["b"].to_json()["heldBy"] == "taint+cordon"
+    _, rows = status_rows(fleet, wide=True)
+    cells = {row[0]: row for row in rows}
+    assert cells["a"][8] == "no (taint only)" and cells["b"][8] == "yes"

@@ -10,7 +10,7 @@ from gpuhealth.api.names import Action, Signal, State
 from gpuhealth.evaluation.assess import Assessment
 from gpuhealth.evaluation.transitions import Record
 from tests.unit.builders import at, clean, faulty, finding, make_policy, unknown
-from tests.unit.evaluation._transitions_support import decide_at, reasons, returned
+from tests.unit.evaluation._transitions_support import PROBATION, decide_at, reasons, returned
 
 # --- from service into quarantine --------------------------------------------------------------
 
@@ -222,3 +222,27 @@ def test_agent_silence_cordon_does_not_mask_a_worse_finding() -> None:
     d = decide_at(Record(), unknown(finding(Action.DRAIN, Signal.XID, 1, 79)), 0, policy)
     assert d.record.state == State.DRAINING
     assert d.record.reason == "XID79"
+
+
+# --- taint-only mode (spec.actions.cordon: false) ------------------------------------------------
+
+TAINT_ONLY = make_policy({"actions": {"cordon": False}})
+
+
+@pytest.mark.parametrize("level", [Action.CORDON, Action.DRAIN, Action.REPAIR])
+def test_taint_only_quarantine_says_the_taint_alone_holds_the_node(level: Action) -> None:
+    (event,) = decide_at(Record(), faulty(level), 5, TAINT_ONLY).events
+    assert "taint alone" in event[2] and "not cordoned" in event[2]
+    assert "tainted and cordoned" not in event[2] and "tainted, cordoned" not in event[2]
+    (default,) = decide_at(Record(), faulty(level), 5).events
+    assert "cordoned" in default[2] and "taint alone" not in default[2]
+
+
+def test_taint_only_return_to_service_lifts_the_taint_alone() -> None:
+    policy = make_policy({"actions": {"cordon": False}, "safety": {"probation": "10m"}})
+    q = decide_at(Record(), faulty(Action.CORDON), 0, policy).record
+    on_probation = decide_at(q, clean(), 10, policy).record
+    d = decide_at(on_probation, clean(), 10 + PROBATION + 1, policy)
+    (msg,) = [m for _, reason, m in d.events if reason == "ReturnedToService"]
+    assert msg.startswith("Healthy for the whole probation") and "lifting gpuhealth's taint" in msg
+    assert "cordon" not in msg.replace("no cordon of gpuhealth's", "")

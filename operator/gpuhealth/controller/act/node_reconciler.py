@@ -27,7 +27,15 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhealth.actions.nodes import Marks, NodePlan, node_writes, plan_condition, plan_node
+from gpuhealth.actions.nodes import (
+    TAINT_ONLY_NOTE,
+    Marks,
+    NodePlan,
+    condition_message,
+    node_writes,
+    plan_condition,
+    plan_node,
+)
 from gpuhealth.actions.pod_sites import pod_sites
 from gpuhealth.api.devices import KEPT_OFF_BY_TAINT
 from gpuhealth.api.names import (
@@ -419,7 +427,8 @@ class NodeReconciler:
             gpu_out_value=("gpu-" if len(tainting) == 1 else "gpus-") + ".".join(str(i) for i in tainting),
         )
         plan = plan_node(node, marks)
-        cond = plan_condition(node, rec.state, rec.reason, rec.message, format_time(now)) if condition else None
+        message = condition_message(rec.message, marks)
+        cond = plan_condition(node, rec.state, rec.reason, message, format_time(now)) if condition else None
         node_patch, status_patch = node_writes(plan.patch, cond)
         # Each write's answer is cached, so the next pass does not repeat it before the watch brings it
         # (the answer is a new copy through the store, never the cached one edited in place).
@@ -452,6 +461,8 @@ class NodeReconciler:
         msgs = []
         if "taint" in actions:
             msgs.append(f"Tainted {marks.reason} ({marks.effect})")
+            if not marks.cordon:
+                msgs.append(f"Not cordoned: {TAINT_ONLY_NOTE}")
         if "cordon" in actions:
             msgs.append("Cordoned")
         if foreign_cordon:
@@ -459,7 +470,10 @@ class NodeReconciler:
         if "untaint" in actions:
             msgs.append("Removed gpuhealth's taint")
         if "uncordon" in actions:
-            msgs.append("Uncordoned (gpuhealth's own cordon)")
+            msgs.append(
+                "Uncordoned (gpuhealth's own cordon)"
+                + (f": the node stays {TAINT_ONLY_NOTE}" if marks.quarantine else "")
+            )
         if "gpu-out-taint" in actions or "gpu-out-retaint" in actions:
             msgs.append(
                 f"Tainted {GPU_OUT_TAINT_KEY}={marks.gpu_out_value} (NoSchedule): "
