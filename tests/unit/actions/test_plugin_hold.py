@@ -3,15 +3,22 @@ report), and kept off new work by the plugin's own withholding or gpuhealth's gp
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 
 from gpuhealth.actions.nodes import Marks, plan_node
 from gpuhealth.actions.placement import PluginNode, place
-from gpuhealth.actions.plugin_hold import gpu_out_tainted, kept_off_by, kept_off_words
+from gpuhealth.actions.plugin_hold import (
+    awaiting_kubelet,
+    gpu_out_tainted,
+    kept_off_by,
+    kept_off_words,
+    plugin_sees,
+)
 from gpuhealth.actions.slices import slim_slice
-from gpuhealth.api.devices import KEPT_OFF_BY_PLUGIN, KEPT_OFF_BY_TAINT
+from gpuhealth.api.devices import KEPT_OFF_BY_PLUGIN, KEPT_OFF_BY_TAINT, DeviceRecord, DeviceState
 from gpuhealth.api.names import GPU_OUT_TAINT_KEY, TAINT_KEY, Action, Scope, Signal, State
 from gpuhealth.api.nodes import plugin_gpus, plugin_withholds
 from gpuhealth.api.report import PodResources
@@ -117,6 +124,26 @@ def test_kept_off_by() -> None:
     assert gpu_out_tainted(tainted) and kept_off_by(tainted, 1) == KEPT_OFF_BY_TAINT  # on until none is out
     assert "allocatable nvidia.com/gpu 7 of 8" in kept_off_words(node(8, 7), KEPT_OFF_BY_PLUGIN)
     assert "NoSchedule" in kept_off_words(node(8, 7), KEPT_OFF_BY_TAINT)
+
+
+def test_an_xid_the_plugin_sees_is_trusted_to_it_until_the_kubelet_could_have_reported_it() -> None:
+    assert plugin_sees("XID48") and plugin_sees("XID79") and plugin_sees("XID154")
+    assert not plugin_sees("XID13") and not plugin_sees("XID109")  # NVIDIA's plugin skips them
+    assert not plugin_sees("EccUncorrected") and not plugin_sees("RepeatedAppXID") and not plugin_sees("XID")
+
+    def out(reason: str, ago: float) -> DeviceRecord:
+        return DeviceRecord(2, state=DeviceState.DRAINING, reason=reason, since=T0 - dt.timedelta(seconds=ago))
+
+    assert awaiting_kubelet([out("XID48", 0)], T0) and awaiting_kubelet([out("XID48", 29)], T0)
+    assert not awaiting_kubelet([out("XID48", 30)], T0)  # the kubelet would have reported it by now
+    assert not awaiting_kubelet([out("XID48", 0), out("EccUncorrected", 0)], T0)  # one the plugin cannot see
+    assert not awaiting_kubelet([], T0)
+    assert kept_off_by(node(8, 8), 1, awaiting=True) == KEPT_OFF_BY_PLUGIN
+    assert kept_off_by(node(8, 8), 1, mig=True, awaiting=True) == KEPT_OFF_BY_TAINT
+    tainted = node(8, 8, [{"key": GPU_OUT_TAINT_KEY, "value": "gpu-2", "effect": "NoSchedule"}])
+    assert kept_off_by(tainted, 1, awaiting=True) == KEPT_OFF_BY_TAINT  # once on, on for the episode
+    words = kept_off_words(node(8, 8), KEPT_OFF_BY_PLUGIN)
+    assert "marks the GPU Unhealthy on this XID" in words and "still 8 of 8" in words
 
 
 # -- the taint on the Node ---------------------------------------------------------------------------

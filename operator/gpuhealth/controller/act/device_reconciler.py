@@ -45,7 +45,7 @@ from typing import Any
 from gpuhealth.actions.devicetaints import rule_name
 from gpuhealth.actions.gpudevices import GpuDevices
 from gpuhealth.actions.placement import Placement, PluginNode, place
-from gpuhealth.actions.plugin_hold import kept_off_by, kept_off_words, still_withheld
+from gpuhealth.actions.plugin_hold import awaiting_kubelet, kept_off_by, kept_off_words, still_withheld
 from gpuhealth.actions.slices import SlimSlice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, devices_to_status
 from gpuhealth.api.names import (
@@ -257,7 +257,8 @@ class DeviceReconciler(DeviceRules):
             for r in verdict.records
             if r.out_of_service and r.index not in placement.refs and (r.index in placement.plugin or r.via_plugin)
         ]
-        how = kept_off_by(p.node, len(plugin), mig=bool(device_plugin_mig(p.node)))
+        awaiting = awaiting_kubelet((r for r in verdict.records if r.index in plugin), now)
+        how = kept_off_by(p.node, len(plugin), mig=bool(device_plugin_mig(p.node)), awaiting=awaiting)
         records = tuple(
             replace(r, kept_off_by=how, devices=(), partitions=(), taint_rules=(), instances=())
             if r.index in plugin

@@ -101,8 +101,46 @@ def test_a_gpu_the_plugin_withholds_takes_no_taint() -> None:
     assert "withheld by the device plugin (allocatable nvidia.com/gpu 7 of 8)" in messages(kube, "DeviceQuarantined")[0]
 
 
+def test_an_xid_seen_before_the_kubelet_lowers_allocatable_takes_no_taint() -> None:
+    """The agent reports the XID as soon as NVIDIA's plugin sees it, but the kubelet lowers allocatable
+    only at its next node status update (every 10 s by default): the plugin is trusted meanwhile, and
+    the taint never goes on once allocatable shows it (the real node: tests/integration/test_device_plugin.py)."""
+    kube = setup(2, xid=48, allocatable=8)
+    clock = Clock()
+    run(kube, clock)
+    assert not taints(kube) and not kube.nodes["n1"]["spec"].get("unschedulable")
+    rec = devices_from_status(kube.reports["n1"]["status"])[2]
+    assert rec.out_of_service and rec.kept_off_by == KEPT_OFF_BY_PLUGIN
+    assert touched_pods(kube) == {"pod/ml/on-gpu-2"}
+    (msg,) = messages(kube, "DeviceQuarantined")
+    assert "withheld by the device plugin, which marks the GPU Unhealthy on this XID" in msg, msg
+    assert "allocatable nvidia.com/gpu still 8 of 8 until the kubelet's next node status" in msg, msg
+    kube.nodes["n1"]["status"]["allocatable"] = {"nvidia.com/gpu": "7"}  # the kubelet's next status
+    clock.t += dt.timedelta(seconds=10)
+    run(kube, clock)
+    clock.t += dt.timedelta(seconds=60)
+    run(kube, clock)
+    assert not taints(kube)
+    assert devices_from_status(kube.reports["n1"]["status"])[2].kept_off_by == KEPT_OFF_BY_PLUGIN
+
+
 def test_the_plugin_not_withholding_an_xid_gpu_takes_the_taint() -> None:
     kube = setup(2, xid=48, allocatable=8)  # the plugin's health checks are off (DP_DISABLE_HEALTHCHECKS)
+    clock = Clock()
+    run(kube, clock)
+    assert not taints(kube)  # the kubelet may not have reported it yet
+    clock.t += dt.timedelta(seconds=31)  # it would have by now
+    run(kube, clock)
+    assert [t["key"] for t in taints(kube)] == [GPU_OUT_TAINT_KEY]
+    assert devices_from_status(kube.reports["n1"]["status"])[2].kept_off_by == KEPT_OFF_BY_TAINT
+
+
+def test_an_xid_the_plugin_skips_takes_the_taint_at_once() -> None:
+    """NVIDIA's plugin ignores application XIDs (13, 31, 43, 45, 68, 109); gpuhealth holds a GPU out
+    for them only when they repeat (RepeatedAppXID), and nothing makes the kubelet withhold it."""
+    kube = setup(
+        2, xid=109, allocatable=8, policy={"rules": {"xid": {"overrides": [{"code": 109, "action": "drain"}]}}}
+    )
     run(kube, Clock())
     assert [t["key"] for t in taints(kube)] == [GPU_OUT_TAINT_KEY]
 
