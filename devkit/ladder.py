@@ -78,6 +78,42 @@ def nvml_reset_job_template(image: str, runtime_class: str) -> dict[str, Any]:
     }
 
 
+# The real node's stand-in for DCGM's diagnostic of one GPU: it finds the GPU by its UUID through NVML,
+# as NVML_RESET does, and writes ``dcgmi diag --json``'s pass for that GPU's index (the JSON in argv[2],
+# its entities renumbered) to its termination message, where gpuhealth reads a validation's verdict.
+NVML_DIAG = """\
+import json, sys
+import pynvml as nvml
+nvml.nvmlInit()
+want, diag = sys.argv[1], json.loads(sys.argv[2])
+for i in range(nvml.nvmlDeviceGetCount()):
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+    if (uuid.decode() if isinstance(uuid, bytes) else uuid) == want:
+        for category in diag["DCGM Diagnostic"]["test_categories"]:
+            for test in category["tests"]:
+                for result in test["results"]:
+                    result["entity_id"] = i
+        with open("/dev/termination-log", "w") as f:
+            json.dump(diag, f)
+        print(f"GPU {i} {want}: diagnostic passed (a stand-in for dcgmi diag)")
+        sys.exit(0)
+sys.exit(f"GPU {want} not visible through NVML")
+"""
+
+
+def nvml_validation_job_template(image: str, runtime_class: str) -> dict[str, Any]:
+    """A ``spec.validation.jobTemplate`` whose pod runs :data:`NVML_DIAG` in ``image`` on a real node: a
+    DCGM pass of the GPU it finds by ``${GPU_UUID}``, in its termination message."""
+    template = nvml_reset_job_template(image, runtime_class)
+    (container,) = template["spec"]["template"]["spec"]["containers"]
+    container.update(
+        name="diag",
+        command=["python", "-c", NVML_DIAG, "${GPU_UUID}", dcgm_diag_json(0)],
+        terminationMessagePath="/dev/termination-log",
+    )
+    return template
+
+
 MESSAGE_ANNOTATION = "gpuhealth-test/termination-message"
 
 

@@ -149,7 +149,12 @@ def _daemonset(name: str, image: str, container: dict[str, Any], volumes: list[d
                     "runtimeClassName": RUNTIME_CLASS,
                     "priorityClassName": "system-node-critical",
                     "nodeSelector": {"nvidia.com/gpu.present": "true"},
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    # The GPU Operator's default, and gpuhealth's gpu-out taint as docs/install.md asks
+                    # (the DaemonSet controller starts no pod on a node whose taint it does not tolerate).
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "gpuhealth.dev/gpu-out", "operator": "Exists", "effect": "NoSchedule"},
+                    ],
                     "terminationGracePeriodSeconds": 5,
                     "containers": [
                         {
@@ -285,6 +290,12 @@ class NvidiaPlugins:
 
     def _write(self) -> None:
         self.node.write_scenario([*self.base, *self.xids])
+
+    def write_facts(self, lines: Sequence[str]) -> None:
+        """Scenario lines beside the base (ECC counters, a fabric mask...); a later line of the same fact
+        wins, as the fake reads the file top to bottom. XIDs written so far stay."""
+        self.base.extend(lines)
+        self._write()
 
     def write_xid(self, gpu: int, code: int) -> int:
         """An XID on GPU ``gpu`` through the fake NVML, as the driver raises one; returns its sequence."""
