@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 help:
 	@echo "make demo          run the end-to-end demo on a local control plane (sets everything up)"
 	@echo "make demo KUEUE=1  the same, its training job under Kueue with gpuhealth's AdmissionCheck"
-	@echo "make demo REAL_NODE=1  the same, its XID 79 story on a real kubelet node through the installed chart (root)"
+	@echo "make demo REAL_NODE=1  the same, its device-plugin and XID 79 stories on a real kubelet node with NVIDIA's device plugin, through the installed chart (root)"
 	@echo "make test          lint, type-check, unit and integration tests (what CI runs)"
 	@echo "make bench         performance report on 1,000 fake GPU nodes"
 	@echo "make fleetprobe    the operator alone at 100,000 nodes, in process (docs/scaling.md)"
@@ -109,8 +109,9 @@ test: $(STAMP)
 	test $$tests -eq 0 -a $$builds -eq 0
 
 # KUEUE=1: the training job runs under Kueue (hack/demo/kueue.py); only then is Kueue built or needed.
-# REAL_NODE=1: the XID 79 story runs on a real kubelet node through the installed chart
-# (hack/demo/realnode.py); only then are the node and the image built or needed (root, as the tier).
+# REAL_NODE=1: the device-plugin story (hack/demo/deviceplugin.py, beside NVIDIA's device plugin) and
+# the XID 79 story run on a real kubelet node through the installed chart (hack/demo/realnode.py); only
+# then are the node, the image and NVIDIA's plugins built or needed (root, as the tier).
 DEMO_KUEUE := $(filter 1 yes true,$(KUEUE))
 DEMO_REAL_NODE := $(filter 1 yes true,$(REAL_NODE))
 demo: $(STAMP) control-plane $(if $(DEMO_KUEUE),kueue) $(if $(DEMO_REAL_NODE),real-node)

@@ -46,6 +46,7 @@ GFD_SELECTOR = f"app={GFD_APP}"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 FEATURES_IN_CONTAINER = "/etc/kubernetes/node-feature-discovery/features.d"
 MACHINE = "NVIDIA DGX H100"
+HOSTNAME = "kubernetes.io/hostname"
 
 # The fake NVML's GPUs (devkit/fakenvml/fakenvml.c's defaults): their PCI buses and H100 SXM5's device id.
 FAKE_PCI_BUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -278,12 +279,13 @@ class NvidiaPlugins:
         write_fake_sysfs(plugins.sysfs)
         plugins.features_dir.mkdir(parents=True, exist_ok=True)
         node.cluster.kubectl("create", "namespace", NAMESPACE)
-        node.cluster.apply_objects(
-            [
-                plugin_daemonset(b.ref, DEVICE_PLUGINS),
-                gfd_daemonset(b.ref, plugins.features_dir, plugins.sysfs),
-            ]
-        )
+        daemonsets = [
+            plugin_daemonset(b.ref, DEVICE_PLUGINS),
+            gfd_daemonset(b.ref, plugins.features_dir, plugins.sysfs),
+        ]
+        for ds in daemonsets:  # the real node only: KWOK nodes beside it (the demo's) have no NVML to serve
+            ds["spec"]["template"]["spec"]["nodeSelector"][HOSTNAME] = node.name
+        node.cluster.apply_objects(daemonsets)
         plugins.plugin_pod()
         wait_for(lambda: gpu_counts(node) == (GPUS, GPUS), timeout=90, what=f"{GPUS} {RESOURCE} allocatable")
         return plugins
@@ -308,7 +310,11 @@ class NvidiaPlugins:
         """The plugin's one pod, Ready (and, with ``other_than``, not the pod of that uid)."""
 
         def one() -> dict[str, Any] | None:
-            found = pods(self.node.cluster, NAMESPACE, PLUGIN_SELECTOR)
+            found = [
+                p
+                for p in pods(self.node.cluster, NAMESPACE, PLUGIN_SELECTOR)
+                if p["spec"].get("nodeName") == self.node.name
+            ]
             live = [p for p in found if p["metadata"]["uid"] != other_than]
             return live[0] if len(live) == 1 and len(found) == 1 and ready(live[0]) else None
 

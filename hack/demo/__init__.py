@@ -25,7 +25,10 @@ Faults are injected into the fake NVML:
 
 With ``--real-node`` (``make demo REAL_NODE=1``, ``realnode.py``) the XID 79 story runs on a real
 kubelet node through the installed chart: the chart's operator Pod is the demo's operator and the
-training ranks run in real containers there.
+training ranks run in real containers there. NVIDIA's device plugin serves that node's GPUs, and the
+device-plugin story (``deviceplugin.py``, issue #50) runs there first: an XID 48 on one pod's GPU, the
+plugin withholds it (allocatable 7), only that pod moves, the pod on another GPU keeps running, reset
+Job -> validation -> plugin restarted -> allocatable 8.
 
 Prints a timeline, `kubectl get gpuhealth`, `kubectl get gpunodes` and the Node events, and writes
 build/demo/summary.json (read from the cluster); exits 1, naming what is missing, unless every story
@@ -34,5 +37,6 @@ happened. `--keep` leaves everything running for exploring.
 Modules: ``run`` (the driver and the summary), ``common`` (policy, timeline, Node watch, the pods'
 checkpoint sidecar), ``workloads`` (the training job, inference and DRA serving pods),
 ``devicewatch`` (timeline rows from DeviceTaintRules, GPU records, ladders and reset Jobs), ``mig``,
-``reset`` and ``fabric`` (one story each), ``realnode`` (the first story on a real node).
+``reset`` and ``fabric`` (one story each), ``realnode`` (the first story on a real node),
+``deviceplugin`` (the device-plugin story on the real node).
 """

@@ -107,6 +107,8 @@ class DeviceWatch:
             if self.jobs.get(name) == done:
                 continue
             labels = job.metadata.labels or {}
+            if labels.get("gpuhealth.dev/node") not in self.nodes:
+                continue  # another story's (the real node's device-plugin story tells its own Jobs)
             where = f"{labels.get('gpuhealth.dev/node')}: GPU {labels.get('gpuhealth.dev/gpu')}"
             kind = "validation Job" if "gpuhealth.dev/validation-level" in labels else "reset Job"
             if name not in self.jobs:

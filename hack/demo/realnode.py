@@ -9,10 +9,12 @@ NVML that the RuntimeClass ``nvidia`` mounts, while the KWOK nodes of the other 
 host-process agents (the DaemonSet is kept to the real node). The demo's own policy is the only
 policy (the chart's first policy is not created).
 
-The training job's ranks run in real containers (the pause image, already on the node): the node
-advertises ``nvidia.com/gpu`` as a device plugin would, so the scheduler places them there, and the
-XID 79 written into the node's fake NVML scenario takes the node out, from the agent Pod's report to
-the operator Pod's taint, cordon, checkpoint requests and evictions.
+NVIDIA's own device plugin and GPU Feature Discovery run on the node as the GPU Operator runs them
+(devkit/nvidia_plugins.py), and the agent reads the kubelet's pod-resources socket: the device-plugin
+story (hack/demo/deviceplugin.py) runs there first. The training job's ranks then run in real
+containers (the pause image, already on the node), their GPUs allocated by the plugin, and the XID 79
+written into the node's fake NVML scenario takes the node out, from the agent Pod's report to the
+operator Pod's taint, cordon, checkpoint requests and evictions.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from devkit.k8s import Kube, wait_for
+from devkit import nvidia_plugins as nv
+from devkit.k8s import Kube
 from devkit.realnode import Installed
 
 # containerd's pinned sandbox image: on the node without a pull, and a process that runs until stopped.
 TRAINER_IMAGE = "registry.k8s.io/pause:3.10.2"
-GPUS = 8
 HOSTNAME = "kubernetes.io/hostname"
 
 
@@ -35,27 +37,24 @@ def start(workdir: Path, kwok_nodes: int) -> Installed:
     return Installed.start(workdir, kwok_nodes=kwok_nodes)
 
 
-def install(installed: Installed, kube: Kube) -> dict[str, Any]:
-    """helm install (no policy of the chart's: the demo applies its own), the operator and the agent on
-    the real node only; the node advertises its GPUs. Returns the operator Pod once Ready."""
+def install(installed: Installed) -> tuple[dict[str, Any], nv.NvidiaPlugins]:
+    """NVIDIA's device plugin and GFD on the real node (it then advertises its 8 GPUs), and helm install
+    (no policy of the chart's: the demo applies its own), the operator and the agent on the real node
+    only, the agent reading the kubelet's pod-resources socket. Returns the operator Pod once Ready,
+    and the plugins."""
     name = installed.node.name
+    plugins = nv.NvidiaPlugins.deploy(installed.node)
     installed.install(
         None,
         [f"--set-json={part}.nodeSelector={json.dumps({HOSTNAME: name})}" for part in ("operator", "agent")],
+        pod_resources=True,
     )
-    # What NVIDIA's device plugin would advertise; the kubelet keeps an extended resource it does not own.
-    kube.core.patch_node_status(name, {"status": {"capacity": {"nvidia.com/gpu": str(GPUS)}}})
-    wait_for(
-        lambda: (kube.core.read_node(name).status.allocatable or {}).get("nvidia.com/gpu") == str(GPUS),
-        timeout=60,
-        what=f"{name} advertising {GPUS} GPUs",
-    )
-    return installed.operator_pod()
+    return installed.operator_pod(), plugins
 
 
-def inject_xid(installed: Installed, gpu: int, code: int) -> None:
-    """An XID in the real node's fake NVML scenario (the agent Pod's library reads it)."""
-    installed.node.write_scenario([f"xid 1 gpu {gpu} code {code}"])
+def inject_xid(plugins: nv.NvidiaPlugins, gpu: int, code: int) -> None:
+    """An XID in the real node's fake NVML scenario (the agent Pod's library and the plugin read it)."""
+    plugins.write_xid(gpu, code)
 
 
 def containers(kube: Kube, namespace: str, app: str, node: str) -> dict[str, str]:

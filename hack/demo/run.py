@@ -14,12 +14,13 @@ from typing import Any
 
 import hack.demo as package
 from devkit import dra, pidfile
+from devkit import nvidia_plugins as nv
 from devkit.agents import AgentFleet
 from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, wait_for
 from devkit.kueue import workload
 from devkit.realnode import Installed
-from hack.demo import fabric, kueue, mig, realnode, reset
+from hack.demo import deviceplugin, fabric, kueue, mig, realnode, reset
 from hack.demo.common import (
     DEMO_POLICY,
     NS,
@@ -78,7 +79,8 @@ def main() -> int:
     ap.add_argument(
         "--real-node",
         action="store_true",
-        help="the XID 79 story on a real kubelet node, through the installed chart (make demo REAL_NODE=1; root)",
+        help="the device-plugin and XID 79 stories on a real kubelet node with NVIDIA's device plugin, through the "
+        "installed chart (make demo REAL_NODE=1; root)",
     )
     args = ap.parse_args()
     if args.real_node and args.kueue:
@@ -107,8 +109,16 @@ def main() -> int:
     operator = agents = queues = None
     operator_pod: dict[str, Any] = {}
     stop = threading.Event()
+    plugins: nv.NvidiaPlugins | None = None
+    dp_result: dict[str, Any] = {}
     try:
-        kube.apply_policy("demo-fleet", DEMO_POLICY)
+        if installed:  # the real node has a policy of its own (its repair Jobs run in real containers)
+            kube.apply_policy("demo-fleet", deviceplugin.fleet_policy(DEMO_POLICY, installed.node.name))
+            kube.apply_policy(
+                "demo-real-node", deviceplugin.policy(DEMO_POLICY, installed.node.name, installed.image.ref)
+            )
+        else:
+            kube.apply_policy("demo-fleet", DEMO_POLICY)
         kube.apply_policy("demo-nvl", fabric.FABRIC_POLICY)
         if args.kueue:
             print("== Starting Kueue (its manager beside the control plane; logs in build/demo/cluster/kueue) ==")
@@ -116,7 +126,7 @@ def main() -> int:
         flags = ["--kueue=on"] if args.kueue else []
         if installed:
             print(f"== helm install of charts/gpuhealth ({installed.image.ref}) on real node {installed.node.name} ==")
-            operator_pod = realnode.install(installed, kube)
+            operator_pod, plugins = realnode.install(installed)
         else:
             operator = OperatorProcess(cluster, OUT / "operator.log", extra_args=flags).start()
         print("== Operator running; starting one real agent per node (fake NVML) ==")
@@ -142,6 +152,9 @@ def main() -> int:
             fabric.configure_agent(agents[n])
         wait_for(lambda: all(kube.state(n) == "Healthy" for n in nodes + nvl), timeout=120, what="all nodes Healthy")
         timeline.add(f"all {len(nodes) + len(nvl)} nodes reported by their agents and Healthy")
+        if installed and plugins:
+            print(f"== Device-plugin story on {installed.node.name}: XID {deviceplugin.XID} on one pod's GPU ==")
+            dp_result = deviceplugin.run(kube, installed.node, plugins, timeline)
         domain = {n: agents[n] for n in nvl}
         fabric.setup(kube, domain, timeline)  # first: the gang fills the domain's GPUs before other work lands
         print("== Running GPU workloads ==")
@@ -181,8 +194,8 @@ def main() -> int:
         )
         injected: dict[str, float] = {}
         injected[xid_node] = time.time()
-        if installed:
-            realnode.inject_xid(installed, gpu=3, code=79)
+        if plugins:
+            realnode.inject_xid(plugins, gpu=3, code=79)
         else:
             agents[xid_node].inject_xid(gpu=3, code=79)
         timeline.add(f"{xid_node}: fault injected: XID 79 on GPU 3 (fallen off the bus)", injected[xid_node])
@@ -312,6 +325,7 @@ def main() -> int:
                 else {"kueue": False}
             ),
             **(realnode.summary(installed, operator_pod, real_ranks) if installed else {"real_node": False}),
+            **({"device_plugin": dp_result} if installed else {}),
             "note": "the thermal fault must be sustained for the policy's 8s before it counts; "
             "for the DRA node the time is to its DeviceTaintRule (polled every 0.2s); mttr_s is from the "
             "injected ECC error to its GPU seen back in service (polled every 0.3s), probation 10s included; "
@@ -372,15 +386,20 @@ def check(summary: dict[str, Any], xid: str, hot: str, mig_node: str, reset_node
         out.append(f"MIG devices held out {held}, expected exactly GPU {mig.BAD_GPU}'s {want}")
     if summary["partitions_kept_in_service"] != 14:
         out.append(f"{summary['partitions_kept_in_service']} MIG devices without a rule, expected 14")
-    if [(g["node"], g["gpu"]) for g in summary["gpus_reset"]] != [(reset_node, reset_gpu)]:
+    # The device-plugin story's reset and validation on the real node are its own (deviceplugin.misses).
+    dp_node = (summary.get("device_plugin") or {}).get("node")
+    resets = [(g["node"], g["gpu"]) for g in summary["gpus_reset"] if g["node"] != dp_node]
+    if resets != [(reset_node, reset_gpu)]:
         out.append(f"succeeded reset Jobs {summary['gpus_reset']}, expected one for GPU {reset_gpu} of {reset_node}")
     history = [(h.get("step"), h.get("result")) for h in summary["reset_ladder"].get("history") or []]
     if history != [("GPUReset", "Succeeded")]:
         out.append(f"the GPU's ladder history (status.remediation) is {history}, expected one GPUReset Succeeded")
-    validated = [(v["node"], v["gpu"], v["result"]) for v in summary.get("validations") or []]
+    validated = [(v["node"], v["gpu"], v["result"]) for v in summary.get("validations") or [] if v["node"] != dp_node]
     if validated != [(reset_node, reset_gpu, "Passed")]:
         out.append(f"validations {validated}, expected one that passed for GPU {reset_gpu} of {reset_node}")
-    return out + fabric.misses(summary) + kueue.misses(summary) + realnode.misses(summary)
+    return (
+        out + fabric.misses(summary) + kueue.misses(summary) + realnode.misses(summary) + deviceplugin.misses(summary)
+    )
 
 
 if __name__ == "__main__":

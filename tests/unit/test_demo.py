@@ -11,7 +11,8 @@ from typing import Any
 
 from devkit import dra_shapes as S
 from gpuhealth.api import fabric as api_fabric
-from hack.demo import fabric, kueue, mig, realnode, run
+from hack.demo import deviceplugin, fabric, kueue, mig, realnode, run
+from hack.demo.common import DEMO_POLICY
 
 DEVELOPMENT = Path(__file__).resolve().parents[2] / "docs" / "development.md"
 
@@ -66,13 +67,36 @@ def test_check_passes_a_complete_run_and_names_each_missing_story() -> None:
 # -- make demo REAL_NODE=1 -------------------------------------------------------------------------------
 
 
+def device_plugin() -> dict[str, Any]:
+    return {
+        "node": "x",
+        "gpu": 4,
+        "uuid": "GPU-4",
+        "allocatable_withheld": 7,
+        "allocatable_after_repair": 8,
+        "moved_pods": ["ml/dp-a"],
+        "kept_pod": {"pod": "ml/dp-b", "gpu": 6, "same_uid": True, "restarts": 0, "phase": "Running"},
+        "node_tainted_or_cordoned": False,
+        "reset_jobs": ["gpuhealth-reset-x-4-1-abc: Complete"],
+        "validation_jobs": ["gpuhealth-validate-x-4-1-abc: Complete"],
+        "plugin_restarted": True,
+        "returned_while_withheld": False,
+        "returned_s": 41.0,
+    }
+
+
 def real() -> dict[str, Any]:
     ranks = {f"llm-pretrain-{i}-x": f"containerd://{i:064x}" for i in range(4)}
-    return good() | {
+    base = good()
+    return base | {
         "real_node": True,
         "real_node_name": "x",
         "image_digest": "sha256:" + "a" * 64,
         "real_node_ranks": ranks,
+        "device_plugin": device_plugin(),
+        # The device-plugin story's reset and validation on the real node, beside the reset story's.
+        "gpus_reset": [{"node": "x", "gpu": 4}, *base["gpus_reset"]],
+        "validations": [{"node": "x", "gpu": 4, "result": "Passed"}, *base["validations"]],
     }
 
 
@@ -84,6 +108,52 @@ def test_a_real_node_run_must_quarantine_the_real_node_whose_ranks_ran_in_contai
     assert "real node other" in misses[0] and "image digest" in misses[1] and "containerd" in misses[2]
     kwok_ranks = {f"p{i}": "" for i in range(4)}
     assert realnode.misses(real() | {"real_node_ranks": kwok_ranks}) != []
+
+
+def test_a_real_node_run_must_tell_the_device_plugin_story() -> None:
+    assert deviceplugin.misses(real()) == [] and deviceplugin.misses(good()) == []
+    assert deviceplugin.misses(real() | {"device_plugin": {}}) == [
+        "the device-plugin story did not run on the real node"
+    ]
+    bad = device_plugin() | {
+        "allocatable_withheld": 8,
+        "moved_pods": ["ml/dp-a", "ml/dp-b"],
+        "kept_pod": {"pod": "ml/dp-b", "same_uid": False, "restarts": 0, "phase": "Running"},
+        "node_tainted_or_cordoned": True,
+        "reset_jobs": ["r: Failed"],
+        "validation_jobs": [],
+        "plugin_restarted": False,
+        "returned_while_withheld": True,
+    }
+    misses = deviceplugin.misses(real() | {"device_plugin": bad})
+    assert len(misses) == 8, misses
+    assert "expected 7" in misses[0] and "only ml/dp-a" in misses[1] and "untouched" in misses[2]
+    assert "tainted or cordoned" in misses[3] and "reset Jobs" in misses[4] and "validation Jobs" in misses[5]
+    assert "not restarted" in misses[6] and "back only once offered" in misses[7]
+    # The reset story's check still wants exactly its own reset beside the real node's.
+    extra = real() | {"gpus_reset": [*real()["gpus_reset"], {"node": "h", "gpu": 2}]}
+    assert any("succeeded reset Jobs" in m for m in run.check(extra, "x", "h", "m", "r", 1))
+
+
+def test_the_device_plugin_summary_keys_are_documented() -> None:
+    documented = set(re.findall(r"`([a-z_]+)`", DEVELOPMENT.read_text(encoding="utf-8")))
+    missing = {"device_plugin", *device_plugin(), *device_plugin()["kept_pod"]} - documented
+    assert not missing, f"docs/development.md does not name the demo summary's {sorted(missing)}"
+
+
+def test_the_real_nodes_policies_split_the_fleet() -> None:
+    fleet = deviceplugin.fleet_policy(DEMO_POLICY, "real")
+    assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["real"]} in fleet["nodeSelector"][
+        "matchExpressions"
+    ]
+    assert DEMO_POLICY["nodeSelector"]["matchExpressions"] != fleet["nodeSelector"]["matchExpressions"]  # a copy
+    own = deviceplugin.policy(DEMO_POLICY, "real", "img:1")
+    assert own["nodeSelector"] == {"matchLabels": {"kubernetes.io/hostname": "real"}} and own["mode"] == "Enforce"
+    assert own["rules"]["agentSilence"] == {"after": "2m"} and DEMO_POLICY["rules"]["agentSilence"] == {"after": "30s"}
+    assert own["actions"]["drain"]["maxWait"] == "5s" and "actions" not in DEMO_POLICY
+    (reset,) = own["remediation"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    (diag,) = own["validation"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert reset["image"] == diag["image"] == "img:1" and "${GPU_UUID}" in reset["command"] + diag["command"]
 
 
 def test_the_fabric_storys_masks_are_what_the_operator_reads_as_healthy_and_as_the_domains_fault() -> None:
