@@ -5,6 +5,7 @@ Through the in-memory Kube port; on the real control plane in tests/integration/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from gpuhealth.api.names import TAINT_KEY
@@ -152,5 +153,49 @@ def test_a_restarted_operator_counts_the_domain_its_predecessor_decided_before_a
         await second.events.flush()
         _judge(kube)
         assert all(_tainted(kube, n) for n in PAIR["a"])
+
+    asyncio.run(body())
+
+
+def test_a_restart_after_records_out_but_no_node_write_takes_the_whole_domain_out() -> None:
+    """domain_kills, seed 32157 (round 0, "the first back, the second out"): the operator was killed
+    after writing two members' records ``Draining/ImexDomain`` and before their Node writes, the third
+    member still recorded held by the breaker. A restarted operator converges the records onto the
+    Nodes and admits the held member into the slot its domain's records keep for it (not counted twice)."""
+
+    async def body() -> None:
+        kube = _pair()
+        kube.add_report(report_obj(name="a1", devices=[gpu(i) for i in range(8)]))  # a is back
+        kube.policies["p"]["spec"]["safety"]["maxUnhealthy"] = 2  # b held back (a was out then)
+        first = await _runtime(kube)
+        for n in PAIR["b"]:
+            await first.reconciler.reconcile(n)
+        assert all(_status(kube, n)["heldByBreaker"] for n in PAIR["b"])
+        kube.policies["p"]["spec"]["safety"]["maxUnhealthy"] = 4
+        second = await _runtime(kube)
+        patch_node = kube.patch_node
+
+        def killed(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("SIGKILL before the Node write")
+
+        kube.patch_node = killed  # type: ignore[method-assign]
+        for n in ("b2", "b0"):
+            with contextlib.suppress(RuntimeError):
+                await second.reconciler.reconcile(n)
+        kube.patch_node = patch_node  # type: ignore[method-assign]
+        assert [(_status(kube, n)["state"], _tainted(kube, n)) for n in PAIR["b"]] == [
+            ("Draining", False),
+            ("Degraded", False),
+            ("Draining", False),
+        ]
+        assert _status(kube, "b1")["heldByBreaker"]
+        third = await _runtime(kube)
+        for n in ("b2", "b0", "b1", *PAIR["a"]):
+            await third.reconciler.reconcile(n)
+        await third.events.flush()
+        for n in PAIR["b"]:
+            assert _status(kube, n)["state"] == "Draining" and _status(kube, n)["reason"] == "ImexDomain", n
+            assert _tainted(kube, n) and kube.nodes[n]["spec"].get("unschedulable"), n
+        assert not any(_tainted(kube, n) for n in PAIR["a"])
 
     asyncio.run(body())
