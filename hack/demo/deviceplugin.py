@@ -139,7 +139,8 @@ def run(kube: Kube, node: RealNode, plugins: nv.NvidiaPlugins, timeline: Timelin
     timeline.add(f"{name}: fault injected: XID {XID} on GPU {a} ({fake_nvml_uuid(a)})", at)
 
     seen: dict[str, float] = {}
-    samples: list[tuple[int, str, bool]] = []  # (allocatable, GPU a's state, node tainted or cordoned)
+    # (allocatable, GPU a's state, node tainted or cordoned, the plugin's pod restarted yet)
+    samples: list[tuple[int, str, bool, bool]] = []
 
     def note(key: str, row: str) -> None:
         if key not in seen:
@@ -155,7 +156,7 @@ def run(kube: Kube, node: RealNode, plugins: nv.NvidiaPlugins, timeline: Timelin
         blocked = bool(n["spec"].get("unschedulable")) or any(
             t["key"] in (GPU_OUT, "gpuhealth.dev/unhealthy") for t in n["spec"].get("taints") or []
         )
-        samples.append((alloc, str(dev.get("state", "")), blocked))
+        samples.append((alloc, str(dev.get("state", "")), blocked, "restart" in seen))
         if alloc == nv.GPUS - 1:
             note("withheld", f"{name}: the device plugin withholds GPU {a}: allocatable nvidia.com/gpu {alloc} of 8")
         if dev.get("keptOffBy"):
@@ -190,7 +191,10 @@ def run(kube: Kube, node: RealNode, plugins: nv.NvidiaPlugins, timeline: Timelin
         "node": name,
         "gpu": a,
         "uuid": fake_nvml_uuid(a),
-        "allocatable_withheld": min(s[0] for s in samples),
+        # Before the plugin's restart: the GPU withheld. While its pod restarts the kubelet takes every GPU of
+        # the plugin out of allocatable until the new pod registers them.
+        "allocatable_withheld": min(s[0] for s in samples if not s[3]),
+        "allocatable_while_restarting": min((s[0] for s in samples if s[3]), default=-1),
         "allocatable_after_repair": nv.gpu_counts(node)[1],
         "moved_pods": [f"{NS}/{POD_A}"] if "moved" in seen else [],
         "kept_pod": {
@@ -204,7 +208,7 @@ def run(kube: Kube, node: RealNode, plugins: nv.NvidiaPlugins, timeline: Timelin
         "reset_jobs": [f"{j.metadata.name}: {_ended(j)}" for j in resets],
         "validation_jobs": [f"{j.metadata.name}: {_ended(j)}" for j in validations],
         "plugin_restarted": new_plugin["metadata"]["uid"] != old_plugin["metadata"]["uid"],
-        "returned_while_withheld": any(alloc < nv.GPUS and state == "InService" for alloc, state, _ in samples),
+        "returned_while_withheld": any(alloc < nv.GPUS and state == "InService" for alloc, state, _, _ in samples),
         "returned_s": round(seen["back"] - at, 1),
     }
     # Pod B's GPU goes to the training job's ranks.

@@ -73,6 +73,7 @@ def device_plugin() -> dict[str, Any]:
         "gpu": 4,
         "uuid": "GPU-4",
         "allocatable_withheld": 7,
+        "allocatable_while_restarting": 0,
         "allocatable_after_repair": 8,
         "moved_pods": ["ml/dp-a"],
         "kept_pod": {"pod": "ml/dp-b", "gpu": 6, "same_uid": True, "restarts": 0, "phase": "Running"},
