@@ -241,6 +241,37 @@ def gpu_counts(node: RealNode) -> tuple[int, int]:
     )
 
 
+def gpu_pod(
+    name: str,
+    namespace: str,
+    image: str,
+    container: str,
+    *,
+    node: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod asking for one ``nvidia.com/gpu`` that prints its environment (``NVIDIA_VISIBLE_DEVICES``,
+    read back with ``container_log`` and ``uuid_in``) and stays up; pinned to ``node`` if given."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = labels
+    spec: dict[str, Any] = {"nodeSelector": {HOSTNAME: node}} if node else {}
+    spec |= {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {
+                "name": container,
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "env; exec sleep 3600"],
+                "resources": {"limits": {RESOURCE: "1"}},
+            }
+        ],
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
 def container_log(node: RealNode, pod: dict[str, Any]) -> str:
     """Every container log line of ``pod``, read on the node (without the CRI time/stream prefix)."""
     meta = pod["metadata"]

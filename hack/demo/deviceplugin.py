@@ -61,25 +61,7 @@ def fleet_policy(demo: dict[str, Any], node: str) -> dict[str, Any]:
 
 def pod(name: str, node: str, image: str) -> dict[str, Any]:
     """A pod holding one ``nvidia.com/gpu`` on ``node`` (the scheduler places it, the plugin allocates)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": APP}},
-        "spec": {
-            "nodeSelector": {HOSTNAME: node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "server",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "env; exec sleep 3600"],
-                    "resources": {"limits": {nv.RESOURCE: "1"}},
-                }
-            ],
-        },
-    }
+    return nv.gpu_pod(name, NS, image, "server", node=node, labels={"app": APP})
 
 
 def _pod(kube: Kube, name: str) -> Any:

@@ -82,24 +82,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 def gpu_pod(image: str, name: str) -> dict[str, Any]:
     """A pod asking for one ``nvidia.com/gpu`` that prints its environment and stays up."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORKLOADS},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "work",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "env; exec sleep 3600"],
-                    "resources": {"limits": {nv.RESOURCE: "1"}},
-                }
-            ],
-        },
-    }
+    return nv.gpu_pod(name, WORKLOADS, image, "work")
 
 
 def get_pod(e: Env, name: str) -> dict[str, Any] | None:
