@@ -48,7 +48,7 @@ from gpuhealth.agent.report import (
 )
 from gpuhealth.agent.server import MetricsServer
 from gpuhealth.agent.source import DeviceSource
-from gpuhealth.agent.transport import ReportTransport
+from gpuhealth.agent.transport import NullTransport, ReportTransport
 from gpuhealth.agent.watchdog import HangMarker, NvmlWatchdog
 from gpuhealth.api.names import LEASE_NVML_UNRESPONSIVE_ANNOTATION, LEASE_SAMPLED_AT_ANNOTATION
 
@@ -395,17 +395,7 @@ class Agent:
 def collect_once(config: AgentConfig, *, source: DeviceSource | None = None) -> dict[str, Any]:
     """Discover and sample once and return the report ``spec`` (``--once --dry-run``)."""
 
-    class _NoTransport:
-        def get(self, name: str) -> dict[str, Any] | None:
-            return None
-
-        def create(self, body: dict[str, Any]) -> dict[str, Any]:
-            return body
-
-        def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-            return patch
-
-    agent = Agent(config, _NoTransport(), source=source)
+    agent = Agent(config, NullTransport(), source=source)
     try:
         snapshot = agent.sample_once()
         for event, baseline in agent.xids.drain():

@@ -118,6 +118,19 @@ class PrintTransport:
         return self._emit({"op": "patch", "name": name, "patch": patch})
 
 
+class NullTransport:
+    """Writes nowhere: an agent that only samples (``--once --dry-run``, which prints the spec itself)."""
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return patch
+
+
 def report_body(node_name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",

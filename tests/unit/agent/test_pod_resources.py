@@ -28,6 +28,7 @@ from gpuhealth.agent.pod_resources import (
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.source import DeviceSample, SourceEvents
+from gpuhealth.agent.transport import NullTransport
 from gpuhealth.api.report import parse_report
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
@@ -304,20 +305,9 @@ class MigSource:
         pass
 
 
-class NoTransport:
-    def get(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
-
-    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return patch
-
-
 def _agent(lister: FakeLister | None) -> Agent:
     config = AgentConfig(node_name="node-a", metrics_port=0, boot_time=T)
-    return Agent(config, NoTransport(), source=MigSource(), pod_resources=lister)
+    return Agent(config, NullTransport(), source=MigSource(), pod_resources=lister)
 
 
 def _spec(agent: Agent) -> dict[str, Any]:
