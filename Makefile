@@ -103,7 +103,7 @@ test: $(STAMP)
 	@$(SIDE_BY_SIDE) control-plane lint typecheck
 	@mkdir -p $(BUILD)
 	$(SIDE_BY_SIDE) tools real-node >$(BEHIND_LOG) 2>&1 & behind=$$!; \
-	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20 --junitxml=$(BUILD)/junit.xml; \
+	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --durations=20 --junitxml=$(BUILD)/junit.xml; \
 	tests=$$?; wait $$behind; builds=$$?; cat $(BEHIND_LOG); \
 	if [ $$builds -ne 0 ]; then echo "make test: a build behind the tests failed (its log is above)" >&2; fi; \
 	test $$tests -eq 0 -a $$builds -eq 0

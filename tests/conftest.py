@@ -3,8 +3,14 @@
 Each test module goes to one worker whole, so a module's fixtures (a policy, its nodes, an operator)
 are set up once and its tests run in order; each worker starts its own control plane (the session
 fixture in tests/integration/conftest.py, on free ports). The modules that change the host itself
-share one group and so one worker: the real node (a bridge, nft rules, cgroups) and ``make
+share one scope and so one worker: the real node (a bridge, nft rules, cgroups) and ``make
 cluster-down``'s test, whose ``down`` undoes whatever a real node left on the host.
+
+The scopes are this file's own scheduler (``pytest_xdist_make_scheduler``, xdist's public hook), not
+``xdist_group`` marks: xdist 3.8 applies a mark by rewriting ``item._nodeid``, which pytest 9.2 no
+longer reads, so under ``--dist loadgroup`` every test became its own unit and a module's fixtures
+(a second real node on the same host among them) were set up on both workers.
+tests/unit/test_xdist_scopes.py runs real workers and fails if a module is ever split again.
 
 ``make test`` builds only the control plane before the tests; the tools that a few modules alone need
 build behind the first tests (the Makefile's ``test``). Those modules (``BEHIND``) run after all the
@@ -22,6 +28,8 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
 
 HOST_MODULES = frozenset({"test_real_node.py", "test_device_plugin.py", "test_cluster_down.py"})
 
@@ -51,10 +59,25 @@ def _module(item: pytest.Item) -> str:
     return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
 
 
+def scope_of(nodeid: str) -> str:
+    """The unit one worker takes whole: the host's modules together, every other module alone."""
+    module = nodeid.split("::", 1)[0]
+    return "host" if module.rsplit("/", 1)[-1] in HOST_MODULES else module
+
+
+class ModuleScopes(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no annotations
+    """xdist's scope scheduler (a unit goes to one worker whole, units in collection order) with
+    :func:`scope_of` for its scopes."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:
+    return ModuleScopes(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = "host" if item.path.name in HOST_MODULES else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: _module(item) in BEHIND)  # stable: the order within each part is kept
 
 
