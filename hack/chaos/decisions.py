@@ -99,6 +99,25 @@ def half_domains(samples: Iterable[DomainSample], settle_s: float) -> list[str]:
     return out
 
 
+class ActingBudget:
+    """A wait counted in the operator's acting time, as :func:`half_domains` counts it: an interval
+    between two looks counts only when the operator was acting at both ends. A start-up under load
+    (25-45 s on 2 loaded cores, over and over under the kill monkey) is not held against the operator;
+    ``cap_s`` of wall time ends the wait regardless, so a dead operator still ends the scenario."""
+
+    def __init__(self, budget_s: float, cap_s: float, start: float, acting: bool) -> None:
+        self.budget_s, self.cap_s, self.start = budget_s, cap_s, start
+        self.acting_s = 0.0
+        self._last, self._was = start, acting
+
+    def look(self, at: float, acting: bool) -> bool:
+        """Record a look; whether the wait is over (acting budget or wall cap spent)."""
+        if self._was and acting:
+            self.acting_s += max(0.0, at - self._last)
+        self._last, self._was = at, acting
+        return self.acting_s >= self.budget_s or at - self.start >= self.cap_s
+
+
 def settled_domain_problems(domain: str, out: Mapping[str, bool], want_out: bool) -> list[str]:
     """Once the scenario has waited for the decision: every member out (the fault stands) or every member
     back (it cleared), in one read of the Nodes."""

@@ -121,7 +121,7 @@ def domain_kills(ctx: Ctx) -> None:
             )
             return gone and back
 
-        kit.settle(ctx, done, 120, what, where)
+        kit.settle(ctx, done, 120, what, where, acting=partial(_acting, op))
         seen = ctx.retry(kit.nodes, ctx)  # the API server may be crashing on purpose right now
         for d, ns in domains.items():
             taints = {n: inv._our_taint(seen.get(n) or {}) is not None for n in ns}
@@ -147,7 +147,7 @@ def domain_kills(ctx: Ctx) -> None:
                 first = next((ns for ns in domains.values() if out(ns)), [])
                 return bool(first)
 
-            kit.settle(ctx, one_out, 120, f"round {r}: a domain out", where)
+            kit.settle(ctx, one_out, 120, f"round {r}: a domain out", where, acting=partial(_acting, op))
             second = next(ns for ns in domains.values() if ns != first)
             settled(first, second, True, f"round {r}: one domain out, the other held")
             # The first returns as one, the second leaves as one: kill when either is seen half way, and

@@ -190,3 +190,21 @@ def test_an_approval_never_acted_on_fires_once_settled() -> None:
     (p,) = d.approval_problems([create(RESET, 2)], {(NODE, 3): [at(1), at(8)]})
     assert "approved at 01:00:08" in p
     assert d.approval_problems([create(RESET, 2)], {(NODE, 3): [at(1), at(8)]}, settled=False) == []
+
+
+def test_a_settle_wait_counts_the_operators_acting_time_not_its_start_ups() -> None:
+    """domain_kills, seed 32157: of a 120 s wall-clock wait the operator acted about 6 s (five restarts
+    of 25-45 s each on a loaded machine); the wait ended before a restart that settled the round
+    in 6 s. Counted in acting time, the start-ups do not spend the wait; the wall cap still ends it."""
+    b = d.ActingBudget(budget_s=10.0, cap_s=40.0, start=0.0, acting=True)
+    assert not b.look(5.0, True)  # 5 s acting
+    assert not b.look(6.0, False)  # killed: 5..6 not counted (one end not acting)
+    assert not b.look(30.0, False)  # starting up for 24 s: not counted
+    assert not b.look(31.0, True)  # acting again (30..31 has one end not acting)
+    assert b.acting_s == 5.0
+    assert not b.look(35.0, True)
+    assert b.look(36.0, True) and b.acting_s == 10.0
+    # Never acting: the wall cap ends the wait.
+    dead = d.ActingBudget(budget_s=10.0, cap_s=40.0, start=0.0, acting=False)
+    assert not any(dead.look(float(t), False) for t in range(1, 40))
+    assert dead.look(40.0, False)
