@@ -22,11 +22,6 @@ from gpuhealth.api.report import PodHold as PodHold
 from gpuhealth.api.report import PodResources as PodResources
 from gpuhealth.api.report import SourceName as SourceName
 
-# Clock-event bits that mean the hardware is protecting itself (HW slowdown, SW thermal,
-# HW thermal, HW power brake). Idle, power cap, sync boost and app clocks flip with every
-# workload change, so only these bits count as a change of facts.
-SIGNIFICANT_CLOCK_EVENT_REASONS = 0x08 | 0x20 | 0x40 | 0x80
-
 
 @dataclass(frozen=True)
 class EccCounts:

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from gpuhealth.agent.model import (
-    SIGNIFICANT_CLOCK_EVENT_REASONS,
     UTC,
     DeviceFacts,
     MigDeviceFacts,
@@ -27,6 +26,7 @@ from gpuhealth.agent.model import (
 from gpuhealth.agent.report_fabric import device_fabric_spec, nics_changed, nics_spec, significant_fabric
 from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
 from gpuhealth.api.device_facts import DEVICE_FACTS
+from gpuhealth.api.fabric import SIGNIFICANT_CLOCK_EVENT_REASONS
 from gpuhealth.api.timeutil import parse_time
 
 __all__ = [

@@ -14,7 +14,6 @@ wrong. A healthy GB200 reports a mask full of "false" sub-fields.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
@@ -207,6 +206,9 @@ HW_SLOWDOWN: Final = 0x8
 SW_THERMAL: Final = 0x20
 HW_THERMAL: Final = 0x40
 HW_POWER_BRAKE: Final = 0x80
+# The bits that mean the hardware is protecting itself: only a change of these is a new fact to the agent
+# (idle, power cap, sync boost and app clocks flip with every workload change).
+SIGNIFICANT_CLOCK_EVENT_REASONS: Final = HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
 
 
 def clock_reasons(mask: int) -> tuple[str, ...]:
@@ -244,24 +246,3 @@ NVLINK_ERROR_DL_CRC_FLIT: Final = 2
 NVLINK_ERROR_DL_CRC_DATA: Final = 3
 NVLINK_ERROR_DL_ECC_DATA: Final = 4
 
-
-# ---- what a GPU's NVLinks are held to --------------------------------------------------------------
-
-
-def nvlink_expectation(gpus: Iterable[tuple[str, int | None, int | None]]) -> dict[str, tuple[int, int]]:
-    """Per GPU model, from each GPU's ``(model, links, active)``: the most NVLinks a GPU of that model on
-    the node has, and the most it has active. The one expectation the operator judges by
-    (``evaluation/fabric_rules.py``) and ``kubectl gpuhealth describe`` shows (``cli/fabricview.py``).
-
-    The first is what each of them should have (a link that vanished from a GPU's own count is still
-    missed, so the most, not the most common: a GPU of a model with fewer links than its peers is the
-    one degraded). The second says whether the node uses NVLink at all: a PCIe card without a bridge,
-    or a GPU whose NVLinks are off by design, reports links that exist and none active, which is how it
-    is built, not a degraded link; only where some GPU of the model has an active link is one missed.
-    A GPU that reports no link count is left out."""
-    out: dict[str, tuple[int, int]] = {}
-    for model, links, active in gpus:
-        if links is not None:
-            most, most_active = out.get(model, (0, 0))
-            out[model] = (max(most, links), max(most_active, active or 0))
-    return out

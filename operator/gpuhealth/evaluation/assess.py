@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuhealth.api.device_facts import FAULT_FACTS
+from gpuhealth.api.fabric import HW_POWER_BRAKE as HW_POWER_BRAKE
+from gpuhealth.api.fabric import HW_SLOWDOWN, HW_THERMAL
 from gpuhealth.api.names import GPU_COUNT_LABEL, Action, Signal
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
@@ -23,14 +25,11 @@ from gpuhealth.evaluation.findings import Finding as Finding
 from gpuhealth.evaluation.repeats import repeated_app_xids
 from gpuhealth.evaluation.scope import scope_of
 
-# NVML clock-event reasons (nvml.h ``nvmlClocksEventReason*``), split by what they tell: HW thermal
-# (0x40) is heat; HW power brake (0x80) is an external power brake, usually the rack's power shelf,
-# which no reboot fixes; HW slowdown (0x8) is the hardware slowing down without saying why (heat, a
-# power brake or fast-trigger protection). The last two are "slow, not broken" signals of their own
+# NVML clock-event reasons (api/fabric.py, the one declaration of their bits), split by what they tell:
+# HW thermal (0x40) is heat; HW power brake (0x80) is an external power brake, usually the rack's power
+# shelf, which no reboot fixes; HW slowdown (0x8) is the hardware slowing down without saying why (heat,
+# a power brake or fast-trigger protection). The last two are "slow, not broken" signals of their own
 # (rules.powerBrake, rules.hwSlowdown); 0x8 alongside 0x40 or 0x80 is explained by the other bit.
-HW_SLOWDOWN = 0x8
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
 # Every clock reason a rule reads over time (evaluation/rules.py re-passes nodes that carry one).
 SLOW_REASONS = HW_SLOWDOWN | HW_THERMAL | HW_POWER_BRAKE
 
