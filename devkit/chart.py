@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from devkit.tools import run, tools_bin_dir
+from devkit.tools import kube_env, run, tools_bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuhealth"
@@ -84,7 +84,7 @@ def uninstall_block() -> str:
 def run_uninstall(kubeconfig: Path, kubectl_bin: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run the documented uninstall, as a user would, with helm and kubectl on the PATH."""
     path = f"{tools_bin_dir()}:{Path(kubectl_bin).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": path}
+    env = {**kube_env(kubeconfig), "KUBECONFIG": str(kubeconfig), "PATH": path}
     return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", uninstall_block()],
         capture_output=True,

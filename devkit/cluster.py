@@ -29,6 +29,7 @@ from devkit.buildscript import built
 from devkit.gpunodes import gpu_node_manifest
 from devkit.pki import kubeconfig_for, write_pki
 from devkit.proc import Proc
+from devkit.tools import kube_env, run
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"
@@ -321,10 +322,15 @@ class LocalCluster:
             text=True,
             input=input,
             check=False,
+            env=kube_env(self.kubeconfig),
         )
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
+
+    def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """helm against this cluster (the caller reads the exit status)."""
+        return run("helm", f"--kubeconfig={self.kubeconfig}", *args, timeout=timeout, env=kube_env(self.kubeconfig))
 
     def apply(self, path: Path | str) -> None:
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))

@@ -47,7 +47,6 @@ from devkit.fakenvml.build import build_fake_nvml
 from devkit.k8s import wait_for
 from devkit.proc import Proc
 from devkit.realnode_host import BRIDGE, LOCK, NFT_TABLE, STATE, STATE_DIR, record_host, teardown
-from devkit.tools import run
 
 REPO = Path(__file__).resolve().parents[1]
 POD_SUBNET = "10.250.0.0/24"
@@ -492,7 +491,7 @@ class Installed:
             self.cluster.stop()
 
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        out = run("helm", f"--kubeconfig={self.cluster.kubeconfig}", *args, timeout=600)
+        out = self.cluster.helm(*args)
         if out.returncode != 0:
             raise RealNodeError(f"helm {args[0]}: {out.stdout}{out.stderr}")
         return out

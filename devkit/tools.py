@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from devkit.buildscript import built
@@ -35,7 +36,17 @@ def tool(name: str) -> Path:
     return path
 
 
-def run(name: str, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def kube_env(kubeconfig: Path) -> dict[str, str]:
+    """The environment for a kubectl or helm run against the cluster of ``kubeconfig``: their
+    discovery and HTTP caches (``KUBECACHEDIR``) in a ``kube-cache`` folder beside it. Left to them,
+    both cache in ``$HOME/.kube/cache``, which with HOME unset is ``.kube/cache`` under the working
+    directory: the repository, for a test run."""
+    return {**os.environ, "KUBECACHEDIR": str(kubeconfig.parent / "kube-cache")}
+
+
+def run(
+    name: str, *args: str, cwd: Path | None = None, timeout: float = 300, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(tool(name)), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+        [str(tool(name)), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False, env=env
     )

@@ -19,7 +19,6 @@ import pytest
 from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for, xid_event
-from devkit.tools import run
 
 NS = "gpuhealth-system"
 
@@ -35,7 +34,7 @@ def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
 
 
 def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    out = run("helm", f"--kubeconfig={cluster.kubeconfig}", *args)
+    out = cluster.helm(*args)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
 
