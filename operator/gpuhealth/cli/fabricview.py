@@ -1,68 +1,65 @@
-"""The fabric between GPUs for `kubectl gpuhealth describe`: per GPU its NVLinks (active against what its
-peers of the same model have), NVLink peers, fabric state and decoded health, PCIe, throttle reasons split
+"""The fabric between GPUs for `kubectl gpuhealth describe`: per GPU its NVLinks (active against what the
+operator holds them to), NVLink peers, fabric state and decoded health, PCIe, throttle reasons split
 and duty cycle; per node its NICs. A JSON-able model (``fabric_view``) and its text (``fabric_lines``).
 
-Facts as the agent reported them; whether they take capacity out is the operator's verdict, shown
-elsewhere in ``describe``.
+What is judged is read as the operator reads it, through ``parse_report``: the NVLinks each GPU is held
+to (``api/nvlink_expectation.py``, the one expectation ``NVLinkDegraded`` judges by), the fabric health
+sub-fields that say something is wrong and the clock-event reasons. Beside them the model keeps the
+agent's objects as written, with what the typed report drops as for humans only (which links are
+down, PCIe replays, a NIC's netdev). A report the operator cannot parse shows those objects alone.
+Whether the facts take capacity out is the operator's verdict, shown elsewhere in ``describe``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth.api import fabric
+from gpuhealth.api.nvlink_expectation import LinkExpectation, expected_nvlinks
+from gpuhealth.api.report import Device, Report
 from gpuhealth.cli.render import table
 
-_BOOLEAN_FAULTS = tuple(f.report for f in fabric.BOOLEAN_FIELDS)
 
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def expected_links(devices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Per GPU model, the NVLinks each GPU of that model is held to: the operator's own expectation
-    (``api/fabric.py``, ``nvlink_expectation``), so describe's "active/expected" is what the verdict
-    judged."""
-    gpus = (
-        (str(d.get("model") or ""), _int(n.get("links")), _int(n.get("active")))
-        for d in devices
-        if isinstance(n := d.get("nvlink"), Mapping)
-    )
-    return {model: links for model, (links, _) in fabric.nvlink_expectation(gpus).items()}
-
-
-def _fabric_faults(f: Mapping[str, Any]) -> list[str]:
-    out = [k for k in _BOOLEAN_FAULTS if f.get(k) is True]
-    config = f.get("incorrectConfiguration")
-    if config not in (None, "None"):
-        out.append(f"incorrectConfiguration={config}")
+def _fabric_faults(d: Device | None) -> list[str]:
+    """The health sub-fields that say something is wrong; the configuration's with what is wrong."""
+    f = d.fabric if d is not None else None
+    if f is None:
+        return []
+    config = fabric.INCORRECT_CONFIGURATION.report
+    out = [k for k in f.faults if k != config]
+    if f.incorrect_configuration not in (None, "None"):
+        out.append(f"{config}={f.incorrect_configuration}")
     return out
 
 
-def device_fabric(d: Mapping[str, Any], expected: Mapping[str, int]) -> dict[str, Any]:
-    """One GPU's fabric facts, for ``describe -o json``."""
-    nvlink = dict(d.get("nvlink") or {})
-    fab = dict(d.get("fabric") or {})
-    reasons = d.get("clockEventReasons")
+def device_fabric(
+    written: Mapping[str, Any], device: Device | None, expected: Mapping[int, LinkExpectation]
+) -> dict[str, Any]:
+    """One GPU's fabric facts, for ``describe -o json``: ``written`` the agent's device object, ``device``
+    the same GPU parsed (None: the report could not be)."""
+    nvlink = dict(written.get("nvlink") or {})
+    held_to = expected.get(device.index) if device is not None else None
     return {
-        "index": d.get("index"),
+        "index": written.get("index"),
         "nvlink": nvlink or None,
-        "nvlinkExpected": expected.get(str(d.get("model") or "")) if nvlink else None,
-        "fabric": fab or None,
-        "fabricFaults": _fabric_faults(fab),
-        "pcie": dict(d.get("pcie") or {}) or None,
-        "clockReasons": list(fabric.clock_reasons(reasons)) if isinstance(reasons, int) else [],
-        "clocks": dict(d.get("clocks") or {}) or None,
+        "nvlinkExpected": held_to.links if nvlink and held_to is not None else None,
+        "fabric": dict(written.get("fabric") or {}) or None,
+        "fabricFaults": _fabric_faults(device),
+        "pcie": dict(written.get("pcie") or {}) or None,
+        "clockReasons": list(device.clock_reasons) if device is not None else [],
+        "clocks": dict(written.get("clocks") or {}) or None,
     }
 
 
-def fabric_view(spec: Mapping[str, Any]) -> dict[str, Any]:
-    devices = sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)
-    expected = expected_links(devices)
+def fabric_view(report: Report | None, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The fabric part of ``describe``: ``report`` parsed (None: it could not be), ``spec`` as written."""
+    written = sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)
+    expected = expected_nvlinks(report) if report is not None else {}
     return {
-        "devices": [device_fabric(d, expected) for d in devices],
+        "devices": [
+            device_fabric(d, report.device(d.get("index")) if report is not None else None, expected) for d in written
+        ],
         "nics": [dict(n) for n in spec.get("nics") or []],
     }
 

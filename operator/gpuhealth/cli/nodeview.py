@@ -23,6 +23,7 @@ from gpuhealth.api.names import (
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.ownership import Ownership
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
+from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.slow_policy import Topology
 from gpuhealth.api.status import read_report_status
 from gpuhealth.api.timeutil import format_time, parse_time
@@ -175,6 +176,17 @@ def _events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [row for _, row in keyed[-MAX_EVENTS:]]
 
 
+def _report(obj: Mapping[str, Any] | None) -> Report | None:
+    """The report as the operator reads it (``parse_report``); None when there is none or the operator
+    would refuse it."""
+    if obj is None:
+        return None
+    try:
+        return parse_report(obj)
+    except ReportError:
+        return None
+
+
 def _policy(obj: Mapping[str, Any] | None) -> Policy | None:
     if obj is None:
         return None
@@ -275,7 +287,7 @@ def describe_node(
         },
         "devices": [_device(d) for d in sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)],
         "xids": _xids(spec.get("xidEvents") or [], cleared, now),
-        "fabric": fabric_view(spec),
+        "fabric": fabric_view(_report(report), spec),
         "evidence": [dict(e) for e in status.evidence],
         "marks": _marks(node),
         "history": history,

@@ -5,9 +5,10 @@ findings here, which ``assess`` adds to the node's:
 
 - ``NVLinkDegraded`` (GPU, slow): fewer active NVLinks than the GPU has (its own count of links, or
   more where its peers of the same model on the node have more: learned from peers, as the design notes
-  say the expected count is) on a node that uses NVLink (some GPU of the model has an active link: a
-  PCIe card without a bridge reports links and none active, by design), or its failed link recoveries
-  (Blackwell's field 214) rose since the last pass. The NVLink error counters and BER are telemetry and
+  say the expected count is; ``api/nvlink_expectation.py``, the one expectation ``describe`` shows too)
+  on a node that uses NVLink (some GPU of the model has an active link: a PCIe card without a bridge
+  reports links and none active, by design), or its failed link recoveries (Blackwell's field 214) rose
+  since the last pass. The NVLink error counters and BER are telemetry and
   never a verdict (DCGM 4.7 dropped its BER checks because they failed healthy GPUs).
 - ``PCIeDowntrained`` (GPU, slow): the link narrower than its maximum (judged always), or a lower
   generation than its maximum while the GPU is busy (clock reason GpuIdle 0x1 clear: an idle GPU drops
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from gpuhealth.api import fabric as fabric_facts
 from gpuhealth.api.fabric_policy import NicRule
 from gpuhealth.api.names import Action, Signal
+from gpuhealth.api.nvlink_expectation import LinkExpectation, expected_nvlinks
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
 from gpuhealth.api.report_fabric import NicPort
@@ -120,16 +122,8 @@ def _gpu(d: Device, signal: Signal, action: Action, detail: str, since: dt.datet
     return Finding(signal, action, detail, d.index, d.uuid, None, since)
 
 
-def most_links(report: Report) -> dict[str, tuple[int, int]]:
-    """Per GPU model, the most NVLinks a GPU of that model on the node has, and the most it has active
-    (``api/fabric.py``, ``nvlink_expectation``: what ``describe`` shows too)."""
-    return fabric_facts.nvlink_expectation(
-        (d.model, d.nvlink.links, d.nvlink.active) for d in report.devices if d.nvlink
-    )
-
-
 def _nvlink(
-    policy: Policy, d: Device, report: Report, counters: _Counters, most: Mapping[str, tuple[int, int]]
+    policy: Policy, d: Device, report: Report, counters: _Counters, expected: Mapping[int, LinkExpectation]
 ) -> list[Finding]:
     rule = policy.fabric.nvlink
     n = d.nvlink
@@ -139,12 +133,10 @@ def _nvlink(
     if not rule.enabled:
         return []
     why = []
-    most_links_of_model, most_active_of_model = most.get(d.model, (0, 0))
-    expected = max(n.links or 0, most_links_of_model) if n.links is not None else None
-    in_use = most_active_of_model > 0  # some GPU of the model has an active link: the node uses NVLink
-    if n.active is not None and expected is not None and in_use and n.active < expected:
-        learned = "" if expected == n.links else " (as many as the node's other GPUs of its model have)"
-        why.append(f"{expected - n.active} of {expected} NVLinks inactive{learned}")
+    held_to = expected.get(d.index)  # api/nvlink_expectation.py: what describe shows as expected too
+    if held_to is not None and (missing := held_to.missing(n.active)):
+        learned = "" if held_to.links == n.links else " (as many as the node's other GPUs of its model have)"
+        why.append(f"{missing} of {held_to.links} NVLinks inactive{learned}")
     if failed:
         why.append(f"{failed} failed NVLink recoveries since the last look ({n.recovery_failed} in all)")
     if not why:
@@ -277,12 +269,12 @@ def fabric_findings(
     """Every finding the fabric rules make of ``report``; ``pending`` receives the counters' values.
     ``cleared_before``: a human released the node then, acknowledging the NIC counters' increases so far."""
     counters = _Counters(prior_pending, pending, now, cleared_before)
-    most = most_links(report)
+    expected = expected_nvlinks(report)
     out: list[Finding] = []
     for d in report.devices:
         if d.lost:
             continue  # a lost GPU is its own finding; its links and fabric say nothing more
-        out.extend(_nvlink(policy, d, report, counters, most))
+        out.extend(_nvlink(policy, d, report, counters, expected))
         out.extend(_pcie(policy, d, report))
         out.extend(_fabric_degraded(policy, d, report))
     out.extend(_fabric_broken(policy, report))

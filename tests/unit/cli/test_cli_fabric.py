@@ -16,9 +16,16 @@ from gpuhealth.agent.model import (
     ThrottleFacts,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder
+from gpuhealth.api.names import Signal
+from gpuhealth.api.report import parse_report
+from gpuhealth.api.timeutil import format_time
 from gpuhealth.cli.describe_text import render_describe
 from gpuhealth.cli.nodeview import describe_node
+from gpuhealth.evaluation.fabric_rules import fabric_findings
+from tests.unit.builders import make_policy
 from tests.unit.cli.objects import NOW, node
+
+_NOW = format_time(NOW)
 
 
 def _report() -> dict[str, Any]:
@@ -88,18 +95,23 @@ def test_describe_without_fabric_facts_adds_no_section() -> None:
 
 
 def test_describe_expects_the_nvlinks_the_operator_expects_when_gpus_of_a_model_differ() -> None:
-    """5 GPUs of a model at 12 links and 3 at 18: the operator holds the twelve-link GPUs out as
-    NVLinkDegraded against the most links of their model (18); describe says the same, not "12/12"."""
-    from gpuhealth.api.report import parse_report
-    from gpuhealth.cli.fabricview import fabric_view
-    from gpuhealth.evaluation.fabric_rules import most_links
-
+    """5 GPUs of a model at 12 links and 3 at 18, every link active: the operator holds the twelve-link
+    GPUs out as NVLinkDegraded against the most links of their model (18); describe shows them as
+    "12/18 active", never "12/12 active" (what it showed when it expected the most common count)."""
     devices = [
         {"index": i, "uuid": f"GPU-{i}", "model": "NVIDIA H100", "nvlink": {"links": n, "active": n}}
         for i, n in enumerate([12] * 5 + [18] * 3)
     ]
-    spec = {"nodeName": "n", "heartbeatTime": "2026-12-06T00:00:00Z", "devices": devices}
-    operator = most_links(parse_report({"metadata": {"name": "n"}, "spec": spec}))["NVIDIA H100"][0]
-    shown = {g["index"]: g["nvlinkExpected"] for g in fabric_view(spec)["devices"]}
-    assert operator == 18
-    assert shown == dict.fromkeys(range(8), operator)
+    rep = {"metadata": {"name": "gpu-a"}, "spec": {"nodeName": "gpu-a", "heartbeatTime": _NOW, "devices": devices}}
+    held_out = {
+        f.gpu
+        for f in fabric_findings(make_policy(), parse_report(rep), {}, {}, NOW)
+        if f.signal == Signal.NVLINK_DEGRADED
+    }
+    assert held_out == {0, 1, 2, 3, 4}
+    model = describe_node("gpu-a", node("gpu-a"), rep, None, [], NOW)
+    assert {g["index"]: g["nvlinkExpected"] for g in model["fabric"]["devices"]} == dict.fromkeys(range(8), 18)
+    rows = {line.split()[0]: line for line in render_describe(model).splitlines() if "active" in line}
+    assert all("12/18 active" in rows[str(i)] for i in held_out), rows
+    assert all("18/18 active" in rows[str(i)] for i in (5, 6, 7)), rows
+    assert not any("12/12" in line for line in rows.values())
