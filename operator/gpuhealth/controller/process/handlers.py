@@ -3,8 +3,8 @@ whether this replica acts (peering); all decisions live elsewhere.
 
 Kopf watches only GPUHealthPolicies, with an event handler and a daemon, so it never writes
 finalizers or progress annotations on anything. The fleet (GPU Nodes, reports, pods, Leases,
-ResourceSlices) comes through the runtime's own slim reflectors (``objectwatch.py``,
-``podwatch.py``, ``leasewatch.py``, ``slicewatch.py``), filtered server-side and cut to the fields
+ResourceSlices) comes through the runtime's own slim reflectors (the four watches of
+``intake/objectwatch.py``, and ``intake/slicewatch.py``), filtered server-side and cut to the fields
 read as they are parsed: Kopf's per-object processing and body copies cost too much at fleet size
 (docs/scaling.md).
 """
@@ -60,11 +60,11 @@ def connection_info(cfg: client.Configuration, trust_env: bool = False) -> kopf.
 
 def register(
     registry: kopf.OperatorRegistry,
-    reconciler: Runtime,
+    runtime: Runtime,
     kubeconfig: str | None = None,
     peering_lifetime_s: int | None = None,
 ) -> None:
-    """Attach the handlers for one reconciler to a Kopf registry; ``kubeconfig`` as for ``credentials.load``;
+    """Attach the handlers for one runtime to a Kopf registry; ``kubeconfig`` as for ``credentials.load``;
     ``peering_lifetime_s``: how long this replica's peering keep-alive stays valid (None: Kopf's default)."""
 
     @kopf.on.login(registry=registry)
@@ -91,23 +91,23 @@ def register(
         settings.networking.request_timeout = 30
         if peering_lifetime_s is not None:
             settings.peering.lifetime = peering_lifetime_s
-        await reconciler.start()
+        await runtime.start()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        await reconciler.stop()
+        await runtime.stop()
 
     @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, registry=registry, cancellation_timeout=5)
     async def acting(stopped: kopf.DaemonStopped, **_: Any) -> None:
         # Kopf stops every daemon while peering pauses this replica and restarts them when it resumes:
-        # the reconciler acts only while at least one of these runs, so a standby replica never acts.
-        reconciler.hold()
+        # the runtime acts only while at least one of these runs, so a standby replica never acts.
+        runtime.hold()
         try:
             await stopped.wait()
         finally:
-            reconciler.release()
+            runtime.release()
 
     @kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     async def policy_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        await reconciler.ready.wait()
-        reconciler.on_policy(type, body)
+        await runtime.ready.wait()
+        runtime.on_policy(type, body)

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     pool = connections(args.workers, args.drain_concurrency)
     kube = Kube(api_client(args.kubeconfig, pool_size=pool), event_namespace=args.event_namespace)
-    reconciler = Runtime(
+    runtime = Runtime(
         kube,
         workers=args.workers,
         tick=args.tick,
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         drain_concurrency=args.drain_concurrency,
     )
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, args.kubeconfig, peering_lifetime_s=args.peering_lifetime)
+    register(registry, runtime, args.kubeconfig, peering_lifetime_s=args.peering_lifetime)
     asyncio.run(
         kopf.operator(
             registry=registry,
