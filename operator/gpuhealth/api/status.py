@@ -4,8 +4,10 @@
 adds what the operator reports beside it (policy, GPU counts, evidence). ``status.drain`` holds a
 drain's progress, ``status.deviceDrains`` each GPU's; ``drain_is_current`` is the one rule that says
 whether a drain record belongs to the current Draining episode of its node or GPU, and ``drain_done``
-whether the node's has completed. ``StoredStatus`` is a node's whole status as the operator reads it
-back, parsed once per pass; ``Running`` what one says runs now, counted across a policy's nodes.
+whether the node's has completed. ``StoredStatus`` is a node's whole status typed, the one way every
+reader reads it back (the operator's rooms, the sweeper, the domain and rack findings, ``kubectl
+gpuhealth``); the operator's store keeps one per resourceVersion of a report. ``Running`` is what one
+says runs now, counted across a policy's nodes.
 """
 
 from __future__ import annotations
@@ -134,83 +136,6 @@ class ClockSkewRecord(TypedDict):
     since: str  # when the operator first saw it (RFC 3339)
 
 
-@dataclass(frozen=True)
-class NodeStatus:
-    """GPUNodeHealth status as the plugin reads it: the wire values, missing ones as ``None``."""
-
-    state: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    since: str | None = None
-    policy: str | None = None
-    overridden_policies: tuple[str, ...] = ()
-    dry_run: bool = False
-    total_gpus: int | None = None
-    healthy_gpus: int | None = None
-    in_service_gpus: int | None = None
-    last_xid: str | None = None
-    quarantines: tuple[str, ...] = ()
-    healthy_since: str | None = None
-    cleared_before: str | None = None
-    held_by_breaker: bool = False
-    drain_action: str | None = None
-    evidence: tuple[dict[str, Any], ...] = ()
-    drain: DrainRecord | None = None
-    devices: tuple[dict[str, Any], ...] = ()
-    device_drains: Mapping[str, DrainRecord] | None = None
-    remediation: Mapping[str, dict[str, Any]] | None = None  # GPU index -> ladder record (api/remediation_status.py)
-    repairs: Mapping[str, list[dict[str, Any]]] | None = None  # GPU UUID -> finished attempts (remediation_status)
-    clock_skew: ClockSkewRecord | None = None
-
-    @property
-    def skew_seconds(self) -> int | None:
-        """The agent's clock offset while a skew episode lasts (positive: ahead), else None."""
-        offset = self.clock_skew.get("offsetSeconds") if self.clock_skew else None
-        return offset if isinstance(offset, int) and not isinstance(offset, bool) else None
-
-    @staticmethod
-    def read(status: Mapping[str, Any] | None) -> NodeStatus:
-        s = status or {}
-        return NodeStatus(
-            state=s.get("state"),
-            reason=s.get("reason"),
-            message=s.get("message"),
-            since=s.get("since"),
-            policy=s.get("policy"),
-            overridden_policies=tuple(s.get("overriddenPolicies") or ()),
-            dry_run=bool(s.get("dryRun", False)),
-            total_gpus=s.get("totalGPUs"),
-            healthy_gpus=s.get("healthyGPUs"),
-            in_service_gpus=s.get("inServiceGPUs"),
-            last_xid=s.get("lastXid"),
-            quarantines=tuple(str(t) for t in s.get("quarantines") or ()),
-            healthy_since=s.get("healthySince"),
-            cleared_before=s.get("clearedBefore"),
-            held_by_breaker=bool(s.get("heldByBreaker", False)),
-            drain_action=s.get("drainAction"),
-            evidence=tuple(dict(e) for e in s.get("evidence") or ()),
-            drain=cast(DrainRecord, dict(s["drain"])) if s.get("drain") else None,
-            devices=tuple(dict(d) for d in s.get("devices") or ()),
-            device_drains=dict(s["deviceDrains"]) if s.get("deviceDrains") else None,
-            remediation={str(k): dict(v) for k, v in s["remediation"].items() if isinstance(v, Mapping)}
-            if isinstance(s.get("remediation"), Mapping) and s["remediation"]
-            else None,
-            repairs={
-                str(k): [dict(a) for a in v if isinstance(a, Mapping)]
-                for k, v in s["repairs"].items()
-                if isinstance(v, list)
-            }
-            if isinstance(s.get("repairs"), Mapping) and s["repairs"]
-            else None,
-            clock_skew=cast(ClockSkewRecord, dict(s["clockSkew"])) if isinstance(s.get("clockSkew"), Mapping) else None,
-        )
-
-
-def read_report_status(report: Mapping[str, Any] | None) -> NodeStatus:
-    """The status of a GPUNodeHealth object (or of none)."""
-    return NodeStatus.read((report or {}).get("status"))
-
-
 def evidence_entry(
     signal: str,
     reason: str,
@@ -232,6 +157,45 @@ def evidence_entry(
     if since:
         e["since"] = format_time(since)
     return e
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One ``status.evidence`` item as read back: a finding as the operator recorded it (``evidence_entry``)."""
+
+    signal: str
+    reason: str = ""
+    action: str = ""
+    detail: str = ""
+    gpu: int | None = None
+    uuid: str = ""
+    code: int | None = None
+    since: dt.datetime | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return evidence_entry(
+            self.signal, self.reason, self.action, self.detail, self.gpu, self.uuid, self.code, self.since
+        )
+
+    @staticmethod
+    def from_status(entry: Any) -> Evidence | None:
+        """The item from a ``status.evidence`` entry; None for one that is not an object."""
+        if not isinstance(entry, Mapping):
+            return None
+        return Evidence(
+            signal=str(entry.get("signal") or ""),
+            reason=str(entry.get("reason") or ""),
+            action=str(entry.get("action") or ""),
+            detail=str(entry.get("detail") or ""),
+            gpu=_count(entry.get("gpu")),
+            uuid=str(entry.get("uuid") or ""),
+            code=_count(entry.get("code")),
+            since=parse_time(entry.get("since")),
+        )
 
 
 def node_status(
@@ -322,10 +286,10 @@ def written_status(report: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 class StoredStatus:
-    """A node's GPUNodeHealth status as the operator reads it back, typed: what the state machine, the
-    GPUs' verdicts, the drains, the repair ladders and the node's validation each resume from. Each
-    part is parsed when first read and kept (most passes read few of them: a healthy node's none
-    but the record). Read only: a room copies what it edits."""
+    """A node's GPUNodeHealth status as every reader reads it back, typed: what the state machine, the
+    GPUs' verdicts, the drains, the repair ladders and the node's validation each resume from, and
+    what the plugin shows. Each part is parsed when first read and kept (most passes read few of them:
+    a healthy node's none but the record). Read only: a room copies what it edits."""
 
     def __init__(self, written: Mapping[str, Any]) -> None:
         self.written = written  # the status as written: what the next status write is diffed against
@@ -333,6 +297,58 @@ class StoredStatus:
     @staticmethod
     def read(status: Mapping[str, Any] | None) -> StoredStatus:
         return StoredStatus(status or {})
+
+    @staticmethod
+    def of(report: Mapping[str, Any] | None) -> StoredStatus:
+        """The status of a GPUNodeHealth object (or of none: empty)."""
+        return StoredStatus(written_status(report))
+
+    @property
+    def state(self) -> State | None:
+        """The node's verdict; None before the operator has written one."""
+        return self.record.state if self.decided else None
+
+    @property
+    def policy(self) -> str | None:
+        """The governing policy the operator named ("" none governs); None before it wrote one."""
+        value = self.written.get("policy")
+        return value if isinstance(value, str) else None
+
+    @property
+    def overridden_policies(self) -> tuple[str, ...]:
+        """Policies that also select the node and lost to ``policy``."""
+        value = self.written.get("overriddenPolicies")
+        return tuple(str(p) for p in value) if isinstance(value, list) else ()
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.written.get("dryRun", False))
+
+    @property
+    def total_gpus(self) -> int | None:
+        return _count(self.written.get("totalGPUs"))
+
+    @property
+    def healthy_gpus(self) -> int | None:
+        return _count(self.written.get("healthyGPUs"))
+
+    @property
+    def in_service_gpus(self) -> int | None:
+        """The GPUs the scheduler may allocate (``kubectl get gpunodes`` HEALTHY-GPUS)."""
+        return _count(self.written.get("inServiceGPUs"))
+
+    @property
+    def last_xid(self) -> str | None:
+        value = self.written.get("lastXid")
+        return None if value is None else str(value)
+
+    @cached_property
+    def evidence(self) -> tuple[Evidence, ...]:
+        """``status.evidence``: the findings behind the verdict (the first ``MAX_EVIDENCE``)."""
+        raw = self.written.get("evidence")
+        if not isinstance(raw, list):
+            return ()
+        return tuple(e for e in (Evidence.from_status(x) for x in raw) if e is not None)
 
     @cached_property
     def record(self) -> Record:
@@ -389,6 +405,12 @@ class StoredStatus:
         """``status.clockSkew`` as written."""
         skew = self.written.get("clockSkew")
         return skew if isinstance(skew, Mapping) else None
+
+    @property
+    def skew_seconds(self) -> int | None:
+        """The agent's clock offset while a skew episode lasts (positive: ahead), else None."""
+        skew = self.clock_skew
+        return _count(skew.get("offsetSeconds")) if skew is not None else None
 
 
 @dataclass(frozen=True, slots=True)

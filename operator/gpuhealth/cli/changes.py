@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.names import (
     APPROVE_ANNOTATION,
@@ -33,7 +34,8 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation_status import Phase, ladders_from_status
+from gpuhealth.api.remediation_status import Phase
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation
 from gpuhealth.cli.errors import Refused
@@ -75,10 +77,10 @@ def plan_release(
     moves the node to Recovering and keeps it tainted and cordoned for the policy's probation; it
     removes the annotation once it has done so. Any other state is refused unless ``force``.
     """
-    status: Mapping[str, Any] = (report or {}).get("status") or {}
-    state = str(status.get("state") or "")
-    reason = str(status.get("reason") or "")
-    burn_in = NodeValidation.from_status(status.get("nodeValidation"))
+    status = StoredStatus.of(report)
+    state = str(status.state or "")
+    reason = status.record.reason
+    burn_in = status.node_validation
     # A burn-in that failed holds the node until a human releases it (docs/runbook.md BurnInFailed), as
     # AwaitingRepair does: the release is the step the runbook asks for, not an override.
     awaited = state == State.AWAITING_REPAIR or (burn_in is not None and burn_in.awaits_release)
@@ -161,8 +163,8 @@ def plan_release(
         )
     elif parsed is not None and parsed.mode == Mode.DRY_RUN:
         warnings.append(f"policy {parsed.name} is in DryRun: gpuhealth changes no Node, so nothing is lifted")
-    if policy is None and status.get("policy"):
-        warnings.append(f"policy {status.get('policy')} no longer exists: no operator will act on the release")
+    if policy is None and status.policy:
+        warnings.append(f"policy {status.policy} no longer exists: no operator will act on the release")
     if node_annotations and node_annotations.get(RELEASE_ANNOTATION):
         warnings.append(
             f"a release was already requested at {node_annotations[RELEASE_ANNOTATION]} and not processed yet "
@@ -244,28 +246,27 @@ def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, forc
     Recovering (its DeviceTaintRule stays for the probation) and removes the annotation once done.
     Only an AwaitingRepair GPU is released unless ``force``; the node itself is left as it is.
     """
-    status: Mapping[str, Any] = (report or {}).get("status") or {}
-    entry = next((d for d in status.get("devices") or [] if d.get("index") == gpu), None)
-    state = str((entry or {}).get("state") or "")
-    if state != "AwaitingRepair" and not force:
+    entry = StoredStatus.of(report).devices.get(gpu)
+    state = str(entry.state) if entry is not None else ""
+    if state != DeviceState.AWAITING_REPAIR and not force:
         if entry is None:
             raise Refused(f"GPU {gpu} of node {node} has no gpuhealth record: nothing to release")
-        why = f"{state} ({entry.get('reason')})" if entry.get("reason") else state
+        why = f"{state} ({entry.reason})" if entry.reason else state
         raise Refused(
             f"GPU {gpu} of node {node} is {why}, not AwaitingRepair: gpuhealth returns it by itself once its "
             "facts clear and probation passes. Use --force to clear its evidence and flapping history anyway"
         )
     patch = {"metadata": {"annotations": {RELEASE_GPU_ANNOTATION: str(gpu)}}}
-    rules = [str(r) for r in (entry or {}).get("taintRules") or [(entry or {}).get("taintRule")] if r]
+    rules = list(entry.taint_rules) if entry is not None else []
     rule = rules[0] + (f" and its {len(rules) - 1} other rules" if len(rules) > 1 else "") if rules else ""
     lines = [f"node/{node} GPU {gpu} released ({RELEASE_GPU_ANNOTATION}={gpu})."]
-    if state == "AwaitingRepair" and (entry or {}).get("keptOffBy"):
+    if state == DeviceState.AWAITING_REPAIR and entry is not None and entry.kept_off_by:
         lines.append(
             "The GPU goes on probation; once its facts stay clean it returns to service, and gpuhealth lifts "
             f"its node taint {GPU_OUT_TAINT_KEY} (if it placed one) when no GPU of the node is held out any more, "
             "and removes the annotation when it has acted on it."
         )
-    elif state == "AwaitingRepair":
+    elif state == DeviceState.AWAITING_REPAIR:
         lines.append(
             "The GPU goes on probation; gpuhealth deletes its DeviceTaintRule"
             + (f" {rule}" if rule else "")
@@ -282,7 +283,7 @@ def plan_approval(
     ``gpuhealth.dev/approve`` (``reject``) with the time, or ``approve-gpu`` (``reject-gpu``) with the
     index. The operator records what it approved before it acts and removes the annotation once done.
     Refused when nothing waits: an approval is for a step a human has seen."""
-    ladders = ladders_from_status((report or {}).get("status"))
+    ladders = StoredStatus.of(report).ladders
     waiting = sorted(i for i, r in ladders.items() if r.phase == Phase.PENDING_APPROVAL)
     verb = "reject" if reject else "approve"
     if gpu is not None and gpu not in waiting:

@@ -23,11 +23,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, SLOW_SIGNALS, TAINT_KEY, Mode, State
 from gpuhealth.api.nodes import count_of, node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.slow_policy import Topology
-from gpuhealth.api.status import read_report_status
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.cli.ladderview import (
     AWAITING_APPROVAL,
@@ -322,13 +323,14 @@ def build_row(
     parsed: list[Policy],
     now: dt.datetime,
 ) -> Row:
-    status = read_report_status(report)
+    status = StoredStatus.of(report)
+    rec = status.record
     spec = (node or {}).get("spec") or {}
     ours = next((t for t in spec.get("taints") or [] if t.get("key") == TAINT_KEY), None)
     state = str(status.state or "")
-    reason = str(status.reason or "")
-    message = str(status.message or "")
-    policy_name = str(status.policy or "")
+    reason = rec.reason
+    message = rec.message
+    policy_name = status.policy or ""
     if not state:
         reason, message, governing = _no_verdict(node, report is not None, parsed)
         policy_name = policy_name or (governing.name if governing else "")
@@ -340,13 +342,13 @@ def build_row(
     if not total:
         total = node_gpus(node)
     healthy = count_of(status.healthy_gpus)
-    since = parse_time(status.since)
+    since = rec.since
     age = None if since is None else max(0.0, (now - since).total_seconds())
     dry_run = status.dry_run
     hours: float | None = None
     cost: float | None = None
     currency = ""
-    validation = node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now)
+    validation = node_validation_view(status.node_validation, now)
     burn_in = Row(name, state, dry_run=dry_run, node_validation=validation).burn_in_hold
     if not dry_run and (state in OUT_OF_SERVICE or state == State.UNKNOWN or burn_in):
         held_since = parse_time((validation or {}).get("episode")) if burn_in else since
@@ -355,11 +357,11 @@ def build_row(
         if price is not None:
             cost = hours * price.hourly
             currency = price.currency
-    held = [d for d in status.devices if d.get("state") not in (None, "InService")]
+    held = [r for r in status.devices.values() if r.state != DeviceState.IN_SERVICE]
     device_hours = 0.0
     device_cost: float | None = None
     if held and not dry_run and state not in OUT_OF_SERVICE:
-        device_hours = sum(gpu_hours(1, parse_time(d.get("since")), now) for d in held)
+        device_hours = sum(gpu_hours(1, r.since, now) for r in held)
         price = price_of(policy_obj)
         if price is not None:
             device_cost, currency = device_hours * price.hourly, price.currency
@@ -389,7 +391,7 @@ def build_row(
         gpus_slow=_slow_gpus(state, reason, total, held, dry_run),
         device_gpu_hours=device_hours,
         device_cost=device_cost,
-        ladders=tuple(ladder_view(status.remediation, next((p for p in parsed if p.name == policy_name), None), now)),
+        ladders=tuple(ladder_view(status.ladders, next((p for p in parsed if p.name == policy_name), None), now)),
         node_validation=validation,
         clock_skew_s=status.skew_seconds,
         domain=str(labels.get(topology.domain_label) or ""),
@@ -397,14 +399,14 @@ def build_row(
     )
 
 
-def _slow_gpus(state: str, reason: str, total: int | None, held: Iterable[Mapping[str, Any]], dry_run: bool) -> int:
+def _slow_gpus(state: str, reason: str, total: int | None, held: Iterable[DeviceRecord], dry_run: bool) -> int:
     """GPUs held out for a slow, not broken, reason: all the node's while it is out for one, else those
     held out one by one for one."""
     if dry_run:
         return 0
     if state in OUT_OF_SERVICE:
         return (total or 0) if reason in SLOW_SIGNALS else 0
-    return sum(1 for d in held if d.get("reason") in SLOW_SIGNALS)
+    return sum(1 for r in held if r.reason in SLOW_SIGNALS)
 
 
 def totals(rows: Iterable[Row]) -> Totals:

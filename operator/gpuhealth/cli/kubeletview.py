@@ -21,6 +21,7 @@ from typing import Any
 from gpuhealth.api.devices import DeviceRecord
 from gpuhealth.api.kubelet_health import HEALTHY, allocated_resources_status, worst
 from gpuhealth.api.report import Device, Report, ReportError, parse_report
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.cli.render import table
 
 NOT_REPORTED = "not reported by the kubelet"
@@ -87,11 +88,7 @@ def held_out_holders(
 ) -> list[dict[str, Any]]:
     """Per GPU held out, by index: its verdict, the device IDs that name it and the pods known to hold
     it (``container`` None where only the pod is known)."""
-    records = [
-        r
-        for r in (DeviceRecord.from_status(e) for e in ((report or {}).get("status") or {}).get("devices") or [])
-        if r is not None and r.out_of_service
-    ]
+    records = [r for r in StoredStatus.of(report).devices.values() if r.out_of_service]
     rep = _report(report)
     out = []
     for r in sorted(records, key=lambda r: r.index):

@@ -49,17 +49,11 @@ def standing(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def ladder_view(
-    remediation: Mapping[str, Mapping[str, Any]] | None, policy: Policy | None, now: dt.datetime
-) -> list[dict[str, Any]]:
-    """One row per GPU with a ladder record, by GPU index; unreadable records are left out."""
+def ladder_view(ladders: Mapping[int, LadderRecord], policy: Policy | None, now: dt.datetime) -> list[dict[str, Any]]:
+    """One row per GPU with a ladder record (``StoredStatus.ladders``: unreadable ones are left out), by
+    GPU index."""
     rows = []
-    for key, raw in (remediation or {}).items():
-        if not str(key).isdigit() or not isinstance(raw, Mapping):
-            continue
-        rec = LadderRecord.from_status(int(key), raw)
-        if rec is None:
-            continue
+    for rec in ladders.values():
         allowed = None
         if policy is not None:
             step = next(
@@ -138,9 +132,8 @@ def _plugin(rec: LadderRecord, now: dt.datetime) -> dict[str, Any] | None:
     }
 
 
-def node_validation_view(raw: Any, now: dt.datetime) -> dict[str, Any] | None:
+def node_validation_view(nv: NodeValidation | None, now: dt.datetime) -> dict[str, Any] | None:
     """``status.nodeValidation`` (a release's or a burn-in's validation of all the node's GPUs), or None."""
-    nv = NodeValidation.from_status(raw)
     if nv is None:
         return None
     v = nv.validation
@@ -188,11 +181,11 @@ def ladder_cell(rows: Iterable[Mapping[str, Any]]) -> str:
     return text + (f" +{len(ladders) - 1}" if len(ladders) > 1 else "")
 
 
-def repairs_view(repairs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """One row per GPU UUID in ``status.repairs``: its attempts, oldest first (unreadable ones left out)."""
+def repairs_view(repairs: Mapping[str, tuple[Repair, ...]]) -> list[dict[str, Any]]:
+    """One row per GPU UUID in ``status.repairs`` (``StoredStatus.repairs``: unreadable ones left out):
+    its attempts, oldest first."""
     rows = []
-    for uuid, raw in (repairs or {}).items():
-        items = [r for r in (Repair.from_status(x) for x in raw or () if isinstance(x, Mapping)) if r]
+    for uuid, items in repairs.items():
         if not items:
             continue
         rows.append(

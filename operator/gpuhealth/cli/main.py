@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TextIO
 from gpuhealth.api.durations import parse_duration
 from gpuhealth.api.names import DEFAULT_DRA_DRIVER
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.status import read_report_status
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.cli import (
     changes,
     describe_text,
@@ -293,7 +293,7 @@ def cmd_describe(ctx: Context) -> int:
     report = ctx.client.get_report(a.node)
     if node is None and report is None:
         raise ApiError(f'node "{a.node}" not found, and it has no GPUNodeHealth report')
-    policy_name = read_report_status(report).policy
+    policy_name = StoredStatus.of(report).policy
     policy = ctx.client.get_policy(str(policy_name)) if policy_name else None
     events_error = None
     try:
@@ -342,7 +342,7 @@ def cmd_release(ctx: Context) -> int:
         ctx.client.patch_node(a.node, gplan.patch)
         ctx.print("\n".join(gplan.lines))
         return EXIT_OK
-    policy_name = read_report_status(report).policy
+    policy_name = StoredStatus.of(report).policy
     policy = ctx.client.get_policy(str(policy_name)) if policy_name else None
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     plan = changes.plan_release(a.node, report, policy, ctx.clock(), force=a.force, node_annotations=annotations)

@@ -28,6 +28,7 @@ from gpuhealth.actions.gpudevices import devices_of_gpu
 from gpuhealth.actions.slices import SlimDevice, slim_slice
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.report import MIG_ENABLED, Device, MigDevice, ReportError, parse_report
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.cli.render import table
 from gpuhealth.drain.claims import claim_devices, pods_holding
 
@@ -186,11 +187,7 @@ def mig_layout(
     drivers: Sequence[str],
 ) -> list[dict[str, Any]]:
     """One entry per GPU with a layout (see the module docstring), by GPU index; JSON-able."""
-    records = {
-        r.index: r
-        for r in (DeviceRecord.from_status(e) for e in ((report or {}).get("status") or {}).get("devices") or [])
-        if r is not None
-    }
+    records = StoredStatus.of(report).devices
     slim = [slim_slice(s) for s in slices]
     by_ref = {DeviceRef(s.driver, s.pool, dv.name): dv for s in slim for dv in s.devices}
     claims, pods = list(claims), list(pods)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.api.device_facts import DEVICE_FACTS
+from gpuhealth.api.devices import DeviceRecord
 from gpuhealth.api.names import (
     CONDITION_TYPE,
     GPU_OUT_TAINT_KEY,
@@ -19,13 +20,14 @@ from gpuhealth.api.names import (
     RELEASE_ANNOTATION,
     STATE_LABEL,
     TAINT_KEY,
+    State,
 )
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.ownership import Ownership
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.slow_policy import Topology
-from gpuhealth.api.status import read_report_status
+from gpuhealth.api.status import StoredStatus
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.cli.fabricview import fabric_view
@@ -89,22 +91,44 @@ def _xids(events: Iterable[Mapping[str, Any]], cleared: dt.datetime | None, now:
     return rows[:MAX_XIDS]
 
 
-def _failures(devices: Iterable[Mapping[str, Any]], now: dt.datetime) -> list[dict[str, Any]]:
+def _failures(records: Iterable[DeviceRecord], now: dt.datetime) -> list[dict[str, Any]]:
     """Per GPU with a failure on record (``lastFailures``): the last one and the interval before it."""
     out = []
-    for d in devices:
-        times = [t for t in (parse_time(str(x)) for x in d.get("lastFailures") or []) if t is not None][-2:]
+    for r in records:
+        times = r.last_failures[-2:]
         if not times:
             continue
         out.append(
             {
-                "gpu": d.get("index"),
+                "gpu": r.index,
                 "lastFailure": format_time(times[-1]),
                 "lastFailureAgeSeconds": _age(times[-1], now),
                 "previousIntervalSeconds": _age(times[0], times[1]) if len(times) == 2 else None,
             }
         )
     return out
+
+
+def _verdict(r: DeviceRecord) -> dict[str, Any]:
+    """One GPU's verdict as written (``status.devices[]``), absent facts as None."""
+    return {
+        "index": r.index,
+        "uuid": r.uuid or None,
+        "state": str(r.state),
+        "reason": r.reason or None,
+        "since": _t(r.since),
+        "rule": r.rule or None,
+        "taintRule": r.taint_rule or None,
+        "heldByBreaker": r.held_by_breaker or None,
+        # held out on a device-plugin node: how new work is kept off it (no DeviceTaintRule)
+        "keptOffBy": r.kept_off_by or None,
+        # every rule of a MIG or partitionable GPU (the previous version wrote only taintRule)
+        "taintRules": list(r.taint_rules),
+    }
+
+
+def _t(t: dt.datetime | None) -> str | None:
+    return None if t is None else format_time(t)
 
 
 def _marks(node: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -209,65 +233,50 @@ def describe_node(
     ``lease`` the agent's heartbeat Lease (its renewal is the heartbeat; the report is written only on
     change)."""
     spec: Mapping[str, Any] = (report or {}).get("spec") or {}
-    status = read_report_status(report)
-    since = parse_time(status.since)
+    status = StoredStatus.of(report)
+    rec = status.record
     renewed = parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
     sampled = parse_time(
         (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(LEASE_SAMPLED_AT_ANNOTATION)
     )
     heartbeat = max((t for t in (parse_time(spec.get("heartbeatTime")), renewed) if t is not None), default=None)
-    cleared = parse_time(status.cleared_before)
     parsed = _policy(policy)
     agent = spec.get("agent") or {}
     nvml = spec.get("nvml") or {}
     total = status.total_gpus
     if not total:
         total = node_gpus(node)
-    quarantines = list(status.quarantines)
     history: dict[str, Any] = {
-        "quarantines": quarantines,
-        "healthySince": status.healthy_since,
-        "clearedBefore": status.cleared_before,
-        "heldByBreaker": status.held_by_breaker,
-        "drainAction": status.drain_action,
+        "quarantines": [format_time(t) for t in rec.quarantines],
+        "healthySince": _t(rec.healthy_since),
+        "clearedBefore": _t(rec.cleared_before),
+        "heldByBreaker": rec.held_by_breaker,
+        "drainAction": rec.drain_action or None,
     }
     if parsed is not None:
         history["flapping"] = {"maxQuarantines": parsed.flapping_max, "windowSeconds": parsed.flapping_window_s}
         history["probationSeconds"] = parsed.probation_s
-        healthy_since = parse_time(status.healthy_since)
-        if healthy_since is not None and status.state == "Recovering":
-            left = parsed.probation_s - (now - healthy_since).total_seconds()
+        if rec.healthy_since is not None and status.state == State.RECOVERING:
+            left = parsed.probation_s - (now - rec.healthy_since).total_seconds()
             history["probationLeftSeconds"] = round(max(0.0, left), 1)
     return {
         "node": name,
         "generatedAt": format_time(now),
         "nodeExists": node is not None,
         "hasReport": report is not None,
-        "state": status.state,
-        "reason": status.reason or None,
-        "message": status.message or None,
-        "since": status.since,
-        "ageSeconds": _age(since, now),
+        "state": None if status.state is None else str(status.state),
+        "reason": rec.reason or None,
+        "message": rec.message or None,
+        "since": _t(rec.since),
+        "ageSeconds": _age(rec.since, now),
         "policy": status.policy,
         "policyMode": None if policy is None else ((policy.get("spec") or {}).get("mode") or "Enforce"),
         "overriddenPolicies": list(status.overridden_policies),
         "dryRun": status.dry_run,
         "gpus": {"healthy": status.healthy_gpus, "total": total, "inService": status.in_service_gpus},
-        "gpuVerdicts": [
-            {
-                **{
-                    k: d.get(k)
-                    for k in ("index", "uuid", "state", "reason", "since", "rule", "taintRule", "heldByBreaker")
-                },
-                # held out on a device-plugin node: how new work is kept off it (no DeviceTaintRule)
-                "keptOffBy": d.get("keptOffBy"),
-                # every rule of a MIG or partitionable GPU (the previous version wrote only taintRule)
-                "taintRules": list(d.get("taintRules") or ([d["taintRule"]] if d.get("taintRule") else [])),
-            }
-            for d in status.devices
-        ],
-        "gpuFailures": _failures(status.devices, now),
-        "deviceDrains": dict(status.device_drains) if status.device_drains else None,
+        "gpuVerdicts": [_verdict(r) for r in status.devices.values()],
+        "gpuFailures": _failures(status.devices.values(), now),
+        "deviceDrains": {str(i): dict(d) for i, d in status.device_drains.items()} or None,
         "lastXid": status.last_xid,
         "clockSkew": dict(status.clock_skew) if status.clock_skew else None,
         "agent": {
@@ -286,14 +295,14 @@ def describe_node(
             "cudaVersion": nvml.get("cudaVersion"),
         },
         "devices": [_device(d) for d in sorted(spec.get("devices") or [], key=lambda d: d.get("index") or 0)],
-        "xids": _xids(spec.get("xidEvents") or [], cleared, now),
+        "xids": _xids(spec.get("xidEvents") or [], rec.cleared_before, now),
         "fabric": fabric_view(_report(report), spec),
-        "evidence": [dict(e) for e in status.evidence],
+        "evidence": [e.to_status() for e in status.evidence],
         "marks": _marks(node),
         "history": history,
-        "drain": dict(status.drain) if status.drain else None,
-        "remediation": ladder_view(status.remediation, parsed, now),
-        "nodeValidation": node_validation_view(((report or {}).get("status") or {}).get("nodeValidation"), now),
+        "drain": dict(status.drain) or None,
+        "remediation": ladder_view(status.ladders, parsed, now),
+        "nodeValidation": node_validation_view(status.node_validation, now),
         "repairs": repairs_view(status.repairs),
         "topology": _topology(node, parsed),
         "events": _events(events),
