@@ -9,7 +9,7 @@ from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_to_status
 from gpuhealth.api.names import State
 from gpuhealth.api.remediation import StepKind
 from gpuhealth.api.remediation_status import LadderRecord, Phase
-from gpuhealth.api.status import Record, StoredStatus
+from gpuhealth.api.status import Record, StoredStatus, evidence_entry, node_status
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Trigger, Validation
 
@@ -48,3 +48,36 @@ def test_an_empty_status_reads_as_nothing_recorded() -> None:
     assert not s.decided and s.record == Record()
     assert (s.devices, s.drain, s.device_drains, s.ladders, s.repairs, s.pending) == ({}, {}, {}, {}, {}, {})
     assert s.node_validation is None and s.clock_skew is None
+
+
+def test_what_node_status_writes_reads_back_as_written() -> None:
+    """The node's summary the plugin shows (policy, counts, last XID, evidence, clock skew) is what
+    ``node_status`` wrote: each evidence item round-trips to the entry ``evidence_entry`` made."""
+    entries = [
+        evidence_entry("xid", "XidCritical", "drain", "XID 79 on GPU 3", 3, "GPU-3", 79, T0),
+        evidence_entry("thermal", "Temperature", "observe", "hot"),
+    ]
+    body = node_status(
+        Record(state=State.DRAINING, reason="XidCritical", since=T0),
+        policy="p",
+        overridden=["q"],
+        dry_run=True,
+        total_gpus=8,
+        healthy_gpus=7,
+        last_xid="79",
+        evidence=entries,
+        pending={},
+        in_service_gpus=6,
+        clock_skew={"offsetSeconds": -90, "since": format_time(T0)},
+    )
+    s = StoredStatus.read(body)
+    assert (s.state, s.policy, s.overridden_policies, s.dry_run) == (State.DRAINING, "p", ("q",), True)
+    assert (s.total_gpus, s.healthy_gpus, s.in_service_gpus, s.last_xid) == (8, 7, 6, "79")
+    assert [e.to_status() for e in s.evidence] == entries and s.evidence[0].code == 79
+    assert s.skew_seconds == -90
+
+
+def test_a_status_without_a_verdict_has_no_state_and_no_summary() -> None:
+    s = StoredStatus.of({"metadata": {"name": "n"}, "spec": {}})
+    assert s.state is None and s.policy is None and s.total_gpus is None and s.last_xid is None
+    assert s.evidence == () and s.skew_seconds is None and not s.dry_run
