@@ -163,13 +163,13 @@ def _alone_block(
     end: str,
     what: str,
     paragraph: Callable[[Path, dict[str, Any]], str],
-    newest: int = 4,
 ) -> str:
-    """The newest runs of ``phase`` alone, one paragraph each, between ``begin`` and ``end``."""
-    picked = [r for r in runs if alone(r[1], phase)][-newest:]
+    """The newest run of ``phase`` alone, between ``begin`` and ``end`` (the runs before it are read in
+    the history, at the commit that filed them)."""
+    picked = [r for r in runs if alone(r[1], phase)][-1:]
     if not picked:
         return f"{begin}\nNo run of {what} alone is filed yet.\n{end}"
-    return "\n".join([begin, "\n\n".join(paragraph(path, r) for path, r in picked), end])
+    return "\n".join([begin, *(paragraph(path, r) for path, r in picked), end])
 
 
 def _where(name: str, path: Path, r: Mapping[str, Any]) -> str:

@@ -253,6 +253,23 @@ def test_a_run_of_the_drain_storm_alone_is_rendered_on_its_own(tmp_path: Path) -
     assert docs.render_drain_alone([]).count("No run of the drain storm alone") == 1
 
 
+def test_the_blocks_of_a_phase_alone_render_only_its_newest_run(tmp_path: Path) -> None:
+    """docs/bench.md keeps the latest tables: an older run of a phase alone is read at the commit that
+    filed it, not rendered beside the newest."""
+    for phase, drop in (("drain", "warm_restart"), ("restart", "drain_storm")):
+        for date, commit in (("2026-12-30T00:00Z", "aaaaaaa"), ("2026-12-31T00:00Z", "bbbbbbb")):
+            r = _with_resilience()
+            for k in ("storm", "detect_to_taint_ms", "floor_ms", "breaker", "agent", "recovery", "failover", drop):
+                r.pop(k)
+            r["config"].update({"phases": [phase]})
+            r["targets"] = evaluate(r)
+            r.update({"date": date, "commit": commit, "load": "1.0-2.0"})
+            (tmp_path / f"bench-1000-{date[:10]}-{commit}-{phase}.json").write_text(json.dumps(r), encoding="utf-8")
+    *_, drain_only, _, _, restart_only, _ = docs.blocks(tmp_path)[docs.DOCS[1]]
+    for block in (drain_only, restart_only):
+        assert "commit `bbbbbbb`" in block and "`aaaaaaa`" not in block
+
+
 def test_nothing_filed_yet_says_so() -> None:
     block = docs.blocks(Path(docs.RESULTS))[docs.DOCS[1]][2]
     assert block.startswith(docs.RES_BEGIN)
