@@ -366,6 +366,17 @@ class StoredStatus:
         return devices_from_status(self.written)
 
     @cached_property
+    def unreadable(self) -> bool:
+        """Some GPU verdict (``status.devices``) or ladder (``status.remediation``) as written could not be
+        read (a damaged status, or one a newer version wrote): a reader that must not guess what it
+        says (the sweeper) takes the node as changing."""
+        devices = self.written.get("devices")
+        ladders = self.written.get("remediation")
+        return (devices is not None and (not isinstance(devices, list) or len(devices) != len(self.devices))) or (
+            ladders is not None and (not isinstance(ladders, Mapping) or len(ladders) != len(self.ladders))
+        )
+
+    @cached_property
     def drain(self) -> DrainRecord:
         """``status.drain``, empty when none."""
         return read_drain(self.written)
@@ -425,14 +436,12 @@ class Running:
     burn_ins: int = 0
 
     @staticmethod
-    def read(status: Mapping[str, Any] | None) -> Running:
-        s = status or {}
-        policy = s.get("policy")
-        ladders = ladders_from_status(s).values()
-        nv = NodeValidation.from_status(s.get("nodeValidation"))
+    def of(stored: StoredStatus) -> Running:
+        ladders = stored.ladders.values()
+        nv = stored.node_validation
         node_running = nv is not None and nv.validation.outcome == Outcome.RUNNING
         return Running(
-            policy=policy if isinstance(policy, str) else None,
+            policy=stored.policy,
             steps=sum(1 for r in ladders if r.in_flight),
             validations=sum(
                 1

@@ -30,8 +30,8 @@ from typing import Any
 from gpuhealth.api.names import Action, Scope, Signal, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.status import Record
-from gpuhealth.api.validation import NodeValidation, Trigger
+from gpuhealth.api.status import Record, StoredStatus
+from gpuhealth.api.validation import Trigger
 from gpuhealth.evaluation.assess import HW_POWER_BRAKE
 from gpuhealth.evaluation.findings import Assessment, Finding
 
@@ -161,19 +161,17 @@ def rack_finding(
     return Finding(Signal.RACK_POWER_BRAKE, policy.power_brake.rack.action, detail, since=since, scope=Scope.RACK)
 
 
-def rack_episode(statuses: Iterable[Mapping[str, Any] | None]) -> bool:
-    """Whether a rack's episode is on: the written status of one of its nodes (``statuses``, each as
-    written, ``api/status.py``) carries the rack's finding, in its evidence, or as the reason it is held
-    (the evidence keeps its first ``MAX_EVIDENCE`` items only). Read from what was written, so a
+def rack_episode(statuses: Iterable[StoredStatus]) -> bool:
+    """Whether a rack's episode is on: the written status of one of its nodes (``statuses``, each typed,
+    ``api/status.py`` ``StoredStatus``) carries the rack's finding, in its evidence, or as the reason it
+    is held (the evidence keeps its first ``MAX_EVIDENCE`` items only). Read from what was written, so a
     restarted operator finds the episode where its predecessor left it; it ends once no node of the
     rack is braked any more (:func:`rack_finding` gets no node), when each node's next status drops it."""
     for s in statuses:
-        if not s:
-            continue
-        if s.get("reason") == Signal.RACK_POWER_BRAKE and s.get("state") in _HELD_FOR_RACK:
+        rec = s.record
+        if s.decided and rec.reason == Signal.RACK_POWER_BRAKE and rec.state in _HELD_FOR_RACK:
             return True
-        evidence = s.get("evidence")
-        if isinstance(evidence, list) and any(_signal(e) == Signal.RACK_POWER_BRAKE for e in evidence):
+        if any(e.signal == Signal.RACK_POWER_BRAKE for e in s.evidence):
             return True
     return False
 
@@ -181,10 +179,6 @@ def rack_episode(statuses: Iterable[Mapping[str, Any] | None]) -> bool:
 # A node's states while the rack's finding holds it (observe: Degraded; cordon: out of service). Once its
 # brake lifts it is Healthy, or Recovering with nothing of the rack's left in its evidence.
 _HELD_FOR_RACK = frozenset({State.DEGRADED, State.QUARANTINED, State.DRAINING})
-
-
-def _signal(entry: Any) -> str:
-    return str(entry.get("signal") or "") if isinstance(entry, Mapping) else ""
 
 
 def with_rack(a: Assessment, rack: Finding | None) -> Assessment:
@@ -237,13 +231,13 @@ class DomainReturn:
 def domain_return(
     name: str,
     record: Record,
-    others: Mapping[str, Mapping[str, Any]],
+    others: Mapping[str, StoredStatus],
     probation_s: float,
     now: dt.datetime,
 ) -> DomainReturn:
     """Whether ``name`` (its ``record``), out of service for its NVLink domain and through its own
     probation, may return: only together with every other member that left service for the domain
-    (``others``: each member's status as written). A member waits for another that is:
+    (``others``: each member's status as written, typed). A member waits for another that is:
 
     * still out of service for the domain (its reason ``ImexDomain``): quarantined or draining (its
       pass after the fault cleared has not come yet), on probation that has not ended, on probation
@@ -260,9 +254,9 @@ def domain_return(
     waits: list[str] = []
     ends: list[dt.datetime] = []
     for n, status in sorted(others.items()):
-        if n == name or not status:
+        if n == name or not status.written:
             continue
-        rec = Record.from_status(status)
+        rec = status.record
         if not rec.out_of_service or rec.reason != Signal.IMEX_DOMAIN or rec.state == State.AWAITING_REPAIR:
             continue
         if _held_by_own_fault(status):
@@ -277,23 +271,20 @@ def domain_return(
     return DomainReturn(tuple(waits), max(ends) if waits and ends else None)
 
 
-def _held_by_own_fault(status: Mapping[str, Any]) -> bool:
-    evidence = status.get("evidence")
-    if not isinstance(evidence, list):
-        return False
-    for e in evidence:
-        if not isinstance(e, Mapping) or _signal(e) in ("", Signal.IMEX_DOMAIN):
+def _held_by_own_fault(status: StoredStatus) -> bool:
+    for e in status.evidence:
+        if e.signal in ("", Signal.IMEX_DOMAIN):
             continue
         try:
-            if Action(str(e.get("action"))).quarantines:
+            if Action(e.action).quarantines:
                 return True
         except ValueError:
             continue
     return False
 
 
-def _validation_holds(status: Mapping[str, Any]) -> bool:
+def _validation_holds(status: StoredStatus) -> bool:
     """The member's validation after a release has not passed: it holds the member's probation
     (``evaluation/node_validation.py``); a burn-in holds with a taint, not the state."""
-    nv = NodeValidation.from_status(status.get("nodeValidation"))
+    nv = status.node_validation
     return nv is not None and nv.trigger == Trigger.RELEASE and not nv.done and not nv.dry_run

@@ -21,7 +21,7 @@ from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.names import Signal, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation_status import IN_FLIGHT, Phase
-from gpuhealth.api.status import Record
+from gpuhealth.api.status import Record, StoredStatus
 from gpuhealth.api.timeutil import parse_time
 from gpuhealth.catalog import xid as catalog
 from gpuhealth.evaluation.assess import SLOW_REASONS, Assessment
@@ -35,20 +35,23 @@ def time_dependent(
     policy: Policy | None,
     now: dt.datetime,
     seen: Seen | None = None,
+    status: StoredStatus | None = None,
 ) -> bool:
     """Whether the clock alone may change this node's verdict; everything else waits for an event.
 
-    ``report`` is the cached GPUNodeHealth object, ``policy`` the one its status names (if known),
+    ``report`` is the cached GPUNodeHealth object, ``status`` its status typed (the store's, parsed once
+    per version; read off ``report`` when not given), ``policy`` the one its status names (if known),
     ``seen`` when the operator last saw the agent write (freshness is judged by the operator's clock).
     """
     if rec is None or report is None:
         return True  # a new node, or one whose agent never reported: silence is measured by the clock
-    status = report.get("status") or {}
+    if status is None:
+        status = StoredStatus.of(report)
     if rec.state in (State.RECOVERING, State.DRAINING) or rec.held_by_breaker:
         return True  # probation, drain deadlines and retries, breaker admission
     if rec.state == State.DEGRADED and not _steady_hold_out(rec, status):
         return True  # app-XID and restart-loop windows; a GPU's probation, drain or budget wait
-    pending = status.get("pending") or {}
+    pending = status.pending
     if isinstance(pending, Mapping) and any(not is_counter_key(str(k)) for k in pending):
         return True  # sustained heat (a counter's remembered value is memory, not a wait)
     if rec.state == State.UNKNOWN:
@@ -67,24 +70,15 @@ _STEADY_GPU = frozenset({DeviceState.IN_SERVICE, DeviceState.QUARANTINED, Device
 _LADDER_WAITS = frozenset({Phase.READY, Phase.RESTARTING_PLUGIN, *IN_FLIGHT})
 
 
-def _steady_hold_out(rec: Record, status: Mapping[str, Any]) -> bool:
+def _steady_hold_out(rec: Record, status: StoredStatus) -> bool:
     """Whether a ``Degraded`` node is so only because some of its GPUs are held out, each in a state no
     clock moves (not on probation, not draining, not waiting for the breaker's GPU budget, no ladder
     step under way). Anything unreadable counts as not steady: the node keeps its pass every tick."""
-    if rec.reason != Signal.DEVICE_QUARANTINED:
+    if rec.reason != Signal.DEVICE_QUARANTINED or status.unreadable:
         return False
-    devices = status.get("devices") or []
-    if not isinstance(devices, list):
+    if any(d.held_by_breaker or d.state not in _STEADY_GPU for d in status.devices.values()):
         return False
-    for d in devices:
-        if not isinstance(d, Mapping) or d.get("heldByBreaker"):
-            return False
-        if str(d.get("state") or DeviceState.IN_SERVICE) not in _STEADY_GPU:
-            return False
-    ladders = status.get("remediation") or {}
-    if not isinstance(ladders, Mapping):
-        return False
-    return not any(not isinstance(r, Mapping) or r.get("phase") in _LADDER_WAITS for r in ladders.values())
+    return not any(r.phase in _LADDER_WAITS for r in status.ladders.values())
 
 
 def fatal(a: Assessment) -> bool:

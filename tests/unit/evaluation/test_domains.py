@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuhealth.api.names import Action, Scope, Signal, State
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.status import Record, evidence_entry
+from gpuhealth.api.status import Record, StoredStatus, evidence_entry
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, Validation
 from gpuhealth.evaluation import domains
 from gpuhealth.evaluation.findings import Assessment, Finding
@@ -171,17 +171,23 @@ def test_a_rack_episode_keeps_its_finding_below_min_nodes_until_no_member_is_bra
     assert domains.rack_finding(policy, "rack", "r1", ["a"], NOW) is None  # no episode: the node's own
 
 
+def _written(*statuses: dict[str, Any] | None) -> list[StoredStatus]:
+    return [StoredStatus.read(s) for s in statuses]
+
+
 def test_a_rack_episode_is_on_while_a_members_written_status_carries_the_racks_finding() -> None:
     rack = evidence_entry("RackPowerBrake", "RackPowerBrake", "observe", "rack r1: ...")
     ecc = evidence_entry("ECC", "ECC", "drain", "ecc", gpu=2)
-    assert domains.rack_episode([None, {}, {"state": "Degraded", "reason": "RackPowerBrake", "evidence": [rack]}])
-    assert domains.rack_episode([{"state": "Degraded", "reason": "ECC", "evidence": [ecc, rack]}])
+    assert domains.rack_episode(
+        _written(None, {}, {"state": "Degraded", "reason": "RackPowerBrake", "evidence": [rack]})
+    )
+    assert domains.rack_episode(_written({"state": "Degraded", "reason": "ECC", "evidence": [ecc, rack]}))
     # The reason alone (past the 16 evidence items the status keeps), while the node is held for it.
-    assert domains.rack_episode([{"state": "Quarantined", "reason": "RackPowerBrake", "evidence": [ecc]}])
+    assert domains.rack_episode(_written({"state": "Quarantined", "reason": "RackPowerBrake", "evidence": [ecc]}))
     # Its brake lifted: back in service, or on probation with nothing left to show for the rack.
-    assert not domains.rack_episode([{"state": "Healthy", "reason": "", "evidence": None}])
-    assert not domains.rack_episode([{"state": "Recovering", "reason": "RackPowerBrake", "evidence": None}])
-    assert not domains.rack_episode([{"state": "Quarantined", "reason": "PowerBrake", "evidence": ["junk"]}])
+    assert not domains.rack_episode(_written({"state": "Healthy", "reason": "", "evidence": None}))
+    assert not domains.rack_episode(_written({"state": "Recovering", "reason": "RackPowerBrake", "evidence": None}))
+    assert not domains.rack_episode(_written({"state": "Quarantined", "reason": "PowerBrake", "evidence": ["junk"]}))
     assert not domains.rack_episode([])
 
 
@@ -194,8 +200,8 @@ def recovering(clean_s: float, reason: str = Signal.IMEX_DOMAIN) -> Record:
     return Record(state=State.RECOVERING, reason=reason, since=since, healthy_since=since, drained=True)
 
 
-def status(rec: Record, **extra: Any) -> dict[str, Any]:
-    return {**rec.to_status(), **extra}
+def status(rec: Record, **extra: Any) -> StoredStatus:
+    return StoredStatus.read({**rec.to_status(), **extra})
 
 
 def test_a_domain_member_returns_only_when_every_member_out_for_the_domain_can() -> None:
@@ -237,7 +243,7 @@ def test_members_out_for_another_reason_or_for_a_human_do_not_hold_the_domain() 
             Record(state=State.QUARANTINED, reason=Signal.IMEX_DOMAIN, drained=True),
             evidence=[evidence_entry("XID", "XID79", "drain", "fell off the bus", gpu=1, code=79)],
         ),
-        "f": {},  # no status yet
+        "f": StoredStatus.read({}),  # no status yet
     }
     assert domains.domain_return("a", me, others, PROBATION_S, NOW) == domains.DomainReturn()
     # The rule is the domain's: a node on probation for its own fault returns on its own.

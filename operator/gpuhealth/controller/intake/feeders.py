@@ -189,8 +189,8 @@ class Feeders:
         rec = self.store.records.get(name)
         if rec is None or rec.state != State.HEALTHY or name in self.breaker.drains():
             return False
-        devices = ((self.store.reports.get(name) or {}).get("status") or {}).get("devices") or []
-        return all(isinstance(d, Mapping) and d.get("state") == DeviceState.IN_SERVICE for d in devices)
+        status = self.store.status(name)
+        return not status.unreadable and all(d.state == DeviceState.IN_SERVICE for d in status.devices.values())
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         """A fresh full list (the watch expired): Nodes missing from it were deleted meanwhile."""

@@ -408,10 +408,10 @@ class Runtime:
                 yield
             if name not in store.nodes:
                 continue  # deleted while the sweep paused
-            report = store.reports.get(name)
-            pname = str(((report or {}).get("status") or {}).get("policy") or "")
+            status = store.status(name)  # typed once per version of the report, shared with its pass
             rec = store.records.get(name)
-            if time_dependent(rec, report, store.policies.get(pname), now, store.heard(name)):
+            policy = store.policies.get(status.policy or "")
+            if time_dependent(rec, store.reports.get(name), policy, now, store.heard(name), status):
                 # A probation's end returns capacity and a drain's deadline finishes a quarantine:
                 # both go ahead of a backlog such as thousands of silent nodes (docs/scaling.md).
                 self.queue.add(name, urgent=rec is not None and rec.state in TIMED_FIRST)

@@ -1,5 +1,5 @@
 """What runs across the fleet: repair steps, validations and burn-ins, read off each cached report's
-status (``api/status.py`` ``Running``) once per resourceVersion of the report.
+status (``api/status.py`` ``Running``, from the store's typed status) once per resourceVersion of the report.
 
 The remediator and the node validator count them against a policy's limits on every admission
 (``spec.remediation.maxConcurrent``, ``spec.validation.maxConcurrent``, ``newNodes.batchSize``);
@@ -9,7 +9,7 @@ resourceVersion (never one the API server gave) is parsed every time.
 
 from __future__ import annotations
 
-from gpuhealth.api.status import Running, written_status
+from gpuhealth.api.status import Running
 from gpuhealth.controller.state.store import Store
 
 
@@ -28,7 +28,7 @@ class RunningIndex:
             hit = self._cache.get(name)
             if hit is None or not rv or hit[0] != rv:
                 self.parsed += 1
-                hit = (rv, Running.read(written_status(report)))
+                hit = (rv, Running.of(self.store.status(name)))
                 if rv:
                     self._cache[name] = hit
             if hit[1].policy == policy:

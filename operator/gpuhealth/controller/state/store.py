@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
-from gpuhealth.api.status import Record
+from gpuhealth.api.status import Record, StoredStatus
 from gpuhealth.controller.state.pods import PodIndex
 from gpuhealth.controller.state.slim import slim_node, slim_report
 from gpuhealth.controller.state.tally import EMPTY, Share, Tallies, Tally
@@ -56,6 +57,8 @@ class Store:
         self._policy_objs: dict[str, dict[str, Any]] = {}
         self._invalid_policies: dict[str, str] = {}
         self._records: dict[str, Record] = {}
+        # name -> (the cached report, its status typed): one StoredStatus per version of a report
+        self._statuses: dict[str, tuple[Mapping[str, Any], StoredStatus]] = {}
         self._written_rv: dict[str, str] = {}
         self._first_seen: dict[str, dt.datetime] = {}
         self._seen: dict[str, Seen] = {}  # when each agent last wrote its report's spec (our clock)
@@ -78,6 +81,20 @@ class Store:
     @property
     def records(self) -> Mapping[str, Record]:
         return self._records
+
+    def status(self, name: str) -> StoredStatus:
+        """The status of ``name``'s cached report, typed (``api/status.py`` ``StoredStatus``): one per
+        version of the report, each part parsed when first read, shared by every reader of that version
+        (the node's pass, the sweeper, the tallies, its domain's and rack's members); empty without a
+        report."""
+        report = self._reports.get(name)
+        if report is None:
+            return StoredStatus.read(None)
+        hit = self._statuses.get(name)
+        if hit is None or hit[0] is not report:
+            hit = (report, StoredStatus.read(report.get("status")))
+            self._statuses[name] = hit
+        return hit[1]
 
     @property
     def policies(self) -> Mapping[str, Policy]:
@@ -193,7 +210,7 @@ class Store:
             return None
         rec = self._records.get(name)
         state = rec.state if rec is not None else Record().state
-        devices = ((self._reports.get(name) or {}).get("status") or {}).get("devices") or []
+        devices = self.status(name).devices.values()
         slow_node = rec is not None and rec.out_of_service and rec.reason in SLOW_SIGNALS
         return Share(
             policy=winner.name,
@@ -203,23 +220,13 @@ class Store:
             held=rec is not None and rec.held_by_breaker,
             gpus=self.gpus_of(name),
             gpus_out=self.gpus_out(name),
-            gpus_held=sum(
-                1
-                for d in devices
-                if isinstance(d, Mapping) and d.get("heldByBreaker") and d.get("state") == "InService"
-            ),
+            gpus_held=sum(1 for d in devices if d.held_by_breaker and d.state == DeviceState.IN_SERVICE),
             node_gpus=node_gpus(node) or 0,
             domain=holds_domain(rec),
             slow=slow_node,
             gpus_slow=self.gpus_out(name)
             if slow_node
-            else sum(
-                1
-                for d in devices
-                if isinstance(d, Mapping)
-                and d.get("state") not in (None, "InService")
-                and d.get("reason") in SLOW_SIGNALS
-            ),
+            else sum(1 for d in devices if d.state != DeviceState.IN_SERVICE and d.reason in SLOW_SIGNALS),
         )
 
     def _recount(self, name: str) -> None:
@@ -271,6 +278,7 @@ class Store:
     def drop_report(self, name: str) -> None:
         """The report is gone (deleted, or collected with its Node)."""
         self._reports.pop(name, None)
+        self._statuses.pop(name, None)
         self._seen.pop(name, None)
         self._recount(name)
 
@@ -367,8 +375,8 @@ class Store:
 
     def gpus_of(self, node: str) -> int:
         """The node's GPUs: as last reported, else its advertised capacity."""
-        total = ((self.reports.get(node) or {}).get("status") or {}).get("totalGPUs")
-        if isinstance(total, int) and total > 0:
+        total = self.status(node).total_gpus
+        if total is not None and total > 0:
             return total
         return gpu_capacity(self.nodes.get(node) or {}) or 0
 
@@ -377,8 +385,7 @@ class Store:
         rec = self.records.get(node)
         if rec is not None and rec.out_of_service:
             return self.gpus_of(node)
-        devices = ((self.reports.get(node) or {}).get("status") or {}).get("devices") or []
-        return sum(1 for d in devices if isinstance(d, Mapping) and d.get("state") not in (None, "InService"))
+        return sum(1 for d in self.status(node).devices.values() if d.state != DeviceState.IN_SERVICE)
 
 
 def _behind(body: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpuhealth.api.names import Signal, State
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import Record, written_status
+from gpuhealth.api.status import Record
 from gpuhealth.controller import metrics
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation import domains
@@ -77,7 +77,7 @@ class Topology:
         still out for the domain, read from their written statuses (``domains.domain_return``)."""
         if view is None or prior.state != State.RECOVERING or prior.reason != Signal.IMEX_DOMAIN:
             return domains.DomainReturn()
-        others = {n: written_status(self._store.reports.get(n)) for n in view.members if n != name}
+        others = {n: self._store.status(n) for n in view.members if n != name}
         return domains.domain_return(name, prior, others, policy.probation_s, now)
 
     def _first_seen(self, node: str) -> dt.datetime | None:
@@ -91,14 +91,14 @@ class Topology:
         key = policy.topology.rack_label
         value = domains.labels_of(self._store.nodes.get(name)).get(key)
         own = any(f.signal == Signal.POWER_BRAKE for f in a.findings)
-        if not value or not (own or domains.rack_episode([written_status(self._store.reports.get(name))])):
+        if not value or not (own or domains.rack_episode([self._store.status(name)])):
             return a  # neither braked itself nor leaving the rack's episode: nothing of the rack's to do
         nodes = self._members(policy, key, value) or (name,)
         braked = [n for n in nodes if domains.power_braked(self._store.reports.get(n), policy)]
         # Below minNodes the rack's episode may still be on (a node's written status carries its
         # finding): the brake lifting node by node leaves the last braked ones with the rack's finding.
         episode = len(braked) < policy.power_brake.rack.min_nodes and domains.rack_episode(
-            written_status(self._store.reports.get(n)) for n in nodes
+            self._store.status(n) for n in nodes
         )
         finding = domains.rack_finding(policy, key, value, braked, now, episode)
         # A node whose brake lifted passes here once more, so the gauge (and its alert) ends with the episode.

@@ -71,7 +71,8 @@ def recount(store: Store, p: Policy) -> Tally:
             t.gpus += store.gpus_of(name)
             t.gpus_out += store.gpus_out(name)
             devices = ((store.reports.get(name) or {}).get("status") or {}).get("devices") or []
-            t.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") == "InService")
+            # an entry without a state is in service (api/devices.py DeviceRecord.from_status)
+            t.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") in ("InService", None))
             st = str((rec or Record()).state)
             t.counts[st] = t.counts.get(st, 0) + 1
             if rec is not None and rec.out_of_service:
