@@ -15,7 +15,8 @@ columns) live in a template, ``hack/crds/<name>.yaml.in``. Every enum and every 
 
 A line that is only ``{{ device_facts() }}`` becomes the schema of a GPU's scalar facts, one property
 each, from their declarations (``api/device_facts.py``: type, bounds, enum, description, unit), indented
-as the line is.
+as the line is; one that is only ``{{ fields(NvLink) }}`` the properties of a structured fact's object, from
+its fields' declarations (``api/report_fabric.py``, ``api/wire.py``).
 
 So adding a value to an ``api/`` enum, or changing a default, changes the CRD once this runs, and the
 drift test (``tests/unit/test_crds_generated.py``) fails until it has. Pure Python: no controller-gen.
@@ -46,10 +47,12 @@ from gpuhealth.api import (
     remediation,
     remediation_status,
     report,
+    report_fabric,
     selector,
     slow_policy,
     status,
     validation,
+    wire,
 )
 from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
 from gpuhealth.api.devices import KEPT_OFF_BY, DeviceState
@@ -104,6 +107,11 @@ def device_facts() -> Lines:
     return Lines(line for fact in DEVICE_FACTS for line in _fact_lines(fact))
 
 
+def fields(cls: type) -> Lines:
+    """The properties of a structured fact's object (``api/report_fabric.py``), from its fields' declarations."""
+    return Lines(wire.properties(cls))
+
+
 def namespace() -> dict[str, Any]:
     """What a template's expressions may name: the API's vocabularies and the parsed defaults."""
     ns: dict[str, Any] = {}
@@ -113,6 +121,7 @@ def namespace() -> dict[str, Any]:
         remediation,
         remediation_status,
         report,
+        report_fabric,
         selector,
         status,
         device_policy,
@@ -136,6 +145,7 @@ def namespace() -> dict[str, Any]:
         enum=_enum,
         dur=format_duration,
         device_facts=device_facts,
+        fields=fields,
     )
     return ns
 

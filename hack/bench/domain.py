@@ -26,7 +26,8 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth.agent.model import FabricFacts, Snapshot
+from gpuhealth.agent.model import Snapshot
+from gpuhealth.api.report_fabric import Fabric
 from hack.bench.context import POLICY
 from hack.bench.fleet import SimNode, healthy_snapshot
 from hack.bench.support import (
@@ -69,9 +70,9 @@ def fabric_snapshot(node_index: int, clique_id: int, sick_gpu: int | None = None
     unhealthy (the domain's fault), or none."""
     snap = healthy_snapshot(node_index)
 
-    def facts(gpu: int) -> FabricFacts:
+    def facts(gpu: int) -> Fabric:
         sick = gpu == sick_gpu
-        return FabricFacts(
+        return Fabric.decoded(
             state=STATE_COMPLETED,
             status=0,
             cluster_uuid=CLUSTER_UUID,

@@ -22,13 +22,13 @@ from gpuhealth.agent.model import (
     UTC,
     DeviceFacts,
     EccCounts,
-    FabricFacts,
-    PcieFacts,
     RemappedRows,
     RetiredPages,
     Temperature,
     XidEvent,
 )
+from gpuhealth.api.fabric import GPU_IDLE
+from gpuhealth.api.report_fabric import Fabric, Pcie
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,9 @@ class DcgmGpu:
         fabric = (
             None
             if state is None
-            else FabricFacts(state[0], state[1], None, **fab)
+            else Fabric.decoded(state[0], state[1], None, **fab)
             if state[0]
-            else FabricFacts(state=0)
+            else Fabric.decoded(0)
         )
         return DeviceFacts(
             index=self.index,
@@ -114,9 +114,7 @@ class DcgmGpu:
             clock_event_reasons=device.get("clock_event_reasons"),
             power_w=power,
             fabric=fabric,
-            pcie=PcieFacts(pcie.get("width"), None, pcie.get("generation"), None, pcie.get("replays"))
-            if pcie
-            else None,
+            pcie=Pcie(pcie.get("width"), None, pcie.get("generation"), None, pcie.get("replays")) if pcie else None,
         )
 
 
@@ -250,10 +248,10 @@ class DcgmSource:
         if pcie is None:
             return facts
         reasons = facts.clock_event_reasons
-        if pcie.generation is not None and reasons is not None and not reasons & 0x1:
+        if pcie.generation is not None and reasons is not None and not reasons & GPU_IDLE:
             self._busy_gen[index] = pcie.generation
         gen = self._busy_gen.get(index)
-        return facts.replace(pcie=PcieFacts(pcie.width, None, gen, None, pcie.replays))
+        return facts.replace(pcie=Pcie(pcie.width, None, gen, None, pcie.replays))
 
 
 def merge_dcgm(devices: tuple[DeviceFacts, ...], dcgm: Mapping[int, DeviceFacts]) -> tuple[DeviceFacts, ...]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuhealth.agent.model import DeviceFacts, NicPortFacts, NvmlStatus, Snapshot
+from gpuhealth.agent.model import DeviceFacts, NvmlStatus, Snapshot
 from gpuhealth.api import fabric
+from gpuhealth.api.report_fabric import NIC_COUNTERS, NicPort
 
 _GPU = ("gpu", "uuid")
 _PORT = ("device", "port")
+# The fabric probe state gauge is NVML's number for it (the report carries its name).
+_FABRIC_STATE_CODES = {name: code for code, name in fabric.FABRIC_STATES.items()}
 
 
 class AgentMetrics:
@@ -184,8 +187,9 @@ class AgentMetrics:
     def _observe_fabric(self, gpu: tuple[str, str], d: DeviceFacts) -> None:
         if d.nvlink is not None:
             n = d.nvlink
-            self.nvlink_links.labels(*gpu, "active").set(n.active)
-            self.nvlink_links.labels(*gpu, "inactive").set(n.links - n.active)
+            if n.active is not None and n.inactive is not None:
+                self.nvlink_links.labels(*gpu, "active").set(n.active)
+                self.nvlink_links.labels(*gpu, "inactive").set(n.inactive)
             for counter, value in (
                 ("replay", n.replay_errors),
                 ("recovery", n.recovery_errors),
@@ -196,9 +200,10 @@ class AgentMetrics:
                 if value is not None:
                     self.nvlink_errors.labels(*gpu, counter).set(value)
         if d.fabric is not None:
-            self.fabric_state.labels(*gpu).set(d.fabric.state)
+            if d.fabric.state is not None:
+                self.fabric_state.labels(*gpu).set(_FABRIC_STATE_CODES[d.fabric.state])
             if d.fabric.health_mask is not None:
-                faults = set(fabric.decode_health_mask(d.fabric.health_mask).faults)
+                faults = set(d.fabric.faults)
                 for f in (*fabric.BOOLEAN_FIELDS, fabric.INCORRECT_CONFIGURATION):
                     self.fabric_fault.labels(*gpu, f.report).set(1 if f.report in faults else 0)
         if d.pcie is not None:
@@ -212,34 +217,22 @@ class AgentMetrics:
                     self.pcie_link.labels(*gpu, kind).set(value)
             if d.pcie.replays is not None:
                 self.pcie_replays.labels(*gpu).set(d.pcie.replays)
-        if d.throttle is not None:
+        if d.clocks is not None:
             for cause, pct in (
-                ("sw_thermal", d.throttle.sw_thermal_pct),
-                ("hw_thermal", d.throttle.hw_thermal_pct),
-                ("hw_power_brake", d.throttle.hw_power_brake_pct),
+                ("sw_thermal", d.clocks.sw_thermal_pct),
+                ("hw_thermal", d.clocks.hw_thermal_pct),
+                ("hw_power_brake", d.clocks.hw_power_brake_pct),
             ):
                 if pct is not None:
                     self.throttle.labels(*gpu, cause).set(pct)
 
-    def _observe_nic(self, n: NicPortFacts) -> None:
+    def _observe_nic(self, n: NicPort) -> None:
         port = (n.device, str(n.port))
-        down = (n.state is not None and n.state != "ACTIVE") or (n.oper_state is not None and n.oper_state != "up")
-        self.nic_up.labels(*port).set(0 if down else 1)
-        for counter, value in (
-            ("link_downed", n.link_downed),
-            ("local_link_integrity_errors", n.local_link_integrity_errors),
-            ("excessive_buffer_overrun_errors", n.excessive_buffer_overrun_errors),
-            ("rnr_nak_retry_err", n.rnr_nak_retry_errors),
-        ):
+        self.nic_up.labels(*port).set(0 if n.down else 1)
+        for c in NIC_COUNTERS:  # api/report_fabric.py: the increase of a fatal one, else its rate
+            value = getattr(n, c.attr)
             if value is not None:
-                self.nic_increase.labels(*port, counter).set(value)
-        for counter, rate in (
-            ("symbol_error", n.symbol_errors_per_min),
-            ("link_error_recovery", n.link_error_recovery_per_min),
-            ("port_rcv_errors", n.port_rcv_errors_per_min),
-        ):
-            if rate is not None:
-                self.nic_rate.labels(*port, counter).set(rate)
+                (self.nic_increase if c.fatal else self.nic_rate).labels(*port, c.name).set(value)
 
     def _observe_status(self, status: NvmlStatus) -> None:
         self.nvml_available.set(1 if status.available else 0)

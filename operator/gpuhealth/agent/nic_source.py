@@ -5,7 +5,8 @@ Read per port under ``<root>/class/infiniband/<dev>/ports/<p>/``: ``state`` ("4:
 ``<root>/class/net/<if>/`` (RoCE: EFA's driver hard-codes ``state`` ACTIVE, the netdev tells the truth).
 The root is configurable (``--sysfs-root``) so tests use a fake tree.
 
-Which facts (NVIDIA's NIC monitor defaults, judged by the operator, never here): any increase of
+Which facts (NVIDIA's NIC monitor defaults, judged by the operator, never here; the counters, their
+widths and which field each fills are ``api/report_fabric.py`` ``NIC_COUNTERS``): any increase of
 ``link_downed``, ``local_link_integrity_errors``, ``excessive_buffer_overrun_errors`` and
 ``rnr_nak_retry_err``; the rates of ``symbol_error``, ``link_error_recovery`` and ``port_rcv_errors``.
 The classic port counters are 4 to 16 bits wide and stop at their maximum instead of wrapping: a pinned
@@ -24,24 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuhealth.agent.model import NicPortFacts
+from gpuhealth.api.report_fabric import NIC_COUNTERS, NicPort
 
 ENV_SYSFS_ROOT = "GPUHEALTH_SYSFS_ROOT"
 ENV_NIC_EXCLUDE = "GPUHEALTH_NIC_EXCLUDE"
 RATE_WINDOW_S = 300.0
-
-# Counter -> (directory, width in bits). Widths are the InfiniBand PortCounters attribute's.
-INCREASE_COUNTERS: dict[str, tuple[str, int]] = {
-    "link_downed": ("counters", 8),
-    "local_link_integrity_errors": ("counters", 4),
-    "excessive_buffer_overrun_errors": ("counters", 4),
-    "rnr_nak_retry_err": ("hw_counters", 64),
-}
-RATE_COUNTERS: dict[str, tuple[str, int]] = {
-    "symbol_error": ("counters", 16),
-    "link_error_recovery": ("counters", 8),
-    "port_rcv_errors": ("counters", 16),
-}
 
 
 def saturated_at(bits: int) -> int:
@@ -117,7 +105,7 @@ class NicSource:
     monotonic: Callable[[], float] = time.monotonic
     _counters: dict[tuple[str, int, str], _Counter] = field(default_factory=dict)
 
-    def sample(self, gpu_bus_ids: Iterable[str] = ()) -> tuple[NicPortFacts, ...]:
+    def sample(self, gpu_bus_ids: Iterable[str] = ()) -> tuple[NicPort, ...]:
         base = Path(self.root, "class", "infiniband")
         try:
             devices = sorted(os.listdir(base))
@@ -125,7 +113,7 @@ class NicSource:
             return ()
         now = self.monotonic()
         gpu_numa = self._gpu_numa_nodes(gpu_bus_ids)
-        out: list[NicPortFacts] = []
+        out: list[NicPort] = []
         for dev in devices:
             if dev in self.exclude or self._management(base / dev, gpu_numa):
                 continue
@@ -160,7 +148,7 @@ class NicSource:
             return None
         return names[0] if names else None
 
-    def _port(self, dev: str, port: int, path: Path, netdev: str | None, now: float) -> NicPortFacts:
+    def _port(self, dev: str, port: int, path: Path, netdev: str | None, now: float) -> NicPort:
         saturated: list[str] = []
 
         def counter(name: str, directory: str, bits: int) -> _Counter | None:
@@ -173,31 +161,21 @@ class NicSource:
                 saturated.append(name)
             return c
 
-        increases: dict[str, int | None] = {}
-        for name, (directory, bits) in INCREASE_COUNTERS.items():
-            c = counter(name, directory, bits)
-            increases[name] = None if c is None else c.increase
-        rates: dict[str, float | None] = {}
-        for name, (directory, bits) in RATE_COUNTERS.items():
-            c = counter(name, directory, bits)
-            rates[name] = None if c is None else c.per_min()
+        values: dict[str, int | float | None] = {}
+        for n in NIC_COUNTERS:  # api/report_fabric.py: which counter, how wide, increase or rate
+            c = counter(n.name, n.directory, n.bits)
+            values[n.attr] = None if c is None else c.increase if n.fatal else c.per_min()
         oper = _read(Path(self.root, "class", "net", netdev, "operstate")) if netdev else None
-        return NicPortFacts(
+        return NicPort(
             device=dev,
             port=port,
-            state=state_name(_read(path / "state")),
-            phys_state=state_name(_read(path / "phys_state")),
-            link_layer=_read(path / "link_layer") or None,
-            netdev=netdev,
-            oper_state=oper or None,
-            link_downed=increases["link_downed"],
-            local_link_integrity_errors=increases["local_link_integrity_errors"],
-            excessive_buffer_overrun_errors=increases["excessive_buffer_overrun_errors"],
-            rnr_nak_retry_errors=increases["rnr_nak_retry_err"],
-            symbol_errors_per_min=rates["symbol_error"],
-            link_error_recovery_per_min=rates["link_error_recovery"],
-            port_rcv_errors_per_min=rates["port_rcv_errors"],
-            saturated=tuple(saturated),
+            state=state_name(_read(path / "state")) or "",
+            phys_state=state_name(_read(path / "phys_state")) or "",
+            link_layer=_read(path / "link_layer") or "",
+            netdev=netdev or "",
+            oper_state=oper or "",
+            **values,  # type: ignore[arg-type]
+            saturated=tuple(sorted(saturated)),
         )
 
 

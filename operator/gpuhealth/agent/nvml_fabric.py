@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpuhealth.agent.model import FabricFacts, NvLinkFacts, PcieFacts, ThrottleFacts
 from gpuhealth.agent.nvml_calls import Device, field_ints
 from gpuhealth.agent.nvml_port import Handle, Nvml
 from gpuhealth.api import fabric
+from gpuhealth.api.report_fabric import Clocks, Fabric, NvLink, Pcie
 
 T = TypeVar("T")
 
@@ -100,7 +100,7 @@ _PER_LINK = (
 )
 
 
-def read_nvlink(nvml: Nvml, dev: Device, others: Sequence[tuple[int, Any]]) -> NvLinkFacts:
+def read_nvlink(nvml: Nvml, dev: Device, others: Sequence[tuple[int, Any]]) -> NvLink:
     """Per-link state, speed and counters of one GPU, and which of ``others`` (index, handle) it
     reaches over NVLink."""
     handle = dev.handle
@@ -127,10 +127,10 @@ def read_nvlink(nvml: Nvml, dev: Device, others: Sequence[tuple[int, Any]]) -> N
     speeds = [v for link, v in zip(links, speed, strict=True) if link not in inactive and v]
     versions = [v for v in by_field.get(fabric.FI_NVLINK_GET_VERSION, none) if v]
     replay, recovery, crc = _error_counters(nvml, dev, links)
-    return NvLinkFacts(
+    return NvLink(
         links=len(links),
         active=len(links) - len(inactive),
-        inactive=inactive,
+        inactive_links=inactive,
         speed_mbps=min(speeds) if speeds else None,
         version=versions[0] if versions else None,
         peers=_peers(nvml, handle, others),
@@ -159,7 +159,7 @@ def _peers(nvml: Nvml, handle: Handle, others: Sequence[tuple[int, Any]]) -> tup
     return tuple(out)
 
 
-def read_fabric(nvml: Nvml, handle: Handle) -> FabricFacts:
+def read_fabric(nvml: Nvml, handle: Handle) -> Fabric:
     """GPU fabric info v3: the probe's state (its status only once COMPLETED), the clique, the health."""
     cls = getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None)
     if cls is None:
@@ -168,9 +168,9 @@ def read_fabric(nvml: Nvml, handle: Handle) -> FabricFacts:
     nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
     state = int(info.state)
     if state == 0:
-        return FabricFacts(state=state)
+        return Fabric.decoded(state)
     raw = bytes(info.clusterUuid)
-    return FabricFacts(
+    return Fabric.decoded(
         state=state,
         status=int(info.status) if state == fabric.STATE_COMPLETED else None,
         cluster_uuid=fabric.cluster_uuid(raw) if any(raw) else None,
@@ -180,7 +180,7 @@ def read_fabric(nvml: Nvml, handle: Handle) -> FabricFacts:
     )
 
 
-def read_pcie(nvml: Nvml, dev: Device, clock_reasons: int | None) -> PcieFacts:
+def read_pcie(nvml: Nvml, dev: Device, clock_reasons: int | None) -> Pcie:
     """Current and maximum PCIe width and generation, and the replay counter. The generation is kept
     from the last sample the GPU was busy in (clock reason GpuIdle clear): an idle link drops it."""
     h = dev.handle
@@ -194,7 +194,7 @@ def read_pcie(nvml: Nvml, dev: Device, clock_reasons: int | None) -> PcieFacts:
     idle = clock_reasons is not None and bool(clock_reasons & fabric.GPU_IDLE)
     if generation is not None and not idle:
         dev.pcie_generation = generation
-    return PcieFacts(width, max_width, dev.pcie_generation, max_generation, replays)
+    return Pcie(width, max_width, dev.pcie_generation, max_generation, replays)
 
 
 _THROTTLE_FIELDS = (
@@ -204,7 +204,7 @@ _THROTTLE_FIELDS = (
 )
 
 
-def read_throttle(nvml: Nvml, dev: Device, now: float, window_s: float = THROTTLE_WINDOW_S) -> ThrottleFacts:
+def read_throttle(nvml: Nvml, dev: Device, now: float, window_s: float = THROTTLE_WINDOW_S) -> Clocks:
     """The share of the last ``window_s`` seconds spent throttled per cause, from the accumulated
     nanoseconds NVML keeps (fields 269-271); unknown (None) shares until two samples span some time."""
     values = tuple(field_ints(nvml, dev.handle, [(f, 0) for f in _THROTTLE_FIELDS]))
@@ -216,8 +216,8 @@ def read_throttle(nvml: Nvml, dev: Device, now: float, window_s: float = THROTTL
         history.popleft()
     base_t, base = history[0]
     span = now - base_t
-    if span <= 0:
-        return ThrottleFacts(window_s=0)
+    if round(span) <= 0:
+        return Clocks()  # not measured yet: nothing to write
 
     def pct(i: int) -> int | None:
         old, new = base[i], values[i]
@@ -225,4 +225,4 @@ def read_throttle(nvml: Nvml, dev: Device, now: float, window_s: float = THROTTL
             return None  # unknown, or the counter restarted (driver reload)
         return max(0, min(100, round((new - old) / (span * 1e9) * 100)))
 
-    return ThrottleFacts(window_s=round(span), sw_thermal_pct=pct(0), hw_thermal_pct=pct(1), hw_power_brake_pct=pct(2))
+    return Clocks(window_s=round(span), sw_thermal_pct=pct(0), hw_thermal_pct=pct(1), hw_power_brake_pct=pct(2))

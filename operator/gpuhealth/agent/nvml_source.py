@@ -347,7 +347,7 @@ class NvmlSource(NvmlEvents):
             nvlink=nvlink,
             fabric=fabric,
             pcie=pcie,
-            throttle=throttle,
+            clocks=throttle,
             mig_mode=mig,
             ecc_mode=ecc_mode,
             ecc=ecc,

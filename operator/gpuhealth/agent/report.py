@@ -192,16 +192,22 @@ def temperature_changed(prev: int | None, cur: int | None, band: int, thresholds
     return any(t is not None and (prev >= t) != (cur >= t) for t in thresholds)
 
 
-def _significant(device: DeviceFacts) -> DeviceFacts:
-    """The device with the noisy fields neutralised, for equality comparison."""
+def _significant(device: DeviceFacts) -> tuple[DeviceFacts, tuple[Any, ...]]:
+    """The device with the noisy fields neutralised, and what of its fabric objects is a fact, for
+    equality comparison."""
     clock = device.clock_event_reasons
     temp = device.temperature
-    return significant_fabric(device).replace(
+    rest = device.replace(
         power_w=None,
         clock_event_reasons=None if clock is None else clock & SIGNIFICANT_CLOCK_EVENT_REASONS,
         temperature=None if temp is None else Temperature(None, temp.slowdown_c, temp.shutdown_c),
         unsupported=tuple(sorted(set(device.unsupported))),
+        nvlink=None,
+        fabric=None,
+        pcie=None,
+        clocks=None,
     )
+    return rest, significant_fabric(device)
 
 
 def facts_changed(prev: Snapshot | None, cur: Snapshot, temperature_band_c: int = DEFAULT_TEMPERATURE_BAND_C) -> bool:

@@ -1,21 +1,46 @@
-"""Typed view of the fabric's part of a GPUNodeHealth report: a GPU's ``nvlink``, ``fabric``, ``pcie`` and
-``clocks``, and the node's ``nics`` (``crds/gpunodehealths.yaml``; written by ``agent/report_fabric.py``).
+"""The fabric's part of a GPUNodeHealth report: a GPU's ``nvlink``, ``fabric``, ``pcie`` and ``clocks``, and
+the node's ``nics`` (``crds/gpunodehealths.yaml``), one type each, which the agent fills and the operator
+parses.
 
-Facts only, as the agent saw them; what they mean for scheduling is the operator's (evaluation/).
-``api/report.py`` ``parse_report`` calls these and turns :class:`FieldError` into its ``ReportError``.
+Facts only, as the agent saw them; what they mean for scheduling is the operator's (evaluation/). Each
+field is declared once, with its report key, schema and whether the operator reads it (``api/wire.py``):
+the agent's writer and its "significant change" filter (``agent/report_fabric.py``), the parsers here,
+the field table (``api/report_fields.py``) and the CRD (``hack/gen_crds.py``) all take it from there.
+``api/report.py`` ``parse_report`` calls the parsers and turns :class:`FieldError` into its ``ReportError``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final
 
 from gpuhealth.api import fabric
+from gpuhealth.api.wire import FieldError as FieldError
+from gpuhealth.api.wire import parse_fields, wire
+
+_INT: Final = {"type": "integer", "minimum": 0}
+_LINKS: Final = {**_INT, "maximum": fabric.NVLINK_MAX_LINKS}
+_LAST_LINK: Final = fabric.NVLINK_MAX_LINKS - 1
+_PERCENT: Final = {**_INT, "maximum": 100}
+_RATE: Final = {"type": "number", "minimum": 0}
+_LINK_TELEMETRY: Final = "telemetry: climbs on healthy links"
+
+# Rates (errors per minute) are compared by bucket, so a rate wandering inside one does not rewrite the
+# report; the edges hold NVIDIA's NIC monitor thresholds (120/h = 2/min, 5/min, 10/s = 600/min).
+RATE_EDGES_PER_MIN: Final = (0.0, 0.1, 1.0, 2.0, 5.0, 10.0, 60.0, 600.0, 6000.0)
+THROTTLE_STEP_PCT: Final = 10
 
 
-class FieldError(ValueError):
-    """A fabric field of a report that cannot be trusted (``parse_report`` refuses the report)."""
+def rate_bucket(value: float | None) -> int | None:
+    return None if value is None else bisect_right(RATE_EDGES_PER_MIN, value)
+
+
+def pct_bucket(value: int | None) -> int:
+    """A duty cycle by tenths; not measured yet (the agent's first sample) counts as the lowest, so
+    that the measurement arriving is no new fact unless it says the GPU is throttled."""
+    return 0 if value is None else value // THROTTLE_STEP_PCT
 
 
 # ---- the typed facts ------------------------------------------------------------------------------------
@@ -24,34 +49,101 @@ class FieldError(ValueError):
 @dataclass(frozen=True)
 class NvLink:
     """``spec.devices[].nvlink``: links that exist and are active, the slowest active link's speed, the
-    GPUs of the node it reaches over NVLink (None: not known), Blackwell's failed link recoveries."""
+    GPUs of the node it reaches over NVLink (None: not known), Blackwell's failed link recoveries. The
+    error counters are sums over the links and telemetry (they climb on healthy links; BER never decides
+    anything): written along, but a change of them alone is no new fact. ``recovery_failed`` is."""
 
-    links: int | None = None
-    active: int | None = None
-    speed_mbps: int | None = None
-    peers: tuple[int, ...] | None = None
-    recovery_failed: int | None = None
+    links: int | None = wire("links", _LINKS, "Links that exist (NVML_NVLINK_CAP_VALID).")
+    active: int | None = wire("active", _LINKS)
+    inactive_links: tuple[int, ...] = wire(
+        "inactiveLinks",
+        {
+            "type": "array",
+            "maxItems": fabric.NVLINK_MAX_LINKS,
+            "items": {**_INT, "maximum": fabric.NVLINK_MAX_LINKS - 1},
+        },
+        dropped="for humans: links and active are what is judged",
+        default=(),
+    )
+    speed_mbps: int | None = wire("speedMBps", _INT, "The slowest active link.")
+    version: int | None = wire("version", _INT, "NVML's nvmlNvlinkVersion_t (6: NVLink 4.0).", dropped="for humans")
+    peers: tuple[int, ...] | None = wire(
+        "peers",
+        {"type": "array", "maxItems": 64, "items": {**_INT, "maximum": 63}},
+        "GPUs of this node reached over NVLink (the peers a DrainP2P involves).",
+    )
+    replay_errors: int | None = wire("replayErrors", _INT, dropped=_LINK_TELEMETRY, telemetry=True)
+    recovery_errors: int | None = wire("recoveryErrors", _INT, dropped=_LINK_TELEMETRY, telemetry=True)
+    crc_errors: int | None = wire("crcErrors", _INT, dropped=_LINK_TELEMETRY, telemetry=True)
+    recovery_successful: int | None = wire(
+        "recoverySuccessful", _INT, dropped="telemetry: a recovery that succeeded left the link up", telemetry=True
+    )
+    recovery_failed: int | None = wire("recoveryFailed", _INT)
+    recovery_total: int | None = wire(
+        "recoveryTotal", _INT, dropped="telemetry: recoveryFailed is the fault", telemetry=True
+    )
 
     @property
     def inactive(self) -> int | None:
         return None if self.links is None or self.active is None else max(0, self.links - self.active)
 
 
+_FABRIC_MASK = "decoded into its sub-fields, which are read"
+
+
 @dataclass(frozen=True)
 class Fabric:
     """``spec.devices[].fabric``: the fabric probe and its health, the mask already decoded per sub-field
-    (None: the sub-field is not supported)."""
+    (None: the sub-field is not supported). :meth:`decoded` makes it of what NVML answered."""
 
-    state: fabric.FabricState | None = None
-    status: int | None = None
-    cluster_uuid: str = ""
-    clique_id: int | None = None
-    health_summary: fabric.HealthSummary | None = None
-    degraded_bandwidth: bool | None = None
-    route_recovery: bool | None = None
-    route_unhealthy: bool | None = None
-    access_timeout_recovery: bool | None = None
-    incorrect_configuration: fabric.IncorrectConfiguration | None = None
+    state: fabric.FabricState | None = wire("state", {"type": "string", "enum": tuple(fabric.FABRIC_STATES.values())})
+    status: int | None = wire("status", _INT, "The probe's NVML return code, only once Completed (0 success).")
+    cluster_uuid: str = wire("clusterUuid", {"type": "string", "maxLength": 36}, default="")
+    clique_id: int | None = wire("cliqueId", _INT)
+    health_mask: int | None = wire(
+        "healthMask", _INT, "The raw mask; a non-zero mask is no fault.", dropped=_FABRIC_MASK
+    )
+    health_summary: fabric.HealthSummary | None = wire(
+        "healthSummary", {"type": "string", "enum": tuple(fabric.HEALTH_SUMMARIES.values())}
+    )
+    degraded_bandwidth: bool | None = wire(fabric.DEGRADED_BW.report, {"type": "boolean"})
+    route_recovery: bool | None = wire(fabric.ROUTE_RECOVERY.report, {"type": "boolean"})
+    route_unhealthy: bool | None = wire(fabric.ROUTE_UNHEALTHY.report, {"type": "boolean"})
+    access_timeout_recovery: bool | None = wire(fabric.ACCESS_TIMEOUT_RECOVERY.report, {"type": "boolean"})
+    incorrect_configuration: fabric.IncorrectConfiguration | None = wire(
+        fabric.INCORRECT_CONFIGURATION.report, {"type": "string", "enum": fabric.INCORRECT_CONFIGURATION_VALUES}
+    )
+    partition_assigned: bool | None = wire(
+        fabric.PARTITION_ASSIGNED.report, {"type": "boolean"}, dropped="informational: no fault either way"
+    )
+
+    @classmethod
+    def decoded(
+        cls,
+        state: int,
+        status: int | None = None,
+        cluster_uuid: str | None = None,
+        clique_id: int | None = None,
+        health_mask: int | None = None,
+        health_summary: int | None = None,
+    ) -> Fabric:
+        """The facts of what nvmlDeviceGetGpuFabricInfoV (or DCGM) answered: the state and summary by name
+        (None: a value NVML does not define), the mask decoded per sub-field (api/fabric.py)."""
+        health = fabric.FabricHealth() if health_mask is None else fabric.decode_health_mask(health_mask)
+        return cls(
+            state=fabric.fabric_state(state),
+            status=status,
+            cluster_uuid=cluster_uuid or "",
+            clique_id=clique_id,
+            health_mask=health_mask,
+            health_summary=None if health_summary is None else fabric.health_summary(health_summary),
+            degraded_bandwidth=health.degraded_bandwidth,
+            route_recovery=health.route_recovery,
+            route_unhealthy=health.route_unhealthy,
+            access_timeout_recovery=health.access_timeout_recovery,
+            incorrect_configuration=health.incorrect_configuration,
+            partition_assigned=health.partition_assigned,
+        )
 
     @property
     def health(self) -> fabric.FabricHealth:
@@ -61,6 +153,7 @@ class Fabric:
             route_unhealthy=self.route_unhealthy,
             access_timeout_recovery=self.access_timeout_recovery,
             incorrect_configuration=self.incorrect_configuration,
+            partition_assigned=self.partition_assigned,
         )
 
     @property
@@ -81,12 +174,14 @@ class Fabric:
 
 @dataclass(frozen=True)
 class Pcie:
-    """``spec.devices[].pcie``; ``generation`` is the last one read while the GPU was busy."""
+    """``spec.devices[].pcie``; ``generation`` is the last one read while the GPU was busy (the link drops
+    its generation when idle, which is no fault and must not rewrite the report); replays are telemetry."""
 
-    width: int | None = None
-    max_width: int | None = None
-    generation: int | None = None
-    max_generation: int | None = None
+    width: int | None = wire("width", _INT)
+    max_width: int | None = wire("maxWidth", _INT)
+    generation: int | None = wire("generation", _INT)
+    max_generation: int | None = wire("maxGeneration", _INT)
+    replays: int | None = wire("replays", _INT, dropped="telemetry: climbs on healthy links", telemetry=True)
 
     @property
     def downtrained(self) -> bool:
@@ -98,34 +193,54 @@ class Pcie:
 
 @dataclass(frozen=True)
 class Clocks:
-    """``spec.devices[].clocks``: percent of the last ``window_s`` seconds throttled, per cause."""
+    """``spec.devices[].clocks``: percent of the last ``window_s`` seconds throttled, per cause, from NVML's
+    accumulated-nanoseconds fields (269-271): a duty cycle, not one sample of the reasons. Not measured yet
+    (the agent's first sample): all None. A duty cycle counts as a new fact when it moves by a tenth."""
 
-    window_s: int | None = None
-    sw_thermal_pct: int | None = None
-    hw_thermal_pct: int | None = None
-    hw_power_brake_pct: int | None = None
+    window_s: int | None = wire("throttleWindowS", _INT, telemetry=True)
+    sw_thermal_pct: int | None = wire("swThermalPercent", _PERCENT, bucket=pct_bucket)
+    hw_thermal_pct: int | None = wire("hwThermalPercent", _PERCENT, bucket=pct_bucket)
+    hw_power_brake_pct: int | None = wire("hwPowerBrakePercent", _PERCENT, bucket=pct_bucket)
+
+
+# A GPU's fabric objects: each its key under spec.devices[] (and the attribute of the agent's DeviceFacts and
+# the operator's Device holding it) and its type.
+DEVICE_PARTS: Final[tuple[tuple[str, type], ...]] = (
+    ("nvlink", NvLink),
+    ("fabric", Fabric),
+    ("pcie", Pcie),
+    ("clocks", Clocks),
+)
+
+_NAME: Final = {"type": "string", "maxLength": 64}
+_STATE: Final = {"type": "string", "maxLength": 32}
 
 
 @dataclass(frozen=True)
 class NicPort:
-    """``spec.nics[]``: one InfiniBand / RoCE port. The four counters fatal on any increase hold the
-    increase since the agent started watching; the ``*_per_min`` rates are over the agent's window;
-    ``saturated`` names counters pinned at their maximum (their rate is unknown, not zero)."""
+    """``spec.nics[]``: one InfiniBand / RoCE port as sysfs shows it. The four counters fatal on any
+    increase hold the increase since the agent started watching (the raw counters carry history from
+    before the boot's first job); the ``*_per_min`` rates are over the agent's window, compared by bucket;
+    ``saturated`` names counters pinned at their maximum (their rate is unknown, not zero). Which sysfs
+    counter fills which field: :data:`NIC_COUNTERS`."""
 
-    device: str
-    port: int
-    state: str = ""
-    phys_state: str = ""
-    link_layer: str = ""
-    oper_state: str = ""
-    link_downed: int | None = None
-    local_link_integrity_errors: int | None = None
-    excessive_buffer_overrun_errors: int | None = None
-    rnr_nak_retry_errors: int | None = None
-    symbol_errors_per_min: float | None = None
-    link_error_recovery_per_min: float | None = None
-    port_rcv_errors_per_min: float | None = None
-    saturated: tuple[str, ...] = ()
+    device: str = wire("device", _NAME, required=True)
+    port: int = wire("port", {**_INT, "maximum": 255}, required=True)
+    state: str = wire("state", _STATE, default="")  # ACTIVE, DOWN, INIT, ARMED
+    phys_state: str = wire("physState", _STATE, default="")  # LinkUp, Disabled, Polling, ...
+    link_layer: str = wire("linkLayer", _STATE, default="")  # InfiniBand, Ethernet
+    netdev: str = wire("netdev", _NAME, dropped="for humans; operState is the netdev's state", default="")
+    oper_state: str = wire("operState", _STATE, default="")  # the netdev's (RoCE; EFA hard-codes ACTIVE)
+    link_downed: int | None = wire("linkDowned", _INT)
+    local_link_integrity_errors: int | None = wire("localLinkIntegrityErrors", _INT)
+    excessive_buffer_overrun_errors: int | None = wire("excessiveBufferOverrunErrors", _INT)
+    rnr_nak_retry_errors: int | None = wire("rnrNakRetryErrors", _INT)
+    symbol_errors_per_min: float | None = wire("symbolErrorsPerMin", _RATE, bucket=rate_bucket, digits=2)
+    link_error_recovery_per_min: float | None = wire("linkErrorRecoveryPerMin", _RATE, bucket=rate_bucket, digits=2)
+    port_rcv_errors_per_min: float | None = wire("portRcvErrorsPerMin", _RATE, bucket=rate_bucket, digits=2)
+    saturated: tuple[str, ...] = wire(
+        "saturated", {"type": "array", "maxItems": 16, "items": {"type": "string", "maxLength": 64}}, default=()
+    )
 
     @property
     def label(self) -> str:
@@ -135,6 +250,31 @@ class NicPort:
     def down(self) -> bool:
         """The port is not ACTIVE, or its netdev (RoCE) is not up."""
         return (bool(self.state) and self.state != "ACTIVE") or (bool(self.oper_state) and self.oper_state != "up")
+
+
+@dataclass(frozen=True)
+class NicCounter:
+    """One sysfs counter of a port (``<port>/<directory>/<name>``) and the :class:`NicPort` field it fills."""
+
+    name: str  # sysfs's name, also the agent's metric label and the operator's findings' word
+    directory: str  # counters, hw_counters
+    bits: int  # the InfiniBand PortCounters attribute's width: a counter pinned at its maximum is saturated
+    attr: str  # the NicPort attribute: the increase since the agent started (fatal), else errors per minute
+    fatal: bool  # any increase is fatal (NVIDIA's NIC monitor); otherwise judged by its rate
+
+
+# The one table of the NIC counters: which the agent reads, how wide, and what the operator judges by.
+NIC_COUNTERS: Final = (
+    NicCounter("link_downed", "counters", 8, "link_downed", fatal=True),
+    NicCounter("local_link_integrity_errors", "counters", 4, "local_link_integrity_errors", fatal=True),
+    NicCounter("excessive_buffer_overrun_errors", "counters", 4, "excessive_buffer_overrun_errors", fatal=True),
+    NicCounter("rnr_nak_retry_err", "hw_counters", 64, "rnr_nak_retry_errors", fatal=True),
+    NicCounter("symbol_error", "counters", 16, "symbol_errors_per_min", fatal=False),
+    NicCounter("link_error_recovery", "counters", 8, "link_error_recovery_per_min", fatal=False),
+    NicCounter("port_rcv_errors", "counters", 16, "port_rcv_errors_per_min", fatal=False),
+)
+FATAL_NIC_COUNTERS: Final = tuple(c for c in NIC_COUNTERS if c.fatal)
+RATE_NIC_COUNTERS: Final = tuple(c for c in NIC_COUNTERS if not c.fatal)
 
 
 # ---- parsing ------------------------------------------------------------------------------------------
@@ -148,112 +288,24 @@ def _obj(v: Any, where: str) -> Mapping[str, Any] | None:
     return v
 
 
-def _int(v: Any, where: str, maximum: int | None = None) -> int | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (maximum is not None and v > maximum):
-        bound = f"0..{maximum}" if maximum is not None else "a non-negative integer"
-        raise FieldError(f"{where}: expected {bound}, got {v!r}")
-    return v
-
-
-def _num(v: Any, where: str) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise FieldError(f"{where}: expected a non-negative number, got {v!r}")
-    return float(v)
-
-
-def _bool(v: Any, where: str) -> bool | None:
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        raise FieldError(f"{where}: expected a boolean, got {v!r}")
-    return v
-
-
-def _str(v: Any, where: str) -> str:
-    if v is None:
-        return ""
-    if not isinstance(v, str):
-        raise FieldError(f"{where}: expected a string, got {v!r}")
-    return v
-
-
-def _enum(v: Any, where: str, allowed: Any) -> Any:
-    if v is None:
-        return None
-    if v not in set(allowed):
-        raise FieldError(f"{where}: {v!r} is not one of {sorted(set(allowed))}")
-    return v
-
-
-def _ints(v: Any, where: str, maximum: int) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)):  # a tuple: the operator's slim cache shares lists so
-        raise FieldError(f"{where}: must be a list")
-    return tuple(sorted({cast(int, _int(x, f"{where}[{i}]", maximum)) for i, x in enumerate(v)}))
-
-
 def parse_nvlink(v: Any, where: str) -> NvLink | None:
     m = _obj(v, where)
-    if m is None:
-        return None
-    return NvLink(
-        links=_int(m.get("links"), f"{where}.links", fabric.NVLINK_MAX_LINKS),
-        active=_int(m.get("active"), f"{where}.active", fabric.NVLINK_MAX_LINKS),
-        speed_mbps=_int(m.get("speedMBps"), f"{where}.speedMBps"),
-        peers=_ints(m.get("peers"), f"{where}.peers", 63),
-        recovery_failed=_int(m.get("recoveryFailed"), f"{where}.recoveryFailed"),
-    )
+    return None if m is None else parse_fields(NvLink, m, where)
 
 
 def parse_fabric(v: Any, where: str) -> Fabric | None:
     m = _obj(v, where)
-    if m is None:
-        return None
-    return Fabric(
-        state=_enum(m.get("state"), f"{where}.state", fabric.FABRIC_STATES.values()),
-        status=_int(m.get("status"), f"{where}.status"),
-        cluster_uuid=_str(m.get("clusterUuid"), f"{where}.clusterUuid"),
-        clique_id=_int(m.get("cliqueId"), f"{where}.cliqueId"),
-        health_summary=_enum(m.get("healthSummary"), f"{where}.healthSummary", fabric.HEALTH_SUMMARIES.values()),
-        degraded_bandwidth=_bool(m.get("degradedBandwidth"), f"{where}.degradedBandwidth"),
-        route_recovery=_bool(m.get("routeRecovery"), f"{where}.routeRecovery"),
-        route_unhealthy=_bool(m.get("routeUnhealthy"), f"{where}.routeUnhealthy"),
-        access_timeout_recovery=_bool(m.get("accessTimeoutRecovery"), f"{where}.accessTimeoutRecovery"),
-        incorrect_configuration=_enum(
-            m.get("incorrectConfiguration"),
-            f"{where}.incorrectConfiguration",
-            [*fabric.INCORRECT_CONFIGURATIONS.values(), fabric.UNKNOWN_CONFIGURATION],
-        ),
-    )
+    return None if m is None else parse_fields(Fabric, m, where)
 
 
 def parse_pcie(v: Any, where: str) -> Pcie | None:
     m = _obj(v, where)
-    if m is None:
-        return None
-    return Pcie(
-        width=_int(m.get("width"), f"{where}.width"),
-        max_width=_int(m.get("maxWidth"), f"{where}.maxWidth"),
-        generation=_int(m.get("generation"), f"{where}.generation"),
-        max_generation=_int(m.get("maxGeneration"), f"{where}.maxGeneration"),
-    )
+    return None if m is None else parse_fields(Pcie, m, where)
 
 
 def parse_clocks(v: Any, where: str) -> Clocks | None:
     m = _obj(v, where)
-    if m is None:
-        return None
-    return Clocks(
-        window_s=_int(m.get("throttleWindowS"), f"{where}.throttleWindowS"),
-        sw_thermal_pct=_int(m.get("swThermalPercent"), f"{where}.swThermalPercent", 100),
-        hw_thermal_pct=_int(m.get("hwThermalPercent"), f"{where}.hwThermalPercent", 100),
-        hw_power_brake_pct=_int(m.get("hwPowerBrakePercent"), f"{where}.hwPowerBrakePercent", 100),
-    )
+    return None if m is None else parse_fields(Clocks, m, where)
 
 
 def parse_nics(v: Any, where: str) -> tuple[NicPort, ...]:
@@ -267,36 +319,11 @@ def parse_nics(v: Any, where: str) -> tuple[NicPort, ...]:
         at = f"{where}[{i}]"
         m = _obj(item, at)
         assert m is not None
-        device = _str(m.get("device"), f"{at}.device")
-        port = _int(m.get("port"), f"{at}.port", 255)
-        if not device or port is None:
+        if not m.get("device") or m.get("port") is None:
             raise FieldError(f"{at}: device and port are required")
-        if (device, port) in seen:
-            raise FieldError(f"{at}: duplicate port {device}/{port}")
-        seen.add((device, port))
-        saturated = m.get("saturated")
-        if saturated is not None and (
-            not isinstance(saturated, (list, tuple)) or not all(isinstance(s, str) for s in saturated)
-        ):
-            raise FieldError(f"{at}.saturated: must be a list of counter names")
-        out.append(
-            NicPort(
-                device=device,
-                port=port,
-                state=_str(m.get("state"), f"{at}.state"),
-                phys_state=_str(m.get("physState"), f"{at}.physState"),
-                link_layer=_str(m.get("linkLayer"), f"{at}.linkLayer"),
-                oper_state=_str(m.get("operState"), f"{at}.operState"),
-                link_downed=_int(m.get("linkDowned"), f"{at}.linkDowned"),
-                local_link_integrity_errors=_int(m.get("localLinkIntegrityErrors"), f"{at}.localLinkIntegrityErrors"),
-                excessive_buffer_overrun_errors=_int(
-                    m.get("excessiveBufferOverrunErrors"), f"{at}.excessiveBufferOverrunErrors"
-                ),
-                rnr_nak_retry_errors=_int(m.get("rnrNakRetryErrors"), f"{at}.rnrNakRetryErrors"),
-                symbol_errors_per_min=_num(m.get("symbolErrorsPerMin"), f"{at}.symbolErrorsPerMin"),
-                link_error_recovery_per_min=_num(m.get("linkErrorRecoveryPerMin"), f"{at}.linkErrorRecoveryPerMin"),
-                port_rcv_errors_per_min=_num(m.get("portRcvErrorsPerMin"), f"{at}.portRcvErrorsPerMin"),
-                saturated=tuple(sorted(saturated or ())),
-            )
-        )
+        port = parse_fields(NicPort, m, at)
+        if (port.device, port.port) in seen:
+            raise FieldError(f"{at}: duplicate port {port.label}")
+        seen.add((port.device, port.port))
+        out.append(port)
     return tuple(sorted(out, key=lambda n: (n.device, n.port)))

@@ -10,7 +10,8 @@ dropping a DROPPED one never does) and to the cache (it keeps exactly the READ f
 added to the CRD fails the build until it is listed here.
 
 A device's scalar facts are declared in ``api/device_facts.py`` (each with whether it is read, or
-why not) and listed here from there.
+why not), the fabric's objects and the NIC ports field by field in ``api/report_fabric.py``; both are
+listed here from there.
 
 Paths are spelled as the tests' schema walker spells them: dotted, a list's items as ``[]``.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuhealth.api.device_facts import DEVICE_FACTS
+from gpuhealth.api.report_fabric import DEVICE_PARTS, NicPort
+from gpuhealth.api.wire import dropped_paths, read_paths
 
 READ: tuple[str, ...] = (
     "spec.nodeName",  # must be the report's name (a report about another node is refused)
@@ -54,49 +57,15 @@ READ: tuple[str, ...] = (
     "spec.devices[].pods[].name",
     "spec.devices[].pods[].container",
     "spec.devices[].pods[].resource",
-    "spec.devices[].nvlink.links",
-    "spec.devices[].nvlink.active",
-    "spec.devices[].nvlink.speedMBps",
-    "spec.devices[].nvlink.peers[]",
-    "spec.devices[].nvlink.recoveryFailed",
-    "spec.devices[].fabric.state",
-    "spec.devices[].fabric.status",
-    "spec.devices[].fabric.clusterUuid",
-    "spec.devices[].fabric.cliqueId",
-    "spec.devices[].fabric.healthSummary",
-    "spec.devices[].fabric.degradedBandwidth",
-    "spec.devices[].fabric.routeRecovery",
-    "spec.devices[].fabric.routeUnhealthy",
-    "spec.devices[].fabric.accessTimeoutRecovery",
-    "spec.devices[].fabric.incorrectConfiguration",
-    "spec.devices[].pcie.width",
-    "spec.devices[].pcie.maxWidth",
-    "spec.devices[].pcie.generation",
-    "spec.devices[].pcie.maxGeneration",
-    "spec.devices[].clocks.throttleWindowS",
-    "spec.devices[].clocks.swThermalPercent",
-    "spec.devices[].clocks.hwThermalPercent",
-    "spec.devices[].clocks.hwPowerBrakePercent",
+    # The fabric's objects and the NIC ports: each field's declaration says (api/report_fabric.py).
+    *(p for name, cls in DEVICE_PARTS for p in read_paths(f"spec.devices[].{name}", cls)),
     "spec.xidEvents[].xid",
     "spec.xidEvents[].time",
     "spec.xidEvents[].gpu",
     "spec.xidEvents[].uuid",
     "spec.xidEvents[].gpuInstanceId",
     "spec.xidEvents[].computeInstanceId",
-    "spec.nics[].device",
-    "spec.nics[].port",
-    "spec.nics[].state",
-    "spec.nics[].physState",
-    "spec.nics[].linkLayer",
-    "spec.nics[].operState",
-    "spec.nics[].linkDowned",
-    "spec.nics[].localLinkIntegrityErrors",
-    "spec.nics[].excessiveBufferOverrunErrors",
-    "spec.nics[].rnrNakRetryErrors",
-    "spec.nics[].symbolErrorsPerMin",
-    "spec.nics[].linkErrorRecoveryPerMin",
-    "spec.nics[].portRcvErrorsPerMin",
-    "spec.nics[].saturated[]",
+    *read_paths("spec.nics[]", NicPort),
 )
 
 # Declared, written by the agent, read by nobody in the operator: the slim cache drops them, which
@@ -116,17 +85,8 @@ DROPPED: Mapping[str, str] = {
     "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
     "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
     "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
-    "spec.devices[].nvlink.inactiveLinks[]": "for humans: links and active are what is judged",
-    "spec.devices[].nvlink.version": "for humans",
-    "spec.devices[].nvlink.replayErrors": "telemetry: climbs on healthy links",
-    "spec.devices[].nvlink.recoveryErrors": "telemetry: climbs on healthy links",
-    "spec.devices[].nvlink.crcErrors": "telemetry: climbs on healthy links",
-    "spec.devices[].nvlink.recoverySuccessful": "telemetry: a recovery that succeeded left the link up",
-    "spec.devices[].nvlink.recoveryTotal": "telemetry: recoveryFailed is the fault",
-    "spec.devices[].fabric.healthMask": "decoded into its sub-fields, which are read",
-    "spec.devices[].fabric.partitionAssigned": "informational: no fault either way",
-    "spec.devices[].pcie.replays": "telemetry: climbs on healthy links",
-    "spec.nics[].netdev": "for humans; operState is the netdev's state",
+    **{p: why for name, cls in DEVICE_PARTS for p, why in dropped_paths(f"spec.devices[].{name}", cls).items()},
+    **dropped_paths("spec.nics[]", NicPort),
     "spec.xidEvents[].source": "for humans",
     "spec.xidEvents[].detail": "for humans",
 }

@@ -50,18 +50,11 @@ from gpuhealth.api.names import Action, Signal
 from gpuhealth.api.nvlink_expectation import LinkExpectation, expected_nvlinks
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.report import Device, Report
-from gpuhealth.api.report_fabric import NicPort
+from gpuhealth.api.report_fabric import FATAL_NIC_COUNTERS, NicPort
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.evaluation.findings import Finding
 
 COUNTER_PREFIX = "count/"  # status.pending keys that remember a counter's last judged value
-# The NIC counters fatal on any increase: the report's attribute -> sysfs name (``saturated`` uses it).
-FATAL_COUNTERS = (
-    ("link_downed", "link_downed"),
-    ("local_link_integrity_errors", "local_link_integrity_errors"),
-    ("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors"),
-    ("rnr_nak_retry_errors", "rnr_nak_retry_err"),
-)
 _DEGRADED_FABRIC = (
     ("degraded_bandwidth", "DEGRADED_BW"),
     ("route_recovery", "ROUTE_RECOVERY"),
@@ -206,9 +199,9 @@ def _nic(policy: Policy, report: Report, counters: _Counters) -> list[Finding]:
     slow: list[str] = []
     for port in report.nics:
         rises = [
-            (name, counters.above_acknowledged(f"nic/{port.label}/{name}", getattr(port, attr)))
-            for attr, name in FATAL_COUNTERS
-            if name not in port.saturated
+            (c.name, counters.above_acknowledged(f"nic/{port.label}/{c.name}", getattr(port, c.attr)))
+            for c in FATAL_NIC_COUNTERS  # api/report_fabric.py's table; saturated names them as sysfs does
+            if c.name not in port.saturated
         ]
         if not rule.enabled:
             continue

@@ -11,6 +11,7 @@ import pytest
 
 from gpuhealth.agent.dcgm_source import DcgmSource, XidChangeDetector, merge_dcgm, parse_dcgm_metrics
 from gpuhealth.agent.model import DeviceFacts, Temperature
+from gpuhealth.api.fabric import FABRIC_STATES
 from tests.unit.agent.agent_testlib import AgentFactory, Scenario, device, wait_for
 
 UUID0 = "GPU-9e3779b1-fa4e-4a1b-9c2d-000000001111"  # the fake NVML's GPU 0
@@ -201,9 +202,13 @@ def _fabric_page(manager_status: int, gen: int = 5, clock: int = 0) -> str:
 @pytest.mark.parametrize(("status", "state", "probe"), [(3, 3, 0), (4, 3, 999), (1, 1, None), (0, 0, None)])
 def test_the_exporters_fabric_fields_are_the_nvml_facts(status: int, state: int, probe: int | None) -> None:
     facts = parse_dcgm_metrics(_fabric_page(status), "gpu-node-1")[0].facts()
-    assert facts.fabric is not None and (facts.fabric.state, facts.fabric.status) == (state, probe)
+    assert facts.fabric is not None and (facts.fabric.state, facts.fabric.status) == (FABRIC_STATES[state], probe)
     if state:
-        assert (facts.fabric.clique_id, facts.fabric.health_mask, facts.fabric.health_summary) == (7, 0x1A9, 3)
+        assert (facts.fabric.clique_id, facts.fabric.health_mask, facts.fabric.health_summary) == (
+            7,
+            0x1A9,
+            "LimitedCapacity",
+        )
     assert facts.pcie is not None and (facts.pcie.width, facts.pcie.generation, facts.pcie.replays) == (8, 5, 4)
     # Unrecognized / NVML too old say nothing about the fabric.
     assert parse_dcgm_metrics(_fabric_page(6), "gpu-node-1")[0].facts().fabric is None

@@ -42,14 +42,14 @@ def source(fake_nvml_lib: Path, scenario: Scenario, clock: Clock) -> Iterator[Nv
 def test_a_healthy_hgx_node_has_eighteen_active_links_and_seven_peers(source: NvmlSource) -> None:
     dev = source.sample().devices[0]
     assert dev.nvlink is not None
-    assert (dev.nvlink.links, dev.nvlink.active, dev.nvlink.inactive) == (18, 18, ())
+    assert (dev.nvlink.links, dev.nvlink.active, dev.nvlink.inactive_links) == (18, 18, ())
     assert dev.nvlink.speed_mbps == 26562 and dev.nvlink.version == 6
     assert dev.nvlink.peers == (1, 2, 3, 4, 5, 6, 7)
     assert (dev.nvlink.replay_errors, dev.nvlink.recovery_errors, dev.nvlink.crc_errors) == (0, 0, 0)
     # Hopper has no link-recovery fields (213-215): unknown, not zero.
     assert dev.nvlink.recovery_failed is None
     assert dev.pcie is not None and (dev.pcie.width, dev.pcie.max_width, dev.pcie.max_generation) == (16, 16, 5)
-    assert dev.fabric is not None and dev.fabric.state == 0  # NOT_SUPPORTED: an HGX H100 without a probe
+    assert dev.fabric is not None and dev.fabric.state == "NotSupported"  # 0: an HGX H100 without a probe
     assert dev.unsupported == ()
 
 
@@ -57,7 +57,7 @@ def test_an_inactive_link_is_counted_and_named(source: NvmlSource, scenario: Sce
     scenario.write("gpu 3 nvlink_inactive 0x5")
     dev = source.sample().devices[3]
     assert dev.nvlink is not None
-    assert (dev.nvlink.links, dev.nvlink.active, dev.nvlink.inactive) == (18, 16, (0, 2))
+    assert (dev.nvlink.links, dev.nvlink.active, dev.nvlink.inactive_links) == (18, 16, (0, 2))
     spec = device_fabric_spec(dev)["nvlink"]
     assert spec["inactiveLinks"] == [0, 2] and spec["active"] == 16
 
@@ -120,7 +120,7 @@ def test_fabric_info_is_read_and_decoded(source: NvmlSource, scenario: Scenario)
     devices = source.sample().devices
     f = devices[0].fabric
     assert f is not None
-    assert (f.state, f.status, f.clique_id, f.health_mask, f.health_summary) == (3, 0, 7, 0x1AA, 1)
+    assert (f.state, f.status, f.clique_id, f.health_mask, f.health_summary) == ("Completed", 0, 7, 0x1AA, "Healthy")
     assert f.cluster_uuid == "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e"
     healthy = device_fabric_spec(devices[0])["fabric"]
     assert healthy == {
@@ -143,7 +143,7 @@ def test_fabric_info_is_read_and_decoded(source: NvmlSource, scenario: Scenario)
 def test_fabric_status_is_read_only_once_the_probe_completed(source: NvmlSource, scenario: Scenario) -> None:
     scenario.write("gpu 0 fabric_state 1", "gpu 0 fabric_status 999", "gpu 0 fabric_clique 3")
     f = source.sample().devices[0].fabric
-    assert f is not None and f.state == 1 and f.status is None
+    assert f is not None and f.state == "NotStarted" and f.status is None
     assert device_fabric_spec(source.sample().devices[0])["fabric"]["state"] == "NotStarted"
 
 
@@ -172,11 +172,11 @@ def test_pcie_generation_is_read_only_while_busy(source: NvmlSource, scenario: S
 
 def test_throttle_duty_cycle_from_accumulated_nanoseconds(source: NvmlSource, scenario: Scenario, clock: Clock) -> None:
     scenario.write("gpu 0 throttle_ns 0 0 0")
-    first = source.sample().devices[0].throttle
+    first = source.sample().devices[0].clocks
     assert first is not None and first.hw_power_brake_pct is None  # one sample: nothing to compare
     clock.now += 10
     scenario.write("gpu 0 throttle_ns 1000000000 0 4000000000")  # 1 s SW thermal, 4 s power brake
-    t = source.sample().devices[0].throttle
+    t = source.sample().devices[0].clocks
     assert t is not None
     assert (t.window_s, t.sw_thermal_pct, t.hw_thermal_pct, t.hw_power_brake_pct) == (10, 10, 0, 40)
     assert device_fabric_spec(source.sample().devices[0])["clocks"]["hwPowerBrakePercent"] == 40
@@ -185,7 +185,7 @@ def test_throttle_duty_cycle_from_accumulated_nanoseconds(source: NvmlSource, sc
 def test_throttle_fields_unsupported_are_absent(source: NvmlSource, scenario: Scenario) -> None:
     scenario.write("gpu 4 notsupported throttle_ns")
     dev = source.sample().devices[4]
-    assert dev.throttle is None and "throttle" in dev.unsupported and not dev.lost
+    assert dev.clocks is None and "throttle" in dev.unsupported and not dev.lost
 
 
 def test_a_lost_gpu_stays_lost_through_the_fabric_reads(source: NvmlSource, scenario: Scenario) -> None:

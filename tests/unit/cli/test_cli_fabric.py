@@ -7,17 +7,13 @@ from typing import Any
 
 from gpuhealth.agent.model import (
     DeviceFacts,
-    FabricFacts,
-    NicPortFacts,
-    NvLinkFacts,
     NvmlStatus,
-    PcieFacts,
     Snapshot,
-    ThrottleFacts,
 )
 from gpuhealth.agent.report import AgentInfo, ReportBuilder
 from gpuhealth.api.names import Signal
 from gpuhealth.api.report import parse_report
+from gpuhealth.api.report_fabric import Clocks, Fabric, NicPort, NvLink, Pcie
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.cli.describe_text import render_describe
 from gpuhealth.cli.nodeview import describe_node
@@ -36,25 +32,23 @@ def _report() -> dict[str, Any]:
         uuid="GPU-0",
         model="NVIDIA GB200",
         clock_event_reasons=0x1,
-        nvlink=NvLinkFacts(18, 18, (), 53125, 7, (1,)),
-        fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1AA, 1),
-        pcie=PcieFacts(16, 16, 5, 5, 0),
+        nvlink=NvLink(18, 18, (), 53125, 7, (1,)),
+        fabric=Fabric.decoded(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1AA, 1),
+        pcie=Pcie(16, 16, 5, 5, 0),
     )
     sick = DeviceFacts(
         index=1,
         uuid="GPU-1",
         model="NVIDIA GB200",
         clock_event_reasons=0x88,
-        nvlink=NvLinkFacts(18, 16, (4, 9), 53125, 7, (0,)),
-        fabric=FabricFacts(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1A9, 3),
-        pcie=PcieFacts(8, 16, 5, 5, 3),
-        throttle=ThrottleFacts(300, 0, 0, 40),
+        nvlink=NvLink(18, 16, (4, 9), 53125, 7, (0,)),
+        fabric=Fabric.decoded(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x1A9, 3),
+        pcie=Pcie(8, 16, 5, 5, 3),
+        clocks=Clocks(300, 0, 0, 40),
     )
     nics = (
-        NicPortFacts("mlx5_0", 1, "ACTIVE", "LinkUp", "InfiniBand", None, None, 0, 0, 0, 0, 0.0, 0.0, 0.0),
-        NicPortFacts(
-            "mlx5_1", 1, "DOWN", "Polling", "InfiniBand", None, None, 2, 0, 0, 0, None, 0.0, 0.0, ("symbol_error",)
-        ),
+        NicPort("mlx5_0", 1, "ACTIVE", "LinkUp", "InfiniBand", "", "", 0, 0, 0, 0, 0.0, 0.0, 0.0),
+        NicPort("mlx5_1", 1, "DOWN", "Polling", "InfiniBand", "", "", 2, 0, 0, 0, None, 0.0, 0.0, ("symbol_error",)),
     )
     builder = ReportBuilder("gpu-a", AgentInfo("0.1.0", ("nvml",), None))
     spec = builder.render(Snapshot(NOW, NvmlStatus(True), (healthy, sick), nics=nics), NOW)

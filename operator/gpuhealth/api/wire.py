@@ -1,0 +1,241 @@
+"""The fields of a report's structured facts, each declared once, on the ``api/`` type that holds it.
+
+A structured fact is an object of its own in the report (a GPU's ``nvlink``, ``fabric``, ``pcie`` and
+``clocks``, a port of ``spec.nics[]``). Its type in ``api/report_fabric.py`` is the only one: the agent
+fills it, the operator parses it. Each field of it is declared with :func:`wire`, which says its report
+key, its JSON schema (as the CRD declares it), its description, whether the operator reads it (or why
+not) and how the agent compares two samples of it. Everything else takes it from here:
+
+* the agent's writer (``agent/report_fabric.py``) writes each field by :func:`dump`;
+* ``api/report_fabric.py``'s parsers read the READ fields by type (:func:`parse_fields`);
+* the agent's "significant change" filter compares :func:`significant` of two samples: a telemetry
+  field (a counter that climbs on healthy hardware) is written along but is no new fact, a bucketed one
+  (a rate, a duty cycle) counts when it moves to another bucket;
+* ``api/report_fields.py`` lists each field READ or DROPPED (:func:`read_paths`, :func:`dropped_paths`);
+* ``hack/gen_crds.py`` writes each field's schema into the CRD (``{{ fields(NvLink) }}``: :func:`properties`).
+
+A new sub-field is one :func:`wire` field here, and what fills it in the agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import yaml
+
+T = TypeVar("T")
+
+
+class FieldError(ValueError):
+    """A field of a report that cannot be trusted (``parse_report`` refuses the report)."""
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One field of a structured fact as the report carries it."""
+
+    key: str  # its key in the report's object
+    schema: Mapping[str, Any]  # its JSON schema as the CRD declares it: type, bounds, enum, items
+    description: str = ""
+    dropped: str = ""  # why the operator does not read it ("" : api/report_fabric.py parses it)
+    telemetry: bool = False  # climbs on healthy hardware: written along, never a reason to write
+    bucket: Callable[[Any], Any] | None = None  # compared by bucket (a rate, a duty cycle), not by value
+    digits: int | None = None  # a number is written rounded to this many decimals
+    required: bool = False  # the object is refused without it (its parser checks: a list's key)
+
+    @property
+    def read(self) -> bool:
+        return not self.dropped
+
+
+def wire(
+    key: str,
+    schema: Mapping[str, Any],
+    description: str = "",
+    *,
+    dropped: str = "",
+    telemetry: bool = False,
+    bucket: Callable[[Any], Any] | None = None,
+    digits: int | None = None,
+    required: bool = False,
+    default: Any = None,
+) -> Any:
+    """A dataclass field declared as the report carries it (``default``: unknown, None unless given)."""
+    declared = Wire(key, schema, description, dropped, telemetry, bucket, digits, required)
+    if required:
+        return field(metadata={"wire": declared})
+    return field(default=default, metadata={"wire": declared})
+
+
+_FIELDS: dict[type, tuple[tuple[str, Wire], ...]] = {}
+
+
+def fields_of(cls: type) -> tuple[tuple[str, Wire], ...]:
+    """``cls``'s declared fields: (attribute, declaration), in declaration order (the CRD's order). Kept
+    once worked out: the agent compares every GPU's objects every sample."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = _FIELDS[cls] = tuple(
+            (f.name, f.metadata["wire"]) for f in dataclasses.fields(cls) if "wire" in f.metadata
+        )
+    return found
+
+
+# ---- the agent writes ---------------------------------------------------------------------------------
+
+
+def _dump(value: Any, w: Wire) -> Any:
+    if value is None or value == "":
+        return None
+    if isinstance(value, tuple | list):
+        items = w.schema.get("items", {})
+        return [_dump(v, Wire(w.key, items)) for v in sorted(value)][: w.schema.get("maxItems")] or None
+    if isinstance(value, str):
+        limit = w.schema.get("maxLength")
+        return value if limit is None else value[:limit]
+    if isinstance(value, float) and w.digits is not None:
+        return round(value, w.digits)
+    return value
+
+
+def dump(obj: Any) -> dict[str, Any]:
+    """The report's object of ``obj``, in declaration order: an unknown value (None, "", an empty list) is
+    left out, never written as zero; a string is cut to its maxLength, a list sorted."""
+    out: dict[str, Any] = {}
+    for attr, w in fields_of(type(obj)):
+        value = _dump(getattr(obj, attr), w)
+        if value is not None:
+            out[w.key] = value
+    return out
+
+
+def significant(obj: Any) -> tuple[Any, ...]:
+    """What of ``obj`` is a fact when the agent compares two samples: telemetry left out, buckets by bucket."""
+    return tuple(
+        w.bucket(getattr(obj, attr)) if w.bucket is not None else getattr(obj, attr)
+        for attr, w in fields_of(type(obj))
+        if not w.telemetry
+    )
+
+
+# ---- the operator reads -------------------------------------------------------------------------------
+
+
+def _integer(v: Any, where: str, schema: Mapping[str, Any]) -> int:
+    maximum = schema.get("maximum")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (maximum is not None and v > maximum):
+        bound = f"0..{maximum}" if maximum is not None else "a non-negative integer"
+        raise FieldError(f"{where}: expected {bound}, got {v!r}")
+    return v
+
+
+def _value(v: Any, where: str, schema: Mapping[str, Any]) -> Any:
+    kind = schema["type"]
+    if kind == "integer":
+        return _integer(v, where, schema)
+    if kind == "number":
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise FieldError(f"{where}: expected a non-negative number, got {v!r}")
+        return float(v)
+    if kind == "boolean":
+        if not isinstance(v, bool):
+            raise FieldError(f"{where}: expected a boolean, got {v!r}")
+        return v
+    if kind == "string":
+        if "enum" in schema:
+            if v not in schema["enum"]:
+                raise FieldError(f"{where}: {v!r} is not one of {sorted(set(schema['enum']))}")
+            return v
+        if not isinstance(v, str):
+            raise FieldError(f"{where}: expected a string, got {v!r}")
+        return v
+    if kind == "array":
+        if not isinstance(v, list | tuple):  # a tuple: the operator's slim cache shares lists so
+            raise FieldError(f"{where}: must be a list")
+        return tuple(sorted({_value(x, f"{where}[{i}]", schema["items"]) for i, x in enumerate(v)}))
+    raise TypeError(f"{where}: no reader for schema type {kind!r}")
+
+
+def parse_fields(cls: type[T], m: Mapping[str, Any], where: str) -> T:
+    """``cls`` from the report's object ``m``: each READ field by its schema (an absent one keeps its
+    default); raises FieldError, naming the field, when one is not what the CRD declares."""
+    values: dict[str, Any] = {}
+    for attr, w in fields_of(cls):
+        v = m.get(w.key)
+        if w.read and v is not None:
+            values[attr] = _value(v, f"{where}.{w.key}", w.schema)
+    return cls(**values)
+
+
+def read_paths(prefix: str, cls: type) -> tuple[str, ...]:
+    """``cls``'s READ fields as the field table spells them (``spec.devices[].nvlink.peers[]``)."""
+    return tuple(_path(prefix, w) for _, w in fields_of(cls) if w.read)
+
+
+def dropped_paths(prefix: str, cls: type) -> dict[str, str]:
+    """``cls``'s DROPPED fields, each with why nobody reads it."""
+    return {_path(prefix, w): w.dropped for _, w in fields_of(cls) if not w.read}
+
+
+def _path(prefix: str, w: Wire) -> str:
+    return f"{prefix}.{w.key}[]" if w.schema["type"] == "array" else f"{prefix}.{w.key}"
+
+
+# ---- the CRD ------------------------------------------------------------------------------------------
+
+_FLOW_WIDTH = 120  # a property longer than this on one line is written as a block
+_FLOW_QUOTED = set(",:()'\"[]{}#&*!|>%@`")
+
+
+def _text(s: str, flow: bool) -> str:
+    """A string as the CRD templates spell one: bare where YAML reads it back as itself, else quoted."""
+    plain = not (flow and _FLOW_QUOTED & set(s)) and ": " not in s and " #" not in s
+    if plain:
+        try:
+            plain = yaml.safe_load(f"{{k: {s}}}" if flow else f"k: {s}") == {"k": s}
+        except yaml.YAMLError:
+            plain = False
+    return s if plain else json.dumps(s)
+
+
+def _scalar(v: Any, flow: bool) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_scalar(x, True) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{k}: {_scalar(x, True)}" for k, x in v.items()) + "}"
+    return _text(str(v), flow)
+
+
+def _property(w: Wire) -> Iterator[str]:
+    schema = {k: v for k, v in w.schema.items() if k != "items"}  # an array's items last, after its description
+    if w.description:
+        schema["description"] = w.description
+    if "items" in w.schema:
+        schema["items"] = w.schema["items"]
+    nested = any(isinstance(v, Mapping) for v in schema.values())
+    line = f"{w.key}: {_scalar(schema, True)}"
+    if not nested and len(line) <= _FLOW_WIDTH:
+        yield line
+        return
+    yield f"{w.key}:"
+    for k, v in schema.items():
+        yield f"  {k}: {_scalar(v, False)}"
+
+
+def properties(cls: type) -> tuple[str, ...]:
+    """The CRD's ``properties`` of ``cls``'s object, one YAML line a row, unindented."""
+    return tuple(line for _, w in fields_of(cls) for line in _property(w))
+
+
+def default_of(cls: type, attr: str) -> Any:
+    """The value ``cls`` holds for ``attr`` when the report omits it."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == attr)
+    return cast(Any, f.default)
