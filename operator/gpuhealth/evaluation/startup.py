@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuhealth.api.devices import DeviceRecord
 from gpuhealth.api.names import GROUP, QUARANTINE_ANNOTATION
-from gpuhealth.api.status import Record
+from gpuhealth.api.status import Record, StoredStatus
 
 
 def acts_before_pods(
@@ -47,12 +47,12 @@ def acts_before_pods(
     return (takes or first) and not holds and not commands
 
 
-def never_evaluated(status: Mapping[str, Any], node: Mapping[str, Any], rules: int) -> bool:
+def never_evaluated(status: StoredStatus, node: Mapping[str, Any], rules: int) -> bool:
     """Whether gpuhealth has left nothing on a node yet: no status on its report (``status``, as
     written), none of gpuhealth's taints and not its ownership annotation on the Node, and none of its
     DeviceTaintRules for the node's GPUs (``rules``, how many it knows). A report whose status was lost
     while its Node stayed quarantined is not such a node: its taint is there to lift."""
-    if status or rules:
+    if status.written or rules:
         return False
     meta = node.get("metadata") or {}
     if QUARANTINE_ANNOTATION in (meta.get("annotations") or {}):

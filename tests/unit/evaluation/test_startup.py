@@ -7,7 +7,7 @@ import pytest
 
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import State
-from gpuhealth.api.status import Record
+from gpuhealth.api.status import Record, StoredStatus
 from gpuhealth.evaluation.startup import acts_before_pods, never_evaluated
 
 IN = (DeviceRecord(0), DeviceRecord(1))
@@ -78,4 +78,4 @@ NODE = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.present": "true"}}
 def test_never_evaluated_means_nothing_of_gpuhealths_is_on_the_node(
     status: dict[str, str], node: dict[str, object], rules: int, never: bool
 ) -> None:
-    assert never_evaluated(status, node, rules) is never
+    assert never_evaluated(StoredStatus.read(status), node, rules) is never

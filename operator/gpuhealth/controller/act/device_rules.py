@@ -20,10 +20,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth.actions.devicetaints import build_rule, plan_rules, rule_name
-from gpuhealth.api.devices import DeviceRecord, DeviceState, devices_from_status
+from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import DEVICE_KIND_LABEL, DEVICE_NODE_LABEL, Mode, Signal
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.status import written_status
 from gpuhealth.controller import metrics
 from gpuhealth.controller.state.store import Store
 from gpuhealth.kube.aio import AsyncKube
@@ -196,14 +195,14 @@ class DeviceRules:
     def _count(self) -> None:
         counts: dict[tuple[str, str], int] = {}
         peers: dict[str, int] = {}  # each policy with a report, at zero when none of its GPUs is a peer held
-        for report in self.store.reports.values():
-            status = written_status(report)
-            policy = str(status.get("policy") or "")
+        for name in self.store.reports:
+            status = self.store.status(name)
+            policy = status.policy or ""
             peers.setdefault(policy, 0)
-            for d in status.get("devices") or []:
-                state = str(d.get("state") or DeviceState.IN_SERVICE)
+            for d in status.devices.values():
+                state = str(d.state)
                 counts[(policy, state)] = counts.get((policy, state), 0) + 1
-                if state != DeviceState.IN_SERVICE and d.get("reason") == Signal.NVLINK_PEER:
+                if d.state != DeviceState.IN_SERVICE and d.reason == Signal.NVLINK_PEER:
                     peers[policy] += 1
         metrics.DEVICES.clear()
         for (p, s), n in counts.items():
@@ -238,5 +237,4 @@ def _reason(rules: Iterable[Mapping[str, Any]], name: str) -> str:
 
 def _recorded(store: Store, node: str) -> set[str]:
     """The rule names the node's records hold out (both the list and the previous version's field)."""
-    records = devices_from_status(written_status(store.reports.get(node)))
-    return {n for r in records.values() if r.out_of_service for n in r.taint_rules}
+    return {n for r in store.status(node).devices.values() if r.out_of_service for n in r.taint_rules}

@@ -32,8 +32,6 @@ from gpuhealth.api.status import (
     Record,
     WorkloadMove,
     drain_is_current,
-    read_drain,
-    written_status,
 )
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
 from gpuhealth.controller.act.again import Again
@@ -168,7 +166,7 @@ class Drainer:
         }
         out = {}
         for n in nodes:
-            drain = read_drain(written_status(self.store.reports.get(n)))
+            drain = self.store.status(n).drain
             at = parse_time(drain.get("startedAt")) if drain.get("phase") == "Running" else None
             if at is not None:
                 out[n] = at

@@ -55,12 +55,10 @@ from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import (
     ClockSkewRecord,
     Record,
-    StoredStatus,
     drain_done,
     evidence_entry,
     node_status,
     status_changes,
-    written_status,
 )
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
@@ -207,7 +205,7 @@ class NodeReconciler:
         if report is not None:  # fresh by when the operator saw the agent write, not by the node's clock
             report = dataclasses.replace(report, heartbeat=heard_at(store.heard(name), report.heartbeat))
         # The persisted state, parsed once for the whole pass (api/status.py, controller/act/passes.py).
-        stored = StoredStatus.read(written_status(report_obj))
+        stored = store.status(name)
         prior = store.records.get(name) or stored.record
         annotations = node["metadata"].get("annotations") or {}
         # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
@@ -279,8 +277,7 @@ class NodeReconciler:
                 decision.new_quarantine,
                 dev.verdict.new_quarantines,
                 released or bool(gpus),
-                first=name not in store.records
-                and never_evaluated(written_status(report_obj), node, len(self.devices.rules_of(name))),
+                first=name not in store.records and never_evaluated(stored, node, len(self.devices.rules_of(name))),
             ):
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
             skew, new_skew = skew_episode(store.report_seen(name), stored.clock_skew, now)

@@ -22,7 +22,7 @@ from typing import Any
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation_status import Approvals
 from gpuhealth.api.report import Report
-from gpuhealth.api.status import Record, StoredStatus, written_status
+from gpuhealth.api.status import Record, StoredStatus
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.findings import Assessment
 
@@ -36,7 +36,7 @@ class NodePass:
     now: dt.datetime
     node: Mapping[str, Any]  # the Node as cached
     report: Report | None  # the agent's facts (None: no report yet, or an unusable one)
-    found: StoredStatus  # the GPUNodeHealth status as the pass found it
+    found: StoredStatus  # the GPUNodeHealth status as the pass found it (the store's, ``Store.status``)
     store: Store  # where ``stored`` reads the status as it is now
     prior: Record  # the node's record: the store's, else the status's
     assessment: Assessment  # the node's findings (before the GPUs' verdicts take theirs out)
@@ -44,15 +44,9 @@ class NodePass:
     gpus: frozenset[int] = frozenset()  # the GPUs the release-gpu annotation names (Enforce)
     cleared: dt.datetime | None = None  # evidence up to here is acknowledged (a release)
     approvals: Approvals = field(default_factory=Approvals)  # a human's approve or reject of a repair step (Enforce)
-    _now: list[StoredStatus] = field(default_factory=list, compare=False, repr=False)  # the last parse
 
     @property
     def stored(self) -> StoredStatus:
-        """The node's status as the store holds it now (after this pass's writes), parsed once per version."""
-        obj = self.store.reports.get(self.name)
-        written = written_status(obj)
-        if written is self.found.written:
-            return self.found
-        if not self._now or self._now[0].written is not written:
-            self._now[:] = [StoredStatus.read(written)]
-        return self._now[0]
+        """The node's status as the store holds it now (after this pass's writes): the store's one parse
+        of that version, ``found`` itself until the pass writes."""
+        return self.store.status(self.name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhealth.api.status import Record, StoredStatus, written_status
+from gpuhealth.api.status import Record
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.state.store import Store
 from tests.unit.builders import at, clean, make_policy, report_obj
@@ -21,7 +21,7 @@ def _with_status(rv: str, status: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pass(store: Store) -> NodePass:
-    found = StoredStatus.read(written_status(store.reports.get("n1")))
+    found = store.status("n1")  # as the node reconciler finds it
     return NodePass(
         name="n1",
         policy=make_policy(),
@@ -39,7 +39,7 @@ def test_stored_is_the_stores_copy_after_a_write_of_the_same_pass_and_found_is_n
     store = Store()
     store.put_report("n1", _with_status("1", {"state": "Quarantined", "drain": {"phase": "Running"}}))
     p = _pass(store)
-    assert p.stored is p.found, "nothing written yet: the pass's own parse"
+    assert p.stored is p.found, "nothing written yet: the store's one parse of the version the pass found"
     store.wrote("n1", _with_status("2", {"state": "Quarantined", "drain": {"phase": "Completed"}}))
     assert p.stored.drain.get("phase") == "Completed", "a room after the write resumes from it"
     assert p.found.drain.get("phase") == "Running", "the decision's input stays what the pass found"
