@@ -1052,6 +1052,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned 
     LEAVE(NVML_SUCCESS);
 }
 
+/* What each link reaches: the fake is an HGX board, every link to its NVSwitches. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                        nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType) {
+    ENTER();
+    DEVICE(device, NS_NVLINK);
+    LINK(g, link);
+    if (!pNvLinkDeviceType || link >= g->nvlinks) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *pNvLinkDeviceType = NVML_NVLINK_DEVICE_TYPE_SWITCH;
+    LEAVE(NVML_SUCCESS);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
                                                     nvmlNvLinkErrorCounter_t counter, unsigned long long *counterValue) {
     ENTER();

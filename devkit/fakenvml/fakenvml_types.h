@@ -57,6 +57,12 @@ typedef enum {
     O_(NVML_NVLINK_CAP_COUNT) = 6,
 } O_(nvmlNvLinkCapability_t);
 typedef enum {
+    O_(NVML_NVLINK_DEVICE_TYPE_GPU) = 0x00,
+    O_(NVML_NVLINK_DEVICE_TYPE_IBMNPU) = 0x01,
+    O_(NVML_NVLINK_DEVICE_TYPE_SWITCH) = 0x02,
+    O_(NVML_NVLINK_DEVICE_TYPE_UNKNOWN) = 0xFF,
+} O_(nvmlIntNvLinkDeviceType_t);
+typedef enum {
     O_(NVML_NVLINK_ERROR_DL_REPLAY) = 0,
     O_(NVML_NVLINK_ERROR_DL_RECOVERY) = 1,
     O_(NVML_NVLINK_ERROR_DL_CRC_FLIT) = 2,

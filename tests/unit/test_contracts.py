@@ -88,7 +88,7 @@ def _every_fact(index: int) -> DeviceFacts:
             MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
         ),
         pods=(_hold("gpu"), dataclasses.replace(_hold("gpu"), name="train-1")),
-        nvlink=NvLink(18, 17, (3,), 26562, 6, (1, 2, 3), 4, 1, 2, 5, 1, 6),
+        nvlink=NvLink(18, 17, (3,), 26562, 6, (1, 2, 3), 4, 1, 2, 5, 1, 6, ("Switch",)),
         fabric=Fabric.decoded(3, 0, "1b9e1a6c-3e57-4f2a-9d0e-6b3f2a1c4d5e", 7, 0x11A9, 3),
         pcie=Pcie(8, 16, 4, 5, 12),
         clocks=Clocks(300, 10, 20, 40),

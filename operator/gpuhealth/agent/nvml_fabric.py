@@ -86,6 +86,24 @@ def _error_counters(nvml: Nvml, dev: Device, links: Sequence[int]) -> tuple[int 
     return sums[0], sums[1], sums[2]
 
 
+def _remote_device_types(nvml: Nvml, dev: Device, links: Sequence[int]) -> tuple[str, ...]:
+    """What kinds of device the links reach, each once (api/fabric.py NVLINK_DEVICE_TYPES); () where the
+    driver does not say. Asked of each link, as its state is; a refusal is not asked again on this handle."""
+    if "nvlinkRemoteType" in dev.absent:
+        return ()
+    kinds: set[str] = set()
+    for link in links:
+        try:
+            kind = int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(dev.handle, link))
+        except ABSENT:
+            dev.absent.add("nvlinkRemoteType")
+            return ()
+        except pynvml.NVMLError:
+            continue  # this link would not say: the others still do
+        kinds.add(fabric.NVLINK_DEVICE_TYPES.get(kind, "Unknown"))
+    return tuple(sorted(kinds))
+
+
 def _sum(values: Sequence[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
@@ -140,6 +158,7 @@ def read_nvlink(nvml: Nvml, dev: Device, others: Sequence[tuple[int, Any]]) -> N
         recovery_successful=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_SUCCESSFUL, none)),
         recovery_failed=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_FAILED, none)),
         recovery_total=_sum(by_field.get(fabric.FI_NVLINK_RECOVERY_TOTAL, none)),
+        remote_device_types=_remote_device_types(nvml, dev, links),
     )
 
 

@@ -237,6 +237,13 @@ FI_THROTTLE_HW_POWER_BRAKE_NS: Final = 271  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW
 
 NVLINK_MAX_LINKS: Final = 36  # NVML_NVLINK_MAX_LINKS
 NVLINK_CAP_VALID: Final = 5  # NVML_NVLINK_CAP_VALID: the link exists on this GPU
+# nvmlIntNvLinkDeviceType_t: what a link reaches (nvmlDeviceGetNvLinkRemoteDeviceType).
+NVLINK_DEVICE_TYPES: Final[dict[int, str]] = {
+    0x00: "GPU",  # NVML_NVLINK_DEVICE_TYPE_GPU: another GPU, directly
+    0x01: "IBMNPU",  # NVML_NVLINK_DEVICE_TYPE_IBMNPU: a POWER CPU's NVLink
+    0x02: "Switch",  # NVML_NVLINK_DEVICE_TYPE_SWITCH: an NVSwitch (HGX boards, NVL racks)
+    0xFF: "Unknown",  # NVML_NVLINK_DEVICE_TYPE_UNKNOWN, and a value newer than this table
+}
 P2P_CAPS_INDEX_NVLINK: Final = 2  # NVML_P2P_CAPS_INDEX_NVLINK
 P2P_STATUS_OK: Final = 0  # NVML_P2P_STATUS_OK
 # nvmlNvLinkErrorCounter_t: the data-link counters before Blackwell.
@@ -245,4 +252,3 @@ NVLINK_ERROR_DL_RECOVERY: Final = 1
 NVLINK_ERROR_DL_CRC_FLIT: Final = 2
 NVLINK_ERROR_DL_CRC_DATA: Final = 3
 NVLINK_ERROR_DL_ECC_DATA: Final = 4
-

@@ -82,6 +82,18 @@ class NvLink:
     recovery_total: int | None = wire(
         "recoveryTotal", _INT, dropped="telemetry: recoveryFailed is the fault", telemetry=True
     )
+    remote_device_types: tuple[str, ...] = wire(
+        "remoteDeviceTypes",
+        {
+            "type": "array",
+            "maxItems": 4,
+            "items": {"type": "string", "enum": tuple(fabric.NVLINK_DEVICE_TYPES.values())},
+        },
+        "What the links reach (nvmlDeviceGetNvLinkRemoteDeviceType), each kind once: GPU (directly), Switch "
+        "(an NVSwitch), IBMNPU, Unknown.",
+        dropped="for humans: links and active are what is judged",
+        default=(),
+    )
 
     @property
     def inactive(self) -> int | None:

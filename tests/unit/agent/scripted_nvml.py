@@ -213,6 +213,9 @@ class ScriptedNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Handle, link: int, counter: int) -> int:
         return int(self._answer("nvmlDeviceGetNvLinkErrorCounter", handle, self._absent, link, counter))
 
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Handle, link: int) -> int:
+        return int(self._answer("nvmlDeviceGetNvLinkRemoteDeviceType", handle, self._absent, link))
+
     def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int) -> int:
         return int(self._answer("nvmlDeviceGetNvLinkState", handle, self._absent, link))
 

@@ -140,6 +140,18 @@ def test_fabric_info_is_read_and_decoded(source: NvmlSource, scenario: Scenario)
     assert degraded["degradedBandwidth"] is True and degraded["healthSummary"] == "LimitedCapacity"
 
 
+def test_the_kinds_of_device_the_nvlinks_reach_are_read(source: NvmlSource, scenario: Scenario) -> None:
+    """nvmlDeviceGetNvLinkRemoteDeviceType per link: an HGX board's links all reach its NVSwitches, each
+    kind written once; a driver without the call leaves it out (unknown, not "none")."""
+    dev = source.sample().devices[0]
+    assert dev.nvlink is not None and dev.nvlink.remote_device_types == ("Switch",)
+    assert device_fabric_spec(dev)["nvlink"]["remoteDeviceTypes"] == ["Switch"]
+    scenario.write("missing nvmlDeviceGetNvLinkRemoteDeviceType")
+    dev = source.sample().devices[0]
+    assert dev.nvlink is not None and dev.nvlink.remote_device_types == () and dev.nvlink.active == 18
+    assert "remoteDeviceTypes" not in device_fabric_spec(dev)["nvlink"]
+
+
 def test_fabric_status_is_read_only_once_the_probe_completed(source: NvmlSource, scenario: Scenario) -> None:
     scenario.write("gpu 0 fabric_state 1", "gpu 0 fabric_status 999", "gpu 0 fabric_clique 3")
     f = source.sample().devices[0].fabric

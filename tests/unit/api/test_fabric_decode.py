@@ -173,6 +173,8 @@ def test_field_ids_and_link_constants_are_nvidias(nvml_h: dict[str, int]) -> Non
     assert nvml_h["NVML_P2P_STATUS_OK"] == fabric.P2P_STATUS_OK
     for name in ("REPLAY", "RECOVERY", "CRC_FLIT", "CRC_DATA", "ECC_DATA"):
         assert getattr(fabric, f"NVLINK_ERROR_DL_{name}") == nvml_h[f"NVML_NVLINK_ERROR_DL_{name}"], name
+    declared = {k.removeprefix("NVML_NVLINK_DEVICE_TYPE_"): v for k, v in nvml_h.items() if "NVLINK_DEVICE_TYPE_" in k}
+    assert {name.upper(): value for value, name in fabric.NVLINK_DEVICE_TYPES.items()} == declared
 
 
 def test_cluster_uuid_is_the_canonical_form() -> None:
