@@ -25,7 +25,6 @@ from gpuhealth.agent.lease import KubeLeaseTransport, NodeLease
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
-    MigDeviceFacts,
     NvmlStatus,
     RemappedRows,
     RetiredPages,
@@ -37,6 +36,7 @@ from gpuhealth.agent.publisher import LatestSnapshot, Publisher
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from gpuhealth.agent.runner import agent_version
 from gpuhealth.agent.transport import KubeTransport
+from gpuhealth.api.report import MigDevice
 
 LEASE_NAMESPACE = "gpuhealth-system"  # where the operator (OperatorProcess) watches the agents' Leases
 # A pass is due a little after the publisher's own clock says so (it stamps a renewal just after ours).
@@ -53,7 +53,7 @@ WARM_DELTA_C = 8
 
 
 # Per GPU index, the MIG devices NVML lists under it (a MIG-enabled GPU); the other GPUs are not MIG-enabled.
-MigLayout = Mapping[int, tuple[MigDeviceFacts, ...]]
+MigLayout = Mapping[int, tuple[MigDevice, ...]]
 
 
 def healthy_snapshot(

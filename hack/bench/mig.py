@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client
 
 from devkit import dra, dra_shapes
-from gpuhealth.agent.model import MigDeviceFacts
+from gpuhealth.api.report import MigDevice
 from hack.bench.cpu import CpuWindow
 from hack.bench.fleet import SimNode, gpu_uuid
 from hack.bench.support import (
@@ -54,13 +54,13 @@ STORM_TIMEOUT_S = 180.0
 Device = tuple[str, str]  # (pool = node, device name), as the rule watch keys them
 
 
-def mig_layout(node_index: int) -> dict[int, tuple[MigDeviceFacts, ...]]:
+def mig_layout(node_index: int) -> dict[int, tuple[MigDevice, ...]]:
     """What the node's agent reports: every GPU MIG-enabled, its seven MIG devices with the slices' UUIDs."""
     out = {}
     for g in range(GPUS):
         parent = gpu_uuid(node_index, g)
         out[g] = tuple(
-            MigDeviceFacts(
+            MigDevice(
                 index=k,
                 uuid=dra_shapes.mig_uuid(parent, PROFILE, start),
                 gpu_instance=FIRST_GI + k,

@@ -29,7 +29,6 @@ from gpuhealth.agent import model as agent_model
 from gpuhealth.agent.model import (
     DeviceFacts,
     EccCounts,
-    MigDeviceFacts,
     NvmlStatus,
     PodHold,
     PodResources,
@@ -42,7 +41,7 @@ from gpuhealth.agent.model import (
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, xid_spec
 from gpuhealth.api import fabric
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.report import ReportError, parse_report
+from gpuhealth.api.report import MigDevice, ReportError, parse_report
 from gpuhealth.api.report_fabric import Clocks, Fabric, NicPort, NvLink, Pcie
 from gpuhealth.api.report_fields import DROPPED, READ
 from gpuhealth.api.wire import fields_of
@@ -84,8 +83,8 @@ def _every_fact(index: int) -> DeviceFacts:
         power_w=301.5,
         recovery_action=RecoveryAction("Reset"),
         mig_devices=(
-            MigDeviceFacts(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb", (_hold("mig-3g.40gb"),)),
-            MigDeviceFacts(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
+            MigDevice(0, f"MIG-{index:08d}-0000-0000-0000-000000000000", 1, 0, "3g.40gb", (_hold("mig-3g.40gb"),)),
+            MigDevice(1, f"MIG-{index:08d}-0000-0000-0000-000000000001", 2, 0, "3g.40gb"),
         ),
         pods=(_hold("gpu"), dataclasses.replace(_hold("gpu"), name="train-1")),
         nvlink=NvLink(18, 17, (3,), 26562, 6, (1, 2, 3), 4, 1, 2, 5, 1, 6, ("Switch",)),

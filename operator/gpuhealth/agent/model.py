@@ -18,6 +18,7 @@ from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
 from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
 from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
+from gpuhealth.api.report import MigDevice, NvmlHang
 from gpuhealth.api.report import PodHold as PodHold
 from gpuhealth.api.report import PodResources as PodResources
 from gpuhealth.api.report import SourceName as SourceName
@@ -55,23 +56,6 @@ class Temperature:
 
 
 @dataclass(frozen=True)
-class MigDeviceFacts:
-    """One MIG device (a compute instance inside a GPU instance) as NVML lists it under its GPU.
-
-    ``index`` is NVML's MIG device index under the parent (nvmlDeviceGetMigDeviceHandleByIndex);
-    the instance IDs are what NVML attributes XIDs with, so the operator can name the slice hit.
-    """
-
-    index: int
-    uuid: str | None = None
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
-    profile: str | None = None
-    # The containers the kubelet allocated it to (pod_resources.py), sorted; () when none or not read.
-    pods: tuple[PodHold, ...] = ()
-
-
-@dataclass(frozen=True)
 class DeviceFacts(GpuFacts):
     """What one GPU looked like at one sample. Its scalar facts are declared in api/device_facts.py
     (newer ones as fields of GpuFacts, which this class extends); agent/report.py writes them by type."""
@@ -91,7 +75,7 @@ class DeviceFacts(GpuFacts):
     power_w: float | None = None
     recovery_action: RecoveryAction | None = None  # api/recovery.py; None: unsupported or newer than it
     # Only while MIG mode is Enabled and NVML lists instances; a layout change is a fact change.
-    mig_devices: tuple[MigDeviceFacts, ...] = ()
+    mig_devices: tuple[MigDevice, ...] = ()
     # The fabric between GPUs: the report's own types (api/report_fabric.py), filled as it carries them.
     nvlink: NvLink | None = None
     fabric: Fabric | None = None
@@ -105,15 +89,6 @@ class DeviceFacts(GpuFacts):
     def replace(self, **changes: object) -> DeviceFacts:
         """Copy with some fields changed (typed shorthand for dataclasses.replace)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class NvmlHang:
-    """An NVML call that has not returned for longer than the agent's bound (``watchdog.py``)."""
-
-    call: str  # the NVML function, e.g. nvmlDeviceGetTotalEccErrors ("unknown" when it cannot be told)
-    since: datetime  # when that call (or the sample that made it) started, by the node's clock
-    last_sample: datetime | None = None  # the newest sample that completed, None if none did
 
 
 @dataclass(frozen=True)

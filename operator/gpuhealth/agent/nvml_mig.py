@@ -18,9 +18,9 @@ from typing import TypeVar
 
 import pynvml
 
-from gpuhealth.agent.model import MigDeviceFacts
 from gpuhealth.agent.nvml_calls import nvml_text
 from gpuhealth.agent.nvml_port import Handle, Nvml
+from gpuhealth.api.report import MigDevice
 
 log = logging.getLogger("gpuhealth.agent.nvml_source")
 
@@ -49,24 +49,24 @@ def _attribute(fn: Callable[[], T], what: str, parent: int, index: int) -> T | N
         return None
 
 
-def _read_one(nvml: Nvml, mig: Handle, parent: int, index: int) -> MigDeviceFacts:
+def _read_one(nvml: Nvml, mig: Handle, parent: int, index: int) -> MigDevice:
     uuid = _attribute(lambda: nvml_text(nvml.nvmlDeviceGetUUID(mig)), "uuid", parent, index)
     gi = _attribute(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig)), "GPU instance", parent, index)
     ci = _attribute(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig)), "compute instance", parent, index)
     name = _attribute(lambda: nvml_text(nvml.nvmlDeviceGetName(mig)), "name", parent, index)
-    return MigDeviceFacts(
+    return MigDevice(
         index=index,
-        uuid=uuid if uuid and len(uuid) <= 128 else None,
+        uuid=uuid if uuid and len(uuid) <= 128 else "",
         gpu_instance=gi if gi is not None and gi >= 0 else None,
         compute_instance=ci if ci is not None and ci >= 0 else None,
-        profile=mig_profile(name) if name else None,
+        profile=(mig_profile(name) if name else None) or "",
     )
 
 
-def read_mig_devices(nvml: Nvml, handle: Handle, parent: int) -> tuple[MigDeviceFacts, ...]:
+def read_mig_devices(nvml: Nvml, handle: Handle, parent: int) -> tuple[MigDevice, ...]:
     """Every MIG device NVML lists under the GPU ``handle`` (index ``parent``), by MIG index."""
     count = min(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)), MAX_MIG_DEVICES)
-    out: list[MigDeviceFacts] = []
+    out: list[MigDevice] = []
     for index in range(max(0, count)):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)

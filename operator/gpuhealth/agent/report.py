@@ -16,7 +16,6 @@ from typing import Any
 from gpuhealth.agent.model import (
     UTC,
     DeviceFacts,
-    MigDeviceFacts,
     PodHold,
     Snapshot,
     SourceName,
@@ -27,6 +26,7 @@ from gpuhealth.agent.report_fabric import device_fabric_spec, nics_changed, nics
 from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
 from gpuhealth.api.device_facts import DEVICE_FACTS
 from gpuhealth.api.fabric import SIGNIFICANT_CLOCK_EVENT_REASONS
+from gpuhealth.api.report import MigDevice
 from gpuhealth.api.timeutil import parse_time
 
 __all__ = [
@@ -148,7 +148,7 @@ def pods_spec(pods: Iterable[PodHold]) -> list[dict[str, str]]:
     ]
 
 
-def mig_spec(mig: MigDeviceFacts) -> dict[str, Any]:
+def mig_spec(mig: MigDevice) -> dict[str, Any]:
     """One ``spec.devices[].migDevices[]`` entry: the MIG device index under its GPU, and what is known."""
     out: dict[str, Any] = {"index": mig.index}
     if mig.uuid:

@@ -31,9 +31,10 @@ from typing import Any
 
 from gpuhealth.agent.journal import BOOT_TOLERANCE_S
 from gpuhealth.agent.metrics import AgentMetrics
-from gpuhealth.agent.model import NvmlHang, NvmlStatus, Snapshot, SourceName
+from gpuhealth.agent.model import NvmlStatus, Snapshot, SourceName
 from gpuhealth.agent.publisher import LatestSnapshot
 from gpuhealth.agent.report import now_utc, rfc3339
+from gpuhealth.api.report import NvmlHang
 from gpuhealth.api.timeutil import parse_time
 
 log = logging.getLogger(__name__)

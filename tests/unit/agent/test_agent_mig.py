@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.journal import decode, encode
-from gpuhealth.agent.model import MigDeviceFacts, NvmlStatus, Snapshot, XidEvent
+from gpuhealth.agent.model import NvmlStatus, Snapshot, XidEvent
 from gpuhealth.agent.nvml_mig import mig_profile
 from gpuhealth.agent.nvml_source import NvmlSource
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, device_spec, facts_changed, xid_spec
+from gpuhealth.api.report import MigDevice
 from tests.unit.agent.agent_testlib import BOOT_TIME, AgentFactory, Scenario, device, wait_for
 
 LAYOUT = (
@@ -56,7 +57,7 @@ def test_lists_mig_devices_through_pynvml(source: NvmlSource, scenario: Scenario
     first, second, third = d.mig_devices
     assert first.uuid is not None and first.uuid.startswith("MIG-")
     assert (first.gpu_instance, first.compute_instance, first.profile) == (1, 0, "3g.40gb")
-    assert second == MigDeviceFacts(2, "MIG-5e0a1b2c-0000-4000-8000-000000000002", 2, 0, "2g.20gb")
+    assert second == MigDevice(2, "MIG-5e0a1b2c-0000-4000-8000-000000000002", 2, 0, "2g.20gb")
     assert (third.gpu_instance, third.compute_instance, third.profile) == (2, 1, "1c.2g.20gb")
     assert len({m.uuid for m in d.mig_devices}) == 3
     # Deterministic: the same scenario gives the same UUIDs in a new session.
@@ -116,7 +117,7 @@ def test_report_entry_and_layout_change_is_a_fact_change(source: NvmlSource, sce
     scenario.add("gpu 3 mig_device 2 none")  # an instance destroyed
     changed = replace(snap, devices=(source.sample().devices[3],))
     assert facts_changed(snap, changed)
-    unknown_profile = d.replace(mig_devices=(MigDeviceFacts(0),))
+    unknown_profile = d.replace(mig_devices=(MigDevice(0),))
     assert device_spec(unknown_profile, None)["migDevices"] == [{"index": 0}]  # unknowns omitted
 
 

@@ -8,11 +8,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuhealth.agent.model import NvmlHang
 from gpuhealth.agent.report import rfc3339
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.watchdog import MARKER_FILE, HangMarker
 from gpuhealth.api.names import LEASE_NVML_UNRESPONSIVE_ANNOTATION, LEASE_SAMPLED_AT_ANNOTATION
+from gpuhealth.api.report import NvmlHang
 from gpuhealth.api.timeutil import parse_time
 from tests.unit.agent.agent_testlib import BOOT_TIME, FakeTransport, Scenario, wait_for
 from tests.unit.agent.test_agent_lease import FakeLeases

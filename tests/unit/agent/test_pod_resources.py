@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpuhealth.agent.model import DeviceFacts, MigDeviceFacts, NvmlStatus, PodHold, PodResources, Snapshot
+from gpuhealth.agent.model import DeviceFacts, NvmlStatus, PodHold, PodResources, Snapshot
 from gpuhealth.agent.pod_resources import (
     LIST_METHOD,
     MAX_PODS,
@@ -29,7 +29,7 @@ from gpuhealth.agent.report import AgentInfo, ReportBuilder, facts_changed
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.source import DeviceSample, SourceEvents
 from gpuhealth.agent.transport import NullTransport
-from gpuhealth.api.report import parse_report
+from gpuhealth.api.report import MigDevice, parse_report
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 GPU = "nvidia.com/gpu"
@@ -154,7 +154,7 @@ def _gpus() -> tuple[DeviceFacts, ...]:
         DeviceFacts(
             index=1,
             uuid="GPU-bbb",
-            mig_devices=(MigDeviceFacts(0, "MIG-b0", 1, 0, "3g.40gb"), MigDeviceFacts(1, "MIG-b1", 2, 0, "3g.40gb")),
+            mig_devices=(MigDevice(0, "MIG-b0", 1, 0, "3g.40gb"), MigDevice(1, "MIG-b1", 2, 0, "3g.40gb")),
         ),
         DeviceFacts(index=2, uuid=None),  # NVML could not read its UUID: nothing can name it
     )
