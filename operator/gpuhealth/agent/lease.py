@@ -28,7 +28,6 @@ from typing import IO, Any, Protocol
 
 from gpuhealth.agent.transport import FIELD_MANAGER, MERGE_PATCH, AlreadyExistsError, NotFoundError
 from gpuhealth.api.names import (
-    AGENT_LEASE_SELECTOR,
     AGENT_MANAGER,
     LEASE_NVML_UNRESPONSIVE_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -37,7 +36,6 @@ from gpuhealth.api.names import (
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 # The operator's Lease watch selects on this label, server-side.
 MANAGED_BY = {MANAGED_BY_LABEL: AGENT_MANAGER}
-LEASE_SELECTOR = AGENT_LEASE_SELECTOR
 
 
 class LeaseTransport(Protocol):

@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuhealth.agent.lease import LEASE_SELECTOR, NodeLease, lease_duration_s, micro_time
+from gpuhealth.agent.lease import NodeLease, lease_duration_s, micro_time
 from gpuhealth.agent.merge_patch import apply_merge_patch
 from gpuhealth.agent.runner import Agent, AgentConfig
 from gpuhealth.agent.transport import AlreadyExistsError, NotFoundError
+from gpuhealth.api.names import AGENT_LEASE_SELECTOR
 from gpuhealth.api.timeutil import parse_time
 from tests.unit.agent.agent_testlib import BOOT_TIME, FakeTransport, Scenario, wait_for
 
@@ -74,7 +75,8 @@ def test_renew_creates_a_missing_lease_then_patches_it() -> None:
     assert obj["apiVersion"] == "coordination.k8s.io/v1" and obj["kind"] == "Lease"
     assert obj["spec"]["holderIdentity"] == "n1" and obj["spec"]["leaseDurationSeconds"] == 120
     assert obj["spec"]["renewTime"] == "2026-11-30T12:00:00.123456Z" == obj["spec"]["acquireTime"]
-    assert f"{LEASE_SELECTOR.split('=')[0]}" in obj["metadata"]["labels"]
+    key, value = AGENT_LEASE_SELECTOR.split("=")  # what the operator's Lease watch selects on
+    assert obj["metadata"]["labels"][key] == value
     assert lease.renew(NOW.replace(second=30)) == "renew"
     assert leases.objs["gpuhealth-system", "n1"]["spec"]["renewTime"].startswith("2026-11-30T12:00:30")
     assert leases.calls == [("patch", "n1"), ("create", "n1"), ("patch", "n1")]
