@@ -80,10 +80,6 @@ _REQUESTED = re.compile(r"^Asked ([^\s:]+) to checkpoint")
 # -- sources ---------------------------------------------------------------------------------------
 
 
-def _ok(e: Mapping[str, Any]) -> bool:
-    return int((e.get("responseStatus") or {}).get("code") or 0) < 300
-
-
 def operator_events(ctx: Ctx) -> list[dict[str, Any]]:
     """The operator's Events in `default` since the scenario began, as plain dicts."""
     items: list[dict[str, Any]] = []
