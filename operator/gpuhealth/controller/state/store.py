@@ -244,10 +244,11 @@ class Store:
         watched status only if it is newer than our last write (another writer, e.g. a previous
         leader), never an older echo of it."""
         self._reports[name] = slim_report(body)
-        if body.get("status") and (
+        status = self.status(name)
+        if status.written and (
             name not in self._records or newer(body["metadata"].get("resourceVersion"), self._written_rv.get(name))
         ):
-            self._records[name] = Record.from_status(dict(body["status"]))
+            self._records[name] = status.record
         self._recount(name)
 
     def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
@@ -255,7 +256,7 @@ class Store:
         if _behind(body, self._reports.get(name)):
             return  # the watch brought a newer one meanwhile, and with it the record
         self._reports[name] = slim_report(body)
-        self._records[name] = Record.from_status(body.get("status"))
+        self._records[name] = self.status(name).record
         self._recount(name)
 
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:
