@@ -139,7 +139,7 @@ def test_the_fullest_agent_facts_set_every_field() -> None:
 
 def _rendered_spec() -> dict[str, Any]:
     builder = ReportBuilder("node-a", agent_model_info())
-    builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid, detail="fallen off the bus"))
+    builder.add_xid(XidEvent(79, T, "nvml", gpu=0, uuid=_every_fact(0).uuid or "", detail="fallen off the bus"))
     builder.add_xid(XidEvent(13, T, "nvml", gpu=1, detail="graphics engine", gpu_instance=1, compute_instance=0))
     snap = Snapshot(
         T,

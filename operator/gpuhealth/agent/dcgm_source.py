@@ -201,7 +201,7 @@ class XidChangeDetector:
                 time=now,
                 source="dcgm",
                 gpu=index,
-                uuid=gpu.uuid,
+                uuid=gpu.uuid or "",
                 detail="last XID reported by the DCGM exporter",
             )
             events.append((event, previous is None))

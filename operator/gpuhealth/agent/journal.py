@@ -47,7 +47,7 @@ def encode(event: XidEvent, baseline: bool, boot_time: datetime) -> str:
         "time": rfc3339(event.time),
         "source": event.source,
         "gpu": event.gpu,
-        "uuid": event.uuid,
+        "uuid": event.uuid or None,  # unknown: left out, as before
         "detail": event.detail,
         "gpuInstanceId": event.gpu_instance,
         "computeInstanceId": event.compute_instance,
@@ -76,7 +76,7 @@ def decode(line: str) -> tuple[XidEvent, bool, datetime] | None:
         time=when,
         source=source,
         gpu=gpu,
-        uuid=uuid,
+        uuid=uuid or "",
         detail=detail if isinstance(detail, str) else None,
         gpu_instance=instance_id(entry.get("gpuInstanceId")),
         compute_instance=instance_id(entry.get("computeInstanceId")),
@@ -202,7 +202,7 @@ def not_yet_known(entries: list[tuple[XidEvent, bool]], known: tuple[XidEvent, .
     """
 
     def same(a: XidEvent, b: XidEvent) -> bool:
-        same_gpu = (a.uuid is not None and a.uuid == b.uuid) or (a.gpu is not None and a.gpu == b.gpu)
+        same_gpu = (bool(a.uuid) and a.uuid == b.uuid) or (a.gpu is not None and a.gpu == b.gpu)
         return same_gpu and a.xid == b.xid and a.time == b.time
 
     return [(e, baseline) for e, baseline in entries if not any(same(e, k) for k in known)]

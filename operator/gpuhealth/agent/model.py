@@ -22,6 +22,7 @@ from gpuhealth.api.report import MigDevice, NvmlHang
 from gpuhealth.api.report import PodHold as PodHold
 from gpuhealth.api.report import PodResources as PodResources
 from gpuhealth.api.report import SourceName as SourceName
+from gpuhealth.api.report import XidEvent as XidEvent
 from gpuhealth.api.report_fabric import Clocks, Fabric, NicPort, NvLink, Pcie
 
 
@@ -99,19 +100,6 @@ class NvmlStatus:
     cuda_version: str | None = None
     # Set while an NVML call hangs: the facts beside it are the last ones read, no longer refreshed.
     hang: NvmlHang | None = None
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    xid: int
-    time: datetime
-    source: SourceName
-    gpu: int | None = None
-    uuid: str | None = None
-    detail: str | None = None
-    # The MIG instance NVML attributed the XID to (nvmlEventData_t), None when it attributed none.
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class NvmlEvents:
             time=datetime.now(UTC),
             source="nvml",
             gpu=dev.index if dev is not None else None,
-            uuid=dev.facts.uuid if dev is not None else None,
+            uuid=(dev.facts.uuid if dev is not None else None) or "",
             gpu_instance=_instance(getattr(data, "gpuInstanceId", None)),
             compute_instance=_instance(getattr(data, "computeInstanceId", None)),
         )

@@ -91,7 +91,7 @@ class XidHistory:
                     time=when,
                     source=source if source in ("nvml", "dcgm", "simulated") else "nvml",
                     gpu=instance_id(item.get("gpu")),
-                    uuid=item.get("uuid") if isinstance(item.get("uuid"), str) else None,
+                    uuid=uuid if isinstance(uuid := item.get("uuid"), str) else "",
                     detail=item.get("detail") if isinstance(item.get("detail"), str) else None,
                     gpu_instance=instance_id(item.get("gpuInstanceId")),
                     compute_instance=instance_id(item.get("computeInstanceId")),

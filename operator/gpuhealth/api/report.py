@@ -134,10 +134,16 @@ class Device(GpuFacts):
 
 @dataclass(frozen=True)
 class XidEvent:
+    """``spec.xidEvents[]``: one XID as the agent saw it (the agent fills this type; the operator parses it).
+    ``source`` and ``detail`` are for humans: the operator does not read them (None when parsed)."""
+
     xid: int
     time: dt.datetime
+    source: SourceName | None = None
     gpu: int | None = None
-    uuid: str = ""
+    uuid: str = ""  # "" : not known
+    detail: str | None = None
+    # The MIG instance NVML attributed the XID to (nvmlEventData_t), None when it attributed none.
     gpu_instance: int | None = None
     compute_instance: int | None = None
 
