@@ -18,12 +18,12 @@ from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
 from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
 from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.report import MigDevice, NvmlHang
+from gpuhealth.api.report import GpuObjects, NvmlHang
 from gpuhealth.api.report import PodHold as PodHold
 from gpuhealth.api.report import PodResources as PodResources
 from gpuhealth.api.report import SourceName as SourceName
 from gpuhealth.api.report import XidEvent as XidEvent
-from gpuhealth.api.report_fabric import Clocks, Fabric, NicPort, NvLink, Pcie
+from gpuhealth.api.report_fabric import NicPort
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,12 @@ class Temperature:
 
 
 @dataclass(frozen=True)
-class DeviceFacts(GpuFacts):
+class DeviceFacts(GpuFacts, GpuObjects):
     """What one GPU looked like at one sample. Its scalar facts are declared in api/device_facts.py
-    (newer ones as fields of GpuFacts, which this class extends); agent/report.py writes them by type."""
+    (newer ones as fields of GpuFacts, which this class extends); agent/report.py writes them by type.
+    Its MIG devices, fabric objects and pods are the report's own types (api/report.py GpuObjects, which
+    this class extends as the operator's Device does): a MIG layout change is a fact change, the pods are
+    () when none or not read (Snapshot.pod_resources says which)."""
 
     index: int
     uuid: str | None = None
@@ -75,17 +78,7 @@ class DeviceFacts(GpuFacts):
     clock_event_reasons: int | None = None
     power_w: float | None = None
     recovery_action: RecoveryAction | None = None  # api/recovery.py; None: unsupported or newer than it
-    # Only while MIG mode is Enabled and NVML lists instances; a layout change is a fact change.
-    mig_devices: tuple[MigDevice, ...] = ()
-    # The fabric between GPUs: the report's own types (api/report_fabric.py), filled as it carries them.
-    nvlink: NvLink | None = None
-    fabric: Fabric | None = None
-    pcie: Pcie | None = None
-    clocks: Clocks | None = None
     unsupported: tuple[str, ...] = ()
-    # The containers the kubelet allocated the whole GPU to (pod_resources.py), sorted; () when none or
-    # not read (Snapshot.pod_resources says which).
-    pods: tuple[PodHold, ...] = ()
 
     def replace(self, **changes: object) -> DeviceFacts:
         """Copy with some fields changed (typed shorthand for dataclasses.replace)."""

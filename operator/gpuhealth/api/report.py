@@ -93,10 +93,26 @@ class MigDevice:
     pods: tuple[PodHold, ...] = ()  # the containers holding it (sorted); see Report.pod_resources
 
 
+@dataclass(frozen=True, kw_only=True)
+class GpuObjects:
+    """A GPU's structured facts that are one type on both sides: the agent's ``DeviceFacts`` fills them, the
+    operator's :class:`Device` parses them (both extend this class). None (or empty): not reported."""
+
+    mig_devices: tuple[MigDevice, ...] = ()  # only while MIG mode is Enabled and NVML lists instances
+    # The fabric between GPUs (api/report_fabric.py).
+    nvlink: NvLink | None = None
+    fabric: Fabric | None = None
+    pcie: Pcie | None = None
+    clocks: Clocks | None = None
+    # The containers the kubelet allocated the whole GPU to (sorted); see Report.pod_resources.
+    pods: tuple[PodHold, ...] = ()
+
+
 @dataclass(frozen=True)
-class Device(GpuFacts):
+class Device(GpuFacts, GpuObjects):
     """One GPU as the operator reads it. Its scalar facts are declared in api/device_facts.py (the READ
-    ones are attributes here, or of :class:`~gpuhealth.api.device_facts.GpuFacts`) and parsed by type."""
+    ones are attributes here, or of :class:`~gpuhealth.api.device_facts.GpuFacts`) and parsed by type; its
+    structured ones are :class:`GpuObjects`'."""
 
     index: int
     uuid: str = ""
@@ -113,13 +129,6 @@ class Device(GpuFacts):
     clock_events_since: dt.datetime | None = None
     recovery_action: RecoveryAction | None = None  # None: not read, or newer than api/recovery.py
     mig_mode: str = ""  # MODES; "" not read
-    mig_devices: tuple[MigDevice, ...] = ()
-    # The fabric between GPUs (api/report_fabric.py); None: the agent did not report it.
-    nvlink: NvLink | None = None
-    fabric: Fabric | None = None
-    pcie: Pcie | None = None
-    clocks: Clocks | None = None
-    pods: tuple[PodHold, ...] = ()  # the containers holding the whole GPU (sorted); see Report.pod_resources
 
     @property
     def label(self) -> str:
