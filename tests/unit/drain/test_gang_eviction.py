@@ -10,7 +10,7 @@ from typing import Any, TypeVar, TypeVarTuple
 
 from kubernetes.client.rest import ApiException
 
-from gpuhealth.api.status import PodDrain
+from gpuhealth.api.status import PodDrain, StoredStatus
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.drain.plan import Step
 from gpuhealth.kube.aio import AsyncKube
@@ -88,6 +88,9 @@ def test_a_refused_eviction_is_not_remembered() -> None:
 class _Store:
     def __init__(self, reports: dict[str, Any]) -> None:
         self.reports = reports
+
+    def status(self, name: str) -> StoredStatus:
+        return StoredStatus.of(self.reports.get(name))
 
 
 def test_the_running_drains_of_a_gangs_other_nodes_are_found() -> None:
