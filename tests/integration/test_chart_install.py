@@ -10,15 +10,18 @@ execute); the uninstall runs the exact block from docs/install.md.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devkit import chart
 from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
 from devkit.k8s import Kube, OperatorProcess, healthy_spec, wait_for, xid_event
+from devkit.tools import tools_bin_dir
 
 NS = "gpuhealth-system"
 
@@ -137,3 +140,34 @@ def test_helm_install_runs_then_uninstall_leaves_no_marks(own_cluster: LocalClus
         "gpuhealthpolicy/default",
     ):
         assert cluster.kubectl("get", "-n", NS, obj, "--ignore-not-found", "-o", "name").stdout.strip() == "", obj
+
+
+def test_helm_and_the_documented_uninstall_cache_discovery_beside_the_kubeconfig(
+    own_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HOME unset, helm and kubectl cache discovery in ``.kube/cache`` under the working
+    directory (how a real-node run once left 280 files in the checkout, committed); devkit's give
+    them the cluster's own directory instead (``devkit/tools.py`` ``kube_env``)."""
+    tools_bin_dir()  # found (or built) first: the build script's cache is under HOME
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("KUBECACHEDIR", raising=False)
+    cache = own_cluster.workdir / "kube-cache"
+    server = f"127.0.0.1_{own_cluster.api_port}"
+
+    # --validate asks the API server what it serves, the discovery helm caches.
+    own_cluster.helm("template", "gpuhealth", str(CHART), "--validate")
+    assert not (checkout / ".kube").exists()
+    assert (cache / "discovery" / server / "servergroups.json").exists()
+
+    # The documented uninstall's environment (its block swapped for one discovery call: nothing to
+    # uninstall here).
+    for found in cache.iterdir():
+        shutil.rmtree(found)
+    monkeypatch.setattr(chart, "uninstall_block", lambda: "kubectl api-resources >/dev/null\n")
+    proc = run_uninstall(own_cluster.kubeconfig, own_cluster.kubectl_bin, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not (checkout / ".kube").exists()
+    assert (cache / "discovery" / server / "servergroups.json").exists()

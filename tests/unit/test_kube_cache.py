@@ -1,10 +1,12 @@
-"""The kubectl and helm the tooling starts against a test cluster keep their discovery cache in that
-cluster's directory, never in the checkout.
+"""The kubectl the tooling starts against a test cluster keeps its discovery cache in that cluster's
+directory, never in the checkout.
 
-Both put it in ``$HOME/.kube/cache`` unless told otherwise; with HOME unset that is ``.kube/cache``
-under the working directory, which for a test run is the repository (280 files of one were once
-committed from there). The API server here is a stand-in that answers discovery only: what kubectl
-caches is what is checked, not what a cluster does.
+kubectl and helm put it in ``$HOME/.kube/cache`` unless told otherwise; with HOME unset that is
+``.kube/cache`` under the working directory, which for a test run is the repository (280 files of
+one were once committed from there). The API server here is a stand-in that answers discovery only:
+what kubectl caches is what is checked, not what a cluster does. helm and the documented uninstall
+are checked on a real control plane (``tests/integration/test_chart_install.py``), where helm is
+built.
 """
 
 from __future__ import annotations
@@ -17,10 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit import chart
-from devkit.chart import CHART, run_uninstall
 from devkit.cluster import LocalCluster
-from devkit.tools import tools_bin_dir
 
 DISCOVERY = {
     "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
@@ -78,9 +77,7 @@ def cluster_at(workdir: Path, server: str) -> LocalCluster:
 
 @pytest.fixture
 def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The working directory a run starts in, with HOME unset (helm found first: its build script's
-    cache is under HOME)."""
-    tools_bin_dir()
+    """The working directory a run starts in, with HOME unset."""
     path = tmp_path / "checkout"
     path.mkdir()
     monkeypatch.chdir(path)
@@ -100,30 +97,5 @@ def test_the_clusters_kubectl_caches_discovery_in_the_clusters_directory(
 
     assert "nodes" in cluster.kubectl("api-resources", "--no-headers").stdout
 
-    assert not (checkout / ".kube").exists()
-    assert cached_discovery(cluster.workdir), "kubectl cached no discovery at all"
-
-
-def test_the_clusters_helm_caches_discovery_in_the_clusters_directory(
-    tmp_path: Path, server: str, checkout: Path
-) -> None:
-    cluster = cluster_at(tmp_path / "cluster", server)
-
-    # --validate asks the server what it serves (then fails here: the stand-in serves no OpenAPI).
-    cluster.helm("template", "gpuhealth", str(CHART), "--validate")
-
-    assert not (checkout / ".kube").exists()
-    assert cached_discovery(cluster.workdir), "helm cached no discovery at all"
-
-
-def test_the_documented_uninstall_caches_discovery_in_the_clusters_directory(
-    tmp_path: Path, server: str, checkout: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cluster = cluster_at(tmp_path / "cluster", server)
-    monkeypatch.setattr(chart, "uninstall_block", lambda: "kubectl api-resources --no-headers\n")
-
-    proc = run_uninstall(cluster.kubeconfig, cluster.kubectl_bin, timeout=60)
-
-    assert proc.returncode == 0, proc.stderr
     assert not (checkout / ".kube").exists()
     assert cached_discovery(cluster.workdir), "kubectl cached no discovery at all"
