@@ -18,42 +18,16 @@ from gpuhealth.api.device_facts import MIG_ENABLED as MIG_ENABLED
 from gpuhealth.api.device_facts import MODE_UNSUPPORTED as MODE_UNSUPPORTED
 from gpuhealth.api.device_facts import GpuFacts
 from gpuhealth.api.recovery import RecoveryAction
+from gpuhealth.api.report import EccCounts as EccCounts
 from gpuhealth.api.report import GpuObjects, NvmlHang
 from gpuhealth.api.report import PodHold as PodHold
 from gpuhealth.api.report import PodResources as PodResources
+from gpuhealth.api.report import RemappedRows as RemappedRows
+from gpuhealth.api.report import RetiredPages as RetiredPages
 from gpuhealth.api.report import SourceName as SourceName
+from gpuhealth.api.report import Temperature as Temperature
 from gpuhealth.api.report import XidEvent as XidEvent
 from gpuhealth.api.report_fabric import NicPort
-
-
-@dataclass(frozen=True)
-class EccCounts:
-    volatile_uncorrected: int | None = None
-    volatile_corrected: int | None = None
-    aggregate_uncorrected: int | None = None
-    aggregate_corrected: int | None = None
-
-
-@dataclass(frozen=True)
-class RetiredPages:
-    single_bit_ecc: int | None = None
-    double_bit_ecc: int | None = None
-    pending: bool | None = None
-
-
-@dataclass(frozen=True)
-class RemappedRows:
-    corrected: int | None = None
-    uncorrected: int | None = None
-    pending: bool | None = None
-    failure: bool | None = None
-
-
-@dataclass(frozen=True)
-class Temperature:
-    current_c: int | None = None
-    slowdown_c: int | None = None
-    shutdown_c: int | None = None
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from gpuhealth.agent.report_fabric import device_fabric_spec, nics_changed, nics
 from gpuhealth.agent.xid_history import DEFAULT_DCGM_DEDUPE_S, DEFAULT_MAX_XID_EVENTS, XidHistory
 from gpuhealth.api.device_facts import DEVICE_FACTS
 from gpuhealth.api.fabric import SIGNIFICANT_CLOCK_EVENT_REASONS
-from gpuhealth.api.report import MigDevice
+from gpuhealth.api.report import DEVICE_OBJECTS, MigDevice
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.api.wire import dump
 
 __all__ = [
     "DEFAULT_DCGM_DEDUPE_S",
@@ -88,48 +89,10 @@ def device_spec(device: DeviceFacts, clock_events_since: datetime | None) -> dic
             out[f.key] = value
     if device.clock_event_reasons is not None and clock_events_since is not None:
         out["clockEventsSince"] = rfc3339(clock_events_since)
-    if device.ecc is not None:
-        ecc = _compact(
-            {
-                "volatileUncorrected": device.ecc.volatile_uncorrected,
-                "volatileCorrected": device.ecc.volatile_corrected,
-                "aggregateUncorrected": device.ecc.aggregate_uncorrected,
-                "aggregateCorrected": device.ecc.aggregate_corrected,
-            }
-        )
-        if ecc:
-            out["ecc"] = ecc
-    if device.retired_pages is not None:
-        pages = _compact(
-            {
-                "singleBitEcc": device.retired_pages.single_bit_ecc,
-                "doubleBitEcc": device.retired_pages.double_bit_ecc,
-                "pending": device.retired_pages.pending,
-            }
-        )
-        if pages:
-            out["retiredPages"] = pages
-    if device.remapped_rows is not None:
-        rows = _compact(
-            {
-                "corrected": device.remapped_rows.corrected,
-                "uncorrected": device.remapped_rows.uncorrected,
-                "pending": device.remapped_rows.pending,
-                "failure": device.remapped_rows.failure,
-            }
-        )
-        if rows:
-            out["remappedRows"] = rows
-    if device.temperature is not None:
-        temp = _compact(
-            {
-                "currentC": device.temperature.current_c,
-                "slowdownC": device.temperature.slowdown_c,
-                "shutdownC": device.temperature.shutdown_c,
-            }
-        )
-        if temp:
-            out["temperature"] = temp
+    for key, attr, _ in DEVICE_OBJECTS:  # ecc, retiredPages, ...: by their fields' declarations (api/wire.py)
+        value = getattr(device, attr)
+        if value is not None and (written := dump(value)):
+            out[key] = written
     out.update(device_fabric_spec(device))
     if device.mig_devices:
         out["migDevices"] = [mig_spec(m) for m in sorted(device.mig_devices, key=lambda m: m.index)][:_MAX_MIG_DEVICES]

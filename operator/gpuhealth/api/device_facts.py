@@ -21,9 +21,10 @@ The facts that existed before this table keep their own typed attributes on both
 operator's :class:`~gpuhealth.api.report.Device` reads ``uuid`` as ``""`` and ``clockEventReasons``
 as 0 when absent, the agent's ``DeviceFacts`` keeps None for "not known"). A new fact needs no such
 pair: it is a field of :class:`GpuFacts`, which both ``DeviceFacts`` and ``Device`` extend, with None
-for "not known" on both. Structured facts are objects of their own: the fabric's (``nvlink``, ``fabric``,
-``pcie``, ``clocks``) one type each in ``api/report_fabric.py``, their fields declared as these are
-(``api/wire.py``); the older ones (``ecc``, ``temperature``, ``migDevices``, ...) are hand-written in
+for "not known" on both. Structured facts are objects of their own, one type each, their fields declared
+as these are (``api/wire.py``): the fabric's (``nvlink``, ``fabric``, ``pcie``, ``clocks``) in
+``api/report_fabric.py``, ``ecc``, ``retiredPages``, ``remappedRows`` and ``temperature`` in
+``api/report.py``; the lists of objects (``migDevices``, ``pods``) are still hand-written in
 ``hack/crds/gpunodehealths.yaml.in``.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from gpuhealth.api import fabric
 from gpuhealth.api.device_facts import DEVICE_FACTS, GpuFacts
@@ -28,6 +28,7 @@ from gpuhealth.api.report_fabric import (
     parse_pcie,
 )
 from gpuhealth.api.timeutil import parse_time
+from gpuhealth.api.wire import read_fields, wire
 
 # Closed vocabularies of the report (the agent writes them; the CRD's enums are generated from them).
 SourceName = Literal["nvml", "dcgm", "simulated"]  # spec.agent.sources[], spec.xidEvents[].source
@@ -38,6 +39,7 @@ SOURCES: tuple[str, ...] = get_args(SourceName)
 __all__ = [
     "Clocks",
     "Device",
+    "EccCounts",
     "Fabric",
     "MigDevice",
     "NicPort",
@@ -45,8 +47,11 @@ __all__ = [
     "Pcie",
     "PodHold",
     "PodResources",
+    "RemappedRows",
     "Report",
     "ReportError",
+    "RetiredPages",
+    "Temperature",
     "XidEvent",
     "parse_report",
 ]
@@ -91,6 +96,62 @@ class MigDevice:
     compute_instance: int | None = None
     profile: str = ""
     pods: tuple[PodHold, ...] = ()  # the containers holding it (sorted); see Report.pod_resources
+
+
+_COUNT: Final = {"type": "integer", "minimum": 0}
+_CELSIUS: Final = {"type": "integer", "minimum": 0, "maximum": 250}
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    """``spec.devices[].ecc``: the GPU's ECC error counts (nvmlDeviceGetTotalEccErrors)."""
+
+    volatile_uncorrected: int | None = wire("volatileUncorrected", _COUNT)
+    volatile_corrected: int | None = wire("volatileCorrected", _COUNT, dropped="corrected errors are no fault")
+    aggregate_uncorrected: int | None = wire("aggregateUncorrected", _COUNT)
+    aggregate_corrected: int | None = wire("aggregateCorrected", _COUNT, dropped="corrected errors are no fault")
+
+
+_PAGES_HISTORY: Final = "history; pending retirement is the fault"
+_ROWS_HISTORY: Final = "history; a pending remap or a failure is the fault"
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    """``spec.devices[].retiredPages``: pages retired for ECC errors, and whether a retirement is pending."""
+
+    single_bit_ecc: int | None = wire("singleBitEcc", _COUNT, dropped=_PAGES_HISTORY)
+    double_bit_ecc: int | None = wire("doubleBitEcc", _COUNT, dropped=_PAGES_HISTORY)
+    pending: bool | None = wire("pending", {"type": "boolean"})
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """``spec.devices[].remappedRows``: rows remapped (nvmlDeviceGetRemappedRows), a pending remap, a failure."""
+
+    corrected: int | None = wire("corrected", _COUNT, dropped=_ROWS_HISTORY)
+    uncorrected: int | None = wire("uncorrected", _COUNT, dropped=_ROWS_HISTORY)
+    pending: bool | None = wire("pending", {"type": "boolean"})
+    failure: bool | None = wire("failure", {"type": "boolean"})
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """``spec.devices[].temperature``: now, and the GPU's slowdown and shutdown thresholds."""
+
+    current_c: int | None = wire("currentC", {**_CELSIUS, "minimum": -50})
+    slowdown_c: int | None = wire("slowdownC", _CELSIUS)
+    shutdown_c: int | None = wire("shutdownC", _CELSIUS, dropped="the slowdown threshold is the one judged")
+
+
+# The objects of a GPU whose read fields the operator keeps as Device's own attributes: each its key under
+# spec.devices[], the agent's DeviceFacts attribute holding it, and its type.
+DEVICE_OBJECTS: Final[tuple[tuple[str, str, type], ...]] = (
+    ("ecc", "ecc", EccCounts),
+    ("retiredPages", "retired_pages", RetiredPages),
+    ("remappedRows", "remapped_rows", RemappedRows),
+    ("temperature", "temperature", Temperature),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,21 +407,22 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
         if idx in seen:
             raise ReportError(f"{where}.index: duplicate GPU index {idx}")
         seen.add(idx)
-        ecc = d.get("ecc") or {}
-        pages = d.get("retiredPages") or {}
-        rows = d.get("remappedRows") or {}
-        temp = d.get("temperature") or {}
+        ecc = _object(EccCounts, d.get("ecc"), f"{where}.ecc")
+        pages = _object(RetiredPages, d.get("retiredPages"), f"{where}.retiredPages")
+        rows = _object(RemappedRows, d.get("remappedRows"), f"{where}.remappedRows")
+        temp = _object(Temperature, d.get("temperature"), f"{where}.temperature")
+        get = dict.get
         devices.append(
             Device(
                 index=idx,
                 **_scalar_facts(d, where),
-                ecc_volatile_uncorrected=_int(ecc.get("volatileUncorrected"), f"{where}.ecc.volatileUncorrected"),
-                ecc_aggregate_uncorrected=_int(ecc.get("aggregateUncorrected"), f"{where}.ecc.aggregateUncorrected"),
-                retired_pending=bool(pages.get("pending", False)),
-                remap_pending=bool(rows.get("pending", False)),
-                remap_failure=bool(rows.get("failure", False)),
-                temperature_c=temp.get("currentC"),
-                slowdown_c=temp.get("slowdownC"),
+                ecc_volatile_uncorrected=get(ecc, "volatile_uncorrected", 0),
+                ecc_aggregate_uncorrected=get(ecc, "aggregate_uncorrected", 0),
+                retired_pending=get(pages, "pending", False),
+                remap_pending=get(rows, "pending", False),
+                remap_failure=get(rows, "failure", False),
+                temperature_c=get(temp, "current_c"),
+                slowdown_c=get(temp, "slowdown_c"),
                 mig_devices=_mig_devices(d.get("migDevices"), f"{where}.migDevices"),
                 nvlink=parse_nvlink(d.get("nvlink"), f"{where}.nvlink"),
                 fabric=parse_fabric(d.get("fabric"), f"{where}.fabric"),
@@ -406,6 +468,16 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
         resource_version=str(meta.get("resourceVersion", "")),
         status=obj.get("status") or {},
     )
+
+
+def _object(cls: type, value: Any, where: str) -> dict[str, Any]:
+    """The known fields of one of a GPU's objects (``ecc``, ...), by attribute, read by their declarations
+    (api/wire.py); absent: none. Kept as Device's own attributes, so no object is made of them."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ReportError(f"{where}: must be an object")
+    return read_fields(cls, value, where)
 
 
 def _hang(value: Any) -> NvmlHang | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuhealth.api.device_facts import DEVICE_FACTS
+from gpuhealth.api.report import DEVICE_OBJECTS
 from gpuhealth.api.report_fabric import DEVICE_PARTS, NicPort
 from gpuhealth.api.wire import dropped_paths, read_paths
 
@@ -37,13 +38,8 @@ READ: tuple[str, ...] = (
     "spec.podResources.error",
     "spec.devices[].index",
     *(f"spec.devices[].{f.key}" for f in DEVICE_FACTS if f.read),  # the scalar facts: api/device_facts.py
-    "spec.devices[].ecc.volatileUncorrected",
-    "spec.devices[].ecc.aggregateUncorrected",
-    "spec.devices[].retiredPages.pending",
-    "spec.devices[].remappedRows.pending",
-    "spec.devices[].remappedRows.failure",
-    "spec.devices[].temperature.currentC",
-    "spec.devices[].temperature.slowdownC",
+    # A GPU's objects (ecc, retiredPages, ...): each field's declaration says (api/report.py).
+    *(p for key, _, cls in DEVICE_OBJECTS for p in read_paths(f"spec.devices[].{key}", cls)),
     "spec.devices[].migDevices[].index",
     "spec.devices[].migDevices[].uuid",
     "spec.devices[].migDevices[].gpuInstanceId",
@@ -77,13 +73,7 @@ DROPPED: Mapping[str, str] = {
     "spec.nvml.driverVersion": "for humans",
     "spec.nvml.cudaVersion": "for humans",
     **{f"spec.devices[].{f.key}": f.dropped for f in DEVICE_FACTS if not f.read},
-    "spec.devices[].ecc.volatileCorrected": "corrected errors are no fault",
-    "spec.devices[].ecc.aggregateCorrected": "corrected errors are no fault",
-    "spec.devices[].retiredPages.singleBitEcc": "history; pending retirement is the fault",
-    "spec.devices[].retiredPages.doubleBitEcc": "history; pending retirement is the fault",
-    "spec.devices[].remappedRows.corrected": "history; a pending remap or a failure is the fault",
-    "spec.devices[].remappedRows.uncorrected": "history; a pending remap or a failure is the fault",
-    "spec.devices[].temperature.shutdownC": "the slowdown threshold is the one judged",
+    **{p: why for key, _, cls in DEVICE_OBJECTS for p, why in dropped_paths(f"spec.devices[].{key}", cls).items()},
     "spec.devices[].unsupported[]": "queries NVML refused: recorded, not faults",
     **{p: why for name, cls in DEVICE_PARTS for p, why in dropped_paths(f"spec.devices[].{name}", cls).items()},
     **dropped_paths("spec.nics[]", NicPort),

@@ -1,8 +1,10 @@
 """The fields of a report's structured facts, each declared once, on the ``api/`` type that holds it.
 
 A structured fact is an object of its own in the report (a GPU's ``nvlink``, ``fabric``, ``pcie`` and
-``clocks``, a port of ``spec.nics[]``). Its type in ``api/report_fabric.py`` is the only one: the agent
-fills it, the operator parses it. Each field of it is declared with :func:`wire`, which says its report
+``clocks``, a port of ``spec.nics[]``: ``api/report_fabric.py``; a GPU's ``ecc``, ``retiredPages``,
+``remappedRows`` and ``temperature``: ``api/report.py``). Its type there is the only one: the agent fills
+it, the operator parses it (the operator keeps the read fields of the last four as ``Device``'s own
+attributes). Each field of it is declared with :func:`wire`, which says its report
 key, its JSON schema (as the CRD declares it), its description, whether the operator reads it (or why
 not) and how the agent compares two samples of it. Everything else takes it from here:
 
@@ -125,50 +127,96 @@ def significant(obj: Any) -> tuple[Any, ...]:
 # ---- the operator reads -------------------------------------------------------------------------------
 
 
-def _integer(v: Any, where: str, schema: Mapping[str, Any]) -> int:
-    maximum = schema.get("maximum")
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (maximum is not None and v > maximum):
-        bound = f"0..{maximum}" if maximum is not None else "a non-negative integer"
-        raise FieldError(f"{where}: expected {bound}, got {v!r}")
-    return v
+# A reader of one field's value: (value, the object's path, the key) -> the value typed, or FieldError naming
+# the field. The path is joined only for the error: every report's every GPU is read through these.
+Reader = Callable[[Any, str, str], Any]
 
 
-def _value(v: Any, where: str, schema: Mapping[str, Any]) -> Any:
+def _reader(schema: Mapping[str, Any]) -> Reader:
+    """The reader of ``schema``'s values, built once per field."""
     kind = schema["type"]
     if kind == "integer":
-        return _integer(v, where, schema)
+        minimum, maximum = schema.get("minimum", 0), schema.get("maximum")
+        top = maximum if maximum is not None else float("inf")
+        bound = f"{minimum}..{maximum}" if maximum is not None else "a non-negative integer"
+
+        def integer(v: Any, where: str, key: str) -> int:
+            if type(v) is int and minimum <= v <= top:
+                return v
+            if isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= top:
+                return int(v)  # an int subclass
+            raise FieldError(f"{where}.{key}: expected {bound}, got {v!r}")
+
+        return integer
     if kind == "number":
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise FieldError(f"{where}: expected a non-negative number, got {v!r}")
-        return float(v)
+
+        def number(v: Any, where: str, key: str) -> float:
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise FieldError(f"{where}.{key}: expected a non-negative number, got {v!r}")
+            return float(v)
+
+        return number
     if kind == "boolean":
-        if not isinstance(v, bool):
-            raise FieldError(f"{where}: expected a boolean, got {v!r}")
-        return v
-    if kind == "string":
-        if "enum" in schema:
-            if v not in schema["enum"]:
-                raise FieldError(f"{where}: {v!r} is not one of {sorted(set(schema['enum']))}")
+
+        def boolean(v: Any, where: str, key: str) -> bool:
+            if v is not True and v is not False:
+                raise FieldError(f"{where}.{key}: expected a boolean, got {v!r}")
+            return bool(v)
+
+        return boolean
+    if kind == "string" and "enum" in schema:
+        allowed = frozenset(schema["enum"])
+
+        def one_of(v: Any, where: str, key: str) -> Any:
+            if not isinstance(v, str) or v not in allowed:
+                raise FieldError(f"{where}.{key}: {v!r} is not one of {sorted(allowed)}")
             return v
-        if not isinstance(v, str):
-            raise FieldError(f"{where}: expected a string, got {v!r}")
-        return v
+
+        return one_of
+    if kind == "string":
+
+        def string(v: Any, where: str, key: str) -> str:
+            if not isinstance(v, str):
+                raise FieldError(f"{where}.{key}: expected a string, got {v!r}")
+            return v
+
+        return string
     if kind == "array":
-        if not isinstance(v, list | tuple):  # a tuple: the operator's slim cache shares lists so
-            raise FieldError(f"{where}: must be a list")
-        return tuple(sorted({_value(x, f"{where}[{i}]", schema["items"]) for i, x in enumerate(v)}))
-    raise TypeError(f"{where}: no reader for schema type {kind!r}")
+        item = _reader(schema["items"])
+
+        def array(v: Any, where: str, key: str) -> tuple[Any, ...]:
+            if not isinstance(v, list | tuple):  # a tuple: the operator's slim cache shares lists so
+                raise FieldError(f"{where}.{key}: must be a list")
+            return tuple(sorted({item(x, where, f"{key}[{i}]") for i, x in enumerate(v)}))
+
+        return array
+    raise TypeError(f"no reader for schema type {kind!r}")
+
+
+_READERS: dict[type, tuple[tuple[str, str, Reader], ...]] = {}
+
+
+def _readers_of(cls: type) -> tuple[tuple[str, str, Reader], ...]:
+    found = _READERS.get(cls)
+    if found is None:
+        found = _READERS[cls] = tuple((attr, w.key, _reader(w.schema)) for attr, w in fields_of(cls) if w.read)
+    return found
+
+
+def read_fields(cls: type, m: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The READ fields of ``cls`` that the report's object ``m`` holds, typed by their schema, by attribute;
+    raises FieldError, naming the field, when one is not what the CRD declares."""
+    values = {}
+    for attr, key, read in _readers_of(cls):
+        v = m.get(key)
+        if v is not None:
+            values[attr] = read(v, where, key)
+    return values
 
 
 def parse_fields(cls: type[T], m: Mapping[str, Any], where: str) -> T:
-    """``cls`` from the report's object ``m``: each READ field by its schema (an absent one keeps its
-    default); raises FieldError, naming the field, when one is not what the CRD declares."""
-    values: dict[str, Any] = {}
-    for attr, w in fields_of(cls):
-        v = m.get(w.key)
-        if w.read and v is not None:
-            values[attr] = _value(v, f"{where}.{w.key}", w.schema)
-    return cls(**values)
+    """``cls`` from the report's object ``m`` (:func:`read_fields`; an absent field keeps its default)."""
+    return cls(**read_fields(cls, m, where))
 
 
 def read_paths(prefix: str, cls: type) -> tuple[str, ...]:
