@@ -1,5 +1,5 @@
 """The CRDs are generated from ``api/`` (``python -m hack.gen_crds``): the committed YAML is what the
-generator makes of its templates (``hack/crds/*.yaml.in``) and the API types, and no template copies
+generator makes of its templates (``operator/gpuhealth/api/crds/*.yaml.in``) and the API types, and no template copies
 an enum or a default the API types declare."""
 
 from __future__ import annotations

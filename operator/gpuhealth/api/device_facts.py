@@ -25,7 +25,7 @@ for "not known" on both. Structured facts are objects of their own, one type eac
 as these are (``api/wire.py``): the fabric's (``nvlink``, ``fabric``, ``pcie``, ``clocks``) in
 ``api/report_fabric.py``, ``ecc``, ``retiredPages``, ``remappedRows`` and ``temperature`` in
 ``api/report.py``; the lists of objects (``migDevices``, ``pods``) are still hand-written in
-``hack/crds/gpunodehealths.yaml.in``.
+``api/crds/gpunodehealths.yaml.in``.
 """
 
 from __future__ import annotations
