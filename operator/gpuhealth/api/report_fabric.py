@@ -11,6 +11,7 @@ the field table (``api/report_fields.py``) and the CRD (``hack/gen_crds.py``) al
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,6 +102,8 @@ class NvLink:
 
 
 _FABRIC_MASK = "decoded into its sub-fields, which are read"
+# The health mask's sub-fields, each a field of Fabric of the same name.
+_HEALTH: Final = tuple(f.name for f in dataclasses.fields(fabric.FabricHealth))
 
 
 @dataclass(frozen=True)
@@ -149,24 +152,13 @@ class Fabric:
             clique_id=clique_id,
             health_mask=health_mask,
             health_summary=None if health_summary is None else fabric.health_summary(health_summary),
-            degraded_bandwidth=health.degraded_bandwidth,
-            route_recovery=health.route_recovery,
-            route_unhealthy=health.route_unhealthy,
-            access_timeout_recovery=health.access_timeout_recovery,
-            incorrect_configuration=health.incorrect_configuration,
-            partition_assigned=health.partition_assigned,
+            **{name: getattr(health, name) for name in _HEALTH},
         )
 
     @property
     def health(self) -> fabric.FabricHealth:
-        return fabric.FabricHealth(
-            degraded_bandwidth=self.degraded_bandwidth,
-            route_recovery=self.route_recovery,
-            route_unhealthy=self.route_unhealthy,
-            access_timeout_recovery=self.access_timeout_recovery,
-            incorrect_configuration=self.incorrect_configuration,
-            partition_assigned=self.partition_assigned,
-        )
+        """The sub-fields as api/fabric.py decodes a mask (this type's fields of the same names)."""
+        return fabric.FabricHealth(**{name: getattr(self, name) for name in _HEALTH})
 
     @property
     def faults(self) -> tuple[str, ...]:
