@@ -3,6 +3,10 @@
 Everything here is immutable so a snapshot can be handed from the sampler thread to the
 publisher thread without copies or locks. ``None`` always means "not known" (the query was not
 supported, failed, or the GPU is lost); it is never a stand-in for zero.
+
+What the report carries as an object of its own is the report's own type, declared once in ``api/``
+(``api/report.py``, ``api/report_fabric.py``): the agent fills it, the operator parses it. There a string
+not known is "" (as the operator reads an absent one), never written.
 """
 
 from __future__ import annotations
