@@ -407,10 +407,10 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
         if idx in seen:
             raise ReportError(f"{where}.index: duplicate GPU index {idx}")
         seen.add(idx)
-        ecc = _object(EccCounts, d.get("ecc"), f"{where}.ecc")
-        pages = _object(RetiredPages, d.get("retiredPages"), f"{where}.retiredPages")
-        rows = _object(RemappedRows, d.get("remappedRows"), f"{where}.remappedRows")
-        temp = _object(Temperature, d.get("temperature"), f"{where}.temperature")
+        ecc = _object(EccCounts, d, "ecc", where)
+        pages = _object(RetiredPages, d, "retiredPages", where)
+        rows = _object(RemappedRows, d, "remappedRows", where)
+        temp = _object(Temperature, d, "temperature", where)
         get = dict.get
         devices.append(
             Device(
@@ -470,14 +470,15 @@ def _parse_report(obj: Mapping[str, Any]) -> Report:
     )
 
 
-def _object(cls: type, value: Any, where: str) -> dict[str, Any]:
+def _object(cls: type, device: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     """The known fields of one of a GPU's objects (``ecc``, ...), by attribute, read by their declarations
     (api/wire.py); absent: none. Kept as Device's own attributes, so no object is made of them."""
+    value = device.get(key)
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
-        raise ReportError(f"{where}: must be an object")
-    return read_fields(cls, value, where)
+    if type(value) is not dict and not isinstance(value, Mapping):  # the first test is the fast one
+        raise ReportError(f"{where}.{key}: must be an object")
+    return read_fields(cls, value, where, key)
 
 
 def _hang(value: Any) -> NvmlHang | None:

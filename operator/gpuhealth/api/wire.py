@@ -127,9 +127,10 @@ def significant(obj: Any) -> tuple[Any, ...]:
 # ---- the operator reads -------------------------------------------------------------------------------
 
 
-# A reader of one field's value: (value, the object's path, the key) -> the value typed, or FieldError naming
-# the field. The path is joined only for the error: every report's every GPU is read through these.
-Reader = Callable[[Any, str, str], Any]
+# A reader of one field's value: (value, key) -> the value typed, or FieldError naming the field from its key
+# (read_fields puts the object's path before it). No path is built unless one fails: every report's every
+# GPU is read through these.
+Reader = Callable[[Any, str], Any]
 
 
 def _reader(schema: Mapping[str, Any]) -> Reader:
@@ -140,54 +141,54 @@ def _reader(schema: Mapping[str, Any]) -> Reader:
         top = maximum if maximum is not None else float("inf")
         bound = f"{minimum}..{maximum}" if maximum is not None else "a non-negative integer"
 
-        def integer(v: Any, where: str, key: str) -> int:
+        def integer(v: Any, key: str) -> int:
             if type(v) is int and minimum <= v <= top:
                 return v
             if isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= top:
                 return int(v)  # an int subclass
-            raise FieldError(f"{where}.{key}: expected {bound}, got {v!r}")
+            raise FieldError(f"{key}: expected {bound}, got {v!r}")
 
         return integer
     if kind == "number":
 
-        def number(v: Any, where: str, key: str) -> float:
+        def number(v: Any, key: str) -> float:
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-                raise FieldError(f"{where}.{key}: expected a non-negative number, got {v!r}")
+                raise FieldError(f"{key}: expected a non-negative number, got {v!r}")
             return float(v)
 
         return number
     if kind == "boolean":
 
-        def boolean(v: Any, where: str, key: str) -> bool:
+        def boolean(v: Any, key: str) -> bool:
             if v is not True and v is not False:
-                raise FieldError(f"{where}.{key}: expected a boolean, got {v!r}")
+                raise FieldError(f"{key}: expected a boolean, got {v!r}")
             return bool(v)
 
         return boolean
     if kind == "string" and "enum" in schema:
         allowed = frozenset(schema["enum"])
 
-        def one_of(v: Any, where: str, key: str) -> Any:
+        def one_of(v: Any, key: str) -> Any:
             if not isinstance(v, str) or v not in allowed:
-                raise FieldError(f"{where}.{key}: {v!r} is not one of {sorted(allowed)}")
+                raise FieldError(f"{key}: {v!r} is not one of {sorted(allowed)}")
             return v
 
         return one_of
     if kind == "string":
 
-        def string(v: Any, where: str, key: str) -> str:
+        def string(v: Any, key: str) -> str:
             if not isinstance(v, str):
-                raise FieldError(f"{where}.{key}: expected a string, got {v!r}")
+                raise FieldError(f"{key}: expected a string, got {v!r}")
             return v
 
         return string
     if kind == "array":
         item = _reader(schema["items"])
 
-        def array(v: Any, where: str, key: str) -> tuple[Any, ...]:
+        def array(v: Any, key: str) -> tuple[Any, ...]:
             if not isinstance(v, list | tuple):  # a tuple: the operator's slim cache shares lists so
-                raise FieldError(f"{where}.{key}: must be a list")
-            return tuple(sorted({item(x, where, f"{key}[{i}]") for i, x in enumerate(v)}))
+                raise FieldError(f"{key}: must be a list")
+            return tuple(sorted({item(x, f"{key}[{i}]") for i, x in enumerate(v)}))
 
         return array
     raise TypeError(f"no reader for schema type {kind!r}")
@@ -203,14 +204,18 @@ def _readers_of(cls: type) -> tuple[tuple[str, str, Reader], ...]:
     return found
 
 
-def read_fields(cls: type, m: Mapping[str, Any], where: str) -> dict[str, Any]:
+def read_fields(cls: type, m: Mapping[str, Any], *where: str) -> dict[str, Any]:
     """The READ fields of ``cls`` that the report's object ``m`` holds, typed by their schema, by attribute;
-    raises FieldError, naming the field, when one is not what the CRD declares."""
+    raises FieldError, naming the field under the object's path (``where``'s parts, joined by dots), when
+    one is not what the CRD declares."""
     values = {}
-    for attr, key, read in _readers_of(cls):
-        v = m.get(key)
-        if v is not None:
-            values[attr] = read(v, where, key)
+    try:
+        for attr, key, read in _READERS.get(cls) or _readers_of(cls):
+            v = m.get(key)
+            if v is not None:
+                values[attr] = read(v, key)
+    except FieldError as e:
+        raise FieldError(f"{'.'.join(where)}.{e}") from None
     return values
 
 
