@@ -33,7 +33,7 @@ import enum
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,11 @@ from gpuhealth.api import (
     slow_policy,
     status,
     validation,
-    wire,
 )
 from gpuhealth.api.device_facts import DEVICE_FACTS, Fact
 from gpuhealth.api.devices import KEPT_OFF_BY, DeviceState
 from gpuhealth.api.durations import format_duration
+from gpuhealth.api.wire import Wire, fields_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "operator" / "gpuhealth" / "api" / "crds"
@@ -106,6 +106,56 @@ def _fact_lines(fact: Fact) -> list[str]:
     ]
 
 
+# ---- a structured fact's fields (api/wire.py): each declaration as the templates spell a property ----
+
+_FLOW_WIDTH = 120  # a property longer than this on one line is written as a block
+_FLOW_QUOTED = set(",:()'\"[]{}#&*!|>%@`")
+
+
+def _wire_text(s: str, flow: bool) -> str:
+    """A string as the CRD templates spell one: bare where YAML reads it back as itself, else quoted."""
+    plain = not (flow and _FLOW_QUOTED & set(s)) and ": " not in s and " #" not in s
+    if plain:
+        try:
+            plain = yaml.safe_load(f"{{k: {s}}}" if flow else f"k: {s}") == {"k": s}
+        except yaml.YAMLError:
+            plain = False
+    return s if plain else json.dumps(s)
+
+
+def _wire_scalar(v: Any, flow: bool) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_wire_scalar(x, True) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{k}: {_wire_scalar(x, True)}" for k, x in v.items()) + "}"
+    return _wire_text(str(v), flow)
+
+
+def _wire_property(w: Wire) -> Iterator[str]:
+    schema = {k: v for k, v in w.schema.items() if k != "items"}  # an array's items last, after its description
+    if w.description:
+        schema["description"] = w.description
+    if "items" in w.schema:
+        schema["items"] = w.schema["items"]
+    nested = any(isinstance(v, Mapping) for v in schema.values())
+    line = f"{w.key}: {_wire_scalar(schema, True)}"
+    if not nested and len(line) <= _FLOW_WIDTH:
+        yield line
+        return
+    yield f"{w.key}:"
+    for k, v in schema.items():
+        yield f"  {k}: {_wire_scalar(v, False)}"
+
+
+def _wire_properties(cls: type) -> tuple[str, ...]:
+    """The CRD's ``properties`` of ``cls``'s object, one YAML line a row, unindented."""
+    return tuple(line for _, w in fields_of(cls) for line in _wire_property(w))
+
+
 def device_facts() -> Lines:
     """The properties of ``spec.devices[]``'s scalar facts, in their declaration order."""
     return Lines(line for fact in DEVICE_FACTS for line in _fact_lines(fact))
@@ -113,7 +163,7 @@ def device_facts() -> Lines:
 
 def fields(cls: type) -> Lines:
     """The properties of a structured fact's object (``api/report_fabric.py``), from its fields' declarations."""
-    return Lines(wire.properties(cls))
+    return Lines(_wire_properties(cls))
 
 
 def namespace() -> dict[str, Any]:

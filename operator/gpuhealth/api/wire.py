@@ -14,7 +14,7 @@ not) and how the agent compares two samples of it. Everything else takes it from
   field (a counter that climbs on healthy hardware) is written along but is no new fact, a bucketed one
   (a rate, a duty cycle) counts when it moves to another bucket;
 * ``api/report_fields.py`` lists each field READ or DROPPED (:func:`read_paths`, :func:`dropped_paths`);
-* ``hack/gen_crds.py`` writes each field's schema into the CRD (``{{ fields(NvLink) }}``: :func:`properties`).
+* ``hack/gen_crds.py`` writes each field's schema into the CRD (``{{ fields(NvLink) }}``).
 
 A new sub-field is one :func:`wire` field here, and what fills it in the agent.
 """
@@ -22,12 +22,9 @@ A new sub-field is one :func:`wire` field here, and what fills it in the agent.
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
-
-import yaml
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -236,59 +233,3 @@ def dropped_paths(prefix: str, cls: type) -> dict[str, str]:
 
 def _path(prefix: str, w: Wire) -> str:
     return f"{prefix}.{w.key}[]" if w.schema["type"] == "array" else f"{prefix}.{w.key}"
-
-
-# ---- the CRD ------------------------------------------------------------------------------------------
-
-_FLOW_WIDTH = 120  # a property longer than this on one line is written as a block
-_FLOW_QUOTED = set(",:()'\"[]{}#&*!|>%@`")
-
-
-def _text(s: str, flow: bool) -> str:
-    """A string as the CRD templates spell one: bare where YAML reads it back as itself, else quoted."""
-    plain = not (flow and _FLOW_QUOTED & set(s)) and ": " not in s and " #" not in s
-    if plain:
-        try:
-            plain = yaml.safe_load(f"{{k: {s}}}" if flow else f"k: {s}") == {"k": s}
-        except yaml.YAMLError:
-            plain = False
-    return s if plain else json.dumps(s)
-
-
-def _scalar(v: Any, flow: bool) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return str(v)
-    if isinstance(v, tuple | list):
-        return "[" + ", ".join(_scalar(x, True) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{k}: {_scalar(x, True)}" for k, x in v.items()) + "}"
-    return _text(str(v), flow)
-
-
-def _property(w: Wire) -> Iterator[str]:
-    schema = {k: v for k, v in w.schema.items() if k != "items"}  # an array's items last, after its description
-    if w.description:
-        schema["description"] = w.description
-    if "items" in w.schema:
-        schema["items"] = w.schema["items"]
-    nested = any(isinstance(v, Mapping) for v in schema.values())
-    line = f"{w.key}: {_scalar(schema, True)}"
-    if not nested and len(line) <= _FLOW_WIDTH:
-        yield line
-        return
-    yield f"{w.key}:"
-    for k, v in schema.items():
-        yield f"  {k}: {_scalar(v, False)}"
-
-
-def properties(cls: type) -> tuple[str, ...]:
-    """The CRD's ``properties`` of ``cls``'s object, one YAML line a row, unindented."""
-    return tuple(line for _, w in fields_of(cls) for line in _property(w))
-
-
-def default_of(cls: type, attr: str) -> Any:
-    """The value ``cls`` holds for ``attr`` when the report omits it."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == attr)
-    return cast(Any, f.default)
