@@ -124,7 +124,9 @@ def test_dead_agent_makes_node_unknown_never_healthy(
         seconds=8,
         what="Unknown while the agent is dead",
     )
-    assert samples >= 10
+    # Each sample is two API reads: a loaded machine took 7 in the 8 s (a fresh-clone make test), an idle
+    # one ~30. Four spread over 8 s still see several sweeper ticks (--tick=1).
+    assert samples >= 4
     fleet.launch(fleet[node])
     wait_for(lambda: kube.state(node) == "Healthy", timeout=30, what="Healthy again on a fresh report")
 

@@ -81,11 +81,18 @@ def test_the_operator_restarts_the_plugin_and_counts_the_gpu_back_only_once_allo
 ) -> None:
     node, plugin_ns = start(kube, cluster, group, plugin=True)
     wait_for(lambda: phase(kube, plugin_ns) is None, timeout=40, what="the plugin's pod deleted by the operator")
-    rec = ladder(kube, node, 2)
-    assert rec["phase"] == "RestartingPlugin" and rec["plugin"]["deleted"] is True
+
+    # Write-ahead: the record names the pod, the pod is deleted, then the record says so (a write after the
+    # delete, so a loaded machine's reader can come between them), and the Event follows.
+    def deleted() -> dict[str, Any] | None:
+        rec = ladder(kube, node, 2)
+        return rec if (rec.get("plugin") or {}).get("deleted") is True else None
+
+    rec = wait_for(deleted, timeout=20, what="the ladder's record of the deleted pod")
+    assert rec["phase"] == "RestartingPlugin"
     assert rec["plugin"]["pod"] == f"{plugin_ns}/nvidia-device-plugin-daemonset-a1"
     assert device(kube, node, 2)["state"] == "Recovering" and in_service(kube, node) == 7  # still withheld
-    (started,) = kube.node_events(node, "RestartingDevicePlugin")
+    (started,) = wait_for(lambda: kube.node_events(node, "RestartingDevicePlugin"), what="RestartingDevicePlugin")
     assert f"allocatable {GPU} 7 of 8" in started.message and "nvidia-device-plugin-daemonset-a1" in started.message
     (tolerated,) = jobs_of(kube, node)
     assert any(t.key == "gpuhealth.dev/gpu-out" for t in tolerated.spec.template.spec.tolerations)
@@ -94,8 +101,10 @@ def test_the_operator_restarts_the_plugin_and_counts_the_gpu_back_only_once_allo
     kube.core.patch_node_status(node, {"status": {"allocatable": {GPU: "8"}}})
     wait_for(lambda: device(kube, node, 2).get("state") == "InService", timeout=30, what="GPU 2 back in service")
     wait_for(lambda: in_service(kube, node) == 8, timeout=20, what="8 GPUs in service")
-    assert not ladder(kube, node, 2)
-    (back,) = kube.node_events(node, "DevicePluginOffersGPU")
+    # The GPU's verdict and its finished ladder are two rooms' writes (the node's pass, then the
+    # remediator's): a loaded machine showed the first without the second for a moment.
+    wait_for(lambda: not ladder(kube, node, 2), timeout=20, what="GPU 2's finished ladder dropped")
+    (back,) = wait_for(lambda: kube.node_events(node, "DevicePluginOffersGPU"), what="DevicePluginOffersGPU")
     assert f"allocatable {GPU} 8 of 8" in back.message
     assert not kube.node_events(node, "DevicePluginNotRestarted")
 
@@ -115,4 +124,4 @@ def test_without_a_plugin_pod_the_gpu_stays_withheld_with_a_warning_until_alloca
 
     kube.core.patch_node_status(node, {"status": {"allocatable": {GPU: "8"}}})  # a human restarted it
     wait_for(lambda: device(kube, node, 2).get("state") == "InService", timeout=30, what="GPU 2 back in service")
-    assert not ladder(kube, node, 2)
+    wait_for(lambda: not ladder(kube, node, 2), timeout=20, what="GPU 2's finished ladder dropped")

@@ -190,6 +190,9 @@ def test_a_kill_after_the_acknowledgements_writes_one_retry_and_asks_no_second_t
     kube.put_report(bad, healthy_spec(xids=[xid(79)]))
     asked = wait_for(lambda: requested(kube, ns, "ft"), what="checkpoint requested on all 4 ranks")
     stamps = {p.metadata.uid: p.metadata.annotations["gpuhealth.dev/checkpoint-requested"] for p in asked}
+    # The Events follow the annotations; a SIGKILL before they are posted loses them (a loaded machine's
+    # run saw one of four), and the count below is of a second handshake, so it starts from all four.
+    wait_for(lambda: len(kube.node_events(bad, "CheckpointRequested")) == 4, what="four CheckpointRequested")
     kueue_operator.kill()  # SIGKILL: between the acknowledgements and the Retry write
     acknowledge_all(kube, ns, asked)
     after = {
