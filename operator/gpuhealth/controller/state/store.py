@@ -89,10 +89,10 @@ class Store:
         report."""
         report = self._reports.get(name)
         if report is None:
-            return StoredStatus.read(None)
+            return StoredStatus.of(None)
         hit = self._statuses.get(name)
         if hit is None or hit[0] is not report:
-            hit = (report, StoredStatus.read(report.get("status")))
+            hit = (report, StoredStatus.of(report))
             self._statuses[name] = hit
         return hit[1]
 
