@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds helm and promtool (the chart and alert-rule tests need them) from Go modules through the
-# Go module proxy and caches them outside the repo, keyed by version, like build-control-plane.sh.
+# Builds helm, promtool (the chart and alert-rule tests need them) and the Prometheus server (the
+# real-node tier evaluates the dashboard and the alerts with it) from Go modules through the Go module
+# proxy and caches them outside the repo, keyed by version, like build-control-plane.sh.
 # Prints the bin directory on stdout's last line. A warm cache rebuilds nothing.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 log() { printf '[hack/build-tools] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-tools] ERROR: %s\n' "$*" >&2; exit 1; }
 
-command -v go >/dev/null || die "the 'go' command is required to build helm and promtool"
+command -v go >/dev/null || die "the 'go' command is required to build helm, promtool and prometheus"
 mkdir -p "$BIN"
 
 # One build at a time (make test and a pytest run may both ask); the second waits, then finds it.
@@ -42,15 +43,24 @@ if ! have helm; then
     "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" || die "building helm failed (see above)"
   mark helm
 fi
-if ! have promtool; then
-  log "building promtool (prometheus module $PROMETHEUS_MODULE_VERSION)"
+# promtool and the server come from one Prometheus module: one `go install` of both compiles their
+# shared packages (promql, rules, tsdb, the scrape code) once; a cache that has promtool builds only
+# what the server adds (its web API, OTLP, the agent mode).
+prom=() pkgs=()
+for cmd in promtool prometheus; do
+  have "$cmd" || { prom+=("$cmd"); pkgs+=("github.com/prometheus/prometheus/cmd/$cmd@${PROMETHEUS_MODULE_VERSION}"); }
+done
+if [ ${#prom[@]} -gt 0 ]; then
+  log "building ${prom[*]} (prometheus module $PROMETHEUS_MODULE_VERSION)"
   # remove_all_sd: Prometheus's own build tag (plugins/plugin_*.go) that leaves out the cloud
   # service-discovery plugins (AWS, Azure, GCE, ...). The rule and alert tests (check rules, test
-  # rules) use none of them, and their SDKs were most of a cold build's time.
+  # rules) use none of them, nor does the real-node tier's server (static targets), and their SDKs
+  # were most of a cold build's time. Without the builtinassets tag the server has no web UI: its
+  # HTTP API, all the tests use, is there.
   GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" -tags remove_all_sd -ldflags "-s -w" \
-    "github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_MODULE_VERSION}" \
-    || die "building promtool failed (see above)"
-  mark promtool
+    "${pkgs[@]}" \
+    || die "building ${prom[*]} failed (see above)"
+  for cmd in "${prom[@]}"; do mark "$cmd"; done
 fi
-log "helm and promtool ready in $BIN ($(( $(date +%s) - start ))s)"
+log "helm, promtool and prometheus ready in $BIN ($(( $(date +%s) - start ))s)"
 echo "$BIN"

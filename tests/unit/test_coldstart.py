@@ -21,7 +21,7 @@ LOG = """\
 [hack/build-image] 16:07:30   base image took 108s
 [hack/build-image] 16:09:00 image localhost/gpuhealth:dev-abc built in 76s (409 MB)
 [hack/build-kueue] 16:50:00 Kueue v0.17.0 ready in /c/bin/kueue (377s)
-[hack/build-tools] 16:55:00 helm and promtool ready in /c/bin/tools (290s)
+[hack/build-tools] 16:55:00 helm, promtool and prometheus ready in /c/bin/tools (290s)
 [hack/build-nvidia-plugins] 16:58:00   build_binaries took 150s
 [hack/build-nvidia-plugins] 16:58:30   build_image took 12s
 [hack/build-nvidia-plugins] 16:58:30   build_image took 0s
@@ -46,6 +46,9 @@ def test_pieces_come_from_each_build_scripts_own_line_and_a_rerun_does_not_hide_
         "nvidia_plugins_image": 12,  # not the 0 s of a second look
     }
     assert coldstart.pieces(["nothing here", "[hack/build] 1 building etcd"]) == {}
+    # The line of the filed runs from before the script built the Prometheus server too.
+    old = "[hack/build-tools] 16:55:00 helm and promtool ready in /c/bin/tools (12s)"
+    assert coldstart.pieces([old]) == {"helm_promtool": 12}
 
 
 def test_the_test_phase_comes_from_pytests_last_summary() -> None:
