@@ -14,7 +14,7 @@ from devkit.crdschema import at, violations
 from gpuhealth.api.devices import DeviceRecord, DeviceState
 from gpuhealth.api.names import Mode, State
 from gpuhealth.api.remediation import StepKind
-from gpuhealth.api.remediation_status import Attempt, LadderRecord, Phase, PluginRestart, Repair, Result
+from gpuhealth.api.remediation_status import Approver, Attempt, LadderRecord, Phase, PluginRestart, Repair, Result
 from gpuhealth.api.status import Record, node_status
 from gpuhealth.api.validation import Outcome, Validation
 from tests.unit._contracts_support import POLICY_CRD, REPORT_CRD, T, crd_enum, unset_fields
@@ -106,6 +106,7 @@ def _every_ladder_record() -> LadderRecord:
         ),
         approved=True,
         plugin=PluginRestart(T, "gpu-operator/nvidia-device-plugin-daemonset-x1", "u1", True, "b", True),
+        approvers=(Approver("alice@example.com", T), Approver("system:serviceaccount:ops:bob", T)),
     )
     missing = unset_fields(rec, skip=("index",))
     assert not missing, (

@@ -39,6 +39,13 @@ APPROVE_ANNOTATION = f"{GROUP}/approve"
 APPROVE_GPU_ANNOTATION = f"{GROUP}/approve-gpu"
 REJECT_ANNOTATION = f"{GROUP}/reject"
 REJECT_GPU_ANNOTATION = f"{GROUP}/reject-gpu"
+# An approval that records who gave it (`kubectl gpuhealth approve` writes these; approval: TwoPerson
+# counts only these): gpuhealth.dev/approver.<slot> (every waiting step of the node) or
+# gpuhealth.dev/approver-gpu-<index>.<slot>, whose VALUE is the approver's user name as the API server
+# knows it. The shipped admission policy (manifests/base/approver-admission-policy.yaml) refuses a write
+# of one whose value is not the requesting user. The slot (the CLI derives it from the user name) only
+# keeps two people's approvals apart: a key cannot hold a user name (no ':' or '@').
+APPROVER_ANNOTATION_PREFIX = f"{GROUP}/approver"
 
 # The checkpoint handshake on a pod (see docs/workloads.md).
 CHECKPOINT_MODE = f"{GROUP}/checkpoint"

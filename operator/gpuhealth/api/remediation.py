@@ -58,6 +58,23 @@ class Approval(StrEnum):
 
     AUTOMATIC = "Automatic"  # gpuhealth, once the step's preconditions hold
     MANUAL = "Manual"  # a human: each step waits in PendingApproval for gpuhealth.dev/approve
+    # Two people: each step waits as under Manual; those of spec.remediation.twoPersonSteps run only
+    # once two distinct identities approved them (gpuhealth.dev/approver*, the API server's identity).
+    TWO_PERSON = "TwoPerson"
+
+
+class ApprovalStep(StrEnum):
+    """What waits for approval (``spec.remediation.twoPersonSteps`` names these): a repair step, or
+    the validation Job after a reset."""
+
+    GPU_RESET = "GPUReset"
+    NODE_REBOOT = "NodeReboot"  # the hand-off to the node remediator (drain, reboot)
+    VALIDATION = "Validation"
+
+
+# approval: TwoPerson without twoPersonSteps: the node reboot hand-off, the disruptive one (it takes
+# every GPU of the node and hands the node to the remediator); a reset or a validation needs one person.
+TWO_PERSON_STEPS: frozenset[ApprovalStep] = frozenset({ApprovalStep.NODE_REBOOT})
 
 
 @dataclass(frozen=True)
@@ -119,8 +136,21 @@ class RemediationSettings:
     image: str = DEFAULT_IMAGE
     job_template: Mapping[str, Any] | None = None  # a batch/v1 Job (metadata + spec) with placeholders
     approval: Approval = Approval.AUTOMATIC
+    two_person_steps: frozenset[ApprovalStep] = TWO_PERSON_STEPS  # approval: TwoPerson; the others need one
     repeat: RepeatSettings = field(default_factory=RepeatSettings)
     device_plugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+
+    @property
+    def waits_for_people(self) -> bool:
+        """Whether each step (and validation) waits in PendingApproval for people (Manual, TwoPerson)."""
+        return self.approval in (Approval.MANUAL, Approval.TWO_PERSON)
+
+    def approvals_needed(self, what: ApprovalStep) -> int:
+        """Distinct approvers ``what`` needs before it runs: 0 (Automatic), 1, or 2 (TwoPerson and
+        ``what`` is one of ``twoPersonSteps``)."""
+        if not self.waits_for_people:
+            return 0
+        return 2 if self.approval == Approval.TWO_PERSON and what in self.two_person_steps else 1
 
 
 def _dur(v: Any, path: str) -> float:
@@ -212,7 +242,7 @@ def parse_remediation(spec: Mapping[str, Any]) -> RemediationSettings:
         approval = Approval(str(raw.get("approval") or Approval.AUTOMATIC))
     except ValueError:
         raise RemediationError(
-            f"spec.remediation.approval: must be Automatic or Manual, got {raw.get('approval')!r}"
+            f"spec.remediation.approval: must be Automatic, Manual or TwoPerson, got {raw.get('approval')!r}"
         ) from None
     return RemediationSettings(
         enabled=bool(raw.get("enabled", False)),
@@ -223,9 +253,25 @@ def parse_remediation(spec: Mapping[str, Any]) -> RemediationSettings:
         image=str(raw.get("image") or DEFAULT_IMAGE),
         job_template=None if template is None else _validate_template(template, "spec.remediation.jobTemplate"),
         approval=approval,
+        two_person_steps=_parse_two_person(raw.get("twoPersonSteps")),
         repeat=_parse_repeat(raw.get("repeatOffenders")),
         device_plugin=_parse_device_plugin(raw.get("devicePlugin")),
     )
+
+
+def _parse_two_person(raw: Any) -> frozenset[ApprovalStep]:
+    if raw is None:
+        return TWO_PERSON_STEPS
+    p = "spec.remediation.twoPersonSteps"
+    if not isinstance(raw, list):
+        raise RemediationError(f"{p}: must be a list of GPUReset, NodeReboot, Validation")
+    out: set[ApprovalStep] = set()
+    for i, v in enumerate(raw):
+        try:
+            out.add(ApprovalStep(str(v)))
+        except ValueError:
+            raise RemediationError(f"{p}[{i}]: unknown step {v!r} (GPUReset, NodeReboot or Validation)") from None
+    return frozenset(out)
 
 
 def _parse_device_plugin(raw: Any) -> DevicePluginSettings:

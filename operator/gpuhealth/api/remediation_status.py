@@ -5,7 +5,8 @@ Where each GPU stands on its ladder is kept in GPUNodeHealth ``status.remediatio
 the attempt and the Job's name again and never starts a second reset. Each finished attempt is also
 kept by the GPU's UUID in ``status.repairs`` (:class:`Repair`): an index may change across a reboot,
 a UUID does not, and that history is what makes a GPU a repeat offender. A human's answer to a
-step that waits (``approval: Manual``) is read from the Node's annotations (:class:`Approvals`).
+step that waits (``approval: Manual`` or ``TwoPerson``) is read from the Node's annotations
+(:class:`Approvals`); who approved, and when gpuhealth saw it, is kept in the record (:class:`Approver`).
 
 Pure: the record's codec and what it says. The settings the ladder climbs under (``spec.remediation``)
 are ``api/remediation.py``'s; what moves the record is ``evaluation/ladder.py``'s.
@@ -14,7 +15,9 @@ are ``api/remediation.py``'s; what moves the record is ``evaluation/ladder.py``'
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -22,17 +25,20 @@ from typing import Any
 from gpuhealth.api.names import (
     APPROVE_ANNOTATION,
     APPROVE_GPU_ANNOTATION,
+    APPROVER_ANNOTATION_PREFIX,
     REJECT_ANNOTATION,
     REJECT_GPU_ANNOTATION,
     StepKind,
 )
-from gpuhealth.api.remediation import RepeatSettings
+from gpuhealth.api.remediation import ApprovalStep, RepeatSettings
 from gpuhealth.api.timeutil import format_time, parse_time
 from gpuhealth.api.validation import Validation
 
 MAX_HISTORY = 10
 MAX_REPAIRS = 10  # attempts kept per GPU UUID in status.repairs (the repeat offenders' history)
 MAX_REPAIR_GPUS = 32  # GPU UUIDs kept in status.repairs (a node's GPUs and those replaced lately)
+MAX_APPROVERS = 16  # approvers kept per step (the CRD's maxItems); two are all a step ever needs
+MAX_APPROVER_LEN = 512  # a longer user name counts as no approval (the CRD's maxLength)
 
 
 class Phase(StrEnum):
@@ -142,6 +148,40 @@ class PluginRestart:
 
 
 @dataclass(frozen=True)
+class Approver:
+    """One person's approval of a waiting step: the user name the API server authenticated (the
+    admission policy makes the annotation's value that), and when gpuhealth recorded it."""
+
+    by: str
+    at: dt.datetime | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"by": self.by, **({"at": format_time(self.at)} if self.at else {})}
+
+    @staticmethod
+    def from_status(m: Any) -> Approver | None:
+        if not isinstance(m, Mapping) or not m.get("by"):
+            return None
+        return Approver(str(m["by"]), parse_time(m.get("at")))
+
+
+def merge_approvers(have: Iterable[Approver], names: Iterable[str], now: dt.datetime) -> tuple[Approver, ...]:
+    """``have`` and the approvers ``names`` not yet among them (seen ``now``): the same person
+    approving twice counts once, with the time of the first."""
+    out = list(have)
+    known = {a.by for a in out}
+    for n in sorted(set(names) - known):
+        out.append(Approver(n, now))
+    return tuple(out[:MAX_APPROVERS])
+
+
+def approver_words(approvers: Iterable[Approver]) -> str:
+    """``alice (at 2025-06-01T12:00:00Z) and bob (at ...)``: who approved, for a message or an Event."""
+    parts = [f"{a.by} (at {format_time(a.at)})" if a.at else a.by for a in approvers]
+    return " and ".join(parts) if len(parts) <= 2 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+
+
+@dataclass(frozen=True)
 class LadderRecord:
     """Where one GPU stands on its ladder (``status.remediation["<index>"]``)."""
 
@@ -159,12 +199,22 @@ class LadderRecord:
     message: str = ""
     history: tuple[Attempt, ...] = field(default=())
     validation: Validation | None = None  # this attempt's validation (Phase.VALIDATING and after)
-    approved: bool = False  # approval: Manual; a human approved this step, it starts once it may
+    approved: bool = False  # approval: Manual/TwoPerson; approved enough, the step starts once it may
     plugin: PluginRestart | None = None  # the device plugin's restart (Phase.RESTARTING_PLUGIN)
+    # Who approved this step (or its validation), by identity, first first; kept past the step's start
+    # until the next step waits.
+    approvers: tuple[Approver, ...] = ()
 
     @property
     def in_flight(self) -> bool:
         return self.phase in IN_FLIGHT
+
+    @property
+    def approval_step(self) -> ApprovalStep:
+        """What the record waits to run in PendingApproval, as ``spec.remediation.twoPersonSteps`` names it."""
+        if self.validation is not None:
+            return ApprovalStep.VALIDATION
+        return ApprovalStep.NODE_REBOOT if self.step == StepKind.NODE_REBOOT else ApprovalStep.GPU_RESET
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": str(self.step), "attempt": self.attempt, "phase": str(self.phase)}
@@ -181,6 +231,7 @@ class LadderRecord:
             "validation": self.validation.to_status() if self.validation else None,
             "approved": self.approved,
             "plugin": self.plugin.to_status() if self.plugin else None,
+            "approvers": [a.to_status() for a in self.approvers],
         }
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -210,6 +261,7 @@ class LadderRecord:
             validation=Validation.from_status(m.get("validation")),
             approved=m.get("approved") is True,
             plugin=PluginRestart.from_status(m.get("plugin")),
+            approvers=tuple(a for a in map(Approver.from_status, m.get("approvers") or []) if a is not None),
         )
 
 
@@ -233,35 +285,77 @@ def _indices(raw: Any) -> frozenset[int]:
     return frozenset(int(p) for p in str(raw or "").replace(" ", "").split(",") if p.isdigit())
 
 
+# gpuhealth.dev/approver.<slot> (the node) or gpuhealth.dev/approver-gpu-<index>.<slot> (one GPU).
+_APPROVER_KEY = re.compile(re.escape(APPROVER_ANNOTATION_PREFIX) + r"(?:-gpu-(\d{1,4}))?\.[A-Za-z0-9][-A-Za-z0-9_.]*$")
+_SLOT_CHARS = re.compile(r"[^a-z0-9]+")
+
+
+def approver_key(user: str, gpu: int | None = None) -> str:
+    """The annotation ``user``'s approval is written under (its value is ``user``): a slot of the user's
+    own, readable and unique (a digest of the name), so two people's approvals never share a key."""
+    digest = hashlib.sha256(user.encode()).hexdigest()[:10]
+    readable = _SLOT_CHARS.sub("-", user.lower()).strip("-")[:30].strip("-")
+    slot = f"{readable}-{digest}" if readable else digest
+    return f"{APPROVER_ANNOTATION_PREFIX}{'' if gpu is None else f'-gpu-{gpu}'}.{slot}"
+
+
 @dataclass(frozen=True)
 class Approvals:
-    """What a human (``kubectl gpuhealth approve|reject``, or any system) asked of the Node's waiting
+    """What people (``kubectl gpuhealth approve|reject``, or any system) asked of the Node's waiting
     steps: ``gpuhealth.dev/approve`` (all of them) or ``approve-gpu`` (``"3"``, ``"3,5"``), and the
-    same for ``reject``. A rejection wins over an approval of the same GPU."""
+    same for ``reject``; and approvals that record their approver (``gpuhealth.dev/approver.<slot>``,
+    ``approver-gpu-<index>.<slot>``, the value the approver's user name). A rejection wins over an
+    approval of the same GPU. ``keys``: the approval annotations read, removed once acted on."""
 
     approve_all: bool = False
     approve: frozenset[int] = frozenset()
     reject_all: bool = False
     reject: frozenset[int] = frozenset()
+    by_all: frozenset[str] = frozenset()  # approvers of every waiting step of the node
+    by_gpu: Mapping[int, frozenset[str]] = field(default_factory=dict)  # approvers of one GPU's step
+    keys: frozenset[str] = frozenset()
 
     @staticmethod
     def from_annotations(annotations: Mapping[str, Any]) -> Approvals:
+        by_all: set[str] = set()
+        by_gpu: dict[int, set[str]] = {}
+        keys = {k for k in APPROVAL_ANNOTATIONS if k in annotations}
+        for k, v in annotations.items():
+            m = _APPROVER_KEY.match(str(k))
+            if m is None:
+                continue
+            keys.add(str(k))
+            who = str(v or "").strip()
+            if not who or len(who) > MAX_APPROVER_LEN:
+                continue
+            if m.group(1) is None:
+                by_all.add(who)
+            else:
+                by_gpu.setdefault(int(m.group(1)), set()).add(who)
         return Approvals(
             approve_all=APPROVE_ANNOTATION in annotations,
             approve=_indices(annotations.get(APPROVE_GPU_ANNOTATION)),
             reject_all=REJECT_ANNOTATION in annotations,
             reject=_indices(annotations.get(REJECT_GPU_ANNOTATION)),
+            by_all=frozenset(by_all),
+            by_gpu={i: frozenset(v) for i, v in by_gpu.items()},
+            keys=frozenset(keys),
         )
 
     @property
     def any(self) -> bool:
-        return self.approve_all or self.reject_all or bool(self.approve or self.reject)
+        return bool(self.keys) or self.approve_all or self.reject_all or bool(self.approve or self.reject)
 
     def rejects(self, index: int) -> bool:
         return self.reject_all or index in self.reject
 
     def approves(self, index: int) -> bool:
+        """An approval that names nobody (``approve``, ``approve-gpu``): enough under ``approval: Manual``."""
         return not self.rejects(index) and (self.approve_all or index in self.approve)
+
+    def approvers(self, index: int) -> frozenset[str]:
+        """Who approved GPU ``index``'s waiting step by identity (none when it is rejected)."""
+        return frozenset() if self.rejects(index) else self.by_all | self.by_gpu.get(index, frozenset())
 
 
 APPROVAL_ANNOTATIONS = (APPROVE_ANNOTATION, APPROVE_GPU_ANNOTATION, REJECT_ANNOTATION, REJECT_GPU_ANNOTATION)

@@ -34,7 +34,7 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.api.policy import PolicyError, parse_policy
-from gpuhealth.api.remediation_status import Phase
+from gpuhealth.api.remediation_status import Phase, approver_key
 from gpuhealth.api.status import StoredStatus
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation
@@ -276,13 +276,21 @@ def plan_release_gpu(node: str, report: Mapping[str, Any] | None, gpu: int, forc
 
 
 def plan_approval(
-    node: str, report: Mapping[str, Any] | None, gpu: int | None, now: dt.datetime, reject: bool = False
+    node: str,
+    report: Mapping[str, Any] | None,
+    gpu: int | None,
+    now: dt.datetime,
+    reject: bool = False,
+    user: str | None = None,
 ) -> Plan:
     """Approve (or reject) the repair or validation steps waiting in PendingApproval on ``node``
-    (``spec.remediation.approval: Manual``), or GPU ``gpu``'s only: one annotation on the Node,
-    ``gpuhealth.dev/approve`` (``reject``) with the time, or ``approve-gpu`` (``reject-gpu``) with the
-    index. The operator records what it approved before it acts and removes the annotation once done.
-    Refused when nothing waits: an approval is for a step a human has seen."""
+    (``spec.remediation.approval: Manual`` or ``TwoPerson``), or GPU ``gpu``'s only: one annotation on
+    the Node. An approval by ``user`` (the CLI's identity, from the API server) is
+    ``gpuhealth.dev/approver[-gpu-N].<slot>=<user>`` (``api/remediation_status.py`` ``approver_key``);
+    without one, and for a rejection, ``gpuhealth.dev/approve`` (``reject``) with the time, or
+    ``approve-gpu`` (``reject-gpu``) with the index. The operator records what it approved before it
+    acts and removes the annotation once done. Refused when nothing waits: an approval is for a step a
+    human has seen."""
     ladders = StoredStatus.of(report).ladders
     waiting = sorted(i for i, r in ladders.items() if r.phase == Phase.PENDING_APPROVAL)
     verb = "reject" if reject else "approve"
@@ -293,22 +301,33 @@ def plan_approval(
         raise Refused(f"{where} has no step waiting for approval ({why}): nothing to {verb}")
     if not waiting:
         raise Refused(f"node {node} has no repair or validation step waiting for approval: nothing to {verb}")
-    if gpu is not None:
+    targets = [gpu] if gpu is not None else waiting
+    if not reject and user and all(user in {a.by for a in ladders[i].approvers} for i in targets):
+        which = f"GPU {gpu}'s waiting step" if gpu is not None else f"every step waiting on node {node}"
+        raise Refused(
+            f"{user} already approved {which}: the same person counts once, a second approval must come "
+            "from someone else"
+        )
+    if not reject and user:
+        key, value = approver_key(user, gpu), user
+    elif gpu is not None:
         key = REJECT_GPU_ANNOTATION if reject else APPROVE_GPU_ANNOTATION
         value = str(gpu)
-        targets = [gpu]
     else:
         key = REJECT_ANNOTATION if reject else APPROVE_ANNOTATION
         value = format_time(now)
-        targets = waiting
     what = []
     for i in targets:
         rec = ladders[i]
         step = f"level-{rec.validation.level} validation" if rec.validation is not None else str(rec.step)
-        what.append(f"GPU {i}: {step} (attempt {rec.attempt}, for {rec.reason or 'its fault'})")
+        by = f"; approved so far by {', '.join(a.by for a in rec.approvers)}" if rec.approvers else ""
+        what.append(f"GPU {i}: {step} (attempt {rec.attempt}, for {rec.reason or 'its fault'}{by})")
     lines = [f"node/{node} annotated {key}={value}.", *what]
     if reject:
         lines.append("Those GPUs go to AwaitingRepair (replace or repair them, then release them).")
     else:
-        lines.append("gpuhealth runs each step once its preconditions hold, and removes the annotation.")
+        lines.append(
+            "gpuhealth records the approval, runs each step once it has its approvals (approval: TwoPerson - "
+            "two different people for a step of twoPersonSteps) and its preconditions hold, and removes the annotation."
+        )
     return Plan({"metadata": {"annotations": {key: value}}}, tuple(lines))

@@ -130,6 +130,18 @@ class Client:
             f"patch node/{name}", self.core.patch_node, name, patch, _content_type=MERGE
         )
 
+    def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a SelfSubjectReview, which any
+        authenticated user may create): what an approval records, and what the admission policy checks."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        review = self._raw(
+            "create selfsubjectreview (who am I)", client.AuthenticationV1Api(self.api).create_self_subject_review, body
+        )
+        user = str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+        if not user:
+            raise ApiError("create selfsubjectreview (who am I): the API server named no user")
+        return user
+
     # -- events ----------------------------------------------------------------------------------
 
     def node_events(self, name: str, namespace: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from gpuhealth.catalog.xid import remedy_of
 IN_FLIGHT = "inFlight"  # a reset Job being created, running, verified or validated
 HANDED_OFF = "handedOff"  # NodeReboot: waiting for the node remediator
 EXHAUSTED = "exhausted"  # Replace: a human must replace or RMA the GPU
-AWAITING_APPROVAL = "awaitingApproval"  # approval: Manual; a step waits for kubectl gpuhealth approve
+AWAITING_APPROVAL = "awaitingApproval"  # approval: Manual/TwoPerson; a step waits for kubectl gpuhealth approve
 
 
 def _t(t: dt.datetime | None) -> str | None:
@@ -82,6 +82,14 @@ def ladder_view(ladders: Mapping[int, LadderRecord], policy: Policy | None, now:
             "message": rec.message or None,
             "validation": _validation(rec),
             "approved": rec.approved or None,
+            # Who approved (the API server's user names) and when gpuhealth recorded it; and, while the
+            # step waits, how many distinct approvers it needs under the policy (None: policy unknown).
+            "approvers": [a.to_status() for a in rec.approvers] or None,
+            "approvalsNeeded": (
+                policy.remediation.approvals_needed(rec.approval_step)
+                if policy is not None and rec.phase == Phase.PENDING_APPROVAL
+                else None
+            ),
             "plugin": _plugin(rec, now),
             "history": [
                 {

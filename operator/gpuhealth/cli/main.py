@@ -358,7 +358,11 @@ def _approval(ctx: Context, reject: bool) -> int:
     a = ctx.args
     if ctx.client.get_node(a.node) is None:
         raise ApiError(f'node "{a.node}" not found')
-    plan = changes.plan_approval(a.node, ctx.client.get_report(a.node), a.gpu, ctx.clock(), reject=reject)
+    report = ctx.client.get_report(a.node)
+    # An approval records who gave it, as the API server knows them (the admission policy shipped in
+    # manifests/ refuses any other name): what approval: TwoPerson counts. A rejection names nobody.
+    user = None if reject else ctx.client.whoami()
+    plan = changes.plan_approval(a.node, report, a.gpu, ctx.clock(), reject=reject, user=user)
     assert plan.patch is not None
     ctx.client.patch_node(a.node, plan.patch)  # the annotation only: the operator does the rest
     ctx.print("\n".join(plan.lines))

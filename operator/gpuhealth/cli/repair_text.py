@@ -70,6 +70,9 @@ def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
             out.append("    " + field("Job", str(r["job"]), 10))
         if r.get("message"):
             out.append("    " + field("Message", str(r["message"]), 10))
+        approvals = approvals_text(r)
+        if approvals:
+            out.append("    " + field("Approvals", approvals, 10))
         v = r.get("validation")
         if isinstance(v, Mapping):
             text = validation_result(v, now)
@@ -99,6 +102,17 @@ def ladder_lines(rows: list[Mapping[str, Any]], now: dt.datetime) -> list[str]:
         else:
             out.append("    (no attempt finished yet)")
     return out
+
+
+def approvals_text(r: Mapping[str, Any]) -> str:
+    """``1 of 2 approvals (alice at 2025-06-01T12:00:00Z)``: who approved the step, and while it waits how
+    many it needs; "" when nobody approved it by name and nothing waits."""
+    by = [a for a in r.get("approvers") or [] if isinstance(a, Mapping) and a.get("by")]
+    names = ", ".join(f"{a['by']} at {a['at']}" if a.get("at") else str(a["by"]) for a in by)
+    needed = r.get("approvalsNeeded")
+    if r.get("phase") == "PendingApproval" and isinstance(needed, int) and needed > 0:
+        return f"{len(by)} of {needed} approval{'s' if needed > 1 else ''}" + (f" ({names})" if names else "")
+    return f"approved by {names}" if names else ""
 
 
 def plugin_text(p: Mapping[str, Any]) -> str:

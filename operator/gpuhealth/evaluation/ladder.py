@@ -30,7 +30,12 @@ again (a new fault, a relapse in probation, a failed validation) skips the cheap
 Human approval (``spec.remediation.approval: Manual``): a ``GPUReset``, a ``NodeReboot`` hand-off or a
 validation about to start waits in ``PendingApproval`` (one ``ApprovalRequired`` Event) until the
 remediator observes a human's approval (``approved``: it starts once it may; the approval is recorded
-in the record before anything runs) or rejection (Replace: AwaitingRepair).
+in the record before anything runs) or rejection (Replace: AwaitingRepair). ``approval: TwoPerson``:
+the same wait, and a step of ``twoPersonSteps`` (default the ``NodeReboot`` hand-off) runs only once two
+distinct identities approved it (``Observed.approvers``, the API server's user names): the first
+approval is recorded in the record (``approvers``, an ``ApprovalRecorded`` Event) and the step keeps
+waiting; the same person again counts once; the second person's lets it run, and the ``StepApproved``
+Event names both.
 
 Which ladder a fault gets: the first of the policy's ``ladders`` that names its reason or XID,
 else the catalog's (:func:`default_steps`): faults a GPU reset clears (volatile ECC, pending remap
@@ -62,14 +67,24 @@ from gpuhealth.api import remediation
 from gpuhealth.api.devices import DeviceState
 from gpuhealth.api.durations import format_duration
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import REBOOT_STEPS, RESET_STEPS, RemediationSettings, RepeatSettings, Step, StepKind
+from gpuhealth.api.remediation import (
+    REBOOT_STEPS,
+    RESET_STEPS,
+    ApprovalStep,
+    RemediationSettings,
+    RepeatSettings,
+    Step,
+    StepKind,
+)
 from gpuhealth.api.remediation_status import (
     IN_FLIGHT,
+    Approver,
     Attempt,
     LadderRecord,
     Phase,
     PluginRestart,
     Result,
+    approver_words,
     repeat_offence,
 )
 from gpuhealth.api.timeutil import format_time
@@ -120,8 +135,17 @@ class Observed:
     dry_run: bool = False
     may_validate: bool = False  # a validation's preconditions hold (held out, unheld, limits)
     validation: tuple[Outcome, str] | None = None  # the running validation Job's verdict and findings
-    manual: bool = False  # spec.remediation.approval: Manual; each step waits for a human's approval
-    approved: bool = False  # a human approved this GPU's waiting step (gpuhealth.dev/approve[-gpu])
+    manual: bool = False  # spec.remediation.approval: Manual or TwoPerson; each step waits for people
+    approved: bool = False  # approved enough: this GPU's waiting step may run (remediator.py counts)
+    # Who approved the waiting step by identity so far: the record's and this pass's (gpuhealth.dev/approver*)
+    approvers: tuple[Approver, ...] = ()
+    # approval: TwoPerson: what needs two distinct approvers (spec.remediation.twoPersonSteps); else empty
+    two_person: frozenset[ApprovalStep] = frozenset()
+
+    def needed(self, rec: LadderRecord) -> int:
+        """Distinct approvers ``rec``'s waiting step (or validation) needs: 1, or 2 (TwoPerson)."""
+        return 2 if rec.approval_step in self.two_person else 1
+
     rejected: bool = False  # a human rejected it (gpuhealth.dev/reject[-gpu])
     repairs: tuple[Attempt, ...] = ()  # the GPU's earlier attempts, by its UUID (status.repairs)
     repeat: RepeatSettings | None = None  # spec.remediation.repeatOffenders (None: not counted)
@@ -240,10 +264,15 @@ def advance(
     if rec.phase == Phase.PENDING_APPROVAL:
         if obs.rejected:
             return _rejected(rec, gpu, now)
-        if not obs.approved:
-            return Move(rec)
         what = f"level-{rec.validation.level} validation" if rec.validation is not None else f"{rec.step}"
-        approved = ("Normal", "StepApproved", f"{_where(gpu)}: {what} (attempt {rec.attempt}) approved by a human")
+        if not obs.approved:
+            if obs.approvers == rec.approvers:
+                return Move(rec)
+            return _approval_recorded(rec, gpu, what, obs)
+        by = f"by {approver_words(obs.approvers)}" if obs.approvers else "by a human"
+        of = f" ({len(obs.approvers)} of {obs.needed(rec)} approvals)" if obs.needed(rec) > 1 else ""
+        approved = ("Normal", "StepApproved", f"{_where(gpu)}: {what} (attempt {rec.attempt}) approved {by}{of}")
+        rec = replace(rec, approvers=obs.approvers)
         if rec.validation is not None:
             rec = replace(rec, phase=Phase.VALIDATING, message=f"{_where(gpu)}: {what} approved; it runs once it may")
             return _validate(rec, gpu, steps, obs, now, validation or ValidationSettings(enabled=True), (approved,))
@@ -277,7 +306,8 @@ def advance(
                 )
                 v = Validation(level=validation.level)
                 if obs.manual:
-                    return _await_approval(replace(rec, validation=v), gpu, f"level-{v.level} validation", now)
+                    rec = replace(rec, validation=v)
+                    return _await_approval(rec, gpu, f"level-{v.level} validation", now, obs.needed(rec))
                 rec = replace(rec, phase=Phase.VALIDATING, validation=v, message=msg)
                 return _validate(rec, gpu, steps, obs, now, validation, (("Normal", "ValidationPending", msg),))
             return _succeed(rec, gpu, now)
@@ -341,19 +371,48 @@ def _plugin_wait(rec: LadderRecord, gpu: GPU, obs: Observed, now: dt.datetime) -
     return Move(rec, events=(("Warning", "DevicePluginWithholdsGPU", msg),))
 
 
-def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime) -> Move:
-    """approval: Manual: the step (or the validation) waits in PendingApproval; one Event says so."""
+def _waits_for(needed: int) -> str:
+    if needed > 1:
+        return f"approvals of {needed} different people (spec.remediation.approval: TwoPerson)"
+    return "a human's approval (spec.remediation.approval: Manual)"
+
+
+def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime, needed: int = 1) -> Move:
+    """approval: Manual or TwoPerson: the step (or the validation) waits in PendingApproval; one Event says so."""
     msg = (
-        f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) waits for a human's approval "
-        f"(spec.remediation.approval: Manual): kubectl gpuhealth approve NODE --gpu {gpu.index}, or reject"
+        f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) waits for {_waits_for(needed)}: "
+        f"kubectl gpuhealth approve NODE --gpu {gpu.index}, or reject"
     )
     if rec.validation is not None:  # the reset's attempt stays as it was (started, finished, Job)
-        rec = replace(rec, phase=Phase.PENDING_APPROVAL, approved=False, message=msg)
+        rec = replace(rec, phase=Phase.PENDING_APPROVAL, approved=False, approvers=(), message=msg)
     else:
         rec = replace(
-            rec, phase=Phase.PENDING_APPROVAL, started=now, finished=None, job="", approved=False, message=msg
+            rec,
+            phase=Phase.PENDING_APPROVAL,
+            started=now,
+            finished=None,
+            job="",
+            approved=False,
+            approvers=(),
+            message=msg,
         )
     return Move(rec, events=(("Normal", "ApprovalRequired", msg),))
+
+
+def _approval_recorded(rec: LadderRecord, gpu: GPU, what: str, obs: Observed) -> Move:
+    """Not approved enough yet (TwoPerson: one person so far): who approved is recorded, the step waits."""
+    new = [a.by for a in obs.approvers if a.by not in {r.by for r in rec.approvers}]
+    needed = obs.needed(rec)
+    msg = (
+        f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) has {len(obs.approvers)} of {needed} "
+        f"approvals ({approver_words(obs.approvers)}); it waits for "
+        f"{needed - len(obs.approvers)} more from a different person: kubectl gpuhealth approve NODE "
+        f"--gpu {gpu.index}, or reject"
+    )
+    event = f"{_where(gpu)}: {what} (attempt {rec.attempt}) approved by {', '.join(new)}; {len(obs.approvers)} of "
+    event += f"{needed} approvals, it still waits"
+    rec = replace(rec, approvers=obs.approvers, message=msg)
+    return Move(rec, events=(("Normal", "ApprovalRecorded", event),))
 
 
 def _to_replace(rec: LadderRecord, now: dt.datetime, msg: str) -> LadderRecord:
@@ -400,7 +459,8 @@ def _offender(rec: LadderRecord, gpu: GPU, fixed: tuple[Attempt, ...], obs: Obse
 def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datetime) -> Move:
     n = f"{rec.attempt} of {step.attempts}"
     if obs.manual and not rec.approved and step.kind in (StepKind.GPU_RESET, StepKind.NODE_REBOOT):
-        return _await_approval(rec, gpu, f"{step.kind}", now)
+        needed = 2 if ApprovalStep(str(step.kind)) in obs.two_person else 1
+        return _await_approval(rec, gpu, f"{step.kind}", now, needed)
     if step.kind == StepKind.GPU_RESET:
         held = bool(gpu.taint_rule) or gpu.plugin  # its DeviceTaintRule, or the device-plugin route's hold
         if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and held and obs.may_start):
@@ -445,7 +505,8 @@ def _fail(
         events = (("Warning", "RemediationFailed", msg), *held.events)
         return replace(held, events=events, finished=finished + held.finished)
     msg = f"{_where(gpu)}: {rec.step} attempt {rec.attempt} {result}; next: {nxt.step} attempt {nxt.attempt}"
-    blank = Observed(manual=obs.manual)  # nothing read for the next step yet: it may not start a Job
+    # Nothing read for the next step yet: it may not start a Job.
+    blank = Observed(manual=obs.manual, two_person=obs.two_person)
     move = _start(nxt, gpu, _step(steps, nxt.step), blank, now) if nxt.step != StepKind.GPU_RESET else None
     events = (("Warning", "RemediationFailed", msg),)
     if move is not None and move.record is not None:

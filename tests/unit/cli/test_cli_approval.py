@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.api.remediation_status import approver_key
 from gpuhealth.cli.changes import plan_approval
 from gpuhealth.cli.describe_text import render_describe
 from gpuhealth.cli.errors import Refused
@@ -97,3 +98,32 @@ def test_describe_shows_the_waiting_step_and_the_repairs_by_uuid() -> None:
     assert "Repairs by GPU UUID (status.repairs, what makes a repeat offender):" in text
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("GPU-3 "))
     assert row.split()[:6] == ["GPU-3", "2", "GPUReset", "1", "Succeeded", "EccUncorrected"]
+
+
+def test_an_approval_by_a_known_user_records_its_approver_and_the_same_person_is_refused_again() -> None:
+    alice = "alice@example.com"
+    plan = plan_approval("a", _report(**{"3": WAITING}), 3, NOW, user=alice)
+    assert plan.patch == {"metadata": {"annotations": {approver_key(alice, 3): alice}}}
+    assert plan.lines[0] == f"node/a annotated {approver_key(alice, 3)}={alice}."
+    node_wide = plan_approval("a", _report(**{"3": WAITING, "5": VALIDATION_WAITING}), None, NOW, user=alice)
+    assert node_wide.patch == {"metadata": {"annotations": {approver_key(alice): alice}}}
+    once = {**WAITING, "approvers": [{"by": alice, "at": ago(60)}]}
+    with pytest.raises(Refused, match=r"alice@example.com already approved GPU 3's waiting step: the same person"):
+        plan_approval("a", _report(**{"3": once}), 3, NOW, user=alice)
+    bob = plan_approval("a", _report(**{"3": once}), 3, NOW, user="bob")
+    assert any("approved so far by alice@example.com" in ln for ln in bob.lines)
+    # A rejection names nobody, whoever writes it.
+    rejected = plan_approval("a", _report(**{"3": once}), 3, NOW, reject=True, user=None)
+    assert rejected.patch == {"metadata": {"annotations": {"gpuhealth.dev/reject-gpu": "3"}}}
+
+
+def test_describe_shows_who_approved_and_how_many_are_needed() -> None:
+    once = {**WAITING, "step": "NodeReboot", "approvers": [{"by": "alice", "at": ago(60)}]}
+    two = policy(remediation={"enabled": True, "approval": "TwoPerson"})
+    m = describe_node("a", node("a"), report("a", "Degraded", remediation={"3": once}), two, [], NOW)
+    (lad,) = m["remediation"]
+    assert lad["approvers"] == [{"by": "alice", "at": ago(60)}] and lad["approvalsNeeded"] == 2
+    assert f"Approvals: 1 of 2 approvals (alice at {ago(60)})" in render_describe(m)
+    done = {**once, "phase": "HandedOff", "approvers": [{"by": "alice", "at": ago(60)}, {"by": "bob", "at": ago(9)}]}
+    m = describe_node("a", node("a"), report("a", "Degraded", remediation={"3": done}), two, [], NOW)
+    assert f"Approvals: approved by alice at {ago(60)}, bob at {ago(9)}" in render_describe(m)

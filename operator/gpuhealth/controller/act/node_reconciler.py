@@ -50,7 +50,7 @@ from gpuhealth.api.names import (
     State,
 )
 from gpuhealth.api.policy import Policy
-from gpuhealth.api.remediation_status import APPROVAL_ANNOTATIONS, Approvals
+from gpuhealth.api.remediation_status import Approvals
 from gpuhealth.api.report import Report, ReportError, parse_report
 from gpuhealth.api.status import (
     ClockSkewRecord,
@@ -325,7 +325,7 @@ class NodeReconciler:
                     consumed = calls.any
                 ack = {k: None for k in (RELEASE_ANNOTATION, RELEASE_GPU_ANNOTATION) if k in annotations}
                 if consumed:
-                    ack.update({k: None for k in APPROVAL_ANNOTATIONS if k in annotations})
+                    ack.update({k: None for k in calls.keys})  # approve/reject and each approver's
                 if released or gpus or consumed:
                     # Reflected at once, so a pass before the watch brings it does not see the release again.
                     self.store.reflect_node(name, await self.kube.patch_node(name, {"metadata": {"annotations": ack}}))

@@ -64,11 +64,15 @@ taint its DaemonSet would not tolerate: nothing is deleted, the record's ``block
 ``DevicePluginNotRestarted`` Event say that the GPU stays withheld until the plugin restarts. The GPU
 returns only once the Node's allocatable shows it (``evaluation/ladder.py`` ``awaits_plugin``).
 
-Human approval (``approval: Manual``): a record in ``PendingApproval`` consumes the Node's approve or
-reject annotation (``api/remediation_status.py`` ``Approvals``) only by writing itself past that phase
-(``approved`` recorded, or the Job's name); the node reconciler removes the annotation only after
-this pass, so a SIGKILL in between neither loses the approval (still on the Node) nor uses it twice
-(the record no longer waits).
+Human approval (``approval: Manual`` or ``TwoPerson``): a record in ``PendingApproval`` consumes the
+Node's approve or reject annotation (``api/remediation_status.py`` ``Approvals``) only by writing itself
+past that phase (``approved`` recorded, or the Job's name) or, for an approval that names its approver
+(``gpuhealth.dev/approver*``), by writing the approver into its ``approvers``; the node reconciler
+removes the annotation only after this pass, so a SIGKILL in between neither loses the approval (still
+on the Node) nor uses it twice (the record no longer waits, or already names that approver: the same
+person counts once). Under ``TwoPerson`` a step of ``twoPersonSteps`` is approved only once the
+record's approvers and this pass's number two distinct names; an approval naming nobody counts only
+under ``Manual``.
 """
 
 from __future__ import annotations
@@ -92,8 +96,15 @@ from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.nodes import plugin_withholds
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
-from gpuhealth.api.remediation import Approval, StepKind
-from gpuhealth.api.remediation_status import Approvals, LadderRecord, Phase, Repair
+from gpuhealth.api.remediation import Approval, RemediationSettings, StepKind
+from gpuhealth.api.remediation_status import (
+    Approvals,
+    Approver,
+    LadderRecord,
+    Phase,
+    Repair,
+    merge_approvers,
+)
 from gpuhealth.api.report import Device
 from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
@@ -132,6 +143,17 @@ def facts_clean(device: Device | None) -> bool:
         and not device.retired_pending
         and device.recovery_action in (None, RecoveryAction.NONE)
     )
+
+
+def approved_enough(
+    settings: RemediationSettings, rec: LadderRecord, approvers: Sequence[Approver], calls: Approvals
+) -> bool:
+    """Whether ``rec``'s waiting step may run: as many distinct approvers as it needs (TwoPerson: two for
+    a step of ``twoPersonSteps``); under Manual an approval that names nobody (``approve[-gpu]``) is
+    enough too. A rejection was looked at first."""
+    if settings.approval == Approval.MANUAL and calls.approves(rec.index):
+        return True
+    return len({a.by for a in approvers}) >= max(1, settings.approvals_needed(rec.approval_step))
 
 
 class Remediator:
@@ -190,7 +212,8 @@ class Remediator:
         ladders = p.stored.ladders
         repairs = dict(p.stored.repairs)  # a copy: repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
-        manual = settings.approval == Approval.MANUAL
+        manual = settings.waits_for_people
+        two_person = settings.two_person_steps if settings.approval == Approval.TWO_PERSON else frozenset()
         calls = p.approvals if not dry else Approvals()
         plugin_out = sum(1 for r in records if r.via_plugin and r.out_of_service)
         counts = offered_words(p.node)
@@ -230,7 +253,9 @@ class Remediator:
             may_start = handover = False
             next_kind = lad.step if lad is not None else (steps[0].kind if steps else None)
             waiting = lad is not None and lad.phase == Phase.PENDING_APPROVAL
-            approved, rejected = waiting and calls.approves(dev.index), waiting and calls.rejects(dev.index)
+            rejected = waiting and calls.rejects(dev.index)
+            approvers = merge_approvers(lad.approvers, calls.approvers(dev.index), now) if waiting and lad else ()
+            approved = waiting and not rejected and lad is not None and approved_enough(settings, lad, approvers, calls)
             ready = lad is None or lad.phase == Phase.READY or (approved and lad.validation is None)
             may_approve = not manual or approved or (lad is not None and lad.approved)
             if (
@@ -275,6 +300,8 @@ class Remediator:
                 manual=manual,
                 approved=approved,
                 rejected=rejected,
+                approvers=approvers,
+                two_person=two_person,
                 repairs=earlier,
                 repeat=settings.repeat,
                 plugin_withheld=dev.via_plugin and still_withheld(p.node, plugin_out),

@@ -16,6 +16,7 @@ from gpuhealth.api.names import (
     API_VERSION,
     APPROVE_ANNOTATION,
     APPROVE_GPU_ANNOTATION,
+    APPROVER_ANNOTATION_PREFIX,
     POLICY_KIND,
     REJECT_ANNOTATION,
     REJECT_GPU_ANNOTATION,
@@ -49,7 +50,9 @@ COMMANDS = (
 
 def _commands(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
     annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
-    return tuple(annotations.get(k) for k in COMMANDS)
+    # and each approval that names its approver (gpuhealth.dev/approver.<slot>, approver-gpu-<i>.<slot>)
+    named = tuple(sorted((k, str(v)) for k, v in annotations.items() if str(k).startswith(APPROVER_ANNOTATION_PREFIX)))
+    return (*(annotations.get(k) for k in COMMANDS), named)
 
 
 def _replace(
