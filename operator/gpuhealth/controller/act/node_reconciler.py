@@ -112,7 +112,9 @@ class NodeReconciler:
         validator: NodeValidator | None = None,
     ) -> None:
         self.remediator = remediator
-        self.validator = validator or NodeValidator(kube=kube, store=store, events=events, remediator=remediator)
+        self.validator = validator or NodeValidator(
+            kube=kube, store=store, events=events, slots=remediator.slots, jobs=remediator.jobs
+        )
         self.topology = topology or Topology(store)
         self.devices = devices
         self.device_drainer = device_drainer

@@ -27,7 +27,6 @@ runs on the node (the Job requests no GPU, so the scheduler would not keep a wor
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
@@ -52,7 +51,8 @@ from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, Validatio
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.passes import NodePass
-from gpuhealth.controller.act.remediator import Remediator
+from gpuhealth.controller.act.step_jobs import StepJobs
+from gpuhealth.controller.state.job_slots import JobSlots, Slot
 from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.node_validation import NodeMove, NodeObserved, node_move
 from gpuhealth.kube.aio import AsyncKube
@@ -78,13 +78,12 @@ def active(policy: Policy) -> bool:
 
 
 class NodeValidator:
-    def __init__(self, *, kube: AsyncKube, store: Store, events: EventSink, remediator: Remediator) -> None:
+    def __init__(self, *, kube: AsyncKube, store: Store, events: EventSink, slots: JobSlots, jobs: StepJobs) -> None:
         self.kube = kube
         self.store = store
         self.events = events
-        self.remediator = remediator
-        self._lock = asyncio.Lock()
-        self._reserved_burn_ins: set[str] = set()
+        self.slots = slots  # the remediator's: a node's validation and a GPU's take places from one count
+        self.jobs = jobs
         self._blocked: dict[str, str] = {}
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
@@ -94,10 +93,6 @@ class NodeValidator:
         if self._blocked.get(node) != why:
             self._blocked[node] = why
             self._event(node, "Normal", "RemediationBlocked", f"The node's validation waits: {why}")
-
-    def burn_ins(self, policy: str) -> int:
-        """Burn-in Jobs running across the policy's nodes, plus those being admitted."""
-        return len(self._reserved_burn_ins) + sum(r.burn_ins for r in self.remediator.running.under(policy))
 
     async def observe(self, p: NodePass) -> NodeMove | None:
         """The node validation's next move (None: not under this policy), its API reads done."""
@@ -118,7 +113,7 @@ class NodeValidator:
         v = nv.validation if nv is not None else None
         if nv is not None and v is not None and not nv.dry_run and not dry:
             if v.outcome == Outcome.RUNNING and v.created and v.job:
-                verdict = await self.remediator.jobs.validation_verdict(name, v.job)
+                verdict = await self.jobs.validation_verdict(name, v.job)
             elif v.outcome == Outcome.PENDING and (nv.trigger == Trigger.BURN_IN or prior.state == State.RECOVERING):
                 may = await self._may_validate(name, policy, nv, report)
         obs = NodeObserved(released=p.released, new_node=new_node, may_validate=may, verdict=verdict, dry_run=dry)
@@ -128,16 +123,7 @@ class NodeValidator:
         if report is None or not report.devices:
             self._block(name, "the agent's report lists no GPU yet")
             return False
-        if nv.trigger == Trigger.BURN_IN:
-            async with self._lock:
-                size = policy.validation.new_nodes.batch_size
-                if self.burn_ins(policy.name) >= size:
-                    why = f"spec.validation.newNodes.batchSize ({size}) burn-ins are running"
-                else:
-                    why = ""
-                    self._reserved_burn_ins.add(name)
-        else:
-            why = await self.remediator.admit_node_validation(policy, name)
+        why = await self.slots.admit(Slot.BURN_IN if nv.trigger == Trigger.BURN_IN else Slot.VALIDATION, policy, name)
         if not why:
             pods = await self.kube.list_pods_on_node(name)
             holding = sorted(
@@ -157,8 +143,8 @@ class NodeValidator:
 
     def end(self, name: str) -> None:
         """End the admission :meth:`observe` reserved (once the record is written, or the pass failed)."""
-        self._reserved_burn_ins.discard(name)
-        self.remediator.end_admission(name)
+        self.slots.end(Slot.BURN_IN, name)
+        self.slots.end(Slot.VALIDATION, name)
 
     async def act(self, p: NodePass, move: NodeMove) -> Again:
         """Carry out ``move`` in the write-ahead order of the module docstring."""
@@ -223,9 +209,9 @@ class NodeValidator:
         elif move.taint is False and old is not None and old.held and ours:
             await self._taint(name, node, False)
         if move.stop_job:
-            await self.remediator.jobs.delete(move.stop_job)
+            await self.jobs.delete(move.stop_job)
         if body is not None and rec is not None:
-            await self.remediator.jobs.create(body, partial(self._block, name))  # 2. the Job, under the recorded name
+            await self.jobs.create(body, partial(self._block, name))  # 2. the Job, under the recorded name
             done = replace(rec, validation=replace(rec.validation, created=True))
             await self._write(name, done)  # 3.
             self._blocked.pop(name, None)

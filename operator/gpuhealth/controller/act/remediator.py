@@ -94,7 +94,6 @@ from gpuhealth.actions.remediation_jobs import build_reset_job, job_name
 from gpuhealth.api.devices import DeviceRecord, DeviceRef, DeviceState
 from gpuhealth.api.names import OUT_OF_SERVICE, Mode
 from gpuhealth.api.nodes import plugin_withholds
-from gpuhealth.api.policy import Policy
 from gpuhealth.api.recovery import RecoveryAction
 from gpuhealth.api.remediation import Approval, RemediationSettings, StepKind
 from gpuhealth.api.remediation_status import (
@@ -114,7 +113,7 @@ from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.step_jobs import StepJobs
 from gpuhealth.controller.backoff import growing_delay
-from gpuhealth.controller.state.running import RunningIndex
+from gpuhealth.controller.state.job_slots import JobSlots, Slot
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.claims import pods_holding
 from gpuhealth.evaluation.ladder import GPU, Move, Observed, advance, restart_blocked, steps_for
@@ -129,7 +128,6 @@ P2P_WAIT = (
     "recovery action DrainP2P: its NVLink peers are drained with it; waiting for the agent's next reading, which "
     f"names the next action (a NodeReboot if it still says DrainP2P {int(REREAD_TIMEOUT_S)}s after the drain)"
 )
-NODE_SCOPE = -1  # the reservation key's index of a node's validation (all its GPUs)
 HANDOVER_S, HANDOVER_MAX_S = 0.5, 30.0  # a claim reserved for a pod not on the node: looked at again
 
 
@@ -163,41 +161,19 @@ class Remediator:
         kube: AsyncKube,
         store: Store,
         events: EventSink,
+        slots: JobSlots | None = None,
+        jobs: StepJobs | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
         self.events = events
-        self._lock = asyncio.Lock()
-        self._reserved: set[tuple[str, int]] = set()  # resets admitted, record not yet in the store
         self._blocked: dict[tuple[str, int], str] = {}  # last RemediationBlocked reason, per GPU
-        self._reserved_validations: set[tuple[str, int]] = set()
         self._handover: dict[tuple[str, int], int] = {}  # looks at a GPU held by a stale reservation
-        self.running = RunningIndex(store)  # what runs across the fleet (the node validator's too)
-        self.jobs = StepJobs(kube)  # the steps' Jobs, by their recorded names (the node validator's too)
+        self.slots = slots or JobSlots(store)  # places under the policy's limits (the node validator's too)
+        self.jobs = jobs or StepJobs(kube)  # the steps' Jobs, by their recorded names (the node validator's too)
 
     def _event(self, node: str, type_: str, reason: str, message: str) -> None:
         self.events("Node", node, node, type_, reason, message)
-
-    def in_flight(self, policy: str) -> int:
-        """Steps in flight across the policy's nodes (the records), plus those being admitted."""
-        return len(self._reserved) + sum(r.steps for r in self.running.under(policy))
-
-    def validating(self, policy: str) -> int:
-        """Validation Jobs running across the policy's nodes, plus those being admitted: a GPU's, and a
-        node's after a release (``node_validator.py``; burn-ins have a batch size of their own)."""
-        return len(self._reserved_validations) + sum(r.validations for r in self.running.under(policy))
-
-    async def admit_node_validation(self, policy: Policy, name: str) -> str:
-        """Reserve a place under ``spec.validation.maxConcurrent`` for a node's validation; why not, if not.
-        The reservation ends with :meth:`end_admission` once the record is written."""
-        async with self._lock:
-            if self.validating(policy.name) >= policy.validation.max_concurrent:
-                return f"spec.validation.maxConcurrent ({policy.validation.max_concurrent}) validations are running"
-            self._reserved_validations.add((name, NODE_SCOPE))
-        return ""
-
-    def end_admission(self, name: str) -> None:
-        self._reserved_validations.discard((name, NODE_SCOPE))
 
     async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
         """Advance each held-out GPU's ladder one move; returns when the node wants its next pass
@@ -321,8 +297,8 @@ class Remediator:
             try:
                 await self._act(p, dev, lad, move, repairs)
             finally:
-                self._reserved.discard((name, dev.index))
-                self._reserved_validations.discard((name, dev.index))
+                self.slots.end(Slot.RESET, name, dev.index)
+                self.slots.end(Slot.VALIDATION, name, dev.index)
             if move.record is not None and move.record.in_flight:
                 again = soonest(again, POLL_S)
             elif move.record is not None and move.record.phase == Phase.RESTARTING_PLUGIN and move.record.plugin:
@@ -496,15 +472,11 @@ class Remediator:
             self._block(name, dev.index, why)
             return False, False
         handover = False
-        async with self._lock:
-            if self.in_flight(policy.name) >= policy.remediation.max_concurrent:
-                why = f"spec.remediation.maxConcurrent ({policy.remediation.max_concurrent}) resets are in flight"
-            else:
-                self._reserved.add((name, dev.index))
+        why = await self.slots.admit(Slot.RESET, policy, name, dev.index)
         if not why:
             why, handover = await self._held_and_free(p, dev, [by_index[i] for i in peers], records)
         if why:
-            self._reserved.discard((name, dev.index))
+            self.slots.end(Slot.RESET, name, dev.index)
             self._block(name, dev.index, why)
             return False, handover
         return True, False
@@ -513,17 +485,12 @@ class Remediator:
         """A validation's preconditions: under the policy's limit, the GPU held out and free (and, as
         for a reset, whether only a stale reservation blocks it)."""
         name, policy = p.name, p.policy
-        why = ""
         handover = False
-        async with self._lock:
-            if self.validating(policy.name) >= policy.validation.max_concurrent:
-                why = f"spec.validation.maxConcurrent ({policy.validation.max_concurrent}) validations are running"
-            else:
-                self._reserved_validations.add((name, dev.index))
+        why = await self.slots.admit(Slot.VALIDATION, policy, name, dev.index)
         if not why:
             why, handover = await self._held_and_free(p, dev, (), records)
         if why:
-            self._reserved_validations.discard((name, dev.index))
+            self.slots.end(Slot.VALIDATION, name, dev.index)
             self._block(name, dev.index, why, "validation")
             return False, handover
         return True, False

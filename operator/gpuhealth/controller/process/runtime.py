@@ -31,9 +31,11 @@ from gpuhealth.controller.act.device_reconciler import DeviceReconciler
 from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY, Drainer
 from gpuhealth.controller.act.events import EVENT_THREADS, EventPoster
 from gpuhealth.controller.act.node_reconciler import NodeReconciler
+from gpuhealth.controller.act.node_validator import NodeValidator
 from gpuhealth.controller.act.policy_status import PolicyStatus
 from gpuhealth.controller.act.remediator import Remediator
 from gpuhealth.controller.act.report_gc import ReportCollector
+from gpuhealth.controller.act.step_jobs import StepJobs
 from gpuhealth.controller.backoff import growing_delay
 from gpuhealth.controller.intake.feeders import Feeders
 from gpuhealth.controller.intake.objectwatch import lease_watch, node_watch, pod_watch, report_watch
@@ -43,6 +45,7 @@ from gpuhealth.controller.process.firstpass import FirstPass
 from gpuhealth.controller.process.leadership import Leadership
 from gpuhealth.controller.process.watchdog import Watchdog
 from gpuhealth.controller.state.breaker import Breaker
+from gpuhealth.controller.state.job_slots import JobSlots
 from gpuhealth.controller.state.slim import slim_node, slim_report
 from gpuhealth.controller.state.store import Store
 from gpuhealth.drain.kueue import GPU_RESOURCES
@@ -110,6 +113,8 @@ class Runtime:
             kube=self.api, store=self.store, slices=self.slice_watch.cache, events=self.events, clock=clock
         )
         self.device_drainer = DeviceDrainer(kube=self.api, store=self.store, drainer=self.drainer, events=self.events)
+        # One admission and one door for the Jobs that repairs and node validations run.
+        slots, jobs = JobSlots(self.store), StepJobs(self.api)
         self.reconciler = NodeReconciler(
             kube=self.api,
             store=self.store,
@@ -119,7 +124,8 @@ class Runtime:
             clock=clock,
             devices=self.devices,
             device_drainer=self.device_drainer,
-            remediator=Remediator(kube=self.api, store=self.store, events=self.events),
+            remediator=Remediator(kube=self.api, store=self.store, events=self.events, slots=slots, jobs=jobs),
+            validator=NodeValidator(kube=self.api, store=self.store, events=self.events, slots=slots, jobs=jobs),
         )
         self.policy_status = PolicyStatus(kube=self.api, store=self.store, events=self.events, clock=clock)
         self.reports_gc = ReportCollector(kube=self.api, store=self.store)

@@ -1,8 +1,9 @@
 """What runs across the fleet: repair steps, validations and burn-ins, read off each cached report's
 status (``api/status.py`` ``Running``, from the store's typed status) once per resourceVersion of the report.
 
-The remediator and the node validator count them against a policy's limits on every admission
-(``spec.remediation.maxConcurrent``, ``spec.validation.maxConcurrent``, ``newNodes.batchSize``);
+The Job admission (``job_slots.py``, the remediator's and the node validator's) counts them against a
+policy's limits on every admission (``spec.remediation.maxConcurrent``, ``spec.validation.maxConcurrent``,
+``newNodes.batchSize``);
 between two admissions most reports have not changed, and are not parsed again. A report without a
 resourceVersion (never one the API server gave) is parsed every time.
 """
