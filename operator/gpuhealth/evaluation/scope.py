@@ -1,4 +1,7 @@
-"""Scope of a finding: does the fault take out one GPU (``Device``) or the whole node (``Node``)?
+"""Scope of a finding, steps 1 and 2 of the order ``controller/act/scoping.py`` runs (built-in, then
+policy; then the NVLink domain and rack, NVLink peers, placement and escalation): does the fault take
+out one GPU (``Device``) or the whole node (``Node``)? A finding that ``evaluation/domains.py``
+correlated across nodes keeps its ``Domain`` or ``Rack`` scope here.
 
 Pure. The built-in scope comes from the kind of evidence and, for XIDs, from NVIDIA's catalog
 remedy: a fault whose remedy is a GPU reset is confined to that GPU; one whose remedy is a node

@@ -1,10 +1,11 @@
 """Per-GPU quarantine inside the per-node pipeline: place, decide per GPU, then converge the rules.
 
-The node reconciler calls :meth:`DeviceReconciler.place` right after ``assess``: device-scoped
-findings are placed on DRA devices (the ResourceSlice cache), GPUs no slice publishes fall back to
-node scope (the reason is written into the finding, so the node's message and Event say it in
-words). The node reconciler then asks the breaker's GPU budget for the GPUs that newly want holding
-out (the one side effect, an explicit step of its own), and :meth:`DeviceReconciler.decide` gives
+Scope's steps 4-6, which ``scoping.py`` runs in order right after ``assess``: :meth:`DeviceReconciler.place`
+holds a GPU's NVLink peers out with it where its reset needs them idle, and places device-scoped
+findings on DRA devices (the ResourceSlice cache); GPUs no slice publishes fall back to node scope (the
+reason is written into the finding, so the node's message and Event say it in words). The breaker's GPU
+budget is then asked for the GPUs that newly want holding out (the one side effect, an explicit step
+of its own), and :meth:`DeviceReconciler.decide` gives
 each GPU its next record with ``decide_devices``. What the *node* state machine then decides on
 (``evaluation/device_view.py``'s ``node_view``) depends on that verdict:
 

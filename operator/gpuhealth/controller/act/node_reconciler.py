@@ -1,5 +1,6 @@
-"""The per-node pipeline: evaluate (pure), decide (pure), then write in an order that survives a
-kill at any line:
+"""The per-node pipeline: evaluate (pure; what each finding takes out, one GPU, the node, its NVLink
+domain or its rack, in the one order ``scoping.py`` runs), decide (pure), then write in an order that
+survives a kill at any line:
 
 1. the GPUNodeHealth status (the decision, the write-ahead record), with a resourceVersion
    precondition so a decision is never based on a stale record;
@@ -36,7 +37,6 @@ from gpuhealth.actions.nodes import (
     plan_condition,
     plan_node,
 )
-from gpuhealth.actions.pod_sites import pod_sites
 from gpuhealth.api.devices import KEPT_OFF_BY_TAINT
 from gpuhealth.api.names import (
     API_VERSION,
@@ -69,14 +69,13 @@ from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.node_validator import NodeValidator
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.remediator import Remediator
+from gpuhealth.controller.act.scoping import Scoping
 from gpuhealth.controller.state.breaker import Breaker
 from gpuhealth.controller.state.store import Store, gpu_capacity
-from gpuhealth.controller.state.topology import DomainView, Topology
-from gpuhealth.evaluation.assess import Assessment, Finding, NodeView, assess
+from gpuhealth.controller.state.topology import Topology
+from gpuhealth.evaluation.assess import Assessment, Finding, NodeView
 from gpuhealth.evaluation.freshness import Skew, heard_at, skew_episode
-from gpuhealth.evaluation.restarts import restart_loop_finding
 from gpuhealth.evaluation.rules import fatal
-from gpuhealth.evaluation.scope import slow_only
 from gpuhealth.evaluation.startup import acts_before_pods, never_evaluated
 from gpuhealth.evaluation.transitions import Decision, Inputs, decide, wants_quarantine
 from gpuhealth.kube.aio import AsyncKube
@@ -112,10 +111,14 @@ class NodeReconciler:
         validator: NodeValidator | None = None,
     ) -> None:
         self.remediator = remediator
+        self.topology = topology or Topology(store)
+        # What each finding takes out, in one order (scoping.py): GPU, node, NVLink domain or rack.
+        self.scoping = Scoping(
+            store=store, breaker=breaker, devices=devices, device_drainer=device_drainer, topology=self.topology
+        )
         self.validator = validator or NodeValidator(
             kube=kube, store=store, events=events, slots=remediator.slots, jobs=remediator.jobs
         )
-        self.topology = topology or Topology(store)
         self.devices = devices
         self.device_drainer = device_drainer
         self.kube = kube
@@ -177,20 +180,6 @@ class NodeReconciler:
                 )
             return None
 
-    async def _restart_loop(self, name: str, policy: Policy, report: Report | None, now: dt.datetime) -> Finding | None:
-        """The node's restart-loop finding, narrowed to one GPU or MIG device where every failing pod
-        holds it. Claims are listed (cached for a second across nodes) only once a loop is found."""
-        pods, workloads = self.store.pods.on(name), self.store.pods.workloads()
-        loop = restart_loop_finding(policy, name, pods, workloads, now)
-        if loop is None or report is None or not policy.devices.enabled:
-            return loop
-        slices = self.devices.slices.slices()
-        if not slices:
-            return loop
-        claims = await self.device_drainer.claims()
-        sites = pod_sites(name, slices, policy.devices.drivers, report, claims, pods)
-        return restart_loop_finding(policy, name, pods, workloads, now, sites)
-
     async def _reconcile_once(self, name: str) -> Again:
         store = self.store
         node = store.nodes.get(name)
@@ -213,15 +202,11 @@ class NodeReconciler:
         # A release is a Node write to acknowledge (the annotation is removed), so only Enforce acts on it.
         released = RELEASE_ANNOTATION in annotations and policy.mode == Mode.ENFORCE
         view = NodeView(name, node["metadata"].get("labels") or {}, gpu_capacity(node))
-        loop = await self._restart_loop(name, policy, report, now)
-        # Scopes above the node (evaluation/domains.py): the NVLink domain's fault is every member's;
-        # a power brake on enough of the rack is the rack's one finding instead of this node's own.
-        domain = self.topology.domain(name, policy, now)
-        extra = tuple(f for f in (loop, domain.finding if domain else None) if f is not None)
         # A release acknowledges all evidence up to now, in this very evaluation.
         cleared = now if released else prior.cleared_before
-        a = assess(policy, report, view, now, stored.pending, cleared, extra)
-        a = self.topology.rack(name, policy, a, now)
+        # Scope, steps 1-3 (scoping.py): built-in, policy, and the NVLink domain's and rack's findings.
+        scoped = await self.scoping.assess(name, policy, report, view, now, stored.pending, cleared)
+        a, domain = scoped.assessment, scoped.domain
         if self.devices.slices_pending(a):
             return SLICES_POLL_S  # the slice watch requeues it too, once its list is in
         enforce = policy.mode == Mode.ENFORCE
@@ -242,17 +227,12 @@ class NodeReconciler:
         )
         gpus, calls = p.gpus, p.approvals
         consumed = False
-        placed = self.devices.place(p)
-        # The GPU budgets are reserved here, until the status is written (``breaker.release`` below):
-        # GPUs only slow signals take out spend maxSlow's, the others the one meant for dead GPUs.
-        broken = len(placed.new - placed.new_slow)
-        budget = await self.breaker.gpu_budget(policy, name, broken) if broken else 0
-        slow = len(placed.new_slow)
-        slow_budget = await self.breaker.gpu_budget(policy, name, slow, slow=True) if slow else 0
-        dev = self.devices.decide(p, placed, budget, slow_budget)
+        # Scope, steps 4-6: NVLink peers, placement, escalation. The GPU budgets it takes stay reserved
+        # until the status is written (``breaker.release`` below).
+        dev = await self.scoping.devices_of(p)
         node_a = dev.node_view  # device-scoped faults held out one GPU at a time are not the node's
         # Ask the breaker before deciding, so the state machine decides once, with its answer.
-        allows = not wants_quarantine(prior, node_a, policy) or await self._admit(policy, name, node_a, domain)
+        allows = not wants_quarantine(prior, node_a, policy) or await self.scoping.admit(policy, name, node_a, domain)
         # A node's validation (after a repair's release, or a burn-in) holds its return or fails it.
         nmove = await self.validator.observe(p)
         # A member on probation for its NVLink domain returns only with the others out for it.
@@ -337,13 +317,6 @@ class NodeReconciler:
             self.breaker.release(policy, name)
             self.validator.end(name)
         return soonest(again, validation_again, domain_again)
-
-    async def _admit(self, policy: Policy, name: str, a: Assessment, domain: DomainView | None) -> bool:
-        """The breaker's answer: one for the whole NVLink domain when its fault takes this node out
-        (all members or none), else this node's own slot."""
-        if domain is not None and domain.finding is not None and domain.finding.action.quarantines:
-            return await self.breaker.admit_domain(policy, name, domain.members, domain.decided)
-        return await self.breaker.admit(policy, name, slow=slow_only(a))
 
     async def _persist(
         self,
