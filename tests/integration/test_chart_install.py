@@ -100,6 +100,7 @@ def test_helm_install_runs_then_uninstall_leaves_no_marks(own_cluster: LocalClus
     for obj in (
         "validatingadmissionpolicy/gpuhealth-agent-own-node",
         "validatingadmissionpolicy/gpuhealth-operator-policy-spec",
+        "validatingadmissionpolicy/gpuhealth-approver-identity",
         "clusterrole/gpuhealth-operator",
         "clusterrole/gpuhealth-agent",
         "clusterkopfpeering/gpuhealth",

@@ -54,6 +54,8 @@ def test_server_side_dry_run_and_apply(cluster: LocalCluster, installed: subproc
         "validatingadmissionpolicybinding/gpuhealth-agent-own-node",
         "validatingadmissionpolicy/gpuhealth-operator-policy-spec",
         "validatingadmissionpolicybinding/gpuhealth-operator-policy-spec",
+        "validatingadmissionpolicy/gpuhealth-approver-identity",
+        "validatingadmissionpolicybinding/gpuhealth-approver-identity",
         "clusterrole/gpuhealth-operator",
         "clusterrole/gpuhealth-agent",
         "role/gpuhealth-operator-events",

@@ -34,7 +34,8 @@ def _annotations(kube: Kube, node: str) -> dict[str, str]:
 
 
 def _no_approval_left(kube: Kube, node: str) -> bool:
-    return not any(k in _annotations(kube, node) for k in APPROVALS)
+    """Neither an approve/reject annotation nor one naming its approver (gpuhealth.dev/approver*) is left."""
+    return not any(k in APPROVALS or k.startswith("gpuhealth.dev/approver") for k in _annotations(kube, node))
 
 
 def _repairs(kube: Kube, node: str) -> dict[str, Any]:
@@ -101,7 +102,8 @@ def test_manual_approval_runs_no_job_until_approved_then_exactly_one(
 ) -> None:
     node = _manual(kube, cluster, group, validation={"enabled": True, "jobTemplate": validation_job_template(3)})
     out = ok(plugin(cluster, "approve", node, "--gpu", "3"))
-    assert "gpuhealth.dev/approve-gpu=3" in out and "GPU 3: GPUReset" in out
+    # The CLI records who approved, as the API server knows it (the test's admin user).
+    assert "gpuhealth.dev/approver-gpu-3." in out and "GPU 3: GPUReset" in out
     # The approval is consumed by the write-ahead record (the Job's name) and announced right after
     # it (a background post: a kill before it lands would lose it, so wait for it); SIGKILL right then.
     wait_for(lambda: ladder(kube, node, 3).get("job"), timeout=30, what="the approved reset recorded")

@@ -220,6 +220,15 @@ def test_admission_policies_shape() -> None:
     binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-operator-policy-spec")
     assert binding["spec"] == {"policyName": "gpuhealth-operator-policy-spec", "validationActions": ["Deny"]}
 
+    # Two-person approval: any Node write that adds or changes an approval naming someone else.
+    vap = find(docs, "ValidatingAdmissionPolicy", "gpuhealth-approver-identity")
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"} and rule["resources"] == ["nodes"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert "request.userInfo.username" in json.dumps(vap["spec"]["variables"])
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-approver-identity")
+    assert binding["spec"] == {"policyName": "gpuhealth-approver-identity", "validationActions": ["Deny"]}
+
 
 def test_example_overlay_changes_only_what_it_says() -> None:
     base = render("base")
