@@ -43,7 +43,7 @@ examples:
   kubectl gpuhealth explain 79                  what an XID means and what gpuhealth does (no cluster needed)
   kubectl gpuhealth release gpu-node-0042       return a repaired AwaitingRepair node (probation follows)
   kubectl gpuhealth release gpu-node-0042 --gpu 3   return one repaired GPU (its DeviceTaintRule goes after probation)
-  kubectl gpuhealth approve gpu-node-0042 --gpu 3   let GPU 3's waiting reset or validation run (approval: Manual)
+  kubectl gpuhealth approve gpu-node-0042 --gpu 3   approve GPU 3's waiting step as you (approval: Manual, TwoPerson)
   kubectl gpuhealth reject gpu-node-0042 --gpu 3    send GPU 3 to AwaitingRepair instead
   kubectl gpuhealth pause training              stop a policy from acting (resume restores its mode)
 
@@ -152,7 +152,11 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_release)
 
     for verb, text in (
-        ("approve", "let the repair or validation steps waiting in PendingApproval run (approval: Manual)"),
+        (
+            "approve",
+            "approve the repair or validation steps waiting in PendingApproval, as the user the API server "
+            "knows you as (approval: Manual; TwoPerson counts two different people)",
+        ),
         ("reject", "send the GPUs whose steps wait in PendingApproval to AwaitingRepair instead"),
     ):
         p = sub.add_parser(verb, help=text)
