@@ -199,6 +199,14 @@ def test_a_forged_approver_is_refused_by_the_api_server(
     alice, bob = people["alice"], people["bob"]
     (node,) = make_nodes(cluster, group, 1)  # no policy: the operator leaves its annotations alone
 
+    # The API server type-checked the shipped policy against Node and found nothing to warn of.
+    def checked() -> dict[str, Any] | None:
+        vap = json.loads(cluster.kubectl("get", f"validatingadmissionpolicy/{VAP}", "-o", "json").stdout)
+        return (vap.get("status") or {}).get("typeChecking")
+
+    wait_for(lambda: checked() is not None, what="the policy's type check")
+    assert not (checked() or {}).get("expressionWarnings"), checked()
+
     # Bob writes an approval that names Alice.
     forged = approver_key(ALICE, 3)
     msg = refusal(bob.annotate, node, {forged: ALICE})
