@@ -8,6 +8,7 @@ from typing import Any
 from gpuhealth.api.names import CHECKPOINT_COMPLETED, State
 from gpuhealth.api.pods import shows_failure
 from gpuhealth.api.status import Record
+from gpuhealth.controller.intake.feeders import _commands
 from gpuhealth.controller.process.runtime import Runtime
 from gpuhealth.controller.state.slim import slim_node
 from tests.unit.builders import T0, make_policy
@@ -259,3 +260,20 @@ def test_the_heap_is_frozen_once_the_start_up_pod_list_is_in() -> None:
             gc.unfreeze()
 
     asyncio.run(body())
+
+
+def test_an_approval_that_names_its_approver_is_a_command_like_approve() -> None:
+    """A person's approval (gpuhealth.dev/approver*, approval: TwoPerson) puts the node ahead of the
+    backlog as approve and release do; a second person's, under their own key, as well."""
+    plain = _node("1")
+    alice = {**plain, "metadata": {**plain["metadata"], "annotations": {"gpuhealth.dev/approver-gpu-3.a-1": "alice"}}}
+    both = {
+        **plain,
+        "metadata": {
+            **plain["metadata"],
+            "annotations": {"gpuhealth.dev/approver-gpu-3.a-1": "alice", "gpuhealth.dev/approver-gpu-3.b-2": "bob"},
+        },
+    }
+    other = {**plain, "metadata": {**plain["metadata"], "annotations": {"example.com/note": "x"}}}
+    assert _commands(alice) != _commands(plain) and _commands(both) != _commands(alice)
+    assert _commands(other) == _commands(plain), "another annotation is no command"
