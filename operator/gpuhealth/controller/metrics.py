@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuhealth.api.names import Signal
 from gpuhealth.api.remediation import StepKind
 from gpuhealth.api.remediation_status import Result
 from gpuhealth.api.validation import DONE as VALIDATION_DONE
+from gpuhealth.catalog import xid as xid_catalog
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -143,6 +145,17 @@ WATCH_RELISTS = Counter(
 for _kind in ("GPUHealthPolicy", "GPUNodeHealth"):
     INVALID_INPUT.labels(_kind)
 CONFLICTS.labels("reconcile")
+# Every signal a quarantine can be for, and an XID of each code the catalog takes a node out for, start
+# at zero: a series born at 1 with its first fault shows rate() and increase() no increase, so the
+# faults panels drew the story's XID 79 at 0 and GPUHealthXIDRate missed the first fault of each code
+# (a real Prometheus in tests/integration/test_real_node.py found it). An XID code that only a policy's
+# override acts on still starts with its first fault.
+for _signal in Signal:
+    if _signal != Signal.XID:
+        FAULTS.labels(str(_signal), "")
+for _entry in xid_catalog.all_entries():
+    if _entry.default_action not in ("ignore", "observe"):
+        FAULTS.labels(str(Signal.XID), str(_entry.code))
 for _watched in WATCHES:
     for _family in (WATCH_EVENTS, WATCH_ERRORS, WATCH_RELISTS):
         _family.labels(_watched)
