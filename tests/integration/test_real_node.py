@@ -14,6 +14,12 @@ comes back through probation. After the XID, the agent's container is killed and
 its journaled XID; ``helm upgrade`` to another image tag rolls both without losing the verdict; the
 uninstall leaves nothing behind, in the cluster or on the host.
 
+A real Prometheus (devkit/prometheus.py) scrapes the installed operator and agent through the
+story, their ServiceMonitors' targets as static ones, and loads the PrometheusRule's groups. Before
+the upgrade, every dashboard query is evaluated over the story as Grafana would draw it, and every
+alert as its rule evaluates it: none may error, each the story feeds must have data, and those it
+cannot feed are listed below with why (the list must match what Prometheus found, both ways).
+
 The one real node is the cluster's only node: it plays the GPU node and the node the operator runs
 on, so the operator is given tolerations for the node's own quarantine (a real cluster runs the
 operator off its GPU nodes, which the chart's default affinity prefers).
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,18 +41,58 @@ import pytest
 from kubernetes import client
 
 from devkit import dra, realnode
-from devkit.chart import CHART, run_uninstall
+from devkit import prometheus as prom
+from devkit.chart import CHART, helm_template, run_uninstall
 from devkit.cluster import LocalCluster
 from devkit.k8s import GROUP, VERSION, Kube, refusals, wait_for
 from devkit.ladder import nvml_reset_job_template
 from devkit.realnode import NAMESPACE as NS
 from devkit.realnode import RUNTIME_CLASS, Image, Installed, RealNode, ready
 from devkit.realnode_host import BRIDGE, NFT_TABLE, STATE, link_exists, nft_table_exists
+from devkit.timeparse import parse_time
 
 REMEDIATION_NS = "gpuhealth-remediation"  # the chart's remediation.namespace
 WORKLOADS = "workloads"
 AGENT_USER = f"system:serviceaccount:{NS}:gpuhealth-agent"
 PAUSE = "registry.k8s.io/pause:3.10.2"
+
+# Prometheus scrapes and evaluates every second; the dashboard is drawn at a 2 s step, so Grafana's
+# $__rate_interval is max(2 s + 1 s, 4 * 1 s) = 4 s (devkit/prometheus.py, grafana_expr).
+SCRAPE_S, STEP_S = 1, 2
+# Dashboard queries (panel title, legend) that the story cannot give data, and why.
+UNFED_QUERIES: dict[tuple[str, str], str] = {
+    **{
+        ("Time between failures per GPU (seconds)", q): (
+            "observed when a GPU back in service is taken out again: the story's repaired GPU (5) is not, "
+            "its XID is on GPU 3"
+        )
+        for q in ("p10", "p50")
+    },
+}
+# Dashboard queries the story moves off zero: a line drawn flat at 0 is data, but does not show the story.
+# Not among them: "Actions by kind", whose (action, reason, mode) series start with the first action, at 1,
+# so rate() shows no increase for the first of each (the reasons are open: XID codes among them), and
+# "GPUs out of service by state", which counts a node's GPUs by its GPU count label or nvidia.com/gpu
+# capacity, neither of which the real node has without a device plugin (its report's 8 GPUs do not count).
+MOVED: set[tuple[str, str]] = {
+    ("Quarantined", "Quarantined"),
+    ("Degraded", "Degraded"),
+    ("GPU nodes by state", "{{state}}"),
+    ("Detection to taint (seconds)", "p50"),
+    ("Faults by signal (per hour)", "{{signal}}"),
+    ("XID faults by code (per hour)", "XID {{code}}"),
+    ("Hottest GPU per node (°C)", "{{node}}"),
+    ("Uncorrected ECC errors (volatile) per node", "{{node}}"),
+    ("Repair ladder steps by result (per hour)", "{{step}} {{result}}"),
+    ("MTTR by step (seconds, fault to return to service)", "p50 {{step}}"),
+}
+# Alerts whose measured side (devkit/prometheus.py, measured) the story cannot give series, and why.
+UNFED_ALERTS: dict[str, str] = {
+    "GPUHealthRackPowerBrake": "gpuhealth_rack_findings has a series once a rack's nodes are braked: no GPU is",
+    "GPUHealthDomainOut": "gpuhealth_domain_findings has a series for an NVLink domain: the node has no clique label",
+}
+# Alerts whose full expression holds at the story's end (before the upgrade).
+FIRING: set[str] = set()
 
 
 @dataclass
@@ -77,6 +125,15 @@ def _names(cmdline: Path, needle: str) -> bool:
         return needle.encode() in cmdline.read_bytes()
     except OSError:
         return False
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[prom.Prometheus]:
+    server = prom.Prometheus(tmp_path / "prometheus", interval_s=SCRAPE_S)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def pods(e: Env, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -154,10 +211,90 @@ def ladder(kube: Kube, node: str, index: int) -> dict[str, Any]:
     return dict(((kube.report(node).get("status") or {}).get("remediation") or {}).get(str(index)) or {})
 
 
+def scrape_jobs(e: Env) -> list[dict[str, Any]]:
+    """The chart's ServiceMonitors (rendered with them on: the test cluster has no Prometheus
+    Operator CRDs to install them) as static targets, from the release's Services and EndpointSlices."""
+    monitors = [o for o in helm_template("--set=metrics.serviceMonitor.enabled=true") if o["kind"] == "ServiceMonitor"]
+    assert {m["metadata"]["name"] for m in monitors} == {"gpuhealth-operator", "gpuhealth-agent"}
+    got = json.loads(e.cluster.kubectl("get", "services,endpointslices", "-n", NS, "-o", "json").stdout)["items"]
+    services = [o for o in got if o["kind"] == "Service"]
+    slices = [o for o in got if o["kind"] == "EndpointSlice"]
+    return prom.scrape_configs(monitors, services, slices, SCRAPE_S)
+
+
+def targets_up(server: prom.Prometheus, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The active targets once there is one per static target and every one was scraped up; [] until."""
+    want = sum(len(g["targets"]) for j in jobs for g in j["static_configs"])
+    got = server.targets()
+    return got if len(got) == want and all(t["health"] == "up" for t in got) else []
+
+
+def evaluate_dashboard_and_alerts(server: prom.Prometheus) -> None:
+    """Every dashboard query over the story so far and every rule now: no error, data where the story
+    gives it, and the lists of what it cannot feed exactly what Prometheus found empty."""
+    dash, spec = prom.dashboard(), prom.rule_spec()
+    names = [prom.rule_name(r) for r in prom.rules(spec)]
+    # The rule manager loaded every rule and evaluated each after the story's last step, cleanly.
+    since = dt.datetime.now(dt.UTC)
+
+    def evaluated() -> list[dict[str, Any]]:
+        states = server.rule_states()
+        done = [r for r in states if (parse_time(r.get("lastEvaluation")) or since) > since]
+        return states if len(done) == len(states) == len(names) else []
+
+    states = wait_for(evaluated, timeout=30, what="every rule evaluated by the server after the story")
+    assert sorted(r["name"] for r in states) == sorted(names)
+    assert [(r["name"], r.get("lastError")) for r in states if r["health"] != "ok"] == []
+
+    # -- the dashboard, as Grafana draws it over the story (a query error raises PrometheusError).
+    end = time.time()
+    targets = prom.panel_targets(dash)
+    assert {(t.panel, t.legend) for t in targets} >= set(UNFED_QUERIES), "UNFED_QUERIES names no such query"
+    assert {(t.panel, t.legend) for t in targets} >= MOVED, "MOVED names no such query"
+    empty, moved = set(), set()
+    for t in targets:
+        expr = prom.grafana_expr(t.expr, dash, SCRAPE_S, STEP_S)
+        got = server.query_range(expr, server.started_at, end, STEP_S)
+        drawn = [(s.labels, len(s.finite()), max((v for _, v in s.finite()), default=None)) for s in got]
+        print(f"panel {t.panel!r} [{t.legend}]: {expr} -> (labels, points, max) {drawn}")
+        if not any(s.finite() for s in got):
+            empty.add((t.panel, t.legend))
+        if any(v != 0 for s in got for _, v in s.finite()):
+            moved.add((t.panel, t.legend))
+    assert empty == set(UNFED_QUERIES), (
+        f"empty for the story but not listed: {sorted(empty - set(UNFED_QUERIES))}; "
+        f"listed but with data: {sorted(set(UNFED_QUERIES) - empty)}"
+    )
+
+    assert moved >= MOVED, f"drawn flat at 0 through the story: {sorted(MOVED - moved)}"
+
+    # -- the alerts, as the rule manager evaluates them now: what each measures has series (with the
+    #    labels its annotations print), and exactly the story's alerts hold.
+    assert set(UNFED_ALERTS) <= set(names), "UNFED_ALERTS names no such alert"
+    unfed, holding = set(), set()
+    for rule in prom.rules(spec):
+        name = prom.rule_name(rule)
+        got = server.query(prom.measured(rule["expr"]))
+        print(f"rule {name}: {prom.measured(rule['expr'])} -> {[(s.labels, s.samples) for s in got]}")
+        if not got:
+            unfed.add(name)
+        printed = set(re.findall(r"\$labels\.(\w+)", json.dumps(rule.get("annotations") or {})))
+        assert all(printed <= s.labels.keys() for s in got), f"{name} prints {printed}, has {[s.labels for s in got]}"
+        if server.query(rule["expr"]):
+            holding.add(name)
+    # The story's one XID 79 counts toward GPUHealthXIDRate's three (its series starts at zero).
+    (xid,) = [r for r in prom.rules(spec) if prom.rule_name(r) == "GPUHealthXIDRate"]
+    counted = {s.labels["code"]: s.samples[-1][1] for s in server.query(prom.measured(xid["expr"]))}
+    assert counted["79"] >= 1, counted
+    listed = set(UNFED_ALERTS)
+    assert unfed == listed, f"unfed but not listed: {sorted(unfed - listed)}; listed but fed: {sorted(listed - unfed)}"
+    assert holding == FIRING, f"alerts that hold: {sorted(holding)}"
+
+
 # The module's setup (the image, when its inputs changed, a control plane and the node) counts too.
 @pytest.mark.timeout(1200)
 def test_installed_chart_runs_the_story_on_a_real_node(
-    env: Env, tmp_path: Path, record_testsuite_property: Callable[[str, object], None]
+    env: Env, tmp_path: Path, prometheus: prom.Prometheus, record_testsuite_property: Callable[[str, object], None]
 ) -> None:
     e = env
     node, kube, name = e.node, e.kube, e.node.name
@@ -194,6 +331,14 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     print(f"ran image {e.image.ref} with digest {e.image.id} on {name}")
     record_testsuite_property("real-node-image", f"{e.image.ref}@{e.image.id}")  # in build/junit.xml
     wait_for(lambda: get(f"http://{agent['status']['podIP']}:9401/healthz"), timeout=60, what="agent /healthz")
+    # -- a Prometheus scrapes both from here on, as the chart's ServiceMonitors would have it.
+    jobs = scrape_jobs(e)
+    prometheus.start(jobs, prom.rule_spec())
+    up = wait_for(lambda: targets_up(prometheus, jobs), timeout=60, what="Prometheus scraping operator and agent")
+    assert {(t["labels"]["job"], t["labels"].get("node")) for t in up} == {
+        ("gpuhealth-operator-metrics", None),
+        ("gpuhealth-agent-metrics", name),
+    }
 
     def report_gpus() -> int:
         try:
@@ -324,6 +469,20 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     assert [(x["xid"], x["gpu"]) for x in kube.report(name)["spec"]["xidEvents"]] == [(79, 3)]
     assert node.emit_log.read_text().count("xid 1 ") == 1, node.emit_log.read_text()
     assert kube.our_taint(name) is not None
+
+    # -- Prometheus has seen the story: its last state scraped, every panel and alert evaluated.
+    scraped = [
+        'gpuhealth_nodes{state="Quarantined"} == 1',
+        f'gpuhealth_agent_last_write_timestamp_seconds{{node="{name}"}} > {killed_at.timestamp()}',
+    ]
+    for q in scraped:
+
+        def seen(q: str = q) -> list[prom.Series]:
+            return prometheus.query(q)
+
+        wait_for(seen, timeout=60, what=f"Prometheus scraped {q}")
+    evaluate_dashboard_and_alerts(prometheus)
+    prometheus.stop()
 
     # -- helm upgrade to another tag of the image: both roll, the verdict stays.
     new_ref = f"{e.image.repository}:{e.image.tag}-upgrade"
