@@ -332,6 +332,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     record_testsuite_property("real-node-image", f"{e.image.ref}@{e.image.id}")  # in build/junit.xml
     wait_for(lambda: get(f"http://{agent['status']['podIP']}:9401/healthz"), timeout=60, what="agent /healthz")
     # -- a Prometheus scrapes both from here on, as the chart's ServiceMonitors would have it.
+    began = time.monotonic()
     jobs = scrape_jobs(e)
     prometheus.start(jobs, prom.rule_spec())
     up = wait_for(lambda: targets_up(prometheus, jobs), timeout=60, what="Prometheus scraping operator and agent")
@@ -339,6 +340,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
         ("gpuhealth-operator-metrics", None),
         ("gpuhealth-agent-metrics", name),
     }
+    prometheus_s = time.monotonic() - began
 
     def report_gpus() -> int:
         try:
@@ -471,6 +473,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     assert kube.our_taint(name) is not None
 
     # -- Prometheus has seen the story: its last state scraped, every panel and alert evaluated.
+    began = time.monotonic()
     scraped = [
         'gpuhealth_nodes{state="Quarantined"} == 1',
         f'gpuhealth_agent_last_write_timestamp_seconds{{node="{name}"}} > {killed_at.timestamp()}',
@@ -483,6 +486,8 @@ def test_installed_chart_runs_the_story_on_a_real_node(
         wait_for(seen, timeout=60, what=f"Prometheus scraped {q}")
     evaluate_dashboard_and_alerts(prometheus)
     prometheus.stop()
+    prometheus_s += time.monotonic() - began
+    print(f"Prometheus: {prometheus_s:.1f}s of the story's time (its start, the last scrapes, the evaluation)")
 
     # -- helm upgrade to another tag of the image: both roll, the verdict stays.
     new_ref = f"{e.image.repository}:{e.image.tag}-upgrade"
