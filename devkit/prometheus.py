@@ -275,7 +275,7 @@ class Prometheus:
         return "\n".join(self.proc.log.read_text(errors="replace").splitlines()[-lines:])
 
     def api(self, path: str, **params: str) -> Any:
-        """The ``data`` of an HTTP API answer; its error (a bad query) as :class:`PrometheusError`."""
+        """The ``data`` of an HTTP API answer; its error, warnings or infos as :class:`PrometheusError`."""
         url = f"{self.url}/api/v1/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
         try:
             with urllib.request.urlopen(url, timeout=30) as r:
@@ -284,8 +284,11 @@ class Prometheus:
             body = json.loads(e.read() or b"{}")
         if body.get("status") != "success":
             raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        if body.get("warnings"):
-            raise PrometheusError(f"{path} {params}: warnings {body['warnings']}")
+        # A query that runs but is likely wrong answers with annotations: a warning (histogram_quantile
+        # over series without an "le" label) or an info (rate() of a metric not named like a counter,
+        # a gauge). Either fails here, as an error would.
+        if notes := [*(body.get("warnings") or []), *(body.get("infos") or [])]:
+            raise PrometheusError(f"{path} {params}: {notes}")
         return body["data"]
 
     def query(self, expr: str) -> list[Series]:

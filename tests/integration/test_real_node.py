@@ -247,14 +247,16 @@ def evaluate_dashboard_and_alerts(server: prom.Prometheus) -> None:
     assert [(r["name"], r.get("lastError")) for r in states if r["health"] != "ok"] == []
 
     # -- the dashboard, as Grafana draws it over the story (a query error raises PrometheusError).
+    # Steps back from now, so the last point is now: a state scraped a moment ago (the quarantine) is drawn.
     end = time.time()
+    start = end - STEP_S * int((end - server.started_at) // STEP_S)
     targets = prom.panel_targets(dash)
     assert {(t.panel, t.legend) for t in targets} >= set(UNFED_QUERIES), "UNFED_QUERIES names no such query"
     assert {(t.panel, t.legend) for t in targets} >= MOVED, "MOVED names no such query"
     empty, moved = set(), set()
     for t in targets:
         expr = prom.grafana_expr(t.expr, dash, SCRAPE_S, STEP_S)
-        got = server.query_range(expr, server.started_at, end, STEP_S)
+        got = server.query_range(expr, start, end, STEP_S)
         drawn = [(s.labels, len(s.finite()), max((v for _, v in s.finite()), default=None)) for s in got]
         print(f"panel {t.panel!r} [{t.legend}]: {expr} -> (labels, points, max) {drawn}")
         if not any(s.finite() for s in got):
