@@ -8,6 +8,7 @@ existed, so an old filed run renders as it always did.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from hack.bench.targets import NVSENTINEL_EVICTIONS_PER_S, _num
@@ -282,4 +283,39 @@ def restart_line(res: dict[str, Any]) -> str:
         + "; a quiet restart with every node evaluated"
         f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it{pods}{evaluated}, "
         f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
+    )
+
+
+def floor_line_part(name: str, f: Mapping[str, Any]) -> str:
+    """One floor in the run's detail sentence."""
+    if f.get("timed_out"):
+        return f"{name} timed out ({f.get('seen', '?')} of {f.get('items', '?')} seen)"
+    if "p50" in f:
+        return f"{name} p50 {f['p50']} ms, p99 {f['p99']} ms over {f['samples']} samples"
+    if "per_s" in f and f.get("per_s") is not None:
+        return f"{name} {f['items']} in {f['seconds']} s ({f['per_s']}/s, {f['concurrency']} at a time)"
+    return f"{name} {f.get('seconds')} s"
+
+
+FLOOR_NAMES = {
+    "storm": "node storm",
+    "device": "device path",
+    "device_storm": "device storm",
+    "domain": "domain storm",
+    "startup": "first start-up",
+    "restart": "warm restart",
+    "drain": "drain storm",
+}
+
+
+def floors_line(res: dict[str, Any]) -> str:
+    """The no-logic floors the run measured besides detection's (hack/bench/floors.py), or "no floor
+    measured" for runs filed before them."""
+    floors = res.get("floors")
+    if not floors:
+        return "No-logic floors of the other paths: no floor measured in this run."
+    parts = [floor_line_part(FLOOR_NAMES.get(k, k), f) for k, f in floors.items() if isinstance(f, dict)]
+    return (
+        "No-logic floors, same run and API server (the writes or lists gpuhealth must do for each path, "
+        "at the operator's concurrency): " + "; ".join(parts) + "."
     )

@@ -38,10 +38,13 @@ from hack.bench.mig_report import no_mig_run, render_mig
 from hack.bench.report import tally
 from hack.bench.targets import (
     LARGE_FLEET_NODES,
+    TABLE_HEAD,
     Target,
     _fmt,
     measured,
+    ratio_sentence,
     resilience_targets_for,
+    row,
     targets_for,
     verdict,
 )
@@ -92,15 +95,11 @@ def render(path: Path, res: dict[str, Any], begin: str = BEGIN, end: str = END) 
         f"Latest filed full run: {res['nodes']:,} nodes, {res.get('pods', 0):,} running pods, "
         f"{res['config']['faults']} faults; commit `{res['commit']}`, {res['date']}, {res['machine']}; "
         f"load average {res['load']} during the run (2 fills both cores). **{passed} of {counted} targets "
-        f"met**{unmeasured} (`{rel}`).",
+        f"met**{unmeasured} (`{rel}`). {ratio_sentence(res, targets_for(res['nodes']))}".rstrip(),
         "",
-        "| figure | result | target | |",
-        "| --- | --- | --- | --- |",
+        *TABLE_HEAD,
+        *(row(t, targets.get(t.key), "met", "**missed**", res) for t in targets_for(res["nodes"])),
     ]
-    for t in targets_for(res["nodes"]):
-        e = targets.get(t.key)
-        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
-        lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
     lines += [
         "",
         f"Storm detail: reports published in {s['publish_s']} s, each node's report write to its taint p50 "
@@ -243,15 +242,12 @@ def _resilience_section(path: Path, res: dict[str, Any]) -> str:
     lines = [
         f"Latest filed run of the drain storm, failover and warm restart phases at {res['nodes']:,} nodes: commit "
         f"`{res['commit']}`, {res['date']}, {res['machine']}; load average {res['load']} during the run. "
-        f"**{passed} of {counted} targets met**{unmeasured} (`{rel}`).",
+        f"**{passed} of {counted} targets met**{unmeasured} (`{rel}`). "
+        f"{ratio_sentence(res, resilience_targets_for(res['nodes']))}".rstrip(),
         "",
-        "| figure | result | target | |",
-        "| --- | --- | --- | --- |",
+        *TABLE_HEAD,
+        *(row(t, res["targets"].get(t.key), "met", "**missed**", res) for t in resilience_targets_for(res["nodes"])),
     ]
-    for t in resilience_targets_for(res["nodes"]):
-        e = res["targets"].get(t.key)
-        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
-        lines.append(f"| {t.label} | {value} | {t.target} | {verdict(e, 'met', '**missed**')} |")
     lines += ["", drain_line(res), "", failover_line(res), "", restart_line(res)]
     if (res.get("operator") or {}).get("startup_profile"):
         lines += ["", startup_line(res)]

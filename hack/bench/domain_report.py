@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.targets import Target, _num, phase_block, phase_md
+from hack.bench.targets import Target, _num, floor_latency, path, phase_block, phase_md
 
 DOMAIN_KEY = "domain_storm"
 
@@ -25,6 +25,7 @@ def domain_targets_for(nodes: int) -> list[Target]:
             lambda r: r[DOMAIN_KEY]["fault_to_last_taint_ms"]["p99"],
             lambda v, r: _num(v) and v <= 1000 and r[DOMAIN_KEY]["fault_to_last_taint_ms"]["timeouts"] == 0,
             " ms",
+            floor_latency(path("floors", "domain"), "p99"),
         ),
         Target(
             "domain_whole",

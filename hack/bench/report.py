@@ -16,6 +16,7 @@ from hack.bench.details import (
     drain_line,
     e2e_line,
     failover_line,
+    floors_line,
     heartbeat_line,
     memory_line,
     pods_rate,
@@ -26,7 +27,18 @@ from hack.bench.details import (
 from hack.bench.domain_report import domain_md, domain_targets_for
 from hack.bench.mig_report import mig_md, mig_targets_for
 from hack.bench.plot import plot
-from hack.bench.targets import Target, _rows, measured, resilience_targets_for, targets_for
+from hack.bench.targets import (
+    RATIO_MISSED,
+    TABLE_HEAD,
+    Target,
+    _rows,
+    floor_of,
+    judge_ratio,
+    measured,
+    ratio_sentence,
+    resilience_targets_for,
+    targets_for,
+)
 
 RESILIENCE_PHASES = frozenset({"restart", "failover", "drain"})
 
@@ -48,7 +60,17 @@ def evaluate(res: dict[str, Any]) -> dict[str, Any]:
         except (KeyError, TypeError):
             ok = False
         out[t.key] = {"label": t.label, "target": t.target, "value": v, "pass": ok}
+        if t.floor is not None:  # issue #52: the figure over its floor, measured in the same run
+            out[t.key]["ratio"] = judge_ratio(v, floor_of(t, res), t.higher)
     return out
+
+
+def all_met(targets: dict[str, Any]) -> bool:
+    """Every measured target met, its absolute target and its ratio to the floor; an unmeasured ratio
+    (no floor, or one that timed out) is neither met nor missed."""
+    return all(
+        e["pass"] and (e.get("ratio") or {}).get("status") != RATIO_MISSED for e in targets.values() if measured(e)
+    )
 
 
 def tally(targets: dict[str, Any], nodes: int, of: Callable[[int], list[Target]] | None = None) -> tuple[int, int, int]:
@@ -64,10 +86,10 @@ def resilience_md(res: dict[str, Any]) -> list[str]:
     return [
         "## The fleet is never blind (drain storm, failover, warm restart)",
         "",
-        "| figure | value | target | result |",
-        "| --- | --- | --- | --- |",
+        *TABLE_HEAD,
         *_rows(res, resilience_targets_for(res["nodes"]), "pass", "**MISS**"),
         "",
+        *([line, ""] if (line := ratio_sentence(res, resilience_targets_for(res["nodes"]))) else []),
         f"- {drain_line(res)}",
         f"- {failover_line(res)}",
         f"- {restart_line(res)}",
@@ -91,11 +113,7 @@ def summary_md(res: dict[str, Any]) -> str:
                 *(domain_md(res) if "domain_storm" in res else []),
             ]
         )
-    rows = [
-        "| figure | value | target | result |",
-        "| --- | --- | --- | --- |",
-        *_rows(res, targets_for(res["nodes"]), "pass", "**MISS**"),
-    ]
+    rows = [*TABLE_HEAD, *_rows(res, targets_for(res["nodes"]), "pass", "**MISS**")]
     d, f, s, b, o, a = (
         res["detect_to_taint_ms"],
         res["floor_ms"],
@@ -110,7 +128,8 @@ def summary_md(res: dict[str, Any]) -> str:
         "",
         f"Machine: {res['machine']}",
         "",
-        f"{passed}/{counted} targets met{f' ({skipped} not measured)' if skipped else ''}.",
+        f"{passed}/{counted} absolute targets met{f' ({skipped} not measured)' if skipped else ''}. "
+        f"{ratio_sentence(res, targets_for(res['nodes']))}".rstrip(),
         "",
         *rows,
         "",
@@ -139,6 +158,7 @@ def summary_md(res: dict[str, Any]) -> str:
         f"- {traffic_line(res)}",
         f"- {api_line(res)}",
         f"- {memory_line(res)}",
+        f"- {floors_line(res)}",
         f"- Recovery: {res['recovery']['nodes']} nodes back to Healthy in "
         f"{res['recovery']['seconds_to_all_healthy']} s "
         f"(probation 2 s, sweep every {res['config']['operator_tick_s']} s).",
@@ -165,7 +185,7 @@ def summary_md(res: dict[str, Any]) -> str:
 
 def write_outputs(out: Path, res: dict[str, Any], series: dict[str, Any]) -> None:
     res["targets"] = evaluate(res)
-    res["all_targets_met"] = all(e["pass"] for e in res["targets"].values() if measured(e))
+    res["all_targets_met"] = all_met(res["targets"])
     (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     (out / "series.json").write_text(json.dumps(series) + "\n")
     (out / "summary.md").write_text(summary_md(res))

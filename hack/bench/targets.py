@@ -18,16 +18,81 @@ LARGE_FLEET_NODES = 10000
 
 @dataclass(frozen=True)
 class Target:
+    """A figure and what it is held to: an absolute target (``target``, ``ok``) and, where the run
+    measures a no-logic floor for the same path (``floor``: its figure in the same unit; KeyError where
+    the run has none), the ratio to it (issue #52: within ``RATIO_MAX`` of what the API server alone
+    does). ``higher``: a throughput, whose ratio is floor / figure."""
+
     key: str
     label: str
     target: str
     value: Callable[[dict[str, Any]], Any]
     ok: Callable[[Any, dict[str, Any]], bool]
     unit: str = ""
+    floor: Callable[[dict[str, Any]], Any] | None = None
+    higher: bool = False
+
+
+# Issue #52: every path within 1.5x of its floor, measured in the same run (hack/bench/floors.py).
+RATIO_MAX = 1.5
+RATIO_MET, RATIO_MISSED, RATIO_UNMEASURED = "met", "missed", "unmeasured"
+NO_FLOOR, FLOOR_TIMED_OUT = "no floor measured", "floor timed out"
 
 
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
+
+
+def judge_ratio(value: Any, floor: Any, higher: bool = False) -> dict[str, Any]:
+    """gpuhealth's figure against its floor: ``ratio`` = figure / floor (floor / figure for a throughput),
+    met iff <= ``RATIO_MAX``.
+
+    A floor that is missing (a run filed before floors, or a phase without one) or that timed out (None)
+    makes the ratio unmeasured, never met; a measured floor beside a figure gpuhealth did not reach
+    (None: its storm never finished) is a miss."""
+    if floor is _MISSING:
+        return {"floor": None, "ratio": None, "status": RATIO_UNMEASURED, "why": NO_FLOOR}
+    if not _num(floor) or floor <= 0:
+        return {"floor": None, "ratio": None, "status": RATIO_UNMEASURED, "why": FLOOR_TIMED_OUT}
+    if not _num(value) or (higher and value <= 0):
+        return {"floor": floor, "ratio": None, "status": RATIO_MISSED, "why": "no figure to compare"}
+    ratio = floor / value if higher else value / floor
+    status = RATIO_MET if ratio <= RATIO_MAX else RATIO_MISSED
+    return {"floor": floor, "ratio": round(ratio, 2), "status": status}
+
+
+_MISSING: Any = object()  # the run has no floor for the path at all (KeyError), as against one that timed out
+
+
+def floor_of(t: Target, res: dict[str, Any]) -> Any:
+    """The target's floor figure in ``res``; ``_MISSING`` where the run measured none."""
+    if t.floor is None:
+        return _MISSING
+    try:
+        return t.floor(res)
+    except (KeyError, TypeError, IndexError):
+        return _MISSING
+
+
+def floor_latency(at: Callable[[dict[str, Any]], dict[str, Any]], q: str) -> Callable[[dict[str, Any]], Any]:
+    """A latency floor's ``q`` (p50, p99) from the floor block ``at`` gives; None (timed out) where any
+    of its samples timed out: a floor the API server did not serve in time is no floor."""
+
+    def of(r: dict[str, Any]) -> Any:
+        f = at(r)
+        return None if f.get("timeouts") or not f.get("samples") else f[q]
+
+    return of
+
+
+def floor_figure(at: Callable[[dict[str, Any]], dict[str, Any]], key: str) -> Callable[[dict[str, Any]], Any]:
+    """A floor block's figure ``key`` (a rate, seconds); None where the floor timed out."""
+
+    def of(r: dict[str, Any]) -> Any:
+        f = at(r)
+        return None if f.get("timed_out") else f.get(key)
+
+    return of
 
 
 def path(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -42,9 +107,14 @@ def path(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def latency(
-    key: str, label: str, at: Callable[[dict[str, Any]], dict[str, Any]], p50_ms: float = 200
+    key: str,
+    label: str,
+    at: Callable[[dict[str, Any]], dict[str, Any]],
+    p50_ms: float = 200,
+    floor: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[Target, Target]:
-    """p50 <= ``p50_ms`` and p99 <= 1 s (with no timeouts) for the latency summary ``at`` gives of the results."""
+    """p50 <= ``p50_ms`` and p99 <= 1 s (with no timeouts) for the latency summary ``at`` gives of the
+    results; each against the same quantile of the floor's latency summary ``floor`` gives, where it has one."""
     return (
         Target(
             f"{key}_p50",
@@ -53,6 +123,7 @@ def latency(
             lambda r: at(r)["p50"],
             lambda v, r: _num(v) and v <= p50_ms,
             " ms",
+            floor_latency(floor, "p50") if floor else None,
         ),
         Target(
             f"{key}_p99",
@@ -61,13 +132,20 @@ def latency(
             lambda r: at(r)["p99"],
             lambda v, r: _num(v) and v <= 1000 and at(r)["timeouts"] == 0,
             " ms",
+            floor_latency(floor, "p99") if floor else None,
         ),
     )
 
 
-def within_seconds(key: str, label: str, limit: float, value: Callable[[dict[str, Any]], Any]) -> Target:
-    """A figure in seconds held to at most ``limit``."""
-    return Target(key, label, f"<= {limit:g} s", value, lambda v, r: _num(v) and v <= limit, " s")
+def within_seconds(
+    key: str,
+    label: str,
+    limit: float,
+    value: Callable[[dict[str, Any]], Any],
+    floor: Callable[[dict[str, Any]], Any] | None = None,
+) -> Target:
+    """A figure in seconds held to at most ``limit`` (and, with a ``floor`` in seconds, to its ratio)."""
+    return Target(key, label, f"<= {limit:g} s", value, lambda v, r: _num(v) and v <= limit, " s", floor)
 
 
 def measured(entry: dict[str, Any] | None) -> bool:
@@ -90,13 +168,76 @@ def _fmt(v: Any, unit: str) -> str:
     return f"{v}{unit}"
 
 
+# The target tables' head: the figure, its floor and the ratio (issue #52's judgement), then the old
+# absolute target beside it.
+TABLE_HEAD = [
+    f"| figure | result | floor | ratio to floor (<= {RATIO_MAX:g}x) | | absolute target | |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def ratio_of(t: Target, e: dict[str, Any] | None, res: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A measured entry's ratio judgement: as the run recorded it, or for a run filed before ratios were
+    judged, from the floor its own results hold (detection's has been measured since the first runs);
+    None for a figure with no floor path or an entry not measured."""
+    if t.floor is None or not measured(e):
+        return None
+    assert e is not None
+    if "ratio" in e:
+        return dict(e["ratio"])
+    return judge_ratio(e["value"], floor_of(t, res), t.higher) if res is not None else None
+
+
+def ratio_cells(
+    t: Target, e: dict[str, Any] | None, met: str, missed: str, res: dict[str, Any] | None = None
+) -> tuple[str, str, str]:
+    """(floor, ratio, verdict) cells of a target entry: "-" for a figure with no floor path; "no floor
+    measured" for a run filed before floors (or a floor this run did not take), "floor timed out" where it
+    did not finish: both unmeasured, neither met nor missed."""
+    if t.floor is None:
+        return "-", "-", "-"
+    r = ratio_of(t, e, res)
+    if not r:
+        return "-", NO_FLOOR, RATIO_UNMEASURED
+    floor = _fmt(r["floor"], t.unit) if r.get("floor") is not None else "-"
+    if r["status"] == RATIO_UNMEASURED:
+        return floor, r.get("why") or NO_FLOOR, RATIO_UNMEASURED
+    ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "n/a"
+    return floor, ratio, met if r["status"] == RATIO_MET else missed
+
+
+def row(t: Target, e: dict[str, Any] | None, met: str, missed: str, res: dict[str, Any] | None = None) -> str:
+    """One target's table row: figure, result, floor, ratio and its verdict, absolute target and its verdict
+    (``res``: the run, for the floors of a run filed before ratios were judged)."""
+    value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
+    floor, ratio, judged = ratio_cells(t, e, met, missed, res)
+    return f"| {t.label} | {value} | {floor} | {ratio} | {judged} | {t.target} | {verdict(e, met, missed)} |"
+
+
+def ratio_tally(res: dict[str, Any], targets: list[Target]) -> tuple[int, int, int]:
+    """(ratios met, ratios measured, ratios unmeasured) over the targets that have a floor path."""
+    status = [
+        (ratio_of(t, res["targets"].get(t.key), res) or {}).get("status", RATIO_UNMEASURED)
+        for t in targets
+        if t.floor is not None
+    ]
+    judged = [s for s in status if s != RATIO_UNMEASURED]
+    return sum(1 for s in judged if s == RATIO_MET), len(judged), len(status) - len(judged)
+
+
+def ratio_sentence(res: dict[str, Any], targets: list[Target]) -> str:
+    """ "Ratios to the floor: M of K met (U unmeasured)." for the targets with a floor path; "" without any."""
+    met, judged, unmeasured = ratio_tally(res, targets)
+    if not judged and not unmeasured:
+        return ""
+    if not judged:
+        return f"Ratios to the no-logic floor (<= {RATIO_MAX:g}x): {NO_FLOOR} in this run."
+    rest = f", {unmeasured} unmeasured" if unmeasured else ""
+    return f"Ratios to the no-logic floor (<= {RATIO_MAX:g}x): **{met} of {judged} met**{rest}."
+
+
 def _rows(res: dict[str, Any], targets: list[Target], met: str, missed: str) -> list[str]:
-    rows = []
-    for t in targets:
-        e = res["targets"].get(t.key)
-        value = _fmt(e["value"], t.unit) if e and measured(e) else "not measured"
-        rows.append(f"| {t.label} | {value} | {t.target} | {verdict(e, met, missed)} |")
-    return rows
+    return [row(t, res["targets"].get(t.key), met, missed, res) for t in targets]
 
 
 def phase_md(title: str, res: dict[str, Any], targets: list[Target], line: str) -> list[str]:
@@ -104,8 +245,7 @@ def phase_md(title: str, res: dict[str, Any], targets: list[Target], line: str) 
     return [
         f"## {title}",
         "",
-        "| figure | value | target | result |",
-        "| --- | --- | --- | --- |",
+        *TABLE_HEAD,
         *_rows(res, targets, "pass", "**MISS**"),
         "",
         f"- {line}",
@@ -126,10 +266,9 @@ def phase_block(
             begin,
             f"Latest filed run of {what}: {res['nodes']:,} nodes; commit `{res['commit']}`, {res['date']}, "
             f"{res['machine']}; load average {res['load']} during the run. **{met} of {counted} targets met** "
-            f"(`{rel}`).",
+            f"(`{rel}`). {ratio_sentence(res, targets)}".rstrip(),
             "",
-            "| figure | result | target | |",
-            "| --- | --- | --- | --- |",
+            *TABLE_HEAD,
             *_rows(res, targets, "met", "**missed**"),
             "",
             line,
@@ -163,7 +302,7 @@ def targets_for(nodes: int) -> list[Target]:
     large = nodes >= LARGE_FLEET_NODES
     storm_min, rss_max = (25, 400) if large else (20, 250)
     out = [
-        *latency("detect", "Detection to taint", path("detect_to_taint_ms")),
+        *latency("detect", "Detection to taint", path("detect_to_taint_ms"), floor=path("floor_ms")),
         *latency(
             "e2e",
             "XID to taint end to end (real agent)",
@@ -184,9 +323,13 @@ def targets_for(nodes: int) -> list[Target]:
             lambda r: r["storm"]["nodes_per_s"],
             lambda v, r: _num(v) and v >= storm_min,
             " nodes/s",
+            floor_figure(path("floors", "storm"), "per_s"),
+            higher=True,
         ),
         *latency("traffic", "Detection to taint under fact traffic (worst rate)", worst_traffic, p50_ms=150),
-        *latency("device", "Device fault to DeviceTaintRule", path("device_to_rule_ms")),
+        *latency(
+            "device", "Device fault to DeviceTaintRule", path("device_to_rule_ms"), floor=path("floors", "device")
+        ),
         Target(
             "device_storm_rate",
             "Device storm (GPUs on distinct nodes at once)",
@@ -194,6 +337,8 @@ def targets_for(nodes: int) -> list[Target]:
             lambda r: r["device_storm"]["rules_per_s"],
             lambda v, r: _num(v) and v >= 20,
             " rules/s",
+            floor_figure(path("floors", "device_storm"), "per_s"),
+            higher=True,
         ),
         Target(
             "breaker",
@@ -221,8 +366,13 @@ def targets_for(nodes: int) -> list[Target]:
     ]
     if large:
         out += [
+            # Issue #38's start-up target; its floor is the lists and first writes alone.
             within_seconds(
-                "startup", "Operator start-up to every node evaluated", 60, lambda r: r["operator"]["startup_s"]
+                "startup",
+                "Operator start-up to every node evaluated",
+                60,
+                lambda r: r["operator"]["startup_s"],
+                floor=floor_figure(path("floors", "startup"), "seconds"),
             ),
             Target(
                 "operator_idle_cpu",
@@ -286,6 +436,8 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             lambda r: r["drain_storm"]["evictions_per_s"],
             lambda v, r: _num(v) and v >= 10 * NVSENTINEL_EVICTIONS_PER_S,
             " /s",
+            floor_figure(path("floors", "drain"), "evictions_per_s"),
+            higher=True,
         ),
         Target(
             "drain_completed",
@@ -294,6 +446,7 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             lambda r: r["drain_storm"]["all_drains_completed_s"],
             lambda v, r: _num(v) and r["drain_storm"]["drains_completed"] == r["drain_storm"]["nodes"],
             " s",
+            floor_figure(path("floors", "drain"), "seconds"),
         ),
         Target(
             "drain_double",
@@ -327,11 +480,13 @@ def resilience_targets_for(nodes: int) -> list[Target]:
             "Warm restart: restart to a new fault's taint",
             30,
             lambda r: r["warm_restart"]["restart_to_first_taint_s"],
+            floor=floor_figure(path("floors", "restart"), "seconds"),
         ),
         within_seconds(
             "restart_evaluated",
             "Warm restart: start-up to every node evaluated",
             60,
             lambda r: r["warm_restart"]["startup_evaluated_s"],
+            floor=floor_figure(path("floors", "restart"), "seconds"),
         ),
     ]

@@ -120,7 +120,10 @@ def test_the_domain_targets_are_judged_and_a_miss_stays_a_miss() -> None:
 def test_a_domain_only_run_has_a_summary_of_its_own() -> None:
     md = summary_md(_domain_run())
     assert "phases domain" in md and "## Domain storm (`--phases domain`)" in md and "never blind" not in md
-    assert "| Clique fault to the last member's taint of its NVLink domain, p99 | 600.0 ms | <= 1000 ms | pass |" in md
+    assert (
+        "| Clique fault to the last member's taint of its NVLink domain, p99 | 600.0 ms "
+        "| - | no floor measured | unmeasured | <= 1000 ms | pass |" in md
+    )
     assert "990 nodes labelled into 55 NVLink domains of 18" in md and "after 12.5 s" in md
 
 
@@ -133,7 +136,7 @@ def test_a_filed_domain_run_feeds_only_the_domain_block(tmp_path: Path) -> None:
     block = docs.blocks(tmp_path)[docs.DOCS[1]][-1]
     assert block == render_domain(str(path), run)
     assert block.startswith(DOMAIN_BEGIN) and block.endswith(DOMAIN_END) and "**1 of 2 targets met**" in block
-    assert "| 1,500.0 ms | <= 1000 ms | **missed** |" in block
+    assert "| 1,500.0 ms | - | no floor measured | unmeasured | <= 1000 ms | **missed** |" in block
     quiet = copy.deepcopy(run)
     del quiet["domain_storm"]
     path.write_text(json.dumps(quiet), encoding="utf-8")

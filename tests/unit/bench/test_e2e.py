@@ -113,7 +113,7 @@ def test_real_agent_options() -> None:
 def test_the_e2e_targets_judge_the_end_to_end_figure() -> None:
     res: dict[str, Any] = json.loads(FILED.read_text(encoding="utf-8"))
     assert evaluate(res)["e2e_p50"]["measured"] is False
-    assert "| XID to taint end to end (real agent), p50 | not measured | <= 200 ms | not measured |" in (
+    assert "| XID to taint end to end (real agent), p50 | not measured | - | - | - | <= 200 ms | not measured |" in (
         docs.render(FILED, res)
     )
     assert e2e_line(res) == "End to end (real agents): not measured in this run."
@@ -123,7 +123,10 @@ def test_the_e2e_targets_judge_the_end_to_end_figure() -> None:
     assert targets["e2e_p50"]["value"] == pytest.approx(150.0) and targets["e2e_p50"]["pass"] is True
     assert targets["e2e_p99"]["value"] == pytest.approx(1500.0) and targets["e2e_p99"]["pass"] is False
     res["targets"] = targets
-    assert "| XID to taint end to end (real agent), p99 | 1,500.0 ms | <= 1000 ms | **MISS** |" in summary_md(res)
+    assert (
+        "| XID to taint end to end (real agent), p99 | 1,500.0 ms | - | - | - | <= 1000 ms | **MISS** |"
+        in summary_md(res)
+    )
     assert "over 10 faults on 4 agents (0 timed out)" in e2e_line(res)
 
 

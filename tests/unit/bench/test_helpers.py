@@ -178,7 +178,10 @@ def test_an_older_run_renders_the_new_figures_as_not_measured() -> None:
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert "device_to_rule_ms" not in old and "device_p50" not in old["targets"]
     block = docs.render(FILED, old)
-    assert "| Device fault to DeviceTaintRule, p50 | not measured | <= 200 ms | not measured |" in block
+    assert (
+        "| Device fault to DeviceTaintRule, p50 | not measured "
+        "| - | no floor measured | unmeasured | <= 200 ms | not measured |" in block
+    )
     assert "**10 of 10 targets met**, 7 not measured in this run" in block
     assert "Heartbeat traffic: not measured in this run." in block
     assert "Devices (DRA): not measured in this run." in block
@@ -191,8 +194,14 @@ def test_a_run_with_the_new_figures_renders_them() -> None:
     res = _with_new_figures()
     assert tally(res["targets"], res["nodes"]) == (15, 15, 2)  # the traffic targets: not measured here
     block = docs.render(FILED, res)
-    assert "| Device fault to DeviceTaintRule, p99 | 900.0 ms | <= 1000 ms | met |" in block
-    assert "| Device storm (GPUs on distinct nodes at once) | 25.0 rules/s | >= 20 rules/s | met |" in block
+    assert (
+        "| Device fault to DeviceTaintRule, p99 | 900.0 ms | - | no floor measured | unmeasured | <= 1000 ms | met |"
+        in block
+    )
+    assert (
+        "| Device storm (GPUs on distinct nodes at once) | 25.0 rules/s "
+        "| - | no floor measured | unmeasured | >= 20 rules/s | met |" in block
+    )
     assert "**15 of 15 targets met**, 2 not measured in this run (" in block
     assert "33.9 renewals/s achieved of 34.0 asked" in heartbeat_line(res)
     assert "Devices (DRA): fault to DeviceTaintRule p50 60.0 ms" in summary_md(res)
@@ -204,8 +213,10 @@ def test_a_slow_device_storm_is_a_miss() -> None:
     res["device_to_rule_ms"]["timeouts"] = 1
     targets = evaluate(res)
     assert targets["device_storm_rate"]["pass"] is False and targets["device_p99"]["pass"] is False
-    assert "| Device storm (GPUs on distinct nodes at once) | 5.00 rules/s | >= 20 rules/s | **missed** |" in (
-        docs.render(FILED, {**res, "targets": targets})
+    assert (
+        "| Device storm (GPUs on distinct nodes at once) | 5.00 rules/s "
+        "| - | no floor measured | unmeasured | >= 20 rules/s | **missed** |"
+        in (docs.render(FILED, {**res, "targets": targets}))
     )
 
 

@@ -172,7 +172,7 @@ def test_the_mig_targets_are_judged_and_a_miss_stays_a_miss() -> None:
 def test_a_mig_only_run_has_a_summary_of_its_own() -> None:
     md = summary_md(_mig_run())
     assert "phases mig" in md and "## MIG fleet (`--phases mig`)" in md and "never blind" not in md
-    assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 150.0 ms | <= 200 ms | pass |" in md
+    assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 150.0 ms | - | - | - | <= 200 ms | pass |" in md
     assert "1,000 nodes x 8 GPUs x 7 1g.10gb MIG devices = 56,000 DRA devices" in md
 
 
@@ -191,7 +191,10 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
     assert mig_block == render_mig((str(tmp_path / "bench-1000-2026-12-31-abcdef0.json"), mig))
     assert "No run of the domain storm is filed yet." in domain_block
     assert mig_block.startswith(MIG_BEGIN) and "**5 of 6 targets met**" in mig_block
-    assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | <= 200 ms | **missed** |" in mig_block
+    assert (
+        "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | - | - | - | <= 200 ms | **missed** |"
+        in mig_block
+    )
 
 
 def test_memprobe_mig_renders_its_own_block_with_the_target() -> None:

@@ -174,11 +174,17 @@ def test_the_new_targets_are_judged_and_rendered() -> None:
     res = _with_resilience()
     assert tally(res["targets"], res["nodes"], resilience_targets_for) == (8, 8, 0)
     md = summary_md(res)
-    assert "| Drain storm: evictions per second (sustained) | 61.2 /s | >= 50 evictions/s | pass |" in md
-    assert "| Failover: SIGKILL of the acting replica to a new fault's taint, p50 | 11.5 s | <= 15 s | pass |" in md
+    assert (
+        "| Drain storm: evictions per second (sustained) | 61.2 /s "
+        "| - | no floor measured | unmeasured | >= 50 evictions/s | pass |" in md
+    )
+    assert (
+        "| Failover: SIGKILL of the acting replica to a new fault's taint, p50 | 11.5 s | - | - | - | <= 15 s | pass |"
+        in md
+    )
     assert "NVSentinel v0.4.0 published about 5/s" in md
     block = docs.render_resilience(FILED, res)
-    assert "| Warm restart: operator writes during start-up | 0 | 0 | met |" in block
+    assert "| Warm restart: operator writes during start-up | 0 | - | - | - | 0 | met |" in block
     assert "**8 of 8 targets met**" in block
 
 
@@ -195,7 +201,10 @@ def test_misses_stay_misses_and_10k_allows_a_minute_of_failover() -> None:
     assert not any(t[k]["pass"] for k in misses)
     assert evaluate({**res, "nodes": 10000})["failover_p50"]["pass"]
     block = docs.render_resilience(FILED, {**res, "targets": t})
-    assert "| Drain storm: evictions per second (sustained) | 5.00 /s | >= 50 evictions/s | **missed** |" in block
+    assert (
+        "| Drain storm: evictions per second (sustained) | 5.00 /s "
+        "| - | no floor measured | unmeasured | >= 50 evictions/s | **missed** |" in block
+    )
 
 
 def test_a_run_without_the_phases_renders_them_as_not_measured() -> None:

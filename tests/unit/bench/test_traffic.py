@@ -297,8 +297,9 @@ def test_an_older_run_renders_traffic_and_api_as_not_measured() -> None:
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert "traffic" not in old and "api" not in old and "traffic_p50" not in old["targets"]
     block = docs.render(FILED, old)
-    assert "| Detection to taint under fact traffic (worst rate), p50 | not measured | <= 150 ms | not measured |" in (
-        block
+    assert (
+        "| Detection to taint under fact traffic (worst rate), p50 | not measured "
+        "| - | - | - | <= 150 ms | not measured |" in (block)
     )
     assert "Fact traffic: not measured in this run." in block
     assert "API traffic gpuhealth adds: not measured in this run." in block
@@ -309,7 +310,9 @@ def test_an_older_run_renders_traffic_and_api_as_not_measured() -> None:
 def test_a_run_with_traffic_renders_it() -> None:
     res = _run()
     block = docs.render(FILED, res)
-    assert "| Detection to taint under fact traffic (worst rate), p99 | 900.0 ms | <= 1000 ms | met |" in block
+    assert (
+        "| Detection to taint under fact traffic (worst rate), p99 | 900.0 ms | - | - | - | <= 1000 ms | met |" in block
+    )
     line = traffic_line(res)
     assert "300/s asked, 291.0/s achieved" in line and "0 with the traffic alone" in line
     assert "floor under the same traffic p50 60.0 ms (ratio 2.0)" in line
