@@ -84,7 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pods", type=int, default=8000, help="running 1-GPU pods on them")
     ap.add_argument("--faults", type=int, default=200, help="single faults, one at a time, on distinct nodes")
     ap.add_argument("--storm", type=int, default=100, help="nodes faulting at the same instant")
-    ap.add_argument("--floor-nodes", type=int, default=20, help="extra nodes for the no-logic floor chain")
+    ap.add_argument(
+        "--floor-nodes",
+        type=int,
+        default=None,
+        help="extra nodes outside every policy for the no-logic floors (default: the most any floor takes at "
+        "once: 20, --storm, --device-storm, --domain-size)",
+    )
     ap.add_argument("--floor-samples", type=int, default=None, help="floor measurements (default faults/2, >= 20)")
     ap.add_argument("--idle", type=float, default=None, help="idle window in seconds (default 60; quick 20)")
     ap.add_argument(
@@ -180,7 +186,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, key, value)
     if args.quick:
         args.nodes, args.pods, args.faults, args.storm = 100, 400, 20, 20
-        args.floor_nodes = min(args.floor_nodes, 10)
         args.breaker_window = min(args.breaker_window, 10.0)
         args.device_faults, args.device_storm = 10, 20
         args.mig_faults, args.mig_storm = 10, 20
@@ -200,6 +205,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.traffic_faults = 8 if args.quick else 40
     if args.drain_nodes is None:
         args.drain_nodes = min(100, max(2, args.nodes // 4))
+    if args.floor_nodes is None:
+        # Each floor runs on the same count of nodes as the path it is the floor of (hack/bench/floors.py);
+        # the drain storm's, with a spare for its PDB Deployment's replacements.
+        args.floor_nodes = max(20, args.storm, args.device_storm, args.domain_size)
+        if "drain" in args.phases:
+            args.floor_nodes = max(args.floor_nodes, args.drain_nodes + 1)
     if args.failover_samples is None:
         args.failover_samples = 3 if args.quick else 5
     if args.drain_pods < 1 or args.drain_nodes < 2:

@@ -291,7 +291,13 @@ def floor_line_part(name: str, f: Mapping[str, Any]) -> str:
     if f.get("timed_out"):
         return f"{name} timed out ({f.get('seen', '?')} of {f.get('items', '?')} seen)"
     if "p50" in f:
-        return f"{name} p50 {f['p50']} ms, p99 {f['p99']} ms over {f['samples']} samples"
+        late = f", {f['timeouts']} timed out" if f.get("timeouts") else ""
+        return f"{name} p50 {f['p50']} ms, p99 {f['p99']} ms over {f['samples']} samples{late}"
+    if "evictions_per_s" in f:
+        return (
+            f"{name} {f['evictions']} evictions of {f['pods']} pods in {f['seconds']} s ({f['evictions_per_s']}/s "
+            f"first to last, {f['refused_429']} refused by the PDB, {f['concurrency']} at a time)"
+        )
     if "per_s" in f and f.get("per_s") is not None:
         return f"{name} {f['items']} in {f['seconds']} s ({f['per_s']}/s, {f['concurrency']} at a time)"
     return f"{name} {f.get('seconds')} s"

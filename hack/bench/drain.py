@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +34,8 @@ from hack.bench.drain_workload import (
     pdb_objects,
     pod_manifest,
 )
+from hack.bench.fleet import SimNode
+from hack.bench.floors import FLOOR_DRAIN_NAMESPACE, FLOOR_PDB_LABEL, PodDrain, drain_pods, log_floor
 from hack.bench.resilience import ResilienceContext
 from hack.bench.support import GROUP, MERGE, VERSION, log, percentile, publish_all
 from hack.bench.watch import _raw_watch
@@ -43,7 +46,16 @@ class PodWatch:
     the moment it sees one (as hack/demo/common.py act_as_trainer does, with no save delay; retried on failure),
     and the PDB Deployment's Ready pods are counted after every event."""
 
-    def __init__(self, api: client.ApiClient, ack_api: client.ApiClient, pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        ack_api: client.ApiClient,
+        pool: ThreadPoolExecutor,
+        namespace: str = DRAIN_NAMESPACE,
+        on_acked: Callable[[str], object] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.on_acked = on_acked  # told each pod's name once its acknowledgement is written (the drain floor)
         self.core = client.CoreV1Api(api)
         self.ack_core = client.CoreV1Api(ack_api)
         self.pool = pool
@@ -64,7 +76,7 @@ class PodWatch:
 
     def _run(self) -> None:
         _raw_watch(
-            lambda **kw: self.core.list_namespaced_pod(DRAIN_NAMESPACE, **kw),
+            lambda **kw: self.core.list_namespaced_pod(self.namespace, **kw),
             self._sync,
             self._event,
             self.stop,
@@ -108,7 +120,7 @@ class PodWatch:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e6):06d}Z"
             try:
                 self.ack_core.patch_namespaced_pod(
-                    name, DRAIN_NAMESPACE, {"metadata": {"annotations": {COMPLETED: stamp}}}, _preload_content=False
+                    name, self.namespace, {"metadata": {"annotations": {COMPLETED: stamp}}}, _preload_content=False
                 )
             except Exception:
                 with self.lock:
@@ -117,6 +129,8 @@ class PodWatch:
                 continue
             with self.lock:
                 self.acked[key] = time.time()
+            if self.on_acked is not None:
+                self.on_acked(name)
             return
 
     def ready_now(self) -> int:
@@ -124,9 +138,9 @@ class PodWatch:
             return sum(self.pdb_ready.values())
 
 
-def _running(core: client.CoreV1Api) -> tuple[int, int]:
+def running(core: client.CoreV1Api, namespace: str = DRAIN_NAMESPACE) -> tuple[int, int]:
     """(pods Running, pods) in the drain namespace."""
-    items = json.loads(core.list_namespaced_pod(DRAIN_NAMESPACE, _preload_content=False).data)["items"]
+    items = json.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
     return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running"), len(items)
 
 
@@ -180,9 +194,7 @@ def measure_drain(
     failed = publish_all(ctx.pool, create, mix)
     ctx.cluster.apply_objects(pdb_objects())
     want = len(mix) + PDB_REPLICAS
-    wait_for(
-        lambda: _running(core)[0] >= want, timeout=max(120.0, want * 0.05), interval=2.0, what="drain pods Running"
-    )
+    wait_for(lambda: running(core)[0] >= want, timeout=max(120.0, want * 0.05), interval=2.0, what="drain pods Running")
     # The PDB Deployment's replacements may land on the spare node only (the drained ones are tainted then).
     core.patch_node(spare, {"metadata": {"labels": {"bench-pdb": "true"}}}, _content_type=MERGE)
     watch = PodWatch(ctx.admin, sim_kubeconfig_api, ctx.pool).start()
@@ -290,4 +302,73 @@ def measure_drain(
         f"Completed in {res['all_drains_completed_s']}s; {res['checkpoint_requests']} requests, "
         f"{res['checkpoint_acks']} acks; {len(problems)} double actions; PDB min Ready {low}"
     )
+    return res
+
+
+def measure_drain_floor(
+    ctx: ResilienceContext,
+    floor_nodes: list[str],
+    per_node: int,
+    sim_kubeconfig_api: client.ApiClient,
+    concurrency: int,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """The drain storm's no-logic floor (hack/bench/floors.py): the storm's pod mix on floor nodes (the
+    last one the PDB Deployment's spare), in a namespace of its own, drained by ``PodDrain`` with the
+    bench playing the pods' acknowledgements as in the storm; the floor's workload is deleted after."""
+    core = client.CoreV1Api(ctx.admin)
+    ns = FLOOR_DRAIN_NAMESPACE
+    nodes, spare = floor_nodes[:-1], floor_nodes[-1]
+    mix = drain_mix(nodes, per_node)
+    ctx.phase(f"drain storm floor: {len(nodes)} floor nodes x {per_node} pods, drained with no logic")
+    ctx.cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+    wait_for(lambda: core.read_namespaced_service_account("default", ns), what="floor namespace ready")
+    for n in nodes[:PDB_REPLICAS]:
+        core.patch_node(n, {"metadata": {"labels": {FLOOR_PDB_LABEL: "true"}}}, _content_type=MERGE)
+
+    def create(p: WorkloadPod) -> None:
+        body = pod_manifest(p)
+        body["metadata"]["namespace"] = ns
+        try:
+            core.create_namespaced_pod(ns, body, _preload_content=False)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
+    failed = publish_all(ctx.pool, create, mix)
+    objects = pdb_objects()
+    for o in objects:
+        o["metadata"]["namespace"] = ns
+    objects[0]["spec"]["template"]["spec"]["nodeSelector"] = {FLOOR_PDB_LABEL: "true"}
+    ctx.cluster.apply_objects(objects)
+    want = len(mix) + PDB_REPLICAS
+    wait_for(
+        lambda: running(core, ns)[0] >= want,
+        timeout=max(120.0, want * 0.05),
+        interval=2.0,
+        what="floor drain pods Running",
+    )
+    core.patch_node(spare, {"metadata": {"labels": {FLOOR_PDB_LABEL: "true"}}}, _content_type=MERGE)
+    hook: list[Callable[[str], object]] = []
+    watch = PodWatch(
+        ctx.admin, sim_kubeconfig_api, ctx.pool, namespace=ns, on_acked=lambda pod: [h(pod) for h in hook]
+    ).start()
+    try:
+        wait_for(lambda: watch.ready_now() == PDB_REPLICAS, timeout=60, what="the floor PDB's pods Ready")
+        listed = json.loads(core.list_namespaced_pod(ns, label_selector=f"app={PDB_APP}", _preload_content=False).data)
+        pdb_pods = [o["metadata"]["name"] for o in listed["items"] if o["spec"].get("nodeName") in set(nodes)]
+        pods = [(p.name, p.mode == "annotation") for p in mix] + [(name, False) for name in pdb_pods]
+        t0 = time.time()
+        publish_all(ctx.pool, lambda s: s.fault(xid=DRAIN_XID), [ctx.sims[n] for n in nodes])
+        res = drain_pods(pods, PodDrain(core, ns), concurrency, timeout_s, t0, hook.append)
+        res.update(
+            {"nodes": len(nodes), "pods_per_node": per_node, "create_failures": failed, "acks": len(watch.acked)}
+        )
+    finally:
+        watch.stop.set()
+        core.delete_namespace(ns, propagation_policy="Background", _preload_content=False)
+        for n in floor_nodes:
+            core.patch_node(n, {"metadata": {"labels": {FLOOR_PDB_LABEL: None}}}, _content_type=MERGE)
+        publish_all(ctx.pool, SimNode.reboot, [ctx.sims[n] for n in nodes])
+    log_floor("drain storm", res)
     return res

@@ -20,14 +20,16 @@ from kubernetes import client
 from devkit.k8s import wait_for
 from hack.bench.cli import parse_args
 from hack.bench.cluster import BenchCluster, agent_silence, machine
-from hack.bench.context import AGENT_USER, OPERATOR_USER, POLICY, SIM_USER, TOKENS, Bench, Started
+from hack.bench.context import AGENT_USER, OPERATOR_USER, OPERATOR_WORKERS, POLICY, SIM_USER, TOKENS, Bench, Started
 from hack.bench.cpu import STACK_PROFILE_ENV, run_processes
 from hack.bench.detection import Floor, fault_nodes, measure_detection
-from hack.bench.devices import measure_devices
+from hack.bench.devices import DEVICE_GPU, measure_devices
 from hack.bench.domain import measure_domain
-from hack.bench.drain import measure_drain
+from hack.bench.drain import measure_drain, measure_drain_floor
 from hack.bench.e2e import measure_e2e
 from hack.bench.failover import measure_failover
+from hack.bench.fleet import LEASE_NAMESPACE
+from hack.bench.floors import device_floors, domain_floor, guarded, restart_floor, storm_floor
 from hack.bench.footprint import measure_idle
 from hack.bench.mig import measure_mig
 from hack.bench.report import write_outputs
@@ -35,7 +37,7 @@ from hack.bench.resilience import ResilienceContext
 from hack.bench.restart import measure_restart
 from hack.bench.startup import start
 from hack.bench.storm import measure_breaker, measure_recovery, measure_storm
-from hack.bench.support import GROUP, TAINT, VERSION, PhaseClock, api_client, log
+from hack.bench.support import FAULT_TIMEOUT_S, GROUP, TAINT, VERSION, PhaseClock, api_client, log
 from hack.bench.traffic import TrafficContext, measure_traffic
 
 
@@ -149,6 +151,13 @@ def core(b: Bench) -> None:
         log(f"  end to end p50 {p['p50']:.0f} ms p99 {p['p99']:.0f} ms ({p['timeouts']} timed out)")
 
     measure_storm(b, nodes.storm)
+    b.phase(f"node storm floor: {min(args.storm, len(b.floor_names))} floor nodes quarantined at once, no logic")
+    floors(b)["storm"] = guarded(
+        "node storm",
+        lambda: storm_floor(
+            b.floor_names[: args.storm], b.sims, b.core, b.custom, b.node_watch, b.pool, OPERATOR_WORKERS
+        ),
+    )
     measure_recovery(b, [*nodes.detect, *nodes.storm])
     if args.traffic:
         traffic(b, floor)
@@ -156,8 +165,37 @@ def core(b: Bench) -> None:
         res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
             args, b.sims, b.dra_nodes, b.rule_watch, b.node_watch, b.pool, b.series, b.phase
         )
+        b.phase(f"device floors: {args.floor_samples} GPU faults one at a time, {args.device_storm} at once, no logic")
+        both = guarded(
+            "device path and storm",
+            lambda: dict(
+                zip(
+                    ("device", "device_storm"),
+                    device_floors(
+                        b.floor_names,
+                        args.floor_samples,
+                        args.device_storm,
+                        DEVICE_GPU,
+                        b.sims,
+                        b.custom,
+                        b.rule_watch,
+                        b.pool,
+                        OPERATOR_WORKERS,
+                        FAULT_TIMEOUT_S,
+                    ),
+                    strict=True,
+                )
+            ),
+        )
+        floors(b).update(both if "device" in both else {"device": both, "device_storm": both})
     measure_breaker(b, nodes.breaker)
     measure_idle(b)
+
+
+def floors(b: Bench) -> dict[str, Any]:
+    """The run's no-logic floors beside detection's (hack/bench/floors.py), by path."""
+    out: dict[str, Any] = b.res.setdefault("floors", {})
+    return out
 
 
 def traffic(b: Bench, floor: Floor) -> None:
@@ -241,6 +279,20 @@ def beyond_core(b: Bench) -> None:
             settle_s=2 * args.tick,
         )
         b.used |= set(fresh[: args.domain_faults * args.domain_size])
+        b.phase(f"domain floor: {args.domain_faults} domains of {args.domain_size} floor nodes, no logic")
+        floors(b)["domain"] = guarded(
+            "domain storm",
+            lambda: domain_floor(
+                b.floor_names[: args.domain_size],
+                args.domain_faults,
+                b.sims,
+                b.core,
+                b.custom,
+                b.node_watch,
+                OPERATOR_WORKERS,
+                FAULT_TIMEOUT_S,
+            ),
+        )
     # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases; whole-GPU
     # nodes first (a --mig-nodes sample leaves them), so their figures compare with runs without MIG.
     spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
@@ -265,7 +317,16 @@ def beyond_core(b: Bench) -> None:
     if "restart" in args.phases:
         first = float(res["operator"].get("startup_s") or 0.0)
         res["warm_restart"], current = measure_restart(rctx, current, b.governed, first)
+        b.phase("warm restart floor: the operator's start-up lists, all at once, no logic")
+        floors(b)["restart"] = guarded("warm restart", lambda: restart_floor(b.core, b.custom, LEASE_NAMESPACE))
     if "failover" in args.phases:
         res["failover"], _ = measure_failover(rctx, current, args.failover_samples)
     if "drain" in args.phases:
-        res["drain_storm"] = measure_drain(rctx, args.drain_nodes, args.drain_pods, api_client(b.kc[SIM_USER], pool=32))
+        sim_api = api_client(b.kc[SIM_USER], pool=32)
+        res["drain_storm"] = measure_drain(rctx, args.drain_nodes, args.drain_pods, sim_api)
+        floors(b)["drain"] = guarded(
+            "drain storm",
+            lambda: measure_drain_floor(
+                rctx, b.floor_names[: args.drain_nodes + 1], args.drain_pods, sim_api, OPERATOR_WORKERS
+            ),
+        )

@@ -38,6 +38,7 @@ from hack.bench.context import (
 from hack.bench.devices import publish_dra
 from hack.bench.e2e import real_agents
 from hack.bench.fleet import LEASE_NAMESPACE, HeartbeatDriver, HeartbeatStats, SimNode, heartbeat_workers
+from hack.bench.floors import guarded, startup_floor
 from hack.bench.mig import mig_layout, publish_mig
 from hack.bench.startup_writes import first_pass_write, startup_profile
 from hack.bench.support import GROUP, VERSION, PhaseClock, ProcSampler, api_client, find_log_line, log, publish_all
@@ -110,6 +111,12 @@ def start(
             },
         )
 
+    # The first start-up's floor (hack/bench/floors.py): its lists and first writes, on this fleet, at the
+    # operator's concurrency, before the operator starts (into fields it never reads).
+    phase(f"first start-up floor: the lists, then {len(governed)} nodes' first writes, no logic")
+    res.setdefault("floors", {})["startup"] = guarded(
+        "first start-up", lambda: startup_floor(governed, core, custom, LEASE_NAMESPACE, OPERATOR_WORKERS)
+    )
     operator, op_sampler, op_t0 = start_operator(
         args, out, res, kc, governed, report_watch, phase, started, mem_samplers
     )

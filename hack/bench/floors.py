@@ -1,0 +1,657 @@
+"""The no-logic floors of `make bench` (issue #52): for each path the bench judges, a client that does
+exactly the writes (or lists) gpuhealth must do for it, with no logic, as fast as the API server lets
+it, in the same run, at the operator's concurrency, timed the way gpuhealth's figure is. Each figure is
+then judged by its ratio to its floor (``hack/bench/targets.py``: <= 1.5x), so a miss says how much of
+the time is gpuhealth's and how much the shared machine's.
+
+- node storm (``storm``): the storm's count of floor nodes faulted at once through the agent's publisher,
+  then per node the report's status write and the Node's taint + cordon patch, 16 at a time (the
+  operator's workers); to the last floor taint seen by the independent Node watch;
+- device path (``device``, one at a time) and device storm (``device_storm``): a device fault published
+  on a floor node, then the report's status write and the DeviceTaintRule's create; to the rule seen by
+  the independent rule watch;
+- domain storm (``domain``): a fault published on one member of an 18-node domain of floor nodes, then
+  every member's status write and taint, 16 at a time; to the last member's taint;
+- first start-up (``startup``): the operator's start-up lists, then per governed node the first writes a
+  never-evaluated fleet needs (a status write of its report, a status write of its Node), 16 at a time,
+  on the governed fleet itself before the operator starts (bench-only fields, nothing gpuhealth reads);
+- warm restart (``restart``): the lists a restarted operator waits for, all at once;
+- drain storm (``drain``): the same pod mix on as many floor nodes (hack/bench/drain_workload.py: pods
+  that acknowledge a checkpoint, pods that finish on SIGTERM, gang ranks, a Deployment under a PDB of
+  maxUnavailable 1, in a namespace of its own), the nodes' faults published, then per pod the checkpoint
+  request and, once acknowledged (the bench plays the pods, as in the storm), the Eviction; a pod that
+  finishes on SIGTERM evicted at once; an Eviction the PDB refuses (429) asked again at once; 16 at a
+  time. Evictions per second (first to last, as gpuhealth's) and the seconds to the last eviction.
+
+The floor nodes carry the ``bench-floor`` label, outside every policy (hack/bench/cluster.py), so the
+operator never acts on them; every floor is undone before the run goes on. The pure parts (the burst,
+the clients' writes) are unit-tested in tests/unit/bench/test_floors.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client
+
+from devkit import dra
+from hack.bench.details import floor_line_part
+from hack.bench.drain_workload import REQUESTED
+from hack.bench.fleet import SimNode
+from hack.bench.support import (
+    DEVICE_TAINT_RULES,
+    DRA_GROUP,
+    DRA_VERSION,
+    FLOOR_TAINT,
+    GPU_SELECTOR,
+    GROUP,
+    MERGE,
+    REPORTS,
+    VERSION,
+    latency_summary,
+    log,
+)
+from hack.bench.watch import NodeWatch, RuleWatch
+
+# Seen: when each item's outcome was seen (epoch seconds) by the bench's independent watch, waited
+# for up to a timeout; the items missing from it were not seen in time.
+WaitSeen = Callable[[Sequence[str], float], Mapping[str, float]]
+FLOOR_CONDITION = "BenchFloor"
+FLOOR_FIELD = "benchFloor"  # a status field of the report nobody reads (its status keeps unknown fields)
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def burst(
+    items: Sequence[str],
+    write: Callable[[str], None],
+    concurrency: int,
+    timeout_s: float,
+    wait_seen: WaitSeen | None = None,
+    inject: Callable[[str], object] | None = None,
+    inject_pool: ThreadPoolExecutor | None = None,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Every item's writes at once, ``concurrency`` at a time, timed from the start to the last item
+    seen (by ``wait_seen``; without one, to its writes returning).
+
+    ``inject``: what starts each item (its fault published through the agent's publisher, on
+    ``inject_pool`` as the bench's own faults are); its writes follow the moment it returns, as a
+    controller's would follow the report. A write that fails is counted and its item never seen: the
+    floor then times out, which makes every ratio on it unmeasured, not met. ``started``: the clock's
+    origin where the path began before the burst (a domain's one fault).
+    """
+    t0 = started if started is not None else time.time()
+    lock = threading.Lock()
+    done_at: dict[str, float] = {}
+    errors: list[str] = []
+    workers = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="bench-floor")
+    futures: list[Future[None]] = []
+
+    def write_one(item: str) -> None:
+        try:
+            write(item)
+        except Exception as e:
+            with lock:
+                errors.append(f"{item}: {type(e).__name__}: {e}"[:200])
+            return
+        with lock:
+            done_at[item] = time.time()
+
+    def start(item: str) -> None:
+        if inject is not None:
+            try:
+                inject(item)
+            except Exception as e:
+                with lock:
+                    errors.append(f"{item}: inject {type(e).__name__}: {e}"[:200])
+                return
+        with lock:
+            futures.append(workers.submit(write_one, item))
+
+    try:
+        if inject is not None and inject_pool is not None:
+            for f in [inject_pool.submit(start, i) for i in items]:
+                f.result()
+        else:
+            for i in items:
+                start(i)
+        if wait_seen is not None:
+            seen = dict(wait_seen(items, timeout_s))
+        else:
+            deadline = t0 + timeout_s
+            for f in list(futures):
+                try:
+                    f.result(timeout=max(0.0, deadline - time.time()))
+                except TimeoutError:
+                    break
+            with lock:
+                seen = dict(done_at)
+    finally:
+        workers.shutdown(wait=False, cancel_futures=True)
+    seen = {i: t for i, t in seen.items() if i in set(items)}
+    complete = bool(items) and len(seen) == len(items)
+    seconds = max(seen.values()) - t0 if complete else None
+    return {
+        "items": len(items),
+        "concurrency": concurrency,
+        "seconds": round(seconds, 3) if seconds is not None else None,
+        "per_s": round(len(items) / seconds, 1) if seconds else None,
+        "seen": len(seen),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "timed_out": not complete,
+    }
+
+
+def sampled(
+    groups: Sequence[Sequence[str]],
+    one: Callable[[Sequence[str]], dict[str, Any]],
+    undo: Callable[[Sequence[str]], None],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """A latency floor: one ``burst`` per group in turn (``one``), each undone before the next; the
+    latency summary of their seconds (a burst that timed out counts as the timeout, and is counted)."""
+    ms: list[float] = []
+    timeouts = 0
+    for g in groups:
+        r = one(g)
+        if r["timed_out"]:
+            timeouts += 1
+        else:
+            ms.append(r["seconds"] * 1000)
+        undo(g)
+    return latency_summary(ms, timeouts, timeout_s * 1000)
+
+
+class NodeQuarantine:
+    """What gpuhealth writes to take a node out, with no decision: the report's status (its record),
+    then the Node's taint and cordon in one patch (``controller/act/node_reconciler.py``: the condition
+    and the drain wait for the node's next pass). On floor nodes, with the floor's own taint."""
+
+    def __init__(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
+        self.core, self.custom = core, custom
+
+    def write(self, node: str) -> None:
+        self.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            REPORTS,
+            node,
+            {"status": {"state": "Quarantined", "reason": "BenchFloor", "since": _stamp()}},
+        )
+        self.core.patch_node(
+            node,
+            {
+                "spec": {
+                    "taints": [{"key": FLOOR_TAINT, "value": "floor", "effect": "NoSchedule"}],
+                    "unschedulable": True,
+                }
+            },
+            _content_type=MERGE,
+            _preload_content=False,
+        )
+
+    def undo(self, node: str) -> None:
+        self.core.patch_node(
+            node, {"spec": {"taints": None, "unschedulable": None}}, _content_type=MERGE, _preload_content=False
+        )
+        self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, REPORTS, node, {"status": {"state": None, "reason": None, "since": None}}
+        )
+
+
+def floor_rule_name(node: str, device: str) -> str:
+    return f"bench-floor-{node}-{device}"
+
+
+class DeviceRule:
+    """What gpuhealth writes to take one GPU out, with no decision: the report's status (the GPU's
+    verdict), then the DeviceTaintRule's create (``actions/devicetaints.py``'s shape, without gpuhealth's
+    labels so that its orphan sweep leaves it alone; pool = node, as the DRA driver publishes)."""
+
+    def __init__(self, custom: client.CustomObjectsApi, device: str) -> None:
+        self.custom, self.device = custom, device
+
+    def write(self, node: str) -> None:
+        self.custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            REPORTS,
+            node,
+            {"status": {FLOOR_FIELD: {"device": self.device, "state": "Quarantined", "since": _stamp()}}},
+        )
+        self.custom.create_cluster_custom_object(
+            DRA_GROUP,
+            DRA_VERSION,
+            DEVICE_TAINT_RULES,
+            {
+                "apiVersion": f"{DRA_GROUP}/{DRA_VERSION}",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": floor_rule_name(node, self.device)},
+                "spec": {
+                    "deviceSelector": {"driver": dra.DRIVER, "pool": node, "device": self.device},
+                    "taint": {"key": FLOOR_TAINT, "value": "EccUncorrected", "effect": "NoSchedule"},
+                },
+            },
+        )
+
+    def undo(self, node: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(
+                DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, floor_rule_name(node, self.device)
+            )
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, REPORTS, node, {"status": {FLOOR_FIELD: None}})
+
+
+class FirstWrites:
+    """The first writes a never-evaluated node needs (``hack/bench/startup_writes.py``): its report's
+    status, then its Node's status (the condition, the state label riding on it), each a round trip.
+    Written before the operator starts, on the governed fleet, into fields gpuhealth never reads (the
+    report's status keeps unknown fields; a Node condition of the bench's own type), so the start-up it
+    precedes still finds every node unevaluated."""
+
+    def __init__(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
+        self.core, self.custom = core, custom
+
+    def write(self, node: str) -> None:
+        now = _stamp()
+        self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, REPORTS, node, {"status": {FLOOR_FIELD: {"state": "Healthy", "since": now}}}
+        )
+        self.core.patch_node_status(
+            node,
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": FLOOR_CONDITION,
+                            "status": "True",
+                            "reason": "Healthy",
+                            "message": "the bench's no-logic start-up floor",
+                            "lastTransitionTime": now[:19] + "Z",
+                            "lastHeartbeatTime": now[:19] + "Z",
+                        }
+                    ]
+                }
+            },
+            _preload_content=False,
+        )
+
+
+class Lists:
+    """The lists an operator waits for at start-up (``controller/intake/objectwatch.py``): the GPU Nodes,
+    the reports, the policies, the agents' Leases, the pods on nodes, the ResourceSlices and the
+    DeviceTaintRules; paged as a client without streaming lists pages them, each parsed, all at once
+    (the operator's watches list at once too)."""
+
+    PAGE = 500
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        custom: client.CustomObjectsApi,
+        leases: client.CoordinationV1Api,
+        lease_namespace: str,
+    ) -> None:
+        self.core, self.custom, self.leases, self.lease_namespace = core, custom, leases, lease_namespace
+
+    def calls(self) -> dict[str, Callable[..., Any]]:
+        """Each list by name: a function of the paging keywords (limit, _continue)."""
+        c, k = self.custom, self.core
+        return {
+            "nodes": lambda **kw: k.list_node(label_selector=GPU_SELECTOR, **kw),
+            "reports": lambda **kw: c.list_cluster_custom_object(GROUP, VERSION, REPORTS, **kw),
+            "policies": lambda **kw: c.list_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", **kw),
+            "leases": lambda **kw: self.leases.list_namespaced_lease(self.lease_namespace, **kw),
+            "pods": lambda **kw: k.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", **kw),
+            "resourceslices": lambda **kw: c.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", **kw),
+            "devicetaintrules": lambda **kw: c.list_cluster_custom_object(
+                DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, **kw
+            ),
+        }
+
+    def list_all(self, name: str) -> int:
+        """One list, every page of it; the objects it returned."""
+        fn, token, count = self.calls()[name], None, 0
+        while True:
+            kw: dict[str, Any] = {"limit": self.PAGE, "_preload_content": False}
+            if token:
+                kw["_continue"] = token
+            page = json.loads(fn(**kw).data)
+            count += len(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return count
+
+    def measure(self, timeout_s: float) -> dict[str, Any]:
+        """Every list at once: the seconds to the last one's last page (``seconds``), and each list's own."""
+        names = list(self.calls())
+        each: dict[str, dict[str, Any]] = {}
+        errors: list[str] = []
+        t0 = time.time()
+        pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="bench-floor-list")
+
+        def one(name: str) -> tuple[int, float]:
+            n = self.list_all(name)
+            return n, time.time()
+
+        try:
+            futures = {n: pool.submit(one, n) for n in names}
+            for n, f in futures.items():
+                try:
+                    objects, end = f.result(timeout=max(0.0, t0 + timeout_s - time.time()))
+                except Exception as e:
+                    errors.append(f"{n}: {type(e).__name__}: {e}"[:200])
+                    continue
+                each[n] = {"objects": objects, "seconds": round(end - t0, 3)}
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        complete = len(each) == len(names)
+        return {
+            "items": len(names),
+            "concurrency": len(names),
+            "seconds": round(max(e["seconds"] for e in each.values()), 3) if complete else None,
+            "seen": len(each),
+            "errors": len(errors),
+            "error_examples": errors[:3],
+            "timed_out": not complete,
+            "lists": each,
+        }
+
+
+def combine(lists: Mapping[str, Any], writes: Mapping[str, Any]) -> dict[str, Any]:
+    """The start-up floor: the lists, then the first writes; timed out where either did."""
+    timed_out = bool(lists.get("timed_out") or writes.get("timed_out"))
+    seconds = None if timed_out else round(float(lists["seconds"]) + float(writes["seconds"]), 3)
+    return {"seconds": seconds, "timed_out": timed_out, "lists": dict(lists), "writes": dict(writes)}
+
+
+def log_floor(name: str, f: Mapping[str, Any]) -> None:
+    log(f"  floor: {floor_line_part(name, f)}")
+
+
+# -- the floors of each path, as the phases take them (floor nodes outside every policy) --------------
+
+
+def taint_seen(node_watch: NodeWatch, key: str = FLOOR_TAINT) -> WaitSeen:
+    """When the independent Node watch first saw ``key`` on each node."""
+
+    def wait(items: Sequence[str], timeout_s: float) -> dict[str, float]:
+        node_watch.wait_all(items, key, timeout_s)
+        with node_watch.cond:
+            return {n: node_watch.seen_at[(n, key)] for n in items if (n, key) in node_watch.seen_at}
+
+    return wait
+
+
+def rule_seen(rule_watch: RuleWatch, device: str) -> WaitSeen:
+    """When the independent rule watch first saw a DeviceTaintRule for ``device`` of each node (pool)."""
+
+    def wait(items: Sequence[str], timeout_s: float) -> dict[str, float]:
+        rule_watch.wait_all([(n, device) for n in items], timeout_s)
+        with rule_watch.cond:
+            return {n: rule_watch.seen_at[(n, device)] for n in items if (n, device) in rule_watch.seen_at}
+
+    return wait
+
+
+def _untaint(nodes: Sequence[str], writer: NodeQuarantine, sims: Mapping[str, SimNode], node_watch: NodeWatch) -> None:
+    """Back to clean: the floor's taint, cordon and status gone, each node's report clean (a reboot)."""
+    for n in nodes:
+        writer.undo(n)
+        sims[n].reboot()
+    node_watch.wait_all(nodes, FLOOR_TAINT, timeout=60, present=False)
+
+
+def storm_floor(
+    nodes: Sequence[str],
+    sims: Mapping[str, SimNode],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    node_watch: NodeWatch,
+    pool: ThreadPoolExecutor,
+    concurrency: int,
+    timeout_s: float = 180.0,
+) -> dict[str, Any]:
+    """The node storm's floor: ``nodes`` faulted at once, each quarantined with no logic."""
+    writer = NodeQuarantine(core, custom)
+    r = burst(
+        nodes,
+        writer.write,
+        concurrency,
+        timeout_s,
+        wait_seen=taint_seen(node_watch),
+        inject=lambda n: sims[n].fault(),
+        inject_pool=pool,
+    )
+    _untaint(nodes, writer, sims, node_watch)
+    log_floor("node storm", r)
+    return r
+
+
+def device_floors(
+    nodes: Sequence[str],
+    samples: int,
+    storm: int,
+    device: int,
+    sims: Mapping[str, SimNode],
+    custom: client.CustomObjectsApi,
+    rule_watch: RuleWatch,
+    pool: ThreadPoolExecutor,
+    concurrency: int,
+    timeout_s: float,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The device path's floor (``samples`` GPU faults one at a time on the floor nodes in turn) and the
+    device storm's (``storm`` floor nodes' GPU at once): a device fault published, then its rule."""
+    gpu = f"gpu-{device}"
+    writer = DeviceRule(custom, gpu)
+    seen = rule_seen(rule_watch, gpu)
+
+    def one(group: Sequence[str]) -> dict[str, Any]:
+        return burst(
+            group, writer.write, concurrency, timeout_s, wait_seen=seen, inject=lambda n: sims[n].device_fault(device)
+        )
+
+    def undo(group: Sequence[str]) -> None:
+        for n in group:
+            writer.undo(n)
+            sims[n].device_clear()
+        rule_watch.wait_all([(n, gpu) for n in group], timeout=60, present=False)
+
+    single = sampled([[nodes[i % len(nodes)]] for i in range(samples)], one, undo, timeout_s)
+    log_floor("device path", single)
+    group = list(nodes[:storm])
+    many = burst(
+        group,
+        writer.write,
+        concurrency,
+        180.0,
+        wait_seen=seen,
+        inject=lambda n: sims[n].device_fault(device),
+        inject_pool=pool,
+    )
+    undo(group)
+    log_floor("device storm", many)
+    return single, many
+
+
+def domain_floor(
+    members: Sequence[str],
+    samples: int,
+    sims: Mapping[str, SimNode],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    node_watch: NodeWatch,
+    concurrency: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The domain storm's floor: one member's fault published, then every member of the domain
+    quarantined with no logic (as gpuhealth takes the domain out as one decision); to the last member's
+    taint, ``samples`` times."""
+    writer = NodeQuarantine(core, custom)
+
+    def one(group: Sequence[str]) -> dict[str, Any]:
+        t0 = time.time()
+        sims[group[0]].fault()
+        return burst(group, writer.write, concurrency, timeout_s, wait_seen=taint_seen(node_watch), started=t0)
+
+    r = sampled([list(members)] * samples, one, lambda g: _untaint(g, writer, sims, node_watch), timeout_s)
+    r["domain_size"] = len(members)
+    log_floor("domain storm", r)
+    return r
+
+
+def startup_floor(
+    governed: Sequence[str],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    lease_namespace: str,
+    concurrency: int,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """The first start-up's floor, before the operator starts: its lists, then every governed node's
+    first writes, ``concurrency`` at a time."""
+    lists = Lists(core, custom, client.CoordinationV1Api(core.api_client), lease_namespace).measure(timeout_s)
+    writes = burst(governed, FirstWrites(core, custom).write, concurrency, timeout_s)
+    r = combine(lists, writes)
+    log_floor("first start-up", r)
+    return r
+
+
+def restart_floor(
+    core: client.CoreV1Api, custom: client.CustomObjectsApi, lease_namespace: str, timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """The warm restart's floor: the lists a restarted operator waits for, all at once."""
+    r = Lists(core, custom, client.CoordinationV1Api(core.api_client), lease_namespace).measure(timeout_s)
+    log_floor("warm restart", r)
+    return r
+
+
+# -- the drain storm's floor ---------------------------------------------------------------------------
+
+FLOOR_DRAIN_NAMESPACE = "bench-drain-floor"
+FLOOR_PDB_LABEL = "bench-pdb-floor"
+
+
+class PodDrain:
+    """What gpuhealth writes to drain pods, with no decision (``controller/drain``, ``kube/client.py``):
+    the checkpoint request annotation on a pod that takes one, and the Eviction (the Eviction API, so
+    PDBs hold); an Eviction the PDB refuses (429) is asked again at once, every ``retry_s``, for up to
+    ``give_up_s``. ``evict`` returns when the Eviction that went through was sent (the audit log's
+    received time, which gpuhealth's rate is read from)."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, retry_s: float = 0.05, give_up_s: float = 300.0) -> None:
+        self.core, self.namespace, self.retry_s, self.give_up_s = core, namespace, retry_s, give_up_s
+        self.refused = 0
+
+    def request(self, pod: str) -> None:
+        self.core.patch_namespaced_pod(
+            pod, self.namespace, {"metadata": {"annotations": {REQUESTED: _stamp()}}}, _preload_content=False
+        )
+
+    def evict(self, pod: str) -> float:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": self.namespace}}
+        deadline = time.time() + self.give_up_s
+        while True:
+            sent = time.time()
+            try:
+                self.core.create_namespaced_pod_eviction(pod, self.namespace, body, _preload_content=False)
+                return sent
+            except client.ApiException as e:
+                if e.status == 404:  # gone already
+                    return sent
+                if e.status != 429 or time.time() > deadline:
+                    raise
+                self.refused += 1
+            time.sleep(self.retry_s)
+
+
+def eviction_rate(sent: Sequence[float]) -> float | None:
+    """Evictions per second, first to last ((n - 1) / span), as gpuhealth's drain storm is read."""
+    times = sorted(sent)
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    return round((len(times) - 1) / span, 1) if span > 0 else None
+
+
+def drain_pods(
+    pods: Sequence[tuple[str, bool]],
+    drainer: PodDrain,
+    concurrency: int,
+    timeout_s: float,
+    started: float,
+    acked: Callable[[Callable[[str], object]], None],
+) -> dict[str, Any]:
+    """Drain ``pods`` ((name, takes a checkpoint request)), ``concurrency`` calls at a time: a
+    checkpointing pod's request first, its Eviction the moment its acknowledgement is in (``acked``
+    registers the callback that says so); the rest evicted at once. Timed from ``started``."""
+    lock = threading.Condition()
+    sent: dict[str, float] = {}
+    errors: list[str] = []
+    workers = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="bench-floor-drain")
+    wanted = {name for name, _ in pods}
+
+    def evict(pod: str) -> None:
+        try:
+            at = drainer.evict(pod)
+        except Exception as e:
+            with lock:
+                errors.append(f"{pod}: {type(e).__name__}: {e}"[:200])
+                lock.notify_all()
+            return
+        with lock:
+            sent[pod] = at
+            lock.notify_all()
+
+    def request(pod: str) -> None:
+        try:
+            drainer.request(pod)
+        except Exception as e:
+            with lock:
+                errors.append(f"{pod}: request {type(e).__name__}: {e}"[:200])
+                lock.notify_all()
+
+    acked(lambda pod: workers.submit(evict, pod) if pod in wanted else None)
+    try:
+        for name, checkpoint in pods:
+            workers.submit(request if checkpoint else evict, name)
+        with lock:
+            lock.wait_for(lambda: len(sent) + len(errors) >= len(pods), max(0.0, started + timeout_s - time.time()))
+            done = dict(sent)
+            failed = list(errors)
+    finally:
+        workers.shutdown(wait=False, cancel_futures=True)
+    complete = bool(pods) and len(done) == len(pods)
+    return {
+        "pods": len(pods),
+        "checkpoint_requests": sum(1 for _, c in pods if c),
+        "concurrency": concurrency,
+        "evictions": len(done),
+        "evictions_per_s": eviction_rate(list(done.values())) if complete else None,
+        "seconds": round(max(done.values()) - started, 2) if complete else None,
+        "refused_429": drainer.refused,
+        "errors": len(failed),
+        "error_examples": failed[:3],
+        "timed_out": not complete,
+    }
+
+
+def guarded(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A floor whose measurement failed (its setup, the API server refusing) is a floor that timed out:
+    every ratio on it unmeasured, and the run goes on to gpuhealth's next figure."""
+    try:
+        return measure()
+    except Exception as e:
+        log(f"  floor: {name} failed: {type(e).__name__}: {e}")
+        return {"timed_out": True, "samples": 0, "error": f"{type(e).__name__}: {e}"[:300]}

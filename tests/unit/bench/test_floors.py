@@ -1,0 +1,471 @@
+"""Issue #52: the no-logic floors (hack/bench/floors.py) and the ratio judgement (hack/bench/targets.py).
+
+The floor clients are checked for exactly the writes they make, on a recording stand-in for the
+Kubernetes client (the real API is what a `make bench` run measures them against); the burst that
+times them on real threads, with writes that take time; the judgement and its rendering on result
+files with and without floors, the filed ones included.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from kubernetes import client
+
+from hack.bench import docs
+from hack.bench.cli import parse_args
+from hack.bench.details import floors_line
+from hack.bench.drain_workload import REQUESTED
+from hack.bench.floors import (
+    FLOOR_CONDITION,
+    FLOOR_FIELD,
+    DeviceRule,
+    FirstWrites,
+    Lists,
+    NodeQuarantine,
+    PodDrain,
+    burst,
+    combine,
+    drain_pods,
+    eviction_rate,
+    floor_rule_name,
+    guarded,
+    sampled,
+)
+from hack.bench.report import all_met, evaluate, summary_md
+from hack.bench.support import FLOOR_TAINT, GROUP, REPORTS, VERSION
+from hack.bench.targets import (
+    FLOOR_TIMED_OUT,
+    NO_FLOOR,
+    RATIO_MET,
+    RATIO_MISSED,
+    RATIO_UNMEASURED,
+    judge_ratio,
+    ratio_sentence,
+    resilience_targets_for,
+    targets_for,
+)
+from tests.unit.bench.test_helpers import FILED, _with_new_figures
+
+# -- the ratio judgement ------------------------------------------------------------------------------
+
+
+def test_a_latency_within_one_and_a_half_times_its_floor_is_met_and_beyond_it_missed() -> None:
+    assert judge_ratio(60.0, 40.0) == {"floor": 40.0, "ratio": 1.5, "status": RATIO_MET}
+    assert judge_ratio(61.0, 40.0)["status"] == RATIO_MISSED
+    assert judge_ratio(61.0, 40.0)["ratio"] == 1.52
+
+
+def test_a_throughput_is_judged_by_the_floors_rate_over_gpuhealths() -> None:
+    assert judge_ratio(20.0, 25.0, higher=True) == {"floor": 25.0, "ratio": 1.25, "status": RATIO_MET}
+    assert judge_ratio(10.0, 25.0, higher=True)["status"] == RATIO_MISSED  # 2.5x slower than the API server allows
+
+
+def test_a_floor_that_timed_out_or_is_missing_is_unmeasured_never_met() -> None:
+    assert judge_ratio(50.0, None) == {"floor": None, "ratio": None, "status": RATIO_UNMEASURED, "why": FLOOR_TIMED_OUT}
+    from hack.bench.targets import _MISSING
+
+    assert judge_ratio(50.0, _MISSING)["status"] == RATIO_UNMEASURED
+    assert judge_ratio(50.0, _MISSING)["why"] == NO_FLOOR
+
+
+def test_a_figure_gpuhealth_never_reached_beside_a_measured_floor_is_a_miss() -> None:
+    assert judge_ratio(None, 25.0, higher=True)["status"] == RATIO_MISSED
+    assert judge_ratio(0.0, 25.0, higher=True)["status"] == RATIO_MISSED
+
+
+def _with_floors() -> dict[str, Any]:
+    """A 1,000-node run with every core floor measured: detection p50 60 ms (floor 50), p99 900 (floor
+    400: p50 met, p99 missed), the storm at 20 nodes/s (floor 25), the device path and storm."""
+    res = _with_new_figures()
+    res["detect_to_taint_ms"].update({"p50": 60.0, "p99": 900.0, "timeouts": 0})
+    res["floor_ms"] = {"p50": 50.0, "p90": 100.0, "p99": 400.0, "samples": 100, "timeouts": 0}
+    res["storm"]["nodes_per_s"] = 20.0
+    res["floors"] = {
+        "storm": {"items": 100, "concurrency": 16, "seconds": 4.0, "per_s": 25.0, "seen": 100, "timed_out": False},
+        "device": {"p50": 50.0, "p90": 55.0, "p99": 600.0, "max": 600.0, "samples": 10, "timeouts": 0},
+        "device_storm": {"items": 20, "concurrency": 16, "seconds": None, "per_s": None, "seen": 12, "timed_out": True},
+    }
+    res["targets"] = evaluate(res)
+    return res
+
+
+def test_p50_met_while_p99_missed() -> None:
+    t = _with_floors()["targets"]
+    assert t["detect_p50"]["ratio"] == {"floor": 50.0, "ratio": 1.2, "status": RATIO_MET}
+    assert t["detect_p99"]["ratio"] == {"floor": 400.0, "ratio": 2.25, "status": RATIO_MISSED}
+    # The absolute targets are judged as before, beside the ratios.
+    assert t["detect_p50"]["pass"] is True and t["detect_p99"]["pass"] is True
+    assert t["storm_rate"]["ratio"] == {"floor": 25.0, "ratio": 1.25, "status": RATIO_MET}
+
+
+def test_a_floor_with_a_timeout_makes_both_its_ratios_unmeasured() -> None:
+    res = _with_floors()
+    res["floors"]["device"]["timeouts"] = 1
+    t = evaluate(res)
+    for key in ("device_p50", "device_p99"):
+        assert t[key]["ratio"]["status"] == RATIO_UNMEASURED and t[key]["ratio"]["why"] == FLOOR_TIMED_OUT
+    # A storm floor that did not see every rule is a floor that timed out too.
+    assert t["device_storm_rate"]["ratio"]["status"] == RATIO_UNMEASURED
+
+
+def test_an_unmeasured_ratio_is_neither_met_nor_missed_and_a_missed_one_fails_the_run() -> None:
+    res = _with_floors()
+    assert all_met(res["targets"]) is False  # detection p99 is 2.25x its floor
+    res["floor_ms"]["p99"] = 800.0
+    res["targets"] = evaluate(res)
+    assert res["targets"]["detect_p99"]["ratio"]["status"] == RATIO_MET
+    # The device storm's floor timed out: unmeasured, so it does not fail the run.
+    assert res["targets"]["device_storm_rate"]["ratio"]["status"] == RATIO_UNMEASURED
+    assert all_met(res["targets"]) is True
+
+
+def test_an_old_result_file_without_floors_is_unmeasured_where_it_has_none() -> None:
+    old = json.loads(FILED.read_text(encoding="utf-8"))
+    assert "floors" not in old
+    fresh = evaluate(old)
+    assert fresh["storm_rate"]["ratio"] == {"floor": None, "ratio": None, "status": RATIO_UNMEASURED, "why": NO_FLOOR}
+    assert fresh["device_p50"].get("measured") is False  # the run predates the device figures
+    # Detection's floor was measured in the same run from the first filed run on: its ratio stands.
+    assert fresh["detect_p50"]["ratio"]["status"] in (RATIO_MET, RATIO_MISSED)
+    assert fresh["detect_p50"]["ratio"]["floor"] == old["floor_ms"]["p50"]
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+
+
+def test_a_run_with_floors_renders_each_figure_beside_its_floor_and_ratio() -> None:
+    res = _with_floors()
+    block = docs.render(FILED, res)
+    assert "| figure | result | floor | ratio to floor (<= 1.5x) | | absolute target | |" in block
+    assert "| Detection to taint, p50 | 60.0 ms | 50.0 ms | 1.20x | met | <= 200 ms | met |" in block
+    assert "| Detection to taint, p99 | 900.0 ms | 400.0 ms | 2.25x | **missed** | <= 1000 ms | met |" in block
+    assert "| Storm at 100% breaker | 20.0 nodes/s | 25.0 nodes/s | 1.25x | met | >= 20 nodes/s | met |" in block
+    assert (
+        "| Device storm (GPUs on distinct nodes at once) | 25.0 rules/s | - | floor timed out | unmeasured "
+        "| >= 20 rules/s | met |" in block
+    )
+    # A figure with no floor path keeps its absolute target alone.
+    assert "| Operator peak RSS | " in block and "| - | - | - | <= 250 MB |" in block
+    assert "Ratios to the no-logic floor (<= 1.5x): **4 of 5 met**, 1 unmeasured." in block
+    md = summary_md(res)
+    assert "| Detection to taint, p99 | 900.0 ms | 400.0 ms | 2.25x | **MISS** | <= 1000 ms | pass |" in md
+    assert "node storm 100 in 4.0 s (25.0/s, 16 at a time)" in md
+    assert "device storm timed out (12 of 20 seen)" in md
+
+
+def test_a_result_file_without_floors_renders_no_floor_measured() -> None:
+    old = json.loads(FILED.read_text(encoding="utf-8"))
+    block = docs.render(FILED, old)
+    assert "| Storm at 100% breaker | " in block
+    storm = next(line for line in block.splitlines() if line.startswith("| Storm at 100% breaker"))
+    assert "| - | no floor measured | unmeasured |" in storm
+    assert floors_line(old) == "No-logic floors of the other paths: no floor measured in this run."
+
+
+def test_the_resilience_floors_are_judged_and_rendered() -> None:
+    targets = {t.key: t for t in resilience_targets_for(1000)}
+    assert targets["drain_rate"].floor is not None and targets["drain_rate"].higher
+    assert targets["restart_evaluated"].floor is not None and not targets["restart_evaluated"].higher
+    res: dict[str, Any] = {
+        "nodes": 1000,
+        "warm_restart": {"startup_evaluated_s": 6.0, "restart_to_first_taint_s": 9.0, "startup_writes": 0},
+        "floors": {"restart": {"seconds": 3.0, "timed_out": False}},
+        "targets": {},
+    }
+    res["targets"] = evaluate(res)
+    assert res["targets"]["restart_evaluated"]["ratio"] == {"floor": 3.0, "ratio": 2.0, "status": RATIO_MISSED}
+    assert res["targets"]["restart_taint"]["ratio"]["ratio"] == 3.0
+    assert res["targets"]["drain_rate"].get("measured") is False  # no drain storm in this run
+    assert ratio_sentence(res, resilience_targets_for(1000)) == (
+        "Ratios to the no-logic floor (<= 1.5x): **0 of 2 met**, 2 unmeasured."
+    )
+
+
+def test_the_10k_start_up_is_judged_against_its_floor() -> None:
+    startup = next(t for t in targets_for(10000) if t.key == "startup")
+    assert startup.floor is not None
+    res = {"floors": {"startup": combine({"seconds": 20.0}, {"seconds": 100.0})}}
+    assert startup.floor(res) == 120.0
+    assert startup.floor({"floors": {"startup": combine({"seconds": 20.0}, {"timed_out": True})}}) is None
+
+
+# -- the burst that times a floor ------------------------------------------------------------------------
+
+
+def test_a_burst_writes_every_item_at_most_concurrency_at_once() -> None:
+    lock = threading.Lock()
+    now = {"in": 0, "max": 0}
+    written: list[str] = []
+
+    def write(item: str) -> None:
+        with lock:
+            now["in"] += 1
+            now["max"] = max(now["max"], now["in"])
+        time.sleep(0.02)
+        with lock:
+            now["in"] -= 1
+            written.append(item)
+
+    items = [f"n{i}" for i in range(40)]
+    r = burst(items, write, concurrency=4, timeout_s=10.0)
+    assert sorted(written) == sorted(items)
+    assert now["max"] == 4
+    assert r["items"] == 40 and r["seen"] == 40 and not r["timed_out"] and r["errors"] == 0
+    # 40 writes of 20 ms, 4 at a time: at least 10 rounds.
+    assert r["seconds"] >= 0.2 and r["per_s"] == pytest.approx(40 / r["seconds"], rel=0.01)
+
+
+def test_a_burst_injects_each_item_before_its_writes_and_times_to_the_last_seen() -> None:
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def inject(item: str) -> None:
+        with lock:
+            order.append(f"fault {item}")
+
+    def write(item: str) -> None:
+        with lock:
+            order.append(f"write {item}")
+
+    t0 = time.time()
+
+    def seen(items: Sequence[str], timeout_s: float) -> Mapping[str, float]:
+        return {i: t0 + 2.0 for i in items}  # the watch saw the last one 2 s after the start
+
+    r = burst(["a", "b"], write, 2, 5.0, wait_seen=seen, inject=inject, started=t0)
+    assert order.index("fault a") < order.index("write a") and order.index("fault b") < order.index("write b")
+    assert r["seconds"] == 2.0 and r["per_s"] == 1.0
+
+
+def test_a_burst_whose_write_fails_or_is_not_seen_times_out() -> None:
+    def write(item: str) -> None:
+        if item == "bad":
+            raise client.ApiException(status=500, reason="etcd timeout")
+
+    r = burst(["good", "bad"], write, 2, 1.0)
+    assert r["timed_out"] and r["seconds"] is None and r["per_s"] is None
+    assert r["errors"] == 1 and "bad" in r["error_examples"][0]
+    partial = burst(["a", "b"], lambda i: None, 2, 0.1, wait_seen=lambda items, t: {"a": time.time()})
+    assert partial["timed_out"] and partial["seen"] == 1
+
+
+def test_a_sampled_floor_counts_a_timed_out_sample_as_the_timeout() -> None:
+    results: list[dict[str, Any]] = [{"timed_out": False, "seconds": 0.05}, {"timed_out": True, "seconds": None}]
+    undone: list[Sequence[str]] = []
+    s = sampled([["a"], ["b"]], lambda g: results.pop(0), undone.append, timeout_s=10.0)
+    assert undone == [["a"], ["b"]]
+    assert s["samples"] == 2 and s["timeouts"] == 1 and s["p50"] == 50.0 and s["p99"] == 10_000.0
+
+
+# -- each floor's client: exactly the writes gpuhealth must do -------------------------------------------
+
+
+class _Api:
+    """Records every call a floor client makes, by method name; lists answer from ``pages``."""
+
+    def __init__(self, pages: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.pages = {k: list(v) for k, v in (pages or {}).items()}
+        self.api_client = None
+        self.missing: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args, kwargs))
+            if name.startswith("delete") and args[-1] in self.missing:
+                raise client.ApiException(status=404, reason="NotFound")
+            if name.startswith("list"):
+                key = args[-1] if args and isinstance(args[-1], str) else name
+                page = self.pages[key].pop(0)
+                return SimpleNamespace(data=json.dumps(page).encode())
+            return {}
+
+        return call
+
+
+def test_the_node_floor_writes_the_status_then_taint_and_cordon_in_one_patch() -> None:
+    core, custom = _Api(), _Api()
+    q = NodeQuarantine(cast(client.CoreV1Api, core), cast(client.CustomObjectsApi, custom))
+    q.write("floor-node-3")
+    ((verb, args, _),) = custom.calls
+    assert verb == "patch_cluster_custom_object_status" and args[:4] == (GROUP, VERSION, REPORTS, "floor-node-3")
+    assert args[4]["status"]["state"] == "Quarantined"
+    ((verb, args, kwargs),) = core.calls
+    assert verb == "patch_node" and args[0] == "floor-node-3"
+    assert args[1] == {
+        "spec": {"taints": [{"key": FLOOR_TAINT, "value": "floor", "effect": "NoSchedule"}], "unschedulable": True}
+    }
+    assert kwargs["_content_type"] == "application/merge-patch+json"
+    q.undo("floor-node-3")
+    assert core.calls[-1][1][1] == {"spec": {"taints": None, "unschedulable": None}}
+    assert custom.calls[-1][1][4] == {"status": {"state": None, "reason": None, "since": None}}
+
+
+def test_the_device_floor_writes_the_status_then_creates_one_rule_for_the_gpu() -> None:
+    custom = _Api()
+    d = DeviceRule(cast(client.CustomObjectsApi, custom), "gpu-3")
+    d.write("floor-node-7")
+    (status, create) = custom.calls
+    assert status[0] == "patch_cluster_custom_object_status" and status[1][3] == "floor-node-7"
+    assert create[0] == "create_cluster_custom_object" and create[1][2] == "devicetaintrules"
+    body = create[1][3]
+    assert body["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "floor-node-7", "device": "gpu-3"}
+    assert body["metadata"] == {"name": "bench-floor-floor-node-7-gpu-3"}  # no gpuhealth label: not its rule
+    custom.missing.add(floor_rule_name("floor-node-7", "gpu-3"))
+    d.undo("floor-node-7")  # a rule already gone is fine
+    assert custom.calls[-1][1][4] == {"status": {FLOOR_FIELD: None}}
+
+
+def test_the_start_up_floor_writes_what_a_first_pass_does_into_fields_gpuhealth_never_reads() -> None:
+    core, custom = _Api(), _Api()
+    FirstWrites(cast(client.CoreV1Api, core), cast(client.CustomObjectsApi, custom)).write("node-0001")
+    ((verb, args, _),) = custom.calls
+    assert verb == "patch_cluster_custom_object_status"
+    # No "state": the operator's start-up after it still finds the node never decided (api/status.py).
+    assert set(args[4]["status"]) == {FLOOR_FIELD}
+    ((verb, args, _),) = core.calls
+    assert verb == "patch_node_status" and args[0] == "node-0001"
+    assert [c["type"] for c in args[1]["status"]["conditions"]] == [FLOOR_CONDITION]
+
+
+def test_the_list_floor_pages_through_every_list_and_counts_what_it_read() -> None:
+    api = _Api(
+        {
+            "gpunodehealths": [{"items": [{}] * 500, "metadata": {"continue": "t1"}}, {"items": [{}] * 20}],
+            "list_node": [{"items": [{}] * 3}],
+        }
+    )
+    lists = Lists(
+        cast(client.CoreV1Api, api),
+        cast(client.CustomObjectsApi, api),
+        cast(client.CoordinationV1Api, api),
+        "gpuhealth",
+    )
+    assert lists.list_all("reports") == 520
+    pages = [kw for verb, args, kw in api.calls if args and args[-1] == "gpunodehealths"]
+    assert [p.get("_continue") for p in pages] == [None, "t1"] and all(p["limit"] == 500 for p in pages)
+    assert lists.list_all("nodes") == 3
+    # A list that fails is a floor that timed out.
+    r = lists.measure(timeout_s=5.0)
+    assert r["timed_out"] and r["seconds"] is None and r["errors"] >= 1
+
+
+def test_the_start_up_floor_is_its_lists_then_its_writes() -> None:
+    r = combine({"seconds": 2.5, "timed_out": False}, {"seconds": 10.0, "timed_out": False})
+    assert r["seconds"] == 12.5 and not r["timed_out"]
+
+
+# -- the run's shape ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "nodes"),
+    [([], 100), (["--quick"], 20), (["--storm", "30", "--device-storm", "40"], 40), (["--floor-nodes", "5"], 5)],
+)
+def test_each_floor_has_as_many_floor_nodes_as_its_path_takes_at_once(argv: list[str], nodes: int) -> None:
+    assert parse_args(argv).floor_nodes == nodes
+
+
+# -- the drain storm's floor --------------------------------------------------------------------------
+
+
+def test_the_drain_floor_asks_a_checkpointing_pod_then_evicts_it_and_asks_again_while_the_pdb_refuses() -> None:
+    core = _Api()
+    refusals = {"pdb-app-1": 2}
+
+    def eviction(name: str, namespace: str, body: dict[str, Any], **kw: Any) -> None:
+        core.calls.append(("create_namespaced_pod_eviction", (name, namespace, body), kw))
+        if refusals.get(name):
+            refusals[name] -= 1
+            raise client.ApiException(status=429, reason="TooManyRequests")
+        if name == "gone":
+            raise client.ApiException(status=404, reason="NotFound")
+        if name == "broken":
+            raise client.ApiException(status=500, reason="Internal")
+
+    setattr(core, "create_namespaced_pod_eviction", eviction)  # noqa: B010  (the recorder answers every other call)
+    d = PodDrain(cast(client.CoreV1Api, core), "bench-drain-floor", retry_s=0.0)
+    d.request("ckpt-a")
+    ((verb, args, _),) = core.calls
+    assert verb == "patch_namespaced_pod" and args[:2] == ("ckpt-a", "bench-drain-floor")
+    assert list(args[2]["metadata"]["annotations"]) == [REQUESTED]
+    d.evict("pdb-app-1")
+    evictions = [c for c in core.calls if c[0] == "create_namespaced_pod_eviction"]
+    assert len(evictions) == 3 and d.refused == 2  # refused twice by the PDB, then through
+    assert evictions[0][1][2] == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "pdb-app-1", "namespace": "bench-drain-floor"},
+    }
+    d.evict("gone")  # evicted already: nothing to ask again
+    with pytest.raises(client.ApiException):
+        d.evict("broken")
+
+
+class _Pods:
+    """The drain floor's pods: each checkpointing pod acknowledges its request on a thread of its own."""
+
+    def __init__(self, ack: bool = True) -> None:
+        self.ack = ack
+        self.lock = threading.Lock()
+        self.log: list[str] = []
+        self.on_ack: list[Any] = []
+        self.refused = 0
+
+    def request(self, pod: str) -> None:
+        with self.lock:
+            self.log.append(f"request {pod}")
+        if self.ack:
+            threading.Thread(target=lambda: [h(pod) for h in self.on_ack]).start()
+
+    def evict(self, pod: str) -> float:
+        with self.lock:
+            self.log.append(f"evict {pod}")
+        return time.time()
+
+
+def test_the_drain_floor_evicts_each_checkpointing_pod_only_after_its_acknowledgement() -> None:
+    pods = _Pods()
+    mix = [("ckpt-0", True), ("term-1", False), ("ckpt-2", True), ("pdb-app-x", False)]
+    t0 = time.time()
+    r = drain_pods(mix, cast(PodDrain, pods), 2, 10.0, t0, pods.on_ack.append)
+    assert sorted(pods.log) == sorted([*(f"evict {n}" for n, _ in mix), "request ckpt-0", "request ckpt-2"])
+    for name in ("ckpt-0", "ckpt-2"):
+        assert pods.log.index(f"request {name}") < pods.log.index(f"evict {name}")
+    assert r["evictions"] == 4 and r["checkpoint_requests"] == 2 and not r["timed_out"]
+    assert r["seconds"] is not None and r["evictions_per_s"] is not None
+
+
+def test_a_drain_floor_whose_pods_never_acknowledge_times_out() -> None:
+    pods = _Pods(ack=False)
+    r = drain_pods([("ckpt-0", True), ("term-1", False)], cast(PodDrain, pods), 2, 0.3, time.time(), pods.on_ack.append)
+    assert r["timed_out"] and r["evictions"] == 1 and r["evictions_per_s"] is None and r["seconds"] is None
+
+
+def test_the_drain_floors_rate_is_read_first_to_last_as_gpuhealths() -> None:
+    assert eviction_rate([10.0, 10.5, 11.0, 12.0]) == 1.5  # 3 gaps over 2 s
+    assert eviction_rate([10.0]) is None
+
+
+def test_a_floor_that_fails_is_a_floor_that_timed_out() -> None:
+    def boom() -> dict[str, Any]:
+        raise client.ApiException(status=503, reason="ServiceUnavailable")
+
+    failed = guarded("node storm", boom)
+    assert failed["timed_out"] is True and "503" in failed["error"]
+    storm = next(t for t in targets_for(1000) if t.key == "storm_rate")
+    detect = next(t for t in targets_for(1000) if t.key == "detect_p50")
+    assert storm.floor is not None and storm.floor({"floors": {"storm": failed}}) is None
+    assert detect.floor is not None and detect.floor({"floor_ms": failed}) is None  # no samples: timed out
+
+
+def test_a_run_with_the_drain_storm_has_floor_nodes_for_it_and_a_spare() -> None:
+    args = parse_args(["--phases", "drain", "--nodes", "1000"])
+    assert args.drain_nodes == 100 and args.floor_nodes == 101
