@@ -23,7 +23,7 @@ from typing import Any
 
 from devkit.docblocks import check, rewrite
 from hack.bench.docs import RESULTS, core_run, dig, filed_runs, resilience_table
-from hack.bench.targets import measured, targets_for
+from hack.bench.targets import RATIO_MAX, RATIO_MISSED, RATIO_UNMEASURED, measured, ratio_of, targets_for
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "scaling.md"
@@ -64,6 +64,26 @@ def missed(res: dict[str, Any]) -> list[str]:
         if measured(e) and e is not None and not e["pass"]:
             out.append(f"{t.label} ({e['value']}, target {t.target})")
     return out
+
+
+def ratios(res: dict[str, Any]) -> str:
+    """Each figure's ratio to its floor from the same run (issue #52: <= 1.5x), those over it named; the
+    figures with a floor path and none measured counted apart."""
+    judged, over, unmeasured = [], [], 0
+    for t in targets_for(int(res["nodes"])):
+        r = ratio_of(t, res["targets"].get(t.key), res)
+        if t.floor is None:
+            continue
+        if r is None or r["status"] == RATIO_UNMEASURED:
+            unmeasured += 1
+            continue
+        judged.append(t)
+        if r["status"] == RATIO_MISSED:
+            over.append(f"{t.label} ({r['ratio']}x)" if r.get("ratio") is not None else t.label)
+    head = f"{len(judged) - len(over)} of {len(judged)} within {RATIO_MAX:g}x" if judged else "no floor measured"
+    tail = f"; over it: {'; '.join(over)}" if over else ""
+    rest = f" ({unmeasured} without a floor measured)" if judged and unmeasured else ""
+    return f"{head}{rest}{tail}."
 
 
 PHASE = re.compile(r"^\[[0-9:]+\]\s+\((?P<what>.+) took (?P<took>[0-9]+ min [0-9]+ s|[0-9]+ s); [0-9.]+ min in\)$")
@@ -174,6 +194,8 @@ def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path
         miss = missed(r)
         lines.append("")
         lines.append(f"Missed at {r['nodes']:,} nodes: " + ("; ".join(miss) + "." if miss else "nothing it measured."))
+        lines.append("")
+        lines.append(f"Against the no-logic floor at {r['nodes']:,} nodes: {ratios(r)}")
     for path, stop in stopped:
         lines += ["", *render_stopped(path, stop)]
     if table := resilience_table(runs):

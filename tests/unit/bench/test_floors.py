@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 from kubernetes import client
 
-from hack.bench import docs
+from hack.bench import docs, scaling_docs
 from hack.bench.cli import parse_args
 from hack.bench.details import floors_line
 from hack.bench.drain_workload import REQUESTED
@@ -237,7 +237,11 @@ def test_a_burst_injects_each_item_before_its_writes_and_times_to_the_last_seen(
     t0 = time.time()
 
     def seen(items: Sequence[str], timeout_s: float) -> Mapping[str, float]:
-        return {i: t0 + 2.0 for i in items}  # the watch saw the last one 2 s after the start
+        # The watch sees each write once made; it saw the last one 2 s after the start.
+        deadline = time.time() + timeout_s
+        while sum(1 for o in order if o.startswith("write")) < len(items) and time.time() < deadline:
+            time.sleep(0.005)
+        return {i: t0 + 2.0 for i in items}
 
     r = burst(["a", "b"], write, 2, 5.0, wait_seen=seen, inject=inject, started=t0)
     assert order.index("fault a") < order.index("write a") and order.index("fault b") < order.index("write b")
@@ -469,3 +473,11 @@ def test_a_floor_that_fails_is_a_floor_that_timed_out() -> None:
 def test_a_run_with_the_drain_storm_has_floor_nodes_for_it_and_a_spare() -> None:
     args = parse_args(["--phases", "drain", "--nodes", "1000"])
     assert args.drain_nodes == 100 and args.floor_nodes == 101
+
+
+def test_the_scaling_table_says_how_each_size_stands_against_its_floors() -> None:
+    assert scaling_docs.ratios(_with_floors()) == (
+        "4 of 5 within 1.5x (1 without a floor measured); over it: Detection to taint, p99 (2.25x)."
+    )
+    old = json.loads(FILED.read_text(encoding="utf-8"))
+    assert scaling_docs.ratios({**old, "floor_ms": {**old["floor_ms"], "timeouts": 3}}) == "no floor measured."
