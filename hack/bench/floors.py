@@ -41,6 +41,8 @@ from typing import Any
 from kubernetes import client
 
 from devkit import dra
+from gpuhealth.api.names import AGENT_LEASE_SELECTOR
+from gpuhealth.kube.client import SCHEDULED
 from hack.bench.details import floor_line_part
 from hack.bench.drain_workload import REQUESTED
 from hack.bench.fleet import SimNode
@@ -314,8 +316,10 @@ class Lists:
             "nodes": lambda **kw: k.list_node(label_selector=GPU_SELECTOR, **kw),
             "reports": lambda **kw: c.list_cluster_custom_object(GROUP, VERSION, REPORTS, **kw),
             "policies": lambda **kw: c.list_cluster_custom_object(GROUP, VERSION, "gpuhealthpolicies", **kw),
-            "leases": lambda **kw: self.leases.list_namespaced_lease(self.lease_namespace, **kw),
-            "pods": lambda **kw: k.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", **kw),
+            "leases": lambda **kw: self.leases.list_namespaced_lease(
+                self.lease_namespace, label_selector=AGENT_LEASE_SELECTOR, **kw
+            ),
+            "pods": lambda **kw: k.list_pod_for_all_namespaces(field_selector=SCHEDULED, **kw),
             "resourceslices": lambda **kw: c.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", **kw),
             "devicetaintrules": lambda **kw: c.list_cluster_custom_object(
                 DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, **kw

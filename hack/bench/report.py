@@ -111,6 +111,8 @@ def summary_md(res: dict[str, Any]) -> str:
                 *(resilience_md(res) if resilient else []),
                 *(mig_md(res) if "mig" in res else []),
                 *(domain_md(res) if "domain_storm" in res else []),
+                f"- {floors_line(res)}",
+                "",
             ]
         )
     rows = [*TABLE_HEAD, *_rows(res, targets_for(res["nodes"]), "pass", "**MISS**")]

@@ -51,6 +51,7 @@ from hack.bench.targets import (
     resilience_targets_for,
     targets_for,
 )
+from tests.unit.bench.test_domain import _domain_run
 from tests.unit.bench.test_helpers import FILED, _with_new_figures
 
 # -- the ratio judgement ------------------------------------------------------------------------------
@@ -481,3 +482,12 @@ def test_the_scaling_table_says_how_each_size_stands_against_its_floors() -> Non
     )
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert scaling_docs.ratios({**old, "floor_ms": {**old["floor_ms"], "timeouts": 3}}) == "no floor measured."
+
+
+def test_a_run_without_the_core_phases_lists_its_floors_too() -> None:
+    res = _domain_run()
+    res["floors"] = {"domain": {"p50": 800.0, "p90": 900.0, "p99": 1200.0, "max": 1200.0, "samples": 4, "timeouts": 0}}
+    res["targets"] = evaluate(res)
+    md = summary_md(res)
+    assert "| 600.0 ms | 1,200.0 ms | 0.50x | pass | <= 1000 ms | pass |" in md
+    assert "No-logic floors, same run and API server" in md and "domain storm p50 800.0 ms" in md
