@@ -208,7 +208,7 @@ def _first_startup(r: dict[str, Any]) -> str:
     head = "\n\nIts first start-up, on a fleet never evaluated: operator start-up to every node evaluated"
     t = next((t for t in targets_for(r["nodes"]) if t.key == "startup"), None)  # a large fleet's target
     e = r["targets"].get("startup")
-    if t is None or not (e and measured(e)):
+    if t is None or not t.absolute or not (e and measured(e)):
         return f"{head} {r['operator'].get('startup_s')} s. {startup_line(r)}"
     return f"{head} {_judged(t, e)}. {startup_line(r)}"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.targets import Target, _num, floor_latency, path, phase_block, phase_md
+from hack.bench.targets import Target, _num, floor_latency, path, phase_block, phase_md, ratio_only
 
 DOMAIN_KEY = "domain_storm"
 
@@ -18,6 +18,13 @@ def domain_targets_for(nodes: int) -> list[Target]:
     timeouts); and every faulted domain out whole, no node outside them tainted. The same at every size."""
     del nodes  # one target for every fleet size
     return [
+        ratio_only(
+            "domain_p50",
+            "Clique fault to the last member's taint of its NVLink domain, p50",
+            lambda r: r[DOMAIN_KEY]["fault_to_last_taint_ms"]["p50"],
+            floor_latency(path("floors", "domain"), "p50"),
+            " ms",
+        ),
         Target(
             "domain_p99",
             "Clique fault to the last member's taint of its NVLink domain, p99",

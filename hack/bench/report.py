@@ -60,6 +60,8 @@ def evaluate(res: dict[str, Any]) -> dict[str, Any]:
         except (KeyError, TypeError):
             ok = False
         out[t.key] = {"label": t.label, "target": t.target, "value": v, "pass": ok}
+        if not t.absolute:  # judged by its ratio alone
+            out[t.key]["absolute"] = False
         if t.floor is not None:  # issue #52: the figure over its floor, measured in the same run
             out[t.key]["ratio"] = judge_ratio(v, floor_of(t, res), t.higher)
     return out
@@ -76,7 +78,7 @@ def all_met(targets: dict[str, Any]) -> bool:
 def tally(targets: dict[str, Any], nodes: int, of: Callable[[int], list[Target]] | None = None) -> tuple[int, int, int]:
     """(met, measured, not measured) over the current targets of a run's size (``of``: which list, the
     core phases' by default); older runs lack the newer ones."""
-    entries = [targets.get(t.key) for t in (of or targets_for)(nodes)]
+    entries = [targets.get(t.key) for t in (of or targets_for)(nodes) if t.absolute]
     done = [e for e in entries if measured(e)]
     return sum(1 for e in done if e and e["pass"]), len(done), len(entries) - len(done)
 

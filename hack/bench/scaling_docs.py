@@ -169,8 +169,9 @@ def render(runs: list[tuple[Path, dict[str, Any]]], stopped: Sequence[tuple[Path
     ]
     rss: list[tuple[int, float]] = []
     for path, r in pts:
-        met = sum(1 for t in targets_for(int(r["nodes"])) if measured(e := r["targets"].get(t.key)) and e and e["pass"])
-        counted = sum(1 for t in targets_for(int(r["nodes"])) if measured(r["targets"].get(t.key)))
+        held = [t for t in targets_for(int(r["nodes"])) if t.absolute]
+        met = sum(1 for t in held if measured(e := r["targets"].get(t.key)) and e and e["pass"])
+        counted = sum(1 for t in held if measured(r["targets"].get(t.key)))
         peak = dig(r, "operator", "peak_rss_mb")
         if isinstance(peak, int | float):
             rss.append((int(r["nodes"]), float(peak)))

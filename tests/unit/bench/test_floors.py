@@ -38,7 +38,7 @@ from hack.bench.floors import (
     guarded,
     sampled,
 )
-from hack.bench.report import all_met, evaluate, summary_md
+from hack.bench.report import all_met, evaluate, summary_md, tally
 from hack.bench.support import FLOOR_TAINT, GROUP, REPORTS, VERSION
 from hack.bench.targets import (
     FLOOR_TIMED_OUT,
@@ -154,7 +154,8 @@ def test_a_run_with_floors_renders_each_figure_beside_its_floor_and_ratio() -> N
     )
     # A figure with no floor path keeps its absolute target alone.
     assert "| Operator peak RSS | " in block and "| - | - | - | <= 250 MB |" in block
-    assert "Ratios to the no-logic floor (<= 1.5x): **4 of 5 met**, 1 unmeasured." in block
+    # The start-up's floor was not measured in this run: unmeasured, as the device storm's that timed out.
+    assert "Ratios to the no-logic floor (<= 1.5x): **4 of 5 met**, 2 unmeasured." in block
     md = summary_md(res)
     assert "| Detection to taint, p99 | 900.0 ms | 400.0 ms | 2.25x | **MISS** | <= 1000 ms | pass |" in md
     assert "node storm 100 in 4.0 s (25.0/s, 16 at a time)" in md
@@ -478,7 +479,7 @@ def test_a_run_with_the_drain_storm_has_floor_nodes_for_it_and_a_spare() -> None
 
 def test_the_scaling_table_says_how_each_size_stands_against_its_floors() -> None:
     assert scaling_docs.ratios(_with_floors()) == (
-        "4 of 5 within 1.5x (1 without a floor measured); over it: Detection to taint, p99 (2.25x)."
+        "4 of 5 within 1.5x (2 without a floor measured); over it: Detection to taint, p99 (2.25x)."
     )
     old = json.loads(FILED.read_text(encoding="utf-8"))
     assert scaling_docs.ratios({**old, "floor_ms": {**old["floor_ms"], "timeouts": 3}}) == "no floor measured."
@@ -490,4 +491,21 @@ def test_a_run_without_the_core_phases_lists_its_floors_too() -> None:
     res["targets"] = evaluate(res)
     md = summary_md(res)
     assert "| 600.0 ms | 1,200.0 ms | 0.50x | pass | <= 1000 ms | pass |" in md
+    assert "NVLink domain, p50 | 300.0 ms | 800.0 ms | 0.38x | pass | - | - |" in md
+    assert "Ratios to the no-logic floor (<= 1.5x): **2 of 2 met**." in md
     assert "No-logic floors, same run and API server" in md and "domain storm p50 800.0 ms" in md
+
+
+def test_a_figure_with_no_absolute_target_is_judged_by_its_floor_alone() -> None:
+    res = _with_floors()
+    res["operator"]["startup_s"] = 45.0
+    res["floors"]["startup"] = combine({"seconds": 5.0, "timed_out": False}, {"seconds": 25.0, "timed_out": False})
+    before = tally(res["targets"], res["nodes"])
+    res["targets"] = evaluate(res)
+    assert tally(res["targets"], res["nodes"]) == before  # no absolute target: not in the absolute count
+    assert res["targets"]["startup"]["ratio"] == {"floor": 30.0, "ratio": 1.5, "status": RATIO_MET}
+    block = docs.render(FILED, res)
+    assert "| Operator start-up to every node evaluated | 45.0 s | 30.0 s | 1.50x | met | - | - |" in block
+    res["floors"]["startup"]["seconds"] = 20.0
+    res["targets"] = evaluate(res)
+    assert res["targets"]["startup"]["ratio"]["status"] == RATIO_MISSED and not all_met(res["targets"])

@@ -280,7 +280,9 @@ def test_the_10k_targets_are_the_issues() -> None:
     assert keys_1k["operator_rss"] == "<= 250 MB" and keys_10k["operator_rss"] == "<= 400 MB"
     assert keys_1k["e2e_p50"] == "<= 200 ms" and keys_10k["e2e_p50"] == "<= 150 ms"
     assert keys_10k["startup"] == "<= 60 s" and keys_10k["operator_idle_cpu"] == "<= 10%"
-    assert "startup" not in keys_1k and "operator_idle_cpu" not in keys_1k
+    assert "operator_idle_cpu" not in keys_1k
+    # Below 10,000 nodes the start-up is held to its no-logic floor alone (issue #52), with no absolute target.
+    assert keys_1k["startup"] == "-" and not next(t for t in targets_for(1000) if t.key == "startup").absolute
     assert keys_1k["traffic_p50"] == keys_10k["traffic_p50"] == "<= 150 ms"
 
     res = _run(10000)
@@ -290,7 +292,9 @@ def test_the_10k_targets_are_the_issues() -> None:
     assert t["storm_rate"]["pass"] is False and t["operator_rss"]["pass"] is True
     assert t["startup"]["pass"] is False and t["operator_idle_cpu"]["pass"] is True
     res["nodes"] = 1000
-    assert evaluate(res)["storm_rate"]["pass"] is True and "startup" not in evaluate(res)
+    small = evaluate(res)
+    # 75 s to evaluate 1,000 nodes misses no absolute target (there is none): only its floor may judge it.
+    assert small["storm_rate"]["pass"] is True and small["startup"]["absolute"] is False
 
 
 def test_an_older_run_renders_traffic_and_api_as_not_measured() -> None:
