@@ -30,6 +30,7 @@ Writes build/bench/results.json, summary.md and report.png. Tears down everythin
 #   startup       control plane, real agents, pods, first reports and heartbeats, slices, watches, operator start-up
 #   startup_writes  what start-up waited on: the audit log's time per request and the workers inside the server
 #   detection     detection to taint, and the no-logic floor chain it is compared with
+#   floors        every other path's no-logic floor (issue #52), taken by the phases right after their figure
 #   e2e           end to end through real agents on the fake NVML library
 #   storm         the storm at 100%, the recovery, the breaker at its limit
 #   traffic       background fact traffic, and detection under it
