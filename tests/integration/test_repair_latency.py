@@ -34,9 +34,12 @@ from tests.integration.test_device_quarantine import ecc, rules_of
 from tests.integration.test_remediation_ladder import NS, jobs_of, start
 
 PRODUCTION_TICK_S = 5.0  # the operator's default --tick (controller/process/main.py)
-# Well clear of a loaded 2-core machine's noise, and well below the 29 s an outside try saw from the
-# last pod gone to the reset Job (issue 37). Runs filed in results/latency/.
-BOUND_S = 10.0
+# Below the 29 s an outside try saw from the last pod gone to the reset Job (issue 37), and clear of a
+# loaded 2-core machine: idle runs take about 1 s (results/latency/), and a make test beside other test
+# runs (load 9 on 2 cores, fault to rule 6.0 s where idle takes 1.8 s) took 14.4 s, the claim
+# controller clearing the claim late and the remediator looking again at growing intervals
+# (remediator.py HANDOVER_S).
+BOUND_S = 20.0
 DEADLINE_S = 240.0
 POLL_S = 0.2
 
