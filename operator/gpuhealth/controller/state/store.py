@@ -252,11 +252,16 @@ class Store:
         self._recount(name)
 
     def reread_report(self, name: str, body: Mapping[str, Any]) -> None:
-        """A report read fresh after a conflict: its status is the record, whoever wrote it."""
+        """A report read fresh after a conflict: its status is the record, whoever wrote it. A report
+        with no status yet (the agent's write won the race with a node's first decision) gives no
+        record, as in ``put_report``: the node is still never evaluated, and a new node's burn-in
+        (``node_validator.py``) still starts on the retry."""
         if _behind(body, self._reports.get(name)):
             return  # the watch brought a newer one meanwhile, and with it the record
         self._reports[name] = slim_report(body)
-        self._records[name] = self.status(name).record
+        status = self.status(name)
+        if status.written:
+            self._records[name] = status.record
         self._recount(name)
 
     def wrote(self, name: str, result: Mapping[str, Any]) -> None:

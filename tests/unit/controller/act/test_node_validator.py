@@ -326,3 +326,24 @@ def test_a_refused_job_is_said_once_raised_and_created_under_the_same_name_once_
     asyncio.run(passes(kube, clock, n=2))
     assert len(kube.jobs) == 1 and f"{NS}/{next(iter(kube.jobs))[1]}" == nv(kube)["job"]
     assert nv(kube)["created"] is True
+
+
+class _FirstStatusWriteConflicts(FakeKube):
+    """The agent's write wins the race with the node's first decision: that status write gets a 409."""
+
+    conflicted = False
+
+    def patch_report_status(self, name: str, patch: Any) -> dict[str, Any]:
+        if not self.conflicted:
+            self.conflicted = True
+            raise ApiException(status=409, reason="Conflict")
+        return super().patch_report_status(name, patch)
+
+
+def test_a_conflict_on_a_new_nodes_first_decision_still_burns_it_in() -> None:
+    """The 409 re-reads the report (no status yet) and decides again: the node is still new, so it is
+    held and burned in, not returned Healthy unvalidated (the chaos burn-in scenario caught it)."""
+    kube = _FirstStatusWriteConflicts()
+    fleet(BURN_IN, kube=kube)
+    asyncio.run(passes(kube, Clock(), n=2))
+    assert kube.conflicted and nv(kube)["trigger"] == "BurnIn" and BURN_IN_TAINT_KEY in taints(kube)
