@@ -48,8 +48,13 @@ def _env(cluster: LocalCluster | None = None, **extra: str) -> dict[str, str]:
 
 def plugin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     """The console script, with --kubeconfig."""
+    return plugin_as(cluster.kubeconfig, *args)
+
+
+def plugin_as(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script under ``kubeconfig`` (an admin's, or a user's own credentials)."""
     return subprocess.run(
-        [str(PLUGIN), "--kubeconfig", str(cluster.kubeconfig), *args],
+        [str(PLUGIN), "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
         text=True,
         timeout=60,

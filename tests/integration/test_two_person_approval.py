@@ -34,7 +34,7 @@ from devkit.k8s import MANIFESTS, Kube, OperatorProcess, service_account_token, 
 from devkit.rbac import refusal
 from gpuhealth.api.remediation_status import approver_key
 from tests.integration.conftest import make_nodes, policy_spec
-from tests.integration.test_cli import PLUGIN, _env, ok, plugin
+from tests.integration.test_cli import ok, plugin, plugin_as
 from tests.integration.test_device_quarantine import device, ecc
 from tests.integration.test_remediation_ladder import job_done, ladder, start
 from tests.integration.test_validation import _resets
@@ -61,14 +61,7 @@ class Person:
         self.kube = Kube(self.kubeconfig)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(PLUGIN), "--kubeconfig", str(self.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=_env(),
-            check=False,
-        )
+        return plugin_as(self.kubeconfig, *args)
 
     def annotate(self, node: str, annotations: dict[str, Any]) -> None:
         self.kube.core.patch_node(node, {"metadata": {"annotations": annotations}})

@@ -145,12 +145,22 @@ class RemediationSettings:
         """Whether each step (and validation) waits in PendingApproval for people (Manual, TwoPerson)."""
         return self.approval in (Approval.MANUAL, Approval.TWO_PERSON)
 
+    @property
+    def needs_two(self) -> frozenset[ApprovalStep]:
+        """The steps that need two distinct approvers under this policy: ``twoPersonSteps`` under
+        TwoPerson, none otherwise."""
+        return self.two_person_steps if self.approval == Approval.TWO_PERSON else frozenset()
+
     def approvals_needed(self, what: ApprovalStep) -> int:
-        """Distinct approvers ``what`` needs before it runs: 0 (Automatic), 1, or 2 (TwoPerson and
-        ``what`` is one of ``twoPersonSteps``)."""
-        if not self.waits_for_people:
-            return 0
-        return 2 if self.approval == Approval.TWO_PERSON and what in self.two_person_steps else 1
+        """Distinct approvers ``what`` needs before it runs: 0 (Automatic), else :func:`approvers_needed`."""
+        return approvers_needed(what, self.needs_two) if self.waits_for_people else 0
+
+
+def approvers_needed(what: ApprovalStep, needs_two: frozenset[ApprovalStep]) -> int:
+    """Distinct approvers a waiting step needs once steps wait for people: two for a step of
+    ``needs_two`` (``RemediationSettings.needs_two``), one for any other. The one rule the remediator's
+    count and the ladder's messages both read."""
+    return 2 if what in needs_two else 1
 
 
 def _dur(v: Any, path: str) -> float:

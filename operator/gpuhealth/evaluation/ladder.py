@@ -142,9 +142,9 @@ class Observed:
     # approval: TwoPerson: what needs two distinct approvers (spec.remediation.twoPersonSteps); else empty
     two_person: frozenset[ApprovalStep] = frozenset()
 
-    def needed(self, rec: LadderRecord) -> int:
-        """Distinct approvers ``rec``'s waiting step (or validation) needs: 1, or 2 (TwoPerson)."""
-        return 2 if rec.approval_step in self.two_person else 1
+    def needed(self, what: ApprovalStep) -> int:
+        """Distinct approvers ``what`` needs: 1, or 2 (TwoPerson, ``api/remediation.py`` ``approvers_needed``)."""
+        return remediation.approvers_needed(what, self.two_person)
 
     rejected: bool = False  # a human rejected it (gpuhealth.dev/reject[-gpu])
     repairs: tuple[Attempt, ...] = ()  # the GPU's earlier attempts, by its UUID (status.repairs)
@@ -270,7 +270,8 @@ def advance(
                 return Move(rec)
             return _approval_recorded(rec, gpu, what, obs)
         by = f"by {approver_words(obs.approvers)}" if obs.approvers else "by a human"
-        of = f" ({len(obs.approvers)} of {obs.needed(rec)} approvals)" if obs.needed(rec) > 1 else ""
+        needed = obs.needed(rec.approval_step)
+        of = f" ({len(obs.approvers)} of {needed} approvals)" if needed > 1 else ""
         approved = ("Normal", "StepApproved", f"{_where(gpu)}: {what} (attempt {rec.attempt}) approved {by}{of}")
         rec = replace(rec, approvers=obs.approvers)
         if rec.validation is not None:
@@ -307,7 +308,7 @@ def advance(
                 v = Validation(level=validation.level)
                 if obs.manual:
                     rec = replace(rec, validation=v)
-                    return _await_approval(rec, gpu, f"level-{v.level} validation", now, obs.needed(rec))
+                    return _await_approval(rec, gpu, f"level-{v.level} validation", now, obs.needed(rec.approval_step))
                 rec = replace(rec, phase=Phase.VALIDATING, validation=v, message=msg)
                 return _validate(rec, gpu, steps, obs, now, validation, (("Normal", "ValidationPending", msg),))
             return _succeed(rec, gpu, now)
@@ -402,7 +403,7 @@ def _await_approval(rec: LadderRecord, gpu: GPU, what: str, now: dt.datetime, ne
 def _approval_recorded(rec: LadderRecord, gpu: GPU, what: str, obs: Observed) -> Move:
     """Not approved enough yet (TwoPerson: one person so far): who approved is recorded, the step waits."""
     new = [a.by for a in obs.approvers if a.by not in {r.by for r in rec.approvers}]
-    needed = obs.needed(rec)
+    needed = obs.needed(rec.approval_step)
     msg = (
         f"{_where(gpu)} ({gpu.reason}): {what} (attempt {rec.attempt}) has {len(obs.approvers)} of {needed} "
         f"approvals ({approver_words(obs.approvers)}); it waits for "
@@ -459,8 +460,7 @@ def _offender(rec: LadderRecord, gpu: GPU, fixed: tuple[Attempt, ...], obs: Obse
 def _start(rec: LadderRecord, gpu: GPU, step: Step, obs: Observed, now: dt.datetime) -> Move:
     n = f"{rec.attempt} of {step.attempts}"
     if obs.manual and not rec.approved and step.kind in (StepKind.GPU_RESET, StepKind.NODE_REBOOT):
-        needed = 2 if ApprovalStep(str(step.kind)) in obs.two_person else 1
-        return _await_approval(rec, gpu, f"{step.kind}", now, needed)
+        return _await_approval(rec, gpu, f"{step.kind}", now, obs.needed(ApprovalStep(str(step.kind))))
     if step.kind == StepKind.GPU_RESET:
         held = bool(gpu.taint_rule) or gpu.plugin  # its DeviceTaintRule, or the device-plugin route's hold
         if not (gpu.state == DeviceState.QUARANTINED and gpu.drained and held and obs.may_start):

@@ -189,7 +189,6 @@ class Remediator:
         repairs = dict(p.stored.repairs)  # a copy: repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.waits_for_people
-        two_person = settings.two_person_steps if settings.approval == Approval.TWO_PERSON else frozenset()
         calls = p.approvals if not dry else Approvals()
         plugin_out = sum(1 for r in records if r.via_plugin and r.out_of_service)
         counts = offered_words(p.node)
@@ -277,7 +276,7 @@ class Remediator:
                 approved=approved,
                 rejected=rejected,
                 approvers=approvers,
-                two_person=two_person,
+                two_person=settings.needs_two,
                 repairs=earlier,
                 repeat=settings.repeat,
                 plugin_withheld=dev.via_plugin and still_withheld(p.node, plugin_out),
