@@ -2,8 +2,8 @@
 # Builds what the real node of tests/integration/test_real_node.py runs, from Go modules and
 # Debian packages only (nothing prebuilt is downloaded), cached outside the repo keyed by version
 # like build-control-plane.sh:
-#   - containerd, ctr and containerd-shim-runc-v2 (go install of containerd's own module);
-#   - the kubelet, from the same Kubernetes wrapper module as the control plane (same version);
+#   - containerd, ctr and containerd-shim-runc-v2, and the kubelet, from the shared Go module
+#     (go-shared.sh) the control plane is built from;
 #   - registry.k8s.io/pause (containerd's default sandbox image), a FROM-scratch image holding a
 #     small static pause binary compiled here, saved as an archive for `ctr images import`.
 # runc, the CNI plugins, nftables and podman come from Debian (install-node-packages.sh).
@@ -16,8 +16,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/versions.env"
 
 CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
-BIN="$CACHE/bin/node_k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}"
 WORK="$CACHE/work"
+# shellcheck source=go-shared.sh
+source "$HERE/go-shared.sh"
+BIN="$CACHE/bin/node_$SHARED_KEY"
 # Podman keeps its storage under the cache too (never the host's /var/lib/containers).
 # By its physical path: podman records its storage path and refuses the same storage reached
 # another way (a symlinked cache, or GPUHEALTH_CACHE naming it through a link).
@@ -37,30 +39,26 @@ have() { [ -e "$BIN/$1" ] && [ -f "$BIN/.$1.ok" ]; }
 mark() { touch "$BIN/.$1.ok"; }
 timed() { local t0; t0=$(date +%s); "$@"; log "  $1 took $(( $(date +%s) - t0 ))s"; }
 
+# containerd and the kubelet come from the shared Go module (go-shared.sh). The control plane builds
+# first: its build compiles the libraries they share, so two builds never compile them side by side.
 build_containerd() {
   have containerd && have ctr && have containerd-shim-runc-v2 && return
+  bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
+  shared_module || die "resolving the shared Go module failed (see above)"
   log "building containerd $CONTAINERD_VERSION (containerd, ctr, containerd-shim-runc-v2)"
   local m=github.com/containerd/containerd/v2/cmd
-  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}" \
-    "$m/containerd@${CONTAINERD_VERSION}" "$m/ctr@${CONTAINERD_VERSION}" "$m/containerd-shim-runc-v2@${CONTAINERD_VERSION}" \
+  shared_build "$BIN" "-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}" \
+    "$m/containerd" "$m/ctr" "$m/containerd-shim-runc-v2" \
     || die "building containerd failed (see above)"
   mark containerd; mark ctr; mark containerd-shim-runc-v2
 }
 
 build_kubelet() {
   have kubelet && return
-  # The control plane's wrapper module (staging replaces, godebug) is the kubelet's too; build in a
-  # copy of it so the two builds never edit one go.mod, sharing the module and build caches.
   bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
-  local src="$WORK/kubernetes-$KUBERNETES_VERSION" mod="$WORK/kubelet-$KUBERNETES_VERSION"
-  [ -f "$src/go.mod" ] || die "no Kubernetes wrapper module at $src"
-  mkdir -p "$mod"
-  cp "$src/go.mod" "$mod/go.mod"; [ -f "$src/go.sum" ] && cp "$src/go.sum" "$mod/go.sum"
-  sed -i 's#^module .*#module gpuhealth.dev/hack/kubelet#' "$mod/go.mod"
+  shared_module || die "resolving the shared Go module failed (see above)"
   log "building kubelet $KUBERNETES_VERSION"
-  (cd "$mod" && go get k8s.io/kubernetes/cmd/kubelet >&2 \
-     && go build -trimpath -gcflags "$GO_GCFLAGS" -ldflags "$KUBERNETES_LDFLAGS" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet) \
-    || die "building the kubelet failed (see above)"
+  shared_build "$BIN" "$KUBERNETES_LDFLAGS" k8s.io/kubernetes/cmd/kubelet || die "building the kubelet failed (see above)"
   mark kubelet
 }
 

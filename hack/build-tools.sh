@@ -10,7 +10,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/versions.env"
 
 CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
-BIN="$CACHE/bin/tools_helm-${HELM_VERSION}_prometheus-${PROMETHEUS_MODULE_VERSION}"
+WORK="$CACHE/work"
+# shellcheck source=go-shared.sh
+source "$HERE/go-shared.sh"
+BIN="$CACHE/bin/tools_${SHARED_KEY}_prometheus-${PROMETHEUS_MODULE_VERSION}"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 
 log() { printf '[hack/build-tools] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -27,22 +30,25 @@ have() { [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.ok" ]; }
 mark() { touch "$BIN/.$1.ok"; }
 
 start=$(date +%s)
-if ! have helm; then
+build_helm() {
+  have helm && return
+  # helm comes from the shared Go module (go-shared.sh); the control plane's build compiles the
+  # libraries they share first.
+  bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
+  shared_module || die "resolving the shared Go module failed (see above)"
   log "building helm $HELM_VERSION"
   # Like helm's own Makefile: the default Kubernetes version of `helm template` and `helm lint`
   # (Capabilities.KubeVersion) is that of the client-go helm is built with, not v1.20.
-  gomod="$(go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
-  [ -f "$gomod" ] || die "could not download helm.sh/helm/v3@${HELM_VERSION}"
-  k8s_minor="$(awk '$1=="k8s.io/client-go"{split($2,v,"."); print v[2]}' "$gomod")"
-  [ -n "$k8s_minor" ] || die "no k8s.io/client-go in helm's go.mod"
-  pkg=helm.sh/helm/v3/pkg
-  GOBIN="$BIN" go install -trimpath -gcflags "$GO_GCFLAGS" \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
+  local k8s_minor pkg=helm.sh/helm/v3/pkg
+  k8s_minor="$(cd "$SHARED_MOD" && go list -m -f '{{.Version}}' k8s.io/client-go | cut -d. -f2)"
+  [ -n "$k8s_minor" ] || die "no k8s.io/client-go in the shared module"
+  shared_build "$BIN" "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
       -X $pkg/lint/rules.k8sVersionMajor=1 -X $pkg/lint/rules.k8sVersionMinor=$k8s_minor \
       -X $pkg/chartutil.k8sVersionMajor=1 -X $pkg/chartutil.k8sVersionMinor=$k8s_minor" \
-    "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" || die "building helm failed (see above)"
+    helm.sh/helm/v3/cmd/helm || die "building helm failed (see above)"
   mark helm
-fi
+}
+
 # promtool and the server come from one Prometheus module: one `go install` of both compiles their
 # shared packages (promql, rules, tsdb, the scrape code) once; a cache that has promtool builds only
 # what the server adds (its web API, OTLP, the agent mode).
@@ -62,5 +68,7 @@ if [ ${#prom[@]} -gt 0 ]; then
     || die "building ${prom[*]} failed (see above)"
   for cmd in "${prom[@]}"; do mark "$cmd"; done
 fi
+# After Prometheus (its own module, nothing shared): helm waits for the control plane's build.
+build_helm
 log "helm, promtool and prometheus ready in $BIN ($(( $(date +%s) - start ))s)"
 echo "$BIN"
