@@ -14,7 +14,7 @@ WORK="$CACHE/work"
 # shellcheck source=go-shared.sh
 source "$HERE/go-shared.sh"
 BIN="$CACHE/bin/control-plane_$SHARED_KEY"
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
+export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 
 log() { printf '[hack/build] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build] ERROR: %s\n' "$*" >&2; exit 1; }

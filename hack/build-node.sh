@@ -25,7 +25,7 @@ BIN="$CACHE/bin/node_$SHARED_KEY"
 # another way (a symlinked cache, or GPUHEALTH_CACHE naming it through a link).
 STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
 PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
+export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 
 log() { printf '[hack/build-node] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-node] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -43,8 +43,7 @@ timed() { local t0; t0=$(date +%s); "$@"; log "  $1 took $(( $(date +%s) - t0 ))
 # first: its build compiles the libraries they share, so two builds never compile them side by side.
 build_containerd() {
   have containerd && have ctr && have containerd-shim-runc-v2 && return
-  bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
-  shared_module || die "resolving the shared Go module failed (see above)"
+  shared_after_control_plane || die "the control plane build or the shared Go module failed (see above)"
   log "building containerd $CONTAINERD_VERSION (containerd, ctr, containerd-shim-runc-v2)"
   local m=github.com/containerd/containerd/v2/cmd
   shared_build "$BIN" "-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}" \
@@ -55,8 +54,7 @@ build_containerd() {
 
 build_kubelet() {
   have kubelet && return
-  bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
-  shared_module || die "resolving the shared Go module failed (see above)"
+  shared_after_control_plane || die "the control plane build or the shared Go module failed (see above)"
   log "building kubelet $KUBERNETES_VERSION"
   shared_build "$BIN" "$KUBERNETES_LDFLAGS" k8s.io/kubernetes/cmd/kubelet || die "building the kubelet failed (see above)"
   mark kubelet

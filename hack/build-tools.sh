@@ -34,8 +34,7 @@ build_helm() {
   have helm && return
   # helm comes from the shared Go module (go-shared.sh); the control plane's build compiles the
   # libraries they share first.
-  bash "$HERE/build-control-plane.sh" >/dev/null || die "the control plane build failed"
-  shared_module || die "resolving the shared Go module failed (see above)"
+  shared_after_control_plane || die "the control plane build or the shared Go module failed (see above)"
   log "building helm $HELM_VERSION"
   # Like helm's own Makefile: the default Kubernetes version of `helm template` and `helm lint`
   # (Capabilities.KubeVersion) is that of the client-go helm is built with, not v1.20.

@@ -11,20 +11,12 @@
 # What it costs: each tool runs with the newest version of a library that any of them requires (all
 # within the Kubernetes v1.37 line; the tests of each tool's user are what say it still works), and
 # etcd is the version Kubernetes itself requires (ETCD_VERSION must equal it). shared_module checks
-# that the selection kept every pinned version, and stops with the version it chose otherwise.
+# that the selection kept each command's module at the version SHARED_GETS asks, and stops with the version it chose otherwise.
 # Prometheus (newest libraries of all), Kueue (its own pinned go.sum), and NVIDIA's plugins (cgo) keep
 # their own modules.
 
 SHARED_KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}"
 SHARED_MOD="$WORK/shared-$SHARED_KEY"
-# Module -> the version versions.env pins; the selection must keep each.
-SHARED_PINS=(
-  "k8s.io/kubernetes $KUBERNETES_VERSION"
-  "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-  "sigs.k8s.io/kwok $KWOK_VERSION"
-  "helm.sh/helm/v3 $HELM_VERSION"
-  "github.com/containerd/containerd/v2 $CONTAINERD_VERSION"
-)
 # Every command built from the module, each at its module's pinned version, resolved together once.
 SHARED_GETS=(
   "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
@@ -64,18 +56,26 @@ shared_module() {
     } > "$SHARED_MOD/go.mod"
     rm -f "$SHARED_MOD/go.sum"
     (cd "$SHARED_MOD" && GOFLAGS=-mod=mod go get "${SHARED_GETS[@]}" >&2) || return 1
-    local pin mod want got
-    for pin in "${SHARED_PINS[@]}"; do
-      mod="${pin% *}" want="${pin#* }"
-      got="$(cd "$SHARED_MOD" && go list -m -f '{{.Version}}' "$mod")"
-      if [ "$got" != "$want" ]; then
-        echo "the shared module selected $mod $got, not $want as hack/versions.env pins: pin $got there" >&2
+    # Each command's module must still be at the version it was asked for.
+    local get pkg got
+    for get in "${SHARED_GETS[@]}"; do
+      pkg="${get%@*}"
+      got="$(cd "$SHARED_MOD" && go list -f '{{.Module.Path}} {{.Module.Version}}' "$pkg")" || return 1
+      if [ "${got#* }" != "${get##*@}" ]; then
+        echo "the shared module selected ${got% *} ${got#* }, not ${get##*@} as hack/versions.env pins: pin ${got#* } there" >&2
         return 1
       fi
     done
     touch "$SHARED_MOD/.resolved"
   fi
   flock -u 8
+}
+
+# For the tools built after the control plane (the kubelet, containerd, helm): its build first, so the
+# libraries they share are compiled once, by it; then the module, which that build resolved.
+shared_after_control_plane() {
+  bash "$HERE/build-control-plane.sh" >/dev/null || { echo "the control plane build failed" >&2; return 1; }
+  shared_module
 }
 
 # shared_build OUT LDFLAGS PACKAGE... : one `go build` of those commands into the directory OUT.
