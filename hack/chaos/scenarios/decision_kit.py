@@ -285,10 +285,7 @@ def validation_sampler(
     validations of these nodes over the limit are a violation."""
     passed: dict[str, set[str]] = {n: set() for n in node_names}
 
-    def look() -> None:
-        jobs = node_validations(jobs_of(ctx, node_names))
-        seen = nodes(ctx)
-        t = time.monotonic()
+    def note(jobs: dict[str, list[dict[str, Any]]]) -> int:
         running = 0
         for n in node_names:
             for j in jobs.get(n, []):
@@ -296,9 +293,22 @@ def validation_sampler(
                     passed[n].add(str(j["metadata"]["name"]))
                 elif not finished(j):
                     running += 1
+        return running
+
+    def look() -> None:
+        # The Jobs are read on both sides of the Nodes: a held node is judged against the Jobs that had
+        # passed before it was seen held, a free one against those passed by when it was seen free. Read
+        # only before, a Job that succeeded between the two reads (the operator frees a node within
+        # ~0.1 s of its Job's Complete) looked like a node freed with no validation passed.
+        note(node_validations(jobs_of(ctx, node_names)))
+        before = {n: frozenset(passed[n]) for n in node_names}
+        seen = nodes(ctx)
+        running = note(node_validations(jobs_of(ctx, node_names)))
+        t = time.monotonic()
+        for n in node_names:
             if n in seen:
                 held = taint_value(seen[n], held_by) is not None
-                samples.append(dc.HoldSample(t, n, held, frozenset(passed[n])))
+                samples.append(dc.HoldSample(t, n, held, before[n] if held else frozenset(passed[n])))
         if batch is not None and running > batch[0]:
             ctx.violate(f"[sampled {ctx.clock()}] {running} node validations running at once, over {batch[1]}")
 
