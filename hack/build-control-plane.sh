@@ -15,6 +15,7 @@ WORK="$CACHE/work"
 source "$HERE/go-shared.sh"
 BIN="$CACHE/bin/control-plane_$SHARED_KEY"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+export GOGC="${GOGC:-$GO_BUILD_GOGC}"
 
 log() { printf '[hack/build] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -19,6 +19,7 @@ CACHE="${GPUHEALTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}"
 OUT="$CACHE/bin/kueue-${KUEUE_VERSION}"
 WORK="$CACHE/work/kueue-${KUEUE_VERSION}"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+export GOGC="${GOGC:-$GO_BUILD_GOGC}"
 
 log() { printf '[hack/build-kueue] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-kueue] ERROR: %s\n' "$*" >&2; exit 1; }

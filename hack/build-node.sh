@@ -26,6 +26,7 @@ BIN="$CACHE/bin/node_$SHARED_KEY"
 STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
 PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+export GOGC="${GOGC:-$GO_BUILD_GOGC}"
 
 log() { printf '[hack/build-node] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-node] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -28,6 +28,7 @@ STORE="$(mkdir -p "$CACHE/podman" && cd "$CACHE/podman" && pwd -P)"
 PODMAN=(podman --root "$STORE/storage" --runroot "$STORE/run")
 MODULE=github.com/NVIDIA/k8s-device-plugin
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=1 GOFLAGS=-mod=mod
+export GOGC="${GOGC:-$GO_BUILD_GOGC}"
 
 log() { printf '[hack/build-nvidia-plugins] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-nvidia-plugins] ERROR: %s\n' "$*" >&2; exit 1; }

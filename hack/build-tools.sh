@@ -15,6 +15,7 @@ WORK="$CACHE/work"
 source "$HERE/go-shared.sh"
 BIN="$CACHE/bin/tools_${SHARED_KEY}_prometheus-${PROMETHEUS_MODULE_VERSION}"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+export GOGC="${GOGC:-$GO_BUILD_GOGC}"
 
 log() { printf '[hack/build-tools] %s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[hack/build-tools] ERROR: %s\n' "$*" >&2; exit 1; }

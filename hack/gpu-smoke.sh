@@ -61,11 +61,11 @@ else
         fi
     done
     [[ -n $BASE ]] || fail "no Python 3.11 or newer on PATH (gpuhealth needs it)"
-    VENV=$(mktemp -d -t gpuhealth-smoke-venv.XXXXXX)
+    VENV=$(mktemp -d -t gpuhealth-smoke-venv.XXXXXX)  # used once and removed: no .pyc compiled up front (--no-compile)
     trap 'rm -rf "$VENV"' EXIT
     say "throwaway venv ($BASE -m venv; pip install $ROOT)"
     "$BASE" -m venv "$VENV" || fail "cannot create a venv with $BASE"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "$ROOT" || fail "pip install $ROOT failed"
+    "$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "$ROOT" || fail "pip install $ROOT failed"
     PY=$VENV/bin/python
     # The installed package, not the checkout: this is what a clean clone runs.
     unset PYTHONPATH

@@ -99,6 +99,14 @@ def cpu_jiffies(stat: str) -> tuple[int, int]:
     return total - idle, total
 
 
+def mem_available_kb(meminfo: str) -> int | None:
+    """``MemAvailable`` from /proc/meminfo, in kB (None where the kernel does not say)."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return None
+
+
 def cpu_by_phase(samples: list[Sample]) -> dict[str, dict[str, float]]:
     """Seconds and the share of the CPUs kept busy in each phase, from consecutive samples: the
     interval between two samples belongs to the later sample's phase."""
@@ -122,6 +130,8 @@ class CpuSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._t0 = time.monotonic()
         self._phase, self._seen = "build", 0
+        # The least memory left for new work in each phase (kB): what the builds and the tests peaked at.
+        self.least_available: dict[str, int] = {}
 
     def _sample(self) -> None:
         if self._phase == "build":
@@ -134,6 +144,10 @@ class CpuSampler:
                 self._phase = "tests"
         busy, total = cpu_jiffies(Path("/proc/stat").read_text())
         self.samples.append((time.monotonic() - self._t0, self._phase, busy, total))
+        avail = mem_available_kb(Path("/proc/meminfo").read_text())
+        if avail is not None:
+            low = self.least_available.get(self._phase)
+            self.least_available[self._phase] = avail if low is None else min(low, avail)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -217,6 +231,7 @@ def run(scratch: Path, make_args: tuple[str, ...] = ("test",), own_caches: bool 
         "node_packages_installed": "node_packages" in got,
         "tests": tests,
         "cpu": cpu_by_phase(sampler.samples),
+        "least_available_gb": {p: round(kb / 2**20, 1) for p, kb in sampler.least_available.items()},
         "target_s": TARGET_S,
         "met": rc == 0 and wall <= TARGET_S,
         "log_tail": lines[-40:],

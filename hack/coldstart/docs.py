@@ -44,6 +44,13 @@ def _cpu(cpu: dict[str, dict[str, float]]) -> str:
     return f" The CPUs were busy {' and '.join(parts)}." if parts else ""
 
 
+def _memory(least: dict[str, float], machine: dict[str, Any]) -> str:
+    """The least memory left available in each phase (runs filed before it was sampled have none)."""
+    said = {"build": "while the tools built", "tests": "while the tests ran"}
+    parts = [f"{least[p]} GB {said[p]}" for p in said if p in least]
+    return f" Memory available at its lowest (of {machine['mem_gb']} GB): {' and '.join(parts)}." if parts else ""
+
+
 def render(result: dict[str, Any] | None) -> str:
     if result is None:
         return f"{BEGIN}\nNo cold run is filed yet (`make coldstart`).\n{END}"
@@ -63,7 +70,8 @@ def render(result: dict[str, Any] | None) -> str:
             else " The real node's Debian packages were already installed (apt not counted)."
         )
         + (f" Caches: {result['caches']}." if result.get("caches") else "")
-        + _cpu(result.get("cpu") or {}),
+        + _cpu(result.get("cpu") or {})
+        + _memory(result.get("least_available_gb") or {}, m),
         "",
         "| piece (as its build script timed itself; pieces overlap) | seconds |",
         "|---|---:|",

@@ -140,3 +140,23 @@ def test_the_block_says_whose_caches_the_run_filled() -> None:
     own = docs.render(_result(caches="the machine's own (its first make test)"))
     assert "Caches: the machine's own (its first make test)." in own
     assert "Caches:" not in docs.render(_result())  # runs filed before the field say nothing
+
+
+def test_the_sampler_keeps_the_least_memory_available_in_each_phase(tmp_path: Path) -> None:
+    meminfo = "MemTotal:       24641536 kB\nMemFree:         1000000 kB\nMemAvailable:    8388608 kB\n"
+    assert coldstart.mem_available_kb(meminfo) == 8388608
+    assert coldstart.mem_available_kb("MemTotal: 1 kB\n") is None  # a kernel that does not say
+    log = tmp_path / "make.log"
+    log.write_text("[hack/build] building\n")
+    sampler = coldstart.CpuSampler(log, every=3600)
+    sampler._sample()
+    sampler._sample()
+    assert set(sampler.least_available) == {"build"}
+    total_kb = int(Path("/proc/meminfo").read_text().split()[1])  # MemTotal, the file's first line
+    assert 0 < sampler.least_available["build"] <= total_kb
+
+
+def test_the_block_says_how_little_memory_was_left() -> None:
+    text = docs.render(_result(least_available_gb={"build": 9.3, "tests": 4.1}))
+    assert "Memory available at its lowest (of 23.4 GB): 9.3 GB while the tools built and 4.1 GB while" in text
+    assert "Memory available" not in docs.render(_result())  # runs filed before the field say nothing
