@@ -152,12 +152,27 @@ def verify(
     # The ladder's history is written when the validation passes, and the record goes when the GPU
     # returns, one probation later: read it in that window from this node's report alone (the timeline's
     # poller reads every node and, on a loaded machine, can miss a 10 s window).
-    done = wait_for(
-        lambda: (r := ladder()).get("phase") == "Succeeded" and r,
-        timeout=90,
-        interval=0.1,
-        what=f"GPU {bad}'s ladder Succeeded (validation passed), before its probation ends",
-    )
+    last: dict[str, Any] = {}
+
+    def passed() -> dict[str, Any] | None:
+        last["record"] = r = ladder()
+        return r if r.get("phase") == "Succeeded" else None
+
+    try:
+        done = wait_for(
+            passed,
+            timeout=90,
+            interval=0.1,
+            what=f"GPU {bad}'s ladder Succeeded (validation passed), before its probation ends",
+        )
+    except AssertionError as e:  # say where the ladder stood and how its validation Jobs ended
+        jobs = [
+            (j.metadata.name, [(c.type, c.status, c.reason) for c in j.status.conditions or []])
+            for j in validation_jobs(kube, node)
+        ]
+        raise AssertionError(
+            f"{e}; the ladder's record as last read: {last.get('record')}; validation Jobs: {jobs}"
+        ) from None
     wait_for(
         lambda: devices_of(kube, node).get(bad, {}).get("state") == "InService" and rule not in rules(),
         timeout=90,
