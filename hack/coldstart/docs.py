@@ -37,17 +37,19 @@ def _mmss(s: float) -> str:
     return f"{int(s) // 60} min {int(s) % 60:02d} s"
 
 
+# The run's two phases (hack/coldstart CpuSampler), as the block names them.
+PHASES = {"build": "while the tools built", "tests": "while the tests ran"}
+
+
 def _cpu(cpu: dict[str, dict[str, float]]) -> str:
     """How busy the CPUs were in each phase (runs filed before the sampler have none)."""
-    said = {"build": "while the tools built", "tests": "while the tests ran"}
-    parts = [f"{cpu[p]['busy']:.0%} {said[p]} ({_mmss(cpu[p]['s'])})" for p in said if p in cpu]
+    parts = [f"{cpu[p]['busy']:.0%} {said} ({_mmss(cpu[p]['s'])})" for p, said in PHASES.items() if p in cpu]
     return f" The CPUs were busy {' and '.join(parts)}." if parts else ""
 
 
 def _memory(least: dict[str, float], machine: dict[str, Any]) -> str:
     """The least memory left available in each phase (runs filed before it was sampled have none)."""
-    said = {"build": "while the tools built", "tests": "while the tests ran"}
-    parts = [f"{least[p]} GB {said[p]}" for p in said if p in least]
+    parts = [f"{least[p]} GB {said}" for p, said in PHASES.items() if p in least]
     return f" Memory available at its lowest (of {machine['mem_gb']} GB): {' and '.join(parts)}." if parts else ""
 
 
