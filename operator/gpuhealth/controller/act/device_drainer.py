@@ -11,10 +11,10 @@ for ``CLAIMS_TTL_S``.
 The pods found go through exactly the node drain's logic: ``drain.plan.plan_drain`` (checkpoint
 handshake, whole gangs, timeouts) and ``Drainer.execute`` (PodDisruptionBudget retries with growing
 delays, Events). Progress lives per GPU in ``status.deviceDrains["<index>"]``, written before the
-first request, so a restarted operator neither asks twice nor evicts twice. Device drains take no
-``maxConcurrentDrains`` slot: they move the pods of one GPU, and the GPU budget already bounds how
-many GPUs leave at once. While the node itself is Draining, its drain moves every pod and the
-device drains wait for it.
+first request (through ``status_writes.py``), so a restarted operator neither asks twice nor evicts
+twice. Device drains take no ``maxConcurrentDrains`` slot: they move the pods of one GPU, and the
+GPU budget already bounds how many GPUs leave at once. While the node itself is Draining, its drain
+moves every pod and the device drains wait for it.
 
 On a device-plugin node (``DeviceRecord.via_plugin``: no DRA device) the pods holding the GPU are
 those the agent's report names under it (``Report.holders``: the kubelet's pod-resources API, the
@@ -35,6 +35,7 @@ from gpuhealth.api.report import Report
 from gpuhealth.api.status import DrainRecord, Record, drain_is_current
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act import status_writes
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.drainer import Drainer
 from gpuhealth.controller.act.passes import NodePass
@@ -96,9 +97,8 @@ class DeviceDrainer:
         return self._claims
 
     async def _write(self, name: str, drains: Mapping[str, DrainRecord | None]) -> None:
-        body = {"status": {"deviceDrains": {k: None if v is None else dict(v) for k, v in drains.items()}}}
-        result = await self.kube.patch_report_status(name, body)
-        self.store.wrote(name, result)
+        entries = {k: None if v is None else dict(v) for k, v in drains.items()}
+        await status_writes.record(self.kube, self.store, name, {"deviceDrains": entries})
 
     def fold(self, p: NodePass, records: Sequence[DeviceRecord]) -> dict[str, Any]:
         """``status.deviceDrains`` entries to drop in the node's own status patch: the drains of GPUs

@@ -4,7 +4,10 @@ The drainer is given the Kube port, the caches, the breaker (for drain slots) an
 never sees the node reconciler, and tells it when the node wants its next pass by returning it
 (``again.py``). It keeps a drain's progress in the node's
 GPUNodeHealth ``status.drain`` (written before the first request, so a restart recognises this
-drain's requests) and carries out the pure plan (``drain.plan``) step by step.
+drain's requests, and after the requests went out: ``status_writes.py``) and carries out the pure
+plan (``drain.plan``) step by step. A record the node's decision ends (the node back Healthy, or a
+new Draining episode) is dropped in the decision's own status patch (:meth:`Drainer.fold`), not in a
+write of its own after the Node's.
 
 Each step is idempotent by construction: a checkpoint request is a pod annotation written with the
 pod's resourceVersion as precondition (so a request is never made twice), and an eviction is only
@@ -24,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuhealth.api import pods as P
-from gpuhealth.api.names import OUT_OF_SERVICE, State
+from gpuhealth.api.names import OUT_OF_SERVICE, Mode, State
 from gpuhealth.api.policy import Policy
 from gpuhealth.api.status import (
     DrainRecord,
@@ -34,6 +37,7 @@ from gpuhealth.api.status import (
     drain_is_current,
 )
 from gpuhealth.api.timeutil import format_time, format_time_precise, parse_time
+from gpuhealth.controller.act import status_writes
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.backoff import growing_delay
@@ -105,11 +109,9 @@ class Drainer:
                 await self._evict_crashlooping(name, policy, now)
             else:
                 self._evicted.pop(name, None)
-            if record and rec.state == State.HEALTHY:
-                await self.write(name, None)
-            return None
+            return None  # a Healthy node's drain record went with the decision (``fold``)
         if record and not drain_is_current(record, rec):
-            record = DrainRecord()  # a previous episode's drain: start afresh
+            record = DrainRecord()  # a previous episode's drain (``fold`` drops it with the decision): start afresh
         if record.get("phase") == "Completed":
             self.breaker.end_drain(policy, name)
             return None
@@ -128,8 +130,9 @@ class Drainer:
                 record = DrainRecord()
         if not record.get("startedAt"):
             # Record the start before the first request, so a restart recognises this drain's requests.
-            if p.stored.drain:
-                await self.write(name, None)  # a merge patch would keep a previous drain's pods
+            if set(p.stored.drain) - {"phase"}:
+                await self.write(name, None)  # a merge patch would keep a previous drain's pods (``fold``
+                # dropped a previous episode's already: this is only a record its episode cannot place)
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})
             await self.write(name, record)
         pods = self.store.pods.on(name)
@@ -186,11 +189,21 @@ class Drainer:
         if not evicted:
             self._evicted.pop(name, None)
 
+    def fold(self, p: NodePass, rec: Record) -> dict[str, Any]:
+        """``status.drain`` to drop in the node's own status patch (Enforce, where drains run): the
+        drain record of a node this pass's decision (``rec``) makes Healthy, or of an earlier episode
+        than the Draining one ``rec`` is in. The record goes with the decision that ends it, in one
+        write, not in a second one after the Node's, and the drain ``run`` starts from no record."""
+        drain = p.found.drain
+        if not drain or p.policy.mode != Mode.ENFORCE:
+            return {}
+        if rec.state == State.HEALTHY or (rec.state == State.DRAINING and not drain_is_current(drain, rec)):
+            return {"drain": None}
+        return {}
+
     async def write(self, name: str, record: DrainRecord | None) -> None:
         """Write (or, with ``None``, remove) ``status.drain``."""
-        body = {"status": {"drain": None if record is None else dict(record)}}
-        result = await self.kube.patch_report_status(name, body)
-        self.store.wrote(name, result)
+        await status_writes.record(self.kube, self.store, name, {"drain": None if record is None else dict(record)})
 
     async def execute(self, node: str, plan: DrainPlan, now: dt.datetime, cause: str = "") -> DrainRecord:
         """Carry out the plan's steps; returns the progress record they updated. ``cause`` (the fault)

@@ -3,7 +3,10 @@ domain or its rack, in the one order ``scoping.py`` runs), decide (pure), then w
 survives a kill at any line:
 
 1. the GPUNodeHealth status (the decision, the write-ahead record), with a resourceVersion
-   precondition so a decision is never based on a stale record;
+   precondition so a decision is never based on a stale record. It is the pass's one status write:
+   the keys other rooms decide before it ride on it (their ``fold``: a validation's move that
+   creates no Job, the drain records the decision ends); what a room must record after the Node
+   write goes through ``status_writes.py``, the only other writer of the status;
 2. the Node (taint, cordon, state label and the ownership annotation, in one patch, also with a
    resourceVersion precondition);
 3. the Node's GPUHealthy condition, then Events; then the drain, if the state says so. A pass that
@@ -264,8 +267,14 @@ class NodeReconciler:
                 return None  # the start-up pod list passes every node again once it is in (runtime.py)
             skew, new_skew = skew_episode(store.report_seen(name), stored.clock_skew, now)
             # A validation's move that creates no Job lands in this same write (node_validator.py), and
-            # so does dropping the drain record of a GPU this decision moves out of Draining.
-            folded = {**self.validator.fold(p, nmove), **self.device_drainer.fold(p, dev.records)}
+            # so does dropping the drain record of a GPU this decision moves out of Draining, or the
+            # node's of an episode this decision ends (drainer.py): one status write per pass, besides
+            # the rooms' records that must precede or follow their effects (status_writes.py).
+            folded = {
+                **self.validator.fold(p, nmove),
+                **self.device_drainer.fold(p, dev.records),
+                **self.drainer.fold(p, decision.record),
+            }
             held = self.validator.holds(p, nmove)
             await self._persist(p, overridden, report_obj, decision, dev, skew, folded, held)
             # The decision is announced right after it is recorded and before anything acts on it.

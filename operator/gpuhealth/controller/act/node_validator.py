@@ -16,6 +16,8 @@ the GPU's validation uses (``remediator.py``), which survives a kill at any line
    the Job deleted (timed out or superseded) or created under the recorded name (409: it exists);
 3. the record again (``created: true``), Events and metrics.
 
+The records of 1 and 3 go through ``status_writes.py``, the one status write besides the decision patch.
+
 A node's validation starts only when: the policy enables ``spec.validation`` (and
 ``spec.remediation``, whose namespace and service account the Job runs under); the mode is
 Enforce (DryRun records and announces what it would run; Paused never gets here); for a release,
@@ -49,6 +51,7 @@ from gpuhealth.api.report import MIG_ENABLED, Report
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import NodeValidation, Outcome, Trigger, ValidationSettings
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act import status_writes
 from gpuhealth.controller.act.again import Again
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.step_jobs import StepJobs
@@ -242,8 +245,7 @@ class NodeValidator:
         self.store.reflect_node(name, updated)
 
     async def _write(self, name: str, rec: NodeValidation | None) -> None:
-        result = await self.kube.patch_report_status(name, {"status": {"nodeValidation": _entry(rec)}})
-        self.store.wrote(name, result)
+        await status_writes.record(self.kube, self.store, name, {"nodeValidation": _entry(rec)})
 
 
 def _entry(rec: NodeValidation | None) -> dict[str, Any] | None:

@@ -3,7 +3,9 @@
 Called by the node reconciler after the node's and the GPUs' drains, once per pass of a node whose
 policy enables ``spec.remediation``. Per GPU it reads what the ladder needs from the API (the
 attempt's Job by its recorded name: ``step_jobs.py``), checks a GPUReset's preconditions right before it starts, asks
-the pure ladder for the next move, and then acts in an order that survives a kill at any line:
+the pure ladder for the next move, and then acts in an order that survives a kill at any line (it
+decides after the Node write, so its records are written through ``status_writes.py``, not in the
+node's decision patch):
 
 1. ``status.remediation["<index>"]`` first (the write-ahead record: step, attempt, the Job's name;
    its patch planned by ``actions/ladder_patches.py``), then the move's Events (announced once
@@ -109,6 +111,7 @@ from gpuhealth.api.status import Record
 from gpuhealth.api.timeutil import format_time
 from gpuhealth.api.validation import Outcome
 from gpuhealth.controller import metrics
+from gpuhealth.controller.act import status_writes
 from gpuhealth.controller.act.again import Again, soonest
 from gpuhealth.controller.act.passes import NodePass
 from gpuhealth.controller.act.step_jobs import StepJobs
@@ -563,5 +566,4 @@ class Remediator:
         status: dict[str, Any] = {"remediation": {str(index): entry}}
         if repairs:
             status["repairs"] = repairs
-        result = await self.kube.patch_report_status(name, {"status": status})
-        self.store.wrote(name, result)
+        await status_writes.record(self.kube, self.store, name, status)

@@ -1,0 +1,120 @@
+"""One status write per pass (issue #51): the node's GPUNodeHealth status is written by the node
+reconciler's decision patch, and besides it only by ``controller/act/status_writes.py`` (the records a
+room writes before or after its effects). A record that only follows from the decision (a drain
+record the decision ends) goes in the decision patch. Through the in-memory Kube port."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import copy
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import gpuhealth
+from gpuhealth.controller.process.runtime import Runtime
+from tests.unit.builders import at, report_obj, xid_event
+from tests.unit.controller.act._device_support import Clock
+from tests.unit.fake_kube import FakeKube
+
+OPERATOR = Path(gpuhealth.__file__).resolve().parent
+STATUS = ("patch", "report/n1/status")
+
+
+def _callers(attr: str) -> set[str]:
+    """``module:function`` of every call of a method named ``attr`` in the operator, outside the Kube port."""
+    found: set[str] = set()
+    for path in OPERATOR.rglob("*.py"):
+        rel = path.relative_to(OPERATOR).as_posix()
+        if rel.startswith("kube/"):
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr:
+                        found.add(f"{rel}:{fn.name}")
+    return found
+
+
+def test_the_status_has_two_writers_the_decision_patch_and_the_rooms_records() -> None:
+    assert _callers("patch_report_status") == {
+        "controller/act/node_reconciler.py:_persist",
+        "controller/act/status_writes.py:record",
+    }
+
+
+async def _runtime(kube: FakeKube, clock: Clock) -> Runtime:
+    rt = Runtime(kube, clock=clock, workers=1)
+    rt.slice_watch.cache.replace([])
+    await rt._load()
+    await rt._list_pods()
+    return rt
+
+
+def _report(rt: Runtime, kube: FakeKube, clock: Clock, **kw: Any) -> None:
+    """The agent writes its facts now (a fresh heartbeat), and the watch brings them."""
+    body = report_obj(name="n1", heartbeat=(clock.t - at(0)).total_seconds(), **kw)
+    kube.reports["n1"]["spec"] = body["spec"]
+    rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
+
+
+def _status(kube: FakeKube) -> dict[str, Any]:
+    return kube.reports["n1"].get("status") or {}
+
+
+def test_the_drain_record_goes_with_the_decision_that_returns_the_node() -> None:
+    """Recovering to Healthy: the state and the end of the drain record in one status write (it was
+    two: the decision, then the drainer's removal after the Node write)."""
+    kube, clock = FakeKube(), Clock()
+    kube.add_policy("p", {"safety": {"probation": "30s"}})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1"))
+
+    async def body() -> None:
+        rt = await _runtime(kube, clock)
+        _report(rt, kube, clock, xids=[xid_event(79, 9)])
+        for _ in range(3):  # tainted; the empty node's drain completes; Quarantined
+            await rt.reconciler.reconcile("n1")
+        assert _status(kube)["state"] == "Quarantined" and _status(kube)["drain"]["phase"] == "Completed"
+        clock.t += dt.timedelta(seconds=5)
+        _report(rt, kube, clock)
+        await rt.reconciler.reconcile("n1")
+        assert _status(kube)["state"] == "Recovering" and _status(kube)["drain"]
+        clock.t += dt.timedelta(seconds=40)
+        _report(rt, kube, clock)
+        before = len(kube.writes)
+        await rt.reconciler.reconcile("n1")
+        assert _status(kube)["state"] == "Healthy" and "drain" not in _status(kube)
+        assert kube.writes[before:].count(STATUS) == 1, kube.writes[before:]
+        await rt.events.flush()
+
+    asyncio.run(body())
+
+
+def test_a_previous_episodes_drain_record_goes_with_the_decision_that_starts_the_next() -> None:
+    """A node Draining again, its status still holding an earlier episode's drain: the decision drops
+    that record, and the new drain's start is then one write (it was two: the record removed, then
+    the start), with nothing of the earlier drain's pods left in it."""
+    kube, clock = FakeKube(), Clock()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1"))
+    old = {"phase": "Completed", "startedAt": "2020-01-01T00:00:00Z", "total": 1, "evicted": 1}
+    old["pods"] = {"uid-gone": {"pod": "ml/gone", "node": "n1", "evictedAt": "2020-01-01T00:00:01Z"}}
+    kube.reports["n1"]["status"] = {"state": "Healthy", "drain": old}
+
+    async def body() -> None:
+        rt = await _runtime(kube, clock)
+        _report(rt, kube, clock, xids=[xid_event(79, 9)])
+        before = len(kube.writes)
+        await rt.reconciler.reconcile("n1")  # Draining, tainted; the drain starts on the next pass
+        assert _status(kube)["state"] == "Draining" and "drain" not in _status(kube)
+        assert kube.writes[before:].count(STATUS) == 1, kube.writes[before:]
+        await rt.reconciler.reconcile("n1")  # the empty node's drain: started and completed
+        drain = _status(kube)["drain"]
+        assert drain["phase"] == "Completed" and "uid-gone" not in (drain.get("pods") or {})
+        await rt.events.flush()
+
+    asyncio.run(body())
