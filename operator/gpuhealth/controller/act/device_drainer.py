@@ -104,16 +104,17 @@ class DeviceDrainer:
         """``status.deviceDrains`` entries to drop in the node's own status patch: the drains of GPUs
         that ``records`` (this pass's decision) no longer hold Draining. A GPU whose drain completed
         moves to Quarantined and loses its drain record in one write, not two (docs/scaling.md, the
-        device path at 10,000 nodes). Every pass that reaches ``run`` has written this first, so ``run``
-        finds no stale record left."""
+        device path at 10,000 nodes). Every pass that reaches ``run`` has written this first, and ``run``
+        reads only the records of Draining GPUs, which this keeps."""
         draining = _draining(records)
-        stale = {str(i): None for i in p.stored.device_drains if i not in draining}
+        stale = {str(i): None for i in p.found.device_drains if i not in draining}
         return {"deviceDrains": stale} if stale else {}
 
     async def run(self, p: NodePass, node: Record, records: Sequence[DeviceRecord]) -> Again:
         """Drain the pods that hold each Draining GPU; returns when the node wants its next pass."""
         name, policy, now, a = p.name, p.policy, p.now, p.assessment
-        drains = {i: DrainRecord(**d) for i, d in p.stored.device_drains.items()}  # copies: the pass's are read only
+        # Copies (the pass's are read only); only the Draining GPUs' are read, which ``fold`` keeps.
+        drains = {i: DrainRecord(**d) for i, d in p.found.device_drains.items()}
         draining = _draining(records)
         if not draining or node.state == State.DRAINING or policy.mode != Mode.ENFORCE:
             return None

@@ -102,7 +102,8 @@ class Drainer:
         node wants its next pass: soon after a completed drain, every second while one runs. The drain
         runs under the settings for the node's reason (``Policy.drain_for``: patient for a slow one)."""
         name, policy, now = p.name, p.policy, p.now
-        record = DrainRecord(**p.stored.drain)  # a copy: the pass's record is read only
+        found = DrainRecord() if self.fold(p, rec) else p.found.drain  # as the decision patch left it
+        record = DrainRecord(**found)  # a copy: the pass's record is read only
         if rec.state != State.DRAINING:
             self.breaker.end_drain(policy, name)
             if rec.state in OUT_OF_SERVICE:
@@ -130,7 +131,7 @@ class Drainer:
                 record = DrainRecord()
         if not record.get("startedAt"):
             # Record the start before the first request, so a restart recognises this drain's requests.
-            if set(p.stored.drain) - {"phase"}:
+            if set(found) - {"phase"}:
                 await self.write(name, None)  # a merge patch would keep a previous drain's pods (``fold``
                 # dropped a previous episode's already: this is only a record its episode cannot place)
             record = DrainRecord(phase="Running", startedAt=format_time(now), fatal=fatal, pods={})

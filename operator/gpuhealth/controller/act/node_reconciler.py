@@ -220,7 +220,6 @@ class NodeReconciler:
             node=node,
             report=report,
             found=stored,
-            store=store,
             prior=prior,
             assessment=a,
             released=released,

@@ -3,13 +3,16 @@ of the pass, and hands to each room (``device_reconciler``, ``node_validator``, 
 ``device_drainer``, ``remediator``) instead of the raw status and a long list of arguments.
 
 The persisted part (``api/status.py`` ``StoredStatus``: the node's record, the GPUs' records, the
-drains, the repair ladders, the node's validation) comes two ways. ``found`` is the status as the
-pass began: what the state machine decides from and the node's status write is diffed against.
-``stored`` is the status as the store holds it at the moment it is read, parsed once per version: a
-room that runs after other writes of the same pass (the node's status write holds the GPUs' records
-and a validation's verdict; the drainer's record comes before the remediator reads it) resumes from
-what those writes left, never from the pass's first read. Reading ``found`` there was the first try
-at this type: a GPU's reset Job created twice, an approval lost (fresh-clone test at f1befd1).
+drains, the repair ladders, the node's validation) is held once, ``found``: the status as the pass
+began, what the state machine decides from and the node's status write is diffed against. A pass
+writes the status once (the node reconciler's decision patch, with the keys the rooms ``fold`` into
+it); the records a room writes after the Node write (``status_writes.py``) are its own keys, which
+it keeps as it writes them (the remediator: each GPU's ladder as the pass left it, so a second GPU
+waits for the first one's reset; the drainers: their records less what their ``fold`` dropped). A
+second view (``stored``, the store's copy re-read after each write) once stood for that: the first
+typed pass gave the remediator only the status as the pass began, and a GPU's reset Job was created
+twice (fresh-clone test at f1befd1); ``tests/unit/controller/act/test_status_writes.py`` holds that
+case.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from gpuhealth.api.policy import Policy
 from gpuhealth.api.remediation_status import Approvals
 from gpuhealth.api.report import Report
 from gpuhealth.api.status import Record, StoredStatus
-from gpuhealth.controller.state.store import Store
 from gpuhealth.evaluation.findings import Assessment
 
 
@@ -37,16 +39,9 @@ class NodePass:
     node: Mapping[str, Any]  # the Node as cached
     report: Report | None  # the agent's facts (None: no report yet, or an unusable one)
     found: StoredStatus  # the GPUNodeHealth status as the pass found it (the store's, ``Store.status``)
-    store: Store  # where ``stored`` reads the status as it is now
     prior: Record  # the node's record: the store's, else the status's
     assessment: Assessment  # the node's findings (before the GPUs' verdicts take theirs out)
     released: bool = False  # the node's release annotation, acted on (Enforce)
     gpus: frozenset[int] = frozenset()  # the GPUs the release-gpu annotation names (Enforce)
     cleared: dt.datetime | None = None  # evidence up to here is acknowledged (a release)
     approvals: Approvals = field(default_factory=Approvals)  # a human's approve or reject of a repair step (Enforce)
-
-    @property
-    def stored(self) -> StoredStatus:
-        """The node's status as the store holds it now (after this pass's writes): the store's one parse
-        of that version, ``found`` itself until the pass writes."""
-        return self.store.status(self.name)

@@ -188,8 +188,10 @@ class Remediator:
         if not settings.enabled or policy.mode == Mode.PAUSED:
             return None
         again: Again = None
-        ladders = p.stored.ladders
-        repairs = dict(p.stored.repairs)  # a copy: repairs_patch keeps it up to date as attempts are added
+        # The ladders as this pass leaves them (the remediator is the only writer of its records): each
+        # GPU's next check, one reset at a time per node, sees the moves written before it in this pass.
+        ladders = dict(p.found.ladders)
+        repairs = dict(p.found.repairs)  # a copy: repairs_patch keeps it up to date as attempts are added
         dry = policy.mode == Mode.DRY_RUN
         manual = settings.waits_for_people
         calls = p.approvals if not dry else Approvals()
@@ -245,7 +247,7 @@ class Remediator:
                 and dev.drained
                 and (dev.taint_rule or dev.via_plugin)
             ):
-                may_start, handover = await self._may_start(p, node, dev, peers or (), records)
+                may_start, handover = await self._may_start(p, node, dev, peers or (), records, ladders)
             verdict: tuple[Outcome, str] | None = None
             may_validate = False
             clean_unattended = gpu.facts_clean and not manual  # no human's approval to wait for
@@ -297,7 +299,11 @@ class Remediator:
             else:
                 self._handover.pop((name, dev.index), None)
             try:
-                await self._act(p, dev, lad, move, repairs)
+                left = await self._act(p, dev, lad, move, repairs)
+                if left is None:
+                    ladders.pop(dev.index, None)
+                else:
+                    ladders[dev.index] = left
             finally:
                 self.slots.end(Slot.RESET, name, dev.index)
                 self.slots.end(Slot.VALIDATION, name, dev.index)
@@ -318,9 +324,10 @@ class Remediator:
         lad: LadderRecord | None,
         move: Move,
         repairs: dict[str, tuple[Repair, ...]] | None = None,
-    ) -> None:
+    ) -> LadderRecord | None:
+        """Carry out ``move`` (the module docstring's order); returns the GPU's record as it leaves it."""
         name, policy, now = p.name, p.policy, p.now
-        old: Mapping[str, Any] | None = p.stored.ladder_entries.get(str(dev.index))  # the entry as written
+        old: Mapping[str, Any] | None = p.found.ladder_entries.get(str(dev.index))  # the entry as written
         settings = policy.remediation
         rec = move.record
         body: dict[str, Any] | None = None
@@ -332,7 +339,7 @@ class Remediator:
             body, why = build_reset_job(settings, name, dev.index, dev.uuid, jname, step.timeout_s if step else 600.0)
             if body is None:
                 self._block(name, dev.index, why)
-                return  # no record, no Job: the GPU stays held out and reported
+                return lad  # no record, no Job: the GPU stays held out and reported
             rec = rec if rec.job else replace(rec, job=f"{settings.namespace}/{jname}")
         vbody: dict[str, Any] | None = None
         if move.start_validation and rec is not None and rec.validation is not None:
@@ -345,7 +352,7 @@ class Remediator:
             )
             if vbody is None:
                 self._block(name, dev.index, why)
-                return  # the record stays where it was: the GPU stays held out, the next pass tries again
+                return lad  # the record stays where it was: the GPU stays held out, the next pass tries again
             rec = replace(rec, validation=replace(v, job=f"{settings.namespace}/{vname}"))
         if move.restart_plugin and rec is not None and rec.plugin is not None and not rec.plugin.pod:
             # The device plugin's pod on the node, picked right before the record names it.
@@ -359,10 +366,12 @@ class Remediator:
                 meta = pod["metadata"]
                 picked = replace(restart, pod=f"{meta.get('namespace')}/{meta.get('name')}", uid=str(meta["uid"]))
                 rec = replace(rec, plugin=picked)
+        left = lad
         if rec != lad:
             # 1. the write-ahead record, and the attempts it adds in the GPU's history by UUID
             await self._write(name, dev.index, entry_patch(rec, old), repairs_patch(repairs, dev, lad, rec))
             old = rec.to_status() if rec is not None else None
+            left = rec
         # The move is announced right after it is recorded and before anything acts on it (as the
         # node reconciler does): a kill after the record leaves its announcement posted, or about to
         # be, and a resumed pass acts on the record without announcing it again.
@@ -377,15 +386,15 @@ class Remediator:
         if move.stop_job:
             await self.jobs.delete(move.stop_job)
         if move.restart_plugin and rec is not None and rec.plugin is not None and rec.plugin.pod:
-            await self._restart_plugin(p, dev, rec, old)
+            left = await self._restart_plugin(p, dev, rec, old)
         if body is not None and rec is not None:
             await self.jobs.create(body, partial(self._block, name, dev.index))  # 2. the Job, under the recorded name
-            running = replace(rec, phase=Phase.RUNNING)
-            await self._write(name, dev.index, entry_patch(running, old))  # 3.
+            left = replace(rec, phase=Phase.RUNNING)
+            await self._write(name, dev.index, entry_patch(left, old))  # 3.
         if vbody is not None and rec is not None and rec.validation is not None:
             await self.jobs.create(vbody, partial(self._block, name, dev.index))  # 2. the validation Job, recorded name
-            created = replace(rec, validation=replace(rec.validation, created=True))
-            await self._write(name, dev.index, entry_patch(created, old))  # 3.
+            left = replace(rec, validation=replace(rec.validation, created=True))
+            await self._write(name, dev.index, entry_patch(left, old))  # 3.
         if move.repeat_offender:
             metrics.REPEAT_OFFENDERS.inc()
         if move.validated is not None:
@@ -400,11 +409,13 @@ class Remediator:
             # Blocked once, announced once: a GPU waiting for its holder to leave is passed over on
             # every sweep, and only a new reason (or a reset that finally starts) is news.
             self._blocked.pop((name, dev.index), None)
+        return left
 
     async def _restart_plugin(
         self, p: NodePass, dev: DeviceRecord, rec: LadderRecord, old: Mapping[str, Any] | None
-    ) -> None:
-        """2. delete the recorded pod of the device plugin (its uid the precondition), 3. record it done."""
+    ) -> LadderRecord | None:
+        """2. delete the recorded pod of the device plugin (its uid the precondition), 3. record it done;
+        returns the record as it leaves it."""
         assert rec.plugin is not None
         namespace, _, pod = rec.plugin.pod.partition("/")
         try:
@@ -421,11 +432,12 @@ class Remediator:
                     await self._write(p.name, dev.index, entry_patch(move.record, old))
                 for type_, reason, message in move.events:
                     self._event(p.name, type_, reason, message)
-                return
+                return move.record if move.record is not None else rec
             if e.status not in (404, 409):  # 404 gone, 409 another pod of that name: restarted already
                 raise
         done = replace(rec, plugin=replace(rec.plugin, deleted=True))
         await self._write(p.name, dev.index, entry_patch(done, old))  # 3.
+        return done
 
     def _block(self, name: str, index: int, why: str, what: str = "reset") -> None:
         if self._blocked.get((name, index)) != why:
@@ -449,10 +461,13 @@ class Remediator:
         dev: DeviceRecord,
         peers: Sequence[int] = (),
         records: Sequence[DeviceRecord] = (),
+        ladders: Mapping[int, LadderRecord] | None = None,
     ) -> tuple[bool, bool]:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not. Also
-        whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``)."""
-        name, policy, ladders = p.name, p.policy, p.stored.ladders
+        whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``).
+        ``ladders``: the node's ladders as this pass left them so far (``run``)."""
+        name, policy = p.name, p.policy
+        ladders = p.found.ladders if ladders is None else ladders
         why = ""
         by_index = {r.index: r for r in records}
         waiting = [

@@ -15,7 +15,8 @@ from typing import Any
 import gpuhealth
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import at, report_obj, xid_event
-from tests.unit.controller.act._device_support import Clock
+from tests.unit.controller.act._device_support import Clock, ecc_on
+from tests.unit.controller.act._device_support import runtime as device_runtime
 from tests.unit.fake_kube import FakeKube
 
 OPERATOR = Path(gpuhealth.__file__).resolve().parent
@@ -112,9 +113,71 @@ def test_a_previous_episodes_drain_record_goes_with_the_decision_that_starts_the
         await rt.reconciler.reconcile("n1")  # Draining, tainted; the drain starts on the next pass
         assert _status(kube)["state"] == "Draining" and "drain" not in _status(kube)
         assert kube.writes[before:].count(STATUS) == 1, kube.writes[before:]
+        before = len(kube.writes)
         await rt.reconciler.reconcile("n1")  # the empty node's drain: started and completed
+        assert kube.writes[before:].count(STATUS) == 2, "its start, its end: nothing to remove first"
         drain = _status(kube)["drain"]
         assert drain["phase"] == "Completed" and "uid-gone" not in (drain.get("pods") or {})
+        await rt.events.flush()
+
+    asyncio.run(body())
+
+
+def test_two_gpus_ready_in_one_pass_get_one_reset_the_other_waits_for_it() -> None:
+    """One reset at a time per node, under a policy limit that would allow both: the second GPU of the
+    pass sees the first one's record as this pass left it (the remediator's own writes), never the
+    status as the pass began (which made two reset Jobs in the first typed pass)."""
+    kube = FakeKube()
+    policy = {
+        "safety": {"maxUnhealthyGPUs": 4},
+        "devices": {"maxBadGPUsPerNode": 2},
+        "remediation": {"enabled": True, "maxConcurrent": 4},
+    }
+    kube.add_policy("p", policy)
+    kube.add_node("n1")
+    kube.add_report(ecc_on(2, 3))
+    clock = Clock()
+
+    async def body() -> None:
+        rt = await device_runtime(kube, clock)
+        for _ in range(6):
+            await rt.reconciler.reconcile("n1")
+            clock.t += dt.timedelta(seconds=1)
+        await rt.events.flush()
+
+    asyncio.run(body())
+    ladders = kube.reports["n1"]["status"]["remediation"]
+    assert len(kube.jobs) == 1 and sum(e.get("phase") == "Running" for e in ladders.values()) == 1, ladders
+    blocked = [e["message"] for e in kube.events if e["reason"] == "RemediationBlocked"]
+    assert any("another GPU of this node is being reset" in m for m in blocked), blocked
+
+
+def test_a_drain_resumed_after_a_restart_over_an_earlier_episodes_record_removes_it_once() -> None:
+    """A node found Draining with an earlier episode's drain record (a restart between the decision and
+    the drain's start): the decision patch drops it, and the drain of the same pass starts from no
+    record, with no removal of its own (it read the status as the pass began, less what the decision
+    patch dropped)."""
+    kube, clock = FakeKube(), Clock()
+    kube.add_policy("p", {})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1", xids=[xid_event(79, 9)], heartbeat=(clock.t - at(0)).total_seconds()))
+    old = {"phase": "Completed", "startedAt": "2020-01-01T00:00:00Z", "total": 1, "evicted": 1}
+    old["pods"] = {"uid-gone": {"pod": "ml/gone", "node": "n1", "evictedAt": "2020-01-01T00:00:01Z"}}
+    kube.reports["n1"]["status"] = {
+        "state": "Draining",
+        "since": "2025-01-01T12:00:05Z",
+        "reason": "Xid79",
+        "drain": old,
+    }
+
+    async def body() -> None:
+        rt = await _runtime(kube, clock)
+        before = len(kube.writes)
+        await rt.reconciler.reconcile("n1")
+        writes = kube.writes[before:]
+        drain = _status(kube).get("drain") or {}
+        assert drain.get("startedAt") != old["startedAt"] and "uid-gone" not in (drain.get("pods") or {}), drain
+        assert writes.count(STATUS) == 3, writes  # the decision (the old record dropped), the start, the end
         await rt.events.flush()
 
     asyncio.run(body())
