@@ -242,7 +242,12 @@ class Store:
     def put_report(self, name: str, body: Mapping[str, Any]) -> None:
         """Cache a watched report. Our own writes update the record at once (``wrote``); adopt a
         watched status only if it is newer than our last write (another writer, e.g. a previous
-        leader), never an older echo of it."""
+        leader), never an older echo of it. Nor does the cached copy go back to an older version than
+        one it holds: a watch running behind delivers the versions before our last write's answer after
+        it, and a pass that read such an echo took a GPU's ladder for never started and created its reset
+        Job a second time."""
+        if _behind(body, self._reports.get(name)):
+            return
         self._reports[name] = slim_report(body)
         status = self.status(name)
         if status.written and (

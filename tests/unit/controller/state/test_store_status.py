@@ -41,3 +41,17 @@ def test_no_report_reads_as_an_empty_status() -> None:
     store.drop_report("a")
     s = store.status("a")
     assert not s.decided and s.devices == {} and s.policy is None
+
+
+def test_a_watched_echo_older_than_our_write_does_not_take_its_place() -> None:
+    """The watch, behind, brings versions 1 and 2 after our write's answer (version 3) was cached: the
+    store keeps version 3. Taking version 1 back (a fresh-clone run of the one-status-write branch) made
+    the next pass read a GPU's ladder as never started and create its reset Job a second time."""
+    store = Store()
+    store.put_report("a", _report("1", {"policy": "p", "remediation": {}}))
+    store.wrote("a", _report("3", {"policy": "p", "remediation": {"3": {"phase": "Running"}}}))
+    store.put_report("a", _report("1", {"policy": "p", "remediation": {}}))
+    store.put_report("a", _report("2", {"policy": "p", "remediation": {"3": {"phase": "Pending"}}}))
+    assert store.status("a").ladder_entries == {"3": {"phase": "Running"}}
+    store.put_report("a", _report("4", {"policy": "p", "remediation": {"3": {"phase": "Verifying"}}}))
+    assert store.status("a").ladder_entries == {"3": {"phase": "Verifying"}}  # a newer version is taken
