@@ -178,7 +178,7 @@ def _assess_device(
                     Signal.THERMAL,
                     policy.thermal_action,
                     f"temperature {d.temperature_c}C at or above {policy.thermal_threshold_c}C "
-                    f"for {int((now - first).total_seconds())}s",
+                    f"since {format_time(first)}",
                     d.index,
                     d.uuid,
                     None,
@@ -205,19 +205,21 @@ def _clock_findings(policy: Policy, d: Device, now: dt.datetime) -> list[Finding
     if not reasons or since is None:
         return []
     held = now - since
-    secs = int(held.total_seconds())
+    # "since <time>", never "for <n>s": a detail is status evidence, and one that aged each pass would
+    # be a status write each pass for as long as the finding holds (as _hang_detail and the silence).
+    began = format_time(since)
     out: list[Finding] = []
     if policy.thermal_slowdown and reasons & HW_THERMAL and held >= dt.timedelta(seconds=policy.thermal_sustained_s):
-        detail = f"hardware thermal slowdown (clock events 0x{reasons:x}) for {secs}s"
+        detail = f"hardware thermal slowdown (clock events 0x{reasons:x}) since {began}"
         out.append(Finding(Signal.THERMAL, policy.thermal_action, detail, d.index, d.uuid, None, since))
     brake = policy.power_brake
     if brake.enabled and reasons & HW_POWER_BRAKE and held >= dt.timedelta(seconds=brake.sustained_s):
-        detail = f"hardware power brake (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
+        detail = f"hardware power brake (clock events 0x{reasons:x}) since {began}: slow, not broken"
         out.append(Finding(Signal.POWER_BRAKE, brake.finding_action, detail, d.index, d.uuid, None, since))
     slow = policy.hw_slowdown
     unexplained = reasons & HW_SLOWDOWN and not reasons & (HW_THERMAL | HW_POWER_BRAKE)
     if slow.enabled and unexplained and held >= dt.timedelta(seconds=slow.sustained_s):
-        detail = f"HW slowdown, cause not given (clock events 0x{reasons:x}) for {secs}s: slow, not broken"
+        detail = f"HW slowdown, cause not given (clock events 0x{reasons:x}) since {began}: slow, not broken"
         out.append(Finding(Signal.HW_SLOWDOWN, slow.finding_action, detail, d.index, d.uuid, None, since))
     return out
 
@@ -243,10 +245,13 @@ def assess(
     findings: list[Finding] = []
     silent_for = None if report.heartbeat is None else (now - report.heartbeat).total_seconds()
     unknown = silent_for is None or silent_for > policy.silence_after_s
+    # The time of the last heartbeat, not the silence's length: an Unknown node's status message is
+    # this reason, and one that grew each pass was a status write each pass (every watch event of that
+    # write queued the next) for as long as the agent stayed silent.
     unknown_reason = (
         "the agent never sent a heartbeat"
-        if silent_for is None
-        else f"no heartbeat from the agent for {int(silent_for)}s (limit {int(policy.silence_after_s)}s)"
+        if report.heartbeat is None
+        else f"no heartbeat from the agent since {format_time(report.heartbeat)} (limit {int(policy.silence_after_s)}s)"
     )
     unknown_signal = Signal.AGENT_SILENT
     hang = report.nvml_hang

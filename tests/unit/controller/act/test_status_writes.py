@@ -181,3 +181,61 @@ def test_a_drain_resumed_after_a_restart_over_an_earlier_episodes_record_removes
         await rt.events.flush()
 
     asyncio.run(body())
+
+
+def _passes_write_nothing_while_time_passes(kube: FakeKube, clock: Clock, state: str) -> dict[str, Any]:
+    """Reconcile n1 now and 15 s later (a finding held for a 10 s ``sustainedFor`` is there by then),
+    then twice more, 20 s and 10 min later, with nothing new from the agent: the later passes write no
+    status (each write is a watch event that queues the next pass, so a status that changed with the
+    clock was a write loop)."""
+
+    async def body() -> dict[str, Any]:
+        rt = await _runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")
+        clock.t += dt.timedelta(seconds=15)
+        await rt.reconciler.reconcile("n1")
+        assert _status(kube)["state"] == state, _status(kube)
+        first = copy.deepcopy(_status(kube))
+        before = len(kube.writes)
+        for later in (20, 600):
+            clock.t += dt.timedelta(seconds=later)
+            await rt.reconciler.reconcile("n1")
+        assert kube.writes[before:].count(STATUS) == 0, (kube.writes[before:], first, _status(kube))
+        await rt.events.flush()
+        return first
+
+    return asyncio.run(body())
+
+
+def test_a_silent_agents_node_is_written_unknown_once_not_again_each_pass() -> None:
+    """Its message names when the last heartbeat came, not how long ago (it said "for 1207s", and the
+    operator rewrote the status of every silent node every pass, found by counting a test run's
+    status writes on the API server)."""
+    kube, clock = FakeKube(), Clock()
+    kube.add_policy("p", {"rules": {"agentSilence": {"after": "60s"}}})
+    kube.add_node("n1")
+    kube.add_report(report_obj(name="n1", heartbeat=-100))
+    status = _passes_write_nothing_while_time_passes(kube, clock, "Unknown")
+    assert status["message"] == "no heartbeat from the agent since 2025-01-01T11:58:20Z (limit 60s)"
+
+
+def test_a_held_thermal_finding_is_written_once_not_again_each_pass() -> None:
+    """The evidence of a slowdown and of a temperature held over the threshold says since when, not
+    for how long: the status of a node degraded by either stays as written."""
+    kube, clock = FakeKube(), Clock()
+    rules = {"agentSilence": {"after": "1h"}, "thermal": {"action": "observe", "sustainedFor": "10s"}}
+    kube.add_policy("p", {"rules": rules})
+    kube.add_node("n1")
+    devices = [
+        {"index": i, "uuid": f"GPU-{i:04d}", "model": "NVIDIA H100 80GB HBM3"}
+        | ({"clockEventReasons": 0x40, "clockEventsSince": "2025-01-01T11:50:00Z"} if i == 1 else {})
+        | ({"temperature": {"currentC": 95}} if i == 2 else {})
+        for i in range(8)
+    ]
+    kube.add_report(report_obj(name="n1", devices=devices, heartbeat=10))
+    status = _passes_write_nothing_while_time_passes(kube, clock, "Degraded")
+    details = sorted(e["detail"] for e in status["evidence"])
+    assert details == [
+        "hardware thermal slowdown (clock events 0x40) since 2025-01-01T11:50:00Z",
+        "temperature 95C at or above 90C since 2025-01-01T12:00:10Z",
+    ], details
