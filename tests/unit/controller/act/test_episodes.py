@@ -16,6 +16,7 @@ from gpuhealth.controller import metrics
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import at, gpu, iso, report_obj
 from tests.unit.controller.act._device_support import Clock
+from tests.unit.controller.act._device_support import runtime as device_runtime
 from tests.unit.fake_kube import FakeKube
 
 RACK_LABEL = "topology.kubernetes.io/rack"
@@ -26,11 +27,7 @@ BRAKE = 0x80 | 0x8
 
 
 async def _runtime(kube: FakeKube, clock: Clock) -> Runtime:
-    rt = Runtime(kube, clock=clock, workers=1)
-    rt.slice_watch.cache.replace([])
-    await rt._load()
-    await rt._list_pods()
-    return rt
+    return await device_runtime(kube, clock, slices=False)  # no DRA slices: the list is in, empty
 
 
 def _report(rt: Runtime, kube: FakeKube, clock: Clock, node: str, devices: list[dict[str, Any]]) -> None:

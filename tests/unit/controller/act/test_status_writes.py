@@ -47,11 +47,7 @@ def test_the_status_has_two_writers_the_decision_patch_and_the_rooms_records() -
 
 
 async def _runtime(kube: FakeKube, clock: Clock) -> Runtime:
-    rt = Runtime(kube, clock=clock, workers=1)
-    rt.slice_watch.cache.replace([])
-    await rt._load()
-    await rt._list_pods()
-    return rt
+    return await device_runtime(kube, clock, slices=False)  # no DRA slices: the list is in, empty
 
 
 def _report(rt: Runtime, kube: FakeKube, clock: Clock, **kw: Any) -> None:
