@@ -459,15 +459,14 @@ class Remediator:
         p: NodePass,
         node: Record,
         dev: DeviceRecord,
-        peers: Sequence[int] = (),
-        records: Sequence[DeviceRecord] = (),
-        ladders: Mapping[int, LadderRecord] | None = None,
+        peers: Sequence[int],
+        records: Sequence[DeviceRecord],
+        ladders: Mapping[int, LadderRecord],
     ) -> tuple[bool, bool]:
         """A GPUReset's preconditions (see the module docstring); the reason in an Event if not. Also
         whether what blocks it is only a claim reserved for a pod not on the node (``_held_and_free``).
         ``ladders``: the node's ladders as this pass left them so far (``run``)."""
         name, policy = p.name, p.policy
-        ladders = p.found.ladders if ladders is None else ladders
         why = ""
         by_index = {r.index: r for r in records}
         waiting = [
