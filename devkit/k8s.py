@@ -137,6 +137,18 @@ class Kube:
         evs = self.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
         return [e for e in evs if reason is None or e.reason == reason]
 
+    def await_events(self, name: str, *reasons: str, timeout: float = 30.0) -> list[Any]:
+        """The Node's Events once every one of ``reasons`` is among them.
+
+        The operator posts Events in the background, after the writes they announce
+        (``controller/act/events.py``): a test that saw the status or the Node change must wait for
+        the announcement, not read it at once."""
+        return wait_for(
+            lambda: (evs := self.node_events(name)) and set(reasons) <= {e.reason for e in evs} and evs,
+            timeout=timeout,
+            what=f"the Events {', '.join(reasons)} on {name}",
+        )
+
 
 def xid_event(code: int, gpu: int = 3) -> dict[str, object]:
     """An XID event as the agent reports it, happening now on GPU ``gpu``."""

@@ -101,7 +101,9 @@ def test_one_bad_gpu_costs_one_gpu(cluster: LocalCluster, kube: Kube, operator: 
         assert CHECKPOINT_REQUESTED not in pod_annotations(kube, ns, pod)
         assert not gone_or_deleting(kube, ns, pod)
     wait_for(lambda: device(kube, node, bad).get("state") == "Quarantined", timeout=30, what="device drain done")
-    events = " ".join(e.message for e in kube.node_events(node, "DeviceQuarantined"))
+    events = " ".join(
+        e.message for e in kube.await_events(node, "DeviceQuarantined") if e.reason == "DeviceQuarantined"
+    )
     assert f"GPU {bad} ({dra.report_uuid(bad)})" in events and rule in events
 
     # The real scheduler keeps new claims off the bad GPU; the node still takes work.
@@ -126,7 +128,7 @@ def test_one_bad_gpu_costs_one_gpu(cluster: LocalCluster, kube: Kube, operator: 
     # Two bad GPUs: more than devices.maxBadGPUsPerNode (1), so the node is quarantined.
     kube.put_report(node, ecc(bad, other))
     wait_for(lambda: kube.our_taint(node) is not None, timeout=30, what="escalation to the node")
-    assert kube.node_events(node, "DeviceEscalated")
+    kube.await_events(node, "DeviceEscalated")
     assert foreign["metadata"]["name"] in rules_of(kube, node)
     kube.custom.delete_cluster_custom_object(dra.G, dra.V, "devicetaintrules", foreign["metadata"]["name"])
 

@@ -123,9 +123,9 @@ def test_a_node_released_after_a_reboot_returns_only_after_its_validation_passes
     )
     assert _nv(kube, node)["result"] == "Passed"
     assert len(_node_validations(kube, node)) == 1
-    reasons = [e.reason for e in kube.node_events(node)]
-    for r in ("Released", "ValidationPending", "ValidationStarted", "ValidationPassed", "ReturnedToService"):
-        assert r in reasons, (r, reasons)
+    kube.await_events(
+        node, "Released", "ValidationPending", "ValidationStarted", "ValidationPassed", "ReturnedToService"
+    )
     assert _validations_total(operator, "Passed") == passed + 1
 
 
@@ -140,7 +140,7 @@ def test_a_node_failing_its_validation_after_release_awaits_repair_with_the_find
     assert "DCGM error 46" in (kube.report(node).get("status") or {}).get("message", "")
     assert TAINT_KEY in _taints(kube, node) and kube.node(node)["spec"].get("unschedulable")
     assert len(_node_validations(kube, node)) == 1
-    msgs = [e.message for e in kube.node_events(node, "ValidationFailed")]
+    msgs = [e.message for e in kube.await_events(node, "ValidationFailed") if e.reason == "ValidationFailed"]
     assert any("DCGM error 46" in m for m in msgs), msgs
     assert _validations_total(operator, "Failed") == failed + 1
 
@@ -177,8 +177,7 @@ def test_a_new_node_is_held_until_its_burn_in_passes(
     _unhold(kube, job)
     wait_for(lambda: BURN_IN_TAINT_KEY not in _taints(kube, node), timeout=60, what="the burn-in taint lifted")
     assert _nv(kube, node)["result"] == "Passed" and not _nv(kube, node).get("held")
-    reasons = [e.reason for e in kube.node_events(node)]
-    assert "BurnInHeld" in reasons and "BurnInPassed" in reasons, reasons
+    kube.await_events(node, "BurnInHeld", "BurnInPassed")
 
 
 def test_a_failed_burn_in_stays_held_until_a_human_releases_it(

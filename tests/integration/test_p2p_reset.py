@@ -86,6 +86,6 @@ def test_drain_and_reset_drains_the_peers_runs_one_reset_and_returns_every_gpu(
     wait_for(lambda: not (every & set(rules_of(kube, node))), timeout=40, what="GPU 3's rule lifted after probation")
     assert all(device(kube, node, i).get("state") == "InService" for i in GPUS)
     assert len(jobs_of(kube, node)) == 1, "one reset Job in all"
-    reasons = [e.reason for e in kube.node_events(node)]
-    assert reasons.count("GPUReset") == 1 and "PeerReturned" in reasons and "RemediationSucceeded" in reasons
+    reasons = [e.reason for e in kube.await_events(node, "GPUReset", "PeerReturned", "RemediationSucceeded")]
+    assert reasons.count("GPUReset") == 1, reasons
     wait_for(lambda: not ladder(kube, node, 3), timeout=20, what="the ladder record gone")

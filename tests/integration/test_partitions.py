@@ -131,7 +131,9 @@ def test_static_mig_gpu_is_held_out_with_its_mig_devices_only_and_returns(
     status = kube.report(node)["status"]
     assert status["state"] == "Degraded" and status["inServiceGPUs"] == 7
     assert kube.our_taint(node) is None and not kube.node(node)["spec"].get("unschedulable")
-    events = " ".join(e.message for e in kube.node_events(node, "DeviceQuarantined"))
+    events = " ".join(
+        e.message for e in kube.await_events(node, "DeviceQuarantined") if e.reason == "DeviceQuarantined"
+    )
     assert f"GPU 2 ({dra.node_uuid(node, 2)})" in events and f"its 2 MIG devices {MIG2[0]}, {MIG2[1]}" in events
 
     # Both pods on GPU 2's MIG devices are asked to checkpoint, then evicted; the full-GPU pod stays.
@@ -426,4 +428,4 @@ def test_a_mig_gpu_is_reset_and_validated_alone_once_all_its_instances_are_drain
     wait_for(lambda: device(kube, node, 2).get("state") == "InService", timeout=20, what="GPU 2 in service")
     assert len(validations()) == 1 and len(resets()) == 1
     assert not gone_or_deleting(kube, ns, "full"), "the other GPUs served throughout"
-    assert "ValidationPassed" in [e.reason for e in kube.node_events(node)]
+    kube.await_events(node, "ValidationPassed")

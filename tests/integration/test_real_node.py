@@ -422,8 +422,7 @@ def test_installed_chart_runs_the_story_on_a_real_node(
     node.write_scenario(clean)  # what nvidia-smi -r leaves: volatile counters cleared
     wait_for(lambda: rule not in gpu_rules(kube), timeout=120, what=f"GPU {bad} back after probation")
     wait_for(lambda: kube.state(name) == "Healthy", timeout=60, what="the node Healthy again")
-    reasons = [ev.reason for ev in kube.node_events(name)]
-    assert "GPUReset" in reasons and "RemediationSucceeded" in reasons and "ReturnedToService" in reasons, reasons
+    kube.await_events(name, "GPUReset", "RemediationSucceeded", "ReturnedToService")
     assert len(reset_jobs(kube, name)) == 1, "one reset, one Job"
 
     # -- a workload on the node, then an XID 79 from the fake NVML: the operator Pod taints,

@@ -97,8 +97,7 @@ def test_a_reset_returns_the_gpu_to_service_without_a_human(
     assert device(kube, node, 3).get("state") == "InService"
     wait_for(lambda: not ladder(kube, node, 3), timeout=20, what="the ladder record gone")
     assert len(jobs_of(kube, node)) == 1
-    reasons = [e.reason for e in kube.node_events(node)]
-    assert "GPUReset" in reasons and "RemediationSucceeded" in reasons and "ReturnedToService" in reasons
+    kube.await_events(node, "GPUReset", "RemediationSucceeded", "ReturnedToService")
     metrics = operator.metrics()
     assert 'gpuhealth_remediations_total{result="Succeeded",step="GPUReset"}' in metrics
     assert 'gpuhealth_remediation_mttr_seconds_count{step="GPUReset"}' in metrics

@@ -90,7 +90,7 @@ def test_a_second_fault_within_the_window_after_a_successful_reset_goes_straight
     assert len(_resets(kube, node)) == 1, "no second reset Job"
     wait_for(lambda: device(kube, node, 3).get("state") == "AwaitingRepair", timeout=30, what="GPU 3 awaits a human")
     assert list(rules_of(kube, node)) == [rule], "only GPU 3 held out"
-    (msg,) = [e.message for e in kube.node_events(node, "RepeatOffender")]
+    (msg,) = [e.message for e in kube.await_events(node, "RepeatOffender") if e.reason == "RepeatOffender"]
     assert uuid in msg and "repaired 1 time(s) within 168h" in msg
     assert operator.metric("gpuhealth_repeat_offenders_total") == offenders + 1
     text = ok(plugin(cluster, "describe", node))
@@ -141,7 +141,7 @@ def test_reject_sends_the_gpu_to_awaiting_repair(
     wait_for(lambda: device(kube, node, 3).get("state") == "AwaitingRepair", timeout=30, what="GPU 3 awaits a human")
     wait_for(lambda: _no_approval_left(kube, node), timeout=30, what="the annotation removed")
     assert not _resets(kube, node), "a rejected reset never runs"
-    assert any(e.reason == "StepRejected" for e in kube.node_events(node))
+    kube.await_events(node, "StepRejected")
     # Nothing waits any more: a second reject is refused, naming why.
     refused = plugin(cluster, "reject", node, "--gpu", "3")
     assert refused.returncode == 2 and "no step waiting for approval" in refused.stderr
