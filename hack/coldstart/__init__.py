@@ -239,8 +239,14 @@ def run(scratch: Path, make_args: tuple[str, ...] = ("test",), own_caches: bool 
 
 
 def file_result(result: dict[str, Any], out: Path = RESULTS) -> Path:
+    """File one run; a second run of the same commit on the same day gets ``-2`` (``-3``, ...), never the
+    first one's name: the two runs an issue asks for are two files."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"coldstart-{result['date'][:10]}-{result['commit']}.json"
+    stem = f"coldstart-{result['date'][:10]}-{result['commit']}"
+    path, n = out / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = out / f"{stem}-{n}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
 

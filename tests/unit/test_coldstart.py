@@ -99,6 +99,15 @@ def test_the_newest_run_is_the_one_filed_last(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "coldstart-2026-12-03-old1111.json").read_text())["commit"] == "old1111"
 
 
+def test_a_second_run_of_one_commit_on_one_day_is_a_file_of_its_own(tmp_path: Path) -> None:
+    first = coldstart.file_result(_result(date="2026-12-07T00:06:30Z", commit="20d26b0"), tmp_path)
+    second = coldstart.file_result(_result(date="2026-12-07T00:48:00Z", commit="20d26b0"), tmp_path)
+    assert (first.name, second.name) == ("coldstart-2026-12-07-20d26b0.json", "coldstart-2026-12-07-20d26b0-2.json")
+    assert json.loads(first.read_text())["date"] == "2026-12-07T00:06:30Z", "the first run is kept"
+    got = coldstart.newest(tmp_path)
+    assert got is not None and got["date"] == "2026-12-07T00:48:00Z"
+
+
 def test_the_development_page_shows_the_newest_filed_run() -> None:
     assert docs.main(["--check"]) == 0, "docs/development.md is stale: run python -m hack.coldstart.docs"
 
