@@ -10,8 +10,9 @@ these functions judge what they sampled and what the audit log holds:
 - no node of a rack is held alone for its own power brake while the rack's episode lasts (from the
   moment ``minNodes`` of its nodes report the brake until none does): its status reason
   ``PowerBrake``, or gpuhealth's taint with that value (:func:`rack_nodes_alone`);
-- never a second Job for one node validation: two successful creates of one name, more names than
-  the scenario started validations on that node, or more such Job objects (:func:`duplicate_node_validations`);
+- never a second Job for one node validation: two successful creates of one name, or more names (in
+  the audit log or as Job objects) than the scenario started validations on that node
+  (:func:`duplicate_node_validations`);
 - no node held for a validation (after a release, a burn-in) returns unvalidated: once seen held, the
   node seen free again only after one of its node validation Jobs, not yet succeeded when the hold was
   first seen, has succeeded (the Jobs' own status, not the operator's record; :func:`returned_unvalidated`);
@@ -28,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -194,11 +196,14 @@ def parse_node_validation(name: str) -> str | None:
 
 
 def duplicate_node_validations(
-    creates: Iterable[JobCreate], started: Mapping[str, int], live: Mapping[str, int] | None = None
+    creates: Iterable[JobCreate], started: Mapping[str, int], seen: Mapping[str, AbstractSet[str]] | None = None
 ) -> list[str]:
     """A second Job for one node validation: a name created twice (deleted and made again), or more
-    names created for a node than the validations the scenario started there (``started``: node ->
-    count), or more Job objects of a node's validations than that (``live``: node -> count)."""
+    names for a node than the validations the scenario started there (``started``: node -> count),
+    counting both the audit log's successful creates and the names ``seen`` any other way (node ->
+    names: the Job objects, the sampler's). The audit log alone can miss a create: when the API
+    server is SIGKILLed after the Job is stored and before its audit entry is written (the decision
+    scenarios crash it as a Job appears, while the next node's create may be in flight)."""
     names: dict[str, list[str]] = {}
     for c in creates:
         node = parse_node_validation(c.name)
@@ -206,19 +211,25 @@ def duplicate_node_validations(
             continue
         names.setdefault(node, []).append(c.name)
     out = []
-    for node, made in sorted(names.items()):
+    for node in sorted(set(names) | set(seen or {})):
+        made = names.get(node, [])
         for name in sorted({n for n in made if made.count(n) > 1}):
             out.append(f"{node}: node validation Job {name} created {made.count(name)} times (audit log)")
+        every = set(made) | set((seen or {}).get(node, ()))
         want = started.get(node, 0)
-        if len(set(made)) > want:
+        if len(every) > want:
             out.append(
-                f"{node}: {len(set(made))} node validation Jobs created for {want} validation(s) started: "
-                f"{sorted(set(made))}"
+                f"{node}: {len(every)} node validation Jobs for {want} validation(s) started "
+                f"(audit log and Job objects): {sorted(every)}"
             )
-    for node, n in sorted((live or {}).items()):
-        if n > started.get(node, 0):
-            out.append(f"{node}: {n} node validation Jobs exist for {started.get(node, 0)} validation(s) started")
     return out
+
+
+def unaudited(creates: Iterable[JobCreate], seen: Mapping[str, AbstractSet[str]]) -> list[str]:
+    """Node validation Jobs seen (objects, samples) with no successful create in the audit log: the
+    API server crashed between storing one and logging it. Counted, not a violation: the Job exists."""
+    logged = {c.name for c in creates if 200 <= c.code < 300}
+    return sorted(n for names in seen.values() for n in names if n not in logged)
 
 
 @dataclass(frozen=True)

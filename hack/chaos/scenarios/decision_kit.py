@@ -320,13 +320,21 @@ def validation_checks(ctx: Ctx, node_names: list[str], started: Mapping[str, int
     unvalidated (the samples)."""
     wanted = set(node_names)
     creates = [c for c in job_creates(ctx) if dc.parse_node_validation(c.name) in wanted]
-    live = {n: len(js) for n, js in node_validations(jobs_of(ctx, node_names)).items()}
-    for p in dc.duplicate_node_validations(creates, started, live):
+    seen: dict[str, set[str]] = {n: set() for n in node_names}
+    for n, js in node_validations(jobs_of(ctx, node_names)).items():
+        seen.setdefault(n, set()).update(str(j["metadata"]["name"]) for j in js)
+    for s in samples:
+        seen.setdefault(s.node, set()).update(s.passed)
+    for p in dc.duplicate_node_validations(creates, started, seen):
         ctx.violate(p)
     for p in dc.returned_unvalidated(samples):
         ctx.violate(p)
+    missing = dc.unaudited(creates, seen)
     ctx.stats["validation_job_creates"] = {
         "created": sum(1 for c in creates if 200 <= c.code < 300),
         "conflict": sum(1 for c in creates if c.code == 409),
+        # every validation Job that came to exist: the audit's creates and the Jobs seen
+        "jobs": len({c.name for c in creates if 200 <= c.code < 300} | {j for js in seen.values() for j in js}),
+        "unaudited": missing,
     }
     ctx.stats["hold_samples"] = len(samples)

@@ -131,14 +131,23 @@ def test_node_validation_names_are_told_from_gpu_ones() -> None:
 
 
 def test_a_second_job_for_one_validation_fires() -> None:
-    assert d.duplicate_node_validations([create(V1, 0), create(V1, 1, 409)], {NODE: 1}, {NODE: 1}) == []
+    assert d.duplicate_node_validations([create(V1, 0), create(V1, 1, 409)], {NODE: 1}, {NODE: {V1}}) == []
     (again,) = d.duplicate_node_validations([create(V1, 0), create(V1, 5)], {NODE: 1})
     assert "created 2 times" in again
     (second,) = d.duplicate_node_validations([create(V1, 0), create(V2, 5)], {NODE: 1})
-    assert "2 node validation Jobs created for 1 validation(s)" in second
+    assert "2 node validation Jobs for 1 validation(s)" in second
     assert d.duplicate_node_validations([create(V1, 0), create(V2, 5)], {NODE: 2}) == []
-    (live,) = d.duplicate_node_validations([], {NODE: 1}, {NODE: 2})
-    assert "2 node validation Jobs exist" in live
+    (live,) = d.duplicate_node_validations([], {NODE: 1}, {NODE: {V1, V2}})
+    assert "2 node validation Jobs for 1" in live
+
+
+def test_a_job_the_audit_log_missed_still_counts_against_the_validations_started() -> None:
+    # The API server SIGKILLed after storing V2 and before logging it: the audit holds V1 only.
+    (second,) = d.duplicate_node_validations([create(V1, 0)], {NODE: 1}, {NODE: {V2}})
+    assert V1 in second and V2 in second
+    assert d.duplicate_node_validations([create(V1, 0)], {NODE: 2}, {NODE: {V1, V2}}) == []
+    assert d.unaudited([create(V1, 0), create(V2, 1, 409)], {NODE: {V1, V2}}) == [V2]
+    assert d.unaudited([create(V1, 0), create(V2, 1)], {NODE: {V1, V2}}) == []
 
 
 def hold(t: float, held: bool, *passed: str) -> d.HoldSample:
