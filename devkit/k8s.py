@@ -138,13 +138,19 @@ class Kube:
         return [e for e in evs if reason is None or e.reason == reason]
 
     def await_events(self, name: str, *reasons: str, timeout: float = 30.0) -> list[Any]:
-        """The Node's Events once every one of ``reasons`` is among them.
+        """The Node's Events of ``reasons``, once every one of them has been posted.
 
         The operator posts Events in the background, after the writes they announce
         (``controller/act/events.py``): a test that saw the status or the Node change must wait for
-        the announcement, not read it at once."""
+        the announcement, not read it at once. Only the named reasons' Events come back: a test that
+        asserts some other reason is absent reads :meth:`node_events` after this returns."""
+        wanted = set(reasons)
         return wait_for(
-            lambda: (evs := self.node_events(name)) and set(reasons) <= {e.reason for e in evs} and evs,
+            lambda: (
+                (evs := [e for e in self.node_events(name) if e.reason in wanted])
+                and wanted <= {e.reason for e in evs}
+                and evs
+            ),
             timeout=timeout,
             what=f"the Events {', '.join(reasons)} on {name}",
         )
