@@ -5,6 +5,7 @@ namespace, and the operator's Job creates from the audit log."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from kubernetes import client
 
 from devkit.audit import audit_events
 from devkit.ladder import OUTCOME_LABEL
+from devkit.timeparse import parse_time
 from hack.chaos import decisions as dc
 from hack.chaos import invariants as inv
 from hack.chaos import ladder as ld
@@ -122,6 +124,20 @@ def jobs_of(ctx: Ctx, node_names: list[str]) -> list[dict[str, Any]]:
     items = ctx.retry(ctx.kube.batch.list_namespaced_job, NS).items
     out = [ctx.kube.api.sanitize_for_serialization(j) for j in items]
     return [j for j in out if ((j.get("metadata") or {}).get("labels") or {}).get("gpuhealth.dev/node") in wanted]
+
+
+def job_sampler(ctx: Ctx, node_names: list[str], seen: dict[str, dt.datetime]) -> None:
+    """Every 0.3 s: the name and creationTimestamp of each of gpuhealth's Jobs for these nodes, into
+    ``seen``: the Jobs that came to exist, whether or not the audit log caught their create."""
+
+    def look() -> None:
+        for j in jobs_of(ctx, node_names):
+            meta = j.get("metadata") or {}
+            at = parse_time(meta.get("creationTimestamp"))
+            if at is not None:
+                seen.setdefault(str(meta.get("name")), at)
+
+    sampling(ctx, look, "job-sampler")
 
 
 def succeeded(job: Mapping[str, Any]) -> bool:

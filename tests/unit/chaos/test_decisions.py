@@ -201,6 +201,18 @@ def test_an_approval_never_acted_on_fires_once_settled() -> None:
     assert d.approval_problems([create(RESET, 2)], {(NODE, 3): [at(1), at(8)]}, settled=False) == []
 
 
+def test_a_step_job_the_audit_log_missed_still_spends_its_approval() -> None:
+    # The API server SIGKILLed after storing VALIDATE (created at 01:00:10.x) and before logging it.
+    audited = [create(RESET, 2)]
+    missing = d.unaudited_creates(audited, {RESET: at(2), VALIDATE: at(10)})
+    assert [(c.name, c.at, c.code) for c in missing] == [(VALIDATE, at(11), 201)]
+    assert d.approval_problems(audited + missing, {(NODE, 3): [at(1), at(8)]}) == []
+    # Without it the approval looked lost; and a Job seen created before its approval still fires.
+    assert d.approval_problems(audited, {(NODE, 3): [at(1), at(8)]})
+    late = d.unaudited_creates(audited, {VALIDATE: at(6)})
+    assert any("no approval left" in p for p in d.approval_problems(audited + late, {(NODE, 3): [at(1), at(8)]}))
+
+
 def test_a_settle_wait_counts_the_operators_acting_time_not_its_start_ups() -> None:
     """domain_kills, seed 32157: of a 120 s wall-clock wait the operator acted about 6 s (five restarts
     of 25-45 s each on a loaded machine); the wait ended before a restart that settled the round
