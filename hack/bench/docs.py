@@ -38,11 +38,14 @@ from hack.bench.mig_report import no_mig_run, render_mig
 from hack.bench.report import tally
 from hack.bench.targets import (
     LARGE_FLEET_NODES,
+    RATIO_MISSED,
     TABLE_HEAD,
     Target,
     _fmt,
     measured,
+    ratio_of,
     ratio_sentence,
+    ratio_tally,
     resilience_targets_for,
     row,
     targets_for,
@@ -302,15 +305,16 @@ def render_ab(directory: Path = RESULTS) -> str:
     lines = [
         AB_BEGIN,
         "| run | commit | load | storm nodes/s | reports published in | report to taint p50 | operator CPU "
-        "| targets met (missed) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| targets met (missed) | ratios to the floor met (missed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for path in sorted(directory.glob("ab-*.json")):
         r = json.loads(path.read_text(encoding="utf-8"))
         s, o = r["storm"], r["operator"]
         lines.append(
             f"| {r['label']} (`{path.name}`) | `{r['commit']}` | {r['load']} | {s['nodes_per_s']} | {s['publish_s']} s "
-            f"| {s['report_to_taint_ms_p50']} ms | {o['cpu_s']} s over {o['wall_s']} s | {ab_targets(r)} |"
+            f"| {s['report_to_taint_ms_p50']} ms | {o['cpu_s']} s over {o['wall_s']} s | {ab_targets(r)} "
+            f"| {ab_ratios(r)} |"
         )
     lines.append(AB_END)
     return "\n".join(lines)
@@ -324,6 +328,23 @@ def ab_targets(r: Mapping[str, Any]) -> str:
         t.key for t in targets_for(int(r["nodes"])) if measured(targets.get(t.key)) and not targets[t.key]["pass"]
     ]
     return f"{passed} of {counted}" + (f" ({', '.join(missed)})" if missed else "")
+
+
+def ab_ratios(r: Mapping[str, Any]) -> str:
+    """'met of judged (the missed ratios' keys)', or '-' for a run filed before ratios were judged: the
+    floor of each path moves with the host and load as the figure does, so two runs side by side are
+    compared by their ratios as much as by their absolute figures."""
+    run = dict(r)
+    targets = targets_for(int(run["nodes"]))
+    met, judged, _ = ratio_tally(run, targets)
+    if not judged:
+        return "-"
+    missed = [
+        t.key
+        for t in targets
+        if t.floor is not None and (ratio_of(t, run["targets"].get(t.key), run) or {}).get("status") == RATIO_MISSED
+    ]
+    return f"{met} of {judged}" + (f" ({', '.join(missed)})" if missed else "")
 
 
 def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:

@@ -28,6 +28,22 @@ def test_a_figure_typed_by_hand_is_caught(tmp_path: Path, monkeypatch: pytest.Mo
     assert docs.stale() == [readme]
 
 
+def test_an_ab_row_names_the_ratios_each_run_missed() -> None:
+    """The floors move with the host as the figures do: each row says which paths came within 1.5x of
+    their floor, and a run with no floor judged says so with '-'."""
+    run = json.loads(next(iter(sorted(docs.RESULTS.glob("ab-1000-*-eb443b3.json")))).read_text(encoding="utf-8"))
+    assert docs.ab_ratios(run) == "5 of 7 (detect_p50, detect_p99)"
+    storm = run["targets"]["storm_rate"]
+    run["targets"]["storm_rate"] = {**storm, "ratio": {**storm["ratio"], "ratio": 2.0, "status": "missed"}}
+    assert docs.ab_ratios(run) == "4 of 7 (detect_p50, detect_p99, storm_rate)"
+    # A run filed before the other floors: only detection's, which its results always held, is judged.
+    old = json.loads(next(iter(sorted(docs.RESULTS.glob("bench-1000-*7a099bb.json")))).read_text(encoding="utf-8"))
+    assert docs.ab_ratios(old) == "0 of 2 (detect_p50, detect_p99)"
+    for key in ("detect_p50", "detect_p99"):
+        old["targets"][key] = {**old["targets"][key], "ratio": {"status": "unmeasured"}}
+    assert docs.ab_ratios(old) == "-"
+
+
 def test_an_ab_row_names_the_targets_each_run_missed() -> None:
     """Two runs at two commits on one host: the row says which targets each met and which it missed, so a
     miss that belongs to the host shows up in both."""
