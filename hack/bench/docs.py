@@ -398,6 +398,22 @@ def stale(directory: Path = RESULTS) -> list[Path]:
     return stale_docs(blocks(directory))
 
 
+def phase_tag(res: Mapping[str, Any]) -> str:
+    """A filed name's tag for a run without the core phases (``-domain``, ``-mig-restart``): one commit's
+    runs of every phase (issue #52) are filed side by side, each its own file."""
+    phases = [str(p) for p in (res.get("config") or {}).get("phases") or []]
+    return "" if not phases or "core" in phases else "-" + "-".join(phases)
+
+
+def free_name(directory: Path, stem: str) -> Path:
+    """``stem.json`` under ``directory``, or ``stem-2.json``, ``-3``, ... where that is taken: a second
+    run of one commit on one day is filed beside the first, never over it."""
+    out, n = directory / f"{stem}.json", 2
+    while out.exists():
+        out, n = directory / f"{stem}-{n}.json", n + 1
+    return out
+
+
 def file_run(results: Path, commit: str, date: str | None = None, label: str | None = None) -> Path:
     """Copy a run's results.json into results/bench/ with the commit, date and load it ran at; with a
     ``label``, as a row of the A/B table (``ab-NODES-N-COMMIT.json``) instead of a filed full run."""
@@ -406,7 +422,7 @@ def file_run(results: Path, commit: str, date: str | None = None, label: str | N
     res["commit"] = commit[:7]
     res["date"] = date or res.get("date") or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
     res["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
-    out = RESULTS / f"bench-{res['nodes']}-{res['date'][:10]}-{res['commit']}.json"
+    out = free_name(RESULTS, f"bench-{res['nodes']}-{res['date'][:10]}-{res['commit']}{phase_tag(res)}")
     if label:  # one of a side-by-side pair (the A/B table), numbered in the order filed
         res["label"] = label
         n = len(list(RESULTS.glob(f"ab-{res['nodes']}-*.json"))) + 1

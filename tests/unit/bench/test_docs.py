@@ -51,3 +51,17 @@ def test_an_ab_row_names_the_targets_each_run_missed() -> None:
     assert docs.ab_targets(run) == "15 of 17 (traffic_p50, traffic_p99)"
     run["targets"]["storm_rate"] = {**run["targets"]["storm_rate"], "pass": False}
     assert docs.ab_targets(run) == "14 of 17 (storm_rate, traffic_p50, traffic_p99)"
+
+
+def test_runs_of_one_commit_are_filed_side_by_side(tmp_path: Path) -> None:
+    """Issue #52's runs of every phase at one commit: the domain and MIG runs get their phases in the
+    name, and a second run of the same name lands beside the first, never over it."""
+    assert docs.phase_tag({"config": {"phases": ["core", "restart", "failover", "drain"]}}) == ""
+    assert docs.phase_tag({"config": {"phases": ["domain"]}}) == "-domain"
+    assert docs.phase_tag({"config": {"phases": ["mig", "restart"]}}) == "-mig-restart"
+    assert docs.phase_tag({"config": {}}) == ""
+    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x.json"
+    (tmp_path / "bench-1000-x.json").write_text("{}")
+    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-2.json"
+    (tmp_path / "bench-1000-x-2.json").write_text("{}")
+    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-3.json"
