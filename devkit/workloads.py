@@ -22,7 +22,11 @@ def indexed_training_job(
     """An indexed Job (a gang of ``ranks``) that declares checkpoint ``mode`` and prefers one node.
 
     The preference (not a requirement) lets the ranks move to another node once gpuhealth drains
-    the preferred one.
+    the preferred one. The ranks also prefer each other's node: the scheduler's default spreading
+    (PodTopologySpread's system defaults, by hostname, ScheduleAnyway) scores against a node that
+    already holds ranks of the same Job, and with three ranks on the preferred node it tied with the
+    node preference, so a fourth rank once landed on another node (a chaos run's `job j0 running on`
+    wait timed out).
     """
     metadata: dict[str, Any] = {"name": name}
     if namespace:
@@ -43,7 +47,18 @@ def indexed_training_job(
                         },
                     }
                 ]
-            }
+            },
+            "podAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"app": name}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            },
         },
     }
     if node_selector:
