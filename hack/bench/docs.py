@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit.docblocks import check, stale_docs, write_docs
+from devkit.filing import free_name
 from hack.bench.details import (
     api_line,
     device_line,
@@ -403,15 +404,6 @@ def phase_tag(res: Mapping[str, Any]) -> str:
     runs of every phase (issue #52) are filed side by side, each its own file."""
     phases = [str(p) for p in (res.get("config") or {}).get("phases") or []]
     return "" if not phases or "core" in phases else "-" + "-".join(phases)
-
-
-def free_name(directory: Path, stem: str) -> Path:
-    """``stem.json`` under ``directory``, or ``stem-2.json``, ``-3``, ... where that is taken: a second
-    run of one commit on one day is filed beside the first, never over it."""
-    out, n = directory / f"{stem}.json", 2
-    while out.exists():
-        out, n = directory / f"{stem}-{n}.json", n + 1
-    return out
 
 
 def file_run(results: Path, commit: str, date: str | None = None, label: str | None = None) -> Path:

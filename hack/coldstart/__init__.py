@@ -37,6 +37,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from devkit.filing import free_name
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "build"
 TARGET_S = 45 * 60  # a cold `make test` on a fresh machine, all tool builds included
@@ -243,10 +245,7 @@ def file_result(result: dict[str, Any], out: Path = RESULTS) -> Path:
     first one's name: the two runs an issue asks for are two files."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"coldstart-{result['date'][:10]}-{result['commit']}"
-    path, n = out / f"{stem}.json", 1
-    while path.exists():
-        n += 1
-        path = out / f"{stem}-{n}.json"
+    path = free_name(out, stem)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.filing import free_name
 from hack.bench import docs
 
 
@@ -60,8 +61,8 @@ def test_runs_of_one_commit_are_filed_side_by_side(tmp_path: Path) -> None:
     assert docs.phase_tag({"config": {"phases": ["domain"]}}) == "-domain"
     assert docs.phase_tag({"config": {"phases": ["mig", "restart"]}}) == "-mig-restart"
     assert docs.phase_tag({"config": {}}) == ""
-    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x.json"
+    assert free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x.json"
     (tmp_path / "bench-1000-x.json").write_text("{}")
-    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-2.json"
+    assert free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-2.json"
     (tmp_path / "bench-1000-x-2.json").write_text("{}")
-    assert docs.free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-3.json"
+    assert free_name(tmp_path, "bench-1000-x") == tmp_path / "bench-1000-x-3.json"
