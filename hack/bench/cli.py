@@ -209,6 +209,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # Each floor runs on the same count of nodes as the path it is the floor of (hack/bench/floors.py);
         # the drain storm's, with a spare for its PDB Deployment's replacements.
         args.floor_nodes = max(20, args.storm, args.device_storm, args.domain_size)
+        if "mig" in args.phases:
+            args.floor_nodes = max(args.floor_nodes, args.mig_storm)
         if "drain" in args.phases:
             args.floor_nodes = max(args.floor_nodes, args.drain_nodes + 1)
     if args.failover_samples is None:

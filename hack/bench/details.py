@@ -308,6 +308,8 @@ FLOOR_NAMES = {
     "device": "device path",
     "device_storm": "device storm",
     "domain": "domain storm",
+    "mig": "MIG path (a GPU's seven rules)",
+    "mig_storm": "MIG storm (GPUs)",
     "startup": "first start-up",
     "restart": "warm restart",
     "drain": "drain storm",

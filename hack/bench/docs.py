@@ -355,7 +355,7 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
     block the newest run below 10,000 nodes and the newest of 10,000 or more with the drain storm, failover
     or warm restart phase; its MIG block the newest run with the mig phase of each fleet size; its domain
-    block the newest with the domain storm.
+    block the newest with the domain storm of each fleet size.
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
@@ -373,8 +373,10 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     )
     migs = {int(r[1]["nodes"]): r for r in runs if "mig" in r[1]}  # the newest of each size
     mig_block = render_mig(*((_rel(migs[n][0]), migs[n][1]) for n in sorted(migs))) if migs else no_mig_run()
-    domains = [r for r in runs if "domain_storm" in r[1]]
-    domain_block = render_domain(_rel(domains[-1][0]), domains[-1][1]) if domains else no_domain_run()
+    domains = {int(r[1]["nodes"]): r for r in runs if "domain_storm" in r[1]}  # the newest of each size
+    domain_block = (
+        render_domain(*((_rel(domains[n][0]), domains[n][1]) for n in sorted(domains))) if domains else no_domain_run()
+    )
     latest = render(*small[-1]) if small else ""
     big = (
         render(*large[-1], begin=LARGE_BEGIN, end=LARGE_END)

@@ -78,11 +78,16 @@ DOMAIN_BEGIN = "<!-- bench-domain:begin (python -m hack.bench.docs) -->"
 DOMAIN_END = "<!-- bench-domain:end -->"
 
 
-def render_domain(rel: str, res: dict[str, Any]) -> str:
-    """The docs block of the newest filed run with the domain phase; misses stay misses."""
-    return phase_block(
-        DOMAIN_BEGIN, DOMAIN_END, "the domain storm", rel, res, domain_targets_for(res["nodes"]), domain_line(res)
-    )
+def render_domain(*runs: tuple[str, dict[str, Any]]) -> str:
+    """The docs block of filed runs with the domain phase (the newest of each fleet size, smallest first),
+    each held to its targets; misses stay misses."""
+    parts = [
+        phase_block("", "", "the domain storm", rel, res, domain_targets_for(res["nodes"]), domain_line(res)).strip(
+            "\n"
+        )
+        for rel, res in runs
+    ]
+    return "\n".join([DOMAIN_BEGIN, "\n\n".join(parts), DOMAIN_END])
 
 
 def no_domain_run() -> str:

@@ -10,6 +10,8 @@ the time is gpuhealth's and how much the shared machine's.
 - device path (``device``, one at a time) and device storm (``device_storm``): a device fault published
   on a floor node, then the report's status write and the DeviceTaintRule's create; to the rule seen by
   the independent rule watch;
+- MIG fleet (``mig``, one at a time, and ``mig_storm``): the same on floor nodes whose agents report MIG
+  GPUs, a rule for each of the GPU's seven MIG devices created together; to the GPU's last rule seen;
 - domain storm (``domain``): a fault published on one member of an 18-node domain of floor nodes, then
   every member's status write and taint, 16 at a time; to the last member's taint;
 - first start-up (``startup``): the operator's start-up lists, then per governed node the first writes a
@@ -31,6 +33,7 @@ the clients' writes) are unit-tested in tests/unit/bench/test_floors.py.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 import time
@@ -215,22 +218,64 @@ def floor_rule_name(node: str, device: str) -> str:
     return f"bench-floor-{node}-{device}"
 
 
+class Calls:
+    """The operator's concurrency for a floor whose item takes several calls at once: at most
+    ``concurrency`` API calls in flight over every writer, and an item's calls run together (a MIG GPU's
+    rules, which ``controller/act/device_rules.py`` creates with one gather)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.slots = threading.BoundedSemaphore(max(1, concurrency))
+        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="bench-floor-call")
+
+    def one(self, call: Callable[[], object]) -> None:
+        with self.slots:
+            call()
+
+    def together(self, calls: Sequence[Callable[[], object]]) -> None:
+        """Every call at once (within the limit); returns when all did, raising the first failure."""
+        if len(calls) == 1:
+            self.one(calls[0])
+            return
+        for f in [self.pool.submit(self.one, c) for c in calls]:
+            f.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 class DeviceRule:
     """What gpuhealth writes to take one GPU out, with no decision: the report's status (the GPU's
-    verdict), then the DeviceTaintRule's create (``actions/devicetaints.py``'s shape, without gpuhealth's
-    labels so that its orphan sweep leaves it alone; pool = node, as the DRA driver publishes)."""
+    verdict), then a DeviceTaintRule's create for each of its DRA devices (``actions/devicetaints.py``'s
+    shape, without gpuhealth's labels so that its orphan sweep leaves it alone; pool = node, as the DRA
+    driver publishes): a whole GPU's one, or a MIG GPU's one per MIG device (``devices``), created
+    together through ``calls``."""
 
-    def __init__(self, custom: client.CustomObjectsApi, device: str) -> None:
-        self.custom, self.device = custom, device
+    def __init__(
+        self,
+        custom: client.CustomObjectsApi,
+        device: str,
+        devices: Callable[[str], Sequence[str]] | None = None,
+        calls: Calls | None = None,
+    ) -> None:
+        self.custom, self.device, self.devices, self.calls = custom, device, devices, calls
+
+    def devices_of(self, node: str) -> list[str]:
+        """The DRA devices the GPU is on ``node``: itself, or its MIG devices."""
+        return list(self.devices(node)) if self.devices is not None else [self.device]
+
+    def _run(self, calls: Sequence[Callable[[], object]]) -> None:
+        if self.calls is not None:
+            self.calls.together(calls)
+        else:
+            for c in calls:
+                c()
 
     def write(self, node: str) -> None:
-        self.custom.patch_cluster_custom_object_status(
-            GROUP,
-            VERSION,
-            REPORTS,
-            node,
-            {"status": {FLOOR_FIELD: {"device": self.device, "state": "Quarantined", "since": _stamp()}}},
-        )
+        status = {"status": {FLOOR_FIELD: {"device": self.device, "state": "Quarantined", "since": _stamp()}}}
+        self._run([lambda: self.custom.patch_cluster_custom_object_status(GROUP, VERSION, REPORTS, node, status)])
+        self._run([functools.partial(self._create, node, d) for d in self.devices_of(node)])
+
+    def _create(self, node: str, device: str) -> None:
         self.custom.create_cluster_custom_object(
             DRA_GROUP,
             DRA_VERSION,
@@ -238,22 +283,23 @@ class DeviceRule:
             {
                 "apiVersion": f"{DRA_GROUP}/{DRA_VERSION}",
                 "kind": "DeviceTaintRule",
-                "metadata": {"name": floor_rule_name(node, self.device)},
+                "metadata": {"name": floor_rule_name(node, device)},
                 "spec": {
-                    "deviceSelector": {"driver": dra.DRIVER, "pool": node, "device": self.device},
+                    "deviceSelector": {"driver": dra.DRIVER, "pool": node, "device": device},
                     "taint": {"key": FLOOR_TAINT, "value": "EccUncorrected", "effect": "NoSchedule"},
                 },
             },
         )
 
     def undo(self, node: str) -> None:
-        try:
-            self.custom.delete_cluster_custom_object(
-                DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, floor_rule_name(node, self.device)
-            )
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
+        for device in self.devices_of(node):
+            try:
+                self.custom.delete_cluster_custom_object(
+                    DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES, floor_rule_name(node, device)
+                )
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, REPORTS, node, {"status": {FLOOR_FIELD: None}})
 
 
@@ -400,13 +446,19 @@ def taint_seen(node_watch: NodeWatch, key: str = FLOOR_TAINT) -> WaitSeen:
     return wait
 
 
-def rule_seen(rule_watch: RuleWatch, device: str) -> WaitSeen:
-    """When the independent rule watch first saw a DeviceTaintRule for ``device`` of each node (pool)."""
+def rule_seen(rule_watch: RuleWatch, devices: Callable[[str], Sequence[str]]) -> WaitSeen:
+    """When the independent rule watch had seen a DeviceTaintRule for every one of ``devices`` of each
+    node (pool): the last of them, as gpuhealth's MIG figure is timed to its GPU's last rule."""
 
     def wait(items: Sequence[str], timeout_s: float) -> dict[str, float]:
-        rule_watch.wait_all([(n, device) for n in items], timeout_s)
+        rule_watch.wait_all([(n, d) for n in items for d in devices(n)], timeout_s)
+        out: dict[str, float] = {}
         with rule_watch.cond:
-            return {n: rule_watch.seen_at[(n, device)] for n in items if (n, device) in rule_watch.seen_at}
+            for n in items:
+                times = [rule_watch.seen_at.get((n, d)) for d in devices(n)]
+                if times and all(t is not None for t in times):
+                    out[n] = max(t for t in times if t is not None)
+        return out
 
     return wait
 
@@ -456,12 +508,16 @@ def device_floors(
     pool: ThreadPoolExecutor,
     concurrency: int,
     timeout_s: float,
+    devices: Callable[[str], Sequence[str]] | None = None,
+    what: str = "device",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The device path's floor (``samples`` GPU faults one at a time on the floor nodes in turn) and the
-    device storm's (``storm`` floor nodes' GPU at once): a device fault published, then its rule."""
+    device storm's (``storm`` floor nodes' GPU at once): a device fault published, then its rule; with
+    ``devices`` (node -> the GPU's MIG devices: the MIG fleet's floors), a rule for each, to the last."""
     gpu = f"gpu-{device}"
-    writer = DeviceRule(custom, gpu)
-    seen = rule_seen(rule_watch, gpu)
+    calls = Calls(concurrency) if devices is not None else None
+    writer = DeviceRule(custom, gpu, devices, calls)
+    seen = rule_seen(rule_watch, writer.devices_of)
 
     def one(group: Sequence[str]) -> dict[str, Any]:
         return burst(
@@ -472,22 +528,26 @@ def device_floors(
         for n in group:
             writer.undo(n)
             sims[n].device_clear()
-        rule_watch.wait_all([(n, gpu) for n in group], timeout=60, present=False)
+        rule_watch.wait_all([(n, d) for n in group for d in writer.devices_of(n)], timeout=60, present=False)
 
-    single = sampled([[nodes[i % len(nodes)]] for i in range(samples)], one, undo, timeout_s)
-    log_floor("device path", single)
-    group = list(nodes[:storm])
-    many = burst(
-        group,
-        writer.write,
-        concurrency,
-        180.0,
-        wait_seen=seen,
-        inject=lambda n: sims[n].device_fault(device),
-        inject_pool=pool,
-    )
-    undo(group)
-    log_floor("device storm", many)
+    try:
+        single = sampled([[nodes[i % len(nodes)]] for i in range(samples)], one, undo, timeout_s)
+        log_floor(f"{what} path", single)
+        group = list(nodes[:storm])
+        many = burst(
+            group,
+            writer.write,
+            concurrency,
+            180.0,
+            wait_seen=seen,
+            inject=lambda n: sims[n].device_fault(device),
+            inject_pool=pool,
+        )
+        undo(group)
+        log_floor(f"{what} storm", many)
+    finally:
+        if calls is not None:
+            calls.close()
     return single, many
 
 

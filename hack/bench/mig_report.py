@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hack.bench.details import startup_line, storm_cpu
-from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, latency, path, phase_block, phase_md
+from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, floor_figure, latency, path, phase_block, phase_md
 
 MIG_KEY = "mig"
 
@@ -16,10 +16,16 @@ MIG_KEY = "mig"
 def mig_targets_for(nodes: int) -> list[Target]:
     """Issue #23's MIG targets: a GPU fault to the last of its MIG devices' rules p50 <= 200 ms and p99 <= 1 s;
     a storm at the device storm's rate in GPUs (each with all its rules); every rule well formed; the
-    operator's peak RSS with the MIG slices at the core run's limit for the size."""
+    operator's peak RSS with the MIG slices at the core run's limit for the size. The fault and the storm
+    also against their no-logic floors (issue #52: a rule for each MIG device, hack/bench/floors.py)."""
     rss_max = 400 if nodes >= LARGE_FLEET_NODES else 250
     return [
-        *latency("mig", "MIG fault to the GPU's last DeviceTaintRule", path(MIG_KEY, "fault_to_last_rule_ms")),
+        *latency(
+            "mig",
+            "MIG fault to the GPU's last DeviceTaintRule",
+            path(MIG_KEY, "fault_to_last_rule_ms"),
+            floor=path("floors", "mig"),
+        ),
         Target(
             "mig_storm_rate",
             "MIG storm (GPUs on distinct nodes at once, every MIG device's rule)",
@@ -27,6 +33,8 @@ def mig_targets_for(nodes: int) -> list[Target]:
             lambda r: r[MIG_KEY]["storm"]["gpus_per_s"],
             lambda v, r: _num(v) and v >= 20 and r[MIG_KEY]["storm"]["gpus_complete"] == r[MIG_KEY]["storm"]["gpus"],
             " GPUs/s",
+            floor_figure(path("floors", "mig_storm"), "per_s"),
+            higher=True,
         ),
         Target(
             "mig_rules",

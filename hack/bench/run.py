@@ -31,7 +31,7 @@ from hack.bench.failover import measure_failover
 from hack.bench.fleet import LEASE_NAMESPACE
 from hack.bench.floors import device_floors, domain_floor, guarded, restart_floor, storm_floor
 from hack.bench.footprint import measure_idle
-from hack.bench.mig import measure_mig
+from hack.bench.mig import MIG_GPU, gpu_devices, measure_mig
 from hack.bench.report import write_outputs
 from hack.bench.resilience import ResilienceContext
 from hack.bench.restart import measure_restart
@@ -261,6 +261,31 @@ def beyond_core(b: Bench) -> None:
             b.phase,
             cpu_pids=run_processes(b.cluster, [b.operator]),
         )
+        b.phase(f"MIG floors: {args.floor_samples} MIG GPU faults one at a time, {args.mig_storm} at once, no logic")
+        both = guarded(
+            "MIG path and storm",
+            lambda: dict(
+                zip(
+                    ("mig", "mig_storm"),
+                    device_floors(
+                        b.floor_names,
+                        args.floor_samples,
+                        args.mig_storm,
+                        MIG_GPU,
+                        b.sims,
+                        b.custom,
+                        b.rule_watch,
+                        b.pool,
+                        OPERATOR_WORKERS,
+                        FAULT_TIMEOUT_S,
+                        devices=lambda n: [d for _, d in gpu_devices(n, b.sims[n].index, MIG_GPU)],
+                        what="MIG",
+                    ),
+                    strict=True,
+                )
+            ),
+        )
+        floors(b).update(both if "mig" in both else {"mig": both, "mig_storm": both})
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
         res["domain_storm"] = measure_domain(

@@ -221,11 +221,13 @@ def initial_reports(
     phase(f"initial reports for {args.nodes + args.floor_nodes} nodes through the agent's publisher")
     sim_api = api_client(kc[SIM_USER], pool=48)
     hb_stats = HeartbeatStats()
-    # The MIG fleet (--phases mig): the first --mig-nodes governed nodes' agents report their GPUs in MIG mode.
+    # The MIG fleet (--phases mig): the first --mig-nodes governed nodes' agents report their GPUs in MIG mode,
+    # and the floor nodes' too (the MIG floors publish the same reports; no slices: nothing reads them there).
     mig_fleet = set(governed[: args.mig_nodes]) if "mig" in args.phases else set()
+    mig_reports = mig_fleet | (set(floor_names) if "mig" in args.phases else set())
     sims = {
         n: SimNode(
-            n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats, mig=mig_layout(i) if n in mig_fleet else None
+            n, i, sim_api, heartbeat_s=args.heartbeat, stats=hb_stats, mig=mig_layout(i) if n in mig_reports else None
         )
         for i, n in enumerate([*governed, *floor_names])
     }

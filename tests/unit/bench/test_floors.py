@@ -25,6 +25,7 @@ from hack.bench.drain_workload import REQUESTED
 from hack.bench.floors import (
     FLOOR_CONDITION,
     FLOOR_FIELD,
+    Calls,
     DeviceRule,
     FirstWrites,
     Lists,
@@ -36,6 +37,7 @@ from hack.bench.floors import (
     eviction_rate,
     floor_rule_name,
     guarded,
+    rule_seen,
     sampled,
 )
 from hack.bench.report import all_met, evaluate, summary_md, tally
@@ -327,6 +329,75 @@ def test_the_device_floor_writes_the_status_then_creates_one_rule_for_the_gpu() 
     custom.missing.add(floor_rule_name("floor-node-7", "gpu-3"))
     d.undo("floor-node-7")  # a rule already gone is fine
     assert custom.calls[-1][1][4] == {"status": {FLOOR_FIELD: None}}
+
+
+def test_the_mig_floor_writes_the_status_then_a_rule_for_each_of_the_gpus_mig_devices() -> None:
+    custom = _Api()
+    mig = [f"gpu-3-mig-1g10gb-19-{s}" for s in range(7)]
+    calls = Calls(16)
+    d = DeviceRule(cast(client.CustomObjectsApi, custom), "gpu-3", lambda node: mig, calls)
+    try:
+        d.write("floor-node-7")
+    finally:
+        calls.close()
+    status, *creates = custom.calls
+    assert status[0] == "patch_cluster_custom_object_status" and status[1][3] == "floor-node-7"
+    assert status[1][4]["status"][FLOOR_FIELD]["device"] == "gpu-3"
+    assert {c[0] for c in creates} == {"create_cluster_custom_object"}
+    assert sorted(c[1][3]["spec"]["deviceSelector"]["device"] for c in creates) == mig
+    assert {c[1][3]["spec"]["deviceSelector"]["pool"] for c in creates} == {"floor-node-7"}
+    assert sorted(c[1][3]["metadata"]["name"] for c in creates) == [floor_rule_name("floor-node-7", m) for m in mig]
+    custom.missing.add(floor_rule_name("floor-node-7", mig[2]))
+    d.undo("floor-node-7")
+    deletes = [c[1][3] for c in custom.calls if c[0] == "delete_cluster_custom_object"]
+    assert deletes == [floor_rule_name("floor-node-7", m) for m in mig]
+    assert custom.calls[-1][1][4] == {"status": {FLOOR_FIELD: None}}
+
+
+def test_the_mig_floors_calls_stay_within_the_operators_concurrency_and_run_together() -> None:
+    lock = threading.Lock()
+    now = {"in": 0, "max": 0}
+
+    def call() -> None:
+        with lock:
+            now["in"] += 1
+            now["max"] = max(now["max"], now["in"])
+        time.sleep(0.05)
+        with lock:
+            now["in"] -= 1
+
+    calls = Calls(4)
+    try:
+        t0 = time.monotonic()
+        calls.together([call] * 4)  # one GPU's four rules at once: one round, not four
+        one_round = time.monotonic() - t0
+        burst([f"n{i}" for i in range(8)], lambda n: calls.together([call] * 7), 4, 10.0)
+    finally:
+        calls.close()
+    assert one_round < 0.15 and now["max"] == 4
+    with pytest.raises(client.ApiException):
+        c = Calls(2)
+        try:
+            c.together([lambda: None, lambda: (_ for _ in ()).throw(client.ApiException(status=500))])
+        finally:
+            c.close()
+
+
+def test_a_gpu_is_seen_at_its_last_rule_and_not_while_one_is_missing() -> None:
+    class Watch:
+        cond = threading.Condition()
+        seen_at = {("a", "m0"): 10.0, ("a", "m1"): 12.5, ("b", "m0"): 11.0}
+
+        def wait_all(self, devices: Sequence[tuple[str, str]], timeout: float) -> bool:
+            return all(d in self.seen_at for d in devices)
+
+    wait = rule_seen(cast(Any, Watch()), lambda node: ["m0", "m1"])
+    assert wait(["a", "b"], 1.0) == {"a": 12.5}
+
+
+def test_a_mig_run_has_floor_nodes_for_its_storm() -> None:
+    assert parse_args(["--phases", "mig", "--mig-storm", "150", "--nodes", "2000", "--pods", "100"]).floor_nodes == 150
+    assert parse_args(["--mig-storm", "150"]).floor_nodes == 100  # no mig phase: its storm takes no floor nodes
 
 
 def test_the_start_up_floor_writes_what_a_first_pass_does_into_fields_gpuhealth_never_reads() -> None:

@@ -22,6 +22,7 @@ from hack.bench.fleet import gpu_uuid, healthy_snapshot
 from hack.bench.mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
 from hack.bench.mig_report import MIG_BEGIN, mig_line, mig_targets_for, render_mig
 from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.targets import RATIO_MET, RATIO_MISSED, RATIO_UNMEASURED
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 NODE = "gpu-node-0007"
@@ -169,10 +170,30 @@ def test_the_mig_targets_are_judged_and_a_miss_stays_a_miss() -> None:
     assert tally(evaluate(old), old["nodes"], mig_targets_for) == (0, 0, 6)  # filed before: not measured
 
 
+def test_the_mig_fault_and_storm_are_judged_against_their_floors() -> None:
+    res = _mig_run(p50=150.0, p99=600.0, gpus_per_s=25.0)
+    res["floors"] = {
+        "mig": {"p50": 80.0, "p99": 500.0, "samples": 50, "timeouts": 0},
+        "mig_storm": {"items": 100, "seconds": 2.5, "per_s": 40.0, "timed_out": False},
+    }
+    t = evaluate(res)
+    assert t["mig_p50"]["ratio"]["ratio"] == 1.88 and t["mig_p50"]["ratio"]["status"] == RATIO_MISSED
+    assert t["mig_p99"]["ratio"]["ratio"] == 1.2 and t["mig_p99"]["ratio"]["status"] == RATIO_MET
+    assert t["mig_storm_rate"]["ratio"]["ratio"] == 1.6 and t["mig_storm_rate"]["ratio"]["status"] == RATIO_MISSED
+    res["floors"]["mig_storm"] = {"items": 100, "seconds": None, "per_s": None, "timed_out": True}
+    res["floors"]["mig"]["timeouts"] = 1
+    t = evaluate(res)
+    assert {t[k]["ratio"]["status"] for k in ("mig_p50", "mig_p99", "mig_storm_rate")} == {RATIO_UNMEASURED}
+    assert "MIG path (a GPU's seven rules) p50 80.0 ms" in summary_md({**res, "targets": t})
+
+
 def test_a_mig_only_run_has_a_summary_of_its_own() -> None:
     md = summary_md(_mig_run())
     assert "phases mig" in md and "## MIG fleet (`--phases mig`)" in md and "never blind" not in md
-    assert "| MIG fault to the GPU's last DeviceTaintRule, p50 | 150.0 ms | - | - | - | <= 200 ms | pass |" in md
+    assert (
+        "| MIG fault to the GPU's last DeviceTaintRule, p50 | 150.0 ms | - | no floor measured | unmeasured "
+        "| <= 200 ms | pass |" in md
+    )
     assert "1,000 nodes x 8 GPUs x 7 1g.10gb MIG devices = 56,000 DRA devices" in md
 
 
@@ -192,8 +213,8 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
     assert "No run of the domain storm is filed yet." in domain_block
     assert mig_block.startswith(MIG_BEGIN) and "**5 of 6 targets met**" in mig_block
     assert (
-        "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | - | - | - | <= 200 ms | **missed** |"
-        in mig_block
+        "| MIG fault to the GPU's last DeviceTaintRule, p50 | 250.0 ms | - | no floor measured | unmeasured "
+        "| <= 200 ms | **missed** |" in mig_block
     )
 
 
