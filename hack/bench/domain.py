@@ -36,10 +36,12 @@ from hack.bench.support import (
     TAINT,
     VERSION,
     PhaseClock,
+    ProcSampler,
     latency_summary,
     log,
     percentile,
     publish_all,
+    wait_quiet,
 )
 from hack.bench.watch import NodeWatch, ReportWatch
 
@@ -103,25 +105,30 @@ def label_domains(core: client.CoreV1Api, pool: ThreadPoolExecutor, domains: Seq
     return publish_all(pool, label, list(value))
 
 
-def remove_pods(core: client.CoreV1Api, apps: client.AppsV1Api, nodes: Sequence[str]) -> bool:
-    """Delete the bench's ReplicaSets bound to ``nodes`` and wait for their pods to be gone."""
+def remove_pods(core: client.CoreV1Api, apps: client.AppsV1Api, nodes: Sequence[str], timeout_s: float = 300.0) -> bool:
+    """Delete the bench's ReplicaSets bound to ``nodes`` and their pods at once (no grace period: at
+    10,000 nodes the garbage collector and the emulated kubelets left pods behind two minutes later,
+    and the drains of the faulted domains then ran beside the figure); wait for the pods to be gone."""
     for n in nodes:
         try:
             apps.delete_namespaced_replica_set(f"train-{n}", "bench", propagation_policy="Background")
         except client.ApiException as e:
             if e.status != 404:
                 raise
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    names = [f"train-{n}" for n in nodes]
+    selectors = [f"app in ({','.join(chunk)})" for chunk in batches([f"train-{n}" for n in nodes], 50)]
+    for selector in selectors:
+        core.delete_collection_namespaced_pod("bench", label_selector=selector, grace_period_seconds=0)
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        left = 0
-        for i in range(0, len(names), 50):
-            selector = f"app in ({','.join(names[i : i + 50])})"
-            left += len(core.list_namespaced_pod("bench", label_selector=selector).items)
-        if not left:
+        if not sum(len(core.list_namespaced_pod("bench", label_selector=s).items) for s in selectors):
             return True
         time.sleep(1.0)
     return False
+
+
+def batches(items: Sequence[str], size: int) -> list[list[str]]:
+    """``items`` in order, in lists of at most ``size``."""
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def set_drains(custom: client.CustomObjectsApi, slots: int | None) -> int | None:
@@ -147,9 +154,11 @@ def measure_domain(
     series: dict[str, Any],
     phase: PhaseClock,
     settle_s: float,
+    operator: ProcSampler | None = None,
 ) -> dict[str, Any]:
     """``faults`` domains faulted one at a time: the ``domain_storm`` block. ``spare``: the nodes no
-    phase has faulted, labelled into domains of ``size`` in order; the first ``faults`` domains fault."""
+    phase has faulted, labelled into domains of ``size`` in order; the first ``faults`` domains fault,
+    once the ``operator`` (its CPU sampler) is quiet after the labels."""
     domains = domains_of(spare, size)
     faulted = domains[:faults]
     if len(faulted) < faults:
@@ -165,6 +174,10 @@ def measure_domain(
     took = time.monotonic() - t
     log(f"  {len(domains) * size} nodes labelled in {took:.1f}s ({failed} failed; pods gone: {pods_gone})")
     time.sleep(settle_s)  # the operator's Node watch takes in the labels (no figure waits on it otherwise)
+    # Every relabelled node is a pass: the faults wait until the operator has worked them off, as a
+    # fleet labelled when its racks joined would have been long before.
+    settled = wait_quiet(operator) if operator is not None else None
+    log(f"  the operator quiet again {settled} s after the labels")
     before = {n for (n, key) in node_watch.seen_at if key == TAINT}
     last: list[float] = []
     first: list[float] = []
@@ -211,5 +224,6 @@ def measure_domain(
         "tainted_outside_examples": outside[:5],
         "label_failures": failed,
         "pods_removed": pods_gone,
+        "operator_quiet_after_labels_s": settled,
         "recovery_s": round(time.time() - t0, 1) if back else None,
     }

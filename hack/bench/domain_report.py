@@ -57,6 +57,13 @@ def domain_line(res: dict[str, Any]) -> str:
         return "Domain storm: not measured in this run."
     sh, lat = d["shape"], d["fault_to_last_taint_ms"]
     back = d["recovery_s"]
+    quiet = d.get("operator_quiet_after_labels_s", "-")
+    waited = (
+        ""
+        if quiet == "-"
+        else " The faults began once the operator was quiet after the labels "
+        + ("(it never was within 600 s)." if quiet is None else f"({quiet} s after them).")
+    )
     return (
         f"Domain storm: {sh['nodes']:,} nodes labelled into {sh['domains']} NVLink domains of {sh['domain_size']} "
         f"(`nvidia.com/gpu.clique`); {sh['faulted']} clique faults one at a time (a fabric health mask with "
@@ -65,7 +72,7 @@ def domain_line(res: dict[str, Any]) -> str:
         f"{lat['samples']} domains ({lat['timeouts']} timed out); to the first member's taint p50 "
         f"{lat['first_taint_p50']} ms, first to last p50 {lat['spread_p50']} ms; {d['domains_whole']} domains out "
         f"whole, {d['tainted_outside']} nodes outside them tainted; the routes healed, every member untainted "
-        f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} (probation 2 s)."
+        f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} (probation 2 s)." + waited
     )
 
 

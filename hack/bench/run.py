@@ -288,6 +288,7 @@ def beyond_core(b: Bench) -> None:
         floors(b).update(both if "mig" in both else {"mig": both, "mig_storm": both})
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
+        fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first: the domains' faults report whole GPUs
         res["domain_storm"] = measure_domain(
             b.sims,
             fresh,
@@ -302,6 +303,7 @@ def beyond_core(b: Bench) -> None:
             b.series,
             b.phase,
             settle_s=2 * args.tick,
+            operator=b.op_sampler,
         )
         b.used |= set(fresh[: args.domain_faults * args.domain_size])
         b.phase(f"domain floor: {args.domain_faults} domains of {args.domain_size} floor nodes, no logic")

@@ -8,18 +8,20 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from kubernetes import client
 
 from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from gpuhealth.evaluation import domains
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
-from hack.bench.domain import SICK_GPU, clique, domains_of, fabric_snapshot, taint_span
-from hack.bench.domain_report import DOMAIN_BEGIN, DOMAIN_END, domain_targets_for, render_domain
+from hack.bench.domain import SICK_GPU, batches, clique, domains_of, fabric_snapshot, remove_pods, taint_span
+from hack.bench.domain_report import DOMAIN_BEGIN, DOMAIN_END, domain_line, domain_targets_for, render_domain
 from hack.bench.report import evaluate, summary_md, tally
-from hack.bench.support import TAINT
+from hack.bench.support import TAINT, cpu_quiet
 
 NODE = "gpu-node-0042"
 
@@ -157,3 +159,39 @@ def test_the_domain_block_holds_the_newest_run_of_each_fleet_size(tmp_path: Path
     assert block.count("Latest filed run of the domain storm") == 2
     assert block.index(": 1,000 nodes;") < block.index(": 10,000 nodes;")
     assert "| 1,500.0 ms |" in block and "| 900.0 ms |" not in block  # the newest 10,000-node run only
+
+
+def test_the_faults_wait_for_an_operator_quiet_after_the_labels_and_the_line_says_how_long() -> None:
+    # (time, CPU seconds) every 0.5 s: a core and a half busy for 10 s, then 5% of one.
+    busy = [(t * 0.5, t * 0.5 * 1.5) for t in range(21)]
+    idle = [(10 + t * 0.5, 15 + t * 0.5 * 0.05) for t in range(1, 21)]
+    samples = busy + idle
+    assert not cpu_quiet(samples, 10.0, 5.0, 0.2)
+    assert cpu_quiet(samples, 20.0, 5.0, 0.2)
+    assert not cpu_quiet(samples[:1], 0.5, 5.0, 0.2)  # too few samples to say: not quiet
+    run = _domain_run()
+    assert "The faults began" not in domain_line(run)  # filed before the wait
+    run["domain_storm"]["operator_quiet_after_labels_s"] = 42.5
+    assert "The faults began once the operator was quiet after the labels (42.5 s after them)." in domain_line(run)
+    run["domain_storm"]["operator_quiet_after_labels_s"] = None
+    assert "(it never was within 600 s)" in domain_line(run)
+
+
+def test_the_faulted_domains_pods_are_deleted_at_once_in_batches() -> None:
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    class Api:
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                calls.append((name, args, kwargs))
+                return SimpleNamespace(items=[])
+
+            return call
+
+    nodes = [f"gpu-node-{i:04d}" for i in range(120)]
+    assert remove_pods(cast(client.CoreV1Api, Api()), cast(client.AppsV1Api, Api()), nodes)
+    deletes = [c for c in calls if c[0] == "delete_collection_namespaced_pod"]
+    assert len(deletes) == 3 and all(c[2]["grace_period_seconds"] == 0 for c in deletes)
+    assert deletes[0][2]["label_selector"].startswith("app in (train-gpu-node-0000,")
+    assert sum(c[0] == "delete_namespaced_replica_set" for c in calls) == 120
+    assert batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
