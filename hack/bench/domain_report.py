@@ -57,6 +57,11 @@ def domain_line(res: dict[str, Any]) -> str:
         return "Domain storm: not measured in this run."
     sh, lat = d["shape"], d["fault_to_last_taint_ms"]
     back = d["recovery_s"]
+    left = (
+        " The faulted domains' pods were not all gone when the faults began (their drains ran beside the figure)."
+        if d.get("pods_removed") is False
+        else ""
+    )
     quiet = d.get("operator_quiet_after_labels_s", "-")
     waited = (
         ""
@@ -72,7 +77,7 @@ def domain_line(res: dict[str, Any]) -> str:
         f"{lat['samples']} domains ({lat['timeouts']} timed out); to the first member's taint p50 "
         f"{lat['first_taint_p50']} ms, first to last p50 {lat['spread_p50']} ms; {d['domains_whole']} domains out "
         f"whole, {d['tainted_outside']} nodes outside them tainted; the routes healed, every member untainted "
-        f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} (probation 2 s)." + waited
+        f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} (probation 2 s)." + waited + left
     )
 
 

@@ -175,6 +175,9 @@ def test_the_faults_wait_for_an_operator_quiet_after_the_labels_and_the_line_say
     assert "The faults began once the operator was quiet after the labels (42.5 s after them)." in domain_line(run)
     run["domain_storm"]["operator_quiet_after_labels_s"] = None
     assert "(it never was within 600 s)" in domain_line(run)
+    assert "pods were not all gone" not in domain_line(run)
+    run["domain_storm"]["pods_removed"] = False
+    assert "The faulted domains' pods were not all gone when the faults began" in domain_line(run)
 
 
 def test_the_faulted_domains_pods_are_deleted_at_once_in_batches() -> None:
