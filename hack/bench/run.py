@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -166,30 +167,45 @@ def core(b: Bench) -> None:
             args, b.sims, b.dra_nodes, b.rule_watch, b.node_watch, b.pool, b.series, b.phase
         )
         b.phase(f"device floors: {args.floor_samples} GPU faults one at a time, {args.device_storm} at once, no logic")
-        both = guarded(
-            "device path and storm",
-            lambda: dict(
-                zip(
-                    ("device", "device_storm"),
-                    device_floors(
-                        b.floor_names,
-                        args.floor_samples,
-                        args.device_storm,
-                        DEVICE_GPU,
-                        b.sims,
-                        b.custom,
-                        b.rule_watch,
-                        b.pool,
-                        OPERATOR_WORKERS,
-                        FAULT_TIMEOUT_S,
-                    ),
-                    strict=True,
-                )
-            ),
-        )
-        floors(b).update(both if "device" in both else {"device": both, "device_storm": both})
+        gpu_floors(b, ("device", "device_storm"), args.device_storm, DEVICE_GPU)
     measure_breaker(b, nodes.breaker)
     measure_idle(b)
+
+
+def gpu_floors(
+    b: Bench,
+    keys: tuple[str, str],
+    storm: int,
+    gpu: int,
+    devices: Callable[[str], Sequence[str]] | None = None,
+    what: str = "device",
+) -> None:
+    """A GPU path's floors (hack/bench/floors.py ``device_floors``: one at a time, then ``storm`` at
+    once; ``devices``: a MIG GPU's), filed under ``keys``; one that failed is both floors timed out."""
+    both = guarded(
+        f"{what} path and storm",
+        lambda: dict(
+            zip(
+                keys,
+                device_floors(
+                    b.floor_names,
+                    b.args.floor_samples,
+                    storm,
+                    gpu,
+                    b.sims,
+                    b.custom,
+                    b.rule_watch,
+                    b.pool,
+                    OPERATOR_WORKERS,
+                    FAULT_TIMEOUT_S,
+                    devices=devices,
+                    what=what,
+                ),
+                strict=True,
+            )
+        ),
+    )
+    floors(b).update(both if keys[0] in both else dict.fromkeys(keys, both))
 
 
 def floors(b: Bench) -> dict[str, Any]:
@@ -262,30 +278,14 @@ def beyond_core(b: Bench) -> None:
             cpu_pids=run_processes(b.cluster, [b.operator]),
         )
         b.phase(f"MIG floors: {args.floor_samples} MIG GPU faults one at a time, {args.mig_storm} at once, no logic")
-        both = guarded(
-            "MIG path and storm",
-            lambda: dict(
-                zip(
-                    ("mig", "mig_storm"),
-                    device_floors(
-                        b.floor_names,
-                        args.floor_samples,
-                        args.mig_storm,
-                        MIG_GPU,
-                        b.sims,
-                        b.custom,
-                        b.rule_watch,
-                        b.pool,
-                        OPERATOR_WORKERS,
-                        FAULT_TIMEOUT_S,
-                        devices=lambda n: [d for _, d in gpu_devices(n, b.sims[n].index, MIG_GPU)],
-                        what="MIG",
-                    ),
-                    strict=True,
-                )
-            ),
+        gpu_floors(
+            b,
+            ("mig", "mig_storm"),
+            args.mig_storm,
+            MIG_GPU,
+            devices=lambda n: [d for _, d in gpu_devices(n, b.sims[n].index, MIG_GPU)],
+            what="MIG",
         )
-        floors(b).update(both if "mig" in both else {"mig": both, "mig_storm": both})
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
         fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first: the domains' faults report whole GPUs

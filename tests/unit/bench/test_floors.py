@@ -203,24 +203,30 @@ def test_the_10k_start_up_is_judged_against_its_floor() -> None:
 # -- the burst that times a floor ------------------------------------------------------------------------
 
 
+class _InFlight:
+    """A call that takes ``seconds``, counting how many run at once (the most in ``max``) and what ran."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.lock = seconds, threading.Lock()
+        self.now = self.max = 0
+        self.done: list[str] = []
+
+    def __call__(self, item: str = "") -> None:
+        with self.lock:
+            self.now += 1
+            self.max = max(self.max, self.now)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.now -= 1
+            self.done.append(item)
+
+
 def test_a_burst_writes_every_item_at_most_concurrency_at_once() -> None:
-    lock = threading.Lock()
-    now = {"in": 0, "max": 0}
-    written: list[str] = []
-
-    def write(item: str) -> None:
-        with lock:
-            now["in"] += 1
-            now["max"] = max(now["max"], now["in"])
-        time.sleep(0.02)
-        with lock:
-            now["in"] -= 1
-            written.append(item)
-
+    write = _InFlight(0.02)
     items = [f"n{i}" for i in range(40)]
     r = burst(items, write, concurrency=4, timeout_s=10.0)
-    assert sorted(written) == sorted(items)
-    assert now["max"] == 4
+    assert sorted(write.done) == sorted(items)
+    assert write.max == 4
     assert r["items"] == 40 and r["seen"] == 40 and not r["timed_out"] and r["errors"] == 0
     # 40 writes of 20 ms, 4 at a time: at least 10 rounds.
     assert r["seconds"] >= 0.2 and r["per_s"] == pytest.approx(40 / r["seconds"], rel=0.01)
@@ -355,26 +361,15 @@ def test_the_mig_floor_writes_the_status_then_a_rule_for_each_of_the_gpus_mig_de
 
 
 def test_the_mig_floors_calls_stay_within_the_operators_concurrency_and_run_together() -> None:
-    lock = threading.Lock()
-    now = {"in": 0, "max": 0}
-
-    def call() -> None:
-        with lock:
-            now["in"] += 1
-            now["max"] = max(now["max"], now["in"])
-        time.sleep(0.05)
-        with lock:
-            now["in"] -= 1
-
+    together = threading.Barrier(4, timeout=10.0)  # passes only when a GPU's four calls are in flight at once
+    call = _InFlight(0.01)
     calls = Calls(4)
     try:
-        t0 = time.monotonic()
-        calls.together([call] * 4)  # one GPU's four rules at once: one round, not four
-        one_round = time.monotonic() - t0
+        calls.together([together.wait] * 4)
         burst([f"n{i}" for i in range(8)], lambda n: calls.together([call] * 7), 4, 10.0)
     finally:
         calls.close()
-    assert one_round < 0.15 and now["max"] == 4
+    assert len(call.done) == 56 and call.max <= 4
     with pytest.raises(client.ApiException):
         c = Calls(2)
         try:
