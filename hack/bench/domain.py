@@ -173,11 +173,13 @@ def measure_domain(
     failed = label_domains(core, pool, domains)
     took = time.monotonic() - t
     log(f"  {len(domains) * size} nodes labelled in {took:.1f}s ({failed} failed; pods gone: {pods_gone})")
+    labelled_at = time.time()
     time.sleep(settle_s)  # the operator's Node watch takes in the labels (no figure waits on it otherwise)
     # Every relabelled node is a pass: the faults wait until the operator has worked them off, as a
     # fleet labelled when its racks joined would have been long before.
-    settled = wait_quiet(operator) if operator is not None else None
-    log(f"  the operator quiet again {settled} s after the labels")
+    quiet = wait_quiet(operator) is not None if operator is not None else False
+    settled = round(time.time() - labelled_at, 1) if quiet else None
+    log(f"  the operator quiet again {settled} s after the labels (at least {settle_s:g} s)")
     before = {n for (n, key) in node_watch.seen_at if key == TAINT}
     last: list[float] = []
     first: list[float] = []
