@@ -31,7 +31,7 @@ from typing import Any
 from devkit import dra
 from devkit.k8s import healthy_spec
 from devkit.ladder import reset_job_template, validation_job_template
-from devkit.timeparse import now, parse_time
+from devkit.timeparse import now
 from gpuhealth.api.names import APPROVE_ANNOTATION, APPROVE_GPU_ANNOTATION
 from hack.chaos import decisions as dc
 from hack.chaos import ladder as ld
@@ -163,9 +163,7 @@ def approval_kills(ctx: Ctx) -> None:
         ctx.stop_background()
         wanted = set(members)
         audited = [c for c in kit.job_creates(ctx) if (dc.step_of(c.name) or ("", "", 0))[1] in wanted]
-        for j in kit.jobs_of(ctx, members):
-            if (at := parse_time((j.get("metadata") or {}).get("creationTimestamp"))) is not None:
-                made.setdefault(str(j["metadata"]["name"]), at)
+        kit.note_jobs(ctx, members, made)
         missing = dc.unaudited_creates(audited, {n: at for n, at in made.items() if dc.step_of(n)})
         creates = audited + missing
         for p in dc.approval_problems(creates, approvals, settled=ctx.cycles == rounds):

@@ -126,18 +126,19 @@ def jobs_of(ctx: Ctx, node_names: list[str]) -> list[dict[str, Any]]:
     return [j for j in out if ((j.get("metadata") or {}).get("labels") or {}).get("gpuhealth.dev/node") in wanted]
 
 
+def note_jobs(ctx: Ctx, node_names: list[str], seen: dict[str, dt.datetime]) -> None:
+    """The name and creationTimestamp of each of gpuhealth's Jobs for these nodes now, into ``seen``
+    (the first sighting kept): the Jobs that came to exist, whether or not the audit log caught their create."""
+    for j in jobs_of(ctx, node_names):
+        meta = j.get("metadata") or {}
+        at = parse_time(meta.get("creationTimestamp"))
+        if at is not None:
+            seen.setdefault(str(meta.get("name")), at)
+
+
 def job_sampler(ctx: Ctx, node_names: list[str], seen: dict[str, dt.datetime]) -> None:
-    """Every 0.3 s: the name and creationTimestamp of each of gpuhealth's Jobs for these nodes, into
-    ``seen``: the Jobs that came to exist, whether or not the audit log caught their create."""
-
-    def look() -> None:
-        for j in jobs_of(ctx, node_names):
-            meta = j.get("metadata") or {}
-            at = parse_time(meta.get("creationTimestamp"))
-            if at is not None:
-                seen.setdefault(str(meta.get("name")), at)
-
-    sampling(ctx, look, "job-sampler")
+    """``note_jobs`` every 0.3 s, in the background."""
+    sampling(ctx, lambda: note_jobs(ctx, node_names, seen), "job-sampler")
 
 
 def succeeded(job: Mapping[str, Any]) -> bool:
