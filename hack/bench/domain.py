@@ -29,7 +29,7 @@ from kubernetes import client
 from gpuhealth.agent.model import Snapshot
 from gpuhealth.api.report_fabric import Fabric
 from hack.bench.context import POLICY
-from hack.bench.fleet import SimNode, healthy_snapshot
+from hack.bench.fleet import MigLayout, SimNode, healthy_snapshot
 from hack.bench.support import (
     FAULT_TIMEOUT_S,
     GROUP,
@@ -67,10 +67,13 @@ def clique(domain: int) -> str:
     return f"{CLUSTER_UUID}.{domain}"
 
 
-def fabric_snapshot(node_index: int, clique_id: int, sick_gpu: int | None = None) -> Snapshot:
+def fabric_snapshot(
+    node_index: int, clique_id: int, sick_gpu: int | None = None, mig: MigLayout | None = None
+) -> Snapshot:
     """The healthy node with its GPUs' fabric probe completed in ``clique_id``; ``sick_gpu``'s routes
-    unhealthy (the domain's fault), or none."""
-    snap = healthy_snapshot(node_index)
+    unhealthy (the domain's fault), or none. ``mig``: a MIG node's layout, kept in the sample (its
+    report must not turn whole-GPU with the fault)."""
+    snap = healthy_snapshot(node_index, mig=mig)
 
     def facts(gpu: int) -> Fabric:
         sick = gpu == sick_gpu
@@ -189,7 +192,7 @@ def measure_domain(
     for i, domain in enumerate(faulted):
         sick = domain[i % size]
         t0 = time.time()
-        sims[sick].sample(fabric_snapshot(sims[sick].index, i, SICK_GPU))
+        sims[sick].sample(fabric_snapshot(sims[sick].index, i, SICK_GPU, sims[sick].mig))
         span = taint_span(node_watch.seen_at, domain) if node_watch.wait_all(domain, TAINT, FAULT_TIMEOUT_S) else None
         if span is not None:
             first.append((span[0] - t0) * 1000)
@@ -215,7 +218,9 @@ def measure_domain(
     phase(f"domain recovery: {faults} domains' fabric routes healthy again, probation 2s")
     t0 = time.time()
     healed = {d[i % size]: i for i, d in enumerate(faulted)}
-    publish_all(pool, lambda s: s.sample(fabric_snapshot(s.index, healed[s.name])), [sims[n] for n in healed])
+    publish_all(
+        pool, lambda s: s.sample(fabric_snapshot(s.index, healed[s.name], mig=s.mig)), [sims[n] for n in healed]
+    )
     back = node_watch.wait_all(members, TAINT, timeout=SETTLE_TIMEOUT_S, present=False)
     set_drains(custom, drains_were)
     return {

@@ -20,6 +20,7 @@ from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
 from hack.bench.domain import SICK_GPU, batches, clique, domains_of, fabric_snapshot, remove_pods, taint_span
 from hack.bench.domain_report import DOMAIN_BEGIN, DOMAIN_END, domain_line, domain_targets_for, render_domain
+from hack.bench.mig import mig_layout
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.support import TAINT, cpu_quiet
 
@@ -50,6 +51,14 @@ def test_the_published_clique_fault_is_the_domains_fault_to_the_operator_and_the
     assert other["healthMask"] != 0 and other["routeUnhealthy"] is False
     assert domains.imex_faults(NODE, _spec(None)) == ()
     assert domains.correlation_facts(sick) == (True, False)
+
+
+def test_a_mig_nodes_clique_fault_keeps_its_mig_devices_in_the_report() -> None:
+    builder = ReportBuilder(NODE, AgentInfo(version="0", sources=("simulated",), boot_time=now_utc()))
+    spec = builder.render(fabric_snapshot(42, 7, SICK_GPU, mig_layout(42)), now_utc())
+    gpu = spec["devices"][SICK_GPU]
+    assert gpu["migMode"] == "Enabled" and len(gpu["migDevices"]) == 7 and gpu["fabric"]["routeUnhealthy"] is True
+    assert domains.imex_faults(NODE, {"spec": spec})[0].gpu == SICK_GPU
 
 
 def test_the_span_is_first_and_last_member_taint_and_none_while_one_is_missing() -> None:
