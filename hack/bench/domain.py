@@ -231,6 +231,6 @@ def measure_domain(
         "tainted_outside_examples": outside[:5],
         "label_failures": failed,
         "pods_removed": pods_gone,
-        "operator_quiet_after_labels_s": settled,
+        **({"operator_quiet_after_labels_s": settled} if operator is not None else {}),  # not watched: no figure
         "recovery_s": round(time.time() - t0, 1) if back else None,
     }
