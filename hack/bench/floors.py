@@ -49,6 +49,7 @@ from gpuhealth.kube.client import SCHEDULED
 from hack.bench.details import floor_line_part
 from hack.bench.drain_workload import REQUESTED
 from hack.bench.fleet import SimNode
+from hack.bench.mig import last_rule
 from hack.bench.support import (
     DEVICE_TAINT_RULES,
     DRA_GROUP,
@@ -452,13 +453,9 @@ def rule_seen(rule_watch: RuleWatch, devices: Callable[[str], Sequence[str]]) ->
 
     def wait(items: Sequence[str], timeout_s: float) -> dict[str, float]:
         rule_watch.wait_all([(n, d) for n in items for d in devices(n)], timeout_s)
-        out: dict[str, float] = {}
         with rule_watch.cond:
-            for n in items:
-                times = [rule_watch.seen_at.get((n, d)) for d in devices(n)]
-                if times and all(t is not None for t in times):
-                    out[n] = max(t for t in times if t is not None)
-        return out
+            spans = {n: last_rule(rule_watch.seen_at, [(n, d) for d in devices(n)]) for n in items}
+        return {n: span[1] for n, span in spans.items() if span is not None}
 
     return wait
 

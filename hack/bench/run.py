@@ -288,7 +288,7 @@ def beyond_core(b: Bench) -> None:
         )
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
-        fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first: the domains' faults report whole GPUs
+        fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first, as the restart's spare below
         res["domain_storm"] = measure_domain(
             b.sims,
             fresh,
