@@ -1,22 +1,27 @@
 """Detection to taint, the first core phase of `make bench`: an XID 79 published by the agent's own
 publishing code on one node at a time, until the independent Node watch sees the gpuhealth taint.
 
-Against it, the floor: the least any controller could do (the report watch patches an armed floor
-node's taint from its own thread, no logic). Its samples are interleaved with the faults, through the
-same API server and watches, so the ratio says how much of the latency is gpuhealth's and how much
-the shared machine's; the traffic phase takes more of them under load (``Floor.once``).
+Against it, the floor: the least any controller could do, with no logic: a floor node's fault heard
+through the report watch, then the writes gpuhealth must make for it (the report's status, then the
+Node's taint and cordon: hack/bench/floors.py ``NodeQuarantine``). Its samples are interleaved with
+the faults, through the same API server and watches, so the ratio says how much of the latency is
+gpuhealth's and how much the shared machine's; the traffic phase takes more of them under load
+(``Floor.once``).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kubernetes import client
 
 from hack.bench.context import Bench
 from hack.bench.fleet import SimNode
+from hack.bench.floors import NodeQuarantine, carries_xid
 from hack.bench.support import FAULT_TIMEOUT_S, FLOOR_TAINT, TAINT, log, percentile
 from hack.bench.watch import NodeWatch, ReportWatch
 
@@ -41,7 +46,7 @@ def fault_nodes(governed: Sequence[str], faults: int, storm: int) -> FaultNodes:
 
 
 class Floor:
-    """The no-logic floor chain on the floor nodes, taken in turn; ``taken`` counts its samples."""
+    """The no-logic floor on the floor nodes, taken in turn; ``taken`` counts its samples."""
 
     def __init__(
         self,
@@ -50,27 +55,33 @@ class Floor:
         node_watch: NodeWatch,
         report_watch: ReportWatch,
         core: client.CoreV1Api,
+        custom: client.CustomObjectsApi,
     ) -> None:
         self.names = names
         self.sims = sims
         self.node_watch = node_watch
         self.report_watch = report_watch
-        self.core = core
+        self.writer = NodeQuarantine(core, custom)
+        # The writes run off the watch's thread, as a controller's workers take them from its watch.
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-detect-floor")
         self.taken = 0
+
+    def _heard(self, name: str) -> None:
+        self.worker.submit(self.writer.write, name)
 
     def once(self) -> float | None:
         """One no-logic floor sample (ms), None if its taint never came."""
         name = self.names[self.taken % len(self.names)]
         self.taken += 1
         self.node_watch.wait_all([name], FLOOR_TAINT, timeout=10, present=False)
-        self.report_watch.armed.add(name)
+        self.report_watch.hear(name, carries_xid, functools.partial(self._heard, name))
         t0 = time.time()
         self.sims[name].fault()
         t1 = self.node_watch.wait_taint(name, FLOOR_TAINT, timeout=FAULT_TIMEOUT_S)
-        self.report_watch.armed.discard(name)
-        # Back to clean for the next round: untaint, and the node "reboots" (clean report).
-        self.core.patch_node(name, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
+        self.report_watch.deaf(name)
+        # Back to clean for the next round: the node "reboots" (clean report), then the floor's writes undone.
         self.sims[name].reboot()
+        self.writer.undo(name)
         return None if t1 is None else (t1 - t0) * 1000
 
 

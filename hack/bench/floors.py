@@ -4,12 +4,19 @@ it, in the same run, at the operator's concurrency, timed the way gpuhealth's fi
 then judged by its ratio to its floor (``hack/bench/targets.py``: <= 1.5x), so a miss says how much of
 the time is gpuhealth's and how much the shared machine's.
 
+A floor hears of its fault as a controller does, through a watch (``Ears``: the bench's report watch
+serves the report that carries it, and the floor's writes start then, not when the publish returns),
+so a floor pays the watch hop gpuhealth pays before its first write; the drain's and the start-up's,
+which time no fault, need none.
+
+- detection (``floor_ms``, hack/bench/detection.py): one floor node's XID heard, then the report's
+  status write and the Node's taint + cordon patch (``NodeQuarantine``); to the taint seen;
 - node storm (``storm``): the storm's count of floor nodes faulted at once through the agent's publisher,
-  then per node the report's status write and the Node's taint + cordon patch, 16 at a time (the
-  operator's workers); to the last floor taint seen by the independent Node watch;
+  then per node, once heard, the same two writes, 16 at a time (the operator's workers); to the last
+  floor taint seen by the independent Node watch;
 - device path (``device``, one at a time) and device storm (``device_storm``): a device fault published
-  on a floor node, then the report's status write and the DeviceTaintRule's create; to the rule seen by
-  the independent rule watch;
+  on a floor node and heard, then the report's status write and the DeviceTaintRule's create; to the
+  rule seen by the independent rule watch;
 - MIG fleet (``mig``, one at a time, and ``mig_storm``): the same on floor nodes whose agents report MIG
   GPUs, a rule for each of the GPU's seven MIG devices created together; to the GPU's last rule seen;
 - domain storm (``domain``): a fault published on one member of an 18-node domain of floor nodes, then
@@ -63,17 +70,57 @@ from hack.bench.support import (
     latency_summary,
     log,
 )
-from hack.bench.watch import NodeWatch, RuleWatch
+from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 
 # Seen: when each item's outcome was seen (epoch seconds) by the bench's independent watch, waited
 # for up to a timeout; the items missing from it were not seen in time.
 WaitSeen = Callable[[Sequence[str], float], Mapping[str, float]]
+# Carries: whether a floor node's report (the object as the watch served it) carries the fault.
+Carries = Callable[[dict[str, Any]], bool]
 FLOOR_CONDITION = "BenchFloor"
 FLOOR_FIELD = "benchFloor"  # a status field of the report nobody reads (its status keeps unknown fields)
 
 
 def _stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def carries_xid(obj: dict[str, Any]) -> bool:
+    """A report with an XID in it that no floor has quarantined yet: a node fault just published (the
+    floors' undo reboots the node, its report clean again, before it clears the floor's status)."""
+    status = obj.get("status") or {}
+    return bool((obj.get("spec") or {}).get("xidEvents")) and status.get("reason") != "BenchFloor"
+
+
+def carries_ecc(gpu: int) -> Carries:
+    """A report whose GPU ``gpu`` has an uncorrected ECC error that no floor has taken out yet (the undo
+    clears the fault before the floor's status, so no older write of the report matches)."""
+
+    def carries(obj: dict[str, Any]) -> bool:
+        if (obj.get("status") or {}).get(FLOOR_FIELD):
+            return False
+        for d in (obj.get("spec") or {}).get("devices") or []:
+            if isinstance(d, dict) and d.get("index") == gpu:
+                return bool(((d.get("ecc") or {}).get("volatileUncorrected") or 0) > 0)
+        return False
+
+    return carries
+
+
+class Ears:
+    """Where a floor hears of its faults: the bench's report watch, as a controller hears of them through
+    its own. A floor's writes start when the watch serves the report that ``carries`` the fault, not when
+    the publish returns, so every floor pays the watch hop gpuhealth pays before its first write."""
+
+    def __init__(self, watch: ReportWatch, carries: Carries) -> None:
+        self.watch, self.carries = watch, carries
+
+    def hear(self, node: str, then: Callable[[], None]) -> None:
+        self.watch.hear(node, self.carries, then)
+
+    def deaf(self, nodes: Sequence[str]) -> None:
+        for n in nodes:
+            self.watch.deaf(n)
 
 
 def burst(
@@ -85,13 +132,15 @@ def burst(
     inject: Callable[[str], object] | None = None,
     inject_pool: ThreadPoolExecutor | None = None,
     started: float | None = None,
+    ears: Ears | None = None,
 ) -> dict[str, Any]:
     """Every item's writes at once, ``concurrency`` at a time, timed from the start to the last item
     seen (by ``wait_seen``; without one, to its writes returning).
 
     ``inject``: what starts each item (its fault published through the agent's publisher, on
-    ``inject_pool`` as the bench's own faults are); its writes follow the moment it returns, as a
-    controller's would follow the report. A write that fails is counted and its item never seen: the
+    ``inject_pool`` as the bench's own faults are); its writes follow when ``ears`` hear the fault in
+    the report watch, as a controller's follow its watch (without ears, the moment ``inject`` returns).
+    A write that fails is counted and its item never seen: the
     floor then times out, which makes every ratio on it unmeasured, not met. ``started``: the clock's
     origin where the path began before the burst (a domain's one fault).
     """
@@ -112,7 +161,18 @@ def burst(
         with lock:
             done_at[item] = time.time()
 
+    def heard(item: str) -> None:
+        """The watch served the item's fault (on its thread): the item's writes go to a worker."""
+        try:
+            f = workers.submit(write_one, item)
+        except RuntimeError:  # the burst is over (timed out) and its workers gone
+            return
+        with lock:
+            futures.append(f)
+
     def start(item: str) -> None:
+        if ears is not None:
+            ears.hear(item, functools.partial(heard, item))
         if inject is not None:
             try:
                 inject(item)
@@ -120,8 +180,9 @@ def burst(
                 with lock:
                     errors.append(f"{item}: inject {type(e).__name__}: {e}"[:200])
                 return
-        with lock:
-            futures.append(workers.submit(write_one, item))
+        if ears is None:
+            with lock:
+                futures.append(workers.submit(write_one, item))
 
     try:
         if inject is not None and inject_pool is not None:
@@ -142,6 +203,8 @@ def burst(
             with lock:
                 seen = dict(done_at)
     finally:
+        if ears is not None:
+            ears.deaf(items)
         workers.shutdown(wait=False, cancel_futures=True)
     seen = {i: t for i, t in seen.items() if i in set(items)}
     complete = bool(items) and len(seen) == len(items)
@@ -155,6 +218,20 @@ def burst(
         "errors": len(errors),
         "error_examples": errors[:3],
         "timed_out": not complete,
+    }
+
+
+def unheard(items: Sequence[str], concurrency: int) -> dict[str, Any]:
+    """A burst whose fault the watch never served: timed out, nothing written."""
+    return {
+        "items": len(items),
+        "concurrency": concurrency,
+        "seconds": None,
+        "per_s": None,
+        "seen": 0,
+        "errors": 1,
+        "error_examples": ["the fault never came through the report watch"],
+        "timed_out": True,
     }
 
 
@@ -461,10 +538,12 @@ def rule_seen(rule_watch: RuleWatch, devices: Callable[[str], Sequence[str]]) ->
 
 
 def _untaint(nodes: Sequence[str], writer: NodeQuarantine, sims: Mapping[str, SimNode], node_watch: NodeWatch) -> None:
-    """Back to clean: the floor's taint, cordon and status gone, each node's report clean (a reboot)."""
+    """Back to clean: each node's report clean (a reboot), then the floor's taint, cordon and status gone
+    (in that order, so that no write of the report the watch may still serve carries the old fault
+    without the floor's status: ``carries_xid`` would hear it as the next fault)."""
     for n in nodes:
-        writer.undo(n)
         sims[n].reboot()
+        writer.undo(n)
     node_watch.wait_all(nodes, FLOOR_TAINT, timeout=60, present=False)
 
 
@@ -474,11 +553,13 @@ def storm_floor(
     core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     node_watch: NodeWatch,
+    report_watch: ReportWatch,
     pool: ThreadPoolExecutor,
     concurrency: int,
     timeout_s: float = 180.0,
 ) -> dict[str, Any]:
-    """The node storm's floor: ``nodes`` faulted at once, each quarantined with no logic."""
+    """The node storm's floor: ``nodes`` faulted at once, each quarantined with no logic once its fault
+    is heard."""
     writer = NodeQuarantine(core, custom)
     r = burst(
         nodes,
@@ -488,6 +569,7 @@ def storm_floor(
         wait_seen=taint_seen(node_watch),
         inject=lambda n: sims[n].fault(),
         inject_pool=pool,
+        ears=Ears(report_watch, carries_xid),
     )
     _untaint(nodes, writer, sims, node_watch)
     log_floor("node storm", r)
@@ -502,6 +584,7 @@ def device_floors(
     sims: Mapping[str, SimNode],
     custom: client.CustomObjectsApi,
     rule_watch: RuleWatch,
+    report_watch: ReportWatch,
     pool: ThreadPoolExecutor,
     concurrency: int,
     timeout_s: float,
@@ -509,22 +592,31 @@ def device_floors(
     what: str = "device",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The device path's floor (``samples`` GPU faults one at a time on the floor nodes in turn) and the
-    device storm's (``storm`` floor nodes' GPU at once): a device fault published, then its rule; with
-    ``devices`` (node -> the GPU's MIG devices: the MIG fleet's floors), a rule for each, to the last."""
+    device storm's (``storm`` floor nodes' GPU at once): a device fault published and heard, then its
+    rule; with ``devices`` (node -> the GPU's MIG devices: the MIG fleet's floors), a rule for each, to
+    the last."""
     gpu = f"gpu-{device}"
     calls = Calls(concurrency) if devices is not None else None
     writer = DeviceRule(custom, gpu, devices, calls)
     seen = rule_seen(rule_watch, writer.devices_of)
+    ears = Ears(report_watch, carries_ecc(device))
 
     def one(group: Sequence[str]) -> dict[str, Any]:
         return burst(
-            group, writer.write, concurrency, timeout_s, wait_seen=seen, inject=lambda n: sims[n].device_fault(device)
+            group,
+            writer.write,
+            concurrency,
+            timeout_s,
+            wait_seen=seen,
+            inject=lambda n: sims[n].device_fault(device),
+            ears=ears,
         )
 
     def undo(group: Sequence[str]) -> None:
+        # The fault cleared first, then the floor's rules and status (see ``carries_ecc``).
         for n in group:
-            writer.undo(n)
             sims[n].device_clear()
+            writer.undo(n)
         rule_watch.wait_all([(n, d) for n in group for d in writer.devices_of(n)], timeout=60, present=False)
 
     try:
@@ -539,6 +631,7 @@ def device_floors(
             wait_seen=seen,
             inject=lambda n: sims[n].device_fault(device),
             inject_pool=pool,
+            ears=ears,
         )
         undo(group)
         log_floor(f"{what} storm", many)
@@ -555,17 +648,23 @@ def domain_floor(
     core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     node_watch: NodeWatch,
+    report_watch: ReportWatch,
     concurrency: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """The domain storm's floor: one member's fault published, then every member of the domain
+    """The domain storm's floor: one member's fault published and heard, then every member of the domain
     quarantined with no logic (as gpuhealth takes the domain out as one decision); to the last member's
     taint, ``samples`` times."""
     writer = NodeQuarantine(core, custom)
 
     def one(group: Sequence[str]) -> dict[str, Any]:
+        heard = threading.Event()
         t0 = time.time()
+        report_watch.hear(group[0], carries_xid, heard.set)
         sims[group[0]].fault()
+        if not heard.wait(timeout_s):
+            report_watch.deaf(group[0])
+            return unheard(group, concurrency)
         return burst(group, writer.write, concurrency, timeout_s, wait_seen=taint_seen(node_watch), started=t0)
 
     r = sampled([list(members)] * samples, one, lambda g: _untaint(g, writer, sims, node_watch), timeout_s)

@@ -140,7 +140,7 @@ def core(b: Bench) -> None:
     args, res = b.args, b.res
     nodes = fault_nodes(b.governed, args.faults, args.storm)
     b.used |= {*nodes.detect, *nodes.storm, *nodes.breaker}
-    floor = Floor(b.floor_names, b.sims, b.node_watch, b.report_watch, b.core)
+    floor = Floor(b.floor_names, b.sims, b.node_watch, b.report_watch, b.core, b.custom)
     measure_detection(b, nodes.detect, floor)
 
     if args.e2e_faults:
@@ -156,7 +156,14 @@ def core(b: Bench) -> None:
     floors(b)["storm"] = guarded(
         "node storm",
         lambda: storm_floor(
-            b.floor_names[: args.storm], b.sims, b.core, b.custom, b.node_watch, b.pool, OPERATOR_WORKERS
+            b.floor_names[: args.storm],
+            b.sims,
+            b.core,
+            b.custom,
+            b.node_watch,
+            b.report_watch,
+            b.pool,
+            OPERATOR_WORKERS,
         ),
     )
     measure_recovery(b, [*nodes.detect, *nodes.storm])
@@ -195,6 +202,7 @@ def gpu_floors(
                     b.sims,
                     b.custom,
                     b.rule_watch,
+                    b.report_watch,
                     b.pool,
                     OPERATOR_WORKERS,
                     FAULT_TIMEOUT_S,
@@ -316,6 +324,7 @@ def beyond_core(b: Bench) -> None:
                 b.core,
                 b.custom,
                 b.node_watch,
+                b.report_watch,
                 OPERATOR_WORKERS,
                 FAULT_TIMEOUT_S,
             ),

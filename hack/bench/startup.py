@@ -86,16 +86,22 @@ def start(
 
     # The DRA nodes: the last governed ones, their GPUs published as NVIDIA's DRA driver would (one
     # ResourceSlice per node, pool = node name, devices gpu-0..7 with the UUIDs their reports carry).
+    # The floor nodes publish theirs too, so that the device and MIG floors' rules select published
+    # devices, as gpuhealth's do (kube-controller-manager's device-taint controller then evaluates both).
     dra_nodes = governed[len(governed) - args.device_faults - args.device_storm :] if "core" in args.phases else []
     used = set(dra_nodes)  # nodes the core phases fault (the others' pick among the rest)
     if dra_nodes:
-        phase(f"DRA: a DeviceClass and {len(dra_nodes)} ResourceSlices")
-        publish_dra(custom, [sims[n] for n in dra_nodes])
+        phase(f"DRA: a DeviceClass and {len(dra_nodes)} ResourceSlices (and {len(floor_names)} floor nodes')")
+        publish_dra(custom, [sims[n] for n in [*dra_nodes, *floor_names]])
     if mig_fleet:
-        phase(f"MIG: a DeviceClass and {len(mig_fleet)} ResourceSlices of 8 GPUs x 7 MIG devices")
+        phase(
+            f"MIG: a DeviceClass and {len(mig_fleet)} ResourceSlices of 8 GPUs x 7 MIG devices"
+            f" (and {len(floor_names)} floor nodes')"
+        )
         t = time.monotonic()
-        failed = publish_mig(custom, [sims[n] for n in governed if n in mig_fleet], started.pool)
-        log(f"  {len(mig_fleet) - failed} slices in {time.monotonic() - t:.1f}s ({failed} failed)")
+        mig_sims = [sims[n] for n in [*governed, *floor_names] if n in mig_fleet or n in floor_names]
+        failed = publish_mig(custom, mig_sims, started.pool)
+        log(f"  {len(mig_sims) - failed} slices in {time.monotonic() - t:.1f}s ({failed} failed)")
     rule_watch, node_watch, report_watch = start_watches(kc, started)
 
     for name, spec in ((POLICY, policy_spec("100%", args.heartbeat)), (AGENT_POLICY, agent_policy_spec())):
@@ -222,7 +228,7 @@ def initial_reports(
     sim_api = api_client(kc[SIM_USER], pool=48)
     hb_stats = HeartbeatStats()
     # The MIG fleet (--phases mig): the first --mig-nodes governed nodes' agents report their GPUs in MIG mode,
-    # and the floor nodes' too (the MIG floors publish the same reports; no slices: nothing reads them there).
+    # and the floor nodes' too (the MIG floors publish the same reports and slices).
     mig_fleet = set(governed[: args.mig_nodes]) if "mig" in args.phases else set()
     mig_reports = mig_fleet | (set(floor_names) if "mig" in args.phases else set())
     sims = {
@@ -252,7 +258,7 @@ def start_watches(kc: dict[str, Path], started: Started) -> tuple[RuleWatch, Nod
 
     node_watch = NodeWatch(api_client(cluster.kubeconfig, pool=2)).start()
     started.watches.append(node_watch)
-    report_watch = ReportWatch(api_client(cluster.kubeconfig, pool=2), api_client(kc[SIM_USER], pool=2)).start()
+    report_watch = ReportWatch(api_client(cluster.kubeconfig, pool=2)).start()
     started.watches.append(report_watch)
     return rule_watch, node_watch, report_watch
 

@@ -1,5 +1,6 @@
 """The independent watches of `make bench`: Nodes (which taints, since when), GPUNodeHealth (each
-node's verdict, and the no-logic floor chain) and DeviceTaintRules (which devices have one, since when).
+node's verdict, and where the no-logic floors hear of their faults) and DeviceTaintRules (which devices
+have one, since when).
 
 Raw JSON (no model deserialisation), list then watch, relisting on any error: they observe what the
 API server serves, independently of the operator's own watches.
@@ -24,7 +25,6 @@ from hack.bench.support import (
     FLOOR_TAINT,
     GPU_SELECTOR,
     GROUP,
-    MERGE,
     REPORTS,
     TAINT,
     VERSION,
@@ -258,27 +258,28 @@ class RuleWatch(_Watch):
 
 
 class ReportWatch(_Watch):
-    """A watch on the GPUNodeHealth objects: each node's verdict (status.state), plus the floor chain.
+    """A watch on the GPUNodeHealth objects: each node's verdict (status.state), and the floors' ears.
 
-    The floor chain is the least any controller could do: on a report carrying an XID for an armed floor
-    node, patch that Node with a taint, in one merge patch, from the watch thread itself.
+    The floors hear of their faults here, as a controller would through its watch (``hear``): a floor
+    node's report that carries the fault sets the floor's writes going, so every floor pays the same
+    watch hop gpuhealth pays before its first write (hack/bench/floors.py).
 
     For the nodes in ``track_xids`` (the real agents' nodes) it also records when it first saw each XID
     event of their reports (``xid_seen``): the report write that carried it, for the end-to-end split.
     """
 
-    def __init__(self, api: client.ApiClient, floor_api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient) -> None:
         super().__init__("bench-report-watch", "report watch")
         self.custom = client.CustomObjectsApi(api)
-        self.floor_core = client.CoreV1Api(floor_api)
-        self.armed: set[str] = set()
-        self.floor_errors = 0
         self.cond = threading.Condition()
         self.states: dict[str, str] = {}
         self.track_xids: set[str] = set()
         self.xid_seen: dict[str, dict[XidKey, float]] = {}
         # When each node's drain was first seen Completed (status.drain.phase), until a new drain runs.
         self.drain_completed: dict[str, float] = {}
+        # The floors' ears: node -> (what the report must carry, what to do once it does), each heard once.
+        self.ears_lock = threading.Lock()
+        self.ears: dict[str, tuple[Callable[[dict[str, Any]], bool], Callable[[], None]]] = {}
 
     def _run(self) -> None:
         _raw_watch(
@@ -288,19 +289,25 @@ class ReportWatch(_Watch):
             self.stop,
         )
 
-    def _floor(self, obj: dict[str, Any]) -> None:
+    def hear(self, node: str, carries: Callable[[dict[str, Any]], bool], then: Callable[[], None]) -> None:
+        """Once a report of ``node`` that ``carries`` the fault comes through the watch, ``then`` (called
+        on the watch's thread: it hands the writes to a worker and returns)."""
+        with self.ears_lock:
+            self.ears[node] = (carries, then)
+
+    def deaf(self, node: str) -> None:
+        """Forget ``node``'s ear (its fault never came)."""
+        with self.ears_lock:
+            self.ears.pop(node, None)
+
+    def _heard(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        if name in self.armed and (obj.get("spec") or {}).get("xidEvents"):
-            self.armed.discard(name)
-            try:
-                self.floor_core.patch_node(
-                    name,
-                    {"spec": {"taints": [{"key": FLOOR_TAINT, "value": "XID79", "effect": "NoSchedule"}]}},
-                    _content_type=MERGE,
-                    _preload_content=False,
-                )
-            except Exception:
-                self.floor_errors += 1
+        with self.ears_lock:
+            ear = self.ears.get(name)
+            if ear is None or not ear[0](obj):
+                return
+            del self.ears[name]
+        ear[1]()
 
     def _xids(self, obj: dict[str, Any], now: float) -> None:
         """Record the first sighting of each XID event a tracked node's report carries (caller holds cond)."""
@@ -331,8 +338,8 @@ class ReportWatch(_Watch):
 
     def _event(self, kind: str, obj: dict[str, Any]) -> None:
         now = time.time()
-        if self.armed:
-            self._floor(obj)
+        if self.ears and kind != "DELETED":
+            self._heard(obj)
         with self.cond:
             name = obj["metadata"]["name"]
             if kind == "DELETED":

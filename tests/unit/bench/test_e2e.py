@@ -43,7 +43,7 @@ def test_first_new_xid_ignores_earlier_events_and_other_gpus_and_codes() -> None
 
 
 def test_report_watch_records_the_first_sighting_of_each_xid_of_tracked_nodes() -> None:
-    watch = ReportWatch(client.ApiClient(), client.ApiClient())  # never started: fed by hand
+    watch = ReportWatch(client.ApiClient())  # never started: fed by hand
     watch.track_xids.add("agent-1")
     watch._sync([_report("agent-1"), _report("sim-1", (79, 3, "t"))])
     before = watch.xids_of("agent-1")

@@ -27,11 +27,14 @@ from hack.bench.floors import (
     FLOOR_FIELD,
     Calls,
     DeviceRule,
+    Ears,
     FirstWrites,
     Lists,
     NodeQuarantine,
     PodDrain,
     burst,
+    carries_ecc,
+    carries_xid,
     combine,
     drain_pods,
     eviction_rate,
@@ -53,6 +56,7 @@ from hack.bench.targets import (
     resilience_targets_for,
     targets_for,
 )
+from hack.bench.watch import ReportWatch
 from tests.unit.bench.test_domain import _domain_run
 from tests.unit.bench.test_helpers import FILED, _with_new_figures
 
@@ -268,6 +272,61 @@ def test_a_burst_whose_write_fails_or_is_not_seen_times_out() -> None:
     assert r["errors"] == 1 and "bad" in r["error_examples"][0]
     partial = burst(["a", "b"], lambda i: None, 2, 0.1, wait_seen=lambda items, t: {"a": time.time()})
     assert partial["timed_out"] and partial["seen"] == 1
+
+
+def _report(
+    name: str, xids: int = 0, ecc_gpu: int | None = None, status: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    devices = [{"index": i, "ecc": {"volatileUncorrected": 1 if i == ecc_gpu else 0}} for i in range(8)]
+    spec = {"xidEvents": [{"xid": 79, "gpu": 3}] * xids, "devices": devices}
+    return {"metadata": {"name": name}, "spec": spec, "status": status or {}}
+
+
+def test_a_floor_hears_a_node_fault_only_in_a_report_no_floor_has_quarantined() -> None:
+    assert carries_xid(_report("n", xids=1))
+    assert not carries_xid(_report("n"))  # the reboot's clean report
+    # The floor's own status write, and an older write still carrying the fault once the floor took it.
+    assert not carries_xid(_report("n", xids=1, status={"state": "Quarantined", "reason": "BenchFloor"}))
+
+
+def test_a_floor_hears_a_device_fault_only_on_its_gpu_and_before_its_own_status() -> None:
+    carries = carries_ecc(3)
+    assert carries(_report("n", ecc_gpu=3))
+    assert not carries(_report("n", ecc_gpu=5)) and not carries(_report("n"))
+    assert not carries(_report("n", ecc_gpu=3, status={FLOOR_FIELD: {"device": "gpu-3"}}))
+
+
+def test_a_burst_with_ears_writes_each_item_only_once_the_watch_serves_its_fault() -> None:
+    watch = ReportWatch(client.ApiClient())  # never started: the test serves its events
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def inject(item: str) -> None:
+        with lock:
+            order.append(f"fault {item}")
+        # A write of the report without the fault first (heard nothing), then the fault, a little later.
+        watch._event("MODIFIED", _report(item))
+        threading.Timer(0.05, lambda: watch._event("MODIFIED", _report(item, xids=1))).start()
+
+    def write(item: str) -> None:
+        with lock:
+            order.append(f"write {item}")
+
+    def seen(items: Sequence[str], timeout_s: float) -> Mapping[str, float]:
+        deadline = time.time() + timeout_s
+        while sum(1 for o in order if o.startswith("write")) < len(items) and time.time() < deadline:
+            time.sleep(0.005)
+        return {i: time.time() for i in items if f"write {i}" in order}
+
+    t0 = time.time()
+    r = burst(["a", "b"], write, 2, 5.0, wait_seen=seen, inject=inject, ears=Ears(watch, carries_xid))
+    assert not r["timed_out"] and r["seen"] == 2
+    assert r["seconds"] >= 0.05 - (time.time() - t0 - r["seconds"])  # not before the fault came through
+    assert order[:2] == ["fault a", "fault b"] and sorted(order[2:]) == ["write a", "write b"]
+    assert watch.ears == {}  # each item heard once
+    # A fault that never comes through the watch: nothing written, the burst timed out, its ear dropped.
+    quiet = burst(["c"], write, 1, 0.2, wait_seen=seen, inject=lambda i: None, ears=Ears(watch, carries_xid))
+    assert quiet["timed_out"] and "write c" not in order and watch.ears == {}
 
 
 def test_a_sampled_floor_counts_a_timed_out_sample_as_the_timeout() -> None:

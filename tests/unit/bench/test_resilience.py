@@ -289,7 +289,7 @@ def test_report_watch_records_when_each_drain_was_first_seen_completed() -> None
 
     from hack.bench.watch import ReportWatch
 
-    w = ReportWatch(client.ApiClient(), client.ApiClient())
+    w = ReportWatch(client.ApiClient())
 
     def report(name: str, phase: str | None) -> dict[str, Any]:
         return {
@@ -378,7 +378,7 @@ def test_report_watch_times_most_of_a_fleet_and_tallies_what_the_rest_is() -> No
     from hack.bench.docs import startup_detail
     from hack.bench.watch import ReportWatch
 
-    w = ReportWatch(client.ApiClient(), client.ApiClient())
+    w = ReportWatch(client.ApiClient())
     nodes = [f"n{i}" for i in range(100)]
     w._sync([{"metadata": {"name": n}, "status": {"state": "Healthy"}} for n in nodes[:99]])
     w._event("MODIFIED", {"metadata": {"name": "n99"}, "status": {"state": "Unknown"}})
