@@ -21,7 +21,9 @@ from kubernetes import client
 from hack.bench import docs, scaling_docs
 from hack.bench.cli import parse_args
 from hack.bench.details import floors_line
+from hack.bench.detection import Floor
 from hack.bench.drain_workload import REQUESTED
+from hack.bench.fleet import SimNode
 from hack.bench.floors import (
     FLOOR_CONDITION,
     FLOOR_FIELD,
@@ -56,7 +58,7 @@ from hack.bench.targets import (
     resilience_targets_for,
     targets_for,
 )
-from hack.bench.watch import ReportWatch
+from hack.bench.watch import NodeWatch, ReportWatch
 from tests.unit.bench.test_domain import _domain_run
 from tests.unit.bench.test_helpers import FILED, _with_new_figures
 
@@ -327,6 +329,59 @@ def test_a_burst_with_ears_writes_each_item_only_once_the_watch_serves_its_fault
     # A fault that never comes through the watch: nothing written, the burst timed out, its ear dropped.
     quiet = burst(["c"], write, 1, 0.2, wait_seen=seen, inject=lambda i: None, ears=Ears(watch, carries_xid))
     assert quiet["timed_out"] and "write c" not in order and watch.ears == {}
+
+
+class _FloorNode:
+    """A floor node's simulated agent: its fault reaches the watch a little after the publish returns."""
+
+    def __init__(self, watch: ReportWatch) -> None:
+        self.watch, self.log = watch, list[str]()
+
+    def fault(self) -> None:
+        self.log.append("fault")
+        threading.Timer(0.05, lambda: self.watch._event("MODIFIED", _report("floor-0", xids=1))).start()
+
+    def reboot(self) -> None:
+        self.log.append("reboot")
+
+
+class _TaintSeen:
+    """The Node watch: the floor taint is seen once the floor's Node patch is made."""
+
+    def __init__(self, core: _Api) -> None:
+        self.core = core
+
+    def wait_all(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def wait_taint(self, name: str, key: str, timeout: float) -> float | None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(c[0] == "patch_node" and c[1][1]["spec"]["taints"] for c in self.core.calls):
+                return time.time()
+            time.sleep(0.005)
+        return None
+
+
+def test_the_detection_floor_makes_gpuhealths_two_writes_once_the_watch_serves_the_fault() -> None:
+    watch = ReportWatch(client.ApiClient())  # never started: the node's fault feeds it
+    core, custom = _Api(), _Api()
+    node = _FloorNode(watch)
+    floor = Floor(
+        ["floor-0"],
+        cast(Mapping[str, SimNode], {"floor-0": node}),
+        cast(NodeWatch, _TaintSeen(core)),
+        watch,
+        cast(client.CoreV1Api, core),
+        cast(client.CustomObjectsApi, custom),
+    )
+    ms = floor.once()
+    assert ms is not None and ms >= 50  # not before the fault came through the watch
+    # The report's status, then the Node's taint and cordon; then undone after the node's reboot.
+    assert [c[0] for c in custom.calls] == ["patch_cluster_custom_object_status"] * 2
+    assert custom.calls[0][1][4]["status"]["reason"] == "BenchFloor"
+    assert core.calls[0][1][1]["spec"]["unschedulable"] is True
+    assert node.log == ["fault", "reboot"] and watch.ears == {} and floor.taken == 1
 
 
 def test_a_sampled_floor_counts_a_timed_out_sample_as_the_timeout() -> None:
