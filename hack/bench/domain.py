@@ -8,7 +8,8 @@ patches, before anything is measured). Each faulted domain's bench pods are remo
 bound to their node by name (``hack/bench/cluster.py``), so a drain would see them come back; the
 figure is the taint, and the drain storm is its own phase.
 
-Measured, one domain at a time: from the member's report write (its simulated agent publishing a
+Measured, one domain at a time, each fault from a quiet operator (as the floor's samples start; the
+waits are recorded): from the member's report write (its simulated agent publishing a
 fabric health mask with ``ROUTE_UNHEALTHY`` = 1 on one GPU, through the agent's own publisher) to the
 LAST member's taint seen by the independent Node watch, and to the first; then every domain's fault
 heals and the seconds to every member untainted. A domain is whole when every member was tainted
@@ -143,6 +144,18 @@ def set_drains(custom: client.CustomObjectsApi, slots: int | None) -> int | None
     return was if isinstance(was, int) else None
 
 
+def quiet_summary(waits: Sequence[float | None]) -> dict[str, Any]:
+    """The waits for a quiet operator between one domain's fault and the next: p50 and max of those
+    that ended quiet, and how many never did (``wait_quiet``'s timeout; the fault went on regardless)."""
+    quiet = sorted(w for w in waits if w is not None)
+    return {
+        "waits": len(waits),
+        "p50": round(percentile(quiet, 50), 1) if quiet else None,
+        "max": max(quiet) if quiet else None,
+        "never": len(waits) - len(quiet),
+    }
+
+
 def measure_domain(
     sims: Mapping[str, SimNode],
     spare: Sequence[str],
@@ -189,8 +202,14 @@ def measure_domain(
     spread: list[float] = []
     timeouts = 0
     whole = 0
+    between: list[float | None] = []
     for i, domain in enumerate(faulted):
         sick = domain[i % size]
+        if i and operator is not None:
+            # One at a time from a quiet operator, as the floor's samples are: the last domain's members'
+            # conditions, drain records and Events (about ten requests a member) follow its taints for a
+            # second or two, and a fault written among them shared the API server with them.
+            between.append(wait_quiet(operator))
         t0 = time.time()
         sims[sick].sample(fabric_snapshot(sims[sick].index, i, SICK_GPU, sims[sick].mig))
         span = taint_span(node_watch.seen_at, domain) if node_watch.wait_all(domain, TAINT, FAULT_TIMEOUT_S) else None
@@ -232,5 +251,6 @@ def measure_domain(
         "label_failures": failed,
         "pods_removed": pods_gone,
         **({"operator_quiet_after_labels_s": settled} if operator is not None else {}),  # not watched: no figure
+        **({"operator_quiet_between_faults_s": quiet_summary(between)} if operator is not None else {}),
         "recovery_s": round(time.time() - t0, 1) if back else None,
     }

@@ -69,6 +69,13 @@ def domain_line(res: dict[str, Any]) -> str:
         else " The faults began once the operator was quiet after the labels "
         + ("(it never was within 600 s)." if quiet is None else f"({quiet} s after them).")
     )
+    between = d.get("operator_quiet_between_faults_s")
+    if between and between.get("waits"):
+        never = f", {between['never']} never quiet within 600 s" if between.get("never") else ""
+        waited += (
+            f" Each later fault waited for the operator to be quiet again after the domain before it "
+            f"(p50 {between['p50']} s, max {between['max']} s{never})."
+        )
     return (
         f"Domain storm: {sh['nodes']:,} nodes labelled into {sh['domains']} NVLink domains of {sh['domain_size']} "
         f"(`nvidia.com/gpu.clique`); {sh['faulted']} clique faults one at a time (a fabric health mask with "

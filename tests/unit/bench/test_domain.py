@@ -18,7 +18,16 @@ from gpuhealth.agent.report import AgentInfo, ReportBuilder, now_utc
 from gpuhealth.evaluation import domains
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
-from hack.bench.domain import SICK_GPU, batches, clique, domains_of, fabric_snapshot, remove_pods, taint_span
+from hack.bench.domain import (
+    SICK_GPU,
+    batches,
+    clique,
+    domains_of,
+    fabric_snapshot,
+    quiet_summary,
+    remove_pods,
+    taint_span,
+)
 from hack.bench.domain_report import DOMAIN_BEGIN, DOMAIN_END, domain_line, domain_targets_for, render_domain
 from hack.bench.mig import mig_layout
 from hack.bench.report import evaluate, summary_md, tally
@@ -184,6 +193,10 @@ def test_the_faults_wait_for_an_operator_quiet_after_the_labels_and_the_line_say
     assert "The faults began once the operator was quiet after the labels (42.5 s after them)." in domain_line(run)
     run["domain_storm"]["operator_quiet_after_labels_s"] = None
     assert "(it never was within 600 s)" in domain_line(run)
+    assert "Each later fault" not in domain_line(run)  # a run from before the faults waited between them
+    run["domain_storm"]["operator_quiet_between_faults_s"] = quiet_summary([5.5, 6.0, None, 5.0])
+    assert "Each later fault waited for the operator to be quiet again after the domain before it " in domain_line(run)
+    assert "(p50 5.5 s, max 6.0 s, 1 never quiet within 600 s)." in domain_line(run)
     assert "pods were not all gone" not in domain_line(run)
     run["domain_storm"]["pods_removed"] = False
     assert "The faulted domains' pods were not all gone when the faults began" in domain_line(run)
