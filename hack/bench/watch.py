@@ -328,6 +328,9 @@ class ReportWatch(_Watch):
 
     def _sync(self, items: list[dict[str, Any]]) -> None:
         now = time.time()
+        if self.ears:  # a relist that brings a fault the broken watch missed: the floor still hears it
+            for o in items:
+                self._heard(o)
         with self.cond:
             self.states = {o["metadata"]["name"]: str((o.get("status") or {}).get("state") or "") for o in items}
             for o in items:

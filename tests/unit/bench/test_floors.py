@@ -326,6 +326,11 @@ def test_a_burst_with_ears_writes_each_item_only_once_the_watch_serves_its_fault
     assert r["seconds"] >= 0.05 - (time.time() - t0 - r["seconds"])  # not before the fault came through
     assert order[:2] == ["fault a", "fault b"] and sorted(order[2:]) == ["write a", "write b"]
     assert watch.ears == {}  # each item heard once
+    # A fault the watch missed and a relist brought is heard too.
+    relisted: list[str] = []
+    watch.hear("d", carries_xid, lambda: relisted.append("d"))
+    watch._sync([_report("c"), _report("d", xids=1)])
+    assert relisted == ["d"] and watch.ears == {}
     # A fault that never comes through the watch: nothing written, the burst timed out, its ear dropped.
     quiet = burst(["c"], write, 1, 0.2, wait_seen=seen, inject=lambda i: None, ears=Ears(watch, carries_xid))
     assert quiet["timed_out"] and "write c" not in order and watch.ears == {}
