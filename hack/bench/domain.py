@@ -250,7 +250,11 @@ def measure_domain(
         "tainted_outside_examples": outside[:5],
         "label_failures": failed,
         "pods_removed": pods_gone,
-        **({"operator_quiet_after_labels_s": settled} if operator is not None else {}),  # not watched: no figure
-        **({"operator_quiet_between_faults_s": quiet_summary(between)} if operator is not None else {}),
+        # Not watched (no sampler): no figure of either wait.
+        **(
+            {"operator_quiet_after_labels_s": settled, "operator_quiet_between_faults_s": quiet_summary(between)}
+            if operator is not None
+            else {}
+        ),
         "recovery_s": round(time.time() - t0, 1) if back else None,
     }

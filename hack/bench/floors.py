@@ -70,13 +70,11 @@ from hack.bench.support import (
     latency_summary,
     log,
 )
-from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
+from hack.bench.watch import Carries, NodeWatch, ReportWatch, RuleWatch
 
 # Seen: when each item's outcome was seen (epoch seconds) by the bench's independent watch, waited
 # for up to a timeout; the items missing from it were not seen in time.
 WaitSeen = Callable[[Sequence[str], float], Mapping[str, float]]
-# Carries: whether a floor node's report (the object as the watch served it) carries the fault.
-Carries = Callable[[dict[str, Any]], bool]
 FLOOR_CONDITION = "BenchFloor"
 FLOOR_FIELD = "benchFloor"  # a status field of the report nobody reads (its status keeps unknown fields)
 
@@ -206,6 +204,13 @@ def burst(
         if ears is not None:
             ears.deaf(items)
         workers.shutdown(wait=False, cancel_futures=True)
+    return _outcome(items, concurrency, t0, seen, errors)
+
+
+def _outcome(
+    items: Sequence[str], concurrency: int, t0: float, seen: Mapping[str, float], errors: Sequence[str]
+) -> dict[str, Any]:
+    """A burst's result: timed from ``t0`` to the last item seen, timed out unless every item was."""
     seen = {i: t for i, t in seen.items() if i in set(items)}
     complete = bool(items) and len(seen) == len(items)
     seconds = max(seen.values()) - t0 if complete else None
@@ -216,23 +221,14 @@ def burst(
         "per_s": round(len(items) / seconds, 1) if seconds else None,
         "seen": len(seen),
         "errors": len(errors),
-        "error_examples": errors[:3],
+        "error_examples": list(errors[:3]),
         "timed_out": not complete,
     }
 
 
 def unheard(items: Sequence[str], concurrency: int) -> dict[str, Any]:
     """A burst whose fault the watch never served: timed out, nothing written."""
-    return {
-        "items": len(items),
-        "concurrency": concurrency,
-        "seconds": None,
-        "per_s": None,
-        "seen": 0,
-        "errors": 1,
-        "error_examples": ["the fault never came through the report watch"],
-        "timed_out": True,
-    }
+    return _outcome(items, concurrency, 0.0, {}, ["the fault never came through the report watch"])
 
 
 def sampled(

@@ -99,7 +99,7 @@ def start(
             f" (and {len(floor_names)} floor nodes')"
         )
         t = time.monotonic()
-        mig_sims = [sims[n] for n in [*governed, *floor_names] if n in mig_fleet or n in floor_names]
+        mig_sims = [s for s in sims.values() if s.mig is not None]  # the MIG fleet's agents and the floor's
         failed = publish_mig(custom, mig_sims, started.pool)
         log(f"  {len(mig_sims) - failed} slices in {time.monotonic() - t:.1f}s ({failed} failed)")
     rule_watch, node_watch, report_watch = start_watches(kc, started)

@@ -30,6 +30,8 @@ from hack.bench.support import (
     VERSION,
 )
 
+# Carries: whether a report (the object as the watch served it) carries the fault a floor listens for.
+Carries = Callable[[dict[str, Any]], bool]
 # One XID event of a report: (code, GPU index or None, its time as the agent wrote it).
 XidKey = tuple[int, int | None, str]
 
@@ -279,7 +281,7 @@ class ReportWatch(_Watch):
         self.drain_completed: dict[str, float] = {}
         # The floors' ears: node -> (what the report must carry, what to do once it does), each heard once.
         self.ears_lock = threading.Lock()
-        self.ears: dict[str, tuple[Callable[[dict[str, Any]], bool], Callable[[], None]]] = {}
+        self.ears: dict[str, tuple[Carries, Callable[[], None]]] = {}
 
     def _run(self) -> None:
         _raw_watch(
@@ -289,7 +291,7 @@ class ReportWatch(_Watch):
             self.stop,
         )
 
-    def hear(self, node: str, carries: Callable[[dict[str, Any]], bool], then: Callable[[], None]) -> None:
+    def hear(self, node: str, carries: Carries, then: Callable[[], None]) -> None:
         """Once a report of ``node`` that ``carries`` the fault comes through the watch, ``then`` (called
         on the watch's thread: it hands the writes to a worker and returns)."""
         with self.ears_lock:
