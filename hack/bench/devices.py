@@ -19,6 +19,7 @@ from kubernetes import client
 
 from devkit import dra
 from hack.bench.fleet import SimNode, gpu_uuid
+from hack.bench.floors import GpuFloor
 from hack.bench.support import (
     DRA_GROUP,
     DRA_VERSION,
@@ -51,11 +52,14 @@ def measure_devices(
     pool: ThreadPoolExecutor,
     series: dict[str, Any],
     phase: Callable[[str], None],
+    floor: GpuFloor | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Device faults one at a time, then a device storm, then every GPU reset; the three result blocks."""
+    """Device faults one at a time, then a device storm, then every GPU reset; the three result blocks.
+    ``floor``: the path's no-logic floor, whose samples are taken among the single faults."""
     gpu = f"gpu-{DEVICE_GPU}"
     single, storm_nodes = dra_nodes[: args.device_faults], dra_nodes[args.device_faults :]
-    phase(f"device faults: uncorrected ECC on GPU {DEVICE_GPU} of {len(single)} DRA nodes, one at a time")
+    among = f", floor: {floor.samples} samples among them" if floor is not None else ""
+    phase(f"device faults: uncorrected ECC on GPU {DEVICE_GPU} of {len(single)} DRA nodes, one at a time{among}")
     lat: list[float] = []
     timeouts = 0
     for i, name in enumerate(single):
@@ -67,6 +71,8 @@ def measure_devices(
         else:
             lat.append((t1 - t0) * 1000)
         time.sleep(0.2)
+        if floor is not None:
+            floor.spread(i, len(single))
         if (i + 1) % 50 == 0:
             log(f"  {i + 1}/{len(single)}: p50 so far {percentile(lat, 50):.0f} ms")
     latency = latency_summary(lat, timeouts, FAULT_TIMEOUT_S * 1000)

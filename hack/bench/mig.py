@@ -22,7 +22,7 @@ import argparse
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
@@ -43,6 +43,9 @@ from hack.bench.support import (
     publish_all,
 )
 from hack.bench.watch import NodeWatch, RuleWatch
+
+if TYPE_CHECKING:  # floors.py reads this module's last_rule
+    from hack.bench.floors import GpuFloor
 
 GPUS = 8
 PROFILE = "1g.10gb"  # H100 80GB: seven placements, starts 0..6, GPU instance profile 19
@@ -150,15 +153,19 @@ def measure_mig(
     series: dict[str, Any],
     phase: Callable[[str], None],
     cpu_pids: Mapping[str, int] | None = None,
+    floor: GpuFloor | None = None,
 ) -> dict[str, Any]:
     """MIG GPU faults one at a time, then a storm, the rules checked, then every GPU reset: the ``mig`` block.
 
     ``fleet``: how many nodes are in MIG mode (--mig-nodes); ``nodes``: those to fault, single faults
-    first, then the storm's."""
+    first, then the storm's; ``floor``: the path's no-logic floor, whose samples are taken among the
+    single faults."""
     t_phase = time.time()
     single, storm_nodes = nodes[: args.mig_faults], nodes[args.mig_faults : args.mig_faults + args.mig_storm]
     devices = {n: gpu_devices(n, sims[n].index, MIG_GPU) for n in [*single, *storm_nodes]}
-    phase(f"MIG faults: uncorrected ECC on GPU {MIG_GPU} ({len(STARTS)} MIG devices) of {len(single)} nodes, singly")
+    among = f", floor: {floor.samples} samples among them" if floor is not None else ""
+    what = f"uncorrected ECC on GPU {MIG_GPU} ({len(STARTS)} MIG devices) of {len(single)} nodes"
+    phase(f"MIG faults: {what}, singly{among}")
     lat: list[float] = []
     first: list[float] = []
     timeouts = 0
@@ -173,6 +180,8 @@ def measure_mig(
         else:
             timeouts += 1
         time.sleep(0.2)
+        if floor is not None:
+            floor.spread(i, len(single))
         if (i + 1) % 50 == 0:
             log(f"  {i + 1}/{len(single)}: p50 so far {percentile(lat, 50):.0f} ms")
     latency = latency_summary(lat, timeouts, FAULT_TIMEOUT_S * 1000)

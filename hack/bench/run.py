@@ -30,7 +30,7 @@ from hack.bench.drain import measure_drain, measure_drain_floor
 from hack.bench.e2e import measure_e2e
 from hack.bench.failover import measure_failover
 from hack.bench.fleet import LEASE_NAMESPACE
-from hack.bench.floors import device_floors, domain_floor, guarded, restart_floor, storm_floor
+from hack.bench.floors import GpuFloor, domain_floor, guarded, restart_floor, storm_floor
 from hack.bench.footprint import measure_idle
 from hack.bench.mig import MIG_GPU, gpu_devices, measure_mig
 from hack.bench.report import write_outputs
@@ -170,50 +170,45 @@ def core(b: Bench) -> None:
     if args.traffic:
         traffic(b, floor)
     if b.dra_nodes:
+        device_floor = gpu_floor(b, DEVICE_GPU)
         res["device_to_rule_ms"], res["device_storm"], res["device_recovery"] = measure_devices(
-            args, b.sims, b.dra_nodes, b.rule_watch, b.node_watch, b.pool, b.series, b.phase
+            args, b.sims, b.dra_nodes, b.rule_watch, b.node_watch, b.pool, b.series, b.phase, floor=device_floor
         )
-        b.phase(f"device floors: {args.floor_samples} GPU faults one at a time, {args.device_storm} at once, no logic")
-        gpu_floors(b, ("device", "device_storm"), args.device_storm, DEVICE_GPU)
+        b.phase(f"device storm floor: {args.device_storm} GPU faults at once, no logic")
+        gpu_floors(b, ("device", "device_storm"), device_floor, args.device_storm)
     measure_breaker(b, nodes.breaker)
     measure_idle(b)
 
 
-def gpu_floors(
-    b: Bench,
-    keys: tuple[str, str],
-    storm: int,
-    gpu: int,
-    devices: Callable[[str], Sequence[str]] | None = None,
-    what: str = "device",
-) -> None:
-    """A GPU path's floors (hack/bench/floors.py ``device_floors``: one at a time, then ``storm`` at
-    once; ``devices``: a MIG GPU's), filed under ``keys``; one that failed is both floors timed out."""
-    both = guarded(
-        f"{what} path and storm",
-        lambda: dict(
-            zip(
-                keys,
-                device_floors(
-                    b.floor_names,
-                    b.args.floor_samples,
-                    storm,
-                    gpu,
-                    b.sims,
-                    b.custom,
-                    b.rule_watch,
-                    b.report_watch,
-                    b.pool,
-                    OPERATOR_WORKERS,
-                    FAULT_TIMEOUT_S,
-                    devices=devices,
-                    what=what,
-                ),
-                strict=True,
-            )
-        ),
+def gpu_floor(
+    b: Bench, gpu: int, devices: Callable[[str], Sequence[str]] | None = None, what: str = "device"
+) -> GpuFloor:
+    """A GPU path's floors on the floor nodes (hack/bench/floors.py ``GpuFloor``; ``devices``: a MIG
+    GPU's), whose one-at-a-time samples the phase takes among its own faults."""
+    return GpuFloor(
+        b.floor_names,
+        b.args.floor_samples,
+        gpu,
+        b.sims,
+        b.custom,
+        b.rule_watch,
+        b.report_watch,
+        OPERATOR_WORKERS,
+        FAULT_TIMEOUT_S,
+        devices=devices,
+        what=what,
     )
-    floors(b).update(both if keys[0] in both else dict.fromkeys(keys, both))
+
+
+def gpu_floors(b: Bench, keys: tuple[str, str], floor: GpuFloor, storm: int) -> None:
+    """A GPU path's floors filed under ``keys``: its samples (those the phase did not take among its
+    faults taken now), then ``storm`` at once; one that failed is a floor that timed out."""
+    try:
+        single = guarded(f"{floor.what} path", floor.single)
+        many = guarded(f"{floor.what} storm", lambda: floor.storm(storm, b.pool))
+    finally:
+        floor.close()
+    floors(b).update(zip(keys, (single, many), strict=True))
 
 
 def floors(b: Bench) -> dict[str, Any]:
@@ -271,6 +266,9 @@ def beyond_core(b: Bench) -> None:
     if "mig" in args.phases:
         mig_nodes = [n for n in b.governed if n in b.mig_fleet and n not in b.used][: args.mig_faults + args.mig_storm]
         b.used |= set(mig_nodes)
+        mig_floor = gpu_floor(
+            b, MIG_GPU, devices=lambda n: [d for _, d in gpu_devices(n, b.sims[n].index, MIG_GPU)], what="MIG"
+        )
         res["mig"] = measure_mig(
             args,
             b.sims,
@@ -284,16 +282,10 @@ def beyond_core(b: Bench) -> None:
             b.series,
             b.phase,
             cpu_pids=run_processes(b.cluster, [b.operator]),
+            floor=mig_floor,
         )
-        b.phase(f"MIG floors: {args.floor_samples} MIG GPU faults one at a time, {args.mig_storm} at once, no logic")
-        gpu_floors(
-            b,
-            ("mig", "mig_storm"),
-            args.mig_storm,
-            MIG_GPU,
-            devices=lambda n: [d for _, d in gpu_devices(n, b.sims[n].index, MIG_GPU)],
-            what="MIG",
-        )
+        b.phase(f"MIG storm floor: {args.mig_storm} MIG GPU faults at once, no logic")
+        gpu_floors(b, ("mig", "mig_storm"), mig_floor, args.mig_storm)
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
         fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first, as the restart's spare below

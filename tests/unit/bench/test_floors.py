@@ -31,6 +31,7 @@ from hack.bench.floors import (
     DeviceRule,
     Ears,
     FirstWrites,
+    GpuFloor,
     Lists,
     NodeQuarantine,
     PodDrain,
@@ -58,7 +59,7 @@ from hack.bench.targets import (
     resilience_targets_for,
     targets_for,
 )
-from hack.bench.watch import NodeWatch, ReportWatch
+from hack.bench.watch import NodeWatch, ReportWatch, RuleWatch
 from tests.unit.bench.test_domain import _domain_run
 from tests.unit.bench.test_helpers import FILED, _with_new_figures
 
@@ -421,6 +422,89 @@ class _Api:
             return {}
 
         return call
+
+
+class _GpuFloorNode:
+    """A floor node's simulated agent for the device floor: its ECC fault reaches the report watch a
+    little after the publish returns; ``fail_clear`` makes its GPU reset fail (a broken sample)."""
+
+    def __init__(self, name: str, watch: ReportWatch, log: list[str], fail_clear: bool = False) -> None:
+        self.name, self.watch, self.log, self.fail_clear = name, watch, log, fail_clear
+
+    def device_fault(self, gpu: int) -> None:
+        self.log.append(f"fault {self.name}")
+        threading.Timer(0.02, lambda: self.watch._event("MODIFIED", _report(self.name, ecc_gpu=gpu))).start()
+
+    def device_clear(self) -> None:
+        self.log.append(f"clear {self.name}")
+        if self.fail_clear:
+            raise RuntimeError("the publisher is down")
+
+
+class _RuleApi(_Api):
+    """The recording API, whose rule creates and deletes the rule watch then serves."""
+
+    def __init__(self, rules: RuleWatch) -> None:
+        super().__init__()
+        self.rules = rules
+
+    def create_cluster_custom_object(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(("create_cluster_custom_object", args, {}))
+        self.rules._event("ADDED", args[3])
+        return {}
+
+    def delete_cluster_custom_object(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(("delete_cluster_custom_object", args, {}))
+        pool, _, device = args[3].removeprefix("bench-floor-").rpartition("-gpu-")
+        body = {"metadata": {"name": args[3]}, "spec": {"deviceSelector": {"pool": pool, "device": f"gpu-{device}"}}}
+        self.rules._event("DELETED", body)
+        return {}
+
+
+def _gpu_floor(names: Sequence[str], samples: int, fail_clear: bool = False) -> tuple[GpuFloor, list[str], _RuleApi]:
+    reports, rules = ReportWatch(client.ApiClient()), RuleWatch(client.ApiClient())  # never started
+    log: list[str] = []
+    sims = {n: _GpuFloorNode(n, reports, log, fail_clear) for n in names}
+    custom = _RuleApi(rules)
+    floor = GpuFloor(
+        names,
+        samples,
+        3,
+        cast(Mapping[str, SimNode], sims),
+        cast(client.CustomObjectsApi, custom),
+        rules,
+        reports,
+        concurrency=16,
+        timeout_s=2.0,
+    )
+    return floor, log, custom
+
+
+def test_the_device_floors_samples_spread_over_the_phases_faults_on_the_floor_nodes_in_turn() -> None:
+    floor, log, custom = _gpu_floor(["floor-0", "floor-1"], samples=3)
+    taken_after = []
+    for i in range(10):  # the phase's ten faults: a sample after every third
+        floor.spread(i, 10, pause_s=0)
+        taken_after.append(floor.taken)
+    assert taken_after == [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+    # Each sample is one fault heard, its status and rule written, then undone (fault cleared first).
+    assert log == ["fault floor-0", "clear floor-0", "fault floor-1", "clear floor-1", "fault floor-0", "clear floor-0"]
+    creates = [c for c in custom.calls if c[0] == "create_cluster_custom_object"]
+    assert [c[1][3]["spec"]["deviceSelector"]["pool"] for c in creates] == ["floor-0", "floor-1", "floor-0"]
+    single = floor.single()  # none left to take
+    assert floor.taken == 3 and single["samples"] == 3 and single["timeouts"] == 0
+    assert single["p50"] >= 20  # not before the fault came through the watch
+    floor.close()
+
+
+def test_a_device_floor_sample_that_fails_counts_as_the_timeout_and_the_rest_are_taken_at_the_end() -> None:
+    floor, log, _ = _gpu_floor(["floor-0"], samples=2, fail_clear=True)
+    assert log == [] and floor.taken == 0
+    floor.spread(0, 2, pause_s=0)  # the phase's first fault: its sample's undo fails, the phase goes on
+    assert floor.taken == 1 and floor.timeouts == 1 and "RuntimeError" in floor.errors[0]
+    single = floor.single()  # the phase had fewer faults than samples: the rest are taken now
+    assert floor.taken == 2 and single["samples"] == 2 and single["timeouts"] == 2
+    assert single["p50"] == 2000.0 and "error_examples" in single
 
 
 def test_the_node_floor_writes_the_status_then_taint_and_cordon_in_one_patch() -> None:
