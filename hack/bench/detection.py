@@ -65,9 +65,17 @@ class Floor:
         # The writes run off the watch's thread, as a controller's workers take them from its watch.
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-detect-floor")
         self.taken = 0
+        self.errors: list[str] = []  # writes that failed: their samples time out, and the run says why
 
     def _heard(self, name: str) -> None:
-        self.worker.submit(self.writer.write, name)
+        self.worker.submit(self._write, name)
+
+    def _write(self, name: str) -> None:
+        try:
+            self.writer.write(name)
+        except Exception as e:
+            self.errors.append(f"{name}: {type(e).__name__}: {e}"[:200])
+            log(f"  floor: the write for {name} failed: {type(e).__name__}: {e}")
 
     def once(self) -> float | None:
         """One no-logic floor sample (ms), None if its taint never came."""
@@ -81,7 +89,10 @@ class Floor:
         self.report_watch.deaf(name)
         # Back to clean for the next round: the node "reboots" (clean report), then the floor's writes undone.
         self.sims[name].reboot()
-        self.writer.undo(name)
+        try:
+            self.writer.undo(name)
+        except Exception as e:  # a sample is not worth the phase: the next use of the node waits for it clean
+            self.errors.append(f"{name}: undo {type(e).__name__}: {e}"[:200])
         return None if t1 is None else (t1 - t0) * 1000
 
 
@@ -141,6 +152,7 @@ def measure_detection(b: Bench, detect_nodes: Sequence[str], floor_chain: Floor)
         "p99": round(percentile(floor_all, 99), 1),
         "samples": len(floor_all),
         "timeouts": misses["floor"],
+        **({"error_examples": floor_chain.errors[:3]} if floor_chain.errors else {}),
     }
     res["ratio_to_floor"] = round(p50 / floor_p50, 2) if floor else None
     series["detect_ms"], series["floor_ms"] = detect, floor

@@ -424,6 +424,27 @@ class _Api:
         return call
 
 
+class _RefusingCore(_Api):
+    def patch_node(self, *args: Any, **kwargs: Any) -> None:
+        raise client.ApiException(status=500, reason="etcdserver: request timed out")
+
+
+def test_a_detection_floor_write_that_fails_times_its_sample_out_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hack.bench.detection.FAULT_TIMEOUT_S", 0.3)
+    watch = ReportWatch(client.ApiClient())
+    core = _RefusingCore()
+    floor = Floor(
+        ["floor-0"],
+        cast(Mapping[str, SimNode], {"floor-0": _FloorNode(watch)}),
+        cast(NodeWatch, _TaintSeen(core)),
+        watch,
+        cast(client.CoreV1Api, core),
+        cast(client.CustomObjectsApi, _Api()),
+    )
+    assert floor.once() is None  # the taint never came
+    assert floor.errors and "etcdserver: request timed out" in floor.errors[0]
+
+
 class _GpuFloorNode:
     """A floor node's simulated agent for the device floor: its ECC fault reaches the report watch a
     little after the publish returns; ``fail_clear`` makes its GPU reset fail (a broken sample)."""
