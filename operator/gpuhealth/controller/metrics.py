@@ -161,7 +161,8 @@ for _watched in WATCHES:
         _family.labels(_watched)
 DEVICES = Gauge(
     "gpuhealth_devices",
-    "GPUs by their own gpuhealth state (InService, Quarantined, Draining, AwaitingRepair, Recovering), by policy",
+    "GPUs with a record, by their own gpuhealth state (InService, Quarantined, Draining, AwaitingRepair, "
+    "Recovering), on the nodes each policy governs",
     ["policy", "state"],
     registry=REGISTRY,
 )

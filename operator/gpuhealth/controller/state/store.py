@@ -9,12 +9,13 @@ strings, so memory per node stays small.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.api.devices import DeviceState
-from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS
+from gpuhealth.api.names import GPU_RESOURCE, SLOW_SIGNALS, Signal
 from gpuhealth.api.nodes import node_gpus
 from gpuhealth.api.policy import Policy, PolicyError, parse_policy, select_policy
 from gpuhealth.api.status import Record, StoredStatus
@@ -227,6 +228,8 @@ class Store:
             gpus_slow=self.gpus_out(name)
             if slow_node
             else sum(1 for d in devices if d.state != DeviceState.IN_SERVICE and d.reason in SLOW_SIGNALS),
+            device_states=tuple(sorted(Counter(str(d.state) for d in devices).items())) if devices else (),
+            peers=sum(1 for d in devices if d.state != DeviceState.IN_SERVICE and d.reason == Signal.NVLINK_PEER),
         )
 
     def _recount(self, name: str) -> None:

@@ -37,6 +37,10 @@ class Share:
     # out of service for its NVLink domain's episode (``domains.holds_domain``): the domain's other
     # members follow it, and the breaker keeps their slots (``Tallies.holding_domains``)
     domain: bool = False
+    # its GPUs with a record, by their own state (``gpuhealth_devices``), and of those the ones held out
+    # only as the NVLink peer of a GPU under repair (``gpuhealth_peer_holds``)
+    device_states: tuple[tuple[str, int], ...] = ()
+    peers: int = 0
 
 
 @dataclass(slots=True)
@@ -54,6 +58,8 @@ class Tally:
     counts: dict[str, int] = field(default_factory=dict)  # state -> nodes
     gpus_by_state: dict[str, int] = field(default_factory=dict)  # state -> node_gpus, out-of-service states
     overlaps: dict[str, int] = field(default_factory=dict)  # higher-priority policy -> nodes it took
+    devices: dict[str, int] = field(default_factory=dict)  # GPU state -> GPUs with a record in it
+    peer_holds: int = 0  # GPUs held out only as an NVLink peer
 
     def add(self, s: Share, sign: int) -> None:
         self.nodes += sign
@@ -65,6 +71,9 @@ class Tally:
         self.slow += sign * s.slow
         self.gpus_slow += sign * s.gpus_slow
         _bump(self.counts, s.state, sign)
+        for state, n in s.device_states:
+            _bump(self.devices, state, sign * n)
+        self.peer_holds += sign * s.peers
         if s.out:
             _bump(self.gpus_by_state, s.state, sign * s.node_gpus)
 

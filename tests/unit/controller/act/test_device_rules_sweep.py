@@ -1,6 +1,6 @@
 """The DeviceTaintRule sweep: gpuhealth's orphaned rules go and foreign ones stay, an idle sweep costs
-no request, a rule both the node and the sweep find unwanted is deleted once, and the rules a node
-wanted are forgotten with the node."""
+no request, a rule both the node and the sweep find unwanted is deleted once, the rules a node
+wanted are forgotten with the node, and the device gauges it sets come from the policies' tallies."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.actions.slices import slim_slice
+from gpuhealth.controller import metrics
 from gpuhealth.controller.act import device_rules
 from gpuhealth.controller.process.runtime import Runtime
 from tests.unit.builders import report_obj
@@ -123,3 +124,27 @@ def test_the_rules_a_node_wanted_are_forgotten_with_the_node() -> None:
 
     asyncio.run(body())
     assert RULE not in kube.rules  # and its rule went too
+
+
+def test_the_device_gauges_come_from_the_policies_tallies_not_a_walk_of_the_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = setup()
+    clock = Clock()
+
+    def devices(state: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value("gpuhealth_devices", {"policy": "p", "state": state})
+
+    async def body() -> None:
+        rt = await runtime(kube, clock)
+        await rt.reconciler.reconcile("n1")  # GPU 3 held out, its pods to move
+
+        def walked(name: str) -> None:
+            raise AssertionError("the sweep read a report's status: it walks the fleet again")
+
+        monkeypatch.setattr(rt.store, "status", walked)
+        await rt.devices.sweep()
+        assert (devices("Draining"), devices("InService"), devices("Quarantined")) == (1, 7, None)
+        assert metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}) == 0
+
+    asyncio.run(body())

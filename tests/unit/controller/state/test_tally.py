@@ -39,6 +39,7 @@ def report(name: str, rng: random.Random, rv: int) -> dict[str, Any]:
         devices = [
             {"index": i, "state": rng.choice(["InService", "Quarantined", "AwaitingRepair", None])}
             | ({"heldByBreaker": True} if rng.random() < 0.3 else {})
+            | ({"reason": rng.choice(["NVLinkPeer", "XID79"])} if rng.random() < 0.5 else {})
             for i in range(rng.choice([0, 2, 8]))
         ]
         body["status"] = {
@@ -73,6 +74,11 @@ def recount(store: Store, p: Policy) -> Tally:
             devices = ((store.reports.get(name) or {}).get("status") or {}).get("devices") or []
             # an entry without a state is in service (api/devices.py DeviceRecord.from_status)
             t.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") in ("InService", None))
+            for d in devices:  # gpuhealth_devices and gpuhealth_peer_holds (controller/act/device_rules.py)
+                in_service = d.get("state") in ("InService", None)
+                state = "InService" if in_service else d["state"]
+                t.devices[state] = t.devices.get(state, 0) + 1
+                t.peer_holds += not in_service and d.get("reason") == "NVLinkPeer"
             st = str((rec or Record()).state)
             t.counts[st] = t.counts.get(st, 0) + 1
             if rec is not None and rec.out_of_service:
