@@ -31,6 +31,7 @@ from gpuhealth.agent.model import Snapshot
 from gpuhealth.api.report_fabric import Fabric
 from hack.bench.context import POLICY
 from hack.bench.fleet import MigLayout, SimNode, healthy_snapshot
+from hack.bench.floors import SampledFloor
 from hack.bench.support import (
     FAULT_TIMEOUT_S,
     GROUP,
@@ -171,16 +172,19 @@ def measure_domain(
     phase: PhaseClock,
     settle_s: float,
     operator: ProcSampler | None = None,
+    floor: SampledFloor | None = None,
 ) -> dict[str, Any]:
     """``faults`` domains faulted one at a time: the ``domain_storm`` block. ``spare``: the nodes no
     phase has faulted, labelled into domains of ``size`` in order; the first ``faults`` domains fault,
-    once the ``operator`` (its CPU sampler) is quiet after the labels."""
+    once the ``operator`` (its CPU sampler) is quiet after the labels. ``floor``: the storm's no-logic
+    floor, whose samples are taken among the domain faults, each after a domain is out."""
     domains = domains_of(spare, size)
     faulted = domains[:faults]
     if len(faulted) < faults:
         raise RuntimeError(f"{len(spare)} spare nodes make {len(domains)} domains of {size}, not {faults}")
     members = [n for d in faulted for n in d]
-    phase(f"domain storm: {len(domains)} NVLink domains of {size} nodes; {faults} clique faults, one at a time")
+    among = f", floor: {floor.samples} samples among them" if floor is not None else ""
+    phase(f"domain storm: {len(domains)} NVLink domains of {size} nodes; {faults} clique faults, one at a time{among}")
     t = time.monotonic()
     # A fleet of NVLink domains drains a whole domain at once (one drain slot a member, as an NVL
     # fleet's policy would set); restored after the phase.
@@ -225,6 +229,8 @@ def measure_domain(
         whole += taint_span(node_watch.seen_at, domain) is not None
         result = f"{last[-1]:.0f} ms" if span is not None else "timed out"
         log(f"  domain {i + 1}/{faults} ({sick}): fault to the last of {size} members' taints {result}")
+        if floor is not None:
+            floor.spread(i, faults)
     tainted_now = {n for (n, key) in node_watch.seen_at if key == TAINT}
     outside = sorted(tainted_now - before - set(members))
     latency = latency_summary(last, timeouts, FAULT_TIMEOUT_S * 1000)

@@ -231,24 +231,59 @@ def unheard(items: Sequence[str], concurrency: int) -> dict[str, Any]:
     return _outcome(items, concurrency, 0.0, {}, ["the fault never came through the report watch"])
 
 
-def sampled(
-    groups: Sequence[Sequence[str]],
-    one: Callable[[Sequence[str]], dict[str, Any]],
-    undo: Callable[[Sequence[str]], None],
-    timeout_s: float,
-) -> dict[str, Any]:
-    """A latency floor: one ``burst`` per group in turn (``one``), each undone before the next; the
-    latency summary of their seconds (a burst that timed out counts as the timeout, and is counted)."""
-    ms: list[float] = []
-    timeouts = 0
-    for g in groups:
-        r = one(g)
+class SampledFloor:
+    """A latency floor taken one sample at a time, each undone before the next (:meth:`sample`, a
+    subclass's), whose samples a phase takes among its own faults (:meth:`spread`, as detection's are),
+    so that both meet the API server in the same state: a phase that follows a busy one (the fact
+    traffic) and a floor taken after it on a quiet server made a ratio of the server's two moods, not of
+    gpuhealth's work (at 10,000 nodes, 32e1751: the device path's 12.34x). A sample that times out or
+    fails counts as the timeout (and says why), and the phase goes on."""
+
+    def __init__(self, samples: int, timeout_s: float, what: str) -> None:
+        self.samples, self.timeout_s, self.what = samples, timeout_s, what
+        self.ms: list[float] = []
+        self.timeouts = 0
+        self.errors: list[str] = []
+        self.taken = 0
+
+    def sample(self, k: int) -> dict[str, Any]:
+        """Sample ``k`` (from 0): one burst's result, its writes undone before it returns."""
+        raise NotImplementedError
+
+    def once(self) -> None:
+        k = self.taken
+        self.taken += 1
+        try:
+            r = self.sample(k)
+        except Exception as e:
+            self.timeouts += 1
+            self.errors.append(f"sample {k}: {type(e).__name__}: {e}"[:200])
+            log(f"  floor: {self.what} sample {k} failed: {type(e).__name__}: {e}")
+            return
         if r["timed_out"]:
-            timeouts += 1
+            self.timeouts += 1
+            self.errors.extend(r["error_examples"])
         else:
-            ms.append(r["seconds"] * 1000)
-        undo(g)
-    return latency_summary(ms, timeouts, timeout_s * 1000)
+            self.ms.append(r["seconds"] * 1000)
+
+    def spread(self, i: int, faults: int, pause_s: float = 0.2) -> None:
+        """After the phase's fault ``i`` of ``faults``: a sample where one is due, so that the samples
+        spread evenly over the phase (then ``pause_s``, as between its faults)."""
+        every = max(1, faults // max(1, self.samples))
+        if i % every == every - 1 and self.taken < self.samples:
+            self.once()
+            time.sleep(pause_s)
+
+    def single(self) -> dict[str, Any]:
+        """The floor: the samples still due taken now, then their latency summary (a timed-out sample
+        counts as the timeout, and is counted)."""
+        while self.taken < self.samples:
+            self.once()
+            time.sleep(0.2)
+        r = latency_summary(self.ms, self.timeouts, self.timeout_s * 1000)
+        if self.errors:
+            r["error_examples"] = self.errors[:3]
+        return r
 
 
 class NodeQuarantine:
@@ -572,17 +607,11 @@ def storm_floor(
     return r
 
 
-class GpuFloor:
+class GpuFloor(SampledFloor):
     """The device path's floor (one GPU fault at a time, on the floor nodes in turn) and the device
     storm's (``storm`` floor nodes' GPU at once): a device fault published and heard, then its rule;
     with ``devices`` (node -> the GPU's MIG devices: the MIG fleet's floors), a rule for each, to the
-    last.
-
-    Its one-at-a-time samples are taken among the phase's own faults (:meth:`spread`, as detection's
-    are), so both meet the API server in the same state: a phase that follows a busy one (the fact
-    traffic) and a floor taken after it on a quiet server made a ratio of the server's two moods, not of
-    gpuhealth's work (at 10,000 nodes, 32e1751: the device path's 12.34x). A sample that fails counts
-    as the timeout, and the phase goes on."""
+    last. Its one-at-a-time samples are taken among the phase's faults (``SampledFloor``)."""
 
     def __init__(
         self,
@@ -598,16 +627,13 @@ class GpuFloor:
         devices: Callable[[str], Sequence[str]] | None = None,
         what: str = "device",
     ) -> None:
-        self.nodes, self.samples, self.device, self.sims = nodes, samples, device, sims
-        self.rule_watch, self.concurrency, self.timeout_s, self.what = rule_watch, concurrency, timeout_s, what
+        super().__init__(samples, timeout_s, what)
+        self.nodes, self.device, self.sims = nodes, device, sims
+        self.rule_watch, self.concurrency = rule_watch, concurrency
         self.calls = Calls(concurrency) if devices is not None else None
         self.writer = DeviceRule(custom, f"gpu-{device}", devices, self.calls)
         self.seen = rule_seen(rule_watch, self.writer.devices_of)
         self.ears = Ears(report_watch, carries_ecc(device))
-        self.ms: list[float] = []
-        self.timeouts = 0
-        self.errors: list[str] = []
-        self.taken = 0
 
     def _burst(self, group: Sequence[str], timeout_s: float, pool: ThreadPoolExecutor | None = None) -> dict[str, Any]:
         return burst(
@@ -628,40 +654,14 @@ class GpuFloor:
             self.writer.undo(n)
         self.rule_watch.wait_all([(n, d) for n in group for d in self.writer.devices_of(n)], timeout=60, present=False)
 
-    def once(self) -> None:
-        """One sample on the next floor node, undone before it returns; one that fails is a timeout."""
-        node = self.nodes[self.taken % len(self.nodes)]
-        self.taken += 1
-        try:
-            r = self._burst([node], self.timeout_s)
-            self._undo([node])
-        except Exception as e:
-            self.timeouts += 1
-            self.errors.append(f"{node}: {type(e).__name__}: {e}"[:200])
-            log(f"  floor: a {self.what} sample on {node} failed: {type(e).__name__}: {e}")
-            return
-        if r["timed_out"]:
-            self.timeouts += 1
-            self.errors.extend(r["error_examples"])
-        else:
-            self.ms.append(r["seconds"] * 1000)
-
-    def spread(self, i: int, faults: int, pause_s: float = 0.2) -> None:
-        """After the phase's fault ``i`` of ``faults``: a sample where one is due, so that the samples
-        spread evenly over the phase (then ``pause_s``, as between its faults)."""
-        every = max(1, faults // max(1, self.samples))
-        if i % every == every - 1 and self.taken < self.samples:
-            self.once()
-            time.sleep(pause_s)
+    def sample(self, k: int) -> dict[str, Any]:
+        node = self.nodes[k % len(self.nodes)]
+        r = self._burst([node], self.timeout_s)
+        self._undo([node])
+        return r
 
     def single(self) -> dict[str, Any]:
-        """The path's floor: the samples still due taken now, then their latency summary."""
-        while self.taken < self.samples:
-            self.once()
-            time.sleep(0.2)
-        r = latency_summary(self.ms, self.timeouts, self.timeout_s * 1000)
-        if self.errors:
-            r["error_examples"] = self.errors[:3]
+        r = super().single()
         log_floor(f"{self.what} path", r)
         return r
 
@@ -678,36 +678,55 @@ class GpuFloor:
             self.calls.close()
 
 
-def domain_floor(
-    members: Sequence[str],
-    samples: int,
-    sims: Mapping[str, SimNode],
-    core: client.CoreV1Api,
-    custom: client.CustomObjectsApi,
-    node_watch: NodeWatch,
-    report_watch: ReportWatch,
-    concurrency: int,
-    timeout_s: float,
-) -> dict[str, Any]:
+class DomainFloor(SampledFloor):
     """The domain storm's floor: one member's fault published and heard, then every member of the domain
     quarantined with no logic (as gpuhealth takes the domain out as one decision); to the last member's
-    taint, ``samples`` times."""
-    writer = NodeQuarantine(core, custom)
+    taint. The same ``members`` (floor nodes) each sample, untainted and rebooted between them; the
+    samples are taken among the domain faults (``SampledFloor``)."""
 
-    def one(group: Sequence[str]) -> dict[str, Any]:
+    def __init__(
+        self,
+        members: Sequence[str],
+        samples: int,
+        sims: Mapping[str, SimNode],
+        core: client.CoreV1Api,
+        custom: client.CustomObjectsApi,
+        node_watch: NodeWatch,
+        report_watch: ReportWatch,
+        concurrency: int,
+        timeout_s: float,
+    ) -> None:
+        super().__init__(samples, timeout_s, "domain storm")
+        self.members, self.sims, self.node_watch, self.report_watch = list(members), sims, node_watch, report_watch
+        self.concurrency = concurrency
+        self.writer = NodeQuarantine(core, custom)
+
+    def sample(self, k: int) -> dict[str, Any]:
+        group = self.members
         heard = threading.Event()
         t0 = time.time()
-        report_watch.hear(group[0], carries_xid, heard.set)
-        sims[group[0]].fault()
-        if not heard.wait(timeout_s):
-            report_watch.deaf(group[0])
-            return unheard(group, concurrency)
-        return burst(group, writer.write, concurrency, timeout_s, wait_seen=taint_seen(node_watch), started=t0)
+        self.report_watch.hear(group[0], carries_xid, heard.set)
+        try:
+            self.sims[group[0]].fault()
+            if not heard.wait(self.timeout_s):
+                self.report_watch.deaf(group[0])
+                return unheard(group, self.concurrency)
+            return burst(
+                group,
+                self.writer.write,
+                self.concurrency,
+                self.timeout_s,
+                wait_seen=taint_seen(self.node_watch),
+                started=t0,
+            )
+        finally:
+            _untaint(group, self.writer, self.sims, self.node_watch)
 
-    r = sampled([list(members)] * samples, one, lambda g: _untaint(g, writer, sims, node_watch), timeout_s)
-    r["domain_size"] = len(members)
-    log_floor("domain storm", r)
-    return r
+    def single(self) -> dict[str, Any]:
+        r = super().single()
+        r["domain_size"] = len(self.members)
+        log_floor("domain storm", r)
+        return r
 
 
 def startup_floor(

@@ -30,7 +30,7 @@ from hack.bench.drain import measure_drain, measure_drain_floor
 from hack.bench.e2e import measure_e2e
 from hack.bench.failover import measure_failover
 from hack.bench.fleet import LEASE_NAMESPACE
-from hack.bench.floors import GpuFloor, domain_floor, guarded, restart_floor, storm_floor
+from hack.bench.floors import DomainFloor, GpuFloor, guarded, restart_floor, storm_floor
 from hack.bench.footprint import measure_idle
 from hack.bench.mig import MIG_GPU, gpu_devices, measure_mig
 from hack.bench.report import write_outputs
@@ -289,6 +289,17 @@ def beyond_core(b: Bench) -> None:
     if "domain" in args.phases:
         fresh = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]
         fresh.sort(key=lambda n: n in b.mig_fleet)  # whole-GPU nodes first, as the restart's spare below
+        domain_floor = DomainFloor(
+            b.floor_names[: args.domain_size],
+            args.domain_faults,
+            b.sims,
+            b.core,
+            b.custom,
+            b.node_watch,
+            b.report_watch,
+            OPERATOR_WORKERS,
+            FAULT_TIMEOUT_S,
+        )
         res["domain_storm"] = measure_domain(
             b.sims,
             fresh,
@@ -304,23 +315,10 @@ def beyond_core(b: Bench) -> None:
             b.phase,
             settle_s=2 * args.tick,
             operator=b.op_sampler,
+            floor=domain_floor,
         )
         b.used |= set(fresh[: args.domain_faults * args.domain_size])
-        b.phase(f"domain floor: {args.domain_faults} domains of {args.domain_size} floor nodes, no logic")
-        floors(b)["domain"] = guarded(
-            "domain storm",
-            lambda: domain_floor(
-                b.floor_names[: args.domain_size],
-                args.domain_faults,
-                b.sims,
-                b.core,
-                b.custom,
-                b.node_watch,
-                b.report_watch,
-                OPERATOR_WORKERS,
-                FAULT_TIMEOUT_S,
-            ),
-        )
+        floors(b)["domain"] = guarded("domain storm", domain_floor.single)
     # Nodes no phase has faulted yet, taken in turn by the restart, failover and drain phases; whole-GPU
     # nodes first (a --mig-nodes sample leaves them), so their figures compare with runs without MIG.
     spare = [n for n in b.governed if n not in b.used and (n, TAINT) not in b.node_watch.seen_at]

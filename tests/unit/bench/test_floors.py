@@ -35,6 +35,7 @@ from hack.bench.floors import (
     Lists,
     NodeQuarantine,
     PodDrain,
+    SampledFloor,
     burst,
     carries_ecc,
     carries_xid,
@@ -44,7 +45,6 @@ from hack.bench.floors import (
     floor_rule_name,
     guarded,
     rule_seen,
-    sampled,
 )
 from hack.bench.report import all_met, evaluate, summary_md, tally
 from hack.bench.support import FLOOR_TAINT, GROUP, REPORTS, VERSION
@@ -390,12 +390,43 @@ def test_the_detection_floor_makes_gpuhealths_two_writes_once_the_watch_serves_t
     assert node.log == ["fault", "reboot"] and watch.ears == {} and floor.taken == 1
 
 
-def test_a_sampled_floor_counts_a_timed_out_sample_as_the_timeout() -> None:
-    results: list[dict[str, Any]] = [{"timed_out": False, "seconds": 0.05}, {"timed_out": True, "seconds": None}]
-    undone: list[Sequence[str]] = []
-    s = sampled([["a"], ["b"]], lambda g: results.pop(0), undone.append, timeout_s=10.0)
-    assert undone == [["a"], ["b"]]
-    assert s["samples"] == 2 and s["timeouts"] == 1 and s["p50"] == 50.0 and s["p99"] == 10_000.0
+class _Scripted(SampledFloor):
+    """A floor whose samples' results are scripted: a result dict, or an exception to raise."""
+
+    def __init__(self, results: list[Any], samples: int) -> None:
+        super().__init__(samples, timeout_s=10.0, what="scripted")
+        self.results, self.asked = results, list[int]()
+
+    def sample(self, k: int) -> dict[str, Any]:
+        self.asked.append(k)
+        r = self.results.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return cast(dict[str, Any], r)
+
+
+def test_a_sampled_floor_counts_a_timed_out_or_failed_sample_as_the_timeout() -> None:
+    ok = {"timed_out": False, "seconds": 0.05}
+    late = {"timed_out": True, "seconds": None, "error_examples": ["the fault never came through the report watch"]}
+    f = _Scripted([ok, late, RuntimeError("the API server refused")], samples=3)
+    s = f.single()
+    assert f.asked == [0, 1, 2]
+    assert s["samples"] == 3 and s["timeouts"] == 2 and s["p50"] == 10_000.0 and min(f.ms) == 50.0
+    assert "never came" in s["error_examples"][0] and "refused" in s["error_examples"][1]
+
+
+def test_a_sampled_floors_samples_spread_evenly_over_the_phases_faults() -> None:
+    f = _Scripted([{"timed_out": False, "seconds": 0.01}] * 4, samples=4)
+    taken = []
+    for i in range(20):  # one sample after every fifth fault
+        f.spread(i, 20, pause_s=0)
+        taken.append(f.taken)
+    assert taken == [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4]
+    assert f.single()["samples"] == 4 and f.asked == [0, 1, 2, 3]  # none left to take
+    g = _Scripted([{"timed_out": False, "seconds": 0.01}] * 3, samples=3)
+    for i in range(3):  # as many samples as faults: one after each (the domain storm's)
+        g.spread(i, 3, pause_s=0)
+        assert g.taken == i + 1
 
 
 # -- each floor's client: exactly the writes gpuhealth must do -------------------------------------------
