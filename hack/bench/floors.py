@@ -7,7 +7,9 @@ the time is gpuhealth's and how much the shared machine's.
 A floor hears of its fault as a controller does, through a watch (``Ears``: the bench's report watch
 serves the report that carries it, and the floor's writes start then, not when the publish returns),
 so a floor pays the watch hop gpuhealth pays before its first write; the drain's and the start-up's,
-which time no fault, need none.
+which time no fault, need none. The floors timed one sample at a time take their samples among the
+phase's own faults, so both meet the API server in the same state: detection's (hack/bench/detection.py)
+and the device path's, MIG fault's and domain storm's (``SampledFloor``).
 
 - detection (``floor_ms``, hack/bench/detection.py): one floor node's XID heard, then the report's
   status write and the Node's taint + cordon patch (``NodeQuarantine``); to the taint seen;
