@@ -29,6 +29,7 @@ from hack.bench.floors import (
     FLOOR_FIELD,
     Calls,
     DeviceRule,
+    DomainFloor,
     Ears,
     FirstWrites,
     GpuFloor,
@@ -557,6 +558,46 @@ def test_a_device_floor_sample_that_fails_counts_as_the_timeout_and_the_rest_are
     single = floor.single()  # the phase had fewer faults than samples: the rest are taken now
     assert floor.taken == 2 and single["samples"] == 2 and single["timeouts"] == 2
     assert single["p50"] == 2000.0 and "error_examples" in single
+
+
+class _NodeApi(_Api):
+    """The recording API, whose Node patches the Node watch then serves (the floor's taint on and off)."""
+
+    def __init__(self, nodes: NodeWatch) -> None:
+        super().__init__()
+        self.nodes = nodes
+
+    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("patch_node", (name, body), kwargs))
+        self.nodes._event("MODIFIED", {"metadata": {"name": name}, "spec": {"taints": body["spec"]["taints"]}})
+        return {}
+
+
+def test_the_domain_floor_hears_one_members_fault_then_quarantines_every_member_and_undoes_it() -> None:
+    reports, nodes = ReportWatch(client.ApiClient()), NodeWatch(client.ApiClient())  # never started
+    members = [f"floor-{i}" for i in range(4)]
+    core, custom = _NodeApi(nodes), _Api()
+    first = _FloorNode(reports)  # its fault reaches the report watch as floor-0's report
+    sims = {n: first if n == "floor-0" else _FloorNode(reports) for n in members}
+    floor = DomainFloor(
+        members,
+        2,
+        cast(Mapping[str, SimNode], sims),
+        cast(client.CoreV1Api, core),
+        cast(client.CustomObjectsApi, custom),
+        nodes,
+        reports,
+        concurrency=16,
+        timeout_s=2.0,
+    )
+    floor.spread(0, 2, pause_s=0)  # after the phase's first domain fault: one sample
+    assert floor.taken == 1 and floor.timeouts == 0 and floor.ms[0] >= 50  # not before the fault was heard
+    tainted = [c[1][0] for c in core.calls if c[1][1]["spec"]["taints"]]
+    assert sorted(tainted) == members  # every member, once heard
+    assert all((n, FLOOR_TAINT) not in nodes.seen_at for n in members)  # undone: untainted, rebooted
+    assert first.log == ["fault", "reboot"] and reports.ears == {}
+    r = floor.single()  # the second sample, taken now
+    assert r["samples"] == 2 and r["timeouts"] == 0 and r["domain_size"] == 4
 
 
 def test_the_node_floor_writes_the_status_then_taint_and_cordon_in_one_patch() -> None:
