@@ -58,7 +58,6 @@ from gpuhealth.kube.client import SCHEDULED
 from hack.bench.details import floor_line_part
 from hack.bench.drain_workload import REQUESTED
 from hack.bench.fleet import SimNode
-from hack.bench.mig import last_rule
 from hack.bench.support import (
     DEVICE_TAINT_RULES,
     DRA_GROUP,
@@ -72,7 +71,7 @@ from hack.bench.support import (
     latency_summary,
     log,
 )
-from hack.bench.watch import Carries, NodeWatch, ReportWatch, RuleWatch
+from hack.bench.watch import Carries, NodeWatch, ReportWatch, RuleWatch, last_rule
 
 # Seen: when each item's outcome was seen (epoch seconds) by the bench's independent watch, waited
 # for up to a timeout; the items missing from it were not seen in time.

@@ -42,9 +42,9 @@ from hack.bench.support import (
     percentile,
     publish_all,
 )
-from hack.bench.watch import NodeWatch, RuleWatch
+from hack.bench.watch import Device, NodeWatch, RuleWatch, last_rule
 
-if TYPE_CHECKING:  # floors.py reads this module's last_rule
+if TYPE_CHECKING:
     from hack.bench.floors import GpuFloor
 
 GPUS = 8
@@ -53,8 +53,6 @@ STARTS: tuple[int, ...] = next(p[5] for p in dra_shapes.H100_PROFILES if p[0] ==
 FIRST_GI = 7  # NVML numbers the seven 1g GPU instances of a full H100 7..13
 MIG_GPU = 3  # the GPU that takes the uncorrected ECC error
 STORM_TIMEOUT_S = 180.0
-
-Device = tuple[str, str]  # (pool = node, device name), as the rule watch keys them
 
 
 def mig_layout(node_index: int) -> dict[int, tuple[MigDevice, ...]]:
@@ -96,15 +94,6 @@ def publish_mig(custom: client.CustomObjectsApi, sims: Sequence[SimNode], pool: 
             custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", body)
 
     return publish_all(pool, one, list(sims))
-
-
-def last_rule(seen_at: Mapping[Device, float], devices: Iterable[Device]) -> tuple[float, float] | None:
-    """(first, last) sighting of the rules of ``devices``; None while any of them has none."""
-    times = [seen_at.get(d) for d in devices]
-    if not times or any(t is None for t in times):
-        return None
-    known = [t for t in times if t is not None]
-    return min(known), max(known)
 
 
 def rule_problems(rules: Iterable[Mapping[str, Any]], expected: Mapping[str, set[str]]) -> list[str]:

@@ -189,6 +189,18 @@ class NodeWatch(_Watch):
             return self.count[key]
 
 
+Device = tuple[str, str]  # (pool = node, device name), as the rule watch keys them
+
+
+def last_rule(seen_at: Mapping[Device, float], devices: Iterable[Device]) -> tuple[float, float] | None:
+    """(first, last) sighting of the rules of ``devices``; None while any of them has none."""
+    times = [seen_at.get(d) for d in devices]
+    if not times or any(t is None for t in times):
+        return None
+    known = [t for t in times if t is not None]
+    return min(known), max(known)
+
+
 class RuleWatch(_Watch):
     """An independent watch on ``resource.k8s.io/v1`` DeviceTaintRules: since when each device has one.
 

@@ -19,10 +19,11 @@ from hack import memprobe
 from hack.bench import docs
 from hack.bench.cli import parse_args, parse_phases
 from hack.bench.fleet import gpu_uuid, healthy_snapshot
-from hack.bench.mig import MIG_GPU, gpu_devices, last_rule, mig_layout, mig_slices, rule_problems
+from hack.bench.mig import MIG_GPU, gpu_devices, mig_layout, mig_slices, rule_problems
 from hack.bench.mig_report import MIG_BEGIN, mig_line, mig_targets_for, render_mig
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import RATIO_MET, RATIO_MISSED, RATIO_UNMEASURED
+from hack.bench.watch import last_rule
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 NODE = "gpu-node-0007"
