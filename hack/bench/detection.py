@@ -21,7 +21,7 @@ from kubernetes import client
 
 from hack.bench.context import Bench
 from hack.bench.fleet import SimNode
-from hack.bench.floors import NodeQuarantine, carries_xid
+from hack.bench.floors import NodeQuarantine, carries_xid, sample_due
 from hack.bench.support import FAULT_TIMEOUT_S, FLOOR_TAINT, TAINT, log, percentile
 from hack.bench.watch import NodeWatch, ReportWatch
 
@@ -105,7 +105,6 @@ def measure_detection(b: Bench, detect_nodes: Sequence[str], floor_chain: Floor)
     publish_ms: list[float] = []
     floor: list[float] = []
     misses = {"detect": 0, "floor": 0}
-    floor_every = max(1, args.faults // max(1, args.floor_samples))
 
     def measure_floor() -> None:
         ms = floor_chain.once()
@@ -124,7 +123,7 @@ def measure_detection(b: Bench, detect_nodes: Sequence[str], floor_chain: Floor)
         else:
             detect.append((t1 - t0) * 1000)
         time.sleep(0.2)
-        if i % floor_every == floor_every - 1 and floor_chain.taken < args.floor_samples:
+        if sample_due(i, args.faults, args.floor_samples, floor_chain.taken):
             measure_floor()
             time.sleep(0.2)
         if (i + 1) % 50 == 0:

@@ -232,6 +232,13 @@ def unheard(items: Sequence[str], concurrency: int) -> dict[str, Any]:
     return _outcome(items, concurrency, 0.0, {}, ["the fault never came through the report watch"])
 
 
+def sample_due(i: int, faults: int, samples: int, taken: int) -> bool:
+    """Whether a floor sample is due after a phase's fault ``i`` of ``faults``, ``taken`` of ``samples``
+    taken: one after every ``faults // samples`` faults, so the samples spread evenly over the phase."""
+    every = max(1, faults // max(1, samples))
+    return i % every == every - 1 and taken < samples
+
+
 class SampledFloor:
     """A latency floor taken one sample at a time, each undone before the next (:meth:`sample`, a
     subclass's), whose samples a phase takes among its own faults (:meth:`spread`, as detection's are),
@@ -270,8 +277,7 @@ class SampledFloor:
     def spread(self, i: int, faults: int, pause_s: float = 0.2) -> None:
         """After the phase's fault ``i`` of ``faults``: a sample where one is due, so that the samples
         spread evenly over the phase (then ``pause_s``, as between its faults)."""
-        every = max(1, faults // max(1, self.samples))
-        if i % every == every - 1 and self.taken < self.samples:
+        if sample_due(i, faults, self.samples, self.taken):
             self.once()
             time.sleep(pause_s)
 
