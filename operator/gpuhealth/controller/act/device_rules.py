@@ -193,16 +193,9 @@ class DeviceRules:
         self._count()
 
     def _count(self) -> None:
-        """The gauges, from the policies' tallies (``state/tally.py``, kept as reports change) and the
-        rules in memory: a tick costs the policies and the rules, not the fleet (walking every report
-        held the event loop for about 90 ms a tick at 10,000 nodes, a fault's report waiting behind it)."""
-        metrics.DEVICES.clear()
-        metrics.PEER_HOLDS.clear()
-        for policy in self.store.policies.values():
-            tally = self.store.tally(policy)
-            for state, n in tally.devices.items():
-                metrics.DEVICES.labels(policy.name, state).set(n)
-            metrics.PEER_HOLDS.labels(policy.name).set(tally.peer_holds)  # at zero when no peer is held
+        """``gpuhealth_device_rules``, from the rules in memory: a tick costs the rules, not the fleet.
+        The GPUs' own gauges come from the policies' tallies with the other per-policy counts
+        (``policy_status.py``, ``state/capacity.py``)."""
         rules: dict[tuple[str, str], int] = {}
         for rule in self.rules.values():
             node = _rule_node(rule)

@@ -78,6 +78,7 @@ class PolicyStatus:
                 for s in OUT_OF_SERVICE
             }
         )
+        capacity.export_devices({p.name: self.store.tally(p) for p in self.store.policies.values()})
         for pname, v in summarize(self.store).items():
             await self._update_one(pname, v)
 

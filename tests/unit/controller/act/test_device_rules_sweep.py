@@ -140,10 +140,10 @@ def test_the_device_gauges_come_from_the_policies_tallies_not_a_walk_of_the_repo
         await rt.reconciler.reconcile("n1")  # GPU 3 held out, its pods to move
 
         def walked(name: str) -> None:
-            raise AssertionError("the sweep read a report's status: it walks the fleet again")
+            raise AssertionError("the policy status pass read a report's status: it walks the fleet again")
 
         monkeypatch.setattr(rt.store, "status", walked)
-        await rt.devices.sweep()
+        await rt.policy_status.update()
         assert (devices("Draining"), devices("InService"), devices("Quarantined")) == (1, 7, None)
         assert metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}) == 0
 

@@ -243,13 +243,13 @@ def test_the_peer_holds_gauge_counts_the_peers_held_and_drops_to_zero_when_they_
     async def body() -> None:
         rt = await runtime(kube, clock)
         await passes(rt, clock, 4)
-        await rt.devices.sweep()
+        await rt.policy_status.update()
         seen.append(metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}))
         then = nvswitch(action="Reset", seconds=(clock.t - Clock().t).total_seconds())
         kube.reports["n1"]["spec"] = then["spec"]
         rt.on_report("MODIFIED", copy.deepcopy(kube.reports["n1"]), enqueue=False)
         await passes(rt, clock, 3)
-        await rt.devices.sweep()
+        await rt.policy_status.update()
         seen.append(metrics.REGISTRY.get_sample_value("gpuhealth_peer_holds", {"policy": "p"}))
         await rt.events.flush()
 

@@ -74,7 +74,7 @@ def recount(store: Store, p: Policy) -> Tally:
             devices = ((store.reports.get(name) or {}).get("status") or {}).get("devices") or []
             # an entry without a state is in service (api/devices.py DeviceRecord.from_status)
             t.gpus_held += sum(1 for d in devices if d.get("heldByBreaker") and d.get("state") in ("InService", None))
-            for d in devices:  # gpuhealth_devices and gpuhealth_peer_holds (controller/act/device_rules.py)
+            for d in devices:  # gpuhealth_devices and gpuhealth_peer_holds (controller/state/capacity.py)
                 in_service = d.get("state") in ("InService", None)
                 state = "InService" if in_service else d["state"]
                 t.devices[state] = t.devices.get(state, 0) + 1
