@@ -36,6 +36,7 @@ from hack.bench.details import (
 )
 from hack.bench.domain_report import no_domain_run, render_domain
 from hack.bench.mig_report import no_mig_run, render_mig
+from hack.bench.one_commit import render_one_commit
 from hack.bench.report import tally
 from hack.bench.targets import (
     LARGE_FLEET_NODES,
@@ -56,6 +57,7 @@ from hack.bench.targets import (
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
 DOCS = (REPO / "docs" / "development.md", REPO / "docs" / "bench.md")
+SCALING_DOC = REPO / "docs" / "scaling.md"  # its other blocks are hack/bench/scaling_docs.py's
 BEGIN = "<!-- bench:begin (python -m hack.bench.docs) -->"
 END = "<!-- bench:end -->"
 LARGE_BEGIN = "<!-- bench-10k:begin (python -m hack.bench.docs) -->"
@@ -355,7 +357,9 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     `make bench` runs); docs/bench.md's 10k block the newest run of 10,000 nodes or more; its resilience
     block the newest run below 10,000 nodes and the newest of 10,000 or more with the drain storm, failover
     or warm restart phase; its MIG block the newest run with the mig phase of each fleet size; its domain
-    block the newest with the domain storm of each fleet size.
+    block the newest with the domain storm of each fleet size; docs/bench.md's and docs/scaling.md's
+    one-commit block every phase at the newest commit filed with all of them at both sizes
+    (``one_commit.py``).
     """
     runs = filed_runs(directory)
     # A run of only the issue #26 phases (no storm: `--phases` without core) feeds the resilience block only.
@@ -387,9 +391,11 @@ def blocks(directory: Path = RESULTS) -> dict[Path, list[str]]:
     summary = "\n".join([SUMMARY_BEGIN, *table, SUMMARY_END])
     alone = render_drain_alone(runs)
     restarts = render_restart_alone(runs)
+    one = render_one_commit(runs, _rel)
     return {
         DOCS[0]: [latest, summary],
-        DOCS[1]: [latest, big, res_block, alone, mig_block, render_ab(directory), restarts, domain_block],
+        DOCS[1]: [latest, big, res_block, alone, mig_block, render_ab(directory), restarts, domain_block, one],
+        SCALING_DOC: [one],
     }
 
 
