@@ -265,6 +265,9 @@ def restart_line(res: dict[str, Any]) -> str:
     # Runs before the operator said when its start-up was over have no such figure.
     done = w.get("startup_evaluated_s", "")
     evaluated = f", every node evaluated {done} s after it (its own line)" if done != "" else ""
+    # Runs before the audit's first request was read have no such figure.
+    asked = w.get("startup_first_request_s")
+    first = f"its first request to the API server {asked} s after it, " if asked is not None else ""
     lists = "; ".join(
         f"{r} {p['pages']} pages, {p['server_s']} s in the API server over {p['span_s']} s"
         for r, p in sorted((w.get("lists") or {}).items(), key=lambda kv: -kv[1]["span_s"])
@@ -281,7 +284,7 @@ def restart_line(res: dict[str, Any]) -> str:
         + (f" (its lists until then, slowest first: {lists})" if lists else "")
         + (f" (the watches' lists, from its log, slowest first: {watched})" if watched else "")
         + "; a quiet restart with every node evaluated"
-        f"{f' ({states})' if states else ''}: `watching` {w['startup_watching_s']} s after it{pods}{evaluated}, "
+        f"{f' ({states})' if states else ''}: {first}`watching` {w['startup_watching_s']} s after it{pods}{evaluated}, "
         f"{w['startup_writes']} operator writes in its first {w['startup_window_s']} s ({kinds})."
     )
 

@@ -153,14 +153,16 @@ def test_a_filed_domain_run_feeds_only_the_domain_block(tmp_path: Path) -> None:
     path = tmp_path / "bench-1000-2026-12-31-abcdef0.json"
     path.write_text(json.dumps(run), encoding="utf-8")
     assert not docs.core_run(run)
-    block = docs.blocks(tmp_path)[docs.DOCS[1]][-1]
+    block = docs.blocks(tmp_path)[docs.DOCS[1]][-2]  # before the one-commit block
     assert block == render_domain((str(path), run))
     assert block.startswith(DOMAIN_BEGIN) and block.endswith(DOMAIN_END) and "**1 of 2 targets met**" in block
     assert "| 1,500.0 ms | - | no floor measured | unmeasured | <= 1000 ms | **missed** |" in block
     quiet = copy.deepcopy(run)
     del quiet["domain_storm"]
     path.write_text(json.dumps(quiet), encoding="utf-8")
-    assert "No run of the domain storm is filed yet." in docs.blocks(tmp_path)[docs.DOCS[1]][-1]
+    assert (
+        "No run of the domain storm is filed yet." in docs.blocks(tmp_path)[docs.DOCS[1]][-2]
+    )  # before the one-commit block
 
 
 def test_the_domain_block_holds_the_newest_run_of_each_fleet_size(tmp_path: Path) -> None:
@@ -173,7 +175,7 @@ def test_the_domain_block_holds_the_newest_run_of_each_fleet_size(tmp_path: Path
     ):
         run.update({"date": name[-18:-8], "commit": name[-7:], "load": "1.0-2.0"})
         (tmp_path / f"{name}-domain.json").write_text(json.dumps(run), encoding="utf-8")
-    block = docs.blocks(tmp_path)[docs.DOCS[1]][-1]
+    block = docs.blocks(tmp_path)[docs.DOCS[1]][-2]  # before the one-commit block
     assert block.count("Latest filed run of the domain storm") == 2
     assert block.index(": 1,000 nodes;") < block.index(": 10,000 nodes;")
     assert "| 1,500.0 ms |" in block and "| 900.0 ms |" not in block  # the newest 10,000-node run only

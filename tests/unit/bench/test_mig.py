@@ -205,7 +205,7 @@ def test_a_filed_mig_run_feeds_only_the_mig_block(tmp_path: Path) -> None:
     mig.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(mig), encoding="utf-8")
     assert not docs.core_run(mig)
-    readme, summary, latest, _, resilience, _, mig_block, _, _, domain_block = [
+    readme, summary, latest, _, resilience, _, mig_block, _, _, domain_block, _ = [
         *docs.blocks(tmp_path)[docs.DOCS[0]],
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]

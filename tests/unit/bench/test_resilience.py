@@ -232,7 +232,7 @@ def test_a_filed_run_of_only_the_new_phases_feeds_only_the_resilience_block(tmp_
     only.update({"date": "2026-12-31T00:00Z", "commit": "abcdef0", "load": "1.0-2.0"})
     (tmp_path / "bench-1000-2026-12-31-abcdef0.json").write_text(json.dumps(only), encoding="utf-8")
     rendered = docs.blocks(tmp_path)
-    readme, summary, latest, _, resilience, _, _, _, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
+    readme, summary, latest, _, resilience, _, _, _, _, _, _ = [*rendered[docs.DOCS[0]], *rendered[docs.DOCS[1]]]
     assert readme == latest and f"`{core['commit']}`" in latest  # the core block keeps the core run
     assert "`abcdef0`" in resilience and "**8 of 8 targets met**" in resilience
     assert "| 1,000 | `abcdef0`, 2026-12-31" in summary and "| 8 of 8 |" in summary  # the README's row
@@ -252,7 +252,7 @@ def test_a_run_of_the_drain_storm_alone_is_rendered_on_its_own(tmp_path: Path) -
     alone.update({"date": "2026-12-31T00:00Z", "commit": "bbbbbbb", "load": "1.0-2.0"})
     for r in (three, alone):
         (tmp_path / f"bench-1000-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), encoding="utf-8")
-    _, summary, _, _, resilience, drain_only, _, _, _, _ = [
+    _, summary, _, _, resilience, drain_only, _, _, _, _, _ = [
         *docs.blocks(tmp_path)[docs.DOCS[0]],
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]
@@ -274,7 +274,7 @@ def test_the_blocks_of_a_phase_alone_render_only_its_newest_run(tmp_path: Path) 
             r["targets"] = evaluate(r)
             r.update({"date": date, "commit": commit, "load": "1.0-2.0"})
             (tmp_path / f"bench-1000-{date[:10]}-{commit}-{phase}.json").write_text(json.dumps(r), encoding="utf-8")
-    *_, drain_only, _, _, restart_only, _ = docs.blocks(tmp_path)[docs.DOCS[1]]
+    *_, drain_only, _, _, restart_only, _, _ = docs.blocks(tmp_path)[docs.DOCS[1]]
     for block in (drain_only, restart_only):
         assert "commit `bbbbbbb`" in block and "`aaaaaaa`" not in block
 
@@ -322,7 +322,7 @@ def test_a_run_of_the_warm_restart_alone_is_rendered_on_its_own(tmp_path: Path) 
     alone.update({"date": "2026-12-31T00:00Z", "commit": "ccccccc", "load": "1.0-2.0"})
     for r in (three, alone):
         (tmp_path / f"bench-1000-{r['date'][:10]}-{r['commit']}.json").write_text(json.dumps(r), encoding="utf-8")
-    _, summary, _, _, resilience, drain_only, _, _, restart_only, _ = [
+    _, summary, _, _, resilience, drain_only, _, _, restart_only, _, _ = [
         *docs.blocks(tmp_path)[docs.DOCS[0]],
         *docs.blocks(tmp_path)[docs.DOCS[1]],
     ]

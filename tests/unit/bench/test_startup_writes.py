@@ -185,3 +185,8 @@ def test_the_watches_lists_are_read_from_the_operators_log() -> None:
     }
     line = restart_line({"warm_restart": w})
     assert "slowest first: reports 10,025 streamed in 12.4 s; nodes 10,025 streamed in 6.2 s; leases 5 paged" in line
+    # A run that read the audit's first request says how much of the quiet restart came before any list
+    # (the floor's clock starts at its first list).
+    assert "its first request" not in line
+    line = restart_line({"warm_restart": {**w, "startup_first_request_s": 0.84}})
+    assert ": its first request to the API server 0.84 s after it, `watching` 14.2 s after it" in line
