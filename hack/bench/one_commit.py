@@ -47,19 +47,19 @@ def size_of(res: Mapping[str, Any]) -> str:
     return "large" if int(res["nodes"]) >= LARGE_FLEET_NODES else "small"
 
 
-def complete_commit(runs: Sequence[Run]) -> tuple[str, dict[str, list[Run]]] | None:
-    """The newest commit (by its newest run's date) whose runs cover every phase at both sizes, and its
-    runs by size, oldest first; None where no commit does."""
+def complete_commit(runs: Sequence[Run], sizes: Sequence[str] = SIZES) -> tuple[str, dict[str, list[Run]]] | None:
+    """The newest commit (by its newest run's date) whose runs cover every phase at each of ``sizes``, and
+    its runs by size, oldest first; None where no commit does."""
     by_commit: dict[str, dict[str, list[Run]]] = {}
     for run in runs:
         if run[1].get("quick"):
             continue
         by_commit.setdefault(str(run[1]["commit"]), {s: [] for s in SIZES})[size_of(run[1])].append(run)
     done = []
-    for commit, sizes in by_commit.items():
-        if all(set(EVERY_PHASE) <= set().union(*(phases_of(r[1]) for r in sizes[s])) for s in SIZES):
-            newest = max(str(r[1].get("date", "")) for s in SIZES for r in sizes[s])
-            ordered = {s: sorted(sizes[s], key=lambda r: str(r[1].get("date", ""))) for s in SIZES}
+    for commit, by_size in by_commit.items():
+        if all(set(EVERY_PHASE) <= set().union(*(phases_of(r[1]) for r in by_size[s])) for s in sizes):
+            newest = max(str(r[1].get("date", "")) for s in sizes for r in by_size[s])
+            ordered = {s: sorted(by_size[s], key=lambda r: str(r[1].get("date", ""))) for s in sizes}
             done.append((newest, commit, ordered))
     if not done:
         return None
@@ -107,42 +107,50 @@ def _files(runs: Sequence[Run], rel: Any) -> str:
 
 
 def render_one_commit(runs: Sequence[Run], rel: Any = str) -> str:
-    """The block: the commit, its files, and every floored target at both sizes (misses stay misses)."""
+    """The block: the commit, its files, and every floored target at both sizes (misses stay misses).
+    Where no commit has every phase at both sizes yet, the newest commit with every phase at one size is
+    rendered alone, and the block says which size it lacks."""
     found = complete_commit(runs)
+    lacking = ""
     if found is None:
-        return "\n".join(
-            [
-                BEGIN,
-                f"No commit has every phase ({', '.join(EVERY_PHASE)}) filed both below "
-                f"{LARGE_FLEET_NODES:,} nodes and at {LARGE_FLEET_NODES:,} or more yet.",
-                END,
-            ]
+        one = [f for f in (complete_commit(runs, (s,)) for s in SIZES) if f is not None]
+        if not one:
+            return "\n".join(
+                [
+                    BEGIN,
+                    f"No commit has every phase ({', '.join(EVERY_PHASE)}) filed below {LARGE_FLEET_NODES:,} "
+                    f"nodes or at {LARGE_FLEET_NODES:,} or more yet.",
+                    END,
+                ]
+            )
+        found = max(one, key=lambda f: max(str(r[1].get("date", "")) for rs in f[1].values() for r in rs))
+        missing = "below" if "small" not in found[1] else "at"
+        lacking = (
+            f" No commit has every phase filed both below {LARGE_FLEET_NODES:,} nodes and at {LARGE_FLEET_NODES:,}"
+            f" or more yet; this one has none {missing} {LARGE_FLEET_NODES:,}."
         )
     commit, sizes = found
-    small, large = sizes["small"], sizes["large"]
-    n_small, n_large = int(small[-1][1]["nodes"]), int(large[-1][1]["nodes"])
-    keys_seen: set[str] = set()
-    targets = []
-    for t in floored_targets(n_small) + floored_targets(n_large):
-        if t.key not in keys_seen:
-            keys_seen.add(t.key)
-            targets.append(t)
-    small_t = {t.key: t for t in floored_targets(n_small)}
-    large_t = {t.key: t for t in floored_targets(n_large)}
-    met_s, judged_s = tally(list(small_t.values()), small)
-    met_l, judged_l = tally(list(large_t.values()), large)
+    present = [s for s in SIZES if s in sizes]
+    nodes = {s: int(sizes[s][-1][1]["nodes"]) for s in present}
+    floored = {s: {t.key: t for t in floored_targets(nodes[s])} for s in present}
+    targets: dict[str, Target] = {}
+    for s in present:
+        for key, t in floored[s].items():
+            targets.setdefault(key, t)
+    judged = [(s, *tally(list(floored[s].values()), sizes[s])) for s in present]
     lines = [
         BEGIN,
-        f"Every phase at one commit, `{commit}`: {n_small:,} nodes from {_files(small, rel)}; {n_large:,} nodes "
-        f"from {_files(large, rel)}. Ratios to the no-logic floor (<= {RATIO_MAX:g}x): **{met_s} of {judged_s} "
-        f"met** at {n_small:,} nodes, **{met_l} of {judged_l} met** at {n_large:,}.",
+        f"Every phase at one commit, `{commit}`: "
+        + "; ".join(f"{nodes[s]:,} nodes from {_files(sizes[s], rel)} on {sizes[s][-1][1]['machine']}" for s in present)
+        + f". Ratios to the no-logic floor (<= {RATIO_MAX:g}x): "
+        + ", ".join(f"**{met} of {n} met** at {nodes[s]:,} nodes" for s, met, n in judged)
+        + f".{lacking}",
         "",
-        f"| figure | {n_small:,} nodes | floor | ratio | {n_large:,} nodes | floor | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| figure | " + " | ".join(f"{nodes[s]:,} nodes | floor | ratio" for s in present) + " |",
+        "| --- |" + " --- | --- | --- |" * len(present),
     ]
-    for t in targets:
-        left = cells(small_t[t.key], small) if t.key in small_t else ["-", "-", "-"]
-        right = cells(large_t[t.key], large) if t.key in large_t else ["-", "-", "-"]
-        lines.append(f"| {t.label} | " + " | ".join(left + right) + " |")
+    for key, t in targets.items():
+        row = [cells(floored[s][key], sizes[s]) if key in floored[s] else ["-", "-", "-"] for s in present]
+        lines.append(f"| {t.label} | " + " | ".join(c for cs in row for c in cs) + " |")
     lines.append(END)
     return "\n".join(lines)

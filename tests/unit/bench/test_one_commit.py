@@ -35,9 +35,14 @@ def test_a_commit_counts_only_with_every_phase_at_both_sizes() -> None:
     assert found is not None and found[0] == "abc1234"
     assert [p.name for p, _ in found[1]["small"]] == list(FILES[:2])
     assert [p.name for p, _ in found[1]["large"]] == list(FILES[2:])
-    # Without the 10,000-node MIG and domain run the commit lacks two phases at that size.
+    # Without the 10,000-node MIG and domain run the commit lacks two phases at that size: its 1,000-node
+    # runs are rendered alone, and the block says what it lacks.
     assert complete_commit(runs(files=FILES[:3])) is None
-    assert "No commit has every phase" in render_one_commit(runs(files=FILES[:3]))
+    alone = render_one_commit(runs(files=FILES[:3]))
+    assert "**14 of 16 met** at 1,000 nodes." in alone and "this one has none at 10,000" in alone
+    assert "| figure | 1,000 nodes | floor | ratio |" in alone and "10,000 nodes |" not in alone
+    # Neither size whole (no MIG or domain run at either): nothing to render.
+    assert "No commit has every phase" in render_one_commit(runs(files=(FILES[0], FILES[2])))
     # A --quick run is no run of the phase.
     quick = runs()
     quick[3][1]["quick"] = True
@@ -57,7 +62,7 @@ def test_the_newest_complete_commit_is_the_one_rendered() -> None:
 
 def test_every_ratio_renders_beside_its_floor_misses_as_misses() -> None:
     block = render_one_commit(runs())
-    assert "**14 of 16 met** at 1,000 nodes, **12 of 16 met** at 10,000" in block
+    assert "**14 of 16 met** at 1,000 nodes, **12 of 16 met** at 10,000 nodes." in block
     row = next(line for line in block.splitlines() if line.startswith("| MIG storm"))
     assert row.endswith("| 5.70 GPUs/s | 17.8 GPUs/s | 3.12x **missed** |")
     # A floor that timed out judges the ratio neither way: unmeasured, out of the count.
@@ -65,6 +70,6 @@ def test_every_ratio_renders_beside_its_floor_misses_as_misses() -> None:
     entry = timed_out[3][1]["targets"]["mig_storm_rate"]
     entry["ratio"] = {"floor": None, "ratio": None, "status": "unmeasured", "why": "floor timed out"}
     block = render_one_commit(copy.deepcopy(timed_out))
-    assert "**12 of 15 met** at 10,000" in block
+    assert "**12 of 15 met** at 10,000 nodes" in block
     row = next(line for line in block.splitlines() if line.startswith("| MIG storm"))
     assert row.endswith("| 5.70 GPUs/s | - | floor timed out unmeasured |")
