@@ -83,8 +83,9 @@ class ResilienceContext:
         self.operators.append(op)
         return op, path, t0
 
-    def writes_between(self, start: float, end: float) -> list[Any]:
-        return [e for e in read_audit(self.cluster.audit_log, self.operator_user) if e.write and start <= e.at < end]
+    def requests_between(self, start: float, end: float) -> list[Any]:
+        """The operator's requests in [start, end), from one read of the audit log."""
+        return [e for e in read_audit(self.cluster.audit_log, self.operator_user) if start <= e.at < end]
 
 
 def wait_ready(op: OperatorProcess, path: Path) -> None:

@@ -8,7 +8,8 @@ import copy
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -26,6 +27,7 @@ from hack.bench.drain_workload import (
 )
 from hack.bench.failover import failover_summary
 from hack.bench.report import evaluate, summary_md, tally
+from hack.bench.resilience import ResilienceContext
 from hack.bench.targets import resilience_targets_for
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
@@ -124,6 +126,31 @@ def test_audit_lines_become_pod_writes(tmp_path: Path) -> None:
     assert len(entries) == 2
     writes = pod_writes(entries, [DRAIN_NAMESPACE])
     assert [(w.pod, w.kind) for w in writes] == [(f"{DRAIN_NAMESPACE}/a", "evict")]  # the 429 evicted nothing
+
+
+def test_the_quiet_restart_reads_its_window_once_requests_and_writes_alike(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+
+    def line(at: float, verb: str, user: str = "op") -> dict[str, Any]:
+        stamp = _at(at).isoformat().replace("+00:00", "Z")
+        ref = {"resource": "nodes", "name": "n"}
+        return {
+            "stage": "ResponseComplete",
+            "user": {"username": user},
+            "verb": verb,
+            "objectRef": ref,
+            "responseStatus": {"code": 200},
+            "requestReceivedTimestamp": stamp,
+        }
+
+    lines = [line(0.5, "list"), line(1.0, "list"), line(2.0, "patch"), line(2.5, "patch", "other"), line(4.0, "patch")]
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    ctx = cast(Any, SimpleNamespace(cluster=SimpleNamespace(audit_log=log), operator_user="op"))
+    t0 = T0.timestamp()
+    asked = ResilienceContext.requests_between(ctx, t0 + 1.0, t0 + 4.0)
+    # [start, end): the request at the end and the other user's are outside; the first one is the list at 1.0
+    assert [(e.verb, e.at - t0) for e in asked] == [("list", 1.0), ("patch", 2.0)]
+    assert [e.verb for e in asked if e.write] == ["patch"]
 
 
 def test_pdb_and_failover_summaries() -> None:
