@@ -114,6 +114,8 @@ def device_line(res: dict[str, Any]) -> str:
         f"{d['samples']} GPUs ({d['timeouts']} timed out); storm of {s['gpus']} GPUs: {s['rules']} rules in "
         f"{s['seconds']} s ({s['rules_per_s']} rules/s), each report write to its rule p50 "
         f"{s['report_to_rule_ms_p50']} ms; node taints on DRA nodes: {d.get('nodes_tainted', 0) + s['nodes_tainted']}."
+        + node_writers(s)
+        + floor_storm(res, "device_storm")
     )
 
 
@@ -185,16 +187,43 @@ def storm_elsewhere(d: dict[str, Any]) -> str:
     )
 
 
-def storm_cpu(d: dict[str, Any]) -> str:
-    """Where the storm's time went (runs that measured it): CPU seconds per process over the storm,
-    the machine's busy share, and with a stack profile the acting operator's busy threads."""
-    c = d.get("cpu")
-    if not c:
+def node_writers(d: dict[str, Any], whose: str = "the storm") -> str:
+    """Which processes changed the Nodes over a storm (runs that recorded it: the bench's node watch,
+    each change by the manager of its newest managedFields entry). Every Node change is work for each
+    Node watcher, kwok among them, on the cores the storm shares."""
+    w = d.get("node_writes")
+    if w is None:
         return ""
+    if not w:
+        return f" Node changes heard over {whose}: none."
+    by = ", ".join(f"{n} {c:,}" for n, c in sorted(w.items(), key=lambda kv: -kv[1]))
+    return f" Node changes heard over {whose}, by their last writer: {by}."
+
+
+def cpu_used(c: dict[str, Any], whose: str) -> str:
+    """CPU seconds per process over a window (hack/bench/cpu.py), busiest first, with the machine's busy share."""
     # Busiest first (a filed result file's keys come back sorted by name).
     procs = ", ".join(f"{n} {s} s" for n, s in sorted(c["cpu_s"].items(), key=lambda kv: -kv[1])[:6])
     busy = "" if c.get("machine_busy") is None else f", the machine {round(100 * c['machine_busy'])}% busy"
-    text = f" CPU over the storm's {c['wall_s']} s on {c['cores']} cores: {procs}{busy}."
+    return f" CPU over {whose} {c['wall_s']} s on {c['cores']} cores: {procs}{busy}."
+
+
+def floor_storm(res: dict[str, Any], key: str) -> str:
+    """Where the storm floor's time went, beside gpuhealth's (runs that recorded it): so a process busy
+    over one storm and not the other shows as such, not as gpuhealth's share."""
+    f = (res.get("floors") or {}).get(key) or {}
+    c = f.get("cpu")
+    return (cpu_used(c, "its floor's storm's").rstrip(".") + "." if c else "") + node_writers(f, "the floor's storm")
+
+
+def storm_cpu(d: dict[str, Any]) -> str:
+    """Where the storm's time went (runs that measured it): CPU seconds per process over the storm,
+    the machine's busy share, who changed the Nodes meanwhile, and with a stack profile the acting
+    operator's busy threads."""
+    c = d.get("cpu")
+    if not c:
+        return node_writers(d)
+    text = cpu_used(c, "the storm's") + node_writers(d)
     stacks = d.get("operator_stacks") or {}
     if stacks:
         name, s = max(stacks.items(), key=lambda kv: kv[1]["busy_threads"].get("event-loop", 0.0))

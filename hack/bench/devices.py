@@ -92,6 +92,7 @@ def measure_devices(
     failed = publish_all(pool, fault, [sims[n] for n in storm_nodes])
     published = time.time() - t0
     done = rule_watch.wait_all([(n, gpu) for n in storm_nodes], timeout=180)
+    node_writes = node_watch.writers_between(t0, time.time())
     seen_at = {n: rule_watch.seen_at[(n, gpu)] for n in storm_nodes if (n, gpu) in rule_watch.seen_at}
     seen = sorted(t - t0 for t in seen_at.values())
     seconds = seen[-1] if seen and done else None
@@ -107,6 +108,7 @@ def measure_devices(
         "report_to_rule_ms_p50": round(percentile(per_gpu, 50), 1),
         "report_to_rule_ms_max": round(max(per_gpu, default=float("nan")), 1),
         "nodes_tainted": sum(1 for n in storm_nodes if (n, TAINT) in node_watch.seen_at),
+        "node_writes": node_writes,
     }
     series["device_storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(seen)]]
     log(f"  {len(seen)}/{len(storm_nodes)} DeviceTaintRules in {seconds}s (reports published in {published:.2f}s)")

@@ -195,6 +195,7 @@ def measure_mig(
     wanted = [d for n in storm_nodes for d in devices[n]]
     done = rule_watch.wait_all(wanted, timeout=STORM_TIMEOUT_S)
     cpu_used = cpu.stop() if cpu else None
+    node_writes = node_watch.writers_between(t0, time.time())
     rules_seen = sorted(rule_watch.seen_at[d] - t0 for d in wanted if d in rule_watch.seen_at)
     per_gpu = [
         (seen[1] - published_at[n]) * 1000
@@ -217,6 +218,7 @@ def measure_mig(
         "report_to_last_rule_ms_max": round(max(per_gpu, default=float("nan")), 1),
         "nodes_tainted": sum(1 for n in storm_nodes if (n, TAINT) in node_watch.seen_at),
         "cpu": cpu_used,
+        "node_writes": node_writes,
     }
     series["mig_storm"] = [(0.0, 0), *[(s, i + 1) for i, s in enumerate(rules_seen)]]
     log(f"  {len(rules_seen)}/{len(wanted)} rules in {seconds}s (reports published in {published:.2f}s)")

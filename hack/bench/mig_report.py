@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hack.bench.details import startup_line, storm_cpu
+from hack.bench.details import floor_storm, startup_line, storm_cpu
 from hack.bench.targets import LARGE_FLEET_NODES, Target, _num, floor_figure, latency, path, phase_block, phase_md
 
 MIG_KEY = "mig"
@@ -85,6 +85,7 @@ def mig_line(res: dict[str, Any]) -> str:
         f"{'(not all)' if back is None else 'after ' + str(back) + ' s'} ({rec['rules_left']} rules left); "
         f"operator peak RSS {m['operator_peak_rss_mb']} MB ({m['operator_peak_rss_mb_in_phase']} MB in the phase)."
         + storm_cpu(s)
+        + floor_storm(res, "mig_storm")
     )
 
 

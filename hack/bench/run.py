@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +23,7 @@ from devkit.k8s import wait_for
 from hack.bench.cli import parse_args
 from hack.bench.cluster import BenchCluster, agent_silence, machine
 from hack.bench.context import AGENT_USER, OPERATOR_USER, OPERATOR_WORKERS, POLICY, SIM_USER, TOKENS, Bench, Started
-from hack.bench.cpu import STACK_PROFILE_ENV, run_processes
+from hack.bench.cpu import STACK_PROFILE_ENV, CpuWindow, run_processes
 from hack.bench.detection import Floor, fault_nodes, measure_detection
 from hack.bench.devices import DEVICE_GPU, measure_devices
 from hack.bench.domain import measure_domain
@@ -205,7 +206,13 @@ def gpu_floors(b: Bench, keys: tuple[str, str], floor: GpuFloor, storm: int) -> 
     faults taken now), then ``storm`` at once; one that failed is a floor that timed out."""
     try:
         single = guarded(f"{floor.what} path", floor.single)
+        # Where the storm floor's time went, as gpuhealth's storm records it: a process busy over one
+        # storm and not the other (kwok, at 10,000 nodes) is then in the files, not a guess.
+        cpu = CpuWindow(run_processes(b.cluster, [b.operator])).start()
+        t0 = time.time()
         many = guarded(f"{floor.what} storm", lambda: floor.storm(storm, b.pool))
+        many["cpu"] = cpu.stop()
+        many["node_writes"] = b.node_watch.writers_between(t0, time.time())
     finally:
         floor.close()
     floors(b).update(zip(keys, (single, many), strict=True))

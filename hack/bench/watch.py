@@ -9,6 +9,7 @@ API server serves, independently of the operator's own watches.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -120,8 +121,20 @@ class _Watch:
         raise NotImplementedError
 
 
+def last_writer(obj: dict[str, Any]) -> str:
+    """Who wrote an object last, as far as the object says: the manager of its newest managedFields
+    entry (times have one-second resolution; of entries as new, the last listed). "" where it has none."""
+    entries = [e for e in (obj.get("metadata") or {}).get("managedFields") or [] if isinstance(e, dict)]
+    if not entries:
+        return ""
+    newest = max(range(len(entries)), key=lambda i: (str(entries[i].get("time") or ""), i))
+    return str(entries[newest].get("manager") or "")
+
+
 class NodeWatch(_Watch):
-    """An independent watch on the GPU Nodes: which taint keys each node carries, and since when."""
+    """An independent watch on the GPU Nodes: which taint keys each node carries, and since when; and
+    who wrote each Node the watch heard change (``writers_between``), so a phase can say which process
+    kept the Nodes, and so every Node watcher such as kwok, busy while it ran."""
 
     def __init__(self, api: client.ApiClient, keys: Iterable[str] = (TAINT, FLOOR_TAINT)) -> None:
         super().__init__("bench-node-watch", "node watch")
@@ -132,6 +145,7 @@ class NodeWatch(_Watch):
         self.seen_at: dict[tuple[str, str], float] = {}
         self.count: dict[str, int] = dict.fromkeys(self.keys, 0)
         self.curve: dict[str, list[tuple[float, int]]] = {k: [] for k in self.keys}
+        self.writes: list[tuple[float, str]] = []  # (when heard, last writer) of each MODIFIED event
 
     def _run(self) -> None:
         _raw_watch(self.core.list_node, self._sync, self._event, self.stop, label_selector=GPU_SELECTOR)
@@ -171,7 +185,15 @@ class NodeWatch(_Watch):
         with self.cond:
             name = obj["metadata"]["name"]
             self._set(name, frozenset() if kind == "DELETED" else self._keys_of(obj), now)
+            if kind == "MODIFIED":
+                self.writes.append((now, sys.intern(last_writer(obj))))
             self.cond.notify_all()
+
+    def writers_between(self, start: float, end: float) -> dict[str, int]:
+        """Node changes the watch heard in [start, end), by who made each (``last_writer``), most first."""
+        with self.cond:
+            heard = Counter(w or "unknown" for t, w in self.writes if start <= t < end)
+        return dict(heard.most_common())
 
     def wait_taint(self, node: str, key: str, timeout: float) -> float | None:
         """When the watch first saw ``key`` on ``node`` (epoch seconds), or None after ``timeout``."""

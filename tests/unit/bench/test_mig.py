@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from devkit import dra
 from gpuhealth.actions.gpudevices import devices_of_gpu
@@ -23,7 +24,7 @@ from hack.bench.mig import MIG_GPU, gpu_devices, mig_layout, mig_slices, rule_pr
 from hack.bench.mig_report import MIG_BEGIN, mig_line, mig_targets_for, render_mig
 from hack.bench.report import evaluate, summary_md, tally
 from hack.bench.targets import RATIO_MET, RATIO_MISSED, RATIO_UNMEASURED
-from hack.bench.watch import last_rule
+from hack.bench.watch import NodeWatch, last_rule, last_writer
 
 FILED = Path(docs.RESULTS) / "bench-1000-2026-11-30-8064aa5.json"
 NODE = "gpu-node-0007"
@@ -272,6 +273,44 @@ def test_the_storms_cpu_names_the_busiest_processes_first_whatever_order_the_fil
         "kube-apiserver 10.5 s, operator 2.2 s, bench 1.8 s, kube-scheduler 1.3 s, etcd 0.8 s, "
         "kube-controller-manager 0.4 s, the machine 100% busy"
     ) in summary_md(res)
+
+
+def test_the_storm_says_who_changed_the_nodes_and_where_its_floors_cpu_went() -> None:
+    res = _mig_run()
+    md = summary_md(res)
+    assert "Node changes heard" not in md and "floor's storm" not in md  # runs filed before recorded neither
+    res["mig"]["storm"]["node_writes"] = {"gpuhealth-operator": 100, "kwok": 9_812}
+    res.setdefault("floors", {})["mig_storm"] = {
+        "items": 100,
+        "seconds": 17.6,
+        "concurrency": 16,
+        "per_s": 5.7,
+        "cpu": {"wall_s": 17.7, "cores": 2, "machine_busy": 1.0, "cpu_s": {"kwok": 0.3, "kube-apiserver": 12.0}},
+        "node_writes": {},
+    }
+    md = summary_md(res)
+    assert "Node changes heard over the storm, by their last writer: kwok 9,812, gpuhealth-operator 100." in md
+    assert "CPU over its floor's storm's 17.7 s on 2 cores: kube-apiserver 12.0 s, kwok 0.3 s" in md
+    assert "Node changes heard over the floor's storm: none." in md
+
+
+def test_a_nodes_last_writer_is_the_manager_of_its_newest_managed_fields_entry() -> None:
+    def node(*entries: tuple[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": "n", "managedFields": [{"manager": m, "time": t} for m, t in entries]}}
+
+    assert last_writer(node(("kwok", "2026-12-07T10:00:01Z"), ("gpuhealth-operator", "2026-12-07T10:00:00Z"))) == "kwok"
+    # Equally new (one-second resolution): the later entry.
+    assert last_writer(node(("kwok", "2026-12-07T10:00:01Z"), ("bench", "2026-12-07T10:00:01Z"))) == "bench"
+    assert last_writer({"metadata": {"name": "n"}}) == ""
+    watch = NodeWatch(client.ApiClient())  # never started: its events are fed by hand
+    watch._event("ADDED", node(("kwok", "2026-12-07T10:00:00Z")))
+    for writer, at in (("kwok", "2026-12-07T10:00:02Z"), ("gpuhealth-operator", "2026-12-07T10:00:03Z")):
+        watch._event("MODIFIED", node(("kwok", "2026-12-07T10:00:00Z"), (writer, at)))
+    watch._event("MODIFIED", {"metadata": {"name": "n"}})
+    heard = [t for t, _ in watch.writes]
+    assert len(heard) == 3  # the ADDED event is no change
+    assert watch.writers_between(heard[0], heard[-1] + 1) == {"kwok": 1, "gpuhealth-operator": 1, "unknown": 1}
+    assert watch.writers_between(heard[-1] + 1, heard[-1] + 2) == {}
 
 
 def test_the_mig_block_keeps_the_newest_run_of_each_size(tmp_path: Path) -> None:
