@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from devkit.cluster import LocalCluster
 from gpuhealth.actions.nodes import Marks, node_writes, plan_condition, plan_node
-from gpuhealth.api.names import CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
+from gpuhealth.api.names import COMPONENT, CONDITION_TYPE, QUARANTINE_ANNOTATION, STATE_LABEL, TAINT_KEY, State
 from gpuhealth.kube.client import Kube as OperatorKube
 from gpuhealth.kube.client import is_conflict
 from gpuhealth.kube.credentials import api_client
@@ -24,7 +25,7 @@ NOW = "2026-12-04T00:00:00Z"
 
 @pytest.fixture
 def port(cluster: LocalCluster) -> OperatorKube:
-    return OperatorKube(api_client(str(cluster.kubeconfig)))
+    return OperatorKube(api_client(str(cluster.kubeconfig), user_agent=COMPONENT))  # as the operator's main
 
 
 def _condition(node: Mapping[str, Any]) -> dict[str, str]:
@@ -51,6 +52,9 @@ def test_a_first_verdict_writes_the_label_and_the_condition_in_one_status_patch(
     assert answer["metadata"]["labels"][STATE_LABEL] == "Healthy"
     # The kubelet's own conditions are kept: the patch merges by type.
     assert {c["type"] for c in answer["status"]["conditions"]} >= {"Ready", CONDITION_TYPE}
+    # The write is the operator's by name in managedFields (its User-Agent; it sets no field manager).
+    raw = client.CoreV1Api(api_client(str(cluster.kubeconfig))).read_node(name)
+    assert (COMPONENT, "status") in {(m.manager, m.subresource) for m in raw.metadata.managed_fields}
 
 
 def test_the_status_write_refuses_a_stale_resource_version(

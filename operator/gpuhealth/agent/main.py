@@ -195,14 +195,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(0 if spec["nvml"]["available"] else EXIT_NVML_UNAVAILABLE)
 
     from gpuhealth.agent.lease import KubeLeaseTransport, LeaseTransport, PrintLeaseTransport
-    from gpuhealth.agent.transport import KubeTransport, PrintTransport, ReportTransport
+    from gpuhealth.agent.transport import FIELD_MANAGER, KubeTransport, PrintTransport, ReportTransport
 
     transport: ReportTransport
     leases: LeaseTransport
     if args.dry_run:
         transport, leases = PrintTransport(sys.stdout), PrintLeaseTransport(sys.stdout)
     else:
-        api = api_client(args.kubeconfig)
+        api = api_client(args.kubeconfig, user_agent=FIELD_MANAGER)
         transport, leases = KubeTransport(api), KubeLeaseTransport(api)
 
     if args.once:

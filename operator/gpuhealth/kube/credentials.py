@@ -55,9 +55,15 @@ def _merged(kubeconfig: str | None) -> str:
     return os.pathsep.join(existing)
 
 
-def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
-    """The operator's client: its pool sized for its threads, and a deadline on every request
-    (``deadline.py``)."""
+def api_client(kubeconfig: str | None = None, pool_size: int = 32, user_agent: str | None = None) -> client.ApiClient:
+    """The operator's and the agent's client: its pool sized for its threads, a deadline on every
+    request (``deadline.py``), and the component's own User-Agent. The API server names a write's
+    field manager after the User-Agent where the request sets none, so a Node's ``managedFields`` and
+    the audit log say ``gpuhealth-operator``, not the client library's ``OpenAPI-Generator``, which
+    every Python client shares."""
     cfg = load(kubeconfig)
     cfg.connection_pool_maxsize = pool_size
-    return bounded(client.ApiClient(cfg))
+    api = client.ApiClient(cfg)
+    if user_agent:
+        api.user_agent = user_agent
+    return bounded(api)

@@ -54,3 +54,16 @@ def test_no_credentials_anywhere_is_an_error(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nothing-here"))
     with pytest.raises(config.ConfigException):
         credentials.load()
+
+
+def test_each_component_names_itself_to_the_api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where a write sets no field manager, the API server takes the User-Agent's first part: the
+    # operator's Node patches are then owned by gpuhealth-operator in managedFields, not by the
+    # client library's default (OpenAPI-Generator), which any Python client would share.
+    a, b = _split_kubeconfig(tmp_path)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    named = credentials.api_client(f"{a}{os.pathsep}{b}", user_agent="gpuhealth-operator")
+    assert named.user_agent == "gpuhealth-operator"
+    assert named.default_headers["User-Agent"] == "gpuhealth-operator"
+    plain = credentials.api_client(f"{a}{os.pathsep}{b}")
+    assert plain.user_agent.startswith("OpenAPI-Generator/")

@@ -12,7 +12,7 @@ from pathlib import Path
 import kopf
 from prometheus_client import start_http_server
 
-from gpuhealth.api.names import GPU_RESOURCE
+from gpuhealth.api.names import COMPONENT, GPU_RESOURCE
 from gpuhealth.controller import metrics
 from gpuhealth.controller.act.drainer import DRAIN_CONCURRENCY
 from gpuhealth.controller.process.handlers import register
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     pool = connections(args.workers, args.drain_concurrency)
-    kube = Kube(api_client(args.kubeconfig, pool_size=pool), event_namespace=args.event_namespace)
+    kube = Kube(api_client(args.kubeconfig, pool_size=pool, user_agent=COMPONENT), event_namespace=args.event_namespace)
     runtime = Runtime(
         kube,
         workers=args.workers,
