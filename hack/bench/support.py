@@ -31,6 +31,7 @@ GPU_SELECTOR = "nvidia.com/gpu.present=true"
 DRA_GROUP, DRA_VERSION, DEVICE_TAINT_RULES = "resource.k8s.io", "v1", "devicetaintrules"
 MERGE = "application/merge-patch+json"
 _T = TypeVar("_T")
+BENCH_USER_AGENT = "gpuhealth-bench"
 FAULT_TIMEOUT_S = 10.0  # how long one single fault may wait for its taint (or its DeviceTaintRule)
 
 
@@ -39,7 +40,11 @@ def api_client(kubeconfig: Path, pool: int = 16) -> client.ApiClient:
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     cfg.connection_pool_maxsize = pool
-    return client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    # The bench's own writes (the floors', the simulated agents') are then told apart from the
+    # operator's in a Node's managedFields (``watch.last_writer``): both are Python clients.
+    api.user_agent = BENCH_USER_AGENT
+    return api
 
 
 def log(msg: str) -> None:
