@@ -213,7 +213,7 @@ def floor_storm(res: dict[str, Any], key: str) -> str:
     over one storm and not the other shows as such, not as gpuhealth's share."""
     f = (res.get("floors") or {}).get(key) or {}
     c = f.get("cpu")
-    return (cpu_used(c, "its floor's storm's").rstrip(".") + "." if c else "") + node_writers(f, "the floor's storm")
+    return (cpu_used(c, "its floor's storm's") if c else "") + node_writers(f, "the floor's storm")
 
 
 def storm_cpu(d: dict[str, Any]) -> str:

@@ -133,8 +133,8 @@ def last_writer(obj: dict[str, Any]) -> str:
 
 class NodeWatch(_Watch):
     """An independent watch on the GPU Nodes: which taint keys each node carries, and since when; and
-    who wrote each Node the watch heard change (``writers_between``), so a phase can say which process
-    kept the Nodes, and so every Node watcher such as kwok, busy while it ran."""
+    who wrote each Node the watch heard change (``writers_between``), so a phase can say which
+    processes changed the Nodes while it ran, and so kept every Node watcher (kwok among them) busy."""
 
     def __init__(self, api: client.ApiClient, keys: Iterable[str] = (TAINT, FLOOR_TAINT)) -> None:
         super().__init__("bench-node-watch", "node watch")
